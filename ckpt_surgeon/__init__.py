@@ -1,0 +1,22 @@
+"""ckpt-surgeon: look inside LLM checkpoints and operate on them safely.
+
+The Python API mirrors the CLI; heavy modules (torch, transformers, pandas) are
+imported only by the functions that need them, so ``import ckpt_surgeon`` is cheap.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["inspect", "open_checkpoint", "__version__"]
+
+
+def inspect(source, **kwargs):
+    """Inspect a checkpoint (folder, .safetensors, .gguf or Hub repo id); see ``ckpt-surgeon inspect``."""
+    from .analysis.inspect import inspect as _inspect
+    return _inspect(source, **kwargs)
+
+
+def open_checkpoint(source, **kwargs):
+    """Open any supported source lazily (headers only); see :class:`ckpt_surgeon.checkpoint.Checkpoint`."""
+    from .checkpoint import open_checkpoint as _open
+    return _open(source, **kwargs)

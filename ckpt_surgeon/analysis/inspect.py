@@ -1,0 +1,276 @@
+"""``inspect``: what a checkpoint contains, with per-layer q/k/v bias statistics.
+
+Reads headers plus the bias vectors only (a few hundred KB for a 7B model), in
+float64.  Returns an :class:`InspectReport` whose ``to_dict()`` is the JSON
+contract documented in the README (extend it, never rename keys).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..arch.layouts import qkv_row_index
+from ..arch.resolve import ModelLayout, PositionEncoding
+from ..checkpoint import Checkpoint, open_checkpoint
+
+_NON_PARAM_DTYPES = {"BOOL", "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"}
+
+
+def _finite_or_none(x: float):
+    return None if (x is None or not math.isfinite(x)) else float(x)
+
+
+@dataclass(frozen=True)
+class BiasStats:
+    """Norms of one bias vector (float64).  ``per_head_l2`` has one entry per head of that role."""
+
+    l2: float | None
+    max_abs: float | None
+    per_head_l2: tuple | None
+    nonfinite: int = 0
+    missing: bool = False
+    reason: str | None = None
+    tensor: str | None = None
+    dtype: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {"l2": _finite_or_none(self.l2), "max_abs": _finite_or_none(self.max_abs),
+             "per_head_l2": None if self.per_head_l2 is None else [_finite_or_none(x) for x in self.per_head_l2],
+             "tensor": self.tensor, "dtype": self.dtype}
+        if self.nonfinite:
+            d["nonfinite"] = self.nonfinite
+        if self.missing:
+            d["missing"] = True
+            d["reason"] = self.reason
+        return d
+
+
+def bias_stats(vec: np.ndarray | None, n_heads: int | None, head_dim: int | None, tensor: str, dtype: str) -> BiasStats:
+    v = np.asarray(vec, dtype=np.float64).reshape(-1)
+    bad = int(np.count_nonzero(~np.isfinite(v)))
+    per_head = None
+    if n_heads and head_dim and v.size == n_heads * head_dim:
+        per_head = tuple(float(x) for x in np.sqrt((v.reshape(n_heads, head_dim) ** 2).sum(axis=1)))
+    return BiasStats(l2=float(np.sqrt((v ** 2).sum())), max_abs=float(np.abs(v).max()) if v.size else 0.0,
+                     per_head_l2=per_head, nonfinite=bad, tensor=tensor, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    layer: int
+    q_bias: BiasStats | None
+    k_bias: BiasStats | None
+    v_bias: BiasStats | None
+    fused_qkv: bool
+    o_bias: bool = False
+    q_norm: bool = False
+    k_norm: bool = False
+    extra: dict = field(default_factory=dict)   # later analyses add keys here (e.g. k_bias_redundancy)
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return any(b is not None for b in (self.q_bias, self.k_bias, self.v_bias))
+
+    def to_dict(self) -> dict:
+        d = {"layer": self.layer,
+             "q_bias": self.q_bias.to_dict() if self.q_bias else None,
+             "k_bias": self.k_bias.to_dict() if self.k_bias else None,
+             "v_bias": self.v_bias.to_dict() if self.v_bias else None,
+             "fused_qkv": self.fused_qkv, "o_bias": self.o_bias, "q_norm": self.q_norm, "k_norm": self.k_norm}
+        d.update(self.extra)
+        return d
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    source: str
+    format: str
+    architecture: str
+    family: str | None
+    num_layers: int
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    hidden_size: int | None
+    position_encoding: PositionEncoding
+    qk_norm: bool
+    norm_placement: str | None
+    fused_layout: str | None
+    max_positions: int | None
+    parameter_count: int
+    dtypes: dict
+    layers: tuple
+    layers_with_qkv_bias: int
+    bias_parameters: int
+    bias_share: float
+    notes: tuple = ()
+    warnings: tuple = ()
+    skipped: tuple = ()
+    missing: tuple = ()           # (tensor, reason) for statistics that could not be computed
+    missing_bytes: int = 0
+    file_metadata: dict = field(default_factory=dict)
+    tensor_types: dict = field(default_factory=dict)   # GGUF: tensor -> quantization type
+    bytes_read: int = 0
+    requests: int = 0
+    num_tensors: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def to_dict(self) -> dict:
+        """The JSON contract: extend it, don't rename it."""
+        return {
+            "source": self.source, "format": self.format,
+            "architecture": self.architecture, "family": self.family,
+            "num_layers": self.num_layers, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "hidden_size": self.hidden_size,
+            "position_encoding": self.position_encoding.to_dict(),
+            "pair_layout": self.position_encoding.pair_layout,
+            "qk_norm": self.qk_norm, "norm_placement": self.norm_placement,
+            "fused_layout": self.fused_layout, "max_positions": self.max_positions,
+            "parameter_count": self.parameter_count, "dtypes": dict(self.dtypes), "num_tensors": self.num_tensors,
+            "layers_with_qkv_bias": self.layers_with_qkv_bias, "bias_parameters": self.bias_parameters,
+            "bias_share": self.bias_share,
+            "layers": [lr.to_dict() for lr in self.layers],
+            "notes": list(self.notes), "warnings": list(self.warnings), "skipped": list(self.skipped),
+            "missing": [{"tensor": t, "reason": r} for t, r in self.missing], "missing_bytes": self.missing_bytes,
+            "file_metadata": dict(self.file_metadata), "tensor_types": dict(self.tensor_types),
+            "bytes_read": self.bytes_read, "requests": self.requests,
+        }
+
+    def to_frame(self):
+        """Per-layer table (one row per layer) as a pandas DataFrame."""
+        import pandas as pd
+        return pd.DataFrame(self.rows())
+
+    def rows(self) -> list[dict]:
+        """Per-layer rows (flat dicts): what ``to_frame`` and the csv/markdown renderers show."""
+        rows = []
+        for lr in self.layers:
+            row = {"layer": lr.layer, "fused_qkv": lr.fused_qkv, "o_bias": lr.o_bias}
+            for role in ("q", "k", "v"):
+                b = getattr(lr, f"{role}_bias")
+                row[f"{role}_bias"] = b is not None
+                row[f"{role}_bias_l2"] = b.l2 if b else float("nan")
+                row[f"{role}_bias_max_abs"] = b.max_abs if b else float("nan")
+            for k, v in lr.extra.items():
+                if isinstance(v, dict):
+                    for kk, vv in v.items():
+                        if not isinstance(vv, (list, dict)):
+                            row[f"{k}.{kk}"] = vv
+                elif not isinstance(v, list):
+                    row[k] = v
+            rows.append(row)
+        return rows
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        pe = self.position_encoding
+        pos = pe.type
+        if pe.type == "rope":
+            pos = f"rope (rotary_dim {pe.rotary_dim}/{self.head_dim}, theta {pe.theta:g}, pairs {pe.pair_layout})"
+        dt = ", ".join(f"{k} {v / max(self.parameter_count, 1):.1%}" for k, v in sorted(self.dtypes.items(), key=lambda kv: -kv[1]))
+        return [
+            ("source", f"{self.source} ({self.format})"),
+            ("architecture", f"{self.architecture}" + (f" [registry: {self.family}]" if self.family else " [not in registry]")),
+            ("layers", str(self.num_layers)),
+            ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("position encoding", pos),
+            ("norm placement", str(self.norm_placement)),
+            ("q/k-norm", "yes" if self.qk_norm else "no"),
+            ("fused qkv", self.fused_layout or "no"),
+            ("parameters", f"{self.parameter_count:,}"),
+            ("dtype mix", dt or "-"),
+            ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
+            ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
+            ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
+        ]
+
+
+def _split_fused_bias(vec: np.ndarray, layout: ModelLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    iq, ik, iv = qkv_row_index(layout.fused_layout or "concat", layout.num_heads, layout.num_kv_heads, layout.head_dim)
+    v = vec.reshape(-1)
+    return v[iq], v[ik], v[iv]
+
+
+def _read_bias(ck: Checkpoint, name: str, missing: list):
+    info = ck.tensors[name]
+    if info.missing:
+        missing.append((name, "data lies past the end of the (truncated) file"))
+        return None
+    return ck.read(name)
+
+
+def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
+    layout = ck.layout()
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    missing: list = []
+    warnings = list(ck.warnings)
+    layer_reports = []
+    bias_params = 0
+    miss_stat = lambda name: BiasStats(None, None, None, missing=True, tensor=name,  # noqa: E731
+                                       reason="data lies past the end of the (truncated) file",
+                                       dtype=ck.tensors[name].dtype)
+    for lt in layout.layers:
+        stats = {"q": None, "k": None, "v": None}
+        heads = {"q": h, "k": kv, "v": kv}
+        if lt.qkv_bias:
+            info = ck.tensors[lt.qkv_bias]
+            bias_params += info.numel
+            vec = _read_bias(ck, lt.qkv_bias, missing)
+            if vec is None:
+                stats = {r: miss_stat(lt.qkv_bias) for r in stats}
+            elif h and kv and d:
+                for role, part in zip(("q", "k", "v"), _split_fused_bias(vec, layout)):
+                    stats[role] = bias_stats(part, heads[role], d, lt.qkv_bias, info.dtype)
+            else:
+                warnings.append(f"layer {lt.layer}: fused bias {lt.qkv_bias} found but head counts are unknown; not split")
+        for role in ("q", "k", "v"):
+            name = getattr(lt, f"{role}_bias")
+            if not name:
+                continue
+            info = ck.tensors[name]
+            bias_params += info.numel
+            vec = _read_bias(ck, name, missing)
+            stats[role] = miss_stat(name) if vec is None else bias_stats(vec, heads[role], d, name, info.dtype)
+        for role, s in stats.items():
+            if s is not None and s.nonfinite:
+                warnings.append(f"layer {lt.layer}: {role} bias ({s.tensor}) has {s.nonfinite} NaN/Inf value(s)")
+        layer_reports.append(LayerReport(layer=lt.layer, q_bias=stats["q"], k_bias=stats["k"], v_bias=stats["v"],
+                                         fused_qkv=lt.fused, o_bias=lt.o_bias is not None,
+                                         q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None))
+    params, dtypes = 0, {}
+    mask_like = {n for n in ck.tensors if n.endswith(("attn.bias", "attn.masked_bias")) and ".c_attn." not in n
+                 and layout.family == "gpt2"}
+    for name, info in ck.tensors.items():
+        if info.dtype in _NON_PARAM_DTYPES or name in mask_like:
+            continue
+        params += info.numel
+        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + info.numel
+    tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
+    file_metadata = dict(getattr(ck, "file_summary", None) or {})
+    return InspectReport(
+        source=ck.source, format=ck.format, architecture=layout.architecture, family=layout.family,
+        num_layers=layout.num_layers, num_heads=h, num_kv_heads=kv, head_dim=d, hidden_size=layout.hidden_size,
+        position_encoding=layout.position, qk_norm=layout.qk_norm, norm_placement=layout.norm_placement,
+        fused_layout=layout.fused_layout, max_positions=layout.max_positions,
+        parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
+        layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
+        bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
+        notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
+        missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
+        bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors))
+
+
+def inspect(source, **open_kwargs) -> InspectReport:
+    """Python API twin of ``ckpt-surgeon inspect``.  ``source``: path, .safetensors, .gguf or repo id."""
+    if isinstance(source, Checkpoint):
+        return inspect_checkpoint(source)
+    with open_checkpoint(source, **open_kwargs) as ck:
+        return inspect_checkpoint(ck)
+
+
+def report_as_dict(obj) -> dict:
+    return obj.to_dict() if hasattr(obj, "to_dict") else asdict(obj)

@@ -1,0 +1,139 @@
+"""Architecture knowledge, as data.
+
+One :class:`Family` per model family: where each layer's attention tensors live
+(HF names, relative to an optional prefix such as ``model.`` / ``transformer.`` /
+``bert.``), the fused-QKV layout, the position encoding and norm placement, the
+GGUF architecture names, and whether llama.cpp's converter permutes Q/K rows.
+Analysis and surgery read these records; nothing else branches on a model name.
+
+Patterns: ``{L}`` stands for the layer index.  A role names a module path; the
+matcher appends ``.weight`` / ``.bias``.  GGUF files use one naming for every
+family (llama.cpp ``gguf-py/gguf/constants.py`` ``MODEL_TENSOR``), see ``GGUF_ROLES``.
+
+Sources per family (transformers 5 modeling files): modeling_qwen2, modeling_llama,
+modeling_mistral, modeling_qwen3, modeling_gemma3, modeling_phi3, modeling_phi,
+modeling_gpt2, modeling_gpt_neox, modeling_bloom, modeling_falcon, modeling_bert,
+modeling_starcoder2, modeling_olmo2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Roles a family may define.  Separate projections or one fused projection.
+ROLES = ("q", "k", "v", "qkv", "o", "q_norm", "k_norm", "sinks")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]          # config.json "model_type" values
+    gguf_archs: tuple[str, ...]           # general.architecture values
+    layer: str                            # layer prefix pattern, e.g. "layers.{L}."
+    roles: dict                           # role -> module path under the layer prefix
+    position: str = "rope"                # rope | absolute | alibi | none
+    norm_placement: str = "pre"           # pre | post (is the attention *input* normalised?)
+    qk_norm: bool = False                 # a norm follows the q/k projection
+    # fused layout: either a fixed string or a tuple of (config key, value, layout) rules + default
+    fused_layout: str | None = None
+    fused_layout_rules: tuple = ()
+    conv1d: bool = False                  # GPT-2 Conv1D: weights stored [in, out]
+    gguf_qk_permuted: bool = False        # llama.cpp converter permutes Q/K rows (interleaved pairs)
+    # config keys (checked in order; first present wins).  None entries are skipped.
+    position_rules: tuple = ()            # (config key, value, position type) overrides
+    attention_bias_key: str | None = None  # switch that turns q/k/v(/o) biases on
+    bias_note: str = ""                   # human note shown by inspect/analyze
+    softcap_key: str | None = None        # attention logit soft-capping (not shift-invariant)
+    extra: dict = field(default_factory=dict)
+
+
+_LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
+_QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+
+FAMILIES: tuple[Family, ...] = (
+    Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES,
+           bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection"),
+    Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True,
+           attention_bias_key="attention_bias"),
+    Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True),
+    Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+           attention_bias_key="attention_bias"),
+    Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping"),
+    Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, norm_placement="post",
+           attention_bias_key="attention_bias"),
+    Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias"),
+    Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
+           {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj"}, fused_layout="concat"),
+    Family("phi", ("phi",), ("phi2",), "layers.{L}.",
+           {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
+            "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm"},
+           bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant"),
+    Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj"},
+           position="absolute", fused_layout="concat", conv1d=True,
+           bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases"),
+    Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
+           {"qkv": "attention.query_key_value", "o": "attention.dense"}, fused_layout="per_head"),
+    Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
+           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense"},
+           position="alibi", fused_layout="per_head"),
+    Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
+           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense"},
+           fused_layout="per_head",
+           fused_layout_rules=(("new_decoder_architecture", True, "grouped"), ("multi_query", True, "concat")),
+           position_rules=(("alibi", True, "alibi"),), attention_bias_key="bias"),
+    Family("bert", ("bert",), ("bert",), "layer.{L}.",
+           {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+            "o": "attention.output.dense"},
+           position="absolute", norm_placement="post",
+           bias_note="post-norm: LayerNorm's beta does not make the q/k/v biases redundant"),
+)
+
+# GGUF names (llama.cpp gguf-py constants.py MODEL_TENSOR -> "blk.{bid}.attn_q" ...), shared by all families.
+GGUF_ROLES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "qkv": "attn_qkv", "o": "attn_output",
+              "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "sinks": "attn_sinks"}
+GGUF_LAYER = "blk.{L}."
+
+# Generic patterns tried for architectures not in the registry (name-only recognition).
+GENERIC_ROLES = {
+    "q": ("q_proj", "query", "q", "wq", "attention.wq", "attn.q_proj"),
+    "k": ("k_proj", "key", "k", "wk", "attention.wk", "attn.k_proj"),
+    "v": ("v_proj", "value", "v", "wv", "attention.wv", "attn.v_proj"),
+    "qkv": ("qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv", "in_proj"),
+}
+
+# HF config keys, in order of preference (transformers >= 5 and Hub-era spellings both).
+CONFIG_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "head_dim": ("head_dim",),
+    "max_positions": ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx"),
+    "rope_theta": ("rope_theta", "rotary_emb_base", "rope_base"),
+    "partial_rotary": ("partial_rotary_factor", "rotary_pct"),
+}
+
+
+def by_model_type(model_type: str | None) -> Family | None:
+    for fam in FAMILIES:
+        if model_type in fam.model_types:
+            return fam
+    return None
+
+
+def by_gguf_arch(arch: str | None) -> Family | None:
+    for fam in FAMILIES:
+        if arch in fam.gguf_archs:
+            return fam
+    return None
+
+
+def by_architectures(archs) -> Family | None:
+    """Fallback on config ``architectures`` (e.g. ``Qwen2ForCausalLM``)."""
+    for a in archs or ():
+        low = a.lower()
+        for fam in FAMILIES:
+            for mt in fam.model_types:
+                if low.startswith(mt.replace("_", "")) or low.startswith(mt):
+                    return fam
+    return None

@@ -1,0 +1,280 @@
+"""Resolve a checkpoint's config + tensor names into a :class:`ModelLayout`.
+
+The layout says, per layer, which tensor plays which attention role, and holds
+the hyper-parameters analysis needs (heads, kv heads, head_dim, rotary_dim,
+theta, pair layout, norm placement, q/k-norm).  It is computed from the registry
+in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from . import families as F
+
+
+@dataclass(frozen=True)
+class PositionEncoding:
+    type: str                      # rope | absolute | alibi | none
+    rotary_dim: int | None = None
+    theta: float | None = None
+    pair_layout: str | None = None  # rotate_half | interleaved (rope only)
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "rotary_dim": self.rotary_dim, "theta": self.theta}
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """Tensor names per role for one layer (None where absent)."""
+
+    layer: int
+    q_weight: str | None = None
+    q_bias: str | None = None
+    k_weight: str | None = None
+    k_bias: str | None = None
+    v_weight: str | None = None
+    v_bias: str | None = None
+    qkv_weight: str | None = None
+    qkv_bias: str | None = None
+    o_weight: str | None = None
+    o_bias: str | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
+
+    @property
+    def fused(self) -> bool:
+        return self.qkv_weight is not None or self.qkv_bias is not None
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    architecture: str
+    family: str | None
+    naming: str                     # hf | gguf
+    num_layers: int
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    hidden_size: int | None
+    position: PositionEncoding
+    norm_placement: str | None
+    qk_norm: bool
+    fused_layout: str | None        # concat | per_head | grouped (None: separate q/k/v)
+    conv1d: bool
+    qk_permuted: bool               # GGUF llama-arch rows are interleaved pairs
+    max_positions: int | None
+    softcap: float | None
+    layers: tuple = ()
+    notes: tuple = ()               # human notes (registry bias_note, skipped items)
+    skipped: tuple = ()             # tensors with attention-like names we could not place
+    config_source: str | None = None
+
+
+def _get(cfg: dict, keys, default=None):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def _rope_params(cfg: dict) -> dict:
+    """Rope settings from either spelling.
+
+    transformers >= 5 writes ``rope_parameters`` ({rope_theta, partial_rotary_factor,
+    rope_type}); Gemma 3 nests one dict per layer type.  Hub-era configs keep
+    top-level ``rope_theta`` / ``rotary_pct`` / ``partial_rotary_factor`` / ``rope_scaling``.
+    """
+    rp = cfg.get("rope_parameters") or {}
+    if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+        rp = rp.get("full_attention") or next(iter(rp.values()))
+    out = {}
+    theta = rp.get("rope_theta") if isinstance(rp, dict) else None
+    out["theta"] = float(theta if theta is not None else _get(cfg, F.CONFIG_KEYS["rope_theta"], 10000.0))
+    prf = rp.get("partial_rotary_factor") if isinstance(rp, dict) else None
+    if prf is None:
+        prf = _get(cfg, F.CONFIG_KEYS["partial_rotary"], 1.0)
+    out["partial"] = float(prf)
+    return out
+
+
+def _role_regex(layer: str, module: str) -> re.Pattern:
+    lay = re.escape(layer).replace(re.escape("{L}"), r"(\d+)")
+    return re.compile(r"^(?:.*\.)?" + lay + re.escape(module) + r"\.(weight|bias)$")
+
+
+def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
+    for key, val, layout in fam.fused_layout_rules:
+        if cfg.get(key) == val:
+            return layout
+    return fam.fused_layout
+
+
+def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str, permuted: bool) -> PositionEncoding:
+    ptype = fam.position if fam else "none"
+    for key, val, pos in (fam.position_rules if fam else ()):
+        if cfg.get(key) == val:
+            ptype = pos
+    if ptype != "rope":
+        return PositionEncoding(ptype)
+    rp = _rope_params(cfg)
+    rotary_dim = int(head_dim * rp["partial"]) if head_dim else None
+    if cfg.get("rotary_dim"):
+        rotary_dim = int(cfg["rotary_dim"])
+    return PositionEncoding("rope", rotary_dim, rp["theta"], "interleaved" if permuted else "rotate_half")
+
+
+def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_source: str | None = None,
+            gguf_arch: str | None = None) -> ModelLayout:
+    """Build the layout.  ``tensors`` maps name -> TensorInfo (shapes in numpy order)."""
+    cfg = dict(config or {})
+    model_type = cfg.get("model_type")
+    if naming == "gguf":
+        fam = F.by_gguf_arch(gguf_arch)
+        arch_name = gguf_arch or "unknown"
+    else:
+        fam = F.by_model_type(model_type) or F.by_architectures(cfg.get("architectures"))
+        arch_name = model_type or (cfg.get("architectures") or ["unknown"])[0]
+
+    n_heads = _get(cfg, F.CONFIG_KEYS["num_heads"])
+    n_kv = _get(cfg, F.CONFIG_KEYS["num_kv_heads"])
+    if n_kv is None and n_heads is not None:
+        # Falcon: multi_query without new_decoder_architecture means one kv head.
+        n_kv = 1 if (cfg.get("multi_query") and not cfg.get("new_decoder_architecture")) else n_heads
+    hidden = _get(cfg, F.CONFIG_KEYS["hidden_size"])
+    head_dim = _get(cfg, F.CONFIG_KEYS["head_dim"])
+    if head_dim is None and hidden and n_heads:
+        head_dim = hidden // n_heads
+    permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
+    position = _position(fam, cfg, head_dim, naming, permuted)
+
+    # Match tensor names to roles.
+    if naming == "gguf":
+        layer_pat, role_map = F.GGUF_LAYER, dict(F.GGUF_ROLES)
+    elif fam:
+        layer_pat, role_map = fam.layer, dict(fam.roles)
+    else:
+        layer_pat, role_map = None, {}
+    found: dict[int, dict] = {}
+    placed = set()
+    if layer_pat:
+        regs = {role: _role_regex(layer_pat, mod) for role, mod in role_map.items()}
+        for name in tensors:
+            for role, rx in regs.items():
+                m = rx.match(name)
+                if m:
+                    found.setdefault(int(m.group(1)), {})[f"{role}_{m.group(2)}"] = name
+                    placed.add(name)
+                    break
+    else:
+        found, placed = _generic_match(tensors)
+
+    notes = []
+    if fam and fam.bias_note:
+        notes.append(fam.bias_note)
+    if fam is None:
+        notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by name only; "
+                     "position encoding, per-head statistics and redundancy classes are unknown")
+    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
+                           and not _is_mask_buffer(n)))
+    if skipped:
+        notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
+                     + (" ..." if len(skipped) > 5 else ""))
+
+    n_layers = _get(cfg, F.CONFIG_KEYS["num_layers"])
+    if n_layers is None:
+        n_layers = (max(found) + 1) if found else 0
+    if found and max(found) >= n_layers:
+        raise ConfigError(f"num_hidden_layers={n_layers} but tensors exist for layer {max(found)}",
+                          path=config_source, tensor=next(iter(found[max(found)].values())))
+
+    layers = []
+    for i in range(n_layers):
+        d = found.get(i, {})
+        layers.append(LayerTensors(
+            layer=i,
+            q_weight=d.get("q_weight"), q_bias=d.get("q_bias"),
+            k_weight=d.get("k_weight"), k_bias=d.get("k_bias"),
+            v_weight=d.get("v_weight"), v_bias=d.get("v_bias"),
+            qkv_weight=d.get("qkv_weight"), qkv_bias=d.get("qkv_bias"),
+            o_weight=d.get("o_weight"), o_bias=d.get("o_bias"),
+            q_norm=d.get("q_norm_weight"), k_norm=d.get("k_norm_weight"),
+        ))
+    qk_norm = bool(fam and fam.qk_norm) or any(lt.q_norm or lt.k_norm for lt in layers)
+    fused_layout = None
+    if any(lt.fused for lt in layers):
+        fused_layout = "concat" if naming == "gguf" else (_fused_layout(fam, cfg) if fam else None)
+    softcap = cfg.get(fam.softcap_key) if fam and fam.softcap_key else None
+
+    layout = ModelLayout(
+        architecture=arch_name, family=fam.name if fam else None, naming=naming,
+        num_layers=n_layers, num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim, hidden_size=hidden,
+        position=position, norm_placement=fam.norm_placement if fam else None, qk_norm=qk_norm,
+        fused_layout=fused_layout, conv1d=bool(fam and fam.conv1d and naming == "hf"), qk_permuted=permuted,
+        max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=softcap,
+        layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source)
+    check_shapes(layout, tensors)
+    return layout
+
+
+_ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv)")
+
+
+def _looks_attention_bias(name: str) -> bool:
+    return name.endswith(".bias") and bool(_ATTN_WORDS.search(name))
+
+
+def _is_mask_buffer(name: str) -> bool:
+    # GPT-2's attn.bias / attn.masked_bias are causal-mask buffers, not learned biases.
+    return name.endswith(("attn.bias", "attn.masked_bias")) and ".c_attn." not in name
+
+
+def _generic_match(tensors: dict):
+    """Name-only recognition for architectures outside the registry."""
+    found, placed = {}, set()
+    rx = re.compile(r"(?:^|\.)(\d+)\.(?:.*\.)?([A-Za-z_]+)\.(weight|bias)$")
+    lookup = {alias: role for role, aliases in F.GENERIC_ROLES.items() for alias in aliases}
+    for name in tensors:
+        if _is_mask_buffer(name):
+            continue
+        m = rx.search(name)
+        if not m:
+            continue
+        role = lookup.get(m.group(2))
+        if role:
+            found.setdefault(int(m.group(1)), {})[f"{role}_{m.group(3)}"] = name
+            placed.add(name)
+    return found, placed
+
+
+def expected_rows(layout: ModelLayout) -> dict:
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    if not (h and kv and d):
+        return {}
+    return {"q": h * d, "k": kv * d, "v": kv * d, "qkv": (h + 2 * kv) * d}
+
+
+def check_shapes(layout: ModelLayout, tensors: dict) -> None:
+    """config.json must agree with the tensors it describes (one clear error otherwise)."""
+    rows = expected_rows(layout)
+    if not rows:
+        return
+    where = layout.config_source
+    for lt in layout.layers:
+        for role in ("q", "k", "v", "qkv"):
+            for kind in ("weight", "bias"):
+                name = getattr(lt, f"{role}_{kind}")
+                if name is None:
+                    continue
+                shape = tensors[name].shape
+                axis = -1 if (layout.conv1d and kind == "weight") else 0
+                got = shape[axis] if shape else None
+                if got != rows[role]:
+                    what = {"q": f"{layout.num_heads} heads", "k": f"{layout.num_kv_heads} kv heads",
+                            "v": f"{layout.num_kv_heads} kv heads",
+                            "qkv": f"{layout.num_heads} heads + 2 x {layout.num_kv_heads} kv heads"}[role]
+                    raise ConfigError(
+                        f"config says {what} x head_dim {layout.head_dim} = {rows[role]} {role} rows, "
+                        f"but the tensor has shape {list(shape)}", path=where, tensor=name,
+                        expected=rows[role], got=got)

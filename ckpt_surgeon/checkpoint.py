@@ -1,0 +1,218 @@
+"""``Checkpoint``: one view over any source (HF folder, .safetensors, .gguf, hub repo).
+
+Opening reads headers only.  ``read(name)`` reads just that tensor's bytes and
+returns a numpy array (BF16/F8 widened to float32, GGUF quantized types
+dequantized to float32).  Nothing here imports torch.
+
+Format readers register themselves in ``_OPENERS`` style dispatch below; a file is
+identified by its magic bytes, never by its extension alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError
+from .formats import safetensors as st
+from .records import TensorInfo
+
+PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.bin.index.json")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class Checkpoint:
+    """A source's config, tensor index and lazy reads."""
+
+    source: str
+    format: str                              # safetensors | gguf | pickle | hub-safetensors | hub-gguf
+    config: dict | None
+    config_path: str | None
+    tensors: dict                            # name -> TensorInfo
+    naming: str = "hf"                       # hf | gguf
+    gguf_arch: str | None = None
+    metadata: dict = field(default_factory=dict)   # safetensors __metadata__ / GGUF key-values
+    files: tuple = ()
+    _readers: dict = field(default_factory=dict, repr=False)   # file -> object with read(info) / bytes_read
+    warnings: list = field(default_factory=list)
+    missing_bytes: int = 0                   # truncated file: bytes the header promises that are absent
+
+    def read(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        return self._readers[info.file].read(info)
+
+    def read_raw(self, name: str) -> bytes:
+        info = self.tensors[name]
+        return self._readers[info.file].read_bytes(info)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(getattr(r, "bytes_read", 0) for r in set(self._readers.values()))
+
+    @property
+    def requests(self) -> int:
+        return sum(getattr(r, "requests", 0) for r in set(self._readers.values()))
+
+    def close(self) -> None:
+        for r in set(self._readers.values()):
+            close = getattr(r, "close", None)
+            if close:
+                close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def layout(self):
+        from .arch.resolve import resolve
+        return resolve(self.config, self.tensors, naming=self.naming, config_source=self.config_path,
+                       gguf_arch=self.gguf_arch)
+
+
+def _sniff(path: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return "pickle"
+    return "safetensors"
+
+
+def _load_config(folder: Path) -> tuple[dict | None, str | None]:
+    p = folder / "config.json"
+    if not p.is_file():
+        return None, None
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"not valid JSON ({e})", path=str(p)) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("is not a JSON object", path=str(p))
+    return cfg, str(p)
+
+
+def _safe_member(folder: Path, rel: str, index_path: str, tensor: str) -> Path:
+    """A weight_map entry must name a file inside the folder (no '..', no absolute path, no escaping symlink)."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or "\\" in rel or ".." in Path(rel).parts:
+        raise FormatError(f"weight_map names {rel!r}, which is not a plain file inside the folder", path=index_path, tensor=tensor)
+    p = folder / rel
+    real_folder = folder.resolve()
+    try:
+        real = p.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError):
+        raise FormatError(f"weight_map names shard {rel!r}, which does not exist", path=index_path, tensor=tensor) from None
+    if real_folder not in real.parents:
+        raise FormatError(f"weight_map names {rel!r}, which resolves outside the folder (to {real})", path=index_path, tensor=tensor)
+    return p
+
+
+def _open_safetensors_files(paths: list[Path]) -> tuple[dict, dict, dict]:
+    tensors, readers, metadata = {}, {}, {}
+    for p in paths:
+        lf = st.LocalFile(p)
+        readers[lf.path] = lf
+        metadata.update(lf.header.metadata)
+        for name, info in lf.header.tensors.items():
+            if name in tensors:
+                raise FormatError(f"tensor appears in two files ({tensors[name].file} and {lf.path})", path=lf.path, tensor=name)
+            tensors[name] = info
+    return tensors, readers, metadata
+
+
+def _open_hf_folder(folder: Path, allow_pickle: bool) -> Checkpoint:
+    config, config_path = _load_config(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            idx = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FormatError(f"not valid JSON ({e})", path=str(index)) from None
+        wm = idx.get("weight_map") if isinstance(idx, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            raise FormatError("has no weight_map object", path=str(index))
+        shards = {}
+        for tname, rel in wm.items():
+            shards.setdefault(str(_safe_member(folder, rel, str(index), tname)), []).append(tname)
+        tensors, readers, metadata = _open_safetensors_files([Path(s) for s in shards])
+        for shard, names in shards.items():
+            for tname in names:
+                info = tensors.get(tname)
+                if info is None or os.path.realpath(info.file) != os.path.realpath(shard):
+                    raise FormatError(f"weight_map says this tensor is in {os.path.basename(shard)}, but that file does not hold it",
+                                      path=str(index), tensor=tname)
+        unlisted = sorted(set(tensors) - set(wm))
+        ck = Checkpoint(str(folder), "safetensors", config, config_path, tensors, metadata=metadata,
+                        files=tuple(shards), _readers=readers)
+        if unlisted:
+            ck.warnings.append(f"{len(unlisted)} tensor(s) in the shards are not in {index.name}'s weight_map: {unlisted[:3]}")
+        return ck
+    single = folder / "model.safetensors"
+    files = [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+    if files:
+        tensors, readers, metadata = _open_safetensors_files(files)
+        return Checkpoint(str(folder), "safetensors", config, config_path, tensors, metadata=metadata,
+                          files=tuple(str(f) for f in files), _readers=readers)
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return _open_file(ggufs[0], allow_pickle)
+    if len(ggufs) > 1:
+        raise SourceNotFoundError(f"folder holds {len(ggufs)} GGUF files ({', '.join(g.name for g in ggufs[:4])}); pass one of them",
+                                  path=str(folder))
+    for pn in PICKLE_NAMES:
+        if (folder / pn).is_file():
+            return _open_pickle(folder / pn, allow_pickle, config, config_path)
+    raise SourceNotFoundError("no model.safetensors, sharded safetensors index, or .gguf file found", path=str(folder))
+
+
+def _open_pickle(path: Path, allow_pickle: bool, config=None, config_path=None) -> Checkpoint:
+    if not allow_pickle:
+        raise PickleRefusedError(
+            "is a pickle checkpoint; unpickling can run arbitrary code, so it is not loaded",
+            path=str(path), hint="convert it to safetensors, or pass --allow-pickle to load it with torch.load(weights_only=True)")
+    from .formats.pickle import open_pickle
+    return open_pickle(path, config, config_path)
+
+
+def _open_file(path: Path, allow_pickle: bool) -> Checkpoint:
+    kind = _sniff(str(path))
+    if kind == "gguf":
+        from .formats.gguf import open_gguf_checkpoint  # GGUF reader (issue 3)
+        return open_gguf_checkpoint(path)
+    if kind == "pickle":
+        config, config_path = _load_config(path.parent)
+        return _open_pickle(path, allow_pickle, config, config_path)
+    config, config_path = _load_config(path.parent)
+    tensors, readers, metadata = _open_safetensors_files([path])
+    return Checkpoint(str(path), "safetensors", config, config_path, tensors, metadata=metadata,
+                      files=(str(path),), _readers=readers)
+
+
+def looks_like_repo_id(source: str) -> bool:
+    return bool(_REPO_ID.match(source)) and not source.startswith((".", "/"))
+
+
+def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, revision: str | None = None,
+                    file: str | None = None, allow_full_download: bool = False) -> Checkpoint:
+    """Open any supported source.  Reads headers (and config) only."""
+    s = os.fspath(source)
+    p = Path(s)
+    if p.exists():
+        if p.is_dir():
+            return _open_hf_folder(p, allow_pickle)
+        return _open_file(p, allow_pickle)
+    if looks_like_repo_id(s):
+        from .formats.hub import open_hub_checkpoint  # Hub reader (issue 4)
+        return open_hub_checkpoint(s, revision=revision, file=file, allow_full_download=allow_full_download)
+    raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=s)
+
+
+def tensor_info_json(info: TensorInfo) -> dict:
+    return {"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "missing": info.missing}

@@ -1,0 +1,77 @@
+"""The ``ckpt-surgeon`` command line: thin click commands over the library API.
+
+Each command lives in its own ``cmd_*.py`` module exposing ``command`` and is
+discovered here, so adding a command never edits this file.  One handler turns
+every :class:`~ckpt_surgeon.errors.CkptError` into a single ``error: ...`` line
+on stderr and its exit code (2 for bad input, 1 for a verification mismatch).
+Tracebacks only with ``--debug`` or ``CKPT_SURGEON_DEBUG=1``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+import click
+
+from ..errors import CkptError
+
+
+def debug_enabled(ctx: click.Context | None = None) -> bool:
+    if os.environ.get("CKPT_SURGEON_DEBUG", "").lower() in ("1", "true", "yes"):
+        return True
+    root = ctx.find_root() if ctx else None
+    return bool(root and root.obj and root.obj.get("debug"))
+
+
+class SurgeonGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except CkptError as e:
+            if debug_enabled(ctx):
+                raise
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except OSError as e:
+            # Disk full, permission denied ... : one line naming the file.
+            if debug_enabled(ctx):
+                raise
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            ctx.exit(2)
+
+    def list_commands(self, ctx):
+        # Keep the documented order; anything else after it.
+        order = ["inspect", "analyze", "fold-bias", "qkv", "convert", "verify", "demo"]
+        names = super().list_commands(ctx)
+        return [n for n in order if n in names] + [n for n in names if n not in order]
+
+
+@click.group(cls=SurgeonGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="ckpt-surgeon", prog_name="ckpt-surgeon")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors (or set CKPT_SURGEON_DEBUG=1).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Look inside LLM checkpoints and operate on them safely.
+
+    SOURCE arguments accept a Hugging Face folder (config.json + safetensors
+    shards), a single .safetensors file, a .gguf file, or a Hub repo id
+    (owner/name).  Exit codes: 0 success, 1 verification mismatch, 2 bad input.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _register() -> None:
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("cmd_"):
+            module = importlib.import_module(f"{__name__}.{mod.name}")
+            cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="ckpt-surgeon")

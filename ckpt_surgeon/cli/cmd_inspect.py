@@ -1,0 +1,35 @@
+"""``ckpt-surgeon inspect SOURCE``."""
+from __future__ import annotations
+
+import click
+
+from .render import emit, open_kwargs, output_options, source_options
+
+
+@click.command("inspect")
+@click.argument("source")
+@source_options
+@output_options
+def command(source, allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+    """Summarise SOURCE and its per-layer attention q/k/v biases.
+
+    Reads headers and the bias vectors only (no model is instantiated).  Shows
+    architecture, heads / kv heads / head_dim, position encoding, norm
+    placement, q/k-norm, parameter count, dtype mix, and per layer which of the
+    q/k/v biases exist (separately or inside a fused qkv) with their L2 norm and
+    max |x|.  --format json gives the stable contract documented in the README.
+
+    Truncated files: the structure is still shown, then exit code 2 names the
+    missing bytes and the tensors whose statistics could not be computed.
+    """
+    from ..analysis.inspect import inspect
+    from ..errors import TruncatedError
+
+    report = inspect(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download))
+    emit(report, fmt, output, title="ckpt-surgeon inspect")
+    if report.missing:
+        names = sorted({t for t, _ in report.missing})
+        raise TruncatedError(
+            f"file is truncated: {report.missing_bytes:,} bytes missing; statistics of {len(names)} tensor(s) "
+            f"could not be computed ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
+            path=report.source, missing_bytes=report.missing_bytes, tensors=tuple(names))

@@ -1,0 +1,156 @@
+"""Shared CLI options and renderers (table | json | csv | markdown).
+
+Reports are objects with ``to_dict()`` (JSON), ``rows()`` (flat per-row dicts for
+csv/markdown/table) and optionally ``summary_items()`` (key/value lines shown
+above the table).  ``--output`` files are written atomically.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+
+import click
+
+FORMATS = ("table", "json", "csv", "markdown")
+
+
+def output_options(fn):
+    """``--format`` and ``--output`` for any command that renders a report."""
+    fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False, writable=True), default=None,
+                      help="Write the report to FILE (atomically) instead of stdout.")(fn)
+    fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+                      help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
+    return fn
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write to a temp file beside ``path`` and ``os.replace`` it: readers never see half a file."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-surgeon-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if v == 0:
+            return "0"
+        return f"{v:.4g}" if (abs(v) >= 1e-3 and abs(v) < 1e5) else f"{v:.3e}"
+    return str(v)
+
+
+def to_json(report) -> str:
+    return json.dumps(report.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    cols = _columns(rows)
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+    return buf.getvalue()
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    return cols
+
+
+def to_markdown(rows: list[dict], summary=None) -> str:
+    out = []
+    if summary:
+        out += [f"- **{k}**: {v}" for k, v in summary] + [""]
+    cols = _columns(rows)
+    if cols:
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "|".join("---" for _ in cols) + "|")
+        for r in rows:
+            out.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def to_table(rows: list[dict], summary=None, notes=(), title: str | None = None, width: int | None = None) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=width or 160, force_terminal=False, color_system=None, highlight=False)
+    if summary:
+        kv = Table(show_header=False, box=None, pad_edge=False, title=title)
+        kv.add_column(style="bold")
+        kv.add_column()
+        for k, v in summary:
+            kv.add_row(k, v)
+        con.print(kv)
+    cols = _columns(rows)
+    if cols:
+        t = Table(show_lines=False)
+        for c in cols:
+            t.add_column(c, justify="right" if c not in ("tensor", "role", "class", "note") else "left")
+        for r in rows:
+            t.add_row(*[_cell(r.get(c)) for c in cols])
+        con.print(t)
+    for n in notes:
+        con.print(f"note: {n}")
+    return buf.getvalue()
+
+
+def emit(report, fmt: str, output: str | None, *, title: str | None = None) -> None:
+    rows = report.rows()
+    summary = report.summary_items() if hasattr(report, "summary_items") else None
+    if fmt == "json":
+        text = to_json(report)
+    elif fmt == "csv":
+        text = to_csv(rows)
+    elif fmt == "markdown":
+        text = to_markdown(rows, summary)
+    else:
+        notes = list(getattr(report, "notes", ())) + [f"warning: {w}" for w in getattr(report, "warnings", ())]
+        text = to_table(rows, summary, notes, title=title)
+    if output:
+        write_atomic(output, text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def source_options(fn):
+    """Options every command that opens a SOURCE shares."""
+    fn = click.option("--allow-full-download", is_flag=True,
+                      help="Hub sources: allow downloading whole files when the server ignores HTTP Range.")(fn)
+    fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (e.g. one GGUF in a GGUF repo).")(fn)
+    fn = click.option("--revision", default=None, help="Hub sources: branch, tag or commit sha.")(fn)
+    fn = click.option("--allow-pickle", is_flag=True,
+                      help="Load pickle checkpoints (pytorch_model.bin) with torch.load(weights_only=True). Off by default: pickles can run code.")(fn)
+    return fn
+
+
+def open_kwargs(allow_pickle=False, revision=None, hub_file=None, allow_full_download=False) -> dict:
+    return {"allow_pickle": allow_pickle, "revision": revision, "file": hub_file,
+            "allow_full_download": allow_full_download}

@@ -1,0 +1,232 @@
+"""safetensors: validated header parsing and lazy tensor reads (no torch).
+
+Layout (https://github.com/huggingface/safetensors, ``safetensors/src/tensor.rs``):
+``u64 little-endian N`` | ``N bytes of JSON`` | data.  The JSON maps tensor names to
+``{"dtype", "shape", "data_offsets": [begin, end]}`` relative to the data section,
+plus an optional ``__metadata__`` map of strings.
+
+Like the Rust core we validate the *whole* header before any tensor byte is
+trusted: header length sane and inside the file, JSON well formed, no duplicate
+names, every dtype known, sizes checked with exact integer arithmetic (Python ints
+cannot overflow; we still bound them by the file size), offsets contiguous and
+covering the data section exactly.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import FormatError, TruncatedError
+from ..records import TensorInfo
+
+# Header length limit, as in safetensors' Rust core (MAX_HEADER_SIZE = 100_000_000).
+MAX_HEADER_SIZE = 100_000_000
+
+# dtype -> bits per element.  Every dtype the safetensors format defines
+# (safetensors/src/tensor.rs `Dtype`), sub-byte float formats included.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+# dtypes numpy reads natively (no extra package); BF16 / F8 go through helpers below.
+_NUMPY_NATIVE = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
+    "F16": np.float16, "I32": np.int32, "U32": np.uint32, "F32": np.float32,
+    "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
+}
+_ML_DTYPES = {"F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu"}
+
+
+def dtype_nbytes(dtype: str, numel: int) -> int:
+    """Byte size of ``numel`` elements; sub-byte types must fill whole bytes (as in the Rust core)."""
+    bits = DTYPE_BITS[dtype] * numel
+    if bits % 8:
+        raise ValueError(f"{numel} elements of {dtype} do not fill whole bytes")
+    return bits // 8
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: str
+    header_len: int
+    data_start: int          # absolute offset of the data section (8 + header_len)
+    file_size: int
+    metadata: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)   # name -> TensorInfo (absolute offsets), file order
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _Duplicate(k)
+        seen[k] = v
+    return seen
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHeader:
+    """Validate ``head`` (the first 8 + N bytes of a file of ``file_size`` bytes).
+
+    Shared by the local reader and the hub reader (which gets the same bytes by HTTP range).
+    """
+    if file_size < 8:
+        raise FormatError(f"file is too small to be safetensors ({file_size} bytes; the 8-byte header length is missing)", path=path)
+    n = int.from_bytes(head[:8], "little")
+    if n > MAX_HEADER_SIZE:
+        raise FormatError(f"header length {n} exceeds the {MAX_HEADER_SIZE // 1_000_000} MB limit: not a safetensors file or corrupted", path=path)
+    if 8 + n > file_size:
+        raise FormatError(f"header length {n} runs past the end of the file ({file_size} bytes): file truncated or not safetensors", path=path)
+    raw = head[8:8 + n]
+    if len(raw) < n:
+        raise FormatError(f"header needs {n} bytes but only {len(raw)} were read", path=path)
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _Duplicate as e:
+        raise FormatError("header names this tensor twice", path=path, tensor=str(e.args[0])) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"header is not valid JSON ({e})", path=path) from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"header is JSON but not an object (got {type(obj).__name__})", path=path)
+    metadata = obj.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise FormatError("__metadata__ is not an object", path=path)
+    data_start = 8 + n
+    data_len = file_size - data_start
+    entries = []
+    for name, ent in obj.items():
+        if not isinstance(ent, dict) or not {"dtype", "shape", "data_offsets"} <= set(ent):
+            raise FormatError("header entry lacks dtype/shape/data_offsets", path=path, tensor=name)
+        dtype, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
+        if dtype not in DTYPE_BITS:
+            raise FormatError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BITS)})", path=path, tensor=name)
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise FormatError(f"shape {shape!r} is not a list of non-negative integers", path=path, tensor=name)
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
+            raise FormatError(f"data_offsets {offs!r} is not a pair of non-negative integers", path=path, tensor=name)
+        b, e = offs
+        if e < b:
+            raise FormatError(f"data_offsets [{b}, {e}] end before they begin", path=path, tensor=name)
+        numel = 1
+        for d in shape:
+            numel *= d  # Python ints: exact; compared against the file size below, never allocated
+        try:
+            need = dtype_nbytes(dtype, numel)
+        except ValueError as err:
+            raise FormatError(str(err), path=path, tensor=name) from None
+        if need != e - b:
+            raise FormatError(f"size mismatch: shape {shape} of {dtype} needs {need} bytes but data_offsets [{b}, {e}] hold {e - b}",
+                              path=path, tensor=name)
+        entries.append((b, e, name, dtype, tuple(shape)))
+    entries.sort()
+    pos = 0
+    prev = None
+    for b, e, name, _, _ in entries:
+        if b < pos:
+            raise FormatError(f"data_offsets [{b}, {e}] overlap tensor '{prev}' (which ends at {pos})", path=path, tensor=name)
+        if b > pos:
+            where = f"after tensor '{prev}'" if prev else "at the start of the data section"
+            raise FormatError(f"data_offsets [{b}, {e}] leave a gap of {b - pos} bytes {where}: offsets must be contiguous",
+                              path=path, tensor=name)
+        pos, prev = e, name
+    if pos > data_len:
+        cut = [name for b, e, name, _, _ in entries if e > data_len]
+        raise TruncatedError(
+            f"file is truncated: the header promises {pos} bytes of data but only {data_len} are present "
+            f"({pos - data_len} bytes missing; {len(cut)} tensor(s) affected, first '{cut[0]}')",
+            path=path, missing_bytes=pos - data_len, tensors=tuple(cut))
+    if pos < data_len:
+        raise FormatError(f"{data_len - pos} bytes after the last tensor are not covered by the header: offsets must cover the data exactly",
+                          path=path)
+    tensors = {}
+    for b, e, name, dtype, shape in entries:
+        tensors[name] = TensorInfo(name=name, dtype=dtype, shape=shape, file=path,
+                                   start=data_start + b, end=data_start + e)
+    return SafetensorsHeader(path=path, header_len=n, data_start=data_start, file_size=file_size,
+                             metadata=metadata, tensors=tensors)
+
+
+def read_header(path: str | os.PathLike) -> SafetensorsHeader:
+    """Read and validate the header of a local file (reads 8 + N bytes, nothing else)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        first = f.read(8)
+        n = int.from_bytes(first, "little") if len(first) == 8 else 0
+        rest = f.read(n) if 0 < n <= MAX_HEADER_SIZE and 8 + n <= size else b""
+    return parse_header_bytes(path, first + rest, size)
+
+
+def decode(buf: bytes | memoryview | np.ndarray, info: TensorInfo) -> np.ndarray:
+    """Bytes of one tensor -> numpy array of its shape.
+
+    BF16 is widened to float32 by a 16-bit shift (exact); F8 types go through
+    ml_dtypes (imported only when needed).  No torch.
+    """
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    dt = info.dtype
+    if dt in _NUMPY_NATIVE:
+        arr = raw.view(_NUMPY_NATIVE[dt])
+    elif dt == "BF16":
+        arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif dt in _ML_DTYPES:
+        import ml_dtypes
+        arr = raw.view(getattr(ml_dtypes, _ML_DTYPES[dt])).astype(np.float32)
+    else:
+        raise FormatError(f"reading dtype {dt} as numbers is not supported (the header is valid; statistics need F4/F6 support)",
+                          path=info.file, tensor=info.name)
+    return arr.reshape(info.shape)
+
+
+class LocalFile:
+    """A validated local safetensors file with positional reads (``os.pread``).
+
+    Reads touch only the bytes of the requested tensor; ``bytes_read`` counts
+    header and tensor bytes so benchmarks and tests can check the budget.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.header = read_header(path)
+        self.path = self.header.path
+        self.bytes_read = 8 + self.header.header_len
+        self._fd: int | None = None
+
+    def read_bytes(self, info: TensorInfo) -> bytes:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        out = bytearray()
+        pos, end = info.start, info.end
+        while pos < end:
+            chunk = os.pread(self._fd, min(end - pos, 1 << 30), pos)
+            if not chunk:
+                raise TruncatedError(f"file ended at byte {pos} while reading a tensor that ends at {end} (file changed while open?)",
+                                     path=self.path, tensor=info.name, missing_bytes=end - pos, tensors=(info.name,))
+            out += chunk
+            pos += len(chunk)
+        self.bytes_read += len(out)
+        return bytes(out)
+
+    def read(self, info: TensorInfo) -> np.ndarray:
+        return decode(self.read_bytes(info), info)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):  # best effort; Checkpoint.close() is the normal path
+        try:
+            self.close()
+        except Exception:
+            pass
