@@ -43,6 +43,8 @@ class Family:
     attention_bias_key: str | None = None  # switch that turns q/k/v(/o) biases on
     bias_note: str = ""                   # human note shown by inspect/analyze
     softcap_key: str | None = None        # attention logit soft-capping (not shift-invariant)
+    # (conditions, value): kv head count forced when every config condition holds
+    kv_heads_rules: tuple = ()
     extra: dict = field(default_factory=dict)
 
 
@@ -80,7 +82,10 @@ FAMILIES: tuple[Family, ...] = (
            {"qkv": "self_attention.query_key_value", "o": "self_attention.dense"},
            fused_layout="per_head",
            fused_layout_rules=(("new_decoder_architecture", True, "grouped"), ("multi_query", True, "concat")),
-           position_rules=(("alibi", True, "alibi"),), attention_bias_key="bias"),
+           position_rules=(("alibi", True, "alibi"),), attention_bias_key="bias",
+           # modeling_falcon: num_kv_heads is used only with new_decoder_architecture or
+           # without multi_query; multi_query alone means one shared k/v head.
+           kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),)),
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
             "o": "attention.output.dense"},

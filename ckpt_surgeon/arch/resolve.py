@@ -142,6 +142,9 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     if n_kv is None and n_heads is not None:
         # Falcon: multi_query without new_decoder_architecture means one kv head.
         n_kv = 1 if (cfg.get("multi_query") and not cfg.get("new_decoder_architecture")) else n_heads
+    for conds, value in (fam.kv_heads_rules if fam else ()):
+        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
+            n_kv = value
     hidden = _get(cfg, F.CONFIG_KEYS["hidden_size"])
     head_dim = _get(cfg, F.CONFIG_KEYS["head_dim"])
     if head_dim is None and hidden and n_heads:
