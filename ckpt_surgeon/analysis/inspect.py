@@ -152,8 +152,7 @@ class InspectReport:
         for lr in self.layers:
             row = {"layer": lr.layer, "fused_qkv": lr.fused_qkv, "o_bias": lr.o_bias}
             for role in ("q", "k", "v"):
-                b = getattr(lr, f"{role}_bias")
-                row[f"{role}_bias"] = b is not None
+                b = getattr(lr, f"{role}_bias")   # absent biases show as NaN ("-" in tables)
                 row[f"{role}_bias_l2"] = b.l2 if b else float("nan")
                 row[f"{role}_bias_max_abs"] = b.max_abs if b else float("nan")
             for k, v in lr.extra.items():

@@ -1,0 +1,20 @@
+"""``ckpt-surgeon demo``."""
+from __future__ import annotations
+
+import click
+
+
+@click.command("demo")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo model and outputs (default: a new folder under ~/.cache/ckpt-surgeon).")
+def command(workdir):
+    """Run the main job end to end on a small built-in Qwen2-architecture model.
+
+    Builds a tiny random model with non-zero q/k/v biases (no download), then
+    inspects it and runs the other capabilities on it, explaining each step.
+    Needs torch and transformers (installed with ckpt-surgeon).
+    """
+    from ..demo import run_demo
+
+    ctx = run_demo(workdir, say=lambda s: click.echo(s))
+    click.echo(f"\nDemo finished; files are in {ctx.workdir}")
