@@ -50,6 +50,18 @@ class Checkpoint:
         info = self.tensors[name]
         return self._readers[info.file].read_bytes(info)
 
+    def prefetch(self, names) -> None:
+        """Hint that these tensors will be read next.  Remote readers fetch them in one
+        coalesced, parallel batch; local readers have no ``prefetch`` and ignore it."""
+        batches: dict[int, tuple] = {}
+        for name in names:
+            info = self.tensors.get(name)
+            reader = self._readers.get(info.file) if info is not None and not info.missing else None
+            if reader is not None and hasattr(reader, "prefetch"):
+                batches.setdefault(id(reader), (reader, []))[1].append(info)
+        for reader, infos in batches.values():
+            reader.prefetch(infos)
+
     @property
     def bytes_read(self) -> int:
         return sum(getattr(r, "bytes_read", 0) for r in set(self._readers.values()))

@@ -212,6 +212,8 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     miss_stat = lambda name: BiasStats(None, None, None, missing=True, tensor=name,  # noqa: E731
                                        reason="data lies past the end of the (truncated) file",
                                        dtype=ck.tensors[name].dtype)
+    # Remote sources fetch everything read below in one batch (local readers ignore this).
+    ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias, lt.q_norm, lt.k_norm) if n])
     for lt in layout.layers:
         stats = {"q": None, "k": None, "v": None}
         heads = {"q": h, "k": kv, "v": kv}
