@@ -77,6 +77,10 @@ class OutputExistsError(CkptError):
     """The output exists and --force was not given."""
 
 
+class WriteError(CkptError):
+    """Writing an output failed (disk full, file too large, permission denied, reread check); nothing was left at OUT."""
+
+
 class HubError(CkptError):
     """A Hugging Face Hub request failed (not found, gated, no Range support ...)."""
 
