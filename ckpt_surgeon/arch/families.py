@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Roles a family may define.  Separate projections or one fused projection.
-ROLES = ("q", "k", "v", "qkv", "o", "q_norm", "k_norm", "sinks")
+ROLES = ("q", "k", "v", "qkv", "o", "q_norm", "k_norm", "sinks", "attn_norm")
+# "attn_norm" is the norm whose output feeds the attention projections (pre-norm models); the
+# redundancy analysis bounds |q| with it.  A role's module may be a tuple of alternatives.
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,16 @@ class Family:
     softcap_key: str | None = None        # attention logit soft-capping (not shift-invariant)
     # (conditions, value): kv head count forced when every config condition holds
     kv_heads_rules: tuple = ()
+    # attention-input norm kind: "rms" | "layer" | None (no norm feeds the projections / unknown).
+    input_norm: str | None = "rms"
+    # HF stores gamma - offset for this family's RMSNorm (modeling_gemma3: x * (1 + w)); GGUF
+    # files store the full gamma (llama.cpp's converter adds the 1).
+    norm_weight_offset: float = 0.0
     extra: dict = field(default_factory=dict)
 
 
-_LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
+_LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                "attn_norm": "input_layernorm"}
 _QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
 FAMILIES: tuple[Family, ...] = (
@@ -60,27 +68,32 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
            attention_bias_key="attention_bias"),
     Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
-           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping"),
+           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0),
     Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, norm_placement="post",
-           attention_bias_key="attention_bias"),
-    Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias"),
+           attention_bias_key="attention_bias", input_norm=None),
+    Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
+           input_norm="layer"),
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
-           {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj"}, fused_layout="concat"),
+           {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm"}, fused_layout="concat"),
     Family("phi", ("phi",), ("phi2",), "layers.{L}.",
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
-            "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm"},
+            "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
+           input_norm="layer",
            bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant"),
-    Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj"},
-           position="absolute", fused_layout="concat", conv1d=True,
+    Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj", "attn_norm": "ln_1"},
+           position="absolute", fused_layout="concat", conv1d=True, input_norm="layer",
            bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases"),
     Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
-           {"qkv": "attention.query_key_value", "o": "attention.dense"}, fused_layout="per_head"),
+           {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm"},
+           fused_layout="per_head", input_norm="layer"),
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
-           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense"},
-           position="alibi", fused_layout="per_head"),
+           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense", "attn_norm": "input_layernorm"},
+           position="alibi", fused_layout="per_head", input_norm="layer"),
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
-           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense"},
-           fused_layout="per_head",
+           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
+            # new_decoder_architecture with two parallel norms feeds attention from ln_attn
+            "attn_norm": ("ln_attn", "input_layernorm")},
+           fused_layout="per_head", input_norm="layer",
            fused_layout_rules=(("new_decoder_architecture", True, "grouped"), ("multi_query", True, "concat")),
            position_rules=(("alibi", True, "alibi"),), attention_bias_key="bias",
            # modeling_falcon: num_kv_heads is used only with new_decoder_architecture or
@@ -89,13 +102,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
             "o": "attention.output.dense"},
-           position="absolute", norm_placement="post",
+           position="absolute", norm_placement="post", input_norm=None,
            bias_note="post-norm: LayerNorm's beta does not make the q/k/v biases redundant"),
 )
 
 # GGUF names (llama.cpp gguf-py constants.py MODEL_TENSOR -> "blk.{bid}.attn_q" ...), shared by all families.
 GGUF_ROLES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "qkv": "attn_qkv", "o": "attn_output",
-              "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "sinks": "attn_sinks"}
+              "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "sinks": "attn_sinks",
+              "attn_norm": "attn_norm"}
 GGUF_LAYER = "blk.{L}."
 
 # Generic patterns tried for architectures not in the registry (name-only recognition).

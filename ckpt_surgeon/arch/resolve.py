@@ -42,6 +42,8 @@ class LayerTensors:
     o_bias: str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
+    attn_norm: str | None = None        # weight of the norm that feeds the projections (pre-norm)
+    attn_norm_bias: str | None = None   # its bias (LayerNorm beta), if any
 
     @property
     def fused(self) -> bool:
@@ -70,6 +72,8 @@ class ModelLayout:
     notes: tuple = ()               # human notes (registry bias_note, skipped items)
     skipped: tuple = ()             # tensors with attention-like names we could not place
     config_source: str | None = None
+    input_norm: str | None = None   # rms | layer | None: kind of the attn_norm tensors (registry)
+    norm_weight_offset: float = 0.0  # effective gamma = stored weight + offset (Gemma HF files)
 
 
 def _get(cfg: dict, keys, default=None):
@@ -99,9 +103,12 @@ def _rope_params(cfg: dict) -> dict:
     return out
 
 
-def _role_regex(layer: str, module: str) -> re.Pattern:
+def _role_regex(layer: str, module) -> re.Pattern:
+    """``module`` is a module path or a tuple of alternative paths (whichever the file holds)."""
     lay = re.escape(layer).replace(re.escape("{L}"), r"(\d+)")
-    return re.compile(r"^(?:.*\.)?" + lay + re.escape(module) + r"\.(weight|bias)$")
+    mods = (module,) if isinstance(module, str) else tuple(module)
+    alt = "(?:" + "|".join(re.escape(m) for m in mods) + ")"
+    return re.compile(r"^(?:.*\.)?" + lay + alt + r"\.(weight|bias)$")
 
 
 def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
@@ -203,6 +210,7 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
             qkv_weight=d.get("qkv_weight"), qkv_bias=d.get("qkv_bias"),
             o_weight=d.get("o_weight"), o_bias=d.get("o_bias"),
             q_norm=d.get("q_norm_weight"), k_norm=d.get("k_norm_weight"),
+            attn_norm=d.get("attn_norm_weight"), attn_norm_bias=d.get("attn_norm_bias"),
         ))
     qk_norm = bool(fam and fam.qk_norm) or any(lt.q_norm or lt.k_norm for lt in layers)
     fused_layout = None
@@ -216,7 +224,9 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         position=position, norm_placement=fam.norm_placement if fam else None, qk_norm=qk_norm,
         fused_layout=fused_layout, conv1d=bool(fam and fam.conv1d and naming == "hf"), qk_permuted=permuted,
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=softcap,
-        layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source)
+        layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
+        input_norm=fam.input_norm if fam else None,
+        norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0))
     check_shapes(layout, tensors)
     return layout
 
