@@ -52,45 +52,94 @@ class Family:
     # HF stores gamma - offset for this family's RMSNorm (modeling_gemma3: x * (1 + w)); GGUF
     # files store the full gamma (llama.cpp's converter adds the 1).
     norm_weight_offset: float = 0.0
+    # --- surgery data (ckpt_surgeon/surgery) ---
+    # modules (under the layer prefix) besides the attention roles whose ``.bias`` exists only when
+    # ``attention_bias_key`` is true (fold-bias --delete may drop them all, never some)
+    bias_switch_extra: tuple = ()
+    # how `qkv split` re-declares this family as another architecture (first matching ArchRewrite)
+    unfused_as: tuple = ()
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ArchRewrite:
+    """A family written as another transformers architecture after a layout change.
+
+    Used by ``qkv split`` (Phi-3 -> Llama/Mistral).  ``when_set``: the rewrite applies when this
+    config key is set (not None), e.g. Phi-3's ``sliding_window``, which Mistral honours and
+    Llama ignores.  ``tensor_splits``: (module, (first-half module, second-half module)) row
+    splits that the target architecture needs (Phi-3 ``gate_up_proj`` -> ``gate_proj`` +
+    ``up_proj``, modeling_phi3 ``Phi3MLP``: ``gate, up = gate_up_proj(x).chunk(2, -1)``).
+    ``drop_config_keys``: source-only config keys removed.  The target rotates whole heads with
+    the default rotary kinds, so partial rotary or other rope types are refused.
+    """
+
+    model_type: str
+    architectures: tuple
+    when_set: str | None = None
+    tensor_splits: tuple = ()
+    drop_config_keys: tuple = ()
+    rope_types: tuple = ("default",)
+
+
+_PHI3_TO = (
+    ArchRewrite("mistral", ("MistralForCausalLM",), when_set="sliding_window",
+                tensor_splits=(("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),),
+                drop_config_keys=("embd_pdrop", "resid_pdrop", "original_max_position_embeddings", "auto_map")),
+    ArchRewrite("llama", ("LlamaForCausalLM",),
+                tensor_splits=(("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),),
+                drop_config_keys=("embd_pdrop", "resid_pdrop", "original_max_position_embeddings", "auto_map",
+                                  "sliding_window")),
+)
+
+# "qkv": where `qkv fuse` puts the fused [Q; K; V] projection (not a transformers module: for
+# runtimes that want one attn_qkv); such families get fused_layout="concat" for reading it back.
 _LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-                "attn_norm": "input_layernorm"}
+                "qkv": "self_attn.qkv_proj", "attn_norm": "input_layernorm"}
 _QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
 FAMILIES: tuple[Family, ...] = (
-    Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES,
+    Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
            bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection"),
-    Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True,
+    Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
            attention_bias_key="attention_bias"),
-    Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True),
-    Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+    Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat"),
+    Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
            attention_bias_key="attention_bias"),
-    Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+    Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
            attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0),
     Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, norm_placement="post",
+           fused_layout="concat",
            attention_bias_key="attention_bias", input_norm=None),
     Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
-           input_norm="layer"),
+           input_norm="layer", fused_layout="concat",
+           bias_switch_extra=("mlp.c_fc", "mlp.c_proj")),   # modeling_starcoder2: bias=config.use_bias
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
-           {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm"}, fused_layout="concat"),
+           {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm",
+            "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},   # q/k/v: after `qkv split`
+           fused_layout="concat", unfused_as=_PHI3_TO),
     Family("phi", ("phi",), ("phi2",), "layers.{L}.",
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
             "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
            input_norm="layer",
            bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant"),
-    Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj", "attn_norm": "ln_1"},
+    # q/k/v roles of fused families name where `qkv split` writes the parts (no transformers module
+    # reads them; `qkv fuse` restores the original layout bit for bit).
+    Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj", "attn_norm": "ln_1",
+                                                   "q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj"},
            position="absolute", fused_layout="concat", conv1d=True, input_norm="layer",
            bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases"),
     Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
-           {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm"},
+           {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm",
+            "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj"},
            fused_layout="per_head", input_norm="layer"),
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
-           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense", "attn_norm": "input_layernorm"},
+           {"qkv": "self_attention.query_key_value", "o": "self_attention.dense", "attn_norm": "input_layernorm",
+            "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj"},
            position="alibi", fused_layout="per_head", input_norm="layer"),
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
            {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
+            "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj",
             # new_decoder_architecture with two parallel norms feeds attention from ln_attn
             "attn_norm": ("ln_attn", "input_layernorm")},
            fused_layout="per_head", input_norm="layer",
@@ -98,7 +147,8 @@ FAMILIES: tuple[Family, ...] = (
            position_rules=(("alibi", True, "alibi"),), attention_bias_key="bias",
            # modeling_falcon: num_kv_heads is used only with new_decoder_architecture or
            # without multi_query; multi_query alone means one shared k/v head.
-           kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),)),
+           kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),),
+           bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h")),   # modeling_falcon: bias=config.bias
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
             "o": "attention.output.dense"},
