@@ -104,7 +104,7 @@ from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
 from ..records import TensorInfo
 from . import safetensors as st
 
-__all__ = ["CheckpointWriter", "WriteResult", "ShardResult", "cast_to_dtype", "FULL_HASH_LIMIT", "FULL_CHECK_LIMIT"]
+__all__ = ["CheckpointWriter", "open_writer", "WriteResult", "ShardResult", "cast_to_dtype", "FULL_HASH_LIMIT", "FULL_CHECK_LIMIT"]
 
 FULL_HASH_LIMIT = 1 << 30
 FULL_CHECK_LIMIT = 1 << 30
@@ -941,3 +941,10 @@ class CheckpointWriter:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+
+def open_writer(out, source=None, **kw):
+    """The writer for ``out``: GGUF when it ends in ``.gguf``, else safetensors (file or folder)."""
+    if os.fspath(out).endswith(".gguf"):
+        return GGUFCheckpointWriter(out, source, **kw)
+    return CheckpointWriter(out, source, **kw)

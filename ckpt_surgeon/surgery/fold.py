@@ -1,0 +1,328 @@
+"""``fold-bias``: plan the removal of redundant key biases and the folding of value biases.
+
+Key bias (``--k``), per layer (see ARCHITECTURE.md "Facts"):
+
+- no rotary (absolute, learned, ALiBi, none): the term ``q_m·b_k`` is constant over the keys, so
+  softmax ignores it: all of ``b_k`` is zeroed, exactly;
+- partial rotary: the pass-through dimensions (``>= rotary_dim`` of each head) are exact and are
+  zeroed; the rotated ones stay;
+- full rotary after the biased projection (Qwen2 ...): nothing is exactly removable, so the plan is
+  refused unless ``approximate=True``: then the frequency pairs the analyzer
+  (:mod:`ckpt_surgeon.analysis.redundancy`) bounds as near-redundant are zeroed, as many as keep
+  the summed per-pair bound ``<= max_logit_change`` (attention-logit units, per layer and kv head);
+- a norm after the projection (q/k-norm), or logit soft-capping: refused, not removable.
+
+Value bias (``--v``): ``b_o' = b_o + W_o·b_v`` (GQA-expanded) and ``b_v`` zeroed, exact because
+attention rows sum to 1; only where the layer has an output-projection bias (refused otherwise).
+
+Folded biases are zeroed, not deleted.  ``delete=True`` drops them instead where the architecture
+has a config switch for its biases (``Family.attention_bias_key``) *and* every bias that switch
+creates is zero after the fold; the switch is then set to false in ``config.json``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..arch import families as F
+from ..arch.layouts import qkv_row_index
+from ..errors import CkptError, RefusedError, UnsupportedError
+from . import ops
+from .plan import Plan, TensorStep, _Evaluator, step_params
+
+
+@dataclass(frozen=True)
+class FoldLayer:
+    """What fold-bias does to one layer."""
+
+    layer: int
+    k_bias: str | None = None
+    k_class: str = "none"             # exact | partial | rope | not-removable | none
+    k_removed: int = 0                # components zeroed
+    k_total: int = 0
+    k_removed_energy: float = 0.0     # share of ||b_k||^2 removed
+    k_norm: float = 0.0               # ||b_k||
+    k_bound: float | None = None      # approximate: summed bound of the removed pairs (max over kv heads)
+    v_bias: str | None = None
+    v_folded: bool = False
+    v_norm: float = 0.0
+    o_bias: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "k_class": self.k_class, "k_removed": self.k_removed, "k_total": self.k_total,
+                "k_removed_energy": self.k_removed_energy, "k_norm": self.k_norm, "k_bound": self.k_bound,
+                "v_folded": self.v_folded, "v_norm": self.v_norm,
+                "k_bias": self.k_bias, "v_bias": self.v_bias, "o_bias": self.o_bias}
+
+
+def family_of(layout) -> F.Family | None:
+    for fam in F.FAMILIES:
+        if fam.name == layout.family:
+            return fam
+    return None
+
+
+def bias_rows(layout, lt, role: str) -> tuple[str, np.ndarray] | None:
+    """(tensor, row indices) of the ``role`` ("q"|"k"|"v") bias in this layer: a separate bias, or
+    its rows inside the fused qkv bias (layout from the registry, arch/layouts.qkv_row_index)."""
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    sep = getattr(lt, f"{role}_bias")
+    if sep:
+        n = (h if role == "q" else kv) * d
+        return sep, np.arange(n)
+    if lt.qkv_bias:
+        if layout.fused_layout is None:
+            raise UnsupportedError("the fused qkv layout of this architecture is unknown; cannot locate the "
+                                   f"{role} part of the bias", tensor=lt.qkv_bias)
+        idx = qkv_row_index(layout.fused_layout, h, kv, d)
+        return lt.qkv_bias, idx["qkv".index(role)]
+    return None
+
+
+def _fmt_layers(layers) -> str:
+    layers = list(layers)
+    if len(layers) > 8:
+        return ", ".join(map(str, layers[:4])) + f", ... ({len(layers)} layers)"
+    return ", ".join(map(str, layers))
+
+
+def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool = False,
+                   max_logit_change: float | None = None, context: int | None = None,
+                   delete: bool = False, epsilon: float | None = None, pairs: str = "near") -> Plan:
+    """Build the fold-bias plan for ``ckpt`` (reads bias vectors; no output is written)."""
+    src = ckpt.source
+    if not (k or v):
+        raise CkptError("nothing to do: pass --k (key bias), --v (value bias) or both", path=src)
+    if approximate and not k:
+        raise CkptError("--approximate applies to the key bias: add --k", path=src)
+    if approximate and (max_logit_change is None or not max_logit_change >= 0):
+        raise CkptError("--approximate needs --max-logit-change X (X >= 0, attention-logit units)", path=src)
+    if max_logit_change is not None and not approximate:
+        raise CkptError("--max-logit-change only applies with --approximate", path=src)
+    if context is not None and not approximate:
+        raise CkptError("--context only applies with --approximate", path=src)
+    if pairs not in ("near", "any"):
+        raise CkptError(f"pairs must be 'near' or 'any', not {pairs!r}", path=src)
+    if epsilon is None:
+        from ..analysis.redundancy import DEFAULT_EPSILON
+        epsilon = DEFAULT_EPSILON
+
+    layout = ckpt.layout()
+    fam = family_of(layout)
+    if fam is None:
+        raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
+                               "rotary embedding and norms sit is unknown; nothing was folded", path=src)
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    if not (h and kv and d):
+        raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)", path=src)
+
+    rows_to_zero: dict[str, set] = {}
+    tensor_layer: dict[str, int] = {}
+    records: dict[int, dict] = {lt.layer: {"layer": lt.layer} for lt in layout.layers}
+    notes: list[str] = []
+    ev = _Evaluator(ckpt)
+    params = {"k": k, "v": v, "approximate": approximate, "max_logit_change": max_logit_change,
+              "context": context, "delete": delete}
+
+    if k:
+        _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate,
+                max_logit_change, context, params, epsilon, pairs)
+    steps: list[TensorStep] = []
+    if v:
+        steps += _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes)
+
+    for name, rows in sorted(rows_to_zero.items()):
+        if rows:
+            steps.append(TensorStep("zero_rows", name, (name,), step_params(rows=np.array(sorted(rows))), like=name,
+                                    layer=tensor_layer.get(name), why="folded bias components zeroed"))
+
+    config, changes = None, ()
+    if delete:
+        steps, config, changes = _plan_delete(ckpt, layout, fam, ev, steps)
+        notes.append(f"--delete: every bias controlled by config '{fam.attention_bias_key}' is zero, so they were "
+                     f"dropped and '{fam.attention_bias_key}' set to false")
+    else:
+        notes.append("folded biases are zeroed, not deleted (stock loaders expect the tensors); --delete drops them "
+                     "where the architecture has a switch for it")
+    layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1)
+    return Plan(operation="fold-bias", source=src, params=params, steps=tuple(steps), config=config,
+                config_changes=changes, layers=layer_recs, notes=tuple(notes))
+
+
+def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate, max_logit_change,
+            context, params, epsilon, pairs_mode) -> None:
+    """Key-bias part of the plan, from the analyzer's classes, exact dims and per-pair bounds
+    (:mod:`ckpt_surgeon.analysis.redundancy`: module docstring has the derivation)."""
+    from ..analysis.redundancy import analyze_checkpoint, select_pairs
+
+    src = ckpt.source
+    located = {lt.layer: bias_rows(layout, lt, "k") for lt in layout.layers}
+    located = {i: r for i, r in located.items() if r is not None}
+    if not located:
+        raise RefusedError("has no key bias in any layer: nothing to fold (--k)", path=src)
+    quick = analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=False, layout=layout)
+    by_layer = {lr.layer: lr for lr in quick.layers if lr.layer in located}
+    bad = {i: lr for i, lr in by_layer.items() if lr.k_class in ("not-removable", "unknown")}
+    if bad:
+        first = next(iter(bad.values()))
+        why = "; ".join(first.reasons) or first.k_class
+        raise RefusedError(f"refused: the key bias is not removable in {layout.architecture} ({why}); "
+                           f"layers {_fmt_layers(bad)} keep it", path=src)
+    rope_layers = [i for i, lr in by_layer.items() if lr.k_class == "rope"]
+    need_bounds = approximate or bool(rope_layers)
+    rep = analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=True, layout=layout) if need_bounds else quick
+    by_layer = {lr.layer: lr for lr in rep.layers if lr.layer in located}
+    if rope_layers and not approximate:
+        def one(i):
+            lr = by_layer[i]
+            parts = [f"layer {i}: |b_k| {lr.k_bias_l2:.4g}"]
+            if lr.near_fraction is not None:
+                parts.append(f"near-redundant energy {lr.near_fraction:.1%} (angle < {lr.epsilon:g} rad over {lr.context} "
+                             f"positions)")
+            if lr.bound_all is not None:
+                parts.append(f"removing it all could move a logit by up to {lr.bound_all:.3g}")
+            return ", ".join(parts)
+        detail = "; ".join(one(i) for i in rope_layers[:3]) + (f"; ... ({len(rope_layers)} layers)" if len(rope_layers) > 3 else "")
+        raise RefusedError(
+            f"refused: the key bias is not exactly removable in {layout.architecture}: RoPE rotates every dimension "
+            f"after the biased projection (k = rope(W_k x + b_k)), so its logit term depends on the distance "
+            f"between tokens ({detail}); pass --approximate --max-logit-change X to remove only the near-redundant "
+            f"frequency pairs whose summed bound stays <= X", path=src)
+
+    worst = 0.0
+    for i, (t, rows) in sorted(located.items()):
+        lr = by_layer[i]
+        if approximate:
+            sel = select_pairs(lr, float(max_logit_change), include_exact=True, only_near=(pairs_mode == "near"))
+            dims, bound, frac = np.asarray(sel.dims, dtype=np.int64), sel.bound, sel.removed_energy_fraction
+            if sel.note:
+                notes.append(f"layer {i}: {sel.note}")
+        else:
+            dims, bound = np.asarray(lr.exact_dims, dtype=np.int64), (0.0 if lr.k_class in ("exact", "partial") else None)
+            frac = lr.exact_fraction or 0.0
+        removed = rows[dims] if dims.size else np.zeros(0, dtype=np.int64)
+        rows_to_zero.setdefault(t, set()).update(int(r) for r in removed)
+        tensor_layer[t] = i
+        worst = max(worst, bound or 0.0)
+        records[i].update(k_bias=t, k_class=lr.k_class, k_removed=int(dims.size), k_total=int(rows.size),
+                          k_removed_energy=float(frac), k_norm=float(lr.k_bias_l2 or 0.0), k_bound=bound)
+    classes = sorted({by_layer[i].k_class for i in located})
+    if "exact" in classes:
+        notes.append(f"key bias: no rotary ({layout.position.type} positions), so q·b_k is constant over the keys and "
+                     "softmax ignores it: removed exactly")
+    if "partial" in classes:
+        notes.append(f"key bias: partial rotary (rotary_dim {layout.position.rotary_dim} of head_dim {layout.head_dim}): "
+                     "the pass-through dimensions were removed exactly")
+    if approximate:
+        params.update(context=rep.context, epsilon=rep.epsilon, pairs=pairs_mode, bound=worst)
+        notes.append(f"--approximate: removed the {'near-redundant ' if pairs_mode == 'near' else ''}rotary pairs whose "
+                     f"summed bound stays <= {max_logit_change} per layer and kv head (context {rep.context}, "
+                     f"epsilon {rep.epsilon:g} rad); largest bound used: {worst:.4g} attention-logit units")
+
+
+def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -> list[TensorStep]:
+    src = ckpt.source
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    located = [(lt, bias_rows(layout, lt, "v")) for lt in layout.layers]
+    located = [(lt, r) for lt, r in located if r is not None]
+    if not located:
+        raise RefusedError("has no value bias in any layer: nothing to fold (--v)", path=src)
+    missing = [lt.layer for lt, _ in located if not lt.o_bias]
+    if missing:
+        o_name = next((lt.o_weight for lt, _ in located if lt.o_weight), None)
+        raise RefusedError(
+            f"refused: cannot fold the value bias: the attention output projection"
+            f"{f' ({o_name})' if o_name else ''} has no bias in {layout.architecture} (layers {_fmt_layers(missing)}), "
+            f"so W_o·b_v has nowhere to go; folding needs an output-projection bias (GPT-2, BERT, BLOOM, GPT-NeoX, "
+            f"Phi-2, Falcon ...)", path=src)
+    steps = []
+    for lt, (t, rows) in located:
+        if not lt.o_weight:
+            raise UnsupportedError("the output projection weight of this layer was not found", path=src, tensor=lt.o_bias)
+        steps.append(TensorStep(
+            "fold_v_bias", lt.o_bias, (lt.o_bias, lt.o_weight, t),
+            step_params(v_rows=rows, n_heads=h, n_kv_heads=kv, head_dim=d, w_o_in_out=bool(layout.conv1d)),
+            like=lt.o_bias, layer=lt.layer, why="b_o + W_o·b_v"))
+        rows_to_zero.setdefault(t, set()).update(int(r) for r in rows)
+        tensor_layer[t] = lt.layer
+        records[lt.layer].update(v_bias=t, v_folded=True, v_norm=float(np.linalg.norm(ev.value(t)[rows])),
+                                 o_bias=lt.o_bias)
+    notes.append("value bias folded into the output bias (b_o' = b_o + W_o·b_v): exact, attention rows sum to 1"
+                 + (f"; GQA: query head h reads kv head h // {h // kv}" if kv != h else ""))
+    return steps
+
+
+def _layer_prefix(fam, lt) -> str | None:
+    """``model.layers.3.`` of this layer, from any placed role tensor."""
+    for role in ("q", "k", "v", "qkv", "o"):
+        mod = fam.roles.get(role)
+        for kind in ("weight", "bias"):
+            name = getattr(lt, f"{role}_{kind}", None)
+            if name and isinstance(mod, str) and name.endswith(f"{mod}.{kind}"):
+                return name[: -len(f"{mod}.{kind}")]
+    return None
+
+
+def _plan_delete(ckpt, layout, fam, ev, steps):
+    src = ckpt.source
+    if ckpt.naming == "gguf":
+        raise RefusedError("refused: --delete is not supported for GGUF outputs (llama.cpp decides per architecture "
+                           "whether a bias tensor is required); the folded biases are zeroed instead — rerun "
+                           "without --delete", path=src)
+    key = fam.attention_bias_key
+    cfg = dict(ckpt.config or {})
+    if not key:
+        raise RefusedError(f"refused: --delete: {layout.architecture} has no config switch that removes its attention "
+                           "biases (the loader would miss the tensors); they are zeroed instead — rerun without "
+                           "--delete", path=src)
+    if not cfg.get(key):
+        raise RefusedError(f"refused: --delete: config '{key}' is already false", path=src)
+    controlled: list[tuple[str, str]] = []
+    for lt in layout.layers:
+        for role in ("q", "k", "v", "qkv", "o"):
+            b = getattr(lt, f"{role}_bias")
+            if b:
+                controlled.append((b, role))
+        prefix = _layer_prefix(fam, lt)
+        for mod in fam.bias_switch_extra:
+            name = f"{prefix}{mod}.bias" if prefix is not None else None
+            if name and name in ckpt.tensors:
+                controlled.append((name, mod))
+    by_out = {s.out: s for s in steps}
+    for name, role in controlled:
+        val = ev.run(by_out[name]) if name in by_out else ev.value(name)
+        if np.any(val != 0):
+            why = {"q": "the query bias multiplies the keys and is never removable",
+                   "o": "the output bias is kept (it receives the folded value bias)" if name in by_out else
+                        "the output bias is non-zero",
+                   "k": "part of the key bias is not removable",
+                   "v": "the value bias was not folded (add --v)",
+                   "qkv": "part of the fused qkv bias stays"}.get(role, f"config '{key}' also controls this bias")
+            raise RefusedError(
+                f"refused: --delete needs every bias that config '{key}' controls to be zero after the fold, "
+                f"but this one is not ({why}); the folded biases are zeroed instead — rerun without --delete",
+                path=src, tensor=name)
+    names = sorted({n for n, _ in controlled})
+    new_steps = [s for s in steps if s.out not in set(names)]
+    new_steps += [TensorStep("delete", None, (n,), why=f"config '{key}' set to false") for n in names]
+    old = cfg.get(key)
+    cfg[key] = False
+    return new_steps, cfg, ((key, old, False),)
+
+
+def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: bool = False,
+              max_logit_change: float | None = None, context: int | None = None, delete: bool = False,
+              epsilon: float | None = None, pairs: str = "near", force: bool = False, check: str = "auto", source_hash: str = "auto", **open_kw):
+    """Plan and write ``fold-bias`` (see the module docstring); returns a :class:`SurgeryResult`.
+
+    ``source``: HF folder, single .safetensors or .gguf (any source :func:`open_checkpoint` takes);
+    ``out``: a folder, a ``.safetensors`` file or, for GGUF sources, a ``.gguf`` file.
+    """
+    from ..checkpoint import open_checkpoint
+    from .plan import execute
+
+    with open_checkpoint(source, **open_kw) as ck:
+        plan = plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
+                              context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+        return execute(ck, plan, out, force=force, check=check, source_hash=source_hash)

@@ -1,0 +1,286 @@
+"""``qkv fuse`` / ``qkv split``: move between separate q/k/v projections and a fused one.
+
+Layouts (arch/layouts.py): ``concat`` rows ``[Q; K; V]`` (Phi-3 ``qkv_proj``, GGUF ``attn_qkv``),
+``per_head`` ``[h, 3, d]`` (GPT-NeoX, BLOOM), ``grouped`` ``[kv, q_per_kv + 2, d]`` (Falcon new
+decoder), and ``conv1d``: GPT-2's ``Conv1D`` ``[in, 3*out]`` (``concat`` on the last axis).  Both
+directions are pure row gathers on the stored bit patterns (whole rows of bytes along axis 0, so
+quantized GGUF rows move intact), hence ``split(fuse(x)) == x`` bit for bit.
+
+Names come from the registry (``Family.roles``: ``q``/``k``/``v`` and ``qkv`` module paths).  When
+the family declares an :class:`~ckpt_surgeon.arch.families.ArchRewrite` (Phi-3 -> Llama, or
+Mistral when a sliding window is set), ``split`` writes that architecture: the tensor splits it
+lists (Phi-3's ``gate_up_proj`` -> ``gate_proj`` + ``up_proj``) are applied and ``config.json``
+gets the new ``model_type`` / ``architectures`` (rope settings kept).  Otherwise the config is
+kept and the fused layout is recorded in ``__metadata__`` so ``fuse`` can restore it exactly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..arch import families as F
+from ..arch.layouts import LAYOUTS
+from ..arch.resolve import _fused_layout, _rope_params
+from ..errors import CkptError, RefusedError, UnsupportedError
+from .fold import family_of
+from .plan import Plan, TensorStep, step_params
+
+CLI_LAYOUTS = LAYOUTS + ("conv1d",)
+
+
+@dataclass(frozen=True)
+class QkvLayer:
+    layer: int
+    fused: str                 # fused tensor (weight)
+    q: str
+    k: str
+    v: str
+    layout: str
+    bias: bool
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _recorded_layout(ckpt) -> str | None:
+    """The fused layout a previous ckpt-surgeon run recorded in the source's ``__metadata__``."""
+    raw = (ckpt.metadata or {}).get("ckpt_surgeon") if ckpt.format == "safetensors" else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        ops_ = json.loads(raw).get("operations", [])
+    except (ValueError, AttributeError):
+        return None
+    for op in reversed(ops_):
+        lay = (op.get("params") or {}).get("qkv_layout")
+        if lay:
+            return lay
+    return None
+
+
+def _resolve_layout(layout_opt: str | None, default: str | None, fam, src) -> tuple[str, int]:
+    """(row layout, weight axis) from --layout / the registry; ``conv1d`` = concat on the last axis."""
+    lay = layout_opt or default
+    if lay is None:
+        raise UnsupportedError("the fused layout is unknown for this architecture; pass --layout", path=src)
+    if lay == "conv1d":
+        if not fam.conv1d:
+            raise CkptError("--layout conv1d is GPT-2's Conv1D storage ([in, 3*out]); this architecture stores "
+                            "weights [out, in]", path=src)
+        return "concat", -1
+    if lay not in LAYOUTS:
+        raise CkptError(f"unknown --layout {lay!r} (choose from {', '.join(CLI_LAYOUTS)})", path=src)
+    return lay, (-1 if fam.conv1d else 0)
+
+
+def _swap_module(name: str, old: str, new: str) -> str:
+    for kind in (".weight", ".bias"):
+        if name.endswith(old + kind):
+            return name[: -len(old + kind)] + new + kind
+    raise CkptError(f"tensor name does not end in {old}.weight/.bias", tensor=name)
+
+
+def _heads(layout, src):
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    if not (h and kv and d):
+        raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)", path=src)
+    return h, kv, d
+
+
+def _family(layout, src):
+    fam = family_of(layout)
+    if fam is None:
+        raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry; q/k/v names unknown", path=src)
+    return fam
+
+
+def _roles(fam, ckpt) -> dict:
+    """Module names per role: GGUF files use one naming for every family (attn_q ... attn_qkv)."""
+    return F.GGUF_ROLES if ckpt.naming == "gguf" else fam.roles
+
+
+def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
+    """Separate q/k/v from each layer's fused projection (weights and biases)."""
+    src = ckpt.source
+    lay_ = ckpt.layout()
+    fam = _family(lay_, src)
+    h, kv, d = _heads(lay_, src)
+    fused_layers = [lt for lt in lay_.layers if lt.qkv_weight]
+    if not fused_layers:
+        raise RefusedError("has no fused qkv projection to split (it already has separate q/k/v?)", path=src)
+    roles = _roles(fam, ckpt)
+    if not all(isinstance(roles.get(r), str) for r in ("q", "k", "v", "qkv")):
+        raise UnsupportedError(f"the registry names no separate q/k/v modules for {fam.name}", path=src)
+    rec = _recorded_layout(ckpt)
+    row_layout, axis = _resolve_layout(layout, rec or (lay_.fused_layout if not lay_.conv1d else "conv1d"), fam, src)
+    steps, layers = [], []
+    qkv_mod = roles["qkv"]
+    if ckpt.naming == "gguf" and to not in (None, "same"):
+        raise UnsupportedError("architecture rewrites apply to Hugging Face checkpoints, not GGUF", path=src)
+    rewrite = _pick_rewrite(fam, ckpt.config or {}, to, src) if (to != "same" and ckpt.naming != "gguf") else None
+    for lt in fused_layers:
+        for kind, fused in (("weight", lt.qkv_weight), ("bias", lt.qkv_bias)):
+            if fused is None:
+                continue
+            info = ckpt.tensors[fused]
+            a = axis if kind == "weight" else 0
+            names = [_swap_module(fused, qkv_mod, roles[r]) for r in ("q", "k", "v")]
+            for r, out in zip("qkv", names):
+                rows = (h if r == "q" else kv) * d
+                shape = list(info.shape)
+                shape[a] = rows
+                if info.quantized and a != 0:
+                    raise UnsupportedError("cannot split a quantized tensor along its inner axis", tensor=fused)
+                steps.append(TensorStep("split_qkv", out, (fused,), step_params(
+                    part=r, layout=row_layout, axis=a, n_heads=h, n_kv_heads=kv, head_dim=d),
+                    like=fused, dtype=info.dtype, shape=tuple(shape), layer=lt.layer,
+                    why=f"{r} rows of the {row_layout} fused {kind}"))
+            steps.append(TensorStep("delete", None, (fused,), layer=lt.layer, why="replaced by q/k/v"))
+        q, k, v = (_swap_module(lt.qkv_weight, qkv_mod, roles[r]) for r in ("q", "k", "v"))
+        layers.append(QkvLayer(lt.layer, lt.qkv_weight, q, k, v, row_layout if axis == 0 else "conv1d",
+                               lt.qkv_bias is not None))
+    notes, config, changes = [], None, ()
+    record = {"qkv_layout": row_layout if axis == 0 else "conv1d"}
+    if rewrite is not None:
+        extra, config, changes = _apply_rewrite(ckpt, lay_, fam, rewrite, fused_layers, src)
+        steps += extra
+        notes.append(f"written as {rewrite.architectures[0]} ({rewrite.model_type}): q/k/v split from {qkv_mod}"
+                     + "".join(f", {m} split into {a} + {b}" for m, (a, b) in rewrite.tensor_splits))
+    else:
+        notes.append(f"config kept ({lay_.architecture}); transformers' {lay_.architecture} reads the fused tensor, "
+                     f"so load this with a runtime that takes separate q/k/v, or run `qkv fuse` to restore it "
+                     f"(the {record['qkv_layout']} layout is recorded in the metadata)")
+    return Plan("qkv-split", src, {"layout": record["qkv_layout"], "to": rewrite.model_type if rewrite else None},
+                tuple(steps), config=config, config_changes=changes, layers=tuple(layers), notes=tuple(notes),
+                record=record)
+
+
+def _pick_rewrite(fam, cfg, to, src):
+    if not fam.unfused_as:
+        if to not in (None, "same"):
+            raise UnsupportedError(f"no declared rewrite of {fam.name} as {to!r}", path=src)
+        return None
+    cands = [r for r in fam.unfused_as if to is None or r.model_type == to]
+    if not cands:
+        raise UnsupportedError(f"{fam.name} can be written as {', '.join(r.model_type for r in fam.unfused_as)}, "
+                               f"not {to!r}", path=src)
+    if to is None:
+        for r in cands:
+            if r.when_set is None or cfg.get(r.when_set) is not None:
+                return r
+    return cands[0]
+
+
+def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
+    """Steps for the rewrite's tensor splits and the rewritten config."""
+    cfg = dict(ckpt.config or {})
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = (rp.get("rope_type") or rp.get("type") or "default") if isinstance(rp, dict) else "default"
+    if rope_type not in rw.rope_types:
+        raise RefusedError(f"refused: rope_type {rope_type!r} is not verified for {rw.architectures[0]}; "
+                           f"the split keeps {fam.name} (pass --to same)", path=src)
+    if layout.position.rotary_dim is not None and layout.head_dim and layout.position.rotary_dim != layout.head_dim:
+        raise RefusedError(f"refused: partial rotary ({layout.position.rotary_dim} of {layout.head_dim} dims); "
+                           f"{rw.architectures[0]} rotates whole heads (pass --to same)", path=src)
+    biased = [lt.qkv_bias or lt.o_bias for lt in layout.layers if lt.qkv_bias or lt.o_bias]
+    if biased:
+        raise RefusedError(f"refused: attention biases present ({biased[0]}); the rewrite to {rw.architectures[0]} "
+                           "assumes none (pass --to same)", path=src)
+    steps = []
+    for lt in fused_layers:
+        prefix = lt.qkv_weight[: -len(fam.roles["qkv"] + ".weight")]
+        for mod, (a, b) in rw.tensor_splits:
+            for kind in ("weight", "bias"):
+                name = f"{prefix}{mod}.{kind}"
+                if name not in ckpt.tensors:
+                    continue
+                info = ckpt.tensors[name]
+                half = list(info.shape)
+                half[0] //= 2
+                for part, new in ((0, a), (1, b)):
+                    steps.append(TensorStep("split_halves", f"{prefix}{new}.{kind}", (name,),
+                                            step_params(part=part, axis=0), like=name, dtype=info.dtype,
+                                            shape=tuple(half), layer=lt.layer, why=f"{'first' if part == 0 else 'second'} half of {mod}"))
+                steps.append(TensorStep("delete", None, (name,), layer=lt.layer, why=f"replaced by {a} + {b}"))
+    changes = []
+    new = {k: v for k, v in cfg.items() if k not in rw.drop_config_keys}
+    for k in rw.drop_config_keys:
+        if cfg.get(k) is not None:
+            changes.append((k, cfg[k], None))
+    for k, v in (("model_type", rw.model_type), ("architectures", list(rw.architectures)),
+                 ("head_dim", layout.head_dim), ("attention_bias", False), ("mlp_bias", False)):
+        if cfg.get(k) != v and not (k in ("attention_bias", "mlp_bias") and not cfg.get(k)):
+            changes.append((k, cfg.get(k), v))
+        new[k] = v
+    if "rope_parameters" not in new and "rope_theta" not in new:
+        new["rope_theta"] = _rope_params(cfg)["theta"]
+    return steps, new, tuple(changes)
+
+
+def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
+    """Fuse each layer's separate q/k/v projections (weights and biases) into one tensor."""
+    src = ckpt.source
+    lay_ = ckpt.layout()
+    fam = _family(lay_, src)
+    h, kv, d = _heads(lay_, src)
+    sep = [lt for lt in lay_.layers if lt.q_weight and lt.k_weight and lt.v_weight]
+    if not sep:
+        raise RefusedError("has no separate q/k/v projections to fuse", path=src)
+    roles = _roles(fam, ckpt)
+    if not isinstance(roles.get("qkv"), str):
+        raise UnsupportedError(f"the registry names no fused qkv module for {fam.name}", path=src)
+    rec = _recorded_layout(ckpt)
+    default = rec or ("concat" if ckpt.naming == "gguf" else
+                      (_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
+    row_layout, axis = _resolve_layout(layout, default, fam, src)
+    qkv_mod, q_mod = roles["qkv"], roles["q"]
+    steps, layers = [], []
+    for lt in sep:
+        for kind in ("weight", "bias"):
+            names = [getattr(lt, f"{r}_{kind}") for r in "qkv"]
+            if not any(names):
+                continue
+            if not all(names):
+                raise RefusedError(f"refused: layer {lt.layer} has a {kind} on only some of q/k/v; a fused {kind} "
+                                   "needs all three", path=src, tensor=next(n for n in names if n))
+            infos = [ckpt.tensors[n] for n in names]
+            if len({i.dtype for i in infos}) != 1:
+                raise RefusedError(f"refused: q/k/v {kind}s of layer {lt.layer} have different dtypes "
+                                   f"({', '.join(i.dtype for i in infos)})", path=src, tensor=names[0])
+            a = axis if kind == "weight" else 0
+            shape = list(infos[0].shape)
+            shape[a] = (h + 2 * kv) * d
+            if infos[0].quantized and a != 0:
+                raise UnsupportedError("cannot fuse quantized tensors along their inner axis", tensor=names[0])
+            out = _swap_module(names[0], q_mod, qkv_mod)
+            steps.append(TensorStep("fuse_qkv", out, tuple(names), step_params(
+                layout=row_layout, axis=a, n_heads=h, n_kv_heads=kv, head_dim=d), like=names[0],
+                dtype=infos[0].dtype, shape=tuple(shape), layer=lt.layer, why=f"{row_layout} fused {kind}"))
+            steps += [TensorStep("delete", None, (n,), layer=lt.layer, why="moved into the fused tensor") for n in names]
+        layers.append(QkvLayer(lt.layer, _swap_module(lt.q_weight, q_mod, qkv_mod), lt.q_weight, lt.k_weight,
+                               lt.v_weight, row_layout if axis == 0 else "conv1d", lt.q_bias is not None))
+    record = {"qkv_layout": row_layout if axis == 0 else "conv1d"}
+    notes = [f"q/k/v fused into {qkv_mod} ({record['qkv_layout']} layout, recorded in the metadata); config kept"]
+    return Plan("qkv-fuse", src, {"layout": record["qkv_layout"]}, tuple(steps), layers=tuple(layers),
+                notes=tuple(notes), record=record)
+
+
+def qkv_split(source, out, *, layout: str | None = None, to: str | None = None, force: bool = False,
+              check: str = "auto", source_hash: str = "auto", **open_kw):
+    """Plan and write ``qkv split`` (see the module docstring); returns a SurgeryResult."""
+    from ..checkpoint import open_checkpoint
+    from .plan import execute
+
+    with open_checkpoint(source, **open_kw) as ck:
+        return execute(ck, plan_qkv_split(ck, layout=layout, to=to), out, force=force, check=check,
+                       source_hash=source_hash)
+
+
+def qkv_fuse(source, out, *, layout: str | None = None, force: bool = False, check: str = "auto",
+             source_hash: str = "auto", **open_kw):
+    """Plan and write ``qkv fuse`` (see the module docstring); returns a SurgeryResult."""
+    from ..checkpoint import open_checkpoint
+    from .plan import execute
+
+    with open_checkpoint(source, **open_kw) as ck:
+        return execute(ck, plan_qkv_fuse(ck, layout=layout), out, force=force, check=check, source_hash=source_hash)
