@@ -55,6 +55,13 @@ class FoldLayer:
                 "v_folded": self.v_folded, "v_norm": self.v_norm,
                 "k_bias": self.k_bias, "v_bias": self.v_bias, "o_bias": self.o_bias}
 
+    def row(self) -> dict:
+        """Table row (tensor names only in JSON)."""
+        d = self.to_dict()
+        for key in ("k_bias", "v_bias", "o_bias"):
+            d.pop(key)
+        return d
+
 
 def family_of(layout) -> F.Family | None:
     for fam in F.FAMILIES:

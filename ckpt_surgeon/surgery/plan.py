@@ -116,7 +116,7 @@ class Plan:
 
     def rows(self) -> list[dict]:
         if self.layers:
-            return [r.to_dict() for r in self.layers]
+            return [r.row() if hasattr(r, "row") else r.to_dict() for r in self.layers]
         return [{"tensor": s.out or s.inputs[0], "op": s.op, "layer": s.layer,
                  "inputs": ", ".join(s.inputs), "why": s.why} for s in self.steps]
 

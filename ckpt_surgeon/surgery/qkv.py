@@ -41,6 +41,9 @@ class QkvLayer:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def row(self) -> dict:
+        return {"layer": self.layer, "fused": self.fused, "layout": self.layout, "bias": self.bias}
+
 
 def _recorded_layout(ckpt) -> str | None:
     """The fused layout a previous ckpt-surgeon run recorded in the source's ``__metadata__``."""

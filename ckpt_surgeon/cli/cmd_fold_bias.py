@@ -1,0 +1,82 @@
+"""``ckpt-surgeon fold-bias SOURCE -o OUT``."""
+from __future__ import annotations
+
+import click
+
+from .render import FORMATS, emit, open_kwargs, source_options
+
+
+def surgery_output_options(fn):
+    """Options shared by the surgery commands (-o is the checkpoint written, not the report)."""
+    fn = click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+                      help="Also write the report (in --format) to FILE, atomically.")(fn)
+    fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+                      help="Report format on stdout: a human table, JSON (stable contract), CSV or Markdown.")(fn)
+    fn = click.option("--dry-run", is_flag=True, help="Plan and report only; write nothing.")(fn)
+    fn = click.option("--check", type=click.Choice(["auto", "full", "sampled"]), default="auto", show_default=True,
+                      help="Reread check after writing: every byte of copied tensors (full), three 64 KiB windows "
+                           "per tensor (sampled), or full up to 1 GiB of output (auto).")(fn)
+    fn = click.option("--force", is_flag=True, help="Replace OUT if it exists (never the source).")(fn)
+    fn = click.option("-o", "--out", "out", required=True, type=click.Path(),
+                      help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF sources.")(fn)
+    return fn
+
+
+def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title):
+    from ..surgery.plan import execute
+
+    if dry_run:
+        emit(plan, fmt, report_path, title=f"{title} (dry run: nothing written)")
+        return None
+    result = execute(ckpt, plan, out, force=force, check=check)
+    emit(result, fmt, report_path, title=title)
+    click.echo(f"wrote {result.out}", err=True)
+    return result
+
+
+@click.command("fold-bias")
+@click.argument("source")
+@click.option("--k", "k", is_flag=True, help="Remove the redundant part of every key bias: all of it without rotary "
+              "embeddings (absolute/learned/ALiBi), the pass-through dims under partial rotary. Refused for full RoPE "
+              "(unless --approximate) and for q/k-norm models.")
+@click.option("--v", "v", is_flag=True, help="Fold the value bias into the output-projection bias "
+              "(b_o' = b_o + W_o b_v, exact: attention rows sum to 1). Refused where the architecture has no output bias (Qwen2).")
+@click.option("--approximate", is_flag=True, help="Full/partial RoPE: also remove rotary frequency pairs whose summed "
+              "static bound on the attention-logit change stays <= --max-logit-change.")
+@click.option("--max-logit-change", type=float, default=None, metavar="X",
+              help="With --approximate: budget per layer and kv head, in attention-logit units (after the 1/sqrt(d) scale).")
+@click.option("--context", type=int, default=None, metavar="L",
+              help="With --approximate: context window the bound assumes (default: the config's max positions).")
+@click.option("--epsilon", type=float, default=None,
+              help="With --approximate: a pair is near-redundant when it turns less than this many radians over the context (default 0.1).")
+@click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
+              help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
+@click.option("--delete", is_flag=True, help="Drop the folded biases instead of zeroing them, where the architecture "
+              "has a config switch for them (e.g. attention_bias) and every bias it controls becomes zero; the switch is set to false.")
+@surgery_output_options
+@source_options
+def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, delete, out, force, check, dry_run,
+            fmt, report_path, allow_pickle, revision, hub_file, allow_full_download):
+    """Remove redundant attention biases from SOURCE and write OUT.
+
+    The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a
+    constant over the keys) and in the unrotated dims under partial rotary. The value bias
+    folds exactly into the output bias. Folded biases are zeroed, not deleted (stock loaders
+    expect the tensors), unless --delete. Untouched tensors are copied byte for byte; changed
+    ones are computed in float64 and cast once to their dtype. OUT is written atomically
+    (temp dir beside it, renamed at the end) and never overwritten without --force.
+
+    \b
+    Examples:
+      ckpt-surgeon fold-bias ./gpt2 -o ./gpt2-folded --k --v
+      ckpt-surgeon fold-bias ./Qwen2.5-7B -o ./q --k --approximate --max-logit-change 0.01
+      ckpt-surgeon fold-bias model.gguf -o folded.gguf --k
+    """
+    from ..checkpoint import open_checkpoint
+    from ..surgery.fold import plan_fold_bias
+
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+        plan = plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
+                              context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+        run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
+                 title="ckpt-surgeon fold-bias")

@@ -1,0 +1,76 @@
+"""``ckpt-surgeon qkv fuse|split SOURCE -o OUT``."""
+from __future__ import annotations
+
+import click
+
+from .cmd_fold_bias import run_plan, surgery_output_options
+from .render import open_kwargs, source_options
+
+_LAYOUT_HELP = ("Fused layout: concat ([Q; K; V] rows: Phi-3 qkv_proj, GGUF attn_qkv), per_head ([h, 3, d]: "
+                "GPT-NeoX, BLOOM), grouped ([kv, q_per_kv + 2, d]: Falcon new decoder), conv1d (GPT-2 c_attn "
+                "[in, 3*out]). Default: what the architecture uses (or what an earlier ckpt-surgeon run recorded).")
+
+
+@click.group("qkv")
+def command():
+    """Fuse separate q/k/v projections into one tensor, or split a fused one.
+
+    Both directions move stored bit patterns (whole rows; no number is converted), so
+    `qkv split` then `qkv fuse` gives back the input bit for bit. Weights and biases, GQA.
+    """
+
+
+@command.command("split")
+@click.argument("source")
+@click.option("--layout", type=click.Choice(["concat", "per_head", "grouped", "conv1d"]), default=None, help=_LAYOUT_HELP)
+@click.option("--to", "to", default=None, metavar="ARCH",
+              help="Architecture to write: the registry's declared rewrite (Phi-3 -> llama, or mistral when a sliding "
+                   "window is set) by default; 'same' keeps the source architecture and config.")
+@surgery_output_options
+@source_options
+def split(source, layout, to, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
+          allow_full_download):
+    """Split each layer's fused qkv projection of SOURCE into q/k/v and write OUT.
+
+    Phi-3 is written as a LlamaForCausalLM (MistralForCausalLM when its config sets a sliding
+    window): qkv_proj -> q_proj/k_proj/v_proj, gate_up_proj -> gate_proj/up_proj, config
+    model_type/architectures rewritten, rope settings kept; transformers loads it with the
+    same logits.
+
+    \b
+    Example:
+      ckpt-surgeon qkv split ./Phi-3-mini -o ./phi3-as-llama
+    """
+    from ..checkpoint import open_checkpoint
+    from ..surgery.qkv import plan_qkv_split
+
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+        plan = plan_qkv_split(ck, layout=layout, to=to)
+        run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
+                 title="ckpt-surgeon qkv split")
+
+
+@command.command("fuse")
+@click.argument("source")
+@click.option("--layout", type=click.Choice(["concat", "per_head", "grouped", "conv1d"]), default=None, help=_LAYOUT_HELP)
+@surgery_output_options
+@source_options
+def fuse(source, layout, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
+         allow_full_download):
+    """Fuse each layer's separate q/k/v projections of SOURCE into one tensor and write OUT.
+
+    For Qwen2/Llama-style models the fused tensor is self_attn.qkv_proj (rows [Q; K; V]) for
+    runtimes that want one attn_qkv; the config is kept and the layout recorded in the
+    safetensors metadata, so `qkv split` restores the original bit for bit.
+
+    \b
+    Example:
+      ckpt-surgeon qkv fuse ./Qwen2.5-0.5B -o ./qwen-fused
+    """
+    from ..checkpoint import open_checkpoint
+    from ..surgery.qkv import plan_qkv_fuse
+
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+        plan = plan_qkv_fuse(ck, layout=layout)
+        run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
+                 title="ckpt-surgeon qkv fuse")
