@@ -20,8 +20,10 @@ shaped as the Hub sends them (checked against huggingface_hub 2.4's ``hf_raise_f
   not reveal private repos), ``RevisionNotFound`` (404), ``EntryNotFound`` (404),
   ``GatedRepo`` (401 without a token, 403 with a token that was not granted access).
 
-It counts every request and every body byte it sends (``stats``), can ignore Range, and can
-reset the connection in the middle of the next N bodies (``reset_next``).  It runs in a daemon
+It counts every request and every body byte it sends (``log``, ``repo_requests``,
+``bytes_sent``), can ignore Range (``ignore_range``), reset the connection in the middle of
+the next N bodies (``reset_next``), answer 503 to the next N requests (``fail_next``) and
+delay every answer (``latency``, a simulated round trip).  It runs in a daemon
 thread and shuts itself down after ``idle_timeout`` seconds without requests or
 ``max_requests`` requests, so a forgotten server never outlives its test session.
 """
@@ -97,6 +99,8 @@ class HubServer:
         self.log: list[Request] = []
         self.ignore_range = False
         self.reset_next = 0          # reset the connection mid-body for this many upcoming data responses
+        self.fail_next = 0           # answer 503 to this many upcoming requests (a busy Hub)
+        self.latency = 0.0           # seconds to wait before answering (a simulated round trip)
         self.idle_timeout = idle_timeout
         self.max_requests = max_requests
         self._lock = threading.Lock()
@@ -236,6 +240,13 @@ class _Handler(BaseHTTPRequestHandler):
         with self.hub._lock:
             self.hub._last = time.monotonic()
             self.hub.log.append(self._entry)
+        if self.hub.latency:
+            time.sleep(self.hub.latency)
+        with self.hub._lock:
+            busy = self.hub.fail_next > 0 and self._entry.for_repo
+            self.hub.fail_next -= busy
+        if busy:
+            return self._error(503, None, "Service Unavailable", head=head)
         u = urlsplit(self.path)
         parts = [unquote(p) for p in u.path.split("/")[1:]]
         query = parse_qs(u.query)

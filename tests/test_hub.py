@@ -338,6 +338,16 @@ def test_connection_reset_every_time_gives_up_clearly(hub, tiny, monkeypatch):
                              "CKPT_SURGEON_HUB_RETRIES sets the number of retries)")
 
 
+def test_busy_hub_503_is_retried(hub, tiny):
+    folder = tiny("qwen2_sharded")
+    hub.add_repo("owner/tiny", folder)
+    hub.fail_next = 4
+    rep = inspect("owner/tiny")
+    _same_report(rep.to_dict(), inspect(str(folder)).to_dict())
+    assert [r.status for r in hub.log if r.for_repo][:4] == [503] * 4
+    assert rep.requests == hub.repo_requests
+
+
 def test_reset_on_weights_names_the_byte_range(hub, tiny, monkeypatch):
     folder = tiny("qwen2")
     hub.add_repo("owner/one", {"model.safetensors": folder / "model.safetensors"})   # no config: weights first

@@ -9,19 +9,21 @@ vectors, coalesced and issued in parallel.  For Qwen2.5-7B (15.2 GB in 4 shards)
 that is about 0.4 MB (see ``benchmarks/bench_hub.py``).
 
 huggingface_hub does the Hub-specific parts: its shared HTTP session
-(``get_session``), the headers (``build_hf_headers``: user agent and the token from
-``HF_TOKEN`` or the stored login), its retry helper for API calls (``http_backoff``)
-and its error parser (``hf_raise_for_status``, which turns ``X-Error-Code`` into
-``RepositoryNotFoundError`` / ``GatedRepoError`` / ...).  Its module constants are
-read once at import, so ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HOME`` and
+(``get_session``: connection pool, redirects, its offline guard), the headers
+(``build_hf_headers``: user agent and the token from ``HF_TOKEN`` or the stored
+login) and its error parser (``hf_raise_for_status``, which turns ``X-Error-Code``
+into ``RepositoryNotFoundError`` / ``GatedRepoError`` / ...).  Its module constants
+are read once at import, so ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HOME`` and
 ``HF_HUB_DOWNLOAD_TIMEOUT`` are read here from the environment on every call.
 
-Ranged GETs use our own retry loop rather than ``http_backoff``: that helper reads
-the whole body into memory before we could look at the status, which is unsafe when
-a server ignores ``Range`` and starts sending a 4 GB file, and its streaming twin
-cannot retry a connection that dies in the middle of the body.  Ours checks the
-status first (206, or 200 = Range ignored), streams the body, and after a reset
-asks only for the bytes still missing, with exponential backoff.
+Retries follow huggingface_hub's ``http_backoff`` policy (network errors and
+408/429/5xx, exponential backoff capped at 8x the base) in our own loop, for three
+reasons: that helper reads the whole body into memory before we could look at the
+status, which is unsafe when a server ignores ``Range`` and starts sending a 4 GB
+file; its streaming twin cannot retry a connection that dies in the middle of the
+body; and its retry warnings go to stderr, where the CLI promises one line per
+error.  Ours checks the status first (206, or 200 = Range ignored), streams the
+body, and after a reset asks only for the bytes still missing.
 
 Cache: everything fetched is kept under :func:`cache_root` keyed by repo, commit
 sha and file (``models--owner--name/<sha>/files/<file>/<start>-<end>.bin``), plus
@@ -67,7 +69,9 @@ SPECULATIVE_HEADER = 64 * 1024
 # "data_offsets":[1234567890,2345678901]},` is ~80 bytes; 96 covers 5-d shapes.
 _HEADER_ENTRY_OVERHEAD = 96
 _HEADER_FIXED_OVERHEAD = 64        # `{"__metadata__":{"format":"pt"}}` + padding to 8
-MAX_WORKERS = 8
+# Parallel ranged GETs: the 84 bias ranges of a 7B model take ~6 round trips instead of 84
+# (benchmarks/bench_hub.py --latency-ms 50: 1.8 s cold with 16 workers, 2.4 s with 8).
+MAX_WORKERS = 16
 MAX_SMALL_FILE = 64 * 1024 * 1024  # config.json / index.json larger than this are refused
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)   # as huggingface_hub's http_backoff
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -305,7 +309,10 @@ class RangeStore:
 
 
 class _Retryable(Exception):
-    pass
+    """A 408/429/5xx answer: worth another try."""
+
+
+_AGAIN = object()   # an attempt that wants another round without counting as a failure
 
 
 def _parse_content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
@@ -382,7 +389,7 @@ class HubClient:
         page = f"{ep}/{self.repo_id}"
         if isinstance(e, GatedRepoError):
             if self.has_token:
-                return HubError(f"is a gated repository and your token has not been granted access to it",
+                return HubError("is a gated repository and your token has not been granted access to it",
                                 path=self.repo_id, hint=f"request access at {page}")
             return HubError("is a gated repository and no token was given",
                             path=self.repo_id, hint=f"accept its conditions at {page}, then set HF_TOKEN or run `hf auth login`")
@@ -420,24 +427,47 @@ class HubClient:
                         hint="check the network and retry; CKPT_SURGEON_HUB_RETRIES sets the number of retries")
 
     # -- requests
+    def _retrying(self, attempt, what, filename: str | None = None):
+        """Run ``attempt()`` until it returns something other than ``_AGAIN``.  Network failures
+        and 408/429/5xx answers are retried with exponential backoff (as huggingface_hub's
+        ``http_backoff``, whose retry warnings would go to stderr through its logger: the CLI
+        promises one line per error, so ours go to our logger at INFO); Hub errors are mapped
+        to one-line :class:`HubError` s."""
+        import httpx2
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+        failures = 0
+        while True:
+            try:
+                out = attempt()
+                if out is not _AGAIN:
+                    return out
+            except (HfHubHTTPError, OfflineModeIsEnabled) as e:
+                raise self._map_hf_error(e, filename) from None
+            except (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError, _Retryable) as e:
+                failures += 1
+                if failures > self.settings.retries:
+                    raise self._network_error(e, what(), filename, failures) from None
+                wait = min(self.settings.backoff * 2 ** (failures - 1), 8 * self.settings.backoff)
+                logger.info("%s: %s; retry %d/%d in %.2fs", self.label(filename), e, failures,
+                            self.settings.retries, wait)
+                time.sleep(wait)
+
     def revision_info(self) -> tuple[str, list[str]]:
         """One API call: the commit sha the revision points to, and the repo's files at it."""
         if self.settings.offline:
             raise self._offline_error("this revision")
-        import httpx2
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-        from huggingface_hub.utils import hf_raise_for_status, http_backoff
+        from huggingface_hub.utils import get_session, hf_raise_for_status
         url = f"{self.settings.endpoint}/api/models/{self.repo_id}/revision/{quote(self.revision, safe='')}"
-        try:
-            r = http_backoff("GET", url, headers=self.headers(), timeout=self.settings.timeout,
-                             max_retries=self.settings.retries, base_wait_time=self.settings.backoff,
-                             max_wait_time=max(self.settings.backoff, 8 * self.settings.backoff))
+
+        def attempt():
+            r = get_session().get(url, headers=self.headers(), timeout=self.settings.timeout, follow_redirects=True)
             self._count(1 + len(r.history), len(r.content))
+            if r.status_code in _RETRY_STATUS:
+                raise _Retryable(f"HTTP {r.status_code}")
             hf_raise_for_status(r)
-        except (HfHubHTTPError, OfflineModeIsEnabled) as e:
-            raise self._map_hf_error(e) from None
-        except httpx2.TransportError as e:
-            raise self._network_error(e, "resolving the revision", None, self.settings.retries + 1) from None
+            return r
+
+        r = self._retrying(attempt, lambda: "resolving the revision")
         try:
             data = r.json()
             sha = data["sha"]
@@ -469,73 +499,64 @@ class HubClient:
             whole_ok: bool = False) -> tuple[bytes, int | None]:
         """Bytes [start, end) of a file (``end=None``: to the end of the file) -> (data, file size).
 
-        Retries network failures and 408/429/5xx with exponential backoff, resuming after
-        the bytes already received.  A 200 answer to a Range request means the server
-        ignores Range: refused unless ``allow_full_download`` or ``whole_ok`` (small files);
-        then the whole file is streamed into ``store`` and the slice returned from there.
+        The status is checked before any body byte is read; after a failure mid-body the retry
+        asks only for the bytes still missing.  A 200 answer to a Range request means the server
+        ignores Range: refused unless ``allow_full_download`` or ``whole_ok`` (small files); then
+        the whole file is streamed into ``store`` and the slice returned from there.
         """
         if self.settings.offline:
             raise self._offline_error(f"{filename} bytes {start}-{'' if end is None else end - 1}")
         import httpx2
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
         from huggingface_hub.utils import get_session, hf_raise_for_status
         got = bytearray()
-        total: int | None = None
-        attempt = 0
-        while True:
+        total: list = [None]
+
+        def attempt():
             pos = start + len(got)
             if end is not None and pos >= end:
-                return bytes(got), total
+                return bytes(got), total[0]
             url, base_headers, direct = self._target(filename)
             rng = f"bytes={pos}-" if end is None else f"bytes={pos}-{end - 1}"
             hdrs = {**base_headers, "Range": rng, "Accept-Encoding": "identity"}
-            try:
-                with get_session().stream("GET", url, headers=hdrs, timeout=self.settings.timeout,
-                                          follow_redirects=True) as r:
-                    self._count(1 + len(r.history))
-                    if direct and r.status_code in (401, 403, 404, 410):
-                        # The CDN URL expired (signed URLs live about an hour): go through the Hub again.
-                        with self._lock:
-                            self._direct.pop(filename, None)
-                        continue
-                    if r.status_code == 416:   # start at or past EOF
-                        _, _, total = _parse_content_range(r.headers.get("Content-Range"))
-                        return bytes(got), total
-                    if r.status_code == 200:
-                        return self._whole_file_answer(r, filename, start, end, store, whole_ok)
-                    if r.status_code in _RETRY_STATUS:
-                        raise _Retryable(f"HTTP {r.status_code}")
-                    if r.status_code != 206:
-                        r.read()
-                        hf_raise_for_status(r)
-                        raise HubError(f"unexpected HTTP {r.status_code} for a Range request", path=self.label(filename))
-                    if r.history and not direct:
-                        with self._lock:
-                            self._direct[filename] = str(r.url)
-                    a, b, total = _parse_content_range(r.headers.get("Content-Range"))
-                    want_end = end if end is None or total is None else min(end, total)
-                    if a != pos or (want_end is not None and b is not None and b + 1 != want_end):
-                        raise HubError(f"asked for {rng} and the server sent "
-                                       f"{r.headers.get('Content-Range') or 'no Content-Range'}", path=self.label(filename))
-                    for chunk in r.iter_bytes():
-                        got += chunk
-                        self._count(0, len(chunk))
-                    if b is not None and start + len(got) != b + 1:
-                        raise httpx2.RemoteProtocolError(f"body ended after {start + len(got) - pos} of {b + 1 - pos} bytes")
-                    if end is None and total is not None and start + len(got) < total:
-                        continue
-                    return bytes(got), total
-            except (HfHubHTTPError, OfflineModeIsEnabled) as e:
-                raise self._map_hf_error(e, filename) from None
-            except (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError, _Retryable) as e:
-                attempt += 1
-                if attempt > self.settings.retries:
-                    what = "fetching the file" if whole_ok else f"fetching bytes {start}-{'' if end is None else end - 1}"
-                    raise self._network_error(e, what, filename, attempt) from None
-                wait = min(self.settings.backoff * 2 ** (attempt - 1), 8 * self.settings.backoff)
-                logger.info("%s: %s; retry %d/%d in %.1fs (resuming at byte %d)", self.label(filename), e,
-                            attempt, self.settings.retries, wait, start + len(got))
-                time.sleep(wait)
+            with get_session().stream("GET", url, headers=hdrs, timeout=self.settings.timeout,
+                                      follow_redirects=True) as r:
+                self._count(1 + len(r.history))
+                if direct and r.status_code in (401, 403, 404, 410):
+                    # The CDN URL expired (signed URLs live about an hour): go through the Hub again.
+                    with self._lock:
+                        self._direct.pop(filename, None)
+                    return _AGAIN
+                if r.status_code == 416:   # start at or past EOF
+                    total[0] = _parse_content_range(r.headers.get("Content-Range"))[2]
+                    return bytes(got), total[0]
+                if r.status_code == 200:
+                    return self._whole_file_answer(r, filename, start, end, store, whole_ok)
+                if r.status_code in _RETRY_STATUS:
+                    raise _Retryable(f"HTTP {r.status_code}")
+                if r.status_code != 206:
+                    r.read()
+                    hf_raise_for_status(r)
+                    raise HubError(f"unexpected HTTP {r.status_code} for a Range request", path=self.label(filename))
+                if r.history and not direct:
+                    with self._lock:
+                        self._direct[filename] = str(r.url)
+                a, b, total[0] = _parse_content_range(r.headers.get("Content-Range"))
+                want_end = end if end is None or total[0] is None else min(end, total[0])
+                if a != pos or (want_end is not None and b is not None and b + 1 != want_end):
+                    raise HubError(f"asked for {rng} and the server sent "
+                                   f"{r.headers.get('Content-Range') or 'no Content-Range'}", path=self.label(filename))
+                for chunk in r.iter_bytes():
+                    got.extend(chunk)
+                    self._count(0, len(chunk))
+                if b is not None and start + len(got) != b + 1:
+                    raise httpx2.RemoteProtocolError(f"body ended after {start + len(got) - pos} of {b + 1 - pos} bytes")
+                if end is None and total[0] is not None and start + len(got) < total[0]:
+                    return _AGAIN
+                return bytes(got), total[0]
+
+        return self._retrying(
+            attempt, lambda: "fetching the file" if whole_ok else f"fetching bytes {start}-{'' if end is None else end - 1}",
+            filename)
 
     def _whole_file_answer(self, r, filename, start, end, store, whole_ok):
         """A 200 to a Range request: refuse, or stream the whole file into the cache and slice it."""
