@@ -210,6 +210,26 @@ def test_cache_layout_is_keyed_by_repo_sha_and_file(hub, tiny, env):
     assert chunks and all(re.fullmatch(r"\d+-\d+\.bin", c.name) for c in chunks)
 
 
+def test_unwritable_cache_still_inspects(hub, tiny, env, monkeypatch):
+    (env / "not-a-dir").write_text("x")
+    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(env / "not-a-dir" / "cache"))   # mkdir fails, even as root
+    folder = tiny("qwen2_sharded")
+    hub.add_repo("owner/tiny", folder)
+    first = inspect("owner/tiny")
+    _same_report(first.to_dict(), inspect(str(folder)).to_dict())
+    assert inspect("owner/tiny").requests == first.requests       # nothing was cached, nothing broke
+
+
+def test_any_tensor_reads_like_the_local_file(hub, tiny):
+    folder = tiny("qwen2_sharded")
+    hub.add_repo("owner/tiny", folder)
+    with open_checkpoint("owner/tiny") as ck, open_checkpoint(folder) as local:
+        assert ck.tensors.keys() == local.tensors.keys()
+        for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"):
+            np.testing.assert_array_equal(ck.read(name), local.read(name))
+            assert ck.read_raw(name) == local.read_raw(name)
+
+
 def test_default_cache_dir_follows_hf_home(monkeypatch, tmp_path):
     monkeypatch.delenv("CKPT_SURGEON_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hfh"))

@@ -73,6 +73,7 @@ _HEADER_FIXED_OVERHEAD = 64        # `{"__metadata__":{"format":"pt"}}` + paddin
 # (benchmarks/bench_hub.py --latency-ms 50: 1.8 s cold with 16 workers, 2.4 s with 8).
 MAX_WORKERS = 16
 MAX_SMALL_FILE = 64 * 1024 * 1024  # config.json / index.json larger than this are refused
+_MEMORY_CHUNK = 1 << 20            # fetched chunks up to this size are also kept in memory
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)   # as huggingface_hub's http_backoff
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -165,14 +166,17 @@ class RepoCache:
         self.dir = root / ("models--" + repo_id.replace("/", "--"))
         self.writable = True
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: Path, data: bytes) -> bool:
+        """Best effort: a read-only cache must not stop an inspect, it only costs requests next time."""
         if not self.writable:
-            return
+            return False
         try:
             _atomic_write(path, data)
-        except OSError as e:   # a read-only cache must not stop an inspect; it only costs requests
+            return True
+        except OSError as e:
             self.writable = False
             logger.warning("cache %s is not writable (%s); continuing without caching", self.dir, e.strerror or e)
+            return False
 
     def ref(self, revision: str) -> str | None:
         try:
@@ -284,9 +288,25 @@ class RangeStore:
         if not data:
             return
         b = a + len(data)
+        path = self.dir / f"{a}-{b}.bin"
+        on_disk = self._cache._write(path, data)
         with self._lock:
-            self._chunks.append((a, b, bytes(data)))
-        self._cache._write(self.dir / f"{a}-{b}.bin", data)
+            # Small chunks (headers, biases) stay in memory too; big ones (whole weights read through a
+            # hub Checkpoint) are read back from disk so memory does not grow with the model.
+            self._chunks.append((a, b, path if on_disk and len(data) > _MEMORY_CHUNK else bytes(data)))
+
+    def prefix(self) -> bytes:
+        """The longest cached prefix [0, k) of the file."""
+        with self._lock:
+            chunks = sorted(self._chunks, key=lambda c: c[0])
+        pos = 0
+        for a, b, _ in chunks:
+            if a <= pos < b:
+                pos = b
+        size = self.meta.get("size")
+        if isinstance(size, int):
+            pos = min(pos, size)
+        return self.get(0, pos) or b""
 
     def full_file_target(self) -> Path | None:
         """Where a whole-file download goes (None when the cache is not writable)."""
@@ -777,7 +797,7 @@ def _headers(client: HubClient, cache: RepoCache, shards: dict[str, list[str] | 
         if known(f) is not None:
             continue
         size = stores[f].meta.get("size")
-        head = _cached_prefix(stores[f])
+        head = stores[f].prefix()
         if len(head) >= 8 and isinstance(size, int):
             n = int.from_bytes(head[:8], "little")
             if n <= st.MAX_HEADER_SIZE and 8 + n <= size and len(head) < 8 + n:
@@ -786,7 +806,7 @@ def _headers(client: HubClient, cache: RepoCache, shards: dict[str, list[str] | 
     out = {}
     for f in shards:
         size = stores[f].meta.get("size")
-        head = _cached_prefix(stores[f])
+        head = stores[f].prefix()
         if not isinstance(size, int):
             size = len(head)
         n = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
@@ -794,20 +814,6 @@ def _headers(client: HubClient, cache: RepoCache, shards: dict[str, list[str] | 
         stores[f].set_meta(header_len=hdr.header_len, size=size)
         out[f] = hdr
     return out, stores
-
-
-def _cached_prefix(store: RangeStore) -> bytes:
-    """The longest cached prefix [0, k) of a file."""
-    size = store.meta.get("size")
-    with store._lock:
-        chunks = sorted(store._chunks, key=lambda c: c[0])
-    pos = 0
-    for a, b, _ in chunks:
-        if a <= pos < b:
-            pos = b
-    if isinstance(size, int):
-        pos = min(pos, size)
-    return store.get(0, pos) or b""
 
 
 def _sniff_remote(client: HubClient, cache: RepoCache, filename: str) -> str:
