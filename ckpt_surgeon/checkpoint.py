@@ -41,6 +41,7 @@ class Checkpoint:
     _readers: dict = field(default_factory=dict, repr=False)   # file -> object with read(info) / bytes_read
     warnings: list = field(default_factory=list)
     missing_bytes: int = 0                   # truncated file: bytes the header promises that are absent
+    file_summary: dict = field(default_factory=dict)   # GGUF: general.name, architecture, context length ... (inspect's file_metadata)
 
     def read(self, name: str) -> np.ndarray:
         info = self.tensors[name]

@@ -1,0 +1,138 @@
+"""GGUF metadata -> a Hugging Face style config dict (as data, one table per concern).
+
+llama.cpp's converter (``convert_hf_to_gguf.py``) writes HF hyper-parameters under
+``{arch}.*`` keys (gguf-py ``constants.py`` ``Keys.LLM`` / ``Keys.Attention`` /
+``Keys.Rope``).  This module inverts that: the result uses the keys transformers'
+configs use (``num_hidden_layers``, ``num_attention_heads`` ...) so that
+:func:`ckpt_surgeon.arch.resolve.resolve` and the GGUF -> HF converter read GGUF and
+safetensors sources the same way.  Rope settings are written in both spellings
+(top-level ``rope_theta`` and transformers-5 ``rope_parameters``), see ARCHITECTURE.md.
+
+Nothing here branches on an architecture name: per-architecture differences are rows
+in :data:`ARCH_MODEL_TYPE`, :data:`ARCH_HF_CLASS` and :data:`EPS_KEY_BY_ARCH`.
+"""
+from __future__ import annotations
+
+from . import families as F
+
+# general.architecture -> HF model_type (transformers ``configuration_*.py``).
+ARCH_MODEL_TYPE = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3",
+    "phi2": "phi", "gpt2": "gpt2", "gptneox": "gpt_neox", "bloom": "bloom", "falcon": "falcon",
+    "bert": "bert", "starcoder2": "starcoder2", "olmo2": "olmo2",
+}
+
+# general.architecture -> HF model class (config ``architectures``).
+ARCH_HF_CLASS = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "phi2": "PhiForCausalLM",
+    "gpt2": "GPT2LMHeadModel", "gptneox": "GPTNeoXForCausalLM", "bloom": "BloomForCausalLM",
+    "falcon": "FalconForCausalLM", "bert": "BertModel", "starcoder2": "Starcoder2ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+}
+
+# "{arch}.<suffix>" -> HF key, for every architecture (gguf-py Keys.LLM / Keys.Attention).
+ARCH_KEYS = (
+    ("block_count", "num_hidden_layers"),
+    ("attention.head_count", "num_attention_heads"),
+    ("attention.head_count_kv", "num_key_value_heads"),
+    ("embedding_length", "hidden_size"),
+    ("feed_forward_length", "intermediate_size"),
+    ("context_length", "max_position_embeddings"),
+    ("attention.sliding_window", "sliding_window"),
+    ("vocab_size", "vocab_size"),
+    ("use_parallel_residual", "use_parallel_residual"),
+    ("attention.causal", "is_causal"),
+)
+
+# Norm epsilon: GGUF key suffix -> HF key.  RMSNorm models use rms_norm_eps; LayerNorm
+# models spell it per family (GPT-2/BLOOM/Falcon: layer_norm_epsilon; StarCoder2: norm_epsilon).
+EPS_KEYS = (("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+            ("attention.layer_norm_epsilon", "layer_norm_eps"))
+EPS_KEY_BY_ARCH = {"gpt2": "layer_norm_epsilon", "bloom": "layer_norm_epsilon", "falcon": "layer_norm_epsilon",
+                   "starcoder2": "norm_epsilon"}
+
+# Tokenizer keys (gguf-py Keys.Tokenizer) -> HF config keys.
+TOKENIZER_KEYS = (
+    ("tokenizer.ggml.bos_token_id", "bos_token_id"),
+    ("tokenizer.ggml.eos_token_id", "eos_token_id"),
+    ("tokenizer.ggml.padding_token_id", "pad_token_id"),
+    ("tokenizer.ggml.token_type_count", "type_vocab_size"),
+)
+
+# GGUF rope scaling type -> transformers rope_type.
+ROPE_SCALING_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn", "longrope": "longrope"}
+
+
+def _uniform(value):
+    """Per-layer arrays (e.g. head_count_kv in some files) -> one value when all layers agree."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        return value[0] if all(v == value[0] for v in value) else max(value)
+    return value
+
+
+def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str | None = None) -> dict:
+    """HF-style config dict from GGUF ``metadata`` (and tensor names, for tied embeddings / biases)."""
+    tensors = tensors or {}
+    arch = metadata.get("general.architecture")
+    arch = arch if isinstance(arch, str) else None
+    cfg: dict = {"model_type": ARCH_MODEL_TYPE.get(arch, arch)}
+    if arch in ARCH_HF_CLASS:
+        cfg["architectures"] = [ARCH_HF_CLASS[arch]]
+    pre = f"{arch}."
+    for suffix, key in ARCH_KEYS:
+        v = metadata.get(pre + suffix)
+        if v is not None:
+            cfg[key] = _uniform(v)
+    if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    for suffix, key in EPS_KEYS:
+        v = metadata.get(pre + suffix)
+        if v is not None:
+            cfg[EPS_KEY_BY_ARCH.get(arch, key) if key == "layer_norm_eps" else key] = float(v)
+
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    key_len = metadata.get(pre + "attention.key_length")
+    head_dim = key_len if key_len is not None else (hidden // heads if heads and hidden else None)
+    if head_dim is not None:
+        cfg["head_dim"] = int(head_dim)
+
+    theta = metadata.get(pre + "rope.freq_base")
+    rope_dim = metadata.get(pre + "rope.dimension_count")
+    if theta is not None or rope_dim is not None:
+        rp: dict = {"rope_type": "default", "rope_theta": float(theta) if theta is not None else 10000.0}
+        cfg["rope_theta"] = rp["rope_theta"]
+        if rope_dim is not None and head_dim:
+            rp["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rope_dim / head_dim
+        stype = metadata.get(pre + "rope.scaling.type")
+        factor = metadata.get(pre + "rope.scaling.factor")
+        if stype is not None and stype != "none":
+            rp["rope_type"] = ROPE_SCALING_TYPES.get(stype, stype)
+            if factor is not None:
+                rp["factor"] = float(factor)
+            orig = metadata.get(pre + "rope.scaling.original_context_length")
+            if orig is not None:
+                rp["original_max_position_embeddings"] = int(orig)
+            cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        cfg["rope_parameters"] = rp
+
+    if "vocab_size" not in cfg:
+        toks = metadata.get("tokenizer.ggml.tokens")
+        if toks is not None:
+            cfg["vocab_size"] = len(toks)
+        elif "token_embd.weight" in tensors:
+            cfg["vocab_size"] = int(tensors["token_embd.weight"].shape[0])
+    for mkey, key in TOKENIZER_KEYS:
+        v = metadata.get(mkey)
+        if v is not None:
+            cfg[key] = v
+    if tensors:
+        cfg["tie_word_embeddings"] = "output.weight" not in tensors
+        fam = F.by_gguf_arch(arch)
+        if fam and fam.attention_bias_key:
+            cfg[fam.attention_bias_key] = any(
+                n.startswith("blk.") and n.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias"))
+                for n in tensors)
+    return cfg
