@@ -547,16 +547,15 @@ class CheckpointWriter:
         for fpath, infos in self._source_order():
             ents: list[_Entry] = []
             for info in infos:
+                # the source tensor itself (unless replaced, dropped or moved by like=), then the
+                # tensors declared in its slot, in declaration order
                 mine = anchored.get(info.name, [])
-                ents.extend(mine)
-                if (self.copy_untouched and info.name not in self._dropped
-                        and not any(e.name == info.name for e in mine)):
-                    if info.name in self._entries:      # moved elsewhere by like=
-                        continue
+                if (self.copy_untouched and info.name not in self._dropped and info.name not in self._entries):
                     if info.quantized or info.dtype not in st.DTYPE_BITS:
                         raise UnsupportedError(f"cannot copy a {info.dtype} tensor into safetensors as raw bytes; "
                                                "dequantize it and put() the values", path=info.file, tensor=info.name)
                     ents.append(_Entry(info.name, info.dtype, tuple(info.shape), info.nbytes, raw=info, anchor=info.name))
+                ents.extend(mine)
             groups.append((fpath, ents))
         if not groups:
             groups.append(("model.safetensors", []))
