@@ -7,13 +7,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["inspect", "open_checkpoint", "__version__"]
+__all__ = ["analyze", "inspect", "open_checkpoint", "__version__"]
 
 
 def inspect(source, **kwargs):
     """Inspect a checkpoint (folder, .safetensors, .gguf or Hub repo id); see ``ckpt-surgeon inspect``."""
     from .analysis.inspect import inspect as _inspect
     return _inspect(source, **kwargs)
+
+
+def analyze(source, context=None, epsilon=0.1, measure=False, prompts=None, **kwargs):
+    """Which q/k/v biases are redundant, per layer and kv head, with sound bounds (and, with
+    ``measure=True``, measured effects) -> :class:`ckpt_surgeon.analysis.redundancy.AnalysisReport`;
+    see ``ckpt-surgeon analyze``."""
+    from .analysis.redundancy import analyze as _analyze
+    return _analyze(source, context=context, epsilon=epsilon, measure=measure, prompts=prompts, **kwargs)
 
 
 def open_checkpoint(source, **kwargs):

@@ -15,6 +15,10 @@ from ..arch.layouts import qkv_row_index
 from ..arch.resolve import ModelLayout, PositionEncoding
 from ..checkpoint import Checkpoint, open_checkpoint
 
+# Extras whose per-layer row shows only these keys, under short column names.
+_ROW_COLUMNS = {"k_bias_redundancy": {"class": "k_class", "exact_fraction": "k_exact", "near_fraction": "k_near",
+                                      "bound": "k_bound"}}
+
 _NON_PARAM_DTYPES = {"BOOL", "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"}
 
 
@@ -156,7 +160,12 @@ class InspectReport:
                 row[f"{role}_bias_l2"] = b.l2 if b else float("nan")
                 row[f"{role}_bias_max_abs"] = b.max_abs if b else float("nan")
             for k, v in lr.extra.items():
-                if isinstance(v, dict):
+                short = _ROW_COLUMNS.get(k)
+                if short is not None:
+                    # compact columns (epsilon / context are per model: shown in the summary)
+                    for kk, col in short.items():
+                        row[col] = v.get(kk) if isinstance(v, dict) else None
+                elif isinstance(v, dict):
                     for kk, vv in v.items():
                         if not isinstance(vv, (list, dict)):
                             row[f"{k}.{kk}"] = vv
@@ -185,7 +194,15 @@ class InspectReport:
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
             ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
-        ]
+        ] + self._redundancy_summary()
+
+    def _redundancy_summary(self) -> list[tuple[str, str]]:
+        red = [lr.extra.get("k_bias_redundancy") for lr in self.layers if lr.extra.get("k_bias_redundancy")]
+        if not red:
+            return []
+        return [("k-bias redundancy", f"k_exact / k_near: energy shares removable exactly / with pairs turning "
+                                      f"< {red[0]['epsilon']:g} rad over {red[0]['context']} positions; "
+                                      "k_bound: max logit change (analyze computes it where W_q is needed)")]
 
 
 def _split_fused_bias(vec: np.ndarray, layout: ModelLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,9 +231,12 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
                                        dtype=ck.tensors[name].dtype)
     # Remote sources fetch everything read below in one batch (local readers ignore this).
     ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias, lt.q_norm, lt.k_norm) if n])
+    from .redundancy import inspect_summary, sink_layers
+    sinks = sink_layers(ck.tensors)
     for lt in layout.layers:
         stats = {"q": None, "k": None, "v": None}
         heads = {"q": h, "k": kv, "v": kv}
+        k_vec = None   # the key bias, for k_bias_redundancy (bias vector only: no weights read)
         if lt.qkv_bias:
             info = ck.tensors[lt.qkv_bias]
             bias_params += info.numel
@@ -226,6 +246,8 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
             elif h and kv and d:
                 for role, part in zip(("q", "k", "v"), _split_fused_bias(vec, layout)):
                     stats[role] = bias_stats(part, heads[role], d, lt.qkv_bias, info.dtype)
+                    if role == "k":
+                        k_vec = part
             else:
                 warnings.append(f"layer {lt.layer}: fused bias {lt.qkv_bias} found but head counts are unknown; not split")
         for role in ("q", "k", "v"):
@@ -236,12 +258,16 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
             bias_params += info.numel
             vec = _read_bias(ck, name, missing)
             stats[role] = miss_stat(name) if vec is None else bias_stats(vec, heads[role], d, name, info.dtype)
+            if role == "k":
+                k_vec = vec
         for role, s in stats.items():
             if s is not None and s.nonfinite:
                 warnings.append(f"layer {lt.layer}: {role} bias ({s.tensor}) has {s.nonfinite} NaN/Inf value(s)")
         layer_reports.append(LayerReport(layer=lt.layer, q_bias=stats["q"], k_bias=stats["k"], v_bias=stats["v"],
                                          fused_qkv=lt.fused, o_bias=lt.o_bias is not None,
-                                         q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None))
+                                         q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None,
+                                         extra={"k_bias_redundancy": inspect_summary(
+                                             layout, ck.config, lt, k_vec, sinks=lt.layer in sinks)}))
     params, dtypes = 0, {}
     mask_like = {n for n in ck.tensors if n.endswith(("attn.bias", "attn.masked_bias")) and ".c_attn." not in n
                  and layout.family == "gpt2"}

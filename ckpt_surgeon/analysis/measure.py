@@ -1,0 +1,557 @@
+"""Measured mode of ``analyze``: run the model (transformers, eager attention) and measure what
+removing parts of the key bias actually does, next to the static bound.
+
+What is measured, per layer ``l`` and removal variant (``all`` = the whole key bias, ``exact`` =
+its exactly-removable part, ``near`` = its near-redundant pairs; the sets come from the static
+analysis of the *loaded* weights, so they are in the model's own row order):
+
+* ``logit``: ``max |D_mn - mean_n D_mn|`` over heads, query rows ``m`` and the keys ``n`` the row
+  may attend to, where ``D = l' - l`` are the attention logits *as they enter softmax* with the
+  variant applied to layer ``l`` only (so layer ``l`` sees identical inputs) minus the reference.
+  The mean over the row's keys is the per-row shift softmax ignores; the static bound ``E``
+  bounds the row's spread, hence this quantity (see :mod:`.redundancy`).
+* ``tv``: max over rows of the total variation between the two softmax rows (float64).
+* ``bound_observed``: the static formula evaluated with the observed ``|q~_j|`` and each row's
+  actual key span instead of the weight bound and ``L``: ``logit <= bound_observed <= bound``.
+* per layer, the observed ``max |q~_j|`` and its ratio to the static weight bound (``<= 1``).
+* at the output, with the variant applied to every layer at once: ``KL(ref || cand)`` of the
+  next-token distributions (max and mean over positions), top-1 agreement and the max logit
+  difference; encoders without an LM head report the max last-hidden-state difference.
+
+How logits are captured: eager attention computes ``softmax(logits + mask)`` with
+``torch.nn.functional.softmax`` in every registry family (modeling_qwen2 / llama / gpt2 / bert /
+bloom / falcon / gpt_neox / phi ...).  While measuring, that function is wrapped so the first
+argument of the ``l``-th call (layer ``l``) is recorded in the model's dtype; a forward pass that
+only needs layer ``l`` stops right after it.  The number of calls per forward is checked against
+the layer count, so an architecture that computes attention differently is refused, not misread.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CkptError, UnsupportedError
+from .redundancy import analyze_checkpoint, rope_geometry
+
+VARIANTS = ("all", "exact", "near")
+DEFAULT_MAX_TOKENS = 1024
+
+
+def _f(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class VariantMeasure:
+    variant: str
+    dims: int                      # key-bias entries zeroed in this layer
+    logit: float                   # measured max |D - row mean| (logit units)
+    tv: float                      # measured max total variation of an attention row
+    bound: float | None            # static bound (weights, context L)
+    bound_observed: float | None   # same formula with observed |q~| and key spans
+    noise: float                   # float rounding budget of the logits (see _noise)
+    within_bound: bool | None      # logit <= bound + noise
+
+    def to_dict(self) -> dict:
+        return {"variant": self.variant, "dims": self.dims, "logit": _f(self.logit), "tv": _f(self.tv),
+                "bound": _f(self.bound), "bound_observed": _f(self.bound_observed), "noise": _f(self.noise),
+                "within_bound": self.within_bound}
+
+
+@dataclass(frozen=True)
+class LayerMeasure:
+    layer: int
+    k_class: str
+    q_abs_max: float | None        # observed max |q~_j| over tokens, heads, pairs (rotary models)
+    q_bound_ratio: float | None    # max over (h, j) of observed / static bound (<= 1)
+    variants: tuple = ()
+
+    def variant(self, name: str) -> VariantMeasure | None:
+        return next((v for v in self.variants if v.variant == name), None)
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "class": self.k_class, "q_abs_max": _f(self.q_abs_max),
+                "q_bound_ratio": _f(self.q_bound_ratio), "variants": [v.to_dict() for v in self.variants]}
+
+
+@dataclass(frozen=True)
+class OutputMeasure:
+    variant: str
+    positions: int
+    kl_max: float | None
+    kl_mean: float | None
+    top1_agreement: float | None
+    max_abs_logit_diff: float | None
+    hidden_max_abs_diff: float | None = None   # encoders without an LM head
+    hidden_scale: float | None = None          # max |reference hidden| (for a relative reading)
+
+    def to_dict(self) -> dict:
+        return {k: (_f(v) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class MeasuredReport:
+    model: str
+    device: str
+    dtype: str
+    prompts: int
+    tokens: tuple                  # tokens per prompt
+    layers: tuple
+    outputs: tuple
+    notes: tuple = ()
+    static: object | None = field(default=None, repr=False)   # AnalysisReport of the loaded weights
+
+    @property
+    def all_within_bound(self) -> bool:
+        return all(v.within_bound is not False for lm in self.layers for v in lm.variants)
+
+    def output(self, variant: str) -> OutputMeasure | None:
+        return next((o for o in self.outputs if o.variant == variant), None)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "device": self.device, "dtype": self.dtype, "prompts": self.prompts,
+                "tokens": list(self.tokens), "all_within_bound": self.all_within_bound,
+                "layers": [lm.to_dict() for lm in self.layers], "outputs": [o.to_dict() for o in self.outputs],
+                "notes": list(self.notes)}
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for lm in self.layers:
+            row = {"layer": lm.layer}
+            for v in lm.variants:
+                row[f"meas_{v.variant}"] = v.logit
+            checks = [v.within_bound for v in lm.variants if v.within_bound is not None]
+            row["ok"] = all(checks) if checks else None
+            rows.append(row)
+        return rows
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        items = [("measured on", f"{self.prompts} prompt(s), {sum(self.tokens)} tokens (max {max(self.tokens, default=0)}), "
+                                 f"{self.device} {self.dtype}"),
+                 ("measured <= bound", "yes, every layer and variant" if self.all_within_bound else "NO (see rows)")]
+        for o in self.outputs:
+            if o.kl_max is not None:
+                items.append((f"output, remove {o.variant}", f"KL max {o.kl_max:.3g} mean {o.kl_mean:.3g}, top-1 agreement "
+                                                             f"{o.top1_agreement:.2%}, max |dlogit| {o.max_abs_logit_diff:.3g}"))
+            elif o.hidden_max_abs_diff is not None:
+                items.append((f"output, remove {o.variant}", f"max |dhidden| {o.hidden_max_abs_diff:.3g} "
+                                                             f"(reference max {o.hidden_scale:.3g})"))
+        return items
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+
+class _ModelReader:
+    """Reads tensors of a loaded torch model (so the static analysis sees the exact weights run)."""
+
+    def __init__(self, params: dict):
+        self.params = params
+        self.bytes_read = 0
+
+    def read(self, info):
+        import torch
+        t = self.params[info.name].detach().to("cpu", torch.float64)
+        self.bytes_read += info.nbytes
+        return t.numpy()
+
+
+def model_checkpoint(model, source: str):
+    """A :class:`~ckpt_surgeon.checkpoint.Checkpoint` view of a loaded transformers model."""
+    from ..checkpoint import Checkpoint
+    from ..records import TensorInfo
+
+    params = dict(model.named_parameters())
+    _DT = {"float32": "F32", "float64": "F64", "bfloat16": "BF16", "float16": "F16"}
+    tensors = {}
+    for name, p in params.items():
+        nbytes = p.numel() * p.element_size()
+        tensors[name] = TensorInfo(name, _DT.get(str(p.dtype).replace("torch.", ""), "F32"), tuple(p.shape),
+                                   "<model>", 0, nbytes)
+    return Checkpoint(source, "transformers", model.config.to_dict(), None, tensors,
+                      _readers={"<model>": _ModelReader(params)})
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers' loading bars and info logs off (library code does not print)."""
+    import transformers
+    tlog = transformers.utils.logging
+    bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CkptError("--device cuda was asked for but torch sees no CUDA device", hint="use --device cpu or auto")
+    if device not in ("cpu", "cuda"):
+        raise CkptError(f"unknown device {device!r} (auto | cpu | cuda)")
+    return device
+
+
+def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
+    """(model, tokenizer, is_lm) for a source transformers can load.
+
+    HF folders (or a .safetensors beside its config.json) load with ``from_pretrained``;
+    GGUF files load through transformers' own GGUF reader (``gguf_file=``), which dequantizes
+    to ``dtype`` and un-permutes llama Q/K rows.
+    """
+    import torch
+    import transformers
+
+    tdtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+              "float16": torch.float16}.get(dtype)
+    if tdtype is None:
+        raise CkptError(f"unknown dtype {dtype!r} (float32 | float64 | bfloat16 | float16)")
+    p = Path(os.fspath(source))
+    kw: dict = {}
+    magic = b""
+    if p.is_file():
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    if magic == b"GGUF":
+        folder, kw["gguf_file"] = p.parent, p.name
+    elif p.is_file():
+        folder = p.parent
+    elif p.is_dir():
+        folder = p
+    else:
+        raise UnsupportedError("measured mode needs a local folder, .safetensors or .gguf that transformers can load "
+                               "(Hub repos: download first, e.g. `hf download REPO --local-dir DIR`)", path=str(source))
+    if not kw and not (folder / "config.json").is_file():
+        raise UnsupportedError("measured mode needs config.json beside the weights", path=str(folder))
+    with _quiet():
+        try:
+            cfg = transformers.AutoConfig.from_pretrained(folder, **kw)
+            archs = [a for a in (getattr(cfg, "architectures", None) or [])]
+            is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) or bool(kw)
+            cls = transformers.AutoModelForCausalLM if is_lm else transformers.AutoModel
+            model = cls.from_pretrained(folder, attn_implementation="eager", dtype=tdtype, **kw)
+        except (OSError, ValueError, KeyError) as e:
+            raise UnsupportedError(f"transformers could not load it for measurement ({str(e).splitlines()[0]})",
+                                   path=str(source)) from None
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(folder, **kw)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UnsupportedError(f"measured mode needs a tokenizer beside the model ({str(e).splitlines()[0]})",
+                                   path=str(folder)) from None
+    model.eval()
+    model.to(device)
+    return model, tok, is_lm
+
+
+# ----------------------------------------------------------------------------------------------
+# Logit capture
+# ----------------------------------------------------------------------------------------------
+
+class _Stop(Exception):
+    """Raised inside the forward pass once the wanted layer's logits are captured."""
+
+
+@contextlib.contextmanager
+def _capture_softmax(record: dict, *, want: int | None = None, stop: bool = False):
+    """Wrap ``torch.nn.functional.softmax``: call ``i`` records its input as ``record[i]``
+    (only ``i == want`` when given); with ``stop`` the forward pass ends after call ``want``."""
+    import torch.nn.functional as F
+    orig = F.softmax
+    state = {"i": 0}
+
+    def wrapped(x, *args, **kwargs):
+        i = state["i"]
+        state["i"] += 1
+        if want is None or i == want:
+            record[i] = x.detach()
+        out = orig(x, *args, **kwargs)
+        if stop and want is not None and i == want:
+            raise _Stop
+        return out
+
+    F.softmax = wrapped
+    try:
+        yield state
+    finally:
+        F.softmax = orig
+
+
+def _forward(model, ids, **kw):
+    import torch
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False, **kw)
+
+
+def _layer_logits(model, ids, layer: int) -> np.ndarray:
+    """Layer ``layer``'s attention logits (+ mask) as they enter softmax -> float64 ``[heads, T, T]``."""
+    import torch
+    rec: dict = {}
+    with _capture_softmax(rec, want=layer, stop=True):
+        try:
+            _forward(model, ids)
+        except _Stop:
+            pass
+    if layer not in rec:
+        raise UnsupportedError(f"measured mode: could not capture layer {layer}'s attention logits "
+                               "(the model does not compute attention with torch.nn.functional.softmax)")
+    x = rec[layer].to("cpu", torch.float64).numpy()
+    t = ids.shape[1]
+    return x.reshape(-1, t, x.shape[-1])
+
+
+def _noise(logits_abs_max: float, dtype: str) -> float:
+    """Rounding budget for a logit difference: logits of size ``|l|`` computed in ``dtype`` carry
+    an error of a few ulps of ``|l|`` each (dot product accumulation, the mask add); 64 ulps
+    covers a head_dim-long accumulation with room to spare."""
+    eps = {"float64": 2.2e-16, "float32": 1.2e-7, "bfloat16": 7.8e-3, "float16": 9.8e-4}[dtype]
+    return 64 * eps * (1.0 + logits_abs_max)
+
+
+def _row_metrics(l_ref: np.ndarray, l_cand: np.ndarray, allowed: np.ndarray) -> tuple[float, float]:
+    """(max |D - row mean over allowed keys|, max total variation) over heads and rows."""
+    d = np.where(allowed, l_cand - l_ref, 0.0)
+    cnt = allowed.sum(-1, keepdims=True)
+    mean = d.sum(-1, keepdims=True) / np.maximum(cnt, 1)
+    dev = np.where(allowed, np.abs(d - mean), 0.0).max()
+
+    def sm(l):
+        z = np.where(allowed, l, -np.inf)
+        z = z - z.max(-1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(-1, keepdims=True)
+    tv = 0.5 * np.abs(sm(l_cand) - sm(l_ref)).sum(-1).max()
+    return float(dev), float(tv)
+
+
+# ----------------------------------------------------------------------------------------------
+# The measurement
+# ----------------------------------------------------------------------------------------------
+
+def _module(model, tensor_name: str):
+    return model.get_submodule(tensor_name.rsplit(".", 1)[0])
+
+
+def _variant_dims(lr, variant: str, hd: int) -> list[int]:
+    if not lr.has_k_bias:
+        return []
+    if variant == "all":
+        n = (lr.heads and len(lr.heads) * hd) or 0
+        return list(range(n))
+    if variant == "exact":
+        return list(lr.exact_dims)
+    if lr.pairs is None:
+        return []
+    g = len(lr.heads)
+    return sorted(int(k * hd + d) for k in range(g) for j in lr.near_pairs for d in lr.pairs[j])
+
+
+def _variant_bound(lr, variant: str):
+    if variant == "all":
+        return lr.bound_all
+    if variant == "exact":
+        return 0.0 if lr.k_class in ("exact", "partial") else None
+    return lr.bound            # the exact part adds 0, so exact + near == near
+
+
+def measure(source, *, context: int | None = None, epsilon: float | None = None, prompts=None,
+            device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
+            variants=VARIANTS) -> MeasuredReport:
+    """Load ``source`` with transformers and measure the effect of removing key-bias parts.
+
+    ``prompts``: list of strings (default :func:`~ckpt_surgeon.analysis.prompts.default_prompts`);
+    each is truncated to ``max_tokens`` (default 1024) and the model's max positions.
+    """
+    import torch
+
+    from ..arch.layouts import qkv_row_index
+    from .prompts import default_prompts
+    from .redundancy import DEFAULT_EPSILON
+
+    dev = _resolve_device(device)
+    model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
+    view = model_checkpoint(model, str(source))
+    layout = view.layout()
+    static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
+                                layout=layout)
+    rope = rope_geometry(layout, view.config)
+    scale_eff = static.attn_scale * (rope.attention_factor ** 2 if rope else 1.0)
+    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    prompts = list(default_prompts() if prompts is None else prompts)
+    if not prompts:
+        raise CkptError("measured mode needs at least one prompt")
+    limit = max_tokens or DEFAULT_MAX_TOKENS
+    if layout.max_positions:
+        limit = min(limit, int(layout.max_positions))
+    notes = []
+    with _quiet():
+        encoded = [tok(p, return_tensors="pt")["input_ids"][:, :limit] for p in prompts]
+    encoded = [e.to(dev) for e in encoded if e.shape[1] >= 2]
+    if not encoded:
+        raise CkptError("every prompt tokenizes to fewer than 2 tokens")
+
+    # Which parameter rows each (layer, variant) zeroes.
+    fused_k = None
+    if layout.fused_layout and H and G and hd:
+        fused_k = qkv_row_index(layout.fused_layout, H, G, hd)[1]
+    params = dict(model.named_parameters())
+
+    def k_param(lt):
+        if lt.k_bias:
+            return params[lt.k_bias], None
+        if lt.qkv_bias:
+            return params[lt.qkv_bias], fused_k
+        return None, None
+
+    @contextlib.contextmanager
+    def removed(targets):
+        """Zero the given key-bias entries ({layer: dims}) for the duration."""
+        saved = []
+        with torch.no_grad():
+            for li, dims in targets.items():
+                p, rows = k_param(layout.layers[li])
+                if p is None or not dims:
+                    continue
+                idx = torch.as_tensor(np.asarray(dims) if rows is None else rows[np.asarray(dims)], device=p.device)
+                saved.append((p, idx, p[idx].clone()))
+                p[idx] = 0
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, idx, old in saved:
+                    p[idx] = old
+
+    dims = {v: {lr.layer: _variant_dims(lr, v, hd) for lr in static.layers} for v in variants}
+
+    # Check the capture once: one softmax call per layer, shaped [.., T, T].
+    rec: dict = {}
+    with _capture_softmax(rec) as st:
+        _forward(model, encoded[0])
+    if st["i"] != layout.num_layers:
+        raise UnsupportedError(f"measured mode: expected one attention softmax per layer ({layout.num_layers}), "
+                               f"saw {st['i']} calls; this architecture computes attention differently")
+
+    # Observed |q~| via hooks on the projection modules (q rows of a fused output).
+    layers_out = []
+    for lr, lt in zip(static.layers, layout.layers):
+        if not lr.has_k_bias:
+            continue
+        # bound_observed: computable for rotary classes from the observed |q~|; 0 for exact parts.
+        obs0 = 0.0 if lr.k_class in ("exact", "partial", "rope") else None
+        acc = {v: {"logit": 0.0, "tv": 0.0, "obs": obs0, "lmax": 0.0} for v in variants}
+        q_abs = ratio = None
+        qname = lt.q_weight or lt.qkv_weight
+        for ids in encoded:
+            t = ids.shape[1]
+            cap: dict = {}
+            hook = None
+            if qname and lr.pairs is not None:
+                mod = _module(model, qname)
+                iq = None if lt.q_weight else qkv_row_index(layout.fused_layout or "concat", H, G, hd)[0]
+
+                def fn(_m, _inp, out, iq=iq):
+                    o = out[0] if isinstance(out, tuple) else out
+                    cap["q"] = o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1])
+                hook = mod.register_forward_hook(fn)
+            try:
+                l_ref = _layer_logits(model, ids, lt.layer)
+            finally:
+                if hook is not None:
+                    hook.remove()
+            # Masked keys enter softmax as logit + finfo(dtype).min (or -inf): far below -1e30.
+            allowed = l_ref > -1e30
+            noise = _noise(float(np.abs(np.where(allowed, l_ref, 0)).max()), dtype)
+            q_obs = None
+            if "q" in cap:
+                q = cap["q"] if iq is None else cap["q"][:, iq]
+                qh = q.reshape(t, H, hd)
+                q_obs = np.sqrt(qh[:, :, lr.pairs[:, 0]] ** 2 + qh[:, :, lr.pairs[:, 1]] ** 2)   # [T, H, P]
+                q_abs = max(q_abs or 0.0, float(q_obs.max()))
+                if lr.q_pair_bound is not None:
+                    ratio = max(ratio or 0.0, float((q_obs.max(0) / lr.q_pair_bound).max()))
+            # key span of every row: max - min allowed key index (same for all heads of a causal mask)
+            kidx = np.arange(t)
+            any_allowed = allowed.reshape(-1, t, t).any(0)
+            span = np.where(any_allowed, kidx[None, :], -1).max(1) - np.where(any_allowed, kidx[None, :], t).min(1)
+            for v in variants:
+                dv = dims[v][lt.layer]
+                if not dv:
+                    continue
+                with removed({lt.layer: dv}):
+                    l_c = _layer_logits(model, ids, lt.layer)
+                dev_, tv_ = _row_metrics(l_ref, l_c, allowed)
+                a = acc[v]
+                a["logit"], a["tv"], a["lmax"] = max(a["logit"], dev_), max(a["tv"], tv_), max(a["lmax"], noise)
+                if a["obs"] is not None and q_obs is not None and lr.pair_energy is not None:
+                    sel = np.zeros((G, lr.pairs.shape[0]), bool)
+                    for d in dv:
+                        g, w = divmod(d, hd)
+                        hit = np.flatnonzero((lr.pairs == w).any(1))
+                        sel[g, hit] = True
+                    b_pair = np.sqrt(lr.pair_energy)                           # [G, P]
+                    fac = np.minimum(2.0, rope.inv_freq[None, :] * np.maximum(span, 0)[:, None])   # [T, P]
+                    kv_of = np.arange(H) // (H // G)
+                    per = (q_obs * (b_pair * sel)[kv_of][None, :, :] * fac[:, None, :]).sum(-1) * scale_eff
+                    a["obs"] = max(a["obs"], float(per.max()))
+                elif lr.k_class in ("partial", "rope") and v != "exact":
+                    a["obs"] = None      # no observed |q~| (hook found nothing): no observed bound
+        vms = []
+        for v in variants:
+            dv = dims[v][lt.layer]
+            if not dv:
+                continue
+            a, b = acc[v], _variant_bound(lr, v)
+            vms.append(VariantMeasure(v, len(dv), a["logit"], a["tv"], b, a["obs"], a["lmax"],
+                                      None if b is None else bool(a["logit"] <= b + a["lmax"])))
+        layers_out.append(LayerMeasure(lt.layer, lr.k_class, q_abs, ratio, tuple(vms)))
+
+    # Output level: every layer's part removed at once, real forward passes.
+    outputs = []
+    refs = [_forward(model, ids) for ids in encoded]
+    for v in variants:
+        if not any(dims[v].values()):
+            continue
+        kls, agree, maxd, hid, hscale, npos = [], 0, 0.0, 0.0, 0.0, 0
+        with removed(dims[v]):
+            cands = [_forward(model, ids) for ids in encoded]
+        for r, c in zip(refs, cands):
+            if is_lm:
+                lr_ = r.logits[0].to("cpu", torch.float64)
+                lc_ = c.logits[0].to("cpu", torch.float64)
+                pr, pc = torch.log_softmax(lr_, -1), torch.log_softmax(lc_, -1)
+                kls.append((pr.exp() * (pr - pc)).sum(-1).numpy())
+                agree += int((lr_.argmax(-1) == lc_.argmax(-1)).sum())
+                npos += lr_.shape[0]
+                maxd = max(maxd, float((lr_ - lc_).abs().max()))
+            else:
+                hr = r.last_hidden_state[0].to("cpu", torch.float64)
+                hc = c.last_hidden_state[0].to("cpu", torch.float64)
+                hid, hscale = max(hid, float((hr - hc).abs().max())), max(hscale, float(hr.abs().max()))
+                npos += hr.shape[0]
+        if is_lm:
+            k = np.concatenate(kls)
+            outputs.append(OutputMeasure(v, npos, float(k.max()), float(k.mean()), agree / npos, maxd))
+        else:
+            outputs.append(OutputMeasure(v, npos, None, None, None, None, hid, hscale))
+    if not is_lm:
+        notes.append("no LM head: output compared on the last hidden state")
+    notes.append("logit/tv: layer l's attention logits with the part removed in layer l only (identical inputs); "
+                  "outputs: removed in every layer at once")
+    return MeasuredReport(str(source), dev, dtype, len(encoded), tuple(int(e.shape[1]) for e in encoded),
+                          tuple(layers_out), tuple(outputs), tuple(notes), static)

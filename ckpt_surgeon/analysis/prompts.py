@@ -1,0 +1,63 @@
+"""Built-in prompts for ``analyze --measure`` (and anyone who wants a varied, offline prompt set).
+
+The set mixes short English, Chinese, German/French and code prompts (different tokenizer paths,
+different attention patterns) with one long document, so that the measured effect of removing a
+rotary key bias covers distances up to ``max_tokens`` (the bias term depends on ``n - m``; short
+prompts alone would never exercise the low-frequency pairs).  Everything is generated
+deterministically, no file or network access.
+"""
+from __future__ import annotations
+
+SHORT_PROMPTS: tuple[str, ...] = (
+    "The attention layer projects every token into a query, a key and a value, and the softmax of "
+    "the scaled dot products decides how much of each value reaches the output.",
+    "注意力机制把每个词映射为查询、键和值。模型的权重保存在文件中，偏置项也是权重的一部分。",
+    "Die Aufmerksamkeit vergleicht jede Anfrage mit allen Schlüsseln. Le biais de la clé est-il "
+    "vraiment inutile ? ¿Y el sesgo del valor?",
+    "def attention(q, k, v, scale):\n    scores = [[scale * sum(a * b for a, b in zip(qi, kj)) for kj in k] for qi in q]\n"
+    "    out = []\n    for row in scores:\n        m = max(row)\n        e = [math.exp(x - m) for x in row]\n"
+    "        s = sum(e)\n        out.append([sum(w / s * vj[d] for w, vj in zip(e, v)) for d in range(len(v[0]))])\n"
+    "    return out\n",
+)
+
+_TOPICS = (
+    ("rotary embeddings", "turn each pair of query and key dimensions by an angle proportional to the position"),
+    ("the key bias", "is constant over keys only when nothing rotates it after the projection"),
+    ("safetensors files", "start with a JSON header that names every tensor and its byte range"),
+    ("quantized GGUF files", "store weights in blocks with one scale per block and metadata beside them"),
+    ("layer normalisation", "rescales the hidden state before the attention projections read it"),
+    ("grouped-query attention", "lets several query heads share one key and value head"),
+    ("a long context window", "makes the slow rotary pairs turn through larger angles"),
+    ("the value bias", "adds a constant to the attention output because softmax rows sum to one"),
+)
+
+
+def long_context_prompt(paragraphs: int = 96) -> str:
+    """A long, varied document (numbered sections cycling through topics and numbers).
+
+    ~100 tokens per paragraph with a byte-level BPE; callers truncate to their token budget.
+    """
+    out = []
+    for i in range(paragraphs):
+        topic, fact = _TOPICS[i % len(_TOPICS)]
+        n = (i * 7919) % 1000
+        out.append(f"Section {i + 1}. In this part we look again at {topic}, which {fact}. "
+                   f"Example {n}: with {n % 13 + 2} heads and {(n % 5 + 1) * 64} dimensions per head, "
+                   f"position {n * 3} is {n * 3 - i} tokens away from position {i}. "
+                   f"Remember item {chr(65 + i % 26)}{i} for the summary at the end.")
+    out.append("Summary: list every item you were asked to remember, in order.")
+    return "\n\n".join(out)
+
+
+def default_prompts() -> list[str]:
+    """The built-in set: short multilingual text, code, and one long-context document (a fresh list)."""
+    return list(SHORT_PROMPTS) + [long_context_prompt()]
+
+
+def load_prompts(path) -> list[str]:
+    """``--prompts FILE``: a JSON list of strings, or one prompt per non-empty line.
+
+    Shares ``verify``'s reader (same file format, same error messages) instead of a copy.
+    """
+    from ..verify.prompts import load_prompts as _load
+    return _load(path)
