@@ -448,6 +448,72 @@ def test_pickle_only_repo_is_refused(hub):
     assert hub.repo_requests == 1        # decided from the file list: nothing of the pickle was fetched
 
 
+# ------------------------------------------------------------------ GGUF repos
+
+
+def _same_gguf_report(hub_rep, local_rep) -> None:
+    _same_report(hub_rep.to_dict(), local_rep.to_dict())
+    fm = dict(hub_rep.file_metadata)
+    hub_keys = {k: fm.pop(k) for k in ("hub_repo", "hub_revision", "hub_commit")}
+    assert hub_keys["hub_revision"] == "main" and re.fullmatch(r"[0-9a-f]{40}", hub_keys["hub_commit"])
+    assert fm == local_rep.file_metadata          # the GGUF summary (name, file type, vocab ...) as for the file
+
+
+def test_gguf_repo_real_model_header_only(hub, smollm_gguf):
+    """SmolLM2-135M Q4_1 (98 MB, 1.8 MB header with a 49k-token vocabulary, no q/k/v biases)."""
+    hub.add_repo("owner/smol-gguf", {smollm_gguf.name: smollm_gguf, "README.md": b"# SmolLM2 GGUF"})
+    rep = inspect("owner/smol-gguf")
+    _same_gguf_report(rep, inspect(str(smollm_gguf)))
+    assert rep.format == "hub-gguf"
+    api = sum(r.sent for r in hub.log if r.path.startswith("/api/models/"))
+    # One header range (the first, 2 MiB, holds the whole 1.8 MB header), nothing else.
+    assert rep.bytes_read - api == hubmod.GGUF_FIRST_RANGE
+    assert rep.requests == 3                      # revision, resolve -> CDN redirect, CDN
+    hub.reset_stats()
+    assert inspect("owner/smol-gguf").requests == 1 == hub.repo_requests
+
+
+def test_gguf_header_grows_by_doubling_ranges(hub, smollm_gguf, monkeypatch):
+    from ckpt_surgeon.formats.gguf import read_header
+    monkeypatch.setattr(hubmod, "GGUF_FIRST_RANGE", 64 * 1024)
+    hub.add_repo("owner/smol-gguf", {smollm_gguf.name: smollm_gguf})
+    with open_checkpoint("owner/smol-gguf") as ck:
+        header_end = read_header(smollm_gguf).header_end
+        assert len(ck.tensors) == 272
+    spans = [tuple(int(x) for x in r.range[6:].split("-")) for r in hub.log if r.path.startswith("/cdn/")]
+    assert spans[0] == (0, 64 * 1024 - 1)
+    for (a0, b0), (a1, b1) in zip(spans, spans[1:]):
+        assert a1 == b0 + 1                         # only new bytes are asked for
+        assert b1 + 1 >= 2 * (b0 + 1)               # and at least twice as many in total: few round trips
+    assert header_end <= spans[-1][1] + 1 < 2 * header_end
+    assert len(spans) == 6                          # 64 KB .. 2 MB for a 1.8 MB header
+
+
+def test_gguf_repo_with_biases_fetches_only_the_bias_ranges(hub, tiny, tmp_path, monkeypatch):
+    gguf_path = _qwen2_gguf(tiny("qwen2"), tmp_path / "qwen2-tiny-f32.gguf")
+    monkeypatch.setattr(hubmod, "GGUF_FIRST_RANGE", 4096)     # the tiny header is ~2.5 KB
+    hub.add_repo("owner/q-gguf", {gguf_path.name: gguf_path, "other.txt": b"x"})
+    rep = inspect("owner/q-gguf")
+    local = inspect(str(gguf_path))
+    _same_gguf_report(rep, local)
+    assert rep.layers_with_qkv_bias == 2
+    with open_checkpoint(gguf_path) as ck:
+        bias_bytes = sum(i.nbytes for n, i in ck.tensors.items() if n.endswith(".bias"))
+    api = sum(r.sent for r in hub.log if r.path.startswith("/api/models/"))
+    assert rep.bytes_read - api <= 4096 + bias_bytes           # 1 header range + the biases, nothing else
+    assert rep.bytes_read < 0.02 * gguf_path.stat().st_size
+
+
+def test_gguf_file_option_picks_one_of_several(hub, tiny, tmp_path):
+    g = _qwen2_gguf(tiny("qwen2"), tmp_path / "m-f32.gguf")
+    hub.add_repo("owner/many", {"a-f32.gguf": g, "b-f32.gguf": g, "sub/c-f32.gguf": g})
+    with pytest.raises(HubError, match=r"repository holds 2 GGUF files \(a-f32.gguf, b-f32.gguf\)"):
+        inspect("owner/many")
+    rep = inspect("owner/many", file="sub/c-f32.gguf")
+    _same_gguf_report(rep, inspect(str(g)))
+    assert rep.source == "owner/many"
+
+
 # ------------------------------------------------------------------ tokens
 
 
@@ -534,6 +600,39 @@ def test_subprocess_exit_codes_and_progress(hub, tiny, env):
 
 
 # ------------------------------------------------------------------ helpers
+
+_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+_GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def _qwen2_gguf(folder: Path, out: Path) -> Path:
+    """The tiny Qwen2 as an F32 GGUF written by gguf-py's GGUFWriter (llama.cpp's tensor names;
+    qwen2 GGUFs keep Q/K unpermuted, so values are copied as they are)."""
+    import gguf
+    cfg = json.loads((folder / "config.json").read_text())
+    w = gguf.GGUFWriter(str(out), "qwen2")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    with open_checkpoint(folder) as ck:
+        for n in ck.tensors:
+            parts = n.split(".")
+            name = _GGUF_GLOBAL.get(n) or f"blk.{parts[2]}.{_GGUF_LAYER['.'.join(parts[3:-1])]}.{parts[-1]}"
+            w.add_tensor(name, ck.read(n).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return out
+
 
 
 def _synthetic_qwen2(folder: Path) -> Path:

@@ -54,6 +54,7 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError, HubError, PickleRefusedError
 from ..records import TensorInfo
+from . import gguf as gg
 from . import safetensors as st
 
 logger = logging.getLogger(__name__)
@@ -358,10 +359,11 @@ def coalesce(ranges, gap: int = MERGE_GAP) -> list[tuple[int, int]]:
 class HubClient:
     """HTTP for one repo: headers, counters, ranged GETs with retries, error mapping."""
 
-    def __init__(self, repo_id: str, settings: HubSettings, revision: str, *, allow_full_download: bool = False):
+    def __init__(self, repo_id: str, settings: HubSettings, revision: str | None, *, allow_full_download: bool = False):
         self.repo_id = repo_id
         self.settings = settings
-        self.revision = revision
+        self.revision_given = revision
+        self.revision = revision or "main"
         self.sha: str | None = None
         self.allow_full_download = allow_full_download
         self.bytes_read = 0
@@ -389,6 +391,11 @@ class HubClient:
     @property
     def has_token(self) -> bool:
         return "authorization" in {k.lower() for k in self.headers()}
+
+    @property
+    def source(self) -> str:
+        """What reports show as the source: ``owner/name``, or ``owner/name@rev`` for an explicit revision."""
+        return self.repo_id if self.revision_given is None else f"{self.repo_id}@{self.revision_given}"
 
     def label(self, filename: str | None = None) -> str:
         return f"{self.repo_id}/{filename}" if filename else f"{self.repo_id}@{self.revision}"
@@ -843,7 +850,7 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
 
     settings = HubSettings.from_env(progress)
     rev = revision or "main"
-    client = HubClient(repo_id, settings, rev, allow_full_download=allow_full_download)
+    client = HubClient(repo_id, settings, revision, allow_full_download=allow_full_download)
     cache = RepoCache(settings.cache, repo_id)
 
     # 1. revision -> commit sha and file list (no request for a cached full sha; none offline)
@@ -866,7 +873,7 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
     if kind == "sniff":
         kind = _sniff_remote(client, cache, chosen[0])
     if kind == "gguf":
-        return _open_hub_gguf(client, cache, files, chosen[0])
+        return _open_hub_gguf(client, cache, chosen[0])
 
     # 3. config (beside the weights) and the index
     base = posixpath.dirname(chosen[0])
@@ -921,18 +928,77 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
             warnings.append(f"{len(unlisted)} tensor(s) in the shards are not in {posixpath.basename(chosen[0])}'s weight_map: {unlisted[:3]}")
 
     reader = HubReader(client, readers_map)
-    ck = Checkpoint(source=_source_label(repo_id, revision), format="hub-safetensors", config=config,
-                    config_path=client.label(cfg_name) if config is not None else None, tensors=tensors,
-                    metadata=metadata, files=tuple(readers_map), _readers={k: reader for k in readers_map},
-                    warnings=warnings)
-    ck.file_summary = {"hub_repo": repo_id, "hub_revision": rev, "hub_commit": sha}
+    return Checkpoint(source=client.source, format="hub-safetensors", config=config,
+                      config_path=client.label(cfg_name) if config is not None else None, tensors=tensors,
+                      metadata=metadata, files=tuple(readers_map), _readers={k: reader for k in readers_map},
+                      warnings=warnings, file_summary=_hub_summary(client))
+
+
+# First range of a GGUF header: the metadata holds the tokenizer (SmolLM2's 49k-token header is
+# 1.8 MB, a 152k-token Qwen2.5 one ~6 MB); a short first range grows by doubling.
+GGUF_FIRST_RANGE = 2 << 20
+
+
+def _gguf_header(client: HubClient, store: RangeStore, filename: str):
+    """Fetch a GGUF header by growing ranges until ``gguf.parse_header`` stops asking for more."""
+    label = client.label(filename)
+    have = store.prefix()
+    while True:
+        size = store.meta.get("size")
+        if have and isinstance(size, int):
+            try:
+                return gg.parse_header(have, label, size)
+            except gg.NeedMoreBytes as e:
+                want = min(size, max(e.needed, 2 * len(have)))
+        else:
+            want = GGUF_FIRST_RANGE
+        client.fetch_many([(filename, len(have), want, store)], "header")
+        more = store.prefix()
+        if len(more) <= len(have):
+            raise HubError(f"the server sent no bytes past {len(have):,} while the GGUF header needs more", path=label)
+        have = more
+
+
+class HubGGUFFile(gg.GGUFFile):
+    """:class:`~ckpt_surgeon.formats.gguf.GGUFFile` (its checks, truncation messages and
+    dequantization) over bytes fetched by HTTP range instead of ``pread``."""
+
+    def __init__(self, header, hub_reader: HubReader):   # no local file to open
+        self.header, self.path, self._fd = header, header.path, None
+        self._hub = hub_reader
+
+    @property
+    def bytes_read(self) -> int:
+        return self._hub.bytes_read
+
+    @property
+    def requests(self) -> int:
+        return self._hub.requests
+
+    def _read_into(self, info: TensorInfo) -> np.ndarray:
+        return np.frombuffer(bytearray(self._hub.read_bytes(info)), np.uint8)
+
+    def prefetch(self, infos) -> None:
+        self._hub.prefetch(infos)
+
+
+def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str):
+    from ..arch.gguf_config import config_from_gguf
+    from ..checkpoint import Checkpoint
+
+    label = client.label(filename)
+    store = cache.store(client.sha, filename)
+    header = _gguf_header(client, store, filename)
+    reader = HubGGUFFile(header, HubReader(client, {label: (filename, store)}))
+    config = config_from_gguf(header.metadata, header.tensors, path=label)
+    ck = Checkpoint(source=client.source, format="hub-gguf", config=config, config_path=label,
+                    tensors=dict(header.tensors), naming="gguf", gguf_arch=header.architecture,
+                    metadata=header.metadata, files=(label,), _readers={label: reader},
+                    missing_bytes=header.missing_bytes,
+                    file_summary={**gg.file_summary(header), **_hub_summary(client)})
+    ck.warnings.extend(header.warnings)
     return ck
 
 
-def _source_label(repo_id: str, revision: str | None) -> str:
-    return repo_id if revision is None else f"{repo_id}@{revision}"
-
-
-def _open_hub_gguf(client: HubClient, cache: RepoCache, files: list[str], filename: str):
-    raise HubError("reading GGUF files from the Hub is not supported yet", path=client.label(filename),
-                   hint="download the file and pass its path")
+def _hub_summary(client: HubClient) -> dict:
+    return {"hub_repo": client.repo_id, "hub_revision": client.revision, "hub_commit": client.sha}
