@@ -299,6 +299,9 @@ def _plan_delete(ckpt, layout, fam, ev, steps):
     by_out = {s.out: s for s in steps}
     for name, role in controlled:
         val = ev.run(by_out[name]) if name in by_out else ev.value(name)
+        if role == "qkv" and np.any(val != 0):      # name the part of the fused bias that stays
+            parts = qkv_row_index(layout.fused_layout, layout.num_heads, layout.num_kv_heads, layout.head_dim)
+            role = next(r for r, rows in zip("qkv", parts) if np.any(val[rows] != 0))
         if np.any(val != 0):
             why = {"q": "the query bias multiplies the keys and is never removable",
                    "o": "the output bias is kept (it receives the folded value bias)" if name in by_out else
