@@ -76,6 +76,14 @@ def _resolve_layout(layout_opt: str | None, default: str | None, fam, src) -> tu
     return lay, (-1 if fam.conv1d else 0)
 
 
+def _check_layout(layout: str, h: int, kv: int, d: int, src) -> None:
+    from ..arch.layouts import qkv_row_index
+    try:
+        qkv_row_index(layout, h, kv, d)
+    except ValueError as e:
+        raise CkptError(f"--layout {layout}: {e}", path=src) from None
+
+
 def _swap_module(name: str, old: str, new: str) -> str:
     for kind in (".weight", ".bias"):
         if name.endswith(old + kind):
@@ -116,6 +124,7 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
         raise UnsupportedError(f"the registry names no separate q/k/v modules for {fam.name}", path=src)
     rec = _recorded_layout(ckpt)
     row_layout, axis = _resolve_layout(layout, rec or (lay_.fused_layout if not lay_.conv1d else "conv1d"), fam, src)
+    _check_layout(row_layout, h, kv, d, src)
     steps, layers = [], []
     qkv_mod = roles["qkv"]
     if ckpt.naming == "gguf" and to not in (None, "same"):
@@ -236,6 +245,7 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
     default = rec or ("concat" if ckpt.naming == "gguf" else
                       (_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
     row_layout, axis = _resolve_layout(layout, default, fam, src)
+    _check_layout(row_layout, h, kv, d, src)
     qkv_mod, q_mod = roles["qkv"], roles["q"]
     steps, layers = [], []
     for lt in sep:
