@@ -8,11 +8,19 @@ with the ``test`` extra.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+# No test may reach the real Hub.  huggingface_hub reads HF_ENDPOINT once at import (and may
+# fetch a small registry from it, e.g. /api/agent-harnesses), so before anything imports it we
+# point the default endpoint at a closed loopback port; hub tests set their own local server
+# per test.  Telemetry off for the same reason.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # so `import fixtures` works whatever the rootdir/import mode
