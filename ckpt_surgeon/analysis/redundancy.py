@@ -141,9 +141,13 @@ def q_pair_bound(w_q: np.ndarray, pairs: np.ndarray, n_heads: int, head_dim: int
     """
     d_in = w_q.shape[1]
     w = np.asarray(w_q, dtype=np.float64).reshape(n_heads, head_dim, d_in)
-    a_mat = w * np.asarray(gamma, dtype=np.float64)[None, None, :] if gamma is not None else w
-    r0, r1 = a_mat[:, pairs[:, 0], :], a_mat[:, pairs[:, 1], :]          # [H, P, D]
-    a, c, b = (r0 * r0).sum(-1), (r1 * r1).sum(-1), (r0 * r1).sum(-1)
+    g = np.asarray(gamma, dtype=np.float64) if gamma is not None else None
+    a = np.empty((n_heads, pairs.shape[0]))
+    b, c = np.empty_like(a), np.empty_like(a)
+    for h in range(n_heads):            # one head at a time: bounded memory on 7B-size W_q (same sums)
+        a_mat = w[h] * g[None, :] if g is not None else w[h]
+        r0, r1 = a_mat[pairs[:, 0], :], a_mat[pairs[:, 1], :]             # [P, D]
+        a[h], c[h], b[h] = (r0 * r0).sum(-1), (r1 * r1).sum(-1), (r0 * r1).sum(-1)
     sigma = np.sqrt(np.maximum((a + c) / 2 + np.sqrt(((a - c) / 2) ** 2 + b ** 2), 0.0))
     off = np.zeros((n_heads, pairs.shape[0], 2))
     if beta is not None:
