@@ -199,8 +199,8 @@ class _Parser:
             return
         if end > self.size:
             raise TruncatedError(
-                f"file is truncated or corrupt: {what} at byte {self.pos:,} needs {n:,} bytes, but the file ends at "
-                f"byte {self.size:,} (inside {self.where})", path=self.path, missing_bytes=end - self.size)
+                f"file is truncated or corrupt: reading the {what} at byte {self.pos:,} needs {n:,} bytes, but the file "
+                f"ends at byte {self.size:,} (inside {self.where})", path=self.path, missing_bytes=end - self.size)
         raise NeedMoreBytes(end)   # only a prefix of the file is in the buffer
 
     def u32(self, what: str) -> int:
@@ -216,7 +216,7 @@ class _Parser:
         return v
 
     def raw_string(self, what: str) -> bytes:
-        n = self.u64(f"{what} length")
+        n = self.u64(f"length of the {what}")
         self.need(n, f"{what} ({n:,}-byte string)")
         s = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -245,10 +245,10 @@ class _Parser:
     def array(self, what: str, depth: int):
         if depth >= MAX_ARRAY_NESTING:
             raise FormatError(f"{what} nests arrays more than {MAX_ARRAY_NESTING} deep", path=self.path)
-        itype = self.u32(f"{what} item type")
+        itype = self.u32(f"item type of the {what}")
         if itype not in VALUE_TYPES:
             raise FormatError(f"{what} is an array of unknown value type {itype} (known: 0-12)", path=self.path)
-        count = self.u64(f"{what} item count")
+        count = self.u64(f"item count of the {what}")
         name, dtype, min_size = VALUE_TYPES[itype]
         remaining = self.size - self.pos
         if count * min_size > remaining:
@@ -270,32 +270,30 @@ class _Parser:
 
     def string_array(self, count: int, what: str) -> StringArray:
         """One pass over ``count`` length-prefixed strings; decoding is deferred."""
-        buf, pos, limit = self.buf, self.pos, self.avail
+        buf, start, limit = self.buf, self.pos, self.avail
         unpack = _U64.unpack_from
         lens = [0] * count
-        i = 0
+        pos = start
         try:
             # Hot loop (262k iterations for a Gemma-3 vocabulary): no checks inside; a length
-            # that runs past the buffer makes the next unpack fail or ends the loop past the limit.
+            # that runs past the buffer makes a later unpack fail or ends the loop past the limit.
             for i in range(count):
                 n = unpack(buf, pos)[0]
                 lens[i] = n
                 pos += 8 + n
         except struct.error:
-            self._string_overrun(what, i, pos, lens[:i])
+            pos = limit + 1
         if pos > limit:
-            self._string_overrun(what, count - 1, pos - 8 - lens[-1], lens[:-1])
+            # Error path only: walk again with every read checked, to name the exact item.
+            self.pos = start
+            for i in range(count):
+                self.raw_string(f"{what}[{i}]")
+            raise AssertionError("unreachable: string overrun not detected")  # pragma: no cover
         lens_a = np.array(lens, dtype=np.int64)
-        starts = np.cumsum(lens_a + 8) - lens_a          # relative to self.pos: after each length prefix
-        data = bytes(buf[self.pos:pos])
+        starts = np.cumsum(lens_a + 8) - lens_a          # relative to start: after each length prefix
+        data = bytes(buf[start:pos])
         self.pos = pos
         return StringArray(data, starts, lens_a)
-
-    def _string_overrun(self, what: str, i: int, item_pos: int, lens_before: list) -> None:
-        # Re-run the checked path for item i to produce the precise error.
-        self.pos = item_pos
-        self.raw_string(f"{what}[{i}]")
-        raise AssertionError("unreachable: string overrun not detected")  # pragma: no cover
 
 
 def _align(n: int, a: int) -> int:
@@ -421,10 +419,9 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
     promised = max([data_start] + [e for _, e, _ in spans])
     missing_bytes = max(0, promised - file_size)
     if missing_bytes:
-        cut = [n for n, t in tensors.items() if t.missing]
+        cut = [n for n, t in sorted(tensors.items(), key=lambda kv: kv[1].start) if t.missing]
         warnings.append(f"file is truncated: {missing_bytes:,} bytes of tensor data are missing; {len(cut)} of "
-                        f"{len(tensors)} tensor(s) lie past the end of the file (first '{cut[0]}')" if cut else
-                        f"file is truncated: {missing_bytes:,} bytes missing")
+                        f"{len(tensors)} tensor(s) lie past the end of the file (first '{cut[0]}')")
     return GGUFHeader(path=path, version=version, file_size=file_size, alignment=alignment, tensor_count=n_tensors,
                       kv_count=n_kv, metadata=metadata, fields=fields, tensors=tensors, ggml_type_ids=type_ids,
                       header_end=header_end, data_start=data_start, missing_bytes=missing_bytes,
