@@ -174,3 +174,70 @@ def section_offsets(path: str | Path) -> dict:
         header_end = max(header_end, base + 12)
     return {"kv": kv, "kv_value": kv_value, "tensor_info": info, "tensor_type": ttype, "tensor_offset": toff,
             "tensor_data": data, "header_end": header_end, "data_start": int(r.data_offset)}
+
+
+def write_synthetic_llama(path: str | Path, *, hidden: int = 256, ffn: int = 512, vocab: int = 512, layers: int = 1,
+                          seed: int = 0) -> Path:
+    """A random llama-arch F32 GGUF whose rows are whole 256-element blocks, so that llama.cpp's
+    quantizer can produce every K-quant from it (the tiny fixtures' 64-wide rows cannot)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("synthetic-llama")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(hidden // 64)
+    w.add_head_count_kv(hidden // 128)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(64)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([1] * vocab)
+
+    def rnd(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    kv = hidden // 128 * 64
+    w.add_tensor("token_embd.weight", rnd(vocab, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", rnd(vocab, hidden))
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "attn_q.weight", rnd(hidden, hidden))
+        w.add_tensor(p + "attn_k.weight", rnd(kv, hidden))
+        w.add_tensor(p + "attn_v.weight", rnd(kv, hidden))
+        w.add_tensor(p + "attn_output.weight", rnd(hidden, hidden))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(p + "ffn_gate.weight", rnd(ffn, hidden))
+        w.add_tensor(p + "ffn_up.weight", rnd(ffn, hidden))
+        w.add_tensor(p + "ffn_down.weight", rnd(hidden, ffn))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def llama_quantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
+    """Quantize ``src`` with llama.cpp itself (llama-cpp-python's ``llama_model_quantize``).
+
+    ``ftype`` is a llama_ftype suffix: "Q4_K_M", "Q6_K", "IQ4_XS" ...  Raises RuntimeError if
+    llama.cpp refuses (IQ1/IQ2 types need an importance matrix).
+    """
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (rc {rc})")
+    return Path(dst)

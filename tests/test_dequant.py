@@ -174,3 +174,39 @@ def test_written_quantized_files_read_exactly(tiny, tmp_path, qtype):
                    else gguf.quants.dequantize(data, t.tensor_type))
             assert_same_floats(g.read(g.tensors[t.name]), ref, t.name)
     assert qtype in types
+
+
+@pytest.fixture(scope="module")
+def synthetic_f32(tmp_path_factory):
+    from gguf_util import write_synthetic_llama
+
+    return write_synthetic_llama(tmp_path_factory.mktemp("kquant") / "synthetic-f32.gguf")
+
+
+# llama_ftype -> ggml types llama.cpp's quantizer writes for this model (checked, so the test
+# cannot silently cover fewer types).  IQ1/IQ2/IQ3_XXS need an importance matrix: random blocks only.
+LLAMA_FTYPES = {
+    "Q4_K_M": {"Q4_K", "Q6_K"}, "Q3_K_M": {"Q3_K", "Q4_K", "Q5_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"},
+    "Q2_K": {"Q2_K", "Q3_K", "Q6_K"}, "Q6_K": {"Q6_K"}, "IQ4_XS": {"IQ4_XS", "Q6_K"}, "IQ4_NL": {"IQ4_NL", "Q6_K"},
+    "IQ3_M": {"IQ3_S", "Q4_K", "Q6_K"}, "TQ1_0": {"TQ1_0", "Q4_K", "Q6_K"}, "TQ2_0": {"TQ2_0", "Q4_K", "Q6_K"},
+    "Q5_0": {"Q5_0", "Q6_K"}, "Q5_1": {"Q5_1", "Q6_K"}, "Q4_0": {"Q4_0", "Q6_K"}, "BF16": {"BF16"},
+}
+
+
+@pytest.mark.parametrize("ftype", sorted(LLAMA_FTYPES))
+def test_llama_cpp_quantized_tensors_match_gguf_py(synthetic_f32, tmp_path, ftype):
+    """Real K-quant / IQ / ternary tensors made by llama.cpp's own quantizer, read by our reader."""
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (pip install ckpt-surgeon[llama])")
+    from gguf_util import llama_quantize
+
+    path = llama_quantize(synthetic_f32, tmp_path / f"synthetic-{ftype}.gguf", ftype)
+    reader = gguf.GGUFReader(str(path))
+    types = set()
+    with GGUFFile(path) as g:
+        for t in reader.tensors:
+            types.add(t.tensor_type.name)
+            ref = t.data if t.tensor_type.name == "F32" else gguf.quants.dequantize(t.data, t.tensor_type)
+            out = g.read(g.tensors[t.name])
+            assert np.isfinite(out).all(), t.name
+            assert_same_floats(out, ref, f"{ftype} {t.name}")
+    assert types - {"F32"} == LLAMA_FTYPES[ftype]
