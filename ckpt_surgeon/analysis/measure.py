@@ -39,6 +39,7 @@ from ..errors import CkptError, UnsupportedError
 from .redundancy import analyze_checkpoint, rope_geometry
 
 VARIANTS = ("all", "exact", "near")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -208,12 +209,19 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def check_local(source) -> None:
+    """Measured mode runs local files only (raise before any other work is done)."""
+    if not Path(os.fspath(source)).exists():
+        raise UnsupportedError("measured mode needs a local folder, .safetensors or .gguf that transformers can load "
+                               "(Hub repos: download first, e.g. `hf download REPO --local-dir DIR`)", path=str(source))
+
+
 def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer, is_lm) for a source transformers can load.
 
     HF folders (or a .safetensors beside its config.json) load with ``from_pretrained``;
-    GGUF files load through transformers' own GGUF reader (``gguf_file=``), which dequantizes
-    to ``dtype`` and un-permutes llama Q/K rows.
+    GGUF files are converted to a temporary HF folder with :func:`ckpt_surgeon.convert.gguf_to_hf`
+    (dequantized, llama Q/K rows un-permuted) and loaded from there.
     """
     import torch
     import transformers
@@ -223,34 +231,51 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     if tdtype is None:
         raise CkptError(f"unknown dtype {dtype!r} (float32 | float64 | bfloat16 | float16)")
     p = Path(os.fspath(source))
-    kw: dict = {}
     magic = b""
     if p.is_file():
         with open(p, "rb") as f:
             magic = f.read(4)
     if magic == b"GGUF":
-        folder, kw["gguf_file"] = p.parent, p.name
-    elif p.is_file():
+        # Our converter, not transformers' gguf_file loader: the latter silently drops attention
+        # biases of llama-arch files (it sets attention_bias=False), which would measure a
+        # different model.  The HF copy lives in a temp dir only while the model loads.
+        import shutil
+        import tempfile
+        try:
+            from ..convert.gguf_to_hf import gguf_to_hf
+        except ImportError:
+            raise UnsupportedError("measured mode on GGUF needs ckpt_surgeon.convert (GGUF -> HF converter)",
+                                   path=str(source)) from None
+        tmp = tempfile.mkdtemp(prefix="ckpt-surgeon-measure-")
+        try:
+            folder = gguf_to_hf(p, Path(tmp) / "hf", dtype="float32" if dtype == "float64" else dtype)
+            return load_model(folder, device=device, dtype=dtype)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if p.is_file():
         folder = p.parent
     elif p.is_dir():
         folder = p
     else:
         raise UnsupportedError("measured mode needs a local folder, .safetensors or .gguf that transformers can load "
                                "(Hub repos: download first, e.g. `hf download REPO --local-dir DIR`)", path=str(source))
-    if not kw and not (folder / "config.json").is_file():
+    if not (folder / "config.json").is_file():
         raise UnsupportedError("measured mode needs config.json beside the weights", path=str(folder))
+    if not any((folder / n).is_file() for n in _TOKENIZER_FILES):
+        raise UnsupportedError(f"measured mode needs a tokenizer beside the model (none of {', '.join(_TOKENIZER_FILES)})",
+                               path=str(folder))
     with _quiet():
         try:
-            cfg = transformers.AutoConfig.from_pretrained(folder, **kw)
+            cfg = transformers.AutoConfig.from_pretrained(folder)
             archs = [a for a in (getattr(cfg, "architectures", None) or [])]
-            is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) or bool(kw)
+            is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
             cls = transformers.AutoModelForCausalLM if is_lm else transformers.AutoModel
-            model = cls.from_pretrained(folder, attn_implementation="eager", dtype=tdtype, **kw)
+            model = cls.from_pretrained(folder, attn_implementation="eager", dtype=tdtype)
         except (OSError, ValueError, KeyError) as e:
             raise UnsupportedError(f"transformers could not load it for measurement ({str(e).splitlines()[0]})",
                                    path=str(source)) from None
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(folder, **kw)
+            tok = transformers.AutoTokenizer.from_pretrained(folder)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UnsupportedError(f"measured mode needs a tokenizer beside the model ({str(e).splitlines()[0]})",
                                    path=str(folder)) from None
@@ -375,7 +400,8 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     """Load ``source`` with transformers and measure the effect of removing key-bias parts.
 
     ``prompts``: list of strings (default :func:`~ckpt_surgeon.analysis.prompts.default_prompts`);
-    each is truncated to ``max_tokens`` (default 1024) and the model's max positions.
+    each is truncated to ``max_tokens`` (default 1024) and to the context ``L`` the bounds assume
+    (``context``, else the model's max positions).
     """
     import torch
 
@@ -389,15 +415,26 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     layout = view.layout()
     static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
                                 layout=layout)
+    # The loaded model must carry every key bias the checkpoint has (a loader that drops them
+    # would make every measurement describe a different model).
+    from ..checkpoint import open_checkpoint
+    with open_checkpoint(source) as src_ck:
+        src_k = {lt.layer for lt in src_ck.layout().layers if lt.k_bias or lt.qkv_bias}
+    got_k = {lt.layer for lt in layout.layers if lt.k_bias or lt.qkv_bias}
+    if src_k - got_k:
+        raise UnsupportedError(f"the model transformers loaded has no key bias in layer(s) {sorted(src_k - got_k)[:5]} "
+                               "although the checkpoint has one; measuring it would describe a different model",
+                               path=str(source))
     rope = rope_geometry(layout, view.config)
     scale_eff = static.attn_scale * (rope.attention_factor ** 2 if rope else 1.0)
     H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
     prompts = list(default_prompts() if prompts is None else prompts)
     if not prompts:
         raise CkptError("measured mode needs at least one prompt")
+    # Prompts never exceed the context the bounds assume (--context L, else max positions).
     limit = max_tokens or DEFAULT_MAX_TOKENS
-    if layout.max_positions:
-        limit = min(limit, int(layout.max_positions))
+    if static.context:
+        limit = min(limit, int(static.context))
     notes = []
     with _quiet():
         encoded = [tok(p, return_tensors="pt")["input_ids"][:, :limit] for p in prompts]

@@ -617,9 +617,10 @@ def select_pairs(layer: LayerRedundancy, max_logit_change: float, *, include_exa
     """Choose rotary pairs of ``layer``'s key bias to remove so the bound stays <= ``max_logit_change``.
 
     Per kv head (logits of different heads are independent; the layer bound is their max), pairs
-    are taken greedily by removed energy per unit of bound (``|b_j|^2 / max_h c[h, j]``); a pair
-    is skipped when it would push ``max_{h in g} sum c[h, j]`` over the budget.  The guarantee
-    is the bound, not optimality.  ``include_exact`` adds the pass-through dims (cost 0);
+    are taken greedily from the slowest-turning (smallest ``w_j``) up; a pair is skipped when it
+    would push ``max_{h in g} sum c[h, j]`` over the budget.  Hence a budget >= ``layer.bound``
+    takes every near-redundant pair, and a budget >= ``layer.bound_all`` takes every pair.  The
+    guarantee is the bound, not the most energy removed.  ``include_exact`` adds the pass-through dims (cost 0);
     ``only_near`` restricts candidates to pairs with ``w_j L < epsilon``.  Layers without a
     bound (not-removable, no static |q| bound) get the exact dims only (or nothing).
     """
@@ -643,10 +644,13 @@ def select_pairs(layer: LayerRedundancy, max_logit_change: float, *, include_exa
         cost = cg.max(axis=0)
         energy = layer.pair_energy[g]
         cand = [j for j in range(cg.shape[1]) if (not only_near or j in layer.near_pairs) and energy[j] > 0]
-        cand.sort(key=lambda j: (-(energy[j] / cost[j]) if cost[j] > 0 else -math.inf, j))
+        cand.sort(key=lambda j: (layer.inv_freq[j], cost[j], j))
         acc = np.zeros(g_size)
+        # 1e-12 relative slack: summation order differs from set_bound's by a few ulps, and a
+        # budget equal to a reported bound must admit the set that bound was computed for.
+        budget = max_logit_change * (1 + 1e-12)
         for j in cand:
-            if (acc + cg[:, j]).max() <= max_logit_change:
+            if (acc + cg[:, j]).max() <= budget:
                 acc += cg[:, j]
                 chosen.append((g, j))
                 dims.extend(int(g * hd + d) for d in layer.pairs[j])
@@ -921,6 +925,9 @@ def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON
     :class:`~ckpt_surgeon.analysis.measure.MeasuredReport` as ``report.measured``.
     """
     from ..checkpoint import Checkpoint, open_checkpoint
+    if measure:
+        from .measure import check_local
+        check_local(source.source if isinstance(source, Checkpoint) else source)
     if isinstance(source, Checkpoint):
         report = analyze_checkpoint(source, context=context, epsilon=epsilon)
     else:
