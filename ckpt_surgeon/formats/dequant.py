@@ -13,12 +13,19 @@ product/sum is formed from the same operands in the same order (numpy never fuse
 multiply-add), so the roundings are the same; ``tests/test_dequant.py`` checks this
 bit for bit on random blocks and on real tensors.
 
-Why not just call gguf-py: it works in groups of 16 rows with many temporaries (measured
-here at ~35 Melements/s on Q4_K).  We instead work on cache-sized chunks of blocks
-(:data:`CHUNK_ELEMENTS` outputs, which fit in L2), write straight into the output
-buffer, scale with contiguous (``np.repeat``-expanded) vectors, and run the chunks on a
-small thread pool: numpy releases the GIL inside its loops, so chunks decode on all
-cores.  ``benchmarks/bench_gguf.py`` prints the speed-up.
+Why not just call gguf-py: it works in groups of 16 rows, keeps every group's temporaries
+alive until a final concatenate, and unpacks bits byte by byte with broadcasting over short
+axes (per-row loop overhead).  Here (measured on this 2-core machine; ``benchmarks/bench_gguf.py``):
+
+* bit fields are unpacked eight bytes at a time on ``uint64`` lanes (SWAR: masks keep the bytes
+  apart; ``_swar_sub`` subtracts the zero point per byte without carries), and re-ordered by
+  copying whole 16-128-byte runs as numpy void items, so the only per-element passes left are
+  one ``uint8 -> float32`` cast and the float32 scale/offset passes;
+* per-block scales are expanded with ``np.repeat`` and applied in contiguous passes;
+* blocks are decoded in chunks of :data:`CHUNK_ELEMENTS` outputs (1 MiB, inside L2) written
+  straight into the output buffer;
+* with more than one idle core, contiguous ranges of chunks run on a thread pool (numpy
+  releases the GIL in its loops); see :func:`default_threads` for why only *idle* cores.
 
 The IQ grid and sign tables are *data* from llama.cpp (``ggml-common.h`` ``iq2xxs_grid``
 ...).  Rather than duplicate several thousand table entries, they are read at first use
@@ -588,20 +595,32 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def default_threads() -> int:
-    """Worker threads: ``CKPT_SURGEON_THREADS`` or the CPUs this process may run on."""
+    """Worker threads: ``CKPT_SURGEON_THREADS``, else the *idle* CPUs this process may run on.
+
+    Idle = usable CPUs minus the 1-minute load average (at least 1).  Measured on the 2-core
+    machine this was tuned on: while other processes keep the cores busy a second worker only
+    adds GIL hand-offs (5-10 % slower), so it is used only when a core is actually free.
+    """
     env = os.environ.get("CKPT_SURGEON_THREADS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        busy = 0.0
+    return max(1, min(cpus, int(cpus - busy + 0.5)))
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None or _POOL._max_workers < n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckpt-dequant")
+        old, _POOL = _POOL, ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckpt-dequant")
+        if old is not None:
+            old.shutdown(wait=False)
     return _POOL
 
 
@@ -652,20 +671,27 @@ def dequantize(raw, ggml_type_: int | str | GGMLType, shape: tuple | None = None
 
 
 def _run_kernel(kernel, blocks: np.ndarray, out: np.ndarray, threads: int | None) -> None:
+    """Decode in chunks of ~CHUNK_ELEMENTS outputs; with threads, each worker (the caller is one
+    of them) takes one contiguous range, so it also first-touches its own part of ``out``."""
     n_blocks, block_size = out.shape
     per_chunk = max(1, CHUNK_ELEMENTS // block_size)
     threads = default_threads() if threads is None else max(1, int(threads))
-    with np.errstate(all="ignore"):   # NaN/Inf scales in the data propagate like in ggml; no warnings
-        if n_blocks <= per_chunk or threads == 1:
-            for s in range(0, n_blocks, per_chunk):
-                kernel(blocks[s:s + per_chunk], out[s:s + per_chunk])
-            return
+    threads = min(threads, -(-n_blocks // per_chunk))
 
-    def job(s: int) -> None:
-        with np.errstate(all="ignore"):   # errstate is per thread
-            kernel(blocks[s:s + per_chunk], out[s:s + per_chunk])
+    def work(lo: int, hi: int) -> None:
+        with np.errstate(all="ignore"):   # NaN/Inf scales propagate as in ggml, silently (errstate is per thread)
+            for s in range(lo, hi, per_chunk):
+                kernel(blocks[s:min(s + per_chunk, hi)], out[s:min(s + per_chunk, hi)])
 
-    for f in [_pool(threads).submit(job, s) for s in range(0, n_blocks, per_chunk)]:
+    if threads <= 1:
+        work(0, n_blocks)
+        return
+    # range boundaries on chunk multiples, so chunks stay full-sized
+    chunks = -(-n_blocks // per_chunk)
+    bounds = [min(n_blocks, (chunks * i // threads) * per_chunk) for i in range(threads + 1)]
+    futures = [_pool(threads - 1).submit(work, bounds[i], bounds[i + 1]) for i in range(1, threads)]
+    work(bounds[0], bounds[1])
+    for f in futures:
         f.result()
 
 
