@@ -626,6 +626,20 @@ def test_other_header_corruptions(base, tmp_path):
     first, second = sorted((_tensor_index(off, name), _tensor_index(off, "blk.0.attn_k.bias")))
     assert str(_open_error(p).value) == (f"{p}: tensor '{name}': tensor table lists this tensor twice "
                                          f"(entries {first} and {second})")
+    # duplicate metadata key: rename 'qwen2.context_length' to the equally long 'tokenizer.ggml.model'
+    first, dup = sorted(("tokenizer.ggml.model", "qwen2.context_length"), key=lambda k: off["kv"][k])
+    b = bytearray(blob)
+    b[off["kv"][dup] + 8:off["kv"][dup] + 8 + len(dup)] = first.encode()
+    p = _write(tmp_path, bytes(b))
+    assert str(_open_error(p).value) == (f"{p}: metadata key '{first}' appears twice (pairs at bytes {off['kv'][first]} "
+                                         f"and {off['kv'][dup]})")
+    # general.alignment of the wrong type
+    w_path = tmp_path / "align64.gguf"
+    w = gguf.GGUFWriter(str(w_path), "llama")
+    w.add_uint64("general.alignment", 32)
+    w.add_tensor("x", np.zeros(4, np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    assert str(_open_error(str(w_path)).value) == f"{w_path}: general.alignment must be a UINT32, not UINT64"
     # alignment that is not a power of two
     w_path = tmp_path / "align.gguf"
     w = gguf.GGUFWriter(str(w_path), "llama")
