@@ -1,0 +1,56 @@
+"""``ckpt-surgeon convert SOURCE -o OUT``."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
+
+
+@click.command("convert")
+@click.argument("source", type=click.Path(exists=True))
+@click.option("--output", "-o", "out", required=True, type=click.Path(),
+              help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF.")
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES, case_sensitive=False), default=None,
+              help="Output dtype.  GGUF -> HF: float32 (default) | float16 | bfloat16 for every tensor.  "
+                   "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32.  "
+                   "The short and long spellings are interchangeable (bf16 = bfloat16).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (atomically: the old one is removed only "
+                                            "after the new one is complete).")
+@click.option("--name", default=None, help="HF -> GGUF: general.name written into the file (default: the folder's "
+                                           "name).  llama.cpp keys a few tokenizer quirks on it.")
+@click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
+              help="table: a short summary on stderr.  json: the conversion report (every tensor's source and "
+                   "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
+def command(source, out, dtype, force, name, fmt):
+    """Convert SOURCE between GGUF and Hugging Face safetensors.
+
+    The direction follows SOURCE: a .gguf file (recognised by its magic bytes) becomes an HF
+    folder OUT with config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+    generation_config.json that transformers loads offline; an HF folder (config.json,
+    safetensors, tokenizer.json) becomes the GGUF file OUT that llama.cpp loads.
+
+    Supported architectures: llama (and mistral, written as llama.cpp's llama), qwen2, qwen3,
+    phi3, gpt2, gemma3.  Quantized GGUF tensors are dequantized; llama-arch Q/K rows are
+    (un)permuted between HF's rotate-half and llama.cpp's interleaved rotary pairs; GPT-2
+    Conv1D weights are transposed.  The tensor set is checked against the model transformers
+    builds from the config: a missing or unexpected tensor is an error, and nothing is written.
+
+    Outputs are written beside OUT and renamed into place; inputs are never modified.
+
+    \b
+    Examples:
+      ckpt-surgeon convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2-hf
+      ckpt-surgeon convert ./qwen2-folder -o qwen2.q8_0.gguf --dtype q8_0
+    """
+    from ..convert import convert
+    from .render import to_json, to_table
+
+    report = convert(source, out, dtype=dtype, force=force, name=name)
+    if fmt == "json":
+        sys.stdout.write(to_json(report))
+        sys.stdout.flush()
+    else:
+        notes = [f"warning: {w}" for w in report.warnings]
+        click.echo(to_table([], report.summary_items(), notes, title="ckpt-surgeon convert"), err=True, nl=False)

@@ -1,0 +1,323 @@
+"""GGUF -> HF folder that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load offline.
+
+Steps (each a small function below):
+
+1. ``config.json`` from the ``{arch}.*`` metadata through the arch row of :mod:`.names`
+   (rope theta is always written: llama.cpp assumes 10000 when the key is absent, and an HF
+   config without it would get the *family's* default, e.g. 1e6 for some);
+   ``tie_word_embeddings`` when there is no ``output.weight`` or when it is byte-identical to
+   ``token_embd.weight`` (llama.cpp's GPT-2 converter duplicates the tied matrix).
+2. Every GGUF tensor mapped to its HF name; the set of names and shapes checked against the
+   model transformers builds from that config on the meta device: an unmatched or a missing
+   tensor is an error, never a randomly initialised weight.
+3. Weights dequantized through our own reader (:mod:`ckpt_surgeon.formats.dequant`), llama-arch
+   Q/K rows un-permuted (weights and biases, :func:`~ckpt_surgeon.arch.layouts.llama_unpermute_index`),
+   GPT-2 Conv1D weights transposed back to ``[in, out]``, Gemma norms shifted back by -1; then
+   cast once to the requested dtype and streamed by the shared atomic writer
+   (:class:`~ckpt_surgeon.formats.writer.CheckpointWriter`).  Tensors that need no change and
+   already have the output dtype are copied as raw bytes.
+4. ``tokenizer.json`` / ``tokenizer_config.json`` / ``generation_config.json`` rebuilt from
+   ``tokenizer.ggml.*`` (:mod:`.tokenizer`).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError, UnsupportedError
+from . import names as N
+from .report import ConvertReport, TensorRecord
+
+DEFAULT_SHARD_BYTES = 5 * 2**30    # like save_pretrained's "5GB" shards
+_LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_train default
+
+# GGUF tensor type -> safetensors dtype whose bytes are identical (raw copy possible).
+_RAW_SAME = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+
+
+def _hparams(meta: dict, arch: str) -> dict:
+    """Canonical hyper-parameters present in the GGUF metadata (what the tensor transforms need)."""
+    hp = {}
+    for key, suffix in N.GGUF_HPARAM_KEYS.items():
+        v = meta.get(f"{arch}.{suffix}")
+        if isinstance(v, (list, tuple)):   # per-layer arrays (head_count on some archs): all equal or refuse
+            if len(set(v)) != 1:
+                raise UnsupportedError(f"{arch}.{suffix} varies per layer ({list(v)[:6]} ...): not converted")
+            v = v[0]
+        if v is not None:
+            hp[key] = v
+    hp.setdefault("n_head_kv", hp.get("n_head"))
+    return hp
+
+
+def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: str, tied: bool,
+                        path: str | None = None) -> tuple[dict, list[str]]:
+    """``config.json`` contents for a GGUF (metadata + tensor table), and warnings.
+
+    The generic GGUF -> HF key map is :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf`
+    (shared with ``inspect``); the arch row adjusts it to the family's own config class
+    (GPT-2 spellings, Phi-3's original context length, fixed activation names), and this
+    function settles what the metadata alone cannot: the vocabulary size (the embedding's
+    rows), tying (decided from the tensors), the bias switch and the dtype.
+    """
+    from ..arch.gguf_config import config_from_gguf
+
+    arch = spec.gguf_arch
+    warnings: list[str] = []
+    for suffix in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+                   "context_length"):
+        if meta.get(f"{arch}.{suffix}") is None:
+            raise FormatError(f"metadata key {arch}.{suffix} is missing", path=path)
+    emb = tensors.get("token_embd.weight")
+    if emb is None:
+        raise FormatError("no token_embd.weight tensor", path=path)
+    base = config_from_gguf(meta, tensors, path=path)
+    hp = _hparams(meta, arch)
+    if hp.get("value_length") not in (None, base.get("head_dim")):
+        raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
+                               "not representable in this HF config", path=path)
+
+    cfg: dict = {"architectures": [spec.hf_architecture], "model_type": spec.hf_model_types[0]}
+    for key, value in base.items():
+        if key in ("architectures", "model_type", "rope_scaling") or value is None:
+            continue
+        if key in spec.hf_rename:
+            key = spec.hf_rename[key]
+            if key is None:
+                continue
+        cfg[key] = value
+    cfg.update(spec.hf_config_extra)
+    for suffix, key in spec.hf_from_gguf.items():
+        v = meta.get(f"{arch}.{suffix}")
+        cfg[key] = int(v) if v is not None else cfg.get("max_position_embeddings")
+    cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
+    if spec.rope:
+        rp = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
+        if meta.get(f"{arch}.rope.freq_base") is None:
+            warnings.append(f"{arch}.rope.freq_base is absent; llama.cpp runs this file with "
+                            f"{_LLAMACPP_DEFAULT_THETA:g}, so that is written to config.json")
+        theta = float(meta.get(f"{arch}.rope.freq_base") or _LLAMACPP_DEFAULT_THETA)
+        rp["rope_theta"] = theta
+        if rp.get("partial_rotary_factor") == 1.0:
+            del rp["partial_rotary_factor"]
+            cfg.pop("partial_rotary_factor", None)
+        # transformers >= 5 reads rope_parameters; transformers 4 and other tools read rope_theta.
+        cfg["rope_parameters"] = rp
+        cfg["rope_theta"] = theta
+    else:
+        for key in ("rope_parameters", "rope_theta", "partial_rotary_factor"):
+            cfg.pop(key, None)
+    hp = dict(hp, head_dim=base.get("head_dim"), n_layer=int(meta[f"{arch}.block_count"]))
+    N.fixed_to_hf(spec, cfg, hp)
+    if spec.bias_switch:
+        cfg[spec.bias_switch] = spec.bias_probe in tensors
+    cfg["tie_word_embeddings"] = bool(tied)
+    from .tokenizer import SPECIAL_KEYS
+    for typ in ("bos", "eos", "pad", "unk"):
+        v = meta.get(f"tokenizer.ggml.{SPECIAL_KEYS[typ]}")
+        if v is not None and 0 <= int(v) < cfg["vocab_size"]:
+            cfg[f"{typ}_token_id"] = int(v)
+    cfg["dtype"] = dtype
+    cfg["torch_dtype"] = dtype    # transformers 4 spelling
+    return dict(sorted(cfg.items())), warnings
+
+
+def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarray:
+    """GGUF tensor -> HF tensor (numpy order).  Exact except ``norm_shift`` (one float64 subtraction)."""
+    if transform in ("perm_q", "perm_k"):
+        from ..arch.layouts import llama_unpermute_index
+        n_head = cfg_hp["n_head"] if transform == "perm_q" else cfg_hp["n_head_kv"]
+        rows = arr.shape[0]
+        return arr[llama_unpermute_index(n_head, rows // n_head)]
+    if transform == "conv1d":
+        return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
+    if transform == "norm_shift":
+        return arr.astype(np.float64) - 1.0
+    return arr
+
+
+def _same_bytes(ck, a: str, b: str) -> bool:
+    ia, ib = ck.tensors[a], ck.tensors[b]
+    if ia.dtype != ib.dtype or tuple(ia.shape) != tuple(ib.shape) or ia.nbytes != ib.nbytes:
+        return False
+    return ck.read_raw(a) == ck.read_raw(b)
+
+
+def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, *,
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True) -> ConvertReport:
+    """Convert and return the :class:`ConvertReport` (see :func:`gguf_to_hf`)."""
+    from ..checkpoint import open_checkpoint
+    from ..formats.writer import CheckpointWriter
+    from .model_check import check_tensors, expected_tensors_in_subprocess
+    from .tokenizer import hf_tokenizer_files, vocab_from_metadata
+
+    t0 = time.perf_counter()
+    if dtype not in N.HF_DTYPES:
+        raise UnsupportedError(f"--dtype {dtype!r} is not an HF output dtype (choose {', '.join(N.HF_DTYPES)})")
+    st_dtype = N.HF_DTYPES[dtype]
+    src = Path(gguf_path)
+    out = Path(out_dir)
+    ck = open_checkpoint(src)
+    # The model check needs torch + transformers (seconds of imports): a child process starts on
+    # them now, gets the config once it is known, and gates the output (see _Gate).
+    child = expected_tensors_in_subprocess(str(src)) if ck.naming == "gguf" else None
+    try:
+        if ck.naming != "gguf":
+            raise UnsupportedError("is not a GGUF file; to convert an HF model to GGUF give an output path "
+                                   "ending in .gguf", path=str(src))
+        meta = ck.metadata
+        arch = ck.gguf_arch or meta.get("general.architecture")
+        spec = N.by_gguf_arch(arch)
+        if spec is None:
+            raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
+                                   f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))
+        missing = [t.name for t in ck.tensors.values() if t.missing]
+        if missing:
+            raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
+                              path=str(src), tensor=missing[0])
+
+        tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
+        config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))
+        hp = _hparams(meta, arch)
+
+        names = N.gguf_to_hf_names(spec)
+        plan = []
+        for gname, info in ck.tensors.items():
+            if tied and gname == "output.weight":
+                continue       # byte-identical duplicate of token_embd (tied): the HF model shares it
+            hit = names.match(gname)
+            if hit is None:
+                raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
+                                       "would silently lack it)", path=str(src), tensor=gname)
+            hname, rule = hit
+            shape = tuple(info.shape)
+            if rule.transform == "conv1d" and len(shape) == 2:
+                shape = (shape[1], shape[0])
+            plan.append((gname, hname, rule.transform, shape, info.dtype))
+
+        # The destination is checked (exists? inside the source?) before any work starts.
+        w = CheckpointWriter(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes)
+        child.submit(config)
+        gate = _Gate(lambda: check_tensors(
+            child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),
+            what=f"{spec.hf_architecture} built from this file's metadata",
+            source_names={h: g for g, h, _, _, _ in plan}), on_abandon=child.kill)
+        try:
+            tok_files = None
+            vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
+            if vocab is not None:
+                tok_files = hf_tokenizer_files(vocab, model_max_length=config.get("max_position_embeddings")
+                                               or config.get("n_positions"), path=str(src))
+                warnings.extend(tok_files.warnings)
+
+            records = []
+            with w:
+                computed = [p for p in plan if not (p[2] == "none" and _RAW_SAME.get(p[4]) == st_dtype)]
+                gate.expect(len(computed))
+                for gname, hname, transform, shape, gdtype in plan:
+                    if transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
+                        w.copy(gname, as_name=hname)
+                    else:
+                        w.put(hname, gate.wrap(_producer(ck, gname, transform, hp)), dtype=st_dtype, shape=shape)
+                    records.append(TensorRecord(gname, hname, transform, gdtype, st_dtype, shape))
+                if not computed:
+                    gate.wait()    # nothing is computed lazily: settle the check before anything is written
+                w.set_config(config)
+                if tok_files is not None:
+                    w.add_file("tokenizer.json", tok_files.tokenizer_json)
+                    w.add_file("tokenizer_config.json", _json(tok_files.tokenizer_config))
+                    if tok_files.special_ids:
+                        w.add_file("generation_config.json", _json(dict(tok_files.special_ids)))
+                w.record("convert", {"from": "gguf", "source": src.name, "arch": arch, "dtype": dtype})
+        except BaseException:
+            gate.abandon()
+            raise
+        result = w.result
+    except BaseException:
+        if child is not None:
+            child.kill()
+        raise
+    finally:
+        ck.close()
+    return ConvertReport("gguf->hf", str(src), str(out), arch, config["model_type"], dtype, len(records),
+                         result.bytes_written, time.perf_counter() - t0, tied,
+                         vocab.model if vocab is not None else None, tuple(records), tuple(warnings), config)
+
+
+class _Gate:
+    """Wait for a check in a background thread; the output may be published only once it passed.
+
+    The writer calls each ``put`` producer once, all of them before it verifies and renames
+    the output; the last producer to run waits for the check and re-raises its error, which
+    makes the writer remove its temp folder.  (With no producers the caller waits before the
+    writer starts.)  So the check costs no wall time when it is faster than the streaming, and
+    a failed check still leaves nothing behind.
+    """
+
+    def __init__(self, fn, on_abandon=None):
+        import threading
+        self._on_abandon = on_abandon
+        self._error: BaseException | None = None
+        self._left = 0
+        self._lock = threading.Lock()
+
+        def run():
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="ckpt-model-check", daemon=True)
+        self._thread.start()
+
+    def abandon(self) -> None:
+        """The conversion failed elsewhere: stop the check's work (the thread ends with it)."""
+        if self._on_abandon is not None:
+            self._on_abandon()
+
+    def expect(self, n: int) -> None:
+        self._left = n
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def wrap(self, make):
+        def produce():
+            if self._error is not None:     # the check already failed: stop streaming now
+                raise self._error
+            data = make()
+            with self._lock:
+                self._left -= 1
+                last = self._left == 0
+            if last:
+                self.wait()
+            return data
+        return produce
+
+
+def _producer(ck, gname: str, transform: str, hp: dict):
+    """Lazy value for the writer: read (dequantize), transform; called once, when written."""
+    def make():
+        return _transform_to_hf(ck.read(gname), transform, hp)
+    return make
+
+
+def _json(obj) -> str:
+    import json
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+
+def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) -> Path:
+    """Convert a GGUF file to an HF folder (config.json, safetensors, tokenizer files).
+
+    ``dtype``: ``float32`` | ``float16`` | ``bfloat16`` for every tensor.  Returns ``Path(out_dir)``.
+    Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad input; nothing is written then.
+    """
+    return Path(gguf_to_hf_report(gguf_path, out_dir, dtype=dtype, force=force).output)
+
+
+__all__ = ["gguf_to_hf", "gguf_to_hf_report", "hf_config_from_gguf"]

@@ -1,0 +1,334 @@
+"""HF folder (or .safetensors) -> GGUF that llama.cpp loads.
+
+Streaming, as llama.cpp's format allows: every tensor's name, type, shape and offset is known
+before any data is read (sizes follow from shape and type), so the header, the key-values and
+the tensor infos are written first and then the data one tensor at a time — memory stays
+bounded by the largest tensor, whatever the model size.  The file is written beside the
+destination and renamed into place at the end; afterwards it is re-parsed and every tensor's
+bytes are compared with what was written.
+
+What is written mirrors llama.cpp's ``convert_hf_to_gguf.py`` for these families: names from
+:mod:`.names`, llama-arch Q/K rows permuted (weights and biases), GPT-2 Conv1D weights
+transposed, 1-D tensors (norms, biases) stored F32, 2-D weights in the requested type
+(Q8_0 through gguf-py's ``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
+silently assumes 10000 when it is absent; Qwen2.5 needs 1e6), ``general.file_type``, and the
+vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError, UnsupportedError
+from . import _io
+from . import names as N
+from .report import ConvertReport, TensorRecord
+
+# Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
+# causal-mask buffers `attn.bias` / `attn.masked_bias` in transformers < 4.x exports).
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.masked_bias")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    src: str
+    dst: str
+    transform: str
+    shape: tuple
+    ggml_type: str
+    nbytes: int
+    src_dtype: str
+
+
+def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
+    import gguf
+    qt = gguf.GGMLQuantizationType[ggml_type]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block * size
+
+
+def _load_hf_config(folder: Path, cfg_path: str | None):
+    """The transformers config object (defaults filled in) and its plain dict."""
+    import transformers
+    from .model_check import _quiet
+    if cfg_path is None:
+        raise ConfigError("no config.json next to the weights: the architecture cannot be known",
+                          path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
+    try:
+        with _quiet(transformers):
+            config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (ValueError, KeyError, OSError) as e:
+        raise ConfigError(f"transformers cannot read it ({str(e).splitlines()[0]})", path=cfg_path) from None
+    return config, config.to_dict()
+
+
+def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
+    """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict."""
+    def get(key):
+        return N.config_get(cfg, N.HF_HPARAM_KEYS[key])
+
+    hp: dict = {}
+    for key in ("n_embd", "n_layer", "n_head", "n_ctx"):
+        v = get(key)
+        if v is None:
+            raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS[key])}", path=path)
+        hp[key] = int(v)
+    hp["n_head_kv"] = int(get("n_head_kv") or hp["n_head"])
+    head_dim = get("head_dim")
+    head_dim = int(head_dim) if head_dim else hp["n_embd"] // hp["n_head"]
+    n_ff = get("n_ff")
+    if n_ff is None and spec.ff_default_mult:
+        n_ff = spec.ff_default_mult * hp["n_embd"]
+    if n_ff is None:
+        raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS['n_ff'])}", path=path)
+    hp["n_ff"] = int(n_ff)
+    if spec.rope:
+        theta = get("rope_theta")
+        if theta is None:
+            raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
+                              "silently use 10000", path=path)
+        hp["rope_theta"] = float(theta)
+        rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
+        if rope_type not in (None, "default"):
+            raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
+        partial = get("partial_rotary") or 1.0
+        hp["rotary_dim"] = int(head_dim * float(partial))
+        hp["key_length"] = hp["value_length"] = head_dim
+    eps = get("rms_eps") if spec.norm == "rms" else get("ln_eps")
+    if eps is None:
+        raise ConfigError("config gives no norm epsilon", path=path)
+    hp["rms_eps" if spec.norm == "rms" else "ln_eps"] = float(eps)
+    hp["vocab_size"] = int(n_vocab)
+    sw = get("sliding_window")
+    if sw is not None:
+        hp["sliding_window"] = int(sw)
+    oc = get("orig_ctx")
+    if oc is not None:
+        hp["orig_ctx"] = int(oc)
+    hp["head_dim"] = head_dim
+    for key, value in spec.llamacpp_fixed.items():
+        want = N.fixed_expected(key, value, hp)
+        got = N.fixed_from_hf(key, cfg)
+        if got != want:
+            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} assumes {key} = {want} (it is not stored in the "
+                                   f"file), but this config has {got}; llama.cpp would run a different model",
+                                   path=path)
+    return hp
+
+
+def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict) -> np.ndarray:
+    """HF tensor -> GGUF tensor (numpy order), exact except for ``norm_shift`` (one f32 add)."""
+    if transform in ("perm_q", "perm_k"):
+        from ..arch.layouts import llama_permute_index
+        n_head = hp["n_head"] if transform == "perm_q" else hp["n_head_kv"]
+        rows = arr.shape[0]
+        if rows % n_head or (rows // n_head) % 2:
+            raise ConfigError(f"{rows} rows do not split into {n_head} heads of even size")
+        return arr[llama_permute_index(n_head, rows // n_head)]
+    if transform == "conv1d":
+        return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
+    if transform == "norm_shift":
+        return (arr.astype(np.float64) + 1.0).astype(np.float32)
+    return arr
+
+
+def _encode(arr: np.ndarray, ggml_type: str) -> np.ndarray:
+    """numpy array -> the exact bytes of one GGUF tensor (as a numpy array to ``tofile``)."""
+    if ggml_type == "F32":
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    if ggml_type == "F16":
+        return np.ascontiguousarray(arr, dtype=np.float16)
+    if ggml_type == "BF16":
+        import ml_dtypes  # round-to-nearest-even, as torch's .to(torch.bfloat16)
+        return np.ascontiguousarray(arr.astype(np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
+    if ggml_type == "Q8_0":
+        import gguf
+        return gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    raise UnsupportedError(f"writing GGUF type {ggml_type} is not supported")
+
+
+def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
+    ggml = N.DTYPES[dtype][1]
+    if len(shape) < 2:
+        return "F32"
+    if ggml == "Q8_0" and shape[-1] % 32:
+        # llama.cpp's converter falls back the same way for rows that are not whole Q8_0 blocks.
+        warnings.append(f"{name}: row size {shape[-1]} is not a multiple of 32; stored F16 instead of Q8_0")
+        return "F16"
+    return ggml
+
+
+def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
+                      verify: bool = True) -> ConvertReport:
+    """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`)."""
+    import gguf
+
+    from ..checkpoint import open_checkpoint
+    from .model_check import check_tensors, expected_tensors
+    from .tokenizer import hf_vocab
+
+    t0 = time.perf_counter()
+    if dtype not in N.DTYPES:
+        raise UnsupportedError(f"--dtype {dtype!r} is not a GGUF output type (choose {', '.join(N.DTYPES)})")
+    src = Path(src)
+    out = Path(out_path)
+    ck = open_checkpoint(src)
+    try:
+        if ck.naming != "hf":
+            raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
+                                   path=str(src))
+        folder = src if src.is_dir() else src.parent
+        _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+        config, cfg = _load_hf_config(folder, ck.config_path)
+        spec = N.by_model_type(cfg.get("model_type"))
+        if spec is None:
+            raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
+                                   f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+        # The checkpoint must be exactly the model transformers builds from its config.
+        expected = expected_tensors(config)
+        got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
+        check_tensors(expected, got, path=str(src), what=f"{type(config).__name__.replace('Config', '')} model")
+
+        names = N.hf_to_gguf_names(spec)
+        absent = [N.template_regex(t) for t in spec.llamacpp_absent]
+        warnings: list[str] = []
+        plan: list[_Planned] = []
+        emb = None
+        for tname in sorted(got, key=_order_key):
+            hit = names.match(tname)
+            if hit is None:
+                raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
+                                       path=str(src), tensor=tname)
+            dst, rule = hit
+            if any(rx.match(dst) for rx in absent):
+                raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                       "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
+            info = ck.tensors[tname]
+            shape = tuple(info.shape)
+            if rule.transform == "conv1d" and len(shape) == 2:
+                shape = (shape[1], shape[0])
+            if dst == "token_embd.weight":
+                emb = shape
+            gt = _weight_type(dtype, shape, tname, warnings)
+            plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+        if emb is None:
+            raise ConfigError("no token embedding tensor", path=str(src))
+        hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+        vocab = hf_vocab(folder, emb[0], cfg)
+
+        w = gguf.GGUFWriter(path=None, arch=spec.gguf_arch)
+        # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
+        # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
+        _add_metadata(w, spec, hp, dtype, name if name is not None else folder.name, vocab)
+        for p in plan:
+            w.add_tensor_info(p.dst, p.shape, np.dtype(np.float32), p.nbytes,
+                              raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])
+        tmp = _io.temp_file_beside(out)
+        digests = {}
+        try:
+            w.write_header_to_file(path=tmp)
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for p in plan:
+                arr = _transform_to_gguf(ck.read(p.src), p.transform, hp)
+                data = _encode(arr, p.ggml_type)
+                if data.nbytes != p.nbytes:  # a bug here would corrupt every following offset
+                    raise FormatError(f"encoded {data.nbytes} bytes, planned {p.nbytes}", path=str(out), tensor=p.dst)
+                digests[p.dst] = hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()
+                w.write_tensor_data(data)
+                del arr, data
+            w.close()
+            if verify:
+                _verify_written(tmp, out, spec.gguf_arch, plan, digests)
+            _io.publish_file(tmp, out)
+        except BaseException:
+            w.close()
+            _io.discard(tmp)
+            raise
+    finally:
+        ck.close()
+    tied = not any(p.dst == "output.weight" for p in plan)
+    records = tuple(TensorRecord(p.src, p.dst, p.transform, p.src_dtype, p.ggml_type, p.shape) for p in plan)
+    written = {f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]}": v for k, v in hp.items() if k in N.GGUF_HPARAM_KEYS}
+    return ConvertReport("hf->gguf", str(src), str(out), spec.gguf_arch, cfg.get("model_type"), dtype, len(plan),
+                         out.stat().st_size, time.perf_counter() - t0, tied, vocab.model, records,
+                         tuple(warnings), written)
+
+
+def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None) -> Path:
+    """Convert an HF folder (config.json + safetensors + tokenizer.json) to one GGUF file.
+
+    ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32).
+    ``name``: ``general.name`` (default: the folder's name).
+    Returns the output path.  Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad
+    input; nothing is written then.
+    """
+    return Path(hf_to_gguf_report(src, out_path, dtype=dtype, force=force, name=name).output)
+
+
+def _order_key(name: str):
+    """Embeddings first, then layer by layer, then the rest (llama.cpp's own files read this way)."""
+    import re
+    m = re.search(r"\.(\d+)\.", name)
+    if m:
+        return (1, int(m.group(1)), name)
+    return (0 if "emb" in name or "wte" in name or "wpe" in name else 2, 0, name)
+
+
+def _add_metadata(w, spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> None:
+    import gguf
+    w.add_name(name)
+    w.add_file_type(int(gguf.LlamaFileType[N.DTYPES[dtype][0]]))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key in spec.hparams:
+        if key not in hp:
+            continue
+        full = f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[key]}"
+        if key in N.HPARAM_FLOATS:
+            w.add_float32(full, float(hp[key]))
+        else:
+            w.add_uint32(full, int(hp[key]))
+    for key, value, kind in vocab.key_values():
+        if kind == "str":
+            w.add_string(key, value)
+        elif kind == "u32":
+            w.add_uint32(key, value)
+        elif kind == "bool":
+            w.add_bool(key, value)
+        elif kind == "str[]":
+            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
+        elif kind == "i32[]":
+            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
+        elif kind == "f32[]":
+            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
+
+
+def _verify_written(tmp: Path, out: Path, arch: str, plan: list, digests: dict) -> None:
+    """Re-parse the file with gguf-py's reader: every tensor where the plan put it, bytes as written."""
+    import gguf
+    try:
+        r = gguf.GGUFReader(tmp)
+    except Exception as e:  # noqa: BLE001 - any parse failure means we wrote a bad file
+        raise FormatError(f"the written file does not parse ({e})", path=str(out)) from None
+    got = {t.name: t for t in r.tensors}
+    if len(got) != len(plan):
+        raise FormatError(f"wrote {len(got)} tensors, planned {len(plan)}", path=str(out))
+    for p in plan:
+        t = got.get(p.dst)
+        if t is None or t.tensor_type.name != p.ggml_type or tuple(int(x) for x in reversed(t.shape)) != p.shape:
+            raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
+        data = np.ascontiguousarray(t.data)
+        if hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest() != digests[p.dst]:
+            raise FormatError("bytes read back differ from the bytes written", path=str(out), tensor=p.dst)
+    arch_field = r.get_field("general.architecture")
+    if arch_field is None or arch_field.contents() != arch:
+        raise FormatError("general.architecture did not survive writing", path=str(out))
+    del r

@@ -1,0 +1,172 @@
+"""Check a tensor set against the model transformers builds from a config (on the meta device).
+
+Both converters call :func:`check_tensors`: a tensor the model does not have, a parameter the
+checkpoint lacks, or a shape that differs is an error, never something ``from_pretrained``
+would later initialise at random with only a warning.
+
+Building the model needs torch + transformers, whose imports cost seconds of pure-Python work.
+:func:`expected_tensors_in_subprocess` does it in a child process (``python -m
+ckpt_surgeon.convert.model_check``: config JSON on stdin, ``{name: shape}`` JSON on stdout), so
+the converter can stream tensors on one core while the model is built on the other, without the
+two fighting over the GIL.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from ..errors import ConfigError
+
+
+def expected_tensors(config) -> dict[str, tuple[int, ...]]:
+    """``name -> shape`` of every tensor a checkpoint for ``config`` must hold.
+
+    ``config`` is a ``PretrainedConfig`` or a dict with ``model_type``.  Parameters shared by
+    tying (``lm_head.weight`` when ``tie_word_embeddings``) are listed once, under the first
+    name (``named_parameters()``'s de-duplication); persistent buffers are included.
+    """
+    import torch
+    import transformers
+
+    if isinstance(config, dict):
+        cfg = dict(config)
+        model_type = cfg.pop("model_type")
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+    with _quiet(transformers), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    unique = {n for n, _ in model.named_parameters()}
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
+
+
+class ExpectedTensors:
+    """A ``python -m ckpt_surgeon.convert.model_check`` child.
+
+    Started before the config is known, so that it imports torch and transformers while the
+    caller reads the source; :meth:`submit` hands it the config, :meth:`result` waits for the
+    ``{name: shape}`` answer, :meth:`kill` ends it when the conversion fails first.
+    """
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._proc = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon.convert.model_check"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=env, text=True)
+        self._payload: str | None = None
+
+    def submit(self, config: dict) -> None:
+        self._payload = json.dumps(config)
+
+    def result(self) -> dict[str, tuple[int, ...]]:
+        if self._payload is None:
+            raise RuntimeError("submit(config) first")
+        out, err = self._proc.communicate(self._payload)
+        try:
+            got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        except json.JSONDecodeError:
+            got = {}
+        if self._proc.returncode != 0 or "shapes" not in got:
+            why = got.get("error") or (err.strip().splitlines() or ["no output"])[-1]
+            raise ConfigError(f"transformers cannot build a model from the converted config ({why})", path=self.path)
+        return {k: tuple(v) for k, v in got["shapes"].items()}
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.communicate()
+
+
+class _InProcess:
+    """Same interface as :class:`ExpectedTensors`, for a process that has imported transformers already."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._config: dict | None = None
+
+    def submit(self, config: dict) -> None:
+        self._config = config
+
+    def result(self) -> dict[str, tuple[int, ...]]:
+        try:
+            return expected_tensors(self._config)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"transformers cannot build a model from the converted config ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''})", path=self.path) from None
+
+    def kill(self) -> None:
+        pass
+
+
+def expected_tensors_in_subprocess(path: str | None = None):
+    """Start building the model for a config that :meth:`submit` gives later.
+
+    In a child process (see module docstring) unless this process has imported torch and
+    transformers already, in which case building the model here is cheaper than a new process.
+    """
+    if "transformers.modeling_utils" in sys.modules and "torch" in sys.modules:
+        return _InProcess(path)
+    return ExpectedTensors(path)
+
+
+@contextlib.contextmanager
+def _quiet(transformers):
+    tlog = transformers.utils.logging
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+
+
+def check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]], *,
+                  path: str, what: str, source_names: dict | None = None) -> None:
+    """Raise :class:`ConfigError` on the first (sorted) unmatched, missing or mis-shaped tensor.
+
+    ``source_names`` maps a name in ``got`` back to the tensor name in the input file, so the
+    message names what the user can find in their file.
+    """
+    src = source_names or {}
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        n = extra[0]
+        raise ConfigError(f"{what} has no parameter {n!r} for this tensor ({len(extra)} unmatched in all: "
+                          f"{', '.join(extra[:4])}{' ...' if len(extra) > 4 else ''})",
+                          path=path, tensor=src.get(n, n))
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        raise ConfigError(f"{what} needs {len(missing)} tensor(s) the file does not have: "
+                          f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}",
+                          path=path, tensor=missing[0], hint="it would be initialised at random, so nothing was written")
+    for n in sorted(got):
+        if tuple(got[n]) != tuple(expected[n]):
+            raise ConfigError(f"shape {list(got[n])} but {what} expects {list(expected[n])}",
+                              path=path, tensor=src.get(n, n), expected=list(expected[n]), got=list(got[n]))
+
+
+def main() -> int:
+    """Child-process entry point: config JSON on stdin -> ``{"shapes": {name: shape}}`` on stdout."""
+    try:
+        # Import first, then wait for the config: the parent is reading its source meanwhile.
+        import torch  # noqa: F401
+        import transformers
+        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
+        import transformers.modeling_utils  # noqa: F401
+        shapes = expected_tensors(json.loads(sys.stdin.read()))
+    except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+        print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}))
+        return 3
+    print(json.dumps({"shapes": {k: list(v) for k, v in shapes.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The record a conversion returns (and ``convert --format json`` prints)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One converted tensor: where it came from, where it went, what was done to it."""
+
+    source: str          # name in the input file
+    target: str          # name in the output
+    transform: str       # none | perm_q | perm_k | conv1d | norm_shift
+    source_dtype: str    # safetensors dtype or GGUF type name
+    target_dtype: str
+    shape: tuple         # output shape, numpy order
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), shape=list(self.shape))
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    direction: str                      # hf->gguf | gguf->hf
+    source: str
+    output: str
+    arch: str                           # GGUF architecture
+    model_type: str                     # HF model_type
+    dtype: str                          # requested output dtype
+    n_tensors: int
+    bytes_written: int
+    seconds: float
+    tied_embeddings: bool
+    tokenizer: str | None               # gpt2 | llama (vocabulary kind) or None when absent
+    tensors: tuple = ()                 # TensorRecord per tensor
+    warnings: tuple = ()
+    config: dict = field(default_factory=dict)   # hyper-parameters written (GGUF keys or config.json)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tensors"] = [t.to_dict() for t in self.tensors]
+        d["warnings"] = list(self.warnings)
+        return d
+
+    def rows(self) -> list[dict]:
+        return [t.to_dict() for t in self.tensors]
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        items = [("direction", self.direction), ("source", self.source), ("output", self.output),
+                 ("architecture", f"{self.arch} (HF {self.model_type})"), ("dtype", self.dtype),
+                 ("tensors", str(self.n_tensors)), ("bytes written", f"{self.bytes_written:,}"),
+                 ("tied embeddings", "yes" if self.tied_embeddings else "no"),
+                 ("tokenizer", self.tokenizer or "-"), ("seconds", f"{self.seconds:.2f}")]
+        return items
+
+    @property
+    def notes(self) -> tuple:
+        return ()
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows())

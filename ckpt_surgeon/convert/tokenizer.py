@@ -1,0 +1,542 @@
+"""Tokenizers both ways: ``tokenizer.json`` (+ config files) <-> GGUF ``tokenizer.ggml.*``.
+
+Two vocabulary kinds cover the families we convert:
+
+``gpt2`` (byte-level BPE: GPT-2, Qwen2, Llama 3, SmolLM ...)
+    tokens are stored in the byte-to-unicode spelling (``Ġthe``), merges as ``"a b"`` strings.
+    How text is split *before* BPE is a separate choice, ``tokenizer.ggml.pre``, which llama.cpp
+    maps to a fixed list of regexes (``llama-vocab.cpp`` ``llm_tokenizer_bpe``).  We keep both
+    sides of that mapping in one table, :data:`PRE_TOKENIZERS`, so ``pre`` is recognised from
+    ``tokenizer.json`` and rebuilt from a GGUF the same way.
+``llama`` (SentencePiece-style BPE with byte fallback: Llama 2, Mistral v0.1, Phi-3 ...)
+    tokens spelled with ``▁``; llama.cpp merges the adjacent pair whose concatenation has the
+    highest *score* (``llm_tokenizer_spm``), while ``tokenizer.json`` lists *merges* by rank.
+    HF -> GGUF: scores come from ``tokenizer.model`` when present (exact, like llama.cpp's
+    ``_set_vocab_sentencepiece``), else ``-rank`` of the merge that produces each token.
+    GGUF -> HF: merges are every split of a token into two vocabulary pieces, ordered by the
+    token's score, which is how SentencePiece's own BPE picks pairs.
+
+Token types are gguf-py's ``TokenType``: 1 normal, 2 unknown, 3 control, 4 user-defined,
+5 unused, 6 byte.  Vocabulary rows the model has beyond the tokenizer (embeddings padded to a
+multiple of 64) become ``[PAD{id}]`` UNUSED tokens, as ``convert_hf_to_gguf.py`` does, and are
+dropped again on the way back.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError, FormatError, UnsupportedError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# --- pre-tokenizers -----------------------------------------------------------------------
+
+_GPT2_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_BYTELEVEL_NOREGEX = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+# Regexes as llama.cpp llama-vocab.cpp writes them for each pre type, and as the models' own
+# tokenizer.json files spell them (transformers models/qwen2/tokenization_qwen2.py
+# PRETOKENIZE_REGEX; Meta-Llama-3 tokenizer.json).
+_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _split_then_bytes(regex: str) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        dict(_BYTELEVEL_NOREGEX)]}
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """One ``tokenizer.ggml.pre`` value and the tokenizer.json pieces that behave the same."""
+
+    name: str
+    pre_tokenizer: dict
+    ignore_merges: bool = False      # llama.cpp: whole words found in the vocab skip BPE (Llama 3)
+    aliases: tuple[str, ...] = ()    # other GGUF pre names with the same regexes
+
+
+PRE_TOKENIZERS: tuple[PreTokenizer, ...] = (
+    # GPT-2's regex is what ByteLevel(use_regex=True) applies (tokenizers pre_tokenizers/byte_level.rs).
+    PreTokenizer("gpt-2", _GPT2_BYTELEVEL, aliases=("gpt2", "phi-2", "mpt", "olmo", "jais", "trillion")),
+    # SmolLM: every digit alone, then GPT-2's regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
+    PreTokenizer("smollm", {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, dict(_GPT2_BYTELEVEL)]}),
+    PreTokenizer("qwen2", _split_then_bytes(_QWEN2_REGEX), aliases=("deepseek-r1-qwen", "megrez")),
+    PreTokenizer("llama-bpe", _split_then_bytes(_LLAMA3_REGEX), ignore_merges=True,
+                 aliases=("llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx")),
+)
+
+
+def _canon_pre(pt) -> str:
+    """Pre-tokenizer JSON without fields that do not change the split (offsets, prefix handling
+    is kept), so two spellings of the same behaviour compare equal."""
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in sorted(node.items()) if k not in ("trim_offsets",)}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+    if isinstance(pt, dict) and pt.get("type") == "Sequence" and len(pt.get("pretokenizers", [])) == 1:
+        pt = pt["pretokenizers"][0]
+    if isinstance(pt, dict) and pt.get("type") == "ByteLevel" and pt.get("use_regex") is False:
+        pt = dict(pt, add_prefix_space=bool(pt.get("add_prefix_space")))
+    return json.dumps(strip(pt), sort_keys=True)
+
+
+def pre_name_for(pre_tokenizer) -> str | None:
+    want = _canon_pre(pre_tokenizer)
+    for p in PRE_TOKENIZERS:
+        if _canon_pre(p.pre_tokenizer) == want:
+            return p.name
+    return None
+
+
+def pre_by_name(name: str | None) -> PreTokenizer | None:
+    for p in PRE_TOKENIZERS:
+        if name == p.name or name in p.aliases:
+            return p
+    return None
+
+
+# --- the GGUF side ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GGUFVocab:
+    """The ``tokenizer.*`` key-values of a GGUF file (typed, nothing else)."""
+
+    model: str                                   # gpt2 | llama
+    pre: str | None
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    scores: tuple[float, ...] | None = None
+    merges: tuple[str, ...] | None = None
+    special_ids: dict = field(default_factory=dict)   # bos | eos | unk | pad | sep | eot ... -> id
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    add_space_prefix: bool | None = None
+    chat_template: str | None = None
+
+    def key_values(self) -> list[tuple[str, object, str]]:
+        """(key, value, kind) with kind one of str | u32 | bool | str[] | i32[] | f32[]."""
+        kv: list[tuple[str, object, str]] = [("tokenizer.ggml.model", self.model, "str")]
+        if self.pre:
+            kv.append(("tokenizer.ggml.pre", self.pre, "str"))
+        kv.append(("tokenizer.ggml.tokens", list(self.tokens), "str[]"))
+        if self.scores is not None:
+            kv.append(("tokenizer.ggml.scores", list(self.scores), "f32[]"))
+        kv.append(("tokenizer.ggml.token_type", list(self.token_types), "i32[]"))
+        if self.merges:
+            kv.append(("tokenizer.ggml.merges", list(self.merges), "str[]"))
+        for typ, tid in self.special_ids.items():
+            key = SPECIAL_KEYS[typ]
+            kv.append((f"tokenizer.ggml.{key}", int(tid), "u32"))
+        if self.add_bos is not None:
+            kv.append(("tokenizer.ggml.add_bos_token", bool(self.add_bos), "bool"))
+        if self.add_eos is not None:
+            kv.append(("tokenizer.ggml.add_eos_token", bool(self.add_eos), "bool"))
+        if self.add_space_prefix is not None:
+            kv.append(("tokenizer.ggml.add_space_prefix", bool(self.add_space_prefix), "bool"))
+        if self.chat_template:
+            kv.append(("tokenizer.chat_template", self.chat_template, "str"))
+        return kv
+
+
+# special token kind -> GGUF key suffix (gguf-py constants.py Keys.Tokenizer)
+SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
+                "pad": "padding_token_id", "sep": "seperator_token_id", "cls": "cls_token_id",
+                "mask": "mask_token_id", "eot": "eot_token_id"}
+_HF_SPECIAL_NAMES = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
+
+
+def _as_list(v) -> list | None:
+    """GGUF arrays arrive as lists, numpy arrays or the reader's lazy string arrays."""
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes)):
+        return [v]
+    tolist = getattr(v, "tolist", None)
+    return list(tolist()) if tolist is not None else list(v)
+
+
+def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None:
+    """Typed view of a GGUF's ``tokenizer.*`` metadata (None when it has no tokenizer)."""
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        return None
+    tokens = _as_list(meta.get("tokenizer.ggml.tokens"))
+    if not tokens or not all(isinstance(t, str) for t in tokens[:1]):
+        raise FormatError("tokenizer.ggml.tokens is missing, empty or not a string array", path=path)
+    types = _as_list(meta.get("tokenizer.ggml.token_type")) or [NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise FormatError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens", path=path)
+    scores = _as_list(meta.get("tokenizer.ggml.scores"))
+    if scores is not None and len(scores) != len(tokens):
+        raise FormatError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens", path=path)
+    merges = _as_list(meta.get("tokenizer.ggml.merges"))
+    specials = {}
+    for typ, key in SPECIAL_KEYS.items():
+        v = meta.get(f"tokenizer.ggml.{key}")
+        if v is not None:
+            if not 0 <= int(v) < len(tokens):
+                raise FormatError(f"tokenizer.ggml.{key} = {v} is outside the {len(tokens)}-token vocabulary", path=path)
+            specials[typ] = int(v)
+    return GGUFVocab(
+        model=str(model), pre=meta.get("tokenizer.ggml.pre"), tokens=tuple(tokens),
+        token_types=tuple(int(t) for t in types),
+        scores=tuple(float(s) for s in scores) if scores is not None else None,
+        merges=tuple(merges) if merges is not None else None,
+        special_ids=specials, add_bos=meta.get("tokenizer.ggml.add_bos_token"),
+        add_eos=meta.get("tokenizer.ggml.add_eos_token"),
+        add_space_prefix=meta.get("tokenizer.ggml.add_space_prefix"),
+        chat_template=meta.get("tokenizer.chat_template"))
+
+
+# --- HF -> GGUF ---------------------------------------------------------------------------
+
+_BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"not valid JSON ({e})", path=str(p)) from None
+
+
+def _token_content(entry) -> str | None:
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+        return entry["content"]
+    return None
+
+
+def _chat_template(folder: Path, tcfg: dict) -> str | None:
+    ct = tcfg.get("chat_template")
+    if ct is None and (folder / "chat_template.jinja").is_file():
+        ct = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    if ct is None and (folder / "chat_template.json").is_file():
+        ct = _read_json(folder / "chat_template.json").get("chat_template")
+    if isinstance(ct, list):  # named templates: llama.cpp's tokenizer.chat_template is the default one
+        named = {t.get("name"): t.get("template") for t in ct if isinstance(t, dict)}
+        ct = named.get("default") or next(iter(named.values()), None)
+    return ct if isinstance(ct, str) else None
+
+
+def _merge_strings(merges: list, path: str) -> list[str]:
+    out = []
+    for m in merges:
+        if isinstance(m, str):
+            out.append(m)
+        elif isinstance(m, (list, tuple)) and len(m) == 2:
+            # tokenizers >= 0.20 stores pairs; a space inside a piece is written as U+0120 + 256
+            # offset, the way gguf-py's SpecialVocab encodes it for llama.cpp.
+            out.append(" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in m))
+        else:
+            raise FormatError(f"merge entry {m!r} is neither 'a b' nor [a, b]", path=path)
+    return out
+
+
+def _add_bos_eos(tj: dict, tcfg: dict, bos: str | None, eos: str | None) -> tuple[bool, bool]:
+    """Whether encoding adds BOS / EOS: tokenizer_config's flags win, else the post-processor template."""
+    add_bos = tcfg.get("add_bos_token")
+    add_eos = tcfg.get("add_eos_token")
+    pp = tj.get("post_processor") or {}
+    procs = pp.get("processors", [pp]) if isinstance(pp, dict) else []
+    for proc in procs:
+        if isinstance(proc, dict) and proc.get("type") == "TemplateProcessing":
+            single = proc.get("single") or []
+            first = single[0].get("SpecialToken", {}).get("id") if single else None
+            last = single[-1].get("SpecialToken", {}).get("id") if single else None
+            if add_bos is None:
+                add_bos = first is not None and first == bos
+            if add_eos is None:
+                add_eos = last is not None and last == eos
+    return bool(add_bos), bool(add_eos)
+
+
+def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
+    """Exact scores from a SentencePiece ``tokenizer.model`` (as llama.cpp's converter reads them)."""
+    try:
+        from sentencepiece import SentencePieceProcessor
+    except ImportError:  # optional: fall back to merge ranks
+        return None
+    sp = SentencePieceProcessor()
+    sp.LoadFromFile(str(path))
+    if sp.vocab_size() > n:
+        return None
+    return [sp.GetScore(i) for i in range(sp.vocab_size())]
+
+
+def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GGUFVocab:
+    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder."""
+    folder = Path(folder)
+    tj_path = folder / "tokenizer.json"
+    if not tj_path.is_file():
+        raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
+                          path=str(folder), hint="save the tokenizer with AutoTokenizer.save_pretrained(folder) first")
+    tj = _read_json(tj_path)
+    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
+                               "vocabularies convert to GGUF here", path=str(tj_path))
+    vocab: dict = dict(model.get("vocab") or {})
+    added = tj.get("added_tokens") or []
+    for a in added:
+        vocab.setdefault(a["content"], a["id"])
+    id_to_tok: dict[int, str] = {}
+    for tok, i in vocab.items():
+        if i in id_to_tok and id_to_tok[i] != tok:
+            raise FormatError(f"ids collide: {id_to_tok[i]!r} and {tok!r} both have id {i}", path=str(tj_path))
+        id_to_tok[i] = tok
+    top = max(id_to_tok) + 1
+    if top > n_vocab:
+        raise ConfigError(f"the tokenizer has ids up to {top - 1} but the model's embedding has only {n_vocab} rows",
+                          path=str(tj_path))
+    spm = bool(model.get("byte_fallback"))
+    kind = "llama" if spm else "gpt2"
+
+    special_added = {a["content"]: bool(a.get("special")) for a in added}
+    specials_by_name = {}
+    for typ in _HF_SPECIAL_NAMES:
+        content = _token_content(tcfg.get(f"{typ}_token"))
+        if content is not None and content in vocab:
+            specials_by_name[typ] = content
+    unk = model.get("unk_token") if isinstance(model.get("unk_token"), str) else specials_by_name.get("unk")
+
+    tokens, types = [], []
+    for i in range(n_vocab):
+        tok = id_to_tok.get(i)
+        if tok is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+            continue
+        if tok in special_added:
+            types.append(CONTROL if special_added[tok] else USER_DEFINED)
+        elif spm and _BYTE_TOKEN.match(tok):
+            types.append(BYTE)
+        elif tok == unk:
+            types.append(UNKNOWN)
+        else:
+            types.append(NORMAL)
+        tokens.append(tok)
+
+    merges = _merge_strings(model.get("merges") or [], str(tj_path))
+    scores = None
+    pre = None
+    add_space_prefix = None
+    if spm:
+        scores = _spm_scores(folder, merges, tokens, types)
+        add_space_prefix = _spm_adds_prefix(tj)
+        pre = "default"
+    else:
+        pre = pre_name_for(tj.get("pre_tokenizer"))
+        if pre is None:
+            raise UnsupportedError(
+                "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "
+                f"({json.dumps(tj.get('pre_tokenizer'))[:160]}); llama.cpp would split text differently",
+                path=str(tj_path), hint=f"known: {', '.join(p.name for p in PRE_TOKENIZERS)}")
+
+    # Special ids: tokenizer_config names them; config.json / generation_config.json fill gaps.
+    ids = {typ: vocab[c] for typ, c in specials_by_name.items()}
+    cfgs = [config or {}]
+    if (folder / "generation_config.json").is_file():
+        cfgs.insert(0, _read_json(folder / "generation_config.json"))
+    for typ in ("bos", "eos", "pad"):
+        for c in cfgs:
+            v = c.get(f"{typ}_token_id")
+            if isinstance(v, list):
+                v = v[0] if v else None
+            if typ not in ids and isinstance(v, int) and 0 <= v < n_vocab:
+                ids[typ] = v
+    add_bos, add_eos = _add_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
+    return GGUFVocab(model=kind, pre=pre, tokens=tuple(tokens), token_types=tuple(types),
+                     scores=tuple(scores) if scores is not None else None,
+                     merges=tuple(merges) if (merges and not spm) else None,
+                     special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
+                     chat_template=_chat_template(folder, tcfg))
+
+
+def _spm_scores(folder: Path, merges: list[str], tokens: list[str], types: list[int]) -> list[float]:
+    if (folder / "tokenizer.model").is_file():
+        exact = _spm_scores_from_model(folder / "tokenizer.model", len(tokens))
+        if exact is not None:
+            return exact + [0.0] * (len(tokens) - len(exact))
+    # llama.cpp picks the pair with the highest score; tokenizers picks the lowest merge rank.
+    # score = -rank of the first merge that produces the token makes the two orders agree.
+    rank: dict[str, int] = {}
+    for r, m in enumerate(merges):
+        a, _, b = m.partition(" ")
+        rank.setdefault(a + b, r)
+    out = []
+    for tok, typ in zip(tokens, types):
+        if typ == NORMAL and tok in rank:
+            out.append(-float(rank[tok]))
+        elif typ == NORMAL and len(tok) > 1:
+            out.append(-float(len(merges) + 1))   # reachable by no merge: lowest priority
+        else:
+            out.append(0.0)
+    return out
+
+
+def _spm_adds_prefix(tj: dict) -> bool:
+    """Does the tokenizer put ``▁`` in front of the text (Metaspace prepend / Prepend normalizer)?"""
+    text = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer")])
+    if '"Prepend"' in text:
+        return True
+    pt = tj.get("pre_tokenizer") or {}
+    for node in (pt.get("pretokenizers") or [pt]) if isinstance(pt, dict) else []:
+        if isinstance(node, dict) and node.get("type") == "Metaspace":
+            scheme = node.get("prepend_scheme")
+            if scheme is None:
+                return bool(node.get("add_prefix_space", True))
+            return scheme in ("first", "always")
+    return False
+
+
+# --- GGUF -> HF ---------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable unicode table (openai/gpt-2 encoder.py bytes_to_unicode)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _kept_ids(v: GGUFVocab) -> int:
+    """Number of leading ids the HF tokenizer keeps: trailing ``[PAD{i}]`` UNUSED rows are padding."""
+    n = len(v.tokens)
+    while n > 0 and v.token_types[n - 1] == UNUSED and v.tokens[n - 1] == f"[PAD{n - 1}]":
+        n -= 1
+    return n
+
+
+def _spm_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """Every split of a token into two vocabulary pieces, best score first (ties: lower ids)."""
+    found = []
+    for tok, tid in vocab.items():
+        if len(tok) < 2:
+            continue
+        for i in range(1, len(tok)):
+            a, b = tok[:i], tok[i:]
+            if a in vocab and b in vocab:
+                found.append((-scores.get(tok, 0.0), tid, vocab[a], vocab[b], a, b))
+    found.sort()
+    return [(a, b) for *_, a, b in found]
+
+
+@dataclass(frozen=True)
+class HFTokenizerFiles:
+    """The text of the files written into the HF folder."""
+
+    tokenizer_json: str
+    tokenizer_config: dict
+    special_ids: dict
+    warnings: tuple[str, ...] = ()
+
+
+def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, path: str | None = None) -> HFTokenizerFiles:
+    """Rebuild ``tokenizer.json`` + ``tokenizer_config.json`` from a GGUF vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    warnings = []
+    n = _kept_ids(v)
+    tokens = list(v.tokens[:n])
+    types = list(v.token_types[:n])
+    if v.model == "gpt2":
+        spelling = _bytes_to_unicode()
+        alphabet = set(spelling.values())
+        # Control / user-defined tokens are stored as raw text; the BPE vocabulary wants them
+        # byte-level spelled (transformers integrations/gguf byte_level_tokenizer does the same).
+        vocab_tokens = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+        vocab = {t: i for i, t in enumerate(vocab_tokens)}
+        if len(vocab) != len(vocab_tokens):
+            vocab = {}
+            for i, t in enumerate(vocab_tokens):
+                vocab.setdefault(t, i)
+        merges = []
+        for m in v.merges or ():
+            a, sep, b = m.partition(" ")
+            if not sep:
+                raise FormatError(f"tokenizer.ggml.merges entry {m!r} has no space", path=path)
+            merges.append((a, b))
+        pre = pre_by_name(v.pre)
+        if pre is None:
+            warnings.append(f"tokenizer.ggml.pre={v.pre!r} is not in the table; using GPT-2's split "
+                            "(text with digits or unusual spacing may tokenize differently from llama.cpp)")
+            pre = pre_by_name("gpt-2")
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
+        tok_json = json.loads(tok.to_str())
+        tok_json["pre_tokenizer"] = pre.pre_tokenizer
+        tok_json["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        tok = Tokenizer.from_str(json.dumps(tok_json))
+    elif v.model == "llama":
+        vocab = {}
+        for i, t in enumerate(tokens):
+            vocab.setdefault(t, i)
+        scores = {t: (v.scores[i] if v.scores else -float(i)) for i, t in enumerate(tokens)}
+        normal = {t: i for t, i in vocab.items() if types[i] in (NORMAL, UNKNOWN)}
+        merges = _spm_merges(normal, scores)
+        unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+        prefix = v.add_space_prefix if v.add_space_prefix is not None else True
+        norms = ([normalizers.Prepend("▁")] if prefix else []) + [normalizers.Replace(" ", "▁")]
+        tok.normalizer = normalizers.Sequence(norms)
+        decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if prefix:
+            decs.append(decoders.Strip(" ", 1, 0))
+        tok.decoder = decoders.Sequence(decs)
+    else:
+        raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE) and 'llama' "
+                               "(SentencePiece BPE) vocabularies are rebuilt", path=path)
+
+    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if specials:
+        tok.add_special_tokens(specials)
+    if user:
+        tok.add_tokens(user)
+
+    names = {typ: tokens[i] for typ, i in v.special_ids.items() if i < n}
+    bos, eos = names.get("bos"), names.get("eos")
+    add_bos = bool(v.add_bos) if v.add_bos is not None else (v.model == "llama")
+    add_eos = bool(v.add_eos)
+    single, pair, sp = "$A", "$A $B", []
+    if add_bos and bos is not None:
+        single, pair = f"{bos} {single}", f"{bos} $A {bos} $B"
+        sp.append((bos, v.special_ids["bos"]))
+    if add_eos and eos is not None:
+        single, pair = f"{single} {eos}", f"{pair} {eos}"
+        sp.append((eos, v.special_ids["eos"]))
+    if sp:
+        tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=sorted(set(sp)))
+    elif v.model == "gpt2":
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+
+    tcfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                  "add_bos_token": add_bos, "add_eos_token": add_eos}
+    for typ in ("bos", "eos", "unk", "pad", "sep", "cls", "mask"):
+        if typ in names:
+            tcfg[f"{typ}_token"] = names[typ]
+    if model_max_length:
+        tcfg["model_max_length"] = int(model_max_length)
+    if v.chat_template:
+        tcfg["chat_template"] = v.chat_template
+    ids = {f"{typ}_token_id": i for typ, i in v.special_ids.items() if typ in ("bos", "eos", "pad") and i < n}
+    return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings))
