@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze", "inspect", "open_checkpoint", "__version__"]
+__all__ = ["analyze", "convert", "inspect", "open_checkpoint", "__version__"]
 
 
 def inspect(source, **kwargs):
@@ -28,3 +28,11 @@ def open_checkpoint(source, **kwargs):
     """Open any supported source lazily (headers only); see :class:`ckpt_surgeon.checkpoint.Checkpoint`."""
     from .checkpoint import open_checkpoint as _open
     return _open(source, **kwargs)
+
+
+def convert(source, out, **kwargs):
+    """Convert between GGUF and HF safetensors (direction from SOURCE) -> ConvertReport; see
+    ``ckpt-surgeon convert``.  (Once the ``ckpt_surgeon.convert`` package is imported, this
+    attribute is that package, which is callable with the same signature.)"""
+    from .convert import convert as _convert
+    return _convert(source, out, **kwargs)
