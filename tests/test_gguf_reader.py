@@ -686,3 +686,31 @@ def test_folder_with_one_gguf_opens_it(written, tmp_path):
     with open_checkpoint(d) as ck:
         assert ck.format == "gguf" and ck.gguf_arch == "gpt2"
         assert config_from_gguf(ck.metadata, ck.tensors)["tie_word_embeddings"] is True
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama_bias", "gpt2", "phi"])
+def test_written_gguf_runs_in_llama_cpp_like_transformers(written, name):
+    """The fixture writer's files are real GGUFs: llama.cpp loads them and its logits match the
+    transformers forward pass of the source model, so the llama Q/K permutation, the GPT-2
+    transposes and the biases are what llama.cpp expects (the premise of the parity tests above).
+
+    Tolerance 1e-3 on logits of magnitude ~0.5: both run float32, but llama.cpp accumulates
+    matmuls in a different order (and uses its own rope/softmax kernels); measured ~1.3e-4.
+    """
+    llama_cpp = pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (pip install ckpt-surgeon[llama])")
+    import torch
+    import transformers
+
+    src, path = written(name)
+    toks = [3, 10, 20, 30, 40, 7]
+    m = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False)
+    try:
+        m.eval(toks)
+        ours = np.array(m.scores[:len(toks)])
+    finally:
+        m.close()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf(torch.tensor([toks])).logits[0].numpy()
+    assert np.abs(ref).max() > 0.1
+    np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=0)
