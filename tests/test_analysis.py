@@ -479,3 +479,29 @@ def test_cli_options_and_errors(tiny, tmp_path):
     r = CliRunner().invoke(cli, ["analyze", str(tmp_path / "nope")])
     assert r.exit_code == 2 and r.output.startswith("error: ") and len(r.output.strip().splitlines()) == 1
     assert "--measure" in CliRunner().invoke(cli, ["analyze", "--help"]).output
+
+
+def test_hub_repo_analysis_equals_the_local_folder(tiny, tmp_path, monkeypatch):
+    """Hub sources work through Checkpoint unchanged (real HTTP server on 127.0.0.1, range reads)."""
+    import sys
+
+    from huggingface_hub import constants
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hubserver import HubServer
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
+    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "cache"))
+    folder = tiny("qwen2_sharded")
+    with HubServer(idle_timeout=60) as srv:
+        monkeypatch.setenv("HF_ENDPOINT", srv.url)
+        srv.add_repo("owner/tiny", folder)
+        remote = analyze("owner/tiny", epsilon=1.0)
+    local = analyze(folder, epsilon=1.0)
+    assert remote.format == "hub-safetensors"
+    for x, y in zip(local.layers, remote.layers):
+        assert (y.k_class, y.near_pairs) == (x.k_class, x.near_pairs)
+        assert y.near_fraction == x.near_fraction and y.bound == x.bound and y.bound_all == x.bound_all
