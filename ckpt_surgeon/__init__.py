@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze", "convert", "inspect", "open_checkpoint", "__version__"]
+__all__ = ["analyze", "convert", "inspect", "open_checkpoint", "verify", "__version__"]
 
 
 def inspect(source, **kwargs):
@@ -28,6 +28,15 @@ def open_checkpoint(source, **kwargs):
     """Open any supported source lazily (headers only); see :class:`ckpt_surgeon.checkpoint.Checkpoint`."""
     from .checkpoint import open_checkpoint as _open
     return _open(source, **kwargs)
+
+
+def verify(reference, candidate, **kwargs):
+    """Run REFERENCE and CANDIDATE with transformers on the same prompts and compare logits, KL,
+    top-1 and greedy continuations -> :class:`ckpt_surgeon.verify.VerifyReport`; see
+    ``ckpt-surgeon verify``.  (Once the ``ckpt_surgeon.verify`` package is imported, this
+    attribute is that package, which is callable with the same signature.)"""
+    from .verify.core import verify as _verify
+    return _verify(reference, candidate, **kwargs)
 
 
 def convert(source, out, **kwargs):

@@ -1,0 +1,83 @@
+"""``ckpt-surgeon verify REFERENCE CANDIDATE``."""
+from __future__ import annotations
+
+import click
+
+from .render import emit, output_options
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@click.command("verify")
+@click.argument("reference")
+@click.argument("candidate")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Prompts to run: a JSON list of strings, or one prompt per line. Default: a built-in set of 8 "
+                   "(English, code, digits, Chinese, a chat turn, emoji, a repetition).")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Greedy tokens generated per prompt by causal LMs (do_sample=False, the reference's stop tokens "
+                   "for both); 0 skips generation.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where both models run; auto = CUDA when torch.cuda.is_available().")
+@click.option("--device-map", type=click.Choice(["auto"]), default=None,
+              help="Spread each model over all GPUs and CPU RAM with accelerate (for models larger than one GPU); "
+                   "the models are then loaded one after the other. Overrides --device.")
+@click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
+              help="Compute dtype both models are loaded in.")
+@click.option("--sequential", is_flag=True,
+              help="Load the models one after the other, comparing against the reference's saved float32 outputs "
+                   "(automatic when both do not fit in free RAM/VRAM at once).")
+@click.option("--thresholds", "thresholds_dtype", type=click.Choice(_DTYPES), default=None,
+              help="Judge by this dtype's default thresholds. Default: the coarsest of --dtype and the two "
+                   "checkpoints' storage dtypes (a bf16 copy of an fp32 model is judged by the bf16 row).")
+@click.option("--max-logit-diff", type=float, default=None,
+              help="Fail when max |Δlogit| / logit scale exceeds this (scale = the reference's largest |logit|; "
+                   "for encoders the last hidden state). Defaults: float32 1e-3, float16 1.5e-2, bfloat16 0.1.")
+@click.option("--max-kl", type=float, default=None,
+              help="Fail when the largest per-position KL(ref||cand) (nats, float64) exceeds this. Defaults: "
+                   "float32 1e-6, float16 5e-3, bfloat16 0.15.")
+@click.option("--min-top1", type=float, default=None,
+              help="Fail when the fraction of positions with the same arg-max token is below this. Defaults: "
+                   "float32 0.99, float16 0.95, bfloat16 0.9.")
+@click.option("--require-greedy/--no-require-greedy", default=None,
+              help="Fail when greedy continuations differ. Default: required for float32, reported only for "
+                   "float16/bfloat16 (a near-tie flips them legitimately).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bars on stderr (default: only when stderr is a terminal).")
+@output_options
+def command(reference, candidate, prompts_file, max_new_tokens, device, device_map, dtype, sequential,
+            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, progress, fmt, output):
+    """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
+
+    Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
+    AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
+    compared on the last hidden state). Each is a local Hugging Face folder (config.json +
+    safetensors), a single .safetensors file with config.json beside it, or a .gguf file
+    (converted to a temporary folder by ckpt-surgeon's own converter). Hub repo ids are not
+    accepted: download first (hf download OWNER/NAME --local-dir DIR).
+
+    Prompts are tokenized with the REFERENCE's tokenizer; if CANDIDATE ships a tokenizer that
+    encodes any prompt to different ids, that is an error. Models load with
+    local_files_only=True and eager attention (SDPA may pick different fused kernels per shape,
+    eager makes identical weights give identical CPU logits), under torch.no_grad with fixed
+    seeds.
+
+    Reported: max |Δlogit| (absolute and relative to the reference's logit scale), mean and
+    max KL(ref||cand) from float64 log-softmax, top-1 agreement over all positions, and per
+    prompt whether the greedy continuations are identical (first differing token).
+
+    Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
+    one line naming the failed criteria), 2 bad input.
+    """
+    from ..errors import VerificationFailed
+    from ..verify.core import verify
+    from ..verify.prompts import load_prompts
+
+    prompts = load_prompts(prompts_file) if prompts_file else None
+    report = verify(reference, candidate, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
+                    device_map=device_map, dtype=dtype, sequential=sequential or None,
+                    thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
+                    min_top1=min_top1, require_greedy=require_greedy, progress=progress)
+    emit(report, fmt, output, title="ckpt-surgeon verify")
+    if not report.passed:
+        raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

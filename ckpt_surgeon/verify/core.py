@@ -1,0 +1,315 @@
+"""``verify(reference, candidate)``: run both models on the same prompts and judge the difference.
+
+Flow: validate both inputs (headers only) -> make them loadable (GGUF converted to a temp
+folder) -> tokenize the prompts once with the reference's tokenizer (and prove the candidate's
+tokenizer gives the same ids) -> run each model over every prompt (one forward pass for the
+logits / hidden states, one greedy ``generate`` for causal LMs) -> compare per prompt
+(:mod:`.metrics`) -> aggregate and judge against the thresholds (:mod:`.thresholds`).
+
+Two schedules, same numbers (a test checks they agree): *parallel* keeps both models loaded and
+compares prompt by prompt; *sequential* runs the reference alone, saves its per-prompt outputs
+as float32 ``.npy`` files in a temp dir, frees it, then runs the candidate and compares against
+the saved files.  Sequential is used when both models would not fit the device's free memory
+at once, with ``device_map``, or when asked (``sequential=True``).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CkptError, ConfigError
+from .loading import TORCH_DTYPES, PreparedModel, load_model, load_tokenizer, prepare, quiet_transformers
+from .metrics import compare_outputs, first_difference
+from .prompts import default_prompts
+from .report import PromptResult, VerifyReport, aggregate, judge
+from .thresholds import coarsest, thresholds_for
+
+DEVICES = ("auto", "cpu", "cuda")
+DEVICE_MAPS = ("auto",)
+# Both models in memory at once only with this margin over their weights: activations, the
+# logits of one prompt, the allocator's slack.
+_PARALLEL_HEADROOM = 1.25
+_PARALLEL_EXTRA_BYTES = 512 << 20
+
+
+def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompts: list[str] | None = None,
+           max_new_tokens: int = 32, device: str = "auto", device_map: str | None = None, dtype: str = "float32",
+           sequential: bool | None = None, thresholds: str | None = None, max_logit_diff: float | None = None,
+           max_kl: float | None = None, min_top1: float | None = None, require_greedy: bool | None = None,
+           progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None) -> VerifyReport:
+    """Compare ``candidate`` with ``reference`` by running both with transformers.
+
+    ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verify.prompts.default_prompts`).
+    ``device``: ``auto`` (CUDA when available) | ``cpu`` | ``cuda``; ``device_map="auto"`` spreads
+    each model over all GPUs and CPU RAM with accelerate (implies sequential).  ``dtype``: compute
+    dtype of both models.  ``thresholds``: which dtype's default row to judge by (default: the
+    coarsest of ``dtype`` and the two storage precisions); ``max_logit_diff`` (relative to the
+    reference's logit scale), ``max_kl``, ``min_top1``, ``require_greedy`` override single
+    criteria.  ``sequential``: None = automatic, True = force.  ``progress``: tqdm bars on
+    stderr (None = only on a terminal).
+
+    Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
+    """
+    t0 = time.perf_counter()
+    if dtype not in TORCH_DTYPES:
+        raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    if device not in DEVICES:
+        raise CkptError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device_map not in (None, *DEVICE_MAPS):
+        raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise CkptError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    prompts = default_prompts() if prompts is None else [p for p in prompts]
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise CkptError("prompts must be a non-empty list of non-empty strings")
+
+    import torch
+
+    dev = _resolve_device(device, torch)
+    notes: list[str] = []
+    warnings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
+            torch.no_grad(), quiet_transformers():
+        work = Path(work_s)
+        ref = prepare(reference, work, role="reference", dtype=dtype)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype)
+        if ref.kind != cand.kind:
+            raise ConfigError(f"reference is a {ref.kind.name} ({ref.architecture}) but candidate is a "
+                              f"{cand.kind.name} ({cand.architecture}); nothing comparable", path=cand.given)
+        kind = ref.kind
+        for pm in (ref, cand):
+            if pm.converted_from_gguf:
+                notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) by ckpt_surgeon.convert")
+        thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
+        thr = thresholds_for(thr_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
+                             require_greedy=require_greedy)
+        if thr_dtype == "quantized":
+            notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
+                         "pass explicit thresholds for a quantized candidate")
+
+        tok, encodings = _tokenize(ref, cand, prompts, kind, max_new_tokens, notes)
+        gen_config = _generation_config(ref, tok, max_new_tokens) if kind.generates and max_new_tokens else None
+
+        mode, why = _choose_mode(ref, cand, dtype, dev, device_map, sequential, torch)
+        notes.append(f"{mode}: {why}")
+        run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
+                   progress=progress, seed=seed, torch=torch)
+        if mode == "parallel":
+            ref_model = load_model(ref, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
+            cand_model = load_model(cand, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
+            pairs = zip(_outputs(ref_model, "reference", **run), _outputs(cand_model, "candidate", **run))
+            results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
+            del ref_model, cand_model
+        else:
+            saved = work / "reference-outputs"
+            saved.mkdir()
+            ref_model = load_model(ref, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
+            ref_conts = []
+            for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", **run)):
+                np.save(saved / f"{i}.npy", arr)
+                ref_conts.append(cont)
+            del ref_model
+            _free(torch)
+            cand_model = load_model(cand, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
+            pairs = (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
+                     for i, out in enumerate(_outputs(cand_model, "candidate", **run)))
+            results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
+            del cand_model
+        _free(torch)
+
+    metrics = aggregate(results, kind)
+    failures = judge(metrics, thr, kind, results)
+    return VerifyReport(
+        reference=os.fspath(reference), candidate=os.fspath(candidate), kind=kind.name, output=kind.output,
+        architectures=(ref.architecture, cand.architecture), storage_dtypes=(ref.storage_dtype, cand.storage_dtype),
+        device=("device_map=auto" if device_map else dev), dtype=dtype, mode=mode, max_new_tokens=max_new_tokens,
+        thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
+        notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
+        environment=_environment(dev, torch))
+
+
+# --- steps ------------------------------------------------------------------------------------
+
+def _resolve_device(device: str, torch) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CkptError("--device cuda was asked for but torch.cuda.is_available() is False "
+                        f"(torch {torch.__version__}); use --device cpu or auto")
+    return device
+
+
+def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, kind, max_new_tokens, notes):
+    """Reference-tokenizer ids per prompt, after proving the candidate's tokenizer agrees."""
+    if not ref.has_tokenizer:
+        raise ConfigError("has no tokenizer files; verify tokenizes the prompts with the reference's tokenizer",
+                          path=ref.given)
+    tok = load_tokenizer(ref.folder, path=ref.given)
+    full = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+    if cand.has_tokenizer:
+        ctok = load_tokenizer(cand.folder, path=cand.given)
+        for i, (p, a) in enumerate(zip(prompts, full)):
+            b = list(ctok(p, add_special_tokens=True)["input_ids"])
+            j = first_difference(a, b)
+            if j is not None:
+                got = b[j] if j < len(b) else "end"
+                want = a[j] if j < len(a) else "end"
+                raise ConfigError(
+                    f"tokenizer encodes prompt {i} ({p[:30]!r}) differently from the reference's (token {j}: "
+                    f"candidate id {got}, reference id {want}); the outputs would not be comparable", path=cand.given,
+                    hint="give the candidate the reference's tokenizer files")
+    else:
+        notes.append(f"{cand.given} has no tokenizer files; prompts are tokenized with the reference's")
+    limit = _max_positions(ref.config, tok)
+    if limit is not None and kind.generates:
+        limit -= max_new_tokens
+    if limit is not None and limit < 1:
+        raise CkptError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                        f"{limit + max_new_tokens} positions")
+    out = []
+    for i, ids in enumerate(full):
+        if not ids:
+            raise CkptError(f"prompt {i} tokenizes to no tokens")
+        if limit is not None and len(ids) > limit:
+            notes.append(f"prompt {i} truncated from {len(ids)} to {limit} tokens (model context)")
+            ids = ids[:limit]
+        out.append(ids)
+    return tok, out
+
+
+def _max_positions(config: dict, tok) -> int | None:
+    lims = [v for v in (config.get("max_position_embeddings"), config.get("n_positions"),
+                        getattr(tok, "model_max_length", None)) if isinstance(v, int) and 0 < v < 10**8]
+    return min(lims) if lims else None
+
+
+def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
+    """Greedy decoding settings for *both* models, taken from the reference (stop tokens
+    included), so a converter that dropped ``generation_config.json`` cannot make the
+    candidate stop elsewhere.  Sampling settings of the checkpoint are ignored on purpose."""
+    from transformers import GenerationConfig
+
+    base = None
+    if (Path(ref.folder) / "generation_config.json").is_file():
+        try:
+            with quiet_transformers():
+                base = GenerationConfig.from_pretrained(ref.folder, local_files_only=True)
+        except (OSError, ValueError):
+            base = None
+    eos = getattr(base, "eos_token_id", None) if base else None
+    eos = eos if eos is not None else ref.config.get("eos_token_id", tok.eos_token_id)
+    pad = getattr(base, "pad_token_id", None) if base else None
+    pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else eos)
+    if isinstance(pad, list):
+        pad = pad[0]
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
+                            pad_token_id=pad, temperature=None, top_p=None, top_k=None)
+
+
+def _available_bytes(dev: str, torch) -> int | None:
+    if dev == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _choose_mode(ref, cand, dtype, dev, device_map, sequential, torch) -> tuple[str, str]:
+    if sequential:
+        return "sequential", "asked for"
+    if device_map:
+        return "sequential", "device_map=auto spreads each model over every device; they are loaded one at a time"
+    need = ref.estimated_bytes(dtype) + cand.estimated_bytes(dtype)
+    avail = _available_bytes(dev, torch)
+    if avail is None:
+        return "sequential", "free memory unknown"
+    if need * _PARALLEL_HEADROOM + _PARALLEL_EXTRA_BYTES > avail:
+        return "sequential", f"both models need ~{_size(need)} in {dtype}, {_size(avail)} free on {dev}"
+    return "parallel", f"both models loaded at once (~{_size(need)} in {dtype}, {_size(avail)} free on {dev})"
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
+
+
+def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch):
+    """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt."""
+    from tqdm.auto import tqdm
+
+    # No context managers in here: in parallel mode two of these generators are interleaved, and
+    # a grad-mode or logging context entered in one would be restored out of order by the other.
+    # verify() holds torch.no_grad() and the quiet logging around the whole run instead.
+    in_dev = model.device if device_map else device
+    for ids in tqdm(encodings, desc=side, unit="prompt", file=sys.stderr, leave=False,
+                    disable=(None if progress is None else not progress)):
+        torch.manual_seed(seed)   # nothing here samples; fixed so that any stray randomness repeats
+        x = torch.tensor([ids], dtype=torch.long, device=in_dev)
+        mask = torch.ones_like(x)
+        out = getattr(model(input_ids=x, attention_mask=mask), kind.output)[0]
+        arr = out.float().cpu().numpy()
+        cont = ()
+        if gen_config is not None:
+            g = model.generate(input_ids=x, attention_mask=mask, generation_config=gen_config)
+            cont = tuple(int(t) for t in g[0, len(ids):].tolist())
+        yield arr, cont
+
+
+def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -> list[PromptResult]:
+    results = []
+    for i, ((r_arr, r_cont), (c_arr, c_cont)) in enumerate(pairs):
+        r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
+        cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
+        gen = {}
+        if generated:
+            gen = dict(reference_continuation=r_cont, candidate_continuation=c_cont,
+                       reference_text=tok.decode(list(r_cont)), candidate_text=tok.decode(list(c_cont)),
+                       first_greedy_diff=first_difference(r_cont, c_cont), generated=True)
+        results.append(PromptResult(index=i, text=prompts[i], tokens=len(encodings[i]), comparison=cmp, **gen))
+    return results
+
+
+def _common_width(r, c, kind, tok, notes):
+    """Logits of different widths: models often pad the vocabulary (embedding rows beyond the
+    tokenizer, to a multiple of 64/128) and a converter may drop or keep that padding.  The rows
+    beyond ``len(tokenizer)`` can never be produced by the tokenizer, so comparing the first
+    ``min`` columns is sound as long as every real token is inside them."""
+    if r.shape[-1] == c.shape[-1]:
+        return r, c
+    n = min(r.shape[-1], c.shape[-1])
+    if not kind.distribution or n < len(tok):
+        raise ConfigError(f"output widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} "
+                          f"(tokenizer has {len(tok)} tokens); the models are not comparable")
+    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
+                 f"(the tokenizer has {len(tok)} tokens)")
+    return np.asarray(r)[..., :n], np.asarray(c)[..., :n]
+
+
+def _free(torch) -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _environment(dev: str, torch) -> dict:
+    import transformers
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
+           "threads": torch.get_num_threads()}
+    if dev == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env

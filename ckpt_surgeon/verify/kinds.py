@@ -1,0 +1,58 @@
+"""Which transformers class loads a model and which output ``verify`` compares, as data.
+
+A causal LM is compared on its next-token logits and its greedy continuations; a masked LM on
+its logits (no generation); a bare encoder (``BertModel``, what sentence-transformers ships) on
+its last hidden state, the thing its embeddings are pooled from.  The kind is picked from
+``config.json``: the ``architectures`` class name by suffix, else ``model_type``.  No branch
+anywhere names a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str
+    auto_class: str        # transformers Auto* class that loads it
+    output: str            # attribute of the forward output that is compared
+    distribution: bool     # output is logits over the vocabulary: KL and top-1 apply
+    generates: bool        # greedy continuations are compared
+
+
+KINDS: dict[str, ModelKind] = {
+    "causal-lm": ModelKind("causal-lm", "AutoModelForCausalLM", "logits", distribution=True, generates=True),
+    "masked-lm": ModelKind("masked-lm", "AutoModelForMaskedLM", "logits", distribution=True, generates=False),
+    "encoder": ModelKind("encoder", "AutoModel", "last_hidden_state", distribution=False, generates=False),
+}
+
+# Suffix of the config's ``architectures[0]`` class name -> kind.  First match wins, so the
+# longer suffixes come before the bare "Model" (GPT2LMHeadModel is a causal LM, BertModel is not).
+ARCH_SUFFIX_KIND: tuple[tuple[str, str], ...] = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),       # GPT2LMHeadModel, GPTJ..., CodeGen...
+    ("ForMaskedLM", "masked-lm"),
+    ("Model", "encoder"),               # BertModel, RobertaModel, XLMRobertaModel, MPNetModel ...
+)
+
+# Configs without ``architectures``: model types whose checkpoints are bare encoders.  Anything
+# else is treated as a causal LM (the common case for the checkpoints this tool operates on).
+ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra",
+                                 "deberta", "deberta-v2", "camembert", "albert", "nomic_bert", "modernbert"})
+
+
+def model_kind(config: dict, *, path: str | None = None) -> ModelKind:
+    """The :class:`ModelKind` for a parsed ``config.json``; raises UnsupportedError for other heads
+    (sequence classifiers, encoder-decoders, vision-language models)."""
+    archs = config.get("architectures") or []
+    if archs:
+        arch = str(archs[0])
+        for suffix, kind in ARCH_SUFFIX_KIND:
+            if arch.endswith(suffix):
+                return KINDS[kind]
+        raise UnsupportedError(
+            f"architecture {arch} is not a causal LM, masked LM or bare encoder; verify compares those only",
+            path=path)
+    return KINDS["encoder" if config.get("model_type") in ENCODER_MODEL_TYPES else "causal-lm"]

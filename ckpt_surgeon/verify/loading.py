@@ -1,0 +1,218 @@
+"""Turn a verify input into something transformers loads, and load it.
+
+Inputs are local only: a Hugging Face folder, a single ``.safetensors`` file with its
+``config.json`` beside it, or a ``.gguf`` file (converted to a temporary HF folder by our own
+converter).  Every input is first opened with :func:`ckpt_surgeon.open_checkpoint`, so a bad
+file is reported by the same validated header parser as every other command (one line, exit 2)
+before transformers sees it; that pass also gives the storage precision and parameter count
+without reading any weights.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from .kinds import ModelKind, model_kind
+from .thresholds import coarsest
+
+# safetensors / GGUF dtype name -> precision class used to pick thresholds.  Integer tensors
+# (position-id buffers, GGUF I32 tables) are not weights and are skipped; every other
+# float-like type (float8, GGUF Q*/IQ*/TQ*) is "quantized".
+_PRECISION = {"F64": "float32", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
+
+# Files of a folder that are not weights: what a single-file source borrows from its folder.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json",
+                    "spiece.model", "sentencepiece.bpe.model")
+
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """A verify input made loadable: the folder transformers reads and what we know of it."""
+
+    given: str                 # what the user passed
+    folder: str                # HF folder (the input itself, a symlink folder, or a converted GGUF)
+    config: dict
+    kind: ModelKind
+    architecture: str
+    storage_dtype: str         # float32 | float16 | bfloat16 | quantized
+    n_params: int
+    has_tokenizer: bool
+    converted_from_gguf: bool = False
+
+    def estimated_bytes(self, dtype: str) -> int:
+        """Weights in memory once loaded in ``dtype``."""
+        return self.n_params * _BYTES[dtype]
+
+
+def storage_precision(dtypes) -> str:
+    """Coarsest precision class among tensor dtype names (``"F32"``, ``"BF16"``, ``"Q4_1"`` ...)."""
+    classes = [_PRECISION.get(d.upper(), "quantized") for d in dtypes if d.upper() not in _NOT_WEIGHTS]
+    return coarsest(*classes) if classes else "float32"
+
+
+def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str) -> PreparedModel:
+    """Validate ``source`` and return a :class:`PreparedModel`; GGUF inputs are converted into
+    ``workdir/role``.  Raises CkptError (one line) for anything transformers could not load."""
+    from ..checkpoint import open_checkpoint
+
+    given = os.fspath(source)
+    p = Path(given)
+    if not p.exists():
+        raise SourceNotFoundError(
+            "no such file or folder (verify compares local models; Hub repo ids are not supported, "
+            "download first: hf download OWNER/NAME --local-dir DIR)", path=given)
+    try:
+        ck = open_checkpoint(p)
+    except ModuleNotFoundError as e:        # a reader this build lacks (the GGUF path)
+        raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
+                               path=given) from None
+    try:
+        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
+        precision = storage_precision(i.dtype for i in floats)
+        n_params = sum(i.numel for i in floats)
+        if ck.missing_bytes:
+            raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
+        if ck.format == "gguf":
+            folder = _convert_gguf(Path(ck.source), workdir / role, dtype)
+            config = _read_config(folder / "config.json")
+            converted = True
+        else:
+            if ck.format != "safetensors":
+                raise UnsupportedError(f"verify loads safetensors or GGUF inputs, not {ck.format}", path=given)
+            if ck.config is None:
+                where = p if p.is_dir() else p.parent
+                raise ConfigError("no config.json: verify builds the model with transformers, which needs "
+                                  "config.json beside the weights", path=str(where))
+            config = ck.config
+            folder = p if p.is_dir() else _single_file_folder(p, workdir / role)
+            converted = False
+    finally:
+        ck.close()
+    archs = config.get("architectures") or [config.get("model_type") or "?"]
+    kind = model_kind(config, path=str(Path(folder) / "config.json") if not converted else given)
+    has_tok = any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES)
+    return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted)
+
+
+def _read_config(path: Path) -> dict:
+    import json
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"converted config is unreadable ({e})", path=str(path)) from None
+
+
+def _single_file_folder(file: Path, out: Path) -> Path:
+    """A folder transformers can load for one ``.safetensors`` file: symlinks to the file (as
+    ``model.safetensors``) and to the non-weight files beside it (config, tokenizer, generation
+    config).  Why not load the parent folder: it may hold other shards or an index that would be
+    loaded instead of (or along with) the file the user named."""
+    out.mkdir(parents=True)
+    os.symlink(file.resolve(), out / "model.safetensors")
+    for f in file.parent.iterdir():
+        if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
+            os.symlink(f.resolve(), out / f.name)
+    return out
+
+
+def _convert_gguf(path: Path, out: Path, dtype: str) -> Path:
+    """GGUF -> HF folder through our converter (ckpt_surgeon.convert, issue 7)."""
+    # Imported from the submodule, not the package: once ``ckpt_surgeon.convert.gguf_to_hf`` (the
+    # module) is imported, the package attribute of that name is the module, not the function.
+    try:
+        from ..convert.gguf_to_hf import gguf_to_hf
+    except ImportError:
+        raise UnsupportedError(
+            "GGUF inputs need the GGUF -> HF converter (ckpt_surgeon.convert.gguf_to_hf), which this build "
+            "lacks; convert it first with `ckpt-surgeon convert` and verify the folder", path=str(path)) from None
+    gguf_to_hf(path, out, dtype=dtype)
+    return out
+
+
+# --- transformers side (torch imported here only) ----------------------------------------------
+
+def torch_dtype(name: str):
+    import torch
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def quiet_transformers():
+    """Context manager: transformers' info logs and its "Loading weights" bar off for the
+    duration (library code must not print; verify reports loading problems itself)."""
+    import contextlib
+
+    import transformers
+
+    @contextlib.contextmanager
+    def ctx():
+        tlog = transformers.utils.logging
+        bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
+        tlog.disable_progress_bar()
+        tlog.set_verbosity_error()
+        try:
+            yield
+        finally:
+            tlog.set_verbosity(verbosity)
+            if bars:
+                tlog.enable_progress_bar()
+    return ctx()
+
+
+def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list):
+    """Load ``pm`` with its kind's Auto class, eval mode, on ``device`` (or spread by ``device_map``).
+
+    ``attn_implementation="eager"``: the plain ``softmax(QKᵀ/√d + mask)·V`` in ordinary matmuls.
+    SDPA may dispatch to different fused kernels (flash / memory-efficient / math, blockwise
+    reductions) depending on shapes, dtype and device, so two models with identical weights could
+    differ by kernel choice alone; eager makes identical weights give bit-identical CPU logits,
+    and every architecture supports it.  ``local_files_only``: verify never touches the network.
+    Missing weights are an error: transformers would initialise them randomly and the comparison
+    would measure noise.
+    """
+    import torch
+    import transformers
+
+    cls = getattr(transformers, pm.kind.auto_class)
+    kw = dict(local_files_only=True, attn_implementation="eager", dtype=torch_dtype(dtype), output_loading_info=True)
+    if device_map:
+        kw["device_map"] = device_map
+    torch.manual_seed(0)
+    try:
+        with quiet_transformers():
+            model, info = cls.from_pretrained(pm.folder, **kw)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UnsupportedError(f"transformers could not load it: {first}", path=pm.given) from None
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(str(x) for x in (info.get("mismatched_keys") or ()))
+    if missing or mismatched:
+        bad = missing or mismatched
+        what = "misses" if missing else "has wrongly shaped"
+        raise ConfigError(f"{pm.architecture} {what} {len(bad)} weight(s) the model needs "
+                          f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); transformers would initialise "
+                          f"them randomly", path=pm.given)
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        warnings.append(f"{pm.given}: {len(unexpected)} tensor(s) not used by {pm.architecture} "
+                        f"({', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''})")
+    if not device_map:
+        model.to(device)
+    model.eval()
+    return model
+
+
+def load_tokenizer(folder: str, *, path: str):
+    from transformers import AutoTokenizer
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"tokenizer could not be loaded: {first}", path=path) from None

@@ -1,0 +1,59 @@
+"""Prompts ``verify`` runs through both models: a built-in default set and ``--prompts FILE``.
+
+The default set is short (every prompt fits a 128-position encoder with room for 32 generated
+tokens) and varied on purpose: English prose, code, digits, CJK and emoji take different
+tokenizer paths (merges, byte fallback, multi-byte UTF-8), a chat-formatted prompt exercises
+special tokens, and a repetitive prompt gives near-deterministic next tokens on real models
+(where a mismatch in greedy decoding is easy to see).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import CkptError, SourceNotFoundError
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "The attention layer projects every token into a query, a key and a value.",
+    "The capital of France is",
+    "def softmax(x):\n    m = max(x)\n    e = [math.exp(v - m) for v in x]\n",
+    "1, 2, 3, 5, 8, 13, 21, 34,",
+    "注意力机制把每个词映射为查询、键和值。",
+    "<|im_start|>user\nWhat is a key bias?<|im_end|>\n<|im_start|>assistant\n",
+    "Great work! 🎉 The model converted cleanly 🚀 and",
+    "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the",
+)
+
+
+def default_prompts() -> list[str]:
+    """The built-in prompt set (a fresh list)."""
+    return list(DEFAULT_PROMPTS)
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """Read ``--prompts FILE``: a JSON list of strings, or else one prompt per non-empty line.
+
+    A file whose first non-blank character is ``[`` must be a JSON list of strings (so a typo in
+    it is reported, not silently read as lines).  Raises CkptError for a missing file, bad JSON,
+    non-string entries or an empty set.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise SourceNotFoundError("prompts file not found", path=str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CkptError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CkptError(f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})", path=str(p)) from None
+        if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+            raise CkptError("a JSON prompts file must hold a list of strings", path=str(p))
+        prompts = [x for x in data if x.strip()]
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise CkptError("prompts file holds no non-empty prompt", path=str(p))
+    return prompts
