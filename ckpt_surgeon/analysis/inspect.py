@@ -194,7 +194,14 @@ class InspectReport:
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
             ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
-        ] + self._redundancy_summary()
+        ] + self._file_summary() + self._redundancy_summary()
+
+    def _file_summary(self) -> list[tuple[str, str]]:
+        """GGUF / Hub file metadata (general.name, file type, tokenizer ...), one line."""
+        fm = {k: v for k, v in self.file_metadata.items() if v not in (None, "", [], {})}
+        if not fm:
+            return []
+        return [("file metadata", ", ".join(f"{k}={v}" for k, v in fm.items()))]
 
     def _redundancy_summary(self) -> list[tuple[str, str]]:
         red = [lr.extra.get("k_bias_redundancy") for lr in self.layers if lr.extra.get("k_bias_redundancy")]
