@@ -116,9 +116,10 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     cfg["tie_word_embeddings"] = bool(tied)
     from .tokenizer import SPECIAL_KEYS
     for typ in ("bos", "eos", "pad", "unk"):
+        # Written even when absent (null): family config classes have defaults (Phi-3's
+        # pad_token_id 32000) that would point outside a smaller vocabulary.
         v = meta.get(f"tokenizer.ggml.{SPECIAL_KEYS[typ]}")
-        if v is not None and 0 <= int(v) < cfg["vocab_size"]:
-            cfg[f"{typ}_token_id"] = int(v)
+        cfg[f"{typ}_token_id"] = int(v) if v is not None and 0 <= int(v) < cfg["vocab_size"] else None
     cfg["dtype"] = dtype
     cfg["torch_dtype"] = dtype    # transformers 4 spelling
     return dict(sorted(cfg.items())), warnings

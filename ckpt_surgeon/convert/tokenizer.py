@@ -320,7 +320,9 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GG
             tokens.append(f"[PAD{i}]")
             types.append(UNUSED)
             continue
-        if tok in special_added:
+        if tok == unk and spm:
+            types.append(UNKNOWN)     # SentencePiece's <unk>: llama.cpp's SPM path looks for this type
+        elif tok in special_added:
             types.append(CONTROL if special_added[tok] else USER_DEFINED)
         elif spm and _BYTE_TOKEN.match(tok):
             types.append(BYTE)

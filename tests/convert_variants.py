@@ -1,0 +1,168 @@
+"""Models and texts for the converter tests (tests/test_convert*.py, tests/test_llamacpp.py).
+
+Most families are the tiny fixtures as they are.  A few need a variant that llama.cpp can run:
+
+* ``qwen3``: the fixture enables ``attention_bias``, which also puts a bias on ``o_proj``;
+  llama.cpp's qwen3 graph has no slot for it (the converter refuses such a model), and real
+  Qwen3 checkpoints have no attention biases at all, so the variant has none.
+* ``gemma3``: llama.cpp hard-codes "every 6th layer global" (the 2-layer fixture alternates),
+  has no ``o_proj`` bias, and Gemma stores its norm weights as ``w`` with ``1 + w`` applied —
+  random non-zero norms make a wrong shift visible.  The variant has 6 layers, no attention
+  biases, and norm weights ~ N(0, 0.3).
+
+Variants are built with transformers from the fixture's config (seeded) and carry the
+fixture's tokenizer files.  ``with_dtype`` saves a float16 / bfloat16 copy.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+# English, Chinese, code (digits, indentation, operators) and emoji; starts with a letter:
+# llama.cpp's SentencePiece path always prepends "▁" while tokenizers' Metaspace does not when
+# the text already starts with a space, a known difference that is not the converter's.
+MULTILINGUAL = ("The attention layer projects every token into a query, a key and a value. "
+                "注意力机制把每个词映射为查询、键和值。今天天气很好！\n"
+                "def softmax(x):\n    m = max(x)\n    return [math.exp(v - m) for v in x]  # 2024-06-01, 3.14\n"
+                "Great work! 🎉 The model converted cleanly 🚀 ☕😀")
+
+# >= 128 tokens for teacher-forced comparisons on a real model.
+LONG_TEXT = (
+    "The history of natural language processing generally started in the 1950s, although work can be found "
+    "from earlier periods. In 1950, Alan Turing published an article titled Computing Machinery and "
+    "Intelligence which proposed what is now called the Turing test as a criterion of intelligence. The "
+    "Georgetown experiment in 1954 involved fully automatic translation of more than sixty Russian sentences "
+    "into English. The authors claimed that within three or four years, machine translation would be a "
+    "solved problem. However, real progress was much slower, and after the ALPAC report in 1966, which found "
+    "that ten years of research had failed to fulfill the expectations, funding for machine translation was "
+    "dramatically reduced. Little further research in machine translation was conducted until the late "
+    "1980s when the first statistical machine translation systems were developed. " + MULTILINGUAL)
+
+# name -> (fixture, config overrides, norm noise std)
+VARIANTS = {
+    "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
+    "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
+                          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # the fixture's alternating sliding / full layers, which llama.cpp cannot express
+    "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
+}
+# Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
+LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                   "tokenizer.model")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    for f in TOKENIZER_FILES:
+        if (Path(src) / f).is_file():
+            shutil.copy(Path(src) / f, Path(dst) / f)
+
+
+def build_variant(tiny, name: str, out: Path, *, seed: int = 0) -> Path:
+    """The model for family ``name``: the fixture itself, or the variant described above."""
+    if name not in VARIANTS:
+        return tiny(name)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base_name, overrides, norm_std = VARIANTS[name]
+    base = tiny(base_name)
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    cfg = AutoConfig.from_pretrained(base)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            elif norm_std and "norm" in pname:
+                p.copy_(torch.randn(p.shape, generator=gen) * norm_std)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    copy_tokenizer(base, tmp)
+    tmp.rename(out)
+    return out
+
+
+def with_dtype(src: Path, dtype: str, out: Path) -> Path:
+    """``src`` saved in ``dtype`` (float32 | float16 | bfloat16), tokenizer files included."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype == "float32":
+        return Path(src)
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    copy_tokenizer(src, tmp)
+    tmp.rename(out)
+    return out
+
+
+def spm_llama(tiny, out: Path) -> Path:
+    """A tiny llama whose tokenizer is SentencePiece BPE with byte fallback (Llama-2 style).
+
+    The vocabulary is trained with the ``sentencepiece`` library on the fixtures' corpus and
+    turned into ``tokenizer.json`` by transformers' own SentencePiece converter
+    (``LlamaTokenizer.from_pretrained`` on a folder holding ``tokenizer.model``), so nothing in
+    it comes from the code under test.
+    """
+    import sentencepiece as spm
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaTokenizer
+
+    from ckpt_surgeon.tiny import _CORPUS
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    work = out.with_name(out.name + ".work")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "spm").mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(work / "sp"), vocab_size=700, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+        hard_vocab_limit=False, minloglevel=2)
+    shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
+    tok = LlamaTokenizer.from_pretrained(work / "spm")
+    cfg = AutoConfig.from_pretrained(tiny("llama"))
+    cfg.vocab_size = (len(tok) + 63) // 64 * 64
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(work, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def hf_tensor_bytes(folder: Path) -> dict:
+    """name -> (dtype, shape, raw bytes) of every tensor in an HF folder (our validated reader)."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(folder) as ck:
+        return {n: (i.dtype, tuple(i.shape), ck.read_raw(n)) for n, i in ck.tensors.items()}
+
+
+def gguf_metadata(path: Path) -> dict:
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(path) as ck:
+        return dict(ck.metadata), {n: (i.dtype, tuple(i.shape)) for n, i in ck.tensors.items()}
+
+
+def read_json(p: Path) -> dict:
+    return json.loads(Path(p).read_text(encoding="utf-8"))
