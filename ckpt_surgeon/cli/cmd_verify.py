@@ -32,7 +32,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
                    "checkpoints' storage dtypes (a bf16 copy of an fp32 model is judged by the bf16 row).")
 @click.option("--max-logit-diff", type=float, default=None,
               help="Fail when max |Δlogit| / logit scale exceeds this (scale = the reference's largest |logit|; "
-                   "for encoders the last hidden state). Defaults: float32 1e-3, float16 1.5e-2, bfloat16 0.1.")
+                   "for encoders the last hidden state). Defaults: float32 1e-4, float16 1.5e-2, bfloat16 0.1.")
 @click.option("--max-kl", type=float, default=None,
               help="Fail when the largest per-position KL(ref||cand) (nats, float64) exceeds this. Defaults: "
                    "float32 1e-6, float16 5e-3, bfloat16 0.15.")

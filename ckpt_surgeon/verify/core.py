@@ -14,6 +14,7 @@ at once, with ``device_map``, or when asked (``sequential=True``).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -75,7 +76,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     notes: list[str] = []
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers():
+            torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
         ref = prepare(reference, work, role="reference", dtype=dtype)
         cand = prepare(candidate, work, role="candidate", dtype=dtype)
@@ -103,7 +104,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         if mode == "parallel":
             ref_model = load_model(ref, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
             cand_model = load_model(cand, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-            pairs = zip(_outputs(ref_model, "reference", **run), _outputs(cand_model, "candidate", **run))
+            # One progress bar for the pair: the two generators advance together.
+            pairs = zip(_outputs(ref_model, "both models", **run),
+                        _outputs(cand_model, "candidate", **{**run, "progress": False}))
             results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
             del ref_model, cand_model
         else:
@@ -135,6 +138,20 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
 
 
 # --- steps ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _ieee_float32(torch):
+    """float32 matmuls in full float32 for the run, restored afterwards.  A process that enabled
+    TF32 (``torch.set_float32_matmul_precision("high")``, common in training scripts) would make
+    CUDA float32 logits ~1e-3 relative noisy (TF32 keeps 10 mantissa bits) and fail the float32
+    thresholds for no fault of the candidate."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
 
 def _resolve_device(device: str, torch) -> str:
     if device == "auto":
