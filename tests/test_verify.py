@@ -220,6 +220,25 @@ def test_bert_tiny_encoder_path(tiny, tmp_path):
     assert not r.passed and r.metrics.max_rel_diff > 1e-3
 
 
+def test_masked_lm_path(tiny, tmp_path):
+    # A BertForMaskedLM checkpoint (the tiny BERT plus an MLM head, saved by transformers) is
+    # loaded with AutoModelForMaskedLM and compared on its logits: KL and top-1, no generation.
+    import torch
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM.from_pretrained(tiny("bert"), local_files_only=True)
+    ref = tmp_path / "mlm"
+    mlm.save_pretrained(ref)
+    for f in tiny("bert").iterdir():
+        if f.name.startswith(("tokenizer", "vocab", "special")):
+            shutil.copy(f, ref / f.name)
+    r = verify(ref, ref, prompts=FEW)
+    assert r.kind == "masked-lm" and r.output == "logits" and r.architectures[0] == "BertForMaskedLM"
+    assert r.passed and r.metrics.max_abs_diff == 0.0 and r.metrics.top1_agreement == 1.0
+    assert r.metrics.greedy_identical is None and r.metrics.mean_kl == 0.0
+
+
 def test_minilm_key_bias_is_redundant(minilm_dir, tmp_path):
     """Real all-MiniLM-L6-v2: zeroing every key bias passes the float32 thresholds (absolute
     positions: q·b_k is constant over keys, softmax ignores it), zeroing the query biases fails."""
@@ -502,8 +521,9 @@ def test_gpu_bf16_and_sequential(qwen2, bf16_copy):
 @pytest.mark.gpu
 @pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA device")
 def test_gpu_cpu_agree(qwen2):
-    # Same model on both devices must agree at float32 level (different kernels, same math);
-    # compared through the saved reports, each run judged against itself.
+    # The same model on the two devices (different kernels, same float32 math; TF32 is off during
+    # verify): greedy continuations token for token, and the largest |logit| within the float32
+    # row's 1e-4 relative bound.
     cpu = verify(qwen2, qwen2, prompts=FEW, max_new_tokens=8, device="cpu")
     gpu_r = verify(qwen2, qwen2, prompts=FEW, max_new_tokens=8, device="cuda")
     assert [p.reference_continuation for p in cpu.prompts] == [p.reference_continuation for p in gpu_r.prompts]

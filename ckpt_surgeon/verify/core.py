@@ -70,6 +70,10 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise CkptError("prompts must be a non-empty list of non-empty strings")
 
+    # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
+    thresholds_for(thresholds or "float32", max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
+                   require_greedy=require_greedy)
+
     import torch
 
     dev = _resolve_device(device, torch)
@@ -108,7 +112,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
             pairs = zip(_outputs(ref_model, "both models", **run),
                         _outputs(cand_model, "candidate", **{**run, "progress": False}))
             results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
-            del ref_model, cand_model
+            del pairs, ref_model, cand_model    # zip leaves the candidate generator (and its model) suspended
         else:
             saved = work / "reference-outputs"
             saved.mkdir()
