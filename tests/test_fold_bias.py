@@ -328,3 +328,76 @@ def test_cli_subprocess_exit_codes(tiny, tmp_path):
     p = run("fold-bias", str(tiny("qwen2")), "-o", str(tmp_path / "o"), "--k", "--approximate", "--max-logit-change", "0.05")
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "o" / "model.safetensors").is_file()
+
+
+# -- GGUF -> GGUF ---------------------------------------------------------------------------------
+
+def _llama_logits(path, toks=(5, 17, 42, 99, 7, 123, 64, 250, 31, 8)):
+    """llama.cpp's logits for every position; F32 KV cache so that only the model's own arithmetic
+    differs (the default F16 cache rounds k and v, which the fold legitimately changes)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1,
+                        type_k=0, type_v=0)
+    m.eval(list(toks))
+    out = np.array(m.scores[:len(toks)])
+    m.close()
+    return out
+
+
+def test_gguf_fold_keeps_llama_cpp_logits_and_every_untouched_byte(tiny, tmp_path):
+    from ckpt_surgeon.formats import gguf as gg
+    from tests.gguf_util import write_gguf
+    src = write_gguf(tiny("gpt2"), tmp_path / "g.gguf", qtype="F32")
+    before = hashlib.sha256(src.read_bytes()).hexdigest()
+    res = fold_bias(src, tmp_path / "folded.gguf", k=True, v=True)
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == before
+    ha, hb = gg.read_header(src), gg.read_header(tmp_path / "folded.gguf")
+    # every metadata key with its type and value, plus the history key
+    assert set(hb.fields) == set(ha.fields) | {"ckpt_surgeon.history"}
+    for key, f in ha.fields.items():
+        assert hb.fields[key].type == f.type and hb.metadata[key] == ha.metadata[key], key
+    hist = json.loads(hb.metadata["ckpt_surgeon.history"])
+    assert hist["operations"][0]["op"] == "fold-bias" and hist["source"]["hash_scope"] == "full"
+    ck, ck2 = open_checkpoint(src), open_checkpoint(tmp_path / "folded.gguf")
+    assert list(ck.tensors) == list(ck2.tensors)
+    for name, info in ck.tensors.items():
+        assert ck2.tensors[name].dtype == info.dtype and ck2.tensors[name].shape == info.shape
+        if name not in res.plan.changed:
+            assert ck2.read_raw(name) == ck.read_raw(name)
+    assert sorted(res.plan.changed) == ["blk.0.attn_output.bias", "blk.0.attn_qkv.bias", "blk.1.attn_output.bias",
+                                        "blk.1.attn_qkv.bias"]
+    a, b = _llama_logits(src), _llama_logits(tmp_path / "folded.gguf")
+    # fp32 noise in llama.cpp's CPU kernels (see assert_same_model for the budget)
+    assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())
+
+
+def test_gguf_quantized_weights_keep_type_and_bytes(tiny, tmp_path):
+    from tests.gguf_util import write_gguf
+    src = write_gguf(tiny("gpt2"), tmp_path / "q.gguf", qtype="Q8_0")
+    res = fold_bias(src, tmp_path / "out.gguf", k=True, v=True)
+    ck, ck2 = open_checkpoint(src), open_checkpoint(tmp_path / "out.gguf")
+    quant = [n for n, i in ck.tensors.items() if i.dtype == "Q8_0"]
+    assert quant and all(ck2.tensors[n].dtype == "Q8_0" and ck2.read_raw(n) == ck.read_raw(n) for n in quant)
+    assert all(ck2.tensors[n].dtype == "F32" for n in res.plan.changed)          # biases are F32 in GGUF
+    a, b = _llama_logits(src), _llama_logits(tmp_path / "out.gguf")
+    f32 = _llama_logits(write_gguf(tiny("gpt2"), tmp_path / "f.gguf", qtype="F32"))
+    # Q8_0 matmuls quantize their *input activations* to 8 bits per block, and the fold changes
+    # those inputs (b_v no longer flows through W_o), so logits move by quantization noise.  That
+    # noise is measured here as the Q8_0 model's distance from the F32 one: the fold may move
+    # logits by at most twice it (measured: 0.005 vs 0.006; a wrong fold moves them by ~0.5).
+    assert np.abs(a - b).max() <= 2 * np.abs(a - f32).max()
+
+
+def test_gguf_refusals_and_approximate(tiny, tmp_path, smollm_gguf):
+    from tests.gguf_util import write_gguf
+    with pytest.raises(RefusedError, match="has no key bias in any layer"):
+        fold_bias(smollm_gguf, tmp_path / "s.gguf", k=True)
+    src = write_gguf(tiny("qwen2"), tmp_path / "qw.gguf", qtype="F32")
+    with pytest.raises(RefusedError, match="the key bias is not exactly removable in qwen2"):
+        fold_bias(src, tmp_path / "o.gguf", k=True)
+    with pytest.raises(RefusedError, match="--delete is not supported for GGUF"):
+        fold_bias(src, tmp_path / "o.gguf", k=True, approximate=True, max_logit_change=0.05, delete=True)
+    res = fold_bias(src, tmp_path / "o.gguf", k=True, approximate=True, max_logit_change=0.05)
+    assert sum(r.k_removed for r in res.plan.layers) > 0
+    a, b = _llama_logits(src), _llama_logits(tmp_path / "o.gguf")
+    assert 0 < np.abs(a - b).max() < 0.05        # a real but small change (attention-logit budget 0.05 per layer)

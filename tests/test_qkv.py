@@ -163,3 +163,17 @@ def test_cli_qkv(tiny, tmp_path):
     same_files_tensor_by_tensor(tiny("qwen2"), tmp_path / "s", order=False)
     r = runner.invoke(cli, ["qkv", "split", "--help"])
     assert r.exit_code == 0 and "--layout" in r.output and "--to" in r.output
+
+
+def test_gguf_fuse_split_round_trip(tiny, tmp_path):
+    """GGUF attn_q/attn_k/attn_v <-> attn_qkv, whole quantized rows moved, bit-exact back."""
+    from tests.gguf_util import write_gguf
+    src = write_gguf(tiny("qwen2"), tmp_path / "q.gguf", qtype="Q8_0")
+    qkv_fuse(src, tmp_path / "fused.gguf")
+    ckf = open_checkpoint(tmp_path / "fused.gguf")
+    assert "blk.0.attn_qkv.weight" in ckf.tensors and ckf.tensors["blk.0.attn_qkv.weight"].dtype == "Q8_0"
+    qkv_split(tmp_path / "fused.gguf", tmp_path / "back.gguf")
+    a, b = open_checkpoint(src), open_checkpoint(tmp_path / "back.gguf")
+    assert set(a.tensors) == set(b.tensors)
+    for n, info in a.tensors.items():
+        assert (b.tensors[n].dtype, b.tensors[n].shape) == (info.dtype, info.shape) and b.read_raw(n) == a.read_raw(n), n

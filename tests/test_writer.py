@@ -288,3 +288,54 @@ def test_file_size_limit_gives_a_clear_error_and_no_out(tmp_path):
     assert "the file size limit was reached" in err and "nothing was written" in err
     assert not out.exists()
     assert [x.name for x in tmp_path.iterdir() if ".ckpt-surgeon-" in x.name] == []
+
+
+def test_gguf_output_is_atomic_too(tiny, tmp_path):
+    """GGUF -> GGUF goes through the same temp-beside-OUT + rename: a kill before the rename
+    leaves no OUT."""
+    from tests.gguf_util import write_gguf
+    src = write_gguf(tiny("gpt2"), tmp_path / "g.gguf", qtype="F32")
+    out, marker = tmp_path / "o.gguf", tmp_path / "paused"
+    code = textwrap.dedent("""
+        import sys
+        from ckpt_surgeon.surgery.fold import fold_bias
+        fold_bias(sys.argv[1], sys.argv[2], k=True, v=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO), CKPT_SURGEON_PAUSE_AT="before-rename", CKPT_SURGEON_PAUSE_FILE=str(marker))
+    p = subprocess.Popen([sys.executable, "-c", code, str(src), str(out)], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not out.exists()
+    with pytest.raises(CkptError, match="would overwrite or sit inside the source"):
+        CheckpointWriter(src, open_checkpoint(src), force=True)      # never over the source, even with force
+
+
+def test_begin_copy_overlaps_planning(tmp_path):
+    """begin_copy(): the data is copied while the caller plans; a patchable shard keeps it (data
+    section moved by exactly PRECOPY_RESERVE, so offsets stay congruent mod 4096), a restructured
+    shard is streamed afresh, and an abort (a refusal while planning) leaves nothing."""
+    from ckpt_surgeon.formats.writer import PRECOPY_RESERVE
+    src = make_sharded(tmp_path)
+    ck = open_checkpoint(src)
+    w = CheckpointWriter(tmp_path / "out", ck)
+    assert w.begin_copy()
+    w.put("a.bias", np.zeros(64))
+    w.drop("c.bias")
+    w.commit()
+    modes = {s.file: s.mode for s in w.result.shards}
+    assert modes == {"model-00001-of-00002.safetensors": "patch", "model-00002-of-00002.safetensors": "stream"}
+    h_src, h_out = st.read_header(src / "model-00001-of-00002.safetensors"), st.read_header(tmp_path / "out" / "model-00001-of-00002.safetensors")
+    assert h_out.data_start == h_src.data_start + PRECOPY_RESERVE
+    ck2 = open_checkpoint(tmp_path / "out")
+    assert ck2.read_raw("a.weight") == ck.read_raw("a.weight") and (ck2.read("a.bias") == 0).all()
+    assert ck2.read_raw("b.weight") == ck.read_raw("b.weight") and "c.bias" not in ck2.tensors
+    w2 = CheckpointWriter(tmp_path / "out2", ck)
+    w2.begin_copy()
+    w2.abort()
+    assert not (tmp_path / "out2").exists()
+    assert [x.name for x in tmp_path.iterdir() if ".ckpt-surgeon-" in x.name] == []

@@ -75,8 +75,17 @@ def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs
     from ..checkpoint import open_checkpoint
     from ..surgery.fold import plan_fold_bias
 
+    from ..surgery.plan import plan_while_copying
+
     with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
-        plan = plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
-                              context=context, delete=delete, epsilon=epsilon, pairs=pairs)
-        run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
-                 title="ckpt-surgeon fold-bias")
+        def make():
+            return plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
+                                  context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+        if dry_run:
+            run_plan(ck, make(), out, force=force, check=check, dry_run=True, fmt=fmt, report_path=report_path,
+                     title="ckpt-surgeon fold-bias")
+            return
+        # --approximate reads every W_q for its bound: the writer copies the shards meanwhile
+        result = plan_while_copying(ck, out, make, force=force, check=check, early=approximate and not delete)
+        emit(result, fmt, report_path, title="ckpt-surgeon fold-bias")
+        click.echo(f"wrote {result.out}", err=True)

@@ -93,6 +93,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,21 @@ class _Entry:
     producer: Producer | None = None       # computed
     anchor: str | None = None              # source tensor whose slot it takes
     digest: bytes | None = None            # sha256 of the computed bytes, set when written
+
+
+PRECOPY_RESERVE = 1 << 16       # begin_copy(): room left for the new header (bytes, multiple of 4096)
+_PRECOPY_CHUNK = 256 << 20      # cancellation granularity of the background copy
+
+
+@dataclass
+class _Precopy:
+    src: str
+    dst: str
+    data_start: int              # where the data section starts in dst
+    src_data_start: int
+    length: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 # ----------------------------------------------------------------------------- casting
@@ -307,15 +323,22 @@ def _hash_range(fd: int, start: int, end: int, h=None):
     return h
 
 
-def _header_bytes(entries: list[_Entry], metadata: dict, *, min_len: int = 0, congruent_to: int | None = None) -> bytes:
-    """JSON header (tensors in data order) padded with spaces: to 8 bytes (as safetensors does), or so
-    that the data section starts at ``congruent_to`` modulo 4096 (speed path)."""
+def _header_bytes(entries: list[_Entry], metadata: dict, *, min_len: int = 0, congruent_to: int | None = None,
+                  data_start: int | None = None) -> bytes | None:
+    """JSON header (tensors in data order) padded with spaces: to 8 bytes (as safetensors does), so
+    that the data section starts at ``congruent_to`` modulo 4096 (speed path), or exactly at
+    ``data_start`` (None if it does not fit there)."""
     hdr = {"__metadata__": metadata} if metadata else {}
     pos = 0
     for e in entries:
         hdr[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
         pos += e.nbytes
     js = json.dumps(hdr, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if data_start is not None:
+        if 8 + len(js) > data_start:
+            return None
+        n = data_start - 8
+        return n.to_bytes(8, "little") + js + b" " * (n - len(js))
     n = max(len(js), min_len)
     if congruent_to is not None:
         # 8 + n == congruent_to (mod _ALIGN)
@@ -345,7 +368,7 @@ class CheckpointWriter:
         self.copy_side_files_enabled = copy_side_files
         self.check = check
         self.source_hash_mode = source_hash
-        self.single_file = self.out.name.endswith(".safetensors")
+        self.single_file = self.out.name.endswith((".safetensors", ".gguf"))
         self.result: WriteResult | None = None
         self._entries: dict[str, _Entry] = {}
         self._dropped: set[str] = set()
@@ -354,6 +377,9 @@ class CheckpointWriter:
         self._ops: list[dict] = []
         self._committed = False
         self._tmp: Path | None = None
+        self._pre: dict = {}                      # shard name -> _Precopy (begin_copy)
+        self._pre_thread: threading.Thread | None = None
+        self._pre_cancel = threading.Event()
         self._src_tensors: dict = dict(source.tensors) if source is not None else {}
         self._check_destination()
 
@@ -369,8 +395,8 @@ class CheckpointWriter:
             if ref is None:
                 raise CkptError("put() of a new tensor needs dtype=", tensor=name)
             dtype = ref.dtype
-        if dtype not in st.DTYPE_BITS:
-            raise CkptError(f"unknown safetensors dtype {dtype!r}", tensor=name)
+        if not self._known_dtype(dtype):
+            raise CkptError(f"unknown {self.FORMAT} dtype {dtype!r}", tensor=name)
         if shape is None:
             if isinstance(data, np.ndarray):
                 shape = data.shape
@@ -379,10 +405,7 @@ class CheckpointWriter:
             else:
                 raise CkptError("put() of a lazily computed new tensor needs shape=", tensor=name)
         shape = tuple(int(d) for d in shape)
-        n = 1
-        for d in shape:
-            n *= d
-        self._declare(_Entry(name, dtype, shape, st.dtype_nbytes(dtype, n), producer=data, anchor=anchor))
+        self._declare(_Entry(name, dtype, shape, self._nbytes(dtype, shape, name), producer=data, anchor=anchor))
 
     def copy(self, name: str, *, as_name: str | None = None, dtype: str | None = None, shape=None) -> None:
         """Copy the raw bytes of source tensor ``name`` (optionally renamed / reinterpreted)."""
@@ -390,15 +413,13 @@ class CheckpointWriter:
         if info is None:
             raise CkptError("copy() names a tensor the source does not have", tensor=name)
         dtype = dtype or info.dtype
-        if dtype not in st.DTYPE_BITS:
-            raise CkptError(f"raw copy as dtype {dtype!r}: not a safetensors dtype (dequantize and put() instead)",
+        if not self._known_dtype(dtype):
+            raise CkptError(f"raw copy as dtype {dtype!r}: not a {self.FORMAT} dtype (dequantize and put() instead)",
                             tensor=name)
         shape = tuple(shape) if shape is not None else tuple(info.shape)
-        n = 1
-        for d in shape:
-            n *= d
-        if st.dtype_nbytes(dtype, n) != info.nbytes:
-            raise CkptError(f"raw copy as {dtype}{list(shape)} needs {st.dtype_nbytes(dtype, n)} bytes, "
+        need = self._nbytes(dtype, shape, name)
+        if need != info.nbytes:
+            raise CkptError(f"raw copy as {dtype}{list(shape)} needs {need} bytes, "
                             f"the source tensor has {info.nbytes}", tensor=name)
         out_name = as_name or name
         self._declare(_Entry(out_name, dtype, shape, info.nbytes, raw=info, anchor=name))
@@ -423,6 +444,93 @@ class CheckpointWriter:
     def record(self, op: str, params: dict | None = None) -> None:
         """Note an operation (and its parameters) in every shard's ``__metadata__['ckpt_surgeon']``."""
         self._ops.append({"op": op, "params": dict(params or {})})
+
+    def begin_copy(self) -> bool:
+        """Optional: start copying the source shards' data now, in a background thread, while the
+        caller is still planning (e.g. fold-bias's analysis).  Shards that turn out patchable at
+        commit (same tensors, values changed only) then only get their header and changed ranges
+        written; the others are streamed as usual and their early copy is discarded.  The data is
+        placed ``PRECOPY_RESERVE`` bytes after its source offset (a multiple of 4096, so block-aligned
+        reflinks stay possible), which leaves room for the new header.  Returns whether copying
+        started (safetensors sources sharded like the output only).
+        """
+        if (self.source is None or self.source.format != "safetensors" or self.max_shard_bytes
+                or self._pre_thread is not None):
+            return False
+        files = [f for f, _ in self._source_order()]
+        if self.single_file and len(files) != 1:
+            return False
+        names = [self.out.name] if self.single_file else [os.path.basename(f) for f in files]
+        try:
+            self._sweep_stale()
+            self._check_space(sum(os.path.getsize(f) for f in files) + PRECOPY_RESERVE * len(files))
+            self._make_tmp()
+            for name, f in zip(names, files):
+                hdr = st.read_header(f)
+                self._pre[name] = _Precopy(src=f, dst=str(self._shard_path(name)), data_start=hdr.data_start + PRECOPY_RESERVE,
+                                           src_data_start=hdr.data_start, length=hdr.file_size - hdr.data_start)
+        except OSError as e:
+            self._cleanup()
+            raise self._os_error(e) from None
+        except BaseException:
+            self._cleanup()
+            raise
+        self._pre_thread = threading.Thread(target=self._precopy_run, args=(list(self._pre.values()),),
+                                            name="ckpt-surgeon-precopy", daemon=True)
+        self._pre_thread.start()
+        return True
+
+    def _precopy_run(self, jobs: list) -> None:
+        # a snapshot: commit() pops jobs from self._pre while this runs
+        for job in jobs:
+            try:
+                if self._pre_cancel.is_set():
+                    job.error = WriteError("cancelled")
+                else:
+                    fd = os.open(job.dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    try:
+                        sfd = os.open(job.src, os.O_RDONLY)
+                        try:
+                            done = 0
+                            while done < job.length and not self._pre_cancel.is_set():
+                                n = min(job.length - done, _PRECOPY_CHUNK)
+                                _copy_range(sfd, fd, n, job.src_data_start + done, job.data_start + done)
+                                done += n
+                            if done < job.length:
+                                job.error = WriteError("cancelled")
+                        finally:
+                            os.close(sfd)
+                    finally:
+                        os.close(fd)
+            except BaseException as e:      # reported by commit, in the caller's thread
+                job.error = e
+            finally:
+                job.done.set()
+
+    def _stop_precopy(self) -> None:
+        if self._pre_thread is not None:
+            self._pre_cancel.set()
+            self._pre_thread.join()
+            self._pre_thread = None
+
+    # -- format hooks (overridden by GGUFCheckpointWriter) -----------------------
+
+    FORMAT = "safetensors"
+
+    def _known_dtype(self, dtype: str) -> bool:
+        return dtype in st.DTYPE_BITS
+
+    def _nbytes(self, dtype: str, shape: tuple, name: str) -> int:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        try:
+            return st.dtype_nbytes(dtype, n)
+        except ValueError as e:
+            raise CkptError(str(e), tensor=name) from None
+
+    def _raw_ok(self, info: TensorInfo) -> bool:
+        return not info.quantized and info.dtype in st.DTYPE_BITS
 
     def _declare(self, e: _Entry) -> None:
         if e.name in self._entries:
@@ -482,11 +590,17 @@ class CheckpointWriter:
             self._check_space(total)
             hash_hex, scope = self._source_hash()
             metadata_extra = self._metadata(hash_hex, scope)
-            self._make_tmp()
+            if self._tmp is None:
+                self._make_tmp()
             check_full = self.check == "full" or (self.check == "auto" and total <= FULL_CHECK_LIMIT)
             results = []
             for i, (fname, ents, src_file) in enumerate(shards):
                 results.append(self._write_shard(i, fname, ents, src_file, metadata_extra))
+            for name, pre in list(self._pre.items()):     # early copies no output shard used
+                pre.done.wait()
+                if os.path.exists(pre.dst):
+                    os.unlink(pre.dst)
+                del self._pre[name]
             for fname, ents, _ in shards:
                 self._verify_shard(fname, ents, check_full)
             files_copied, skipped = self._write_side_files(shards)
@@ -499,6 +613,7 @@ class CheckpointWriter:
             self._cleanup()
             raise
         self._committed = True
+        self._pre_thread = None
         n_raw = sum(1 for _, ents, _ in shards for e in ents if e.raw is not None)
         n_put = sum(1 for _, ents, _ in shards for e in ents if e.raw is None)
         out_names = {e.name for _, ents, _ in shards for e in ents}
@@ -551,8 +666,8 @@ class CheckpointWriter:
                 # tensors declared in its slot, in declaration order
                 mine = anchored.get(info.name, [])
                 if (self.copy_untouched and info.name not in self._dropped and info.name not in self._entries):
-                    if info.quantized or info.dtype not in st.DTYPE_BITS:
-                        raise UnsupportedError(f"cannot copy a {info.dtype} tensor into safetensors as raw bytes; "
+                    if not self._raw_ok(info):
+                        raise UnsupportedError(f"cannot copy a {info.dtype} tensor into {self.FORMAT} as raw bytes; "
                                                "dequantize it and put() the values", path=info.file, tensor=info.name)
                     ents.append(_Entry(info.name, info.dtype, tuple(info.shape), info.nbytes, raw=info, anchor=info.name))
                 ents.extend(mine)
@@ -738,18 +853,33 @@ class CheckpointWriter:
     def _write_shard(self, i: int, fname: str, ents: list[_Entry], src_file: str | None, metadata: dict) -> ShardResult:
         path = self._shard_path(fname)
         patch = self._patchable(ents, src_file)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        pre = self._pre.pop(fname, None)
+        pre_header = None
+        if pre is not None:
+            pre.done.wait()
+            if pre.error is not None:
+                raise pre.error
+            if patch and pre.src == src_file:
+                pre_header = _header_bytes(ents, metadata, data_start=pre.data_start)
+            if pre_header is None:          # not usable: start this shard afresh
+                os.unlink(path)
+        flags = os.O_WRONLY if pre_header is not None else os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = os.open(path, flags, 0o644)
         try:
             if patch:
-                src_hdr = st.read_header(src_file)
-                header = _header_bytes(ents, metadata, congruent_to=src_hdr.data_start)
-                _pwrite_all(fd, header, 0)
+                if pre_header is not None:  # data already copied by begin_copy()
+                    header = pre_header
+                    _pwrite_all(fd, header, 0)
+                else:
+                    src_hdr = st.read_header(src_file)
+                    header = _header_bytes(ents, metadata, congruent_to=src_hdr.data_start)
+                    _pwrite_all(fd, header, 0)
+                    sfd = os.open(src_file, os.O_RDONLY)
+                    try:
+                        _copy_range(sfd, fd, src_hdr.file_size - src_hdr.data_start, src_hdr.data_start, len(header))
+                    finally:
+                        os.close(sfd)
                 data_start = len(header)
-                sfd = os.open(src_file, os.O_RDONLY)
-                try:
-                    _copy_range(sfd, fd, src_hdr.file_size - src_hdr.data_start, src_hdr.data_start, data_start)
-                finally:
-                    os.close(sfd)
                 _stage(f"data-copied:{i}")
                 pos = data_start
                 for e in ents:
@@ -937,9 +1067,208 @@ class CheckpointWriter:
                 old.unlink()
 
     def _cleanup(self) -> None:
+        self._stop_precopy()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+GGUF_HISTORY_KEY = "ckpt_surgeon.history"
+_GGUF_STRING = 8
+
+
+def _gguf_string(b: bytes) -> bytes:
+    return len(b).to_bytes(8, "little") + b
+
+
+class GGUFCheckpointWriter(CheckpointWriter):
+    """GGUF -> GGUF with the same API (``put`` / ``copy`` / ``drop`` / ``record``).
+
+    The source must be a GGUF file: its key-value section is carried over byte for byte (every
+    key keeps its exact type), plus one string key ``ckpt_surgeon.history`` (the same JSON as the
+    safetensors ``ckpt_surgeon`` entry; an earlier one is replaced, its operations kept).  Tensor
+    infos are rewritten for the output tensors (file order kept; offsets aligned to the source's
+    ``general.alignment``).  Untouched tensors keep their ggml type and bytes (kernel copies of
+    each tensor's byte range); ``put`` takes float values for F32/F16/BF16 tensors (biases are
+    F32 in GGUF) or raw bytes of any ggml type.  Layout of the file: llama.cpp ``gguf.cpp``
+    (see ``formats/gguf.py``).  No config.json or side files: set_config/add_file raise.
+    """
+
+    FORMAT = "GGUF"
+
+    def __init__(self, out, source=None, **kw):
+        if source is None or source.format != "gguf" or len(source.files) != 1:
+            raise UnsupportedError("GGUF output needs a GGUF source file (its metadata is carried over); "
+                                   "use `ckpt-surgeon convert` to make a GGUF from a Hugging Face folder", path=out)
+        kw.pop("max_shard_bytes", None)
+        kw.pop("copy_side_files", None)
+        super().__init__(out, source, **kw)
+        from . import gguf as gg
+        self._gg = gg
+        self._src_header = gg.read_header(source.files[0])
+
+    def _known_dtype(self, dtype: str) -> bool:
+        from .dequant import TYPES_BY_NAME
+        return dtype in TYPES_BY_NAME
+
+    def _nbytes(self, dtype: str, shape: tuple, name: str) -> int:
+        from .dequant import ggml_type
+        t = ggml_type(dtype)
+        n = 1
+        for d in shape:
+            n *= int(d)
+        if not shape or shape[-1] % t.block_size:
+            raise CkptError(f"row length {shape[-1] if shape else 0} is not a multiple of the {dtype} block size "
+                            f"{t.block_size}", tensor=name)
+        return t.nbytes(n)
+
+    def _raw_ok(self, info: TensorInfo) -> bool:
+        return self._known_dtype(info.dtype)
+
+    def set_config(self, config: dict) -> None:
+        if config != (self.source.config or {}):
+            raise UnsupportedError("a GGUF output carries its configuration in GGUF metadata; config.json changes "
+                                   "cannot be written to it", path=self.out)
+
+    def add_file(self, relpath, data) -> None:
+        raise UnsupportedError("a GGUF output is a single file; side files cannot be added", path=self.out)
+
+    def _metadata(self, hash_hex, scope) -> dict:
+        from .. import __version__
+        prior = []
+        old = (self.source.metadata or {}).get(GGUF_HISTORY_KEY)
+        if isinstance(old, str):
+            try:
+                prior = list(json.loads(old).get("operations", []))
+            except (ValueError, AttributeError):
+                prior = []
+        entry = {"version": __version__, "operations": prior + self._ops,
+                 "source": {"name": os.path.basename(self.source.source), "hash": hash_hex, "hash_scope": scope}}
+        return {"ckpt_surgeon": json.dumps(entry, sort_keys=True, default=str)}
+
+    def _kv_bytes(self) -> tuple[bytes, int]:
+        """The source's key-value pairs as stored (minus an old history key), and their count."""
+        h = self._src_header
+        info_size = 0
+        for name, info in h.tensors.items():
+            info_size += 8 + len(name.encode("utf-8")) + 4 + 8 * len(info.shape) + 4 + 8
+        kv_end = h.header_end - info_size
+        with open(h.path, "rb") as f:
+            f.seek(24)
+            kv = f.read(kv_end - 24)
+            first = next(iter(h.tensors), None)
+            if first is not None:
+                f.seek(kv_end)
+                n = int.from_bytes(f.read(8), "little")
+                if n != len(first.encode("utf-8")) or f.read(n) != first.encode("utf-8"):
+                    raise WriteError("could not locate the end of the key-value section (unexpected tensor-info "
+                                     "encoding)", path=h.path)
+        count = h.kv_count
+        fld = h.fields.get(GGUF_HISTORY_KEY)
+        if fld is not None:
+            starts = sorted(x.offset for x in h.fields.values())
+            nxt = next((o for o in starts if o > fld.offset), kv_end)
+            kv = kv[: fld.offset - 24] + kv[nxt - 24:]
+            count -= 1
+        return kv, count
+
+    def _write_shard(self, i, fname, ents, src_file, metadata) -> ShardResult:
+        from .dequant import ggml_type
+        h = self._src_header
+        align = h.alignment
+        path = self._shard_path(fname)
+        kv, count = self._kv_bytes()
+        hist = _gguf_string(GGUF_HISTORY_KEY.encode()) + _GGUF_STRING.to_bytes(4, "little") + \
+            _gguf_string(metadata["ckpt_surgeon"].encode("utf-8"))
+        infos = bytearray()
+        offsets, pos = [], 0
+        for e in ents:
+            pos = (pos + align - 1) // align * align
+            offsets.append(pos)
+            nb = e.name.encode("utf-8")
+            infos += _gguf_string(nb) + len(e.shape).to_bytes(4, "little")
+            for d in reversed(e.shape):            # ggml ne: innermost first
+                infos += int(d).to_bytes(8, "little")
+            infos += ggml_type(e.dtype).id.to_bytes(4, "little") + pos.to_bytes(8, "little")
+            pos += e.nbytes
+        head = (b"GGUF" + h.version.to_bytes(4, "little") + len(ents).to_bytes(8, "little")
+                + (count + 1).to_bytes(8, "little") + kv + hist + bytes(infos))
+        data_start = (len(head) + align - 1) // align * align
+        head += b"\0" * (data_start - len(head))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _pwrite_all(fd, head, 0)
+            sfd = os.open(h.path, os.O_RDONLY)
+            try:
+                for e, off in zip(ents, offsets):
+                    at = data_start + off
+                    if e.raw is not None:
+                        _copy_range(sfd, fd, e.nbytes, e.raw.start, at)
+                    else:
+                        raw = self._produce(e)
+                        e.digest = hashlib.sha256(raw).digest()
+                        _pwrite_all(fd, raw, at)
+                        del raw
+                end = data_start + pos
+                # alignment padding between tensors: explicit zeros (no reliance on file holes)
+                gaps = []
+                prev = data_start
+                for e, off in zip(ents, offsets):
+                    if data_start + off > prev:
+                        gaps.append((prev, data_start + off))
+                    prev = data_start + off + e.nbytes
+                for a, b in gaps:
+                    _pwrite_all(fd, b"\0" * (b - a), a)
+            finally:
+                os.close(sfd)
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _stage(f"shard-written:{i}")
+        return ShardResult(file=str(self.out), tensors=len(ents), bytes=end, mode="stream",
+                           changed=sum(1 for e in ents if e.raw is None))
+
+    def _verify_shard(self, fname, ents, full) -> None:
+        path = self._shard_path(fname)
+        hdr = self._gg.read_header(path)
+        got = list(hdr.tensors.values())
+        if [g.name for g in got] != [e.name for e in ents]:
+            raise WriteError("reread check failed: the written header lists other tensors than declared", path=path)
+        if dict(hdr.metadata).get(GGUF_HISTORY_KEY) is None:
+            raise WriteError("reread check failed: the history key is missing", path=path)
+        for key, val in self._src_header.metadata.items():
+            if key != GGUF_HISTORY_KEY and hdr.fields[key].type != self._src_header.fields[key].type:
+                raise WriteError(f"reread check failed: metadata key {key} changed type", path=path)
+        fd = os.open(path, os.O_RDONLY)
+        sfd = os.open(self._src_header.path, os.O_RDONLY)
+        try:
+            for g, e in zip(got, ents):
+                if g.dtype != e.dtype or tuple(g.shape) != e.shape:
+                    raise WriteError(f"reread check failed: written as {g.dtype}{list(g.shape)}, declared "
+                                     f"{e.dtype}{list(e.shape)}", path=path, tensor=e.name)
+                if e.raw is None:
+                    if _hash_range(fd, g.start, g.end).digest() != e.digest:
+                        raise WriteError("reread check failed: the computed tensor's bytes differ from what was written",
+                                         path=path, tensor=e.name)
+                    continue
+                if full:
+                    same = _hash_range(fd, g.start, g.end).digest() == _hash_range(sfd, e.raw.start, e.raw.end).digest()
+                else:
+                    n = e.nbytes
+                    spots = {0, max(0, n // 2 - _WINDOW // 2), max(0, n - _WINDOW)}
+                    same = all(os.pread(fd, min(_WINDOW, n - s), g.start + s)
+                               == os.pread(sfd, min(_WINDOW, n - s), e.raw.start + s) for s in spots)
+                if not same:
+                    raise WriteError("reread check failed: copied bytes differ from the source", path=path, tensor=e.name)
+        finally:
+            os.close(fd)
+            os.close(sfd)
+
+    def _write_side_files(self, shards):
+        return [], []
 
 
 def open_writer(out, source=None, **kw):

@@ -330,9 +330,12 @@ def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: boo
     ``out``: a folder, a ``.safetensors`` file or, for GGUF sources, a ``.gguf`` file.
     """
     from ..checkpoint import open_checkpoint
-    from .plan import execute
+    from .plan import plan_while_copying
 
     with open_checkpoint(source, **open_kw) as ck:
-        plan = plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
-                              context=context, delete=delete, epsilon=epsilon, pairs=pairs)
-        return execute(ck, plan, out, force=force, check=check, source_hash=source_hash)
+        make = lambda: plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,  # noqa: E731
+                                      context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+        # --approximate reads every W_q to bound the change: overlap that with the copy (values-only
+        # changes, so the copy is kept); exact folds read only bias vectors and need no head start
+        return plan_while_copying(ck, out, make, force=force, check=check, source_hash=source_hash,
+                                  early=approximate and not delete)

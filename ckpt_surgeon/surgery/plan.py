@@ -244,12 +244,17 @@ def _element_units(buf: bytes, info) -> np.ndarray:
     return ops.raw_rows(buf, tuple(info.shape), len(buf) // numel)
 
 
-def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", source_hash: str = "auto") -> SurgeryResult:
-    """Write ``plan`` applied to ``ckpt`` into ``out`` (atomic; see formats/writer.py)."""
+def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", source_hash: str = "auto",
+            writer=None) -> SurgeryResult:
+    """Write ``plan`` applied to ``ckpt`` into ``out`` (atomic; see formats/writer.py).
+
+    ``writer``: an already open writer for ``out`` (see :func:`plan_while_copying`).
+    """
     from ..formats.writer import open_writer
 
     ev = _Evaluator(ckpt)
-    with open_writer(out, ckpt, force=force, check=check, source_hash=source_hash) as w:
+    w = writer if writer is not None else open_writer(out, ckpt, force=force, check=check, source_hash=source_hash)
+    with w:
         for step in plan.steps:
             if step.op == "delete":
                 w.drop(step.inputs[0])
@@ -262,3 +267,22 @@ def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", 
             w.set_config(plan.config)
         w.record(plan.operation, plan.metadata_params())
     return SurgeryResult(plan=plan, write=w.result, out=str(w.result.out))
+
+
+def plan_while_copying(ckpt, out, make_plan, *, force: bool = False, check: str = "auto",
+                       source_hash: str = "auto", early: bool = True) -> SurgeryResult:
+    """``execute(make_plan())``, with the writer's kernel copy of the source shards running in the
+    background while ``make_plan`` works (fold-bias --approximate reads every W_q for its bound:
+    seconds on a 7B model, hidden behind the copy).  If planning fails (a refusal), the copy is
+    cancelled and nothing is left at ``out``."""
+    from ..formats.writer import open_writer
+
+    w = open_writer(out, ckpt, force=force, check=check, source_hash=source_hash)
+    try:
+        if early:
+            w.begin_copy()
+        plan = make_plan()
+    except BaseException:
+        w.abort()
+        raise
+    return execute(ckpt, plan, out, writer=w)
