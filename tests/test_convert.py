@@ -183,7 +183,12 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
     for name in a:
         assert a[name] == b[name], name
     assert read_json(hf1 / "config.json") == read_json(hf2 / "config.json")
-    assert read_json(hf1 / "tokenizer.json") == read_json(hf2 / "tokenizer.json")
+    # The tokenizer as transformers runs it: for model_type qwen2 that is Qwen2Tokenizer's split,
+    # whatever the first tokenizer.json (rebuilt from a GGUF without tokenizer.ggml.pre) says.
+    from transformers import AutoTokenizer
+    t1, t2 = AutoTokenizer.from_pretrained(hf1), AutoTokenizer.from_pretrained(hf2)
+    assert t1.get_vocab() == t2.get_vocab()
+    assert t1.encode(MULTILINGUAL) == t2.encode(MULTILINGUAL)
 
 
 def test_gguf_to_hf_matches_reference_writer_and_original(family_dir, tmp_path):
@@ -242,7 +247,10 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
     for key in REQUIRED_KEYS:
         assert f"{arch}.{key}" in meta, key
     assert meta["general.file_type"] == 0
-    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    # transformers 5 runs Qwen2Tokenizer (the Qwen2 split regex, whatever tokenizer.json says) for
+    # model_type qwen2, the file's GPT-2 ByteLevel split for the others: llama.cpp must do the same.
+    assert meta["tokenizer.ggml.model"] == "gpt2"
+    assert meta["tokenizer.ggml.pre"] == ("qwen2" if cfg["model_type"] == "qwen2" else "gpt-2")
     assert meta[f"{arch}.embedding_length"] == cfg.get("hidden_size", cfg.get("n_embd"))
     if arch != "gpt2":
         theta = cfg["rope_parameters"].get("rope_theta") or cfg["rope_parameters"]["full_attention"]["rope_theta"]
@@ -353,7 +361,7 @@ def test_sentencepiece_tokenizer_both_ways(tiny, tmp_path_factory, tmp_path):
 
 def test_unknown_pre_tokenizer_is_refused(family_dir, tmp_path):
     src = tmp_path / "m"
-    shutil.copytree(family_dir("qwen2"), src)
+    shutil.copytree(family_dir("llama"), src)   # not qwen2: transformers forces Qwen2's split there
     tj = read_json(src / "tokenizer.json")
     tj["pre_tokenizer"] = {"type": "Whitespace"}
     (src / "tokenizer.json").write_text(json.dumps(tj))

@@ -283,7 +283,7 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GG
     if not tj_path.is_file():
         raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
                           path=str(folder), hint="save the tokenizer with AutoTokenizer.save_pretrained(folder) first")
-    tj = _read_json(tj_path)
+    tj, how = _effective_tokenizer_json(folder, tj_path)
     tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     model = tj.get("model") or {}
     if model.get("type") != "BPE":
@@ -366,6 +366,29 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GG
                      merges=tuple(merges) if (merges and not spm) else None,
                      special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
                      chat_template=_chat_template(folder, tcfg))
+
+
+def _effective_tokenizer_json(folder: Path, tj_path: Path) -> tuple[dict, str]:
+    """The tokenizer transformers actually runs for this folder, as tokenizer.json.
+
+    transformers >= 5 picks a tokenizer class from config.json's model_type and some classes
+    rebuild parts of the pipeline in code: ``Qwen2Tokenizer`` splits with the Qwen2 regex
+    whatever tokenizer.json's pre_tokenizer says.  llama.cpp must split like the tokenizer users
+    run, so the vocabulary, merges and pre-tokenizer are read from the loaded tokenizer's
+    backend; the file itself when transformers cannot load it.
+    """
+    try:
+        from transformers import AutoTokenizer
+        from .model_check import _quiet
+        import transformers
+        with _quiet(transformers):
+            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is not None:
+            return json.loads(backend.to_str()), "transformers"
+    except Exception:  # noqa: BLE001 - fall back to the file as written
+        pass
+    return _read_json(tj_path), "file"
 
 
 def _spm_scores(folder: Path, merges: list[str], tokens: list[str], types: list[int]) -> list[float]:

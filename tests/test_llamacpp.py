@@ -1,0 +1,159 @@
+"""HF -> GGUF files run in llama.cpp (llama-cpp-python) like the source runs in transformers.
+
+Teacher-forced: the same token ids go through both; llama.cpp's ``scores`` (``logits_all=True``)
+are compared with transformers' logits position by position.  "rel" below is
+max |llama.cpp - transformers| / max |transformers| over all positions and vocabulary entries.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convert_variants import LLAMACPP_FAMILIES, LONG_TEXT, MULTILINGUAL, build_variant, smollm_hf, spm_llama
+
+from ckpt_surgeon.convert import gguf_to_hf, hf_to_gguf
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (pip install -e '.[llama]')")
+
+
+def _llama(path: Path, n_ctx: int = 512):
+    return llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, verbose=False, n_threads=2)
+
+
+def _llama_logits(path: Path, ids: list[int], n_vocab: int) -> np.ndarray:
+    llm = _llama(path)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float32)[:, :n_vocab]
+    finally:
+        llm.close()
+
+
+def _hf_logits(folder: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def _rel(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / np.abs(ref).max())
+
+
+# Bounds on rel per GGUF dtype for the tiny random models.  f32: llama.cpp's kernels sum in a
+# different order (and use fused / vectorised exp, silu): observed <= 2.5e-4, bound 1e-3 (the
+# issue's).  The others add one rounding of every weight: f16 keeps 11 significant bits (observed
+# <= 6e-4), bf16 8 (rounding 2^-9 ~ 2e-3 per weight, observed <= 5e-3), q8_0 ~7 plus a per-32 scale
+# (observed <= 1.6e-2); the bounds leave 2-3x room.  Gemma 3 (6 layers, embeddings scaled by
+# sqrt(hidden), norms 1 + w with w ~ N(0, 0.3)) sees every error amplified, and ggml's CPU GELU
+# reads its input through an fp16 lookup table (ggml-cpu GGML_GELU_FP16), which shows up even in
+# f32 (observed 1.4e-3 from position 0 on, where attention is trivial): its own bounds.
+BOUNDS = {"f32": 1e-3, "f16": 2e-3, "bf16": 1.5e-2, "q8_0": 4e-2}
+GEMMA3_BOUNDS = {"f32": 3e-3, "f16": 6e-3, "bf16": 4e-2, "q8_0": 1.5e-1}
+
+
+@pytest.fixture(scope="module")
+def family_src(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lc-families")
+    return lambda name: build_variant(tiny, name, root / name)
+
+
+@pytest.mark.parametrize("family", LLAMACPP_FAMILIES)
+def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
+    from transformers import AutoTokenizer
+    src = family_src(family)
+    ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
+    ref = _hf_logits(src, ids)
+    bounds = GEMMA3_BOUNDS if family == "gemma3" else BOUNDS
+    for dtype, bound in bounds.items():
+        g = hf_to_gguf(src, tmp_path / f"m.{dtype}.gguf", dtype=dtype, name="tiny")
+        if dtype == "f32":
+            vocab_only = llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
+            # the GGUF's own tokenizer (tokenizer.ggml.*) splits the multilingual text as transformers does
+            assert vocab_only.tokenize(MULTILINGUAL.encode(), add_bos=False, special=True) == ids
+            vocab_only.close()
+        got = _llama_logits(g, ids, ref.shape[1])
+        assert _rel(got, ref) <= bound, (dtype, _rel(got, ref))
+
+
+@pytest.fixture(scope="module")
+def smol(smollm_gguf, tmp_path_factory):
+    """SmolLM2-135M (trained weights: logits have real margins, unlike the tiny random models whose
+    top-1 is decided by noise) as an HF folder in float32 (shared with test_convert_smollm.py)."""
+    return smollm_hf(smollm_gguf, tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def smol_bf16(smollm_gguf, tmp_path_factory):
+    """The same model saved in bfloat16, the dtype HF checkpoints usually ship in."""
+    return gguf_to_hf(smollm_gguf, tmp_path_factory.mktemp("smol-bf16") / "hf", dtype="bfloat16")
+
+
+def _teacher_forced(src: Path, gguf: Path) -> tuple[np.ndarray, np.ndarray]:
+    from transformers import AutoTokenizer
+    ids = AutoTokenizer.from_pretrained(src).encode(LONG_TEXT)[:128]
+    assert len(ids) == 128
+    ref = _hf_logits(src, ids)
+    return _llama_logits(gguf, ids, ref.shape[1]), ref
+
+
+def test_real_model_f32_gguf_runs_like_transformers(smol, tmp_path):
+    got, ref = _teacher_forced(smol, hf_to_gguf(smol, tmp_path / "smol.f32.gguf", dtype="f32"))
+    assert _rel(got, ref) <= 1e-3            # observed 7.9e-4 over 30 layers
+    assert float(np.mean(got.argmax(-1) == ref.argmax(-1))) >= 0.99
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_real_model_f16_bf16_gguf_top1_agreement(dtype, smol_bf16, tmp_path):
+    """bf16 source -> f16 / bf16 GGUF: llama.cpp's top-1 agrees with transformers (on the
+    source, computed in float32) at >= 99% of 128 teacher-forced positions (observed 100% / 99.2%:
+    llama.cpp also rounds the activations to the weights' type inside its matmuls)."""
+    got, ref = _teacher_forced(smol_bf16, hf_to_gguf(smol_bf16, tmp_path / f"smol.{dtype}.gguf", dtype=dtype))
+    assert float(np.mean(got.argmax(-1) == ref.argmax(-1))) >= 0.99
+
+
+def test_real_model_q8_0_gguf_is_llama_cpp_own_quantization(smol_bf16, tmp_path):
+    """q8_0: our file is byte-for-byte what llama.cpp's own quantizer makes from the f32 file of
+    the same weights, so whatever llama.cpp then computes is llama.cpp's q8_0, not a converter
+    artefact.
+
+    Top-1 agreement with transformers on the source is bounded by q8_0 itself on this 135M model:
+    transformers running the q8_0-rounded weights agrees with the source at ~97% of these
+    positions, and llama.cpp also quantizes the activations to 8 bits inside its matmuls
+    (observed 96.1%).  The issue's 99% target is not reachable for q8_0 here; the bound below
+    (92%) only guards against a broken conversion, which lands near 0%.
+    """
+    from gguf_util import llama_quantize
+    import gguf
+    ours = hf_to_gguf(smol_bf16, tmp_path / "smol.q8_0.gguf", dtype="q8_0")
+    f32 = hf_to_gguf(smol_bf16, tmp_path / "smol.f32.gguf", dtype="f32")
+    ref_q = llama_quantize(f32, tmp_path / "smol.lc-q8_0.gguf", "Q8_0")
+    a = {t.name: t for t in gguf.GGUFReader(ours).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(ref_q).tensors}
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].tensor_type == b[name].tensor_type, name
+        assert np.array_equal(np.asarray(a[name].data), np.asarray(b[name].data)), name
+    got, ref = _teacher_forced(smol_bf16, ours)
+    assert float(np.mean(got.argmax(-1) == ref.argmax(-1))) >= 0.92
+
+
+def test_sentencepiece_vocab_tokenizes_like_transformers(tiny, tmp_path_factory, tmp_path):
+    """A SentencePiece-BPE tokenizer.json becomes a GGUF 'llama' vocabulary that llama.cpp's SPM
+    tokenizer splits like transformers; and the tokenizer rebuilt from that GGUF splits like
+    llama.cpp, including text that starts with spaces (where llama.cpp always prepends '▁')."""
+    from transformers import AutoTokenizer
+    src = spm_llama(tiny, tmp_path_factory.mktemp("spm") / "model")
+    g = hf_to_gguf(src, tmp_path / "spm.gguf", dtype="f32", name="tiny")
+    hf = AutoTokenizer.from_pretrained(src)
+    llm = llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
+    texts = (MULTILINGUAL, "The quick brown fox jumps over the lazy dog. 今天天气很好 ☕😀", "x=1 2 3 ∑ tab\there")
+    for text in texts:
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == hf.encode(text, add_special_tokens=False)
+    back = AutoTokenizer.from_pretrained(gguf_to_hf(g, tmp_path / "hf"))
+    for text in texts + ("  two leading spaces\n\nand newlines", " one"):
+        assert back.encode(text, add_special_tokens=False) == llm.tokenize(text.encode(), add_bos=False, special=True)
+    llm.close()
