@@ -55,7 +55,7 @@ t = time.perf_counter()
 p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdout.decode()[-4000:],
+print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
                   "stderr": p.stderr.decode()[-4000:]}))
 """
 

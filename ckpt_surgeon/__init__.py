@@ -7,7 +7,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze", "convert", "inspect", "open_checkpoint", "verify", "__version__"]
+__all__ = ["analyze", "convert", "fold_bias", "inspect", "open_checkpoint", "qkv_fuse", "qkv_split", "verify",
+           "__version__"]
 
 
 def inspect(source, **kwargs):
@@ -45,3 +46,25 @@ def convert(source, out, **kwargs):
     attribute is that package, which is callable with the same signature.)"""
     from .convert import convert as _convert
     return _convert(source, out, **kwargs)
+
+
+def fold_bias(source, out, *, k=False, v=False, approximate=False, max_logit_change=None, context=None,
+              delete=False, force=False, **kwargs):
+    """Remove redundant key biases (``k``) and fold value biases into the output bias (``v``),
+    writing OUT atomically -> :class:`ckpt_surgeon.surgery.plan.SurgeryResult`; see
+    ``ckpt-surgeon fold-bias``.  Raises RefusedError where the fold would not be exact."""
+    from .surgery.fold import fold_bias as _fold
+    return _fold(source, out, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
+                 context=context, delete=delete, force=force, **kwargs)
+
+
+def qkv_fuse(source, out, *, layout=None, force=False, **kwargs):
+    """Fuse separate q/k/v projections into one tensor (bit-exact row moves); see ``ckpt-surgeon qkv fuse``."""
+    from .surgery.qkv import qkv_fuse as _fuse
+    return _fuse(source, out, layout=layout, force=force, **kwargs)
+
+
+def qkv_split(source, out, *, layout=None, to=None, force=False, **kwargs):
+    """Split a fused qkv projection into q/k/v (Phi-3 -> Llama/Mistral); see ``ckpt-surgeon qkv split``."""
+    from .surgery.qkv import qkv_split as _split
+    return _split(source, out, layout=layout, to=to, force=force, **kwargs)

@@ -596,6 +596,12 @@ class CheckpointWriter:
             results = []
             for i, (fname, ents, src_file) in enumerate(shards):
                 results.append(self._write_shard(i, fname, ents, src_file, metadata_extra))
+            for fname, _, _ in shards:
+                fd = os.open(self._shard_path(fname), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             for name, pre in list(self._pre.items()):     # early copies no output shard used
                 pre.done.wait()
                 if os.path.exists(pre.dst):
@@ -917,7 +923,8 @@ class CheckpointWriter:
                             os.close(sfd)
                 mode = "stream"
             os.ftruncate(fd, pos)
-            os.fsync(fd)
+            # no fsync here: commit() fsyncs every shard after all are written, so the kernel
+            # flushes one shard while the next is being copied
         finally:
             os.close(fd)
         _stage(f"shard-written:{i}")
