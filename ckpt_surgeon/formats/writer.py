@@ -587,7 +587,8 @@ class CheckpointWriter:
             self._sweep_stale()
             shards = self._layout()
             total = sum(4096 + sum(e.nbytes for e in ents) for _, ents, _ in shards)
-            self._check_space(total)
+            if self._tmp is None:       # begin_copy() checked already (and its copies now use the space)
+                self._check_space(total)
             hash_hex, scope = self._source_hash()
             metadata_extra = self._metadata(hash_hex, scope)
             if self._tmp is None:
