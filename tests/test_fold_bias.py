@@ -405,3 +405,18 @@ def test_gguf_refusals_and_approximate(tiny, tmp_path, smollm_gguf):
     assert sum(r.k_removed for r in res.plan.layers) > 0
     a, b = _llama_logits(src), _llama_logits(tmp_path / "o.gguf")
     assert 0 < np.abs(a - b).max() < 0.05        # a real but small change (attention-logit budget 0.05 per layer)
+
+
+def test_single_safetensors_file_source(tiny, tmp_path):
+    """A bare .safetensors file: OUT may be a file (tensors only) or a folder (config.json from beside the source)."""
+    src = tiny("bert") / "model.safetensors"
+    before = hashlib.sha256(src.read_bytes()).hexdigest()
+    res = fold_bias(src, tmp_path / "o.safetensors", k=True, v=True)
+    assert (tmp_path / "o.safetensors").is_file() and res.write.shards[0].mode == "patch"
+    fold_bias(src, tmp_path / "folder", k=True, v=True)
+    assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == ["config.json", "model.safetensors"]
+    a, b = open_checkpoint(tmp_path / "o.safetensors"), open_checkpoint(tmp_path / "folder")
+    assert all(a.read_raw(n) == b.read_raw(n) for n in a.tensors)
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == before
+    shutil.copy(tiny("bert") / "tokenizer.json", tmp_path / "folder")
+    assert_same_model(tiny("bert"), tmp_path / "folder")
