@@ -101,7 +101,14 @@ def _teacher_forced(src: Path, gguf: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_real_model_f32_gguf_runs_like_transformers(smol, tmp_path):
-    got, ref = _teacher_forced(smol, hf_to_gguf(smol, tmp_path / "smol.f32.gguf", dtype="f32"))
+    from transformers import AutoTokenizer
+    g = hf_to_gguf(smol, tmp_path / "smol.f32.gguf", dtype="f32")
+    vocab_only = llama_cpp.Llama(model_path=str(g), vocab_only=True, verbose=False)
+    for text in (LONG_TEXT, "<|im_start|>user\n2 + 2 = ?<|im_end|>"):   # pre "smollm": digits one by one
+        assert vocab_only.tokenize(text.encode(), add_bos=False, special=True) == \
+            AutoTokenizer.from_pretrained(smol).encode(text)
+    vocab_only.close()
+    got, ref = _teacher_forced(smol, g)
     assert _rel(got, ref) <= 1e-3            # observed 7.9e-4 over 30 layers
     assert float(np.mean(got.argmax(-1) == ref.argmax(-1))) >= 0.99
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError, UnsupportedError
+from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from . import _io
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -32,6 +32,7 @@ from .report import ConvertReport, TensorRecord
 # Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
 # causal-mask buffers `attn.bias` / `attn.masked_bias` in transformers < 4.x exports).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.masked_bias")
+_CHECK_CHUNK = 1 << 20     # bytes re-read per step when the written file is checked
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,14 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
     return hp
 
 
-def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict) -> np.ndarray:
+def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:
     """HF tensor -> GGUF tensor (numpy order), exact except for ``norm_shift`` (one f32 add)."""
     if transform in ("perm_q", "perm_k"):
         from ..arch.layouts import llama_permute_index
         n_head = hp["n_head"] if transform == "perm_q" else hp["n_head_kv"]
         rows = arr.shape[0]
         if rows % n_head or (rows // n_head) % 2:
-            raise ConfigError(f"{rows} rows do not split into {n_head} heads of even size")
+            raise ConfigError(f"{rows} rows do not split into {n_head} heads of even size", path=path, tensor=tensor)
         return arr[llama_permute_index(n_head, rows // n_head)]
     if transform == "conv1d":
         return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
@@ -238,7 +239,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             for p in plan:
-                arr = _transform_to_gguf(ck.read(p.src), p.transform, hp)
+                arr = _transform_to_gguf(ck.read(p.src), p.transform, hp, path=str(src), tensor=p.src)
                 data = _encode(arr, p.ggml_type)
                 if data.nbytes != p.nbytes:  # a bug here would corrupt every following offset
                     raise FormatError(f"encoded {data.nbytes} bytes, planned {p.nbytes}", path=str(out), tensor=p.dst)
@@ -312,23 +313,34 @@ def _add_metadata(w, spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -
 
 
 def _verify_written(tmp: Path, out: Path, arch: str, plan: list, digests: dict) -> None:
-    """Re-parse the file with gguf-py's reader: every tensor where the plan put it, bytes as written."""
-    import gguf
+    """Re-parse the file with our validated GGUF reader (every offset, size and alignment checked)
+    and compare every tensor's type, shape and bytes with what was planned and written."""
+    from ..formats.gguf import GGUFFile
     try:
-        r = gguf.GGUFReader(tmp)
-    except Exception as e:  # noqa: BLE001 - any parse failure means we wrote a bad file
-        raise FormatError(f"the written file does not parse ({e})", path=str(out)) from None
-    got = {t.name: t for t in r.tensors}
-    if len(got) != len(plan):
-        raise FormatError(f"wrote {len(got)} tensors, planned {len(plan)}", path=str(out))
-    for p in plan:
-        t = got.get(p.dst)
-        if t is None or t.tensor_type.name != p.ggml_type or tuple(int(x) for x in reversed(t.shape)) != p.shape:
-            raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
-        data = np.ascontiguousarray(t.data)
-        if hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest() != digests[p.dst]:
-            raise FormatError("bytes read back differ from the bytes written", path=str(out), tensor=p.dst)
-    arch_field = r.get_field("general.architecture")
-    if arch_field is None or arch_field.contents() != arch:
-        raise FormatError("general.architecture did not survive writing", path=str(out))
-    del r
+        g = GGUFFile(tmp)
+    except CkptError as e:
+        raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        got = g.tensors
+        if len(got) != len(plan):
+            raise FormatError(f"wrote {len(got)} tensors, planned {len(plan)}", path=str(out))
+        for p in plan:
+            info = got.get(p.dst)
+            if info is None or info.missing or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
+                raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
+            h = hashlib.blake2b(digest_size=16)
+            pos = info.start
+            while pos < info.end:          # in chunks: the check's memory does not grow with the tensor
+                chunk = os.pread(fd, min(_CHECK_CHUNK, info.end - pos), pos)
+                if not chunk:
+                    break
+                h.update(chunk)
+                pos += len(chunk)
+            if h.digest() != digests[p.dst]:
+                raise FormatError("bytes read back differ from the bytes written", path=str(out), tensor=p.dst)
+        if g.metadata.get("general.architecture") != arch:
+            raise FormatError("general.architecture did not survive writing", path=str(out))
+    finally:
+        os.close(fd)
+        g.close()
