@@ -35,3 +35,7 @@ def test_demo_runs(tmp_path):
     assert "ckpt-surgeon inspect" in res.output
     assert "Found q/k/v biases in 2 of 2 layers" in res.output
     assert (tmp_path / "demo" / "qwen2-tiny" / "model.safetensors").is_file()
+    # the refusals carry the analyzer's reasons, and every verify step passes
+    assert "-> exit 2, refused: the key bias is not exactly removable in qwen2" in res.output
+    assert "-> exit 2, refused: cannot fold the value bias" in res.output
+    assert res.output.count("verify: PASS") == 3 and "MISMATCH" not in res.output
