@@ -39,26 +39,30 @@ def normalize_dtype(dtype: str | None, to_gguf: bool) -> str:
     return got
 
 
+# The public functions share their names with the submodules that implement them.  Once a
+# submodule is imported, Python sets this package's attribute of that name to the *module*; the
+# submodules are therefore callable modules forwarding to their function (see the end of
+# gguf_to_hf.py / hf_to_gguf.py), so ``ckpt_surgeon.convert.gguf_to_hf(...)`` always works.
 def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) -> Path:
     """GGUF file -> HF folder; see :func:`ckpt_surgeon.convert.gguf_to_hf.gguf_to_hf`."""
-    from .gguf_to_hf import gguf_to_hf_report
-    return Path(gguf_to_hf_report(gguf_path, out_dir, dtype=normalize_dtype(dtype, False), force=force).output)
+    from .gguf_to_hf import gguf_to_hf as _f
+    return _f(gguf_path, out_dir, dtype=dtype, force=force)
 
 
 def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None) -> Path:
     """HF folder -> GGUF file; see :func:`ckpt_surgeon.convert.hf_to_gguf.hf_to_gguf`."""
-    from .hf_to_gguf import hf_to_gguf_report
-    return Path(hf_to_gguf_report(src, out_path, dtype=normalize_dtype(dtype, True), force=force, name=name).output)
+    from .hf_to_gguf import hf_to_gguf as _f
+    return _f(src, out_path, dtype=dtype, force=force, name=name)
 
 
 def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, **kw):
     from .gguf_to_hf import gguf_to_hf_report as _r
-    return _r(gguf_path, out_dir, dtype=normalize_dtype(dtype, False), force=force, **kw)
+    return _r(gguf_path, out_dir, dtype=dtype, force=force, **kw)
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, **kw):
     from .hf_to_gguf import hf_to_gguf_report as _r
-    return _r(src, out_path, dtype=normalize_dtype(dtype, True), force=force, **kw)
+    return _r(src, out_path, dtype=dtype, force=force, **kw)
 
 
 def is_gguf(path) -> bool:
@@ -81,11 +85,11 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     if is_gguf(source):
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
-        return gguf_to_hf_report(source, out, dtype=normalize_dtype(dtype, False), force=force)
+        return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force)
     if not str(out).endswith(".gguf"):
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",
                                path=os.fspath(out))
-    return hf_to_gguf_report(source, out, dtype=normalize_dtype(dtype, True), force=force, name=name)
+    return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name)
 
 
 class _CallableModule(types.ModuleType):

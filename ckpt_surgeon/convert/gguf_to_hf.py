@@ -21,6 +21,9 @@ Steps (each a small function below):
 """
 from __future__ import annotations
 
+import sys
+import types
+
 import time
 from pathlib import Path
 
@@ -154,9 +157,10 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     from .model_check import check_tensors, expected_tensors_in_subprocess
     from .tokenizer import hf_tokenizer_files, vocab_from_metadata
 
+    from . import normalize_dtype
+
     t0 = time.perf_counter()
-    if dtype not in N.HF_DTYPES:
-        raise UnsupportedError(f"--dtype {dtype!r} is not an HF output dtype (choose {', '.join(N.HF_DTYPES)})")
+    dtype = normalize_dtype(dtype, to_gguf=False)
     st_dtype = N.HF_DTYPES[dtype]
     src = Path(gguf_path)
     out = Path(out_dir)
@@ -322,3 +326,15 @@ def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) 
 
 
 __all__ = ["gguf_to_hf", "gguf_to_hf_report", "hf_config_from_gguf"]
+
+
+class _CallableModule(types.ModuleType):
+    """``ckpt_surgeon.convert.gguf_to_hf`` is this module once it has been imported (Python sets a
+    package's attribute to its submodule), so the module forwards calls to :func:`gguf_to_hf` and
+    ``ckpt_surgeon.convert.gguf_to_hf(...)`` works either way."""
+
+    def __call__(self, *args, **kwargs):
+        return gguf_to_hf(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -16,6 +16,9 @@ vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
 """
 from __future__ import annotations
 
+import sys
+import types
+
 import hashlib
 import os
 import time
@@ -176,9 +179,10 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     from .model_check import check_tensors, expected_tensors
     from .tokenizer import hf_vocab
 
+    from . import normalize_dtype
+
     t0 = time.perf_counter()
-    if dtype not in N.DTYPES:
-        raise UnsupportedError(f"--dtype {dtype!r} is not a GGUF output type (choose {', '.join(N.DTYPES)})")
+    dtype = normalize_dtype(dtype, to_gguf=True)
     src = Path(src)
     out = Path(out_path)
     ck = open_checkpoint(src)
@@ -344,3 +348,15 @@ def _verify_written(tmp: Path, out: Path, arch: str, plan: list, digests: dict) 
     finally:
         os.close(fd)
         g.close()
+
+
+class _CallableModule(types.ModuleType):
+    """``ckpt_surgeon.convert.hf_to_gguf`` is this module once it has been imported (Python sets a
+    package's attribute to its submodule), so the module forwards calls to :func:`hf_to_gguf` and
+    ``ckpt_surgeon.convert.hf_to_gguf(...)`` works either way."""
+
+    def __call__(self, *args, **kwargs):
+        return hf_to_gguf(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
