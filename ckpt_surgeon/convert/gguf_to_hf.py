@@ -225,7 +225,8 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                     if transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
                         w.copy(gname, as_name=hname)
                     else:
-                        w.put(hname, gate.wrap(_producer(ck, gname, transform, hp)), dtype=st_dtype, shape=shape)
+                        w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
+                              shape=shape)
                     records.append(TensorRecord(gname, hname, transform, gdtype, st_dtype, shape))
                 if not computed:
                     gate.wait()    # nothing is computed lazily: settle the check before anything is written
@@ -304,11 +305,32 @@ class _Gate:
         return produce
 
 
-def _producer(ck, gname: str, transform: str, hp: dict):
-    """Lazy value for the writer: read (dequantize), transform; called once, when written."""
+def _producer(ck, gname: str, transform: str, hp: dict, st_dtype: str):
+    """Lazy value for the writer: read (dequantize), transform, encode; called once, when written."""
     def make():
-        return _transform_to_hf(ck.read(gname), transform, hp)
+        return _encode_hf(_transform_to_hf(ck.read(gname), transform, hp), st_dtype)
     return make
+
+
+def _encode_hf(arr: np.ndarray, st_dtype: str) -> bytes:
+    """Little-endian bytes of ``arr`` in the safetensors dtype, rounded once to nearest-even.
+
+    float32 input (every dequantized tensor) goes straight to the target with numpy / ml_dtypes
+    (one rounding, two copies of the tensor at most: an embedding of a 7B model is GBs);
+    float64 input (Gemma's shifted norms, small) goes through the shared writer's exact caster.
+    """
+    if arr.dtype == np.float64:
+        from ..formats.writer import cast_to_dtype
+        return cast_to_dtype(arr, st_dtype)
+    arr = np.asarray(arr, dtype=np.float32)
+    if st_dtype == "F32":
+        return arr.tobytes()
+    if st_dtype == "F16":
+        return arr.astype("<f2").tobytes()
+    if st_dtype == "BF16":
+        import ml_dtypes
+        return arr.astype(ml_dtypes.bfloat16).view("<u2").tobytes()
+    raise UnsupportedError(f"HF output dtype {st_dtype} is not supported")
 
 
 def _json(obj) -> str:
