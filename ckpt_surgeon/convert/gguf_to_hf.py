@@ -142,6 +142,14 @@ def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarra
     return arr
 
 
+def _looks_gguf(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def _same_bytes(ck, a: str, b: str) -> bool:
     ia, ib = ck.tensors[a], ck.tensors[b]
     if ia.dtype != ib.dtype or tuple(ia.shape) != tuple(ib.shape) or ia.nbytes != ib.nbytes:
@@ -164,10 +172,15 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     st_dtype = N.HF_DTYPES[dtype]
     src = Path(gguf_path)
     out = Path(out_dir)
-    ck = open_checkpoint(src)
     # The model check needs torch + transformers (seconds of imports): a child process starts on
-    # them now, gets the config once it is known, and gates the output (see _Gate).
-    child = expected_tensors_in_subprocess(str(src)) if ck.naming == "gguf" else None
+    # them first thing, gets the config once it is known, and gates the output (see _Gate).
+    child = expected_tensors_in_subprocess(str(src)) if _looks_gguf(src) else None
+    try:
+        ck = open_checkpoint(src)
+    except BaseException:
+        if child is not None:
+            child.kill()
+        raise
     try:
         if ck.naming != "gguf":
             raise UnsupportedError("is not a GGUF file; to convert an HF model to GGUF give an output path "
