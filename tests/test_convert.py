@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from convert_variants import (LLAMACPP_FAMILIES, MULTILINGUAL, build_variant, gguf_metadata, hf_tensor_bytes,
                               read_json, spm_llama, with_dtype)
 
-from ckpt_surgeon.convert import gguf_to_hf, gguf_to_hf_report, hf_to_gguf, hf_to_gguf_report
+from ckpt_surgeon.convert import gguf_to_hf, gguf_to_hf_report, hf_to_gguf
 from ckpt_surgeon.convert import names as N
 from ckpt_surgeon.errors import (CkptError, ConfigError, OutputExistsError, RefusedError, UnsupportedError)
 

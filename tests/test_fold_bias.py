@@ -339,7 +339,7 @@ def test_cli_subprocess_exit_codes(tiny, tmp_path):
 def _llama_logits(path, toks=(5, 17, 42, 99, 7, 123, 64, 250, 31, 8)):
     """llama.cpp's logits for every position; F32 KV cache so that only the model's own arithmetic
     differs (the default F16 cache rounds k and v, which the fold legitimately changes)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
     m = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1,
                         type_k=0, type_v=0)
     m.eval(list(toks))

@@ -15,7 +15,7 @@ from convert_variants import LLAMACPP_FAMILIES, LONG_TEXT, MULTILINGUAL, build_v
 
 from ckpt_surgeon.convert import gguf_to_hf, hf_to_gguf
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (pip install -e '.[llama]')")
+import llama_cpp  # noqa: E402  (installed by the test extra; a missing runtime is a broken set-up, not a skip)
 
 
 def _llama(path: Path, n_ctx: int = 512):

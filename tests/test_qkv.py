@@ -15,7 +15,7 @@ from ckpt_surgeon.errors import CkptError, RefusedError
 from ckpt_surgeon.formats import safetensors as st
 from ckpt_surgeon.surgery.qkv import qkv_fuse, qkv_split
 
-from tests.test_fold_bias import IDS, digest, greedy, load, outputs
+from tests.test_fold_bias import digest, greedy, load, outputs
 
 
 def same_files_tensor_by_tensor(a, b, *, order=True, shards=True):

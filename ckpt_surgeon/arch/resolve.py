@@ -8,7 +8,7 @@ in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from . import families as F

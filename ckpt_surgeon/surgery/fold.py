@@ -28,7 +28,6 @@ import numpy as np
 from ..arch import families as F
 from ..arch.layouts import qkv_row_index
 from ..errors import CkptError, RefusedError, UnsupportedError
-from . import ops
 from .plan import Plan, TensorStep, _Evaluator, step_params
 
 
