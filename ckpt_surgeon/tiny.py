@@ -27,13 +27,14 @@ safetensors in v5 (the ``safe_serialization`` argument is gone).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
+
+from .quiet import quiet_transformers
 
 __all__ = [
     "SPECS",
@@ -399,7 +400,7 @@ def build_tiny(name: str, out_dir: str | Path, *, seed: int = 0) -> Path:
     save_kwargs = {}
     if "max_shard_size" in spec.options:
         save_kwargs["max_shard_size"] = spec.options["max_shard_size"]
-    with _quiet_transformers(transformers):
+    with quiet_transformers():
         model.save_pretrained(out, **save_kwargs)
         tokenizer.save_pretrained(out)
     tok_kind.save_extra(tokenizer, out)
@@ -414,26 +415,6 @@ def _spec(name: str) -> TinySpec:
         return SPECS[name]
     except KeyError:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(SPECS)}") from None
-
-
-@contextlib.contextmanager
-def _quiet_transformers(transformers: Any) -> Iterator[None]:
-    """Silence transformers' "Writing model shards" tqdm bar and info logs for the duration.
-
-    Library code must not print (the CLI owns stderr); the previous state is restored so a
-    caller that wants progress bars elsewhere keeps them.
-    """
-    tlog = transformers.utils.logging
-    bars_were_on = tlog.is_progress_bar_enabled()
-    verbosity = tlog.get_verbosity()
-    tlog.disable_progress_bar()
-    tlog.set_verbosity_error()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(verbosity)
-        if bars_were_on:
-            tlog.enable_progress_bar()
 
 
 def _round_up(n: int, multiple: int) -> int:

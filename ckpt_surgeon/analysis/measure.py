@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, UnsupportedError
+from ..quiet import quiet_transformers
 from .redundancy import analyze_checkpoint, rope_geometry
 
 VARIANTS = ("all", "exact", "near")
@@ -182,22 +183,6 @@ def model_checkpoint(model, source: str):
                       _readers={"<model>": _ModelReader(params)})
 
 
-@contextlib.contextmanager
-def _quiet():
-    """transformers' loading bars and info logs off (library code does not print)."""
-    import transformers
-    tlog = transformers.utils.logging
-    bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
-    tlog.disable_progress_bar()
-    tlog.set_verbosity_error()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(verbosity)
-        if bars:
-            tlog.enable_progress_bar()
-
-
 def _resolve_device(device: str) -> str:
     import torch
     if device == "auto":
@@ -264,7 +249,7 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     if not any((folder / n).is_file() for n in _TOKENIZER_FILES):
         raise UnsupportedError(f"measured mode needs a tokenizer beside the model (none of {', '.join(_TOKENIZER_FILES)})",
                                path=str(folder))
-    with _quiet():
+    with quiet_transformers():
         try:
             cfg = transformers.AutoConfig.from_pretrained(folder)
             archs = [a for a in (getattr(cfg, "architectures", None) or [])]
@@ -436,7 +421,7 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     if static.context:
         limit = min(limit, int(static.context))
     notes = []
-    with _quiet():
+    with quiet_transformers():
         encoded = [tok(p, return_tensors="pt")["input_ids"][:, :limit] for p in prompts]
     encoded = [e.to(dev) for e in encoded if e.shape[1] >= 2]
     if not encoded:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..quiet import quiet_transformers  # noqa: F401  (re-exported for verify.core)
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
 
@@ -141,28 +142,6 @@ def _convert_gguf(path: Path, out: Path, dtype: str) -> Path:
 def torch_dtype(name: str):
     import torch
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def quiet_transformers():
-    """Context manager: transformers' info logs and its "Loading weights" bar off for the
-    duration (library code must not print; verify reports loading problems itself)."""
-    import contextlib
-
-    import transformers
-
-    @contextlib.contextmanager
-    def ctx():
-        tlog = transformers.utils.logging
-        bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
-        tlog.disable_progress_bar()
-        tlog.set_verbosity_error()
-        try:
-            yield
-        finally:
-            tlog.set_verbosity(verbosity)
-            if bars:
-                tlog.enable_progress_bar()
-    return ctx()
 
 
 def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list):

@@ -15,7 +15,7 @@ from .thresholds import Thresholds
 
 
 # The JSON contract, key by key ("a.b" = key b inside object a; "prompts[].x" = key x of every
-# prompt entry).  Tests compare this table with what to_dict() emits, and .notes/verify.md
+# prompt entry).  Tests compare this table with what to_dict() emits, and docs/verify.md
 # (the README text) is written from it, so code and documentation cannot drift apart.
 JSON_KEYS: dict[str, str] = {
     "reference": "REFERENCE as given",
