@@ -221,6 +221,43 @@ def test_bound_matches_the_formula_layernorm_input_with_beta(tiny):
         assert lr.bound == pytest.approx(near, rel=1e-10) and lr.bound_all == pytest.approx(full, rel=1e-10)
 
 
+def test_bf16_checkpoint_bound_matches_the_formula_without_a_float64_copy(tiny, tmp_path):
+    # The 7B path: BF16 W_q is read with preadv into one buffer, widened to float32 (exact: a
+    # 16-bit shift) and q_pair_bound sums in float64 one head at a time.  Same numbers as the
+    # float64 SVD formula on the same bf16 values; rel 1e-10 as in the float32 test above (only
+    # float64 summation order differs).
+    import torch
+    from safetensors.torch import load_file as load_pt, save_file as save_pt
+
+    from ckpt_surgeon.formats.safetensors import LocalFile
+
+    folder = _copy(tiny, "qwen2_long", tmp_path)
+    f = folder / "model.safetensors"
+    sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_pt(f).items()}
+    save_pt(sd, f, metadata={"format": "pt"})
+    t = {k: v.double().numpy() for k, v in sd.items()}
+    ck = open_checkpoint(folder)
+    layout = ck.layout()
+    lt = layout.layers[0]
+    assert ck.tensors[lt.q_weight].dtype == "BF16"
+    wq = R.q_weight(ck, layout, lt)
+    assert wq.dtype == np.float32 and np.array_equal(wq, t[lt.q_weight])
+    rep = analyze(folder, epsilon=2.0)
+    for lr in rep.layers:
+        near, full = _independent_bound(t, lr.layer, "model.layers", n_heads=4, n_kv=2, hd=16, theta=1e6, rot=16,
+                                        L=32768, eps=2.0)
+        assert lr.bound == pytest.approx(near, rel=1e-10) and lr.bound_all == pytest.approx(full, rel=1e-10)
+    # read_into: the same bytes as read_bytes, into a caller's buffer; a wrong-sized buffer is refused
+    lf = LocalFile(f)
+    info = lf.header.tensors[lt.q_weight]
+    buf = np.empty(info.end - info.start, np.uint8)
+    lf.read_into(info, buf)
+    assert buf.tobytes() == lf.read_bytes(info)
+    with pytest.raises(ValueError, match="bytes"):
+        lf.read_into(info, np.empty(info.end - info.start - 2, np.uint8))
+    lf.close()
+
+
 def test_no_static_norm_means_no_bound(tiny, tmp_path):
     folder = _copy(tiny, "qwen2", tmp_path)
     t = load_file(folder / "model.safetensors")
