@@ -13,7 +13,8 @@ Printed: wall time, peak RSS of the process (RUSAGE_CHILDREN of a one-child wrap
 ratios.  Targets: ours <= 1.1x ``cp -r``, peak RSS < 300 MB.  The page cache cannot be dropped
 here (no permission), so the order of the runs is cp, ours, reference, cp again; the two cp
 figures show how much the cache state moved.  Outputs are removed after each run; free space is
-checked first (two copies of the checkpoint must fit).
+checked first (two copies of the checkpoint must fit).  ``os.sync()`` (untimed) before each run,
+so no run pays for the writeback of the one before.
 
 Usage: python benchmarks/bench_fold.py [--dir .bench/qwen2.5-7b-shape] [--out-dir .bench] [--max-logit-change 1.0]
        [--context 32768]
@@ -61,6 +62,10 @@ print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdo
 
 
 def run(cmd: list[str]) -> dict:
+    # start every run from a clean page cache state: the previous run's output was deleted but
+    # its dirty pages may still be written back, which slows whatever runs next (seen: the first
+    # cp -r at 25 s, the same cp 10 s later).  Not timed.
+    os.sync()
     out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True, check=True)
     res = json.loads(out.stdout)
     if res["rc"] != 0:
