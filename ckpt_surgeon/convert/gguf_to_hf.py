@@ -22,16 +22,17 @@ Steps (each a small function below):
 from __future__ import annotations
 
 import sys
-import types
-
 import time
+import types
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import FormatError, UnsupportedError
 from . import names as N
 from .report import ConvertReport, TensorRecord
+
+if TYPE_CHECKING:     # numpy is imported where used, after the model-check child has started
+    import numpy as np
 
 DEFAULT_SHARD_BYTES = 5 * 2**30    # like save_pretrained's "5GB" shards
 _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_train default
@@ -130,6 +131,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
 
 def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarray:
     """GGUF tensor -> HF tensor (numpy order).  Exact except ``norm_shift`` (one float64 subtraction)."""
+    import numpy as np
     if transform in ("perm_q", "perm_k"):
         from ..arch.layouts import llama_unpermute_index
         n_head = cfg_hp["n_head"] if transform == "perm_q" else cfg_hp["n_head_kv"]
@@ -160,22 +162,23 @@ def _same_bytes(ck, a: str, b: str) -> bool:
 def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, *,
                       max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True) -> ConvertReport:
     """Convert and return the :class:`ConvertReport` (see :func:`gguf_to_hf`)."""
-    from ..checkpoint import open_checkpoint
-    from ..formats.writer import CheckpointWriter
     from .model_check import check_tensors, expected_tensors_in_subprocess
-    from .tokenizer import hf_tokenizer_files, vocab_from_metadata
-
-    from . import normalize_dtype
 
     t0 = time.perf_counter()
-    dtype = normalize_dtype(dtype, to_gguf=False)
-    st_dtype = N.HF_DTYPES[dtype]
     src = Path(gguf_path)
     out = Path(out_dir)
-    # The model check needs torch + transformers (seconds of imports): a child process starts on
-    # them first thing, gets the config once it is known, and gates the output (see _Gate).
+    # The model check needs torch + transformers (seconds of imports) and is the critical path: a
+    # child process starts on them first thing, before even this function's own imports, gets
+    # the config once it is known, and gates the output (see _Gate).
     child = expected_tensors_in_subprocess(str(src)) if _looks_gguf(src) else None
     try:
+        from ..checkpoint import open_checkpoint
+        from .tokenizer import hf_tokenizer_files, vocab_from_metadata
+
+        from . import normalize_dtype
+
+        dtype = normalize_dtype(dtype, to_gguf=False)
+        st_dtype = N.HF_DTYPES[dtype]
         ck = open_checkpoint(src)
     except BaseException:
         if child is not None:
@@ -216,9 +219,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
             plan.append((gname, hname, rule.transform, shape, info.dtype))
 
         # The destination is checked (exists? inside the source?) before any work starts.
-        w = CheckpointWriter(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes)
+        w = _gated_writer_class()(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes)
         child.submit(config)
-        gate = _Gate(lambda: check_tensors(
+        w.gate = gate = _Gate(lambda: check_tensors(
             child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),
             what=f"{spec.hf_architecture} built from this file's metadata",
             source_names={h: g for g, h, _, _, _ in plan}), on_abandon=child.kill)
@@ -232,8 +235,6 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
 
             records = []
             with w:
-                computed = [p for p in plan if not (p[2] == "none" and _RAW_SAME.get(p[4]) == st_dtype)]
-                gate.expect(len(computed))
                 for gname, hname, transform, shape, gdtype in plan:
                     if transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
                         w.copy(gname, as_name=hname)
@@ -241,8 +242,6 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                         w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
                               shape=shape)
                     records.append(TensorRecord(gname, hname, transform, gdtype, st_dtype, shape))
-                if not computed:
-                    gate.wait()    # nothing is computed lazily: settle the check before anything is written
                 w.set_config(config)
                 if tok_files is not None:
                     w.add_file("tokenizer.json", tok_files.tokenizer_json)
@@ -265,22 +264,39 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                          vocab.model if vocab is not None else None, tuple(records), tuple(warnings), config)
 
 
-class _Gate:
-    """Wait for a check in a background thread; the output may be published only once it passed.
+def _gated_writer_class():
+    from ..formats.writer import CheckpointWriter
 
-    The writer calls each ``put`` producer once, all of them before it verifies and renames
-    the output; the last producer to run waits for the check and re-raises its error, which
-    makes the writer remove its temp folder.  (With no producers the caller waits before the
-    writer starts.)  So the check costs no wall time when it is faster than the streaming, and
-    a failed check still leaves nothing behind.
+    class GatedWriter(CheckpointWriter):
+        """The shared writer, publishing only once ``gate`` (the model check) has passed.
+
+        The wait sits just before the temp folder is renamed into place, after every shard is
+        written, fsynced and verified and the side files are written: all of that overlaps the
+        check instead of following it.  A failed check raises there, and ``commit`` removes the
+        temp folder, so nothing is left behind.
+        """
+        gate: "_Gate | None" = None
+
+        def _rename_into_place(self) -> None:
+            if self.gate is not None:
+                self.gate.wait()
+            super()._rename_into_place()
+
+    return GatedWriter
+
+
+class _Gate:
+    """Run a check in a background thread; the output may be published only once it passed.
+
+    :class:`GatedWriter <_gated_writer_class>` waits for it just before publishing; a producer
+    that runs after the check failed re-raises its error at once, so streaming stops early.
+    The check costs no wall time when it is faster than writing and verifying the output.
     """
 
     def __init__(self, fn, on_abandon=None):
         import threading
         self._on_abandon = on_abandon
         self._error: BaseException | None = None
-        self._left = 0
-        self._lock = threading.Lock()
 
         def run():
             try:
@@ -296,9 +312,6 @@ class _Gate:
         if self._on_abandon is not None:
             self._on_abandon()
 
-    def expect(self, n: int) -> None:
-        self._left = n
-
     def wait(self) -> None:
         self._thread.join()
         if self._error is not None:
@@ -308,13 +321,7 @@ class _Gate:
         def produce():
             if self._error is not None:     # the check already failed: stop streaming now
                 raise self._error
-            data = make()
-            with self._lock:
-                self._left -= 1
-                last = self._left == 0
-            if last:
-                self.wait()
-            return data
+            return make()
         return produce
 
 
@@ -332,6 +339,7 @@ def _encode_hf(arr: np.ndarray, st_dtype: str) -> bytes:
     (one rounding, two copies of the tensor at most: an embedding of a 7B model is GBs);
     float64 input (Gemma's shifted norms, small) goes through the shared writer's exact caster.
     """
+    import numpy as np
     if arr.dtype == np.float64:
         from ..formats.writer import cast_to_dtype
         return cast_to_dtype(arr, st_dtype)
