@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_inspect import run  # noqa: E402  (wall time + peak RSS of a child process)
+from benchmarks._proc import run  # noqa: E402  (wall time + peak RSS of a child process)
 from benchmarks.make_qwen25_shape import make_qwen25_shape  # noqa: E402
 
 REFERENCE = r"""

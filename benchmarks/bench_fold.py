@@ -25,11 +25,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._proc import run as _run  # noqa: E402  (wall time + peak RSS of a child process)
 from benchmarks.make_qwen25_shape import make_qwen25_shape  # noqa: E402
 
 REFERENCE = r"""
@@ -49,28 +49,8 @@ for name in ("config.json", "model.safetensors.index.json"):
         b.write(a.read())
 """
 
-# The wrapper has exactly one child, so RUSAGE_CHILDREN's ru_maxrss is that child's peak (KiB).
-WRAPPER = r"""
-import json, resource, subprocess, sys, time
-t = time.perf_counter()
-p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
-                  "stderr": p.stderr.decode()[-4000:]}))
-"""
-
-
 def run(cmd: list[str]) -> dict:
-    # start every run from a clean page cache state: the previous run's output was deleted but
-    # its dirty pages may still be written back, which slows whatever runs next (seen: the first
-    # cp -r at 25 s, the same cp 10 s later).  Not timed.
-    os.sync()
-    out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True, check=True)
-    res = json.loads(out.stdout)
-    if res["rc"] != 0:
-        raise SystemExit(f"command failed ({res['rc']}): {' '.join(cmd)}\n{res['stderr']}")
-    return res
+    return _run(cmd, sync=True)
 
 
 def dir_size(p: Path) -> int:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._proc import run  # noqa: E402  (wall time + peak RSS of a child process)
 from benchmarks.make_qwen25_shape import make_qwen25_shape  # noqa: E402
 
 REFERENCE = r"""
@@ -35,27 +35,6 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
                 t = s.get_tensor(k).float()
                 print(k, float(t.norm()), float(t.abs().max()))
 """
-
-# Runs a command and reports its wall time and peak RSS: the wrapper has exactly one
-# child, so RUSAGE_CHILDREN's ru_maxrss is that child's peak (KiB on Linux).
-WRAPPER = r"""
-import json, resource, subprocess, sys, time
-t = time.perf_counter()
-p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdout.decode()[-200000:],
-                  "stderr": p.stderr.decode()[-2000:]}))
-"""
-
-
-def run(cmd: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True, check=True)
-    res = json.loads(out.stdout)
-    if res["rc"] != 0:
-        raise SystemExit(f"command failed ({res['rc']}): {' '.join(cmd)}\n{res['stderr']}")
-    return res
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
