@@ -93,36 +93,35 @@ def _step_refuse(ctx: DemoContext) -> None:
             raise AssertionError(f"fold-bias {flag} was expected to be refused on Qwen2")
 
 
-def _step_approx(ctx: DemoContext) -> None:
+def _fold_and_verify(ctx: DemoContext, key: str, src: Path, out: Path, flags: str, why: str, **kw) -> None:
+    """Run one fold-bias, show its plan table, verify it against its source, and explain."""
     from . import fold_bias, verify
-    out = ctx.workdir / "qwen2-tiny-kfold-approx"
-    ctx.say(f"$ ckpt-surgeon fold-bias {ctx.model} -o {out} --k --approximate --max-logit-change "
-            f"{DEMO_MAX_LOGIT_CHANGE} --context {DEMO_CONTEXT} --force")
-    res = fold_bias(ctx.model, out, k=True, approximate=True, max_logit_change=DEMO_MAX_LOGIT_CHANGE,
-                    context=DEMO_CONTEXT, force=True)
-    ctx.results["approx"] = res
+    ctx.say(f"$ ckpt-surgeon fold-bias {src} -o {out} {flags} --force")
+    res = fold_bias(src, out, force=True, **kw)
+    ctx.results[key] = res
     ctx.say(_table(res))
-    ctx.say(f"$ ckpt-surgeon verify {ctx.model} {out}")
-    rep = verify(ctx.model, out, max_new_tokens=16)
-    ctx.results["approx_verify"] = rep
+    ctx.say(f"$ ckpt-surgeon verify {src} {out}")
+    rep = verify(src, out, max_new_tokens=16)
+    ctx.results[f"{key}_verify"] = rep
     ctx.say(_verify_line(rep))
-    ctx.say("The removed pairs change logits by at most the bound above; verify shows what that does to the "
-            "outputs (float32 thresholds are strict, so a tiny non-zero change can still be reported).")
+    ctx.say(why)
+
+
+def _step_approx(ctx: DemoContext) -> None:
+    _fold_and_verify(
+        ctx, "approx", ctx.model, ctx.workdir / "qwen2-tiny-kfold-approx",
+        f"--k --approximate --max-logit-change {DEMO_MAX_LOGIT_CHANGE} --context {DEMO_CONTEXT}",
+        "The removed pairs change logits by at most the bound above; verify shows what that does to the "
+        "outputs (float32 thresholds are strict, so a tiny non-zero change can still be reported).",
+        k=True, approximate=True, max_logit_change=DEMO_MAX_LOGIT_CHANGE, context=DEMO_CONTEXT)
 
 
 def _step_exact(ctx: DemoContext) -> None:
-    from . import fold_bias, verify
-    out = ctx.workdir / "gpt2-tiny-folded"
-    ctx.say(f"$ ckpt-surgeon fold-bias {ctx.gpt2} -o {out} --k --v --force")
-    res = fold_bias(ctx.gpt2, out, k=True, v=True, force=True)
-    ctx.results["exact"] = res
-    ctx.say(_table(res))
-    ctx.say(f"$ ckpt-surgeon verify {ctx.gpt2} {out}")
-    rep = verify(ctx.gpt2, out, max_new_tokens=16)
-    ctx.results["exact_verify"] = rep
-    ctx.say(_verify_line(rep))
-    ctx.say("GPT-2 has no rotary embedding: its key bias adds a constant per query that softmax ignores, and its value "
-            "bias folds into c_proj's bias (attention rows sum to 1). Same outputs up to float32 rounding.")
+    _fold_and_verify(
+        ctx, "exact", ctx.gpt2, ctx.workdir / "gpt2-tiny-folded", "--k --v",
+        "GPT-2 has no rotary embedding: its key bias adds a constant per query that softmax ignores, and its value "
+        "bias folds into c_proj's bias (attention rows sum to 1). Same outputs up to float32 rounding.",
+        k=True, v=True)
 
 
 def _step_convert(ctx: DemoContext) -> None:
