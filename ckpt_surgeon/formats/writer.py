@@ -942,29 +942,12 @@ class CheckpointWriter:
         src_fds: dict[str, int] = {}
         try:
             for g, e in zip(got, ents):
-                if g.dtype != e.dtype or tuple(g.shape) != e.shape:
-                    raise WriteError(f"reread check failed: written as {g.dtype}{list(g.shape)}, declared "
-                                     f"{e.dtype}{list(e.shape)}", path=path, tensor=e.name)
-                if e.raw is None:
-                    if _hash_range(fd, g.start, g.end).digest() != e.digest:
-                        raise WriteError("reread check failed: the computed tensor's bytes differ from what was written",
-                                         path=path, tensor=e.name)
-                    continue
-                if not os.path.isfile(e.raw.file):
-                    continue
-                sfd = src_fds.get(e.raw.file)
-                if sfd is None:
-                    sfd = src_fds[e.raw.file] = os.open(e.raw.file, os.O_RDONLY)
-                if full:
-                    same = (_hash_range(fd, g.start, g.end).digest()
-                            == _hash_range(sfd, e.raw.start, e.raw.end).digest())
-                else:
-                    n = e.nbytes
-                    spots = {0, max(0, n // 2 - _WINDOW // 2), max(0, n - _WINDOW)}
-                    same = all(os.pread(fd, min(_WINDOW, n - s), g.start + s)
-                               == os.pread(sfd, min(_WINDOW, n - s), e.raw.start + s) for s in spots)
-                if not same:
-                    raise WriteError("reread check failed: copied bytes differ from the source", path=path, tensor=e.name)
+                sfd = None
+                if e.raw is not None and os.path.isfile(e.raw.file):
+                    sfd = src_fds.get(e.raw.file)
+                    if sfd is None:
+                        sfd = src_fds[e.raw.file] = os.open(e.raw.file, os.O_RDONLY)
+                _check_written_entry(fd, g, e, path, sfd, full)
         finally:
             os.close(fd)
             for sfd in src_fds.values():
@@ -1254,29 +1237,41 @@ class GGUFCheckpointWriter(CheckpointWriter):
         sfd = os.open(self._src_header.path, os.O_RDONLY)
         try:
             for g, e in zip(got, ents):
-                if g.dtype != e.dtype or tuple(g.shape) != e.shape:
-                    raise WriteError(f"reread check failed: written as {g.dtype}{list(g.shape)}, declared "
-                                     f"{e.dtype}{list(e.shape)}", path=path, tensor=e.name)
-                if e.raw is None:
-                    if _hash_range(fd, g.start, g.end).digest() != e.digest:
-                        raise WriteError("reread check failed: the computed tensor's bytes differ from what was written",
-                                         path=path, tensor=e.name)
-                    continue
-                if full:
-                    same = _hash_range(fd, g.start, g.end).digest() == _hash_range(sfd, e.raw.start, e.raw.end).digest()
-                else:
-                    n = e.nbytes
-                    spots = {0, max(0, n // 2 - _WINDOW // 2), max(0, n - _WINDOW)}
-                    same = all(os.pread(fd, min(_WINDOW, n - s), g.start + s)
-                               == os.pread(sfd, min(_WINDOW, n - s), e.raw.start + s) for s in spots)
-                if not same:
-                    raise WriteError("reread check failed: copied bytes differ from the source", path=path, tensor=e.name)
+                _check_written_entry(fd, g, e, path, sfd, full)
         finally:
             os.close(fd)
             os.close(sfd)
 
     def _write_side_files(self, shards):
         return [], []
+
+
+def _check_written_entry(fd: int, g, e, path: str, src_fd: int | None, full: bool) -> None:
+    """Reread check of one written tensor ``g`` (as parsed back) against its declaration ``e``.
+
+    dtype and shape must match; a computed tensor's bytes must hash to what was written; a
+    copied tensor's bytes must equal the source's (all of them with ``full``, else three
+    windows: start, middle, end).  ``src_fd`` None: the source file is gone, nothing to compare.
+    """
+    if g.dtype != e.dtype or tuple(g.shape) != e.shape:
+        raise WriteError(f"reread check failed: written as {g.dtype}{list(g.shape)}, declared "
+                         f"{e.dtype}{list(e.shape)}", path=path, tensor=e.name)
+    if e.raw is None:
+        if _hash_range(fd, g.start, g.end).digest() != e.digest:
+            raise WriteError("reread check failed: the computed tensor's bytes differ from what was written",
+                             path=path, tensor=e.name)
+        return
+    if src_fd is None:
+        return
+    if full:
+        same = _hash_range(fd, g.start, g.end).digest() == _hash_range(src_fd, e.raw.start, e.raw.end).digest()
+    else:
+        n = e.nbytes
+        spots = {0, max(0, n // 2 - _WINDOW // 2), max(0, n - _WINDOW)}
+        same = all(os.pread(fd, min(_WINDOW, n - s), g.start + s)
+                   == os.pread(src_fd, min(_WINDOW, n - s), e.raw.start + s) for s in spots)
+    if not same:
+        raise WriteError("reread check failed: copied bytes differ from the source", path=path, tensor=e.name)
 
 
 def open_writer(out, source=None, **kw):
