@@ -324,3 +324,22 @@ def test_begin_copy_overlaps_planning(tmp_path):
     w2.abort()
     assert not (tmp_path / "out2").exists()
     assert [x.name for x in tmp_path.iterdir() if ".ckpt-surgeon-" in x.name] == []
+
+
+def test_values_only_sharded_commit_copies_shards_in_parallel(tmp_path):
+    """A commit whose every shard is patchable (values changed, same tensors) starts the parallel
+    kernel copy itself: the data sections land PRECOPY_RESERVE after their source offsets (the
+    begin_copy layout), untouched tensors stay byte-identical and the changed ones hold the values."""
+    from ckpt_surgeon.formats.writer import PRECOPY_RESERVE
+    src = make_sharded(tmp_path)
+    ck = open_checkpoint(src)
+    with CheckpointWriter(tmp_path / "out", ck) as w:
+        w.put("a.bias", np.zeros(64))
+        w.put("c.bias", np.ones(7))
+    assert [s.mode for s in w.result.shards] == ["patch", "patch"]
+    for shard in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        assert st.read_header(tmp_path / "out" / shard).data_start == st.read_header(src / shard).data_start + PRECOPY_RESERVE
+    out = open_checkpoint(tmp_path / "out")
+    for name in ("a.weight", "b.weight", "b.bias"):
+        assert out.read_raw(name) == ck.read_raw(name), name
+    assert (out.read("a.bias") == 0).all() and (out.read("c.bias") == 1).all()
