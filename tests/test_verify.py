@@ -391,16 +391,22 @@ def test_cuda_requested_without_cuda(qwen2):
 
 
 def test_gguf_input(smollm_gguf, tmp_path):
-    """GGUF inputs go through ckpt_surgeon.convert; without the converter they are refused clearly."""
-    import ckpt_surgeon.convert as conv
+    """GGUF inputs go through our converter into a temporary folder under --tmp-dir, which is
+    left empty afterwards; the same file on both sides gives identical outputs."""
+    import json
 
-    if hasattr(conv, "gguf_to_hf"):
-        r = verify(smollm_gguf, smollm_gguf, prompts=FEW[:1], max_new_tokens=4)
-        assert r.passed and r.metrics.max_abs_diff == 0.0
-        assert r.storage_dtypes == ("quantized", "quantized")
-    else:
-        with pytest.raises((UnsupportedError, CkptError), match="GGUF|gguf"):
-            verify(smollm_gguf, smollm_gguf, prompts=FEW[:1], max_new_tokens=4)
+    work = tmp_path / "scratch"
+    work.mkdir()
+    res = _run("verify", smollm_gguf, smollm_gguf, "--tmp-dir", work, "--max-new-tokens", 4, "--format", "json")
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["passed"] and r["metrics"]["max_abs_diff"] == 0.0
+    assert r["storage_dtypes"] == {"reference": "quantized", "candidate": "quantized"}
+    assert any("GGUF converted" in n and str(work) in n for n in r["notes"]), r["notes"]
+    assert list(work.iterdir()) == []
+    _one_line_exit_2(_run("verify", smollm_gguf, smollm_gguf, "--tmp-dir", tmp_path / "nope"), "--tmp-dir")
+    with pytest.raises(CkptError, match="not an existing directory"):
+        verify(smollm_gguf, smollm_gguf, tmp_dir=tmp_path / "nope")
 
 
 def test_single_safetensors_file_input(qwen2):

@@ -42,11 +42,15 @@ _DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--require-greedy/--no-require-greedy", default=None,
               help="Fail when greedy continuations differ. Default: required for float32, reported only for "
                    "float16/bfloat16 (a near-tie flips them legitimately).")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for temporary files: GGUF inputs converted to HF folders (float32: ~4 bytes per "
+                   "parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
+                   "dir ($TMPDIR). Removed at the end.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars on stderr (default: only when stderr is a terminal).")
 @output_options
 def command(reference, candidate, prompts_file, max_new_tokens, device, device_map, dtype, sequential,
-            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, progress, fmt, output):
+            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, progress, fmt, output):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -77,7 +81,7 @@ def command(reference, candidate, prompts_file, max_new_tokens, device, device_m
     report = verify(reference, candidate, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
                     device_map=device_map, dtype=dtype, sequential=sequential or None,
                     thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
-                    min_top1=min_top1, require_greedy=require_greedy, progress=progress)
+                    min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir)
     emit(report, fmt, output, title="ckpt-surgeon verify")
     if not report.passed:
         raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

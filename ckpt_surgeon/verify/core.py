@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError
+from ..errors import CkptError, ConfigError, SourceNotFoundError
 from .loading import TORCH_DTYPES, PreparedModel, load_model, load_tokenizer, prepare, quiet_transformers
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
@@ -53,7 +53,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     coarsest of ``dtype`` and the two storage precisions); ``max_logit_diff`` (relative to the
     reference's logit scale), ``max_kl``, ``min_top1``, ``require_greedy`` override single
     criteria.  ``sequential``: None = automatic, True = force.  ``progress``: tqdm bars on
-    stderr (None = only on a terminal).
+    stderr (None = only on a terminal).  ``tmp_dir``: an existing directory for the temporary
+    files (GGUF inputs converted to HF folders, the reference's saved outputs in sequential
+    mode); default: the system temp dir.  Everything there is removed at the end.
 
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
@@ -79,6 +81,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     dev = _resolve_device(device, torch)
     notes: list[str] = []
     warnings: list[str] = []
+    if tmp_dir is not None and not os.path.isdir(tmp_dir):
+        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
@@ -90,7 +94,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         kind = ref.kind
         for pm in (ref, cand):
             if pm.converted_from_gguf:
-                notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) by ckpt_surgeon.convert")
+                notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
+                             "by ckpt_surgeon.convert (removed at the end)")
         thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
         thr = thresholds_for(thr_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
                              require_greedy=require_greedy)
