@@ -162,7 +162,7 @@ REPORTS: list[dict] = []
 
 def run(case: str, ref, cand, expect: bool, **kw):
     from ckpt_surgeon.errors import CkptError
-    from ckpt_surgeon.verify.core import verify
+    from ckpt_surgeon.verification.core import verify
 
     t = time.perf_counter()
     try:

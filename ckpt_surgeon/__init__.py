@@ -33,10 +33,9 @@ def open_checkpoint(source, **kwargs):
 
 def verify(reference, candidate, **kwargs):
     """Run REFERENCE and CANDIDATE with transformers on the same prompts and compare logits, KL,
-    top-1 and greedy continuations -> :class:`ckpt_surgeon.verify.VerifyReport`; see
-    ``ckpt-surgeon verify``.  (Once the ``ckpt_surgeon.verify`` package is imported, this
-    attribute is that package, which is callable with the same signature.)"""
-    from .verify.core import verify as _verify
+    top-1 and greedy continuations -> :class:`ckpt_surgeon.verification.VerifyReport`; see
+    ``ckpt-surgeon verify``."""
+    from .verification.core import verify as _verify
     return _verify(reference, candidate, **kwargs)
 
 

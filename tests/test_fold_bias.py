@@ -90,7 +90,7 @@ def test_exact_folds_keep_outputs(tiny, tmp_path, name, k, v):
             assert ck.read_raw(t) == ck2.read_raw(t), t
     assert_same_model(src, tmp_path / "out")
     # and the project's own verdict: `verify` (transformers, both models, its default thresholds)
-    from ckpt_surgeon.verify import default_prompts, verify
+    from ckpt_surgeon.verification import default_prompts, verify
     rep = verify(src, tmp_path / "out", device="cpu", prompts=default_prompts()[:3], max_new_tokens=6)
     assert rep.passed, rep.summary_items()
 

@@ -59,5 +59,5 @@ def load_prompts(path) -> list[str]:
 
     Shares ``verify``'s reader (same file format, same error messages) instead of a copy.
     """
-    from ..verify.prompts import load_prompts as _load
+    from ..verification.prompts import load_prompts as _load
     return _load(path)

@@ -74,8 +74,8 @@ def command(reference, candidate, prompts_file, max_new_tokens, device, device_m
     one line naming the failed criteria), 2 bad input.
     """
     from ..errors import VerificationFailed
-    from ..verify.core import verify
-    from ..verify.prompts import load_prompts
+    from ..verification.core import verify
+    from ..verification.prompts import load_prompts
 
     prompts = load_prompts(prompts_file) if prompts_file else None
     report = verify(reference, candidate, prompts=prompts, max_new_tokens=max_new_tokens, device=device,

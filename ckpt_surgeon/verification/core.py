@@ -46,7 +46,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
            progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None) -> VerifyReport:
     """Compare ``candidate`` with ``reference`` by running both with transformers.
 
-    ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verify.prompts.default_prompts`).
+    ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verification.prompts.default_prompts`).
     ``device``: ``auto`` (CUDA when available) | ``cpu`` | ``cuda``; ``device_map="auto"`` spreads
     each model over all GPUs and CPU RAM with accelerate (implies sequential).  ``dtype``: compute
     dtype of both models.  ``thresholds``: which dtype's default row to judge by (default: the

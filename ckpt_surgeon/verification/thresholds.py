@@ -6,7 +6,7 @@ better than bfloat16 rounding allows, whatever dtype the forward pass runs in, s
 float32 numbers would report a "mismatch" that is just the storage format.  ``--thresholds
 DTYPE`` picks a row explicitly; each number can be overridden on its own.
 
-The quantities (see :mod:`ckpt_surgeon.verify.metrics`):
+The quantities (see :mod:`ckpt_surgeon.verification.metrics`):
 
 * ``max_logit_diff``: bound on ``max |Δlogit| / logit_scale`` where ``logit_scale`` is the
   reference's largest ``|logit|`` over all prompts and positions.  Relative, because rounding

@@ -1,0 +1,25 @@
+"""Verification: run a reference and a candidate model on the same prompts and judge the difference.
+
+The entry point is ``ckpt_surgeon.verify(reference, candidate, **opts) -> VerifyReport`` (also
+:func:`ckpt_surgeon.verification.verify`, :func:`ckpt_surgeon.verification.core.verify`).  The
+package is named ``verification`` rather than ``verify`` so that importing it never rebinds the
+top-level function ``ckpt_surgeon.verify`` (Python sets a parent package's attribute to a
+submodule of the same name when the submodule is imported).
+
+Importing this package is cheap: torch and transformers are imported by ``verify()`` only.
+"""
+from __future__ import annotations
+
+from .kinds import KINDS, ModelKind, model_kind
+from .prompts import default_prompts, load_prompts
+from .report import Metrics, PromptResult, VerifyReport
+from .thresholds import DEFAULT_THRESHOLDS, Thresholds, thresholds_for
+
+__all__ = ["verify", "VerifyReport", "PromptResult", "Metrics", "Thresholds", "DEFAULT_THRESHOLDS",
+           "thresholds_for", "default_prompts", "load_prompts", "KINDS", "ModelKind", "model_kind"]
+
+
+def verify(reference, candidate, **opts) -> VerifyReport:
+    """See :func:`ckpt_surgeon.verification.core.verify`."""
+    from .core import verify as _verify
+    return _verify(reference, candidate, **opts)
