@@ -92,10 +92,16 @@ def smol_bf16(smollm_gguf, tmp_path_factory):
     return gguf_to_hf(smollm_gguf, tmp_path_factory.mktemp("smol-bf16") / "hf", dtype="bfloat16")
 
 
-def _teacher_forced(src: Path, gguf: Path) -> tuple[np.ndarray, np.ndarray]:
+def _ids(src: Path) -> list[int]:
+    """The 128 teacher-forced token ids (LONG_TEXT's English prose) in ``src``'s tokenizer."""
     from transformers import AutoTokenizer
     ids = AutoTokenizer.from_pretrained(src).encode(LONG_TEXT)[:128]
     assert len(ids) == 128
+    return ids
+
+
+def _teacher_forced(src: Path, gguf: Path) -> tuple[np.ndarray, np.ndarray]:
+    ids = _ids(src)
     ref = _hf_logits(src, ids)
     return _llama_logits(gguf, ids, ref.shape[1]), ref
 
@@ -128,10 +134,13 @@ def test_real_model_q8_0_gguf_is_llama_cpp_own_quantization(smol_bf16, tmp_path)
     artefact.
 
     Top-1 agreement with transformers on the source is bounded by q8_0 itself on this 135M model:
-    transformers running the q8_0-rounded weights agrees with the source at ~97% of these
-    positions, and llama.cpp also quantizes the activations to 8 bits inside its matmuls
-    (observed 96.1%).  The issue's 99% target is not reachable for q8_0 here; the bound below
-    (92%) only guards against a broken conversion, which lands near 0%.
+    transformers running the q8_0-rounded weights (our GGUF converted back to float32) agrees with
+    the source at 125 of these 128 positions (97.7%), and llama.cpp also rounds the activations to
+    8 bits inside its q8_0 matmuls (it agrees with transformers on the identical q8_0 weights at
+    98.4%); observed llama.cpp vs source: 123/128 (96.1%).  So the issue's 99% is not reachable
+    for q8_0 on this model by any converter.  What is asserted: llama.cpp on our file loses at
+    most 3 positions more than the q8_0 rounding itself (the activation rounding above costs 2
+    here), and a floor of 92% (a broken conversion lands near 0%).
     """
     from gguf_util import llama_quantize
     import gguf
@@ -145,7 +154,11 @@ def test_real_model_q8_0_gguf_is_llama_cpp_own_quantization(smol_bf16, tmp_path)
         assert a[name].tensor_type == b[name].tensor_type, name
         assert np.array_equal(np.asarray(a[name].data), np.asarray(b[name].data)), name
     got, ref = _teacher_forced(smol_bf16, ours)
-    assert float(np.mean(got.argmax(-1) == ref.argmax(-1))) >= 0.92
+    rounded = _hf_logits(gguf_to_hf(ours, tmp_path / "q8-weights-f32", dtype="float32"), _ids(smol_bf16))
+    ceiling = int(np.sum(rounded.argmax(-1) == ref.argmax(-1)))
+    agree = int(np.sum(got.argmax(-1) == ref.argmax(-1)))
+    assert agree >= ceiling - 3, (agree, ceiling)
+    assert agree / len(ref) >= 0.92, agree
 
 
 def test_sentencepiece_vocab_tokenizes_like_transformers(tiny, tmp_path_factory, tmp_path):
