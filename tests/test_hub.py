@@ -65,8 +65,7 @@ def _same_report(a: dict, b: dict) -> None:
 def _bias_names(folder: Path) -> list:
     with open_checkpoint(folder) as ck:
         layout = ck.layout()
-        return [n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias, lt.q_norm, lt.k_norm)
-                if n]
+        return [n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n]
 
 
 # ------------------------------------------------------------------ the budget and the report

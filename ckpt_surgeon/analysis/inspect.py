@@ -236,8 +236,9 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     miss_stat = lambda name: BiasStats(None, None, None, missing=True, tensor=name,  # noqa: E731
                                        reason="data lies past the end of the (truncated) file",
                                        dtype=ck.tensors[name].dtype)
-    # Remote sources fetch everything read below in one batch (local readers ignore this).
-    ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias, lt.q_norm, lt.k_norm) if n])
+    # Remote sources fetch everything read below in one batch (local readers ignore this): the
+    # bias vectors only; q/k-norm weights are reported by presence, their values are not read.
+    ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n])
     from .redundancy import inspect_summary, sink_layers
     sinks = sink_layers(ck.tensors)
     for lt in layout.layers:
