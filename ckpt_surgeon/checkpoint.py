@@ -177,8 +177,16 @@ def _open_hf_folder(folder: Path, allow_pickle: bool) -> Checkpoint:
     if len(ggufs) == 1:
         return _open_file(ggufs[0], allow_pickle)
     if len(ggufs) > 1:
-        raise SourceNotFoundError(f"folder holds {len(ggufs)} GGUF files ({', '.join(g.name for g in ggufs[:4])}); pass one of them",
-                                  path=str(folder))
+        # The parts of one split GGUF (name-00001-of-00003.gguf ...) are one model: opened as a set.
+        from .formats.gguf import describe_gguf_groups, group_gguf_names
+        groups = group_gguf_names(g.name for g in ggufs)
+        if len(groups) == 1:
+            return _open_file(folder / groups[0][0], allow_pickle)
+        if all(len(g) == 1 for g in groups):
+            raise SourceNotFoundError(f"folder holds {len(ggufs)} GGUF files ({', '.join(g.name for g in ggufs[:4])}); "
+                                      "pass one of them", path=str(folder))
+        raise SourceNotFoundError(f"folder holds {len(groups)} GGUF models ({describe_gguf_groups(groups)}); pass one "
+                                  "of them (any part of a split GGUF opens all its parts)", path=str(folder))
     for pn in PICKLE_NAMES:
         if (folder / pn).is_file():
             return _open_pickle(folder / pn, allow_pickle, config, config_path)

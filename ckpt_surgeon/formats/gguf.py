@@ -28,17 +28,26 @@ Truncated files (a download cut short): if the header itself is cut, a
 the file opens: every tensor whose bytes end past EOF has ``missing=True``,
 ``missing_bytes`` says how many bytes the header promises beyond EOF, and reading such a
 tensor raises ``TruncatedError`` naming it — never a numpy reshape error.
+
+Split GGUFs (llama.cpp ``gguf-split``: ``name-00001-of-00003.gguf`` ...): every part is a
+complete GGUF file with its own tensor subset (offsets relative to its own data section);
+part 1 carries the model's metadata, and every part carries ``split.no`` (u16, 0-based),
+``split.count`` (u16) and ``split.tensors.count`` (i32, tensors over all parts).
+:func:`open_gguf` opened on any part reads every part's header and returns a
+:class:`SplitGGUF` whose ``tensors`` are the union (each ``TensorInfo.file`` its part) and
+whose metadata is part 1's; see :func:`split_part_names` and :func:`merge_split_headers`.
 """
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, TruncatedError
+from ..errors import FormatError, SourceNotFoundError, TruncatedError
 from ..records import TensorInfo
 from . import dequant as dq
 
@@ -481,6 +490,15 @@ class GGUFFile:
     def missing_bytes(self) -> int:
         return self.header.missing_bytes
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files this reader reads (one; a :class:`SplitGGUF` has one per part)."""
+        return (self.path,)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.header.warnings
+
     def _check_readable(self, info: TensorInfo) -> dq.GGMLType:
         t = dq.TYPES_BY_NAME.get(info.dtype)
         if t is None:
@@ -529,12 +547,7 @@ class GGUFFile:
 
     def read_torch(self, info: TensorInfo, dtype: str = "float32"):
         """The tensor as a ``torch.Tensor`` (float32 or bfloat16); imports torch."""
-        import torch
-
-        arr = self.read(info)
-        t = torch.from_numpy(arr)
-        return t if dtype in ("float32", torch.float32) and t.dtype == torch.float32 else t.to(
-            {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype, dtype))
+        return _to_torch(self.read(info), dtype)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -552,6 +565,269 @@ class GGUFFile:
             self.close()
         except Exception:
             pass
+
+
+def _to_torch(arr: np.ndarray, dtype: str):
+    import torch
+
+    t = torch.from_numpy(arr)
+    return t if dtype in ("float32", torch.float32) and t.dtype == torch.float32 else t.to(
+        {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype, dtype))
+
+
+# --------------------------------------------------------------------------- split GGUFs
+#
+# llama.cpp ``tools/gguf-split/gguf-split.cpp`` writes part i (0-based) of n as
+# ``{prefix}-{i+1:05d}-of-{n:05d}.gguf`` (``llama_split_path``).  Each part is a complete GGUF
+# whose tensor offsets are relative to its own data section; part 1 gets every metadata key of
+# the model (``gguf_set_kv``), and every part gets the three keys below.  The loader
+# (``src/llama-model-loader.cpp``) reads part 1, finds the others by name from its split.no /
+# split.count (``llama_split_prefix`` + ``llama_get_list_splits``), checks each part's split.no,
+# refuses a tensor name seen twice, and compares the total with part 1's split.tensors.count.
+
+SPLIT_NO = "split.no"                        # u16: this part's index, 0-based
+SPLIT_COUNT = "split.count"                  # u16: number of parts
+SPLIT_TENSORS_COUNT = "split.tensors.count"  # i32: tensors over all parts
+_INT_VALUE_TYPES = frozenset({"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"})
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5,})-of-(?P<count>\d{5,})\.gguf$")
+
+
+def split_part_name(prefix: str, no: int, count: int) -> str:
+    """File name of part ``no`` (0-based) of ``count``: llama.cpp ``llama_split_path``'s
+    ``"%s-%05d-of-%05d.gguf"`` (the numbers in names are 1-based)."""
+    return f"{prefix}-{no + 1:05d}-of-{count:05d}.gguf"
+
+
+def parse_split_name(name: str) -> tuple[str, int, int] | None:
+    """``(prefix, no, count)`` (``no`` 0-based) when the file name ``name`` follows the split
+    naming, else None.  Names only: whether a file is a part is decided by its split keys."""
+    m = _SPLIT_NAME.match(name)
+    if m is None:
+        return None
+    no, count = int(m["no"]), int(m["count"])
+    if not 1 <= no <= count or split_part_name(m["prefix"], no - 1, count) != name:
+        return None
+    return m["prefix"], no - 1, count
+
+
+def group_gguf_names(names) -> list[tuple[str, ...]]:
+    """GGUF file names (basenames) grouped by model: the parts of one split set (same prefix and
+    part count) form one group in part order; every other name is a group of its own.  Groups
+    are sorted by their first name."""
+    sets: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    single = []
+    for n in sorted(set(names)):
+        parsed = parse_split_name(n)
+        if parsed is None:
+            single.append((n,))
+        else:
+            sets.setdefault((parsed[0], parsed[2]), []).append((parsed[1], n))
+    groups = single + [tuple(n for _, n in sorted(v)) for v in sets.values()]
+    return sorted(groups, key=lambda g: g[0])
+
+
+def describe_gguf_groups(groups, limit: int = 4) -> str:
+    """``"a.gguf, b-00001-of-00002.gguf (+1 part)"``: one entry per model, for error messages."""
+    shown = [g[0] if len(g) == 1 else f"{g[0]} (+{len(g) - 1} part{'s' if len(g) > 2 else ''})" for g in groups[:limit]]
+    return ", ".join(shown) + (" ..." if len(groups) > limit else "")
+
+
+@dataclass(frozen=True)
+class SplitKeys:
+    """The ``split.*`` keys of one part."""
+
+    no: int
+    count: int
+    tensors_count: int | None   # llama.cpp requires it in part 1; gguf-split writes it in every part
+
+
+def split_keys(header: GGUFHeader) -> SplitKeys | None:
+    """The split keys of a header, or None for an ordinary file: no ``split.count``, or one <= 1
+    (llama.cpp then loads the file alone; ``llama-gguf-split --merge`` writes split.count 0)."""
+    md, path = header.metadata, header.path
+    if SPLIT_COUNT not in md:
+        return None
+    vals = {}
+    for key in (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT):
+        if key in md:
+            ftype = header.fields[key].type
+            if ftype not in _INT_VALUE_TYPES:
+                raise FormatError(f"metadata key '{key}' must be an integer (gguf-split writes "
+                                  f"{'INT32' if key == SPLIT_TENSORS_COUNT else 'UINT16'}), not {ftype}", path=path)
+            vals[key] = int(md[key])
+    count = vals[SPLIT_COUNT]
+    if count <= 1:
+        return None
+    no = vals.get(SPLIT_NO)
+    if no is None:
+        raise FormatError(f"split.count is {count} but the split.no key is missing (every part of a split GGUF "
+                          "has it)", path=path)
+    if not 0 <= no < count:
+        raise FormatError(f"split.no is {no}, outside 0..{count - 1} for split.count {count}", path=path)
+    return SplitKeys(no, count, vals.get(SPLIT_TENSORS_COUNT))
+
+
+def split_part_names(name: str, header: GGUFHeader) -> list[str] | None:
+    """File names of every part (in part order) of the split GGUF whose part ``name`` (the file's
+    own name, no folder) has ``header``; None when it is an ordinary GGUF.
+
+    As llama.cpp's ``llama_split_prefix``, the name must end in ``-{no+1:05d}-of-{count:05d}.gguf``
+    for the header's own split.no / split.count: the other parts are found by name.
+    """
+    keys = split_keys(header)
+    if keys is None:
+        return None
+    post = f"-{keys.no + 1:05d}-of-{keys.count:05d}.gguf"
+    if len(name) <= len(post) or not name.endswith(post):
+        raise FormatError(f"is part {keys.no + 1} of a {keys.count}-part split GGUF (split.no {keys.no}, split.count "
+                          f"{keys.count}), but its name does not end in '{post}', so the other parts cannot be found",
+                          path=header.path, hint="keep the file names llama-gguf-split gave the parts")
+    prefix = name[:-len(post)]
+    return [split_part_name(prefix, i, keys.count) for i in range(keys.count)]
+
+
+def _base(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def merge_split_headers(headers: Sequence[GGUFHeader]) -> tuple[dict, tuple[str, ...]]:
+    """Validate the headers of a split set (in part order) as one model -> (tensors, warnings).
+
+    ``tensors`` is the union over the parts in part order (each ``TensorInfo.file`` its part);
+    ``warnings`` are the parts' own (a truncated part), prefixed with the part's name.  Checks,
+    llama.cpp's (``llama_model_loader``) first: every part's split.no is its position, no tensor
+    name in two parts, the total equals part 1's split.tensors.count; then ours: every part has
+    split keys and the same split.count, and a split.tensors.count or general.architecture a
+    later part carries agrees with part 1's.
+    """
+    first = headers[0]
+    n = len(headers)
+    name0 = _base(first.path)
+    tensors: dict[str, TensorInfo] = {}
+    warnings: list[str] = []
+    total = None
+    for i, h in enumerate(headers):
+        k = split_keys(h)
+        if k is None:
+            raise FormatError(f"has no split keys (split.count > 1): it is not part {i + 1} of the {n}-part split GGUF "
+                              f"{name0} belongs to", path=h.path)
+        if k.count != n:
+            raise FormatError(f"split.count is {k.count}, but the part names say {n} parts (-of-{n:05d}): the parts "
+                              "come from different splits", path=h.path)
+        if k.no != i:
+            raise FormatError(f"split.no is {k.no} (part {k.no + 1}), but its name says part {i + 1} of {n}", path=h.path)
+        if i == 0:
+            total = k.tensors_count
+        elif k.tensors_count is not None and total is not None and k.tensors_count != total:
+            raise FormatError(f"split.tensors.count is {k.tensors_count}, but part 1 ({name0}) says {total}: the parts "
+                              "come from different splits", path=h.path)
+        if i and h.architecture is not None and h.architecture != first.architecture:
+            raise FormatError(f"general.architecture is {h.architecture!r}, but part 1 ({name0}) says "
+                              f"{first.architecture!r}", path=h.path)
+        for tname, info in h.tensors.items():
+            if tname in tensors:
+                raise FormatError(f"is also in {_base(tensors[tname].file)}: a tensor may be in one part only",
+                                  path=h.path, tensor=tname)
+            tensors[tname] = info
+        warnings.extend(f"{_base(h.path)}: {w}" for w in h.warnings)
+    if total is None:
+        raise FormatError(f"is part 1 of a {n}-part split GGUF but has no split.tensors.count key", path=first.path)
+    if total != len(tensors):
+        raise FormatError(f"split.tensors.count is {total}, but the {n} parts hold {len(tensors)} tensors",
+                          path=first.path)
+    return tensors, tuple(warnings)
+
+
+class SplitGGUF:
+    """The parts of a split GGUF read as one model, with :class:`GGUFFile`'s reading interface.
+
+    ``header`` / ``metadata`` / ``path`` are part 1's (gguf-split writes the model metadata there
+    only); ``tensors`` is the union over the parts, validated by :func:`merge_split_headers`;
+    ``read(info)`` / ``read_bytes(info)`` go to the part named by ``info.file``.  ``parts`` are
+    :class:`GGUFFile` objects (local ``pread``) or the Hub reader's range-reading subclass.
+    """
+
+    def __init__(self, parts: Sequence[GGUFFile]):
+        self.parts = tuple(parts)
+        self.headers = tuple(p.header for p in self.parts)
+        self.tensors, self.warnings = merge_split_headers(self.headers)
+        self.header = self.headers[0]
+        self.path = self.header.path
+        self._by_file = {p.path: p for p in self.parts}
+
+    @property
+    def metadata(self) -> dict:
+        return self.header.metadata
+
+    @property
+    def architecture(self) -> str | None:
+        return self.header.architecture
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p.path for p in self.parts)
+
+    @property
+    def missing_bytes(self) -> int:
+        return sum(h.missing_bytes for h in self.headers)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(p.bytes_read for p in self.parts)
+
+    def _part(self, info: TensorInfo) -> GGUFFile:
+        part = self._by_file.get(info.file)
+        if part is None:
+            raise FormatError(f"{info.file} is not a part of this split GGUF", path=self.path, tensor=info.name)
+        return part
+
+    def read(self, info: TensorInfo, *, threads: int | None = None) -> np.ndarray:
+        return self._part(info).read(info, threads=threads)
+
+    def read_bytes(self, info: TensorInfo) -> bytes:
+        return self._part(info).read_bytes(info)
+
+    def read_torch(self, info: TensorInfo, dtype: str = "float32"):
+        """The tensor as a ``torch.Tensor`` (float32 or bfloat16); imports torch."""
+        return _to_torch(self.read(info), dtype)
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile | SplitGGUF:
+    """Open a local GGUF (header only): the file itself, or, when it is any part of a split GGUF,
+    the whole set, its parts found beside it by name (llama.cpp ``llama_get_list_splits``)."""
+    g = GGUFFile(path)
+    try:
+        names = split_part_names(os.path.basename(g.path), g.header)
+        if names is None:
+            return g
+        folder = os.path.dirname(g.path)
+        paths = [os.path.join(folder, n) for n in names]
+        for p in paths:
+            if not os.path.isfile(p):
+                raise SourceNotFoundError(f"split part missing (expected beside {os.path.basename(g.path)})", path=p)
+    except BaseException:
+        g.close()
+        raise
+    parts: list[GGUFFile] = []
+    try:
+        for p in paths:
+            parts.append(g if p == os.path.join(folder, os.path.basename(g.path)) else GGUFFile(p))
+        return SplitGGUF(parts)
+    except BaseException:
+        for q in parts:
+            q.close()
+        g.close()
+        raise
 
 
 def file_summary(header: GGUFHeader) -> dict:
@@ -579,19 +855,33 @@ def file_summary(header: GGUFHeader) -> dict:
     }
 
 
+def gguf_summary(g: GGUFFile | SplitGGUF) -> dict:
+    """:func:`file_summary` of a reader; a split set adds ``split_count`` and ``split_files``
+    (part names in order) and counts ``tensor_count`` over all parts."""
+    out = file_summary(g.header)
+    if isinstance(g, SplitGGUF):
+        out["tensor_count"] = len(g.tensors)
+        out["split_count"] = len(g.parts)
+        out["split_files"] = [_base(p) for p in g.paths]
+    return out
+
+
 def open_gguf_checkpoint(path: str | os.PathLike):
-    """Open a local ``.gguf`` as a :class:`~ckpt_surgeon.checkpoint.Checkpoint` (header only)."""
+    """Open a local ``.gguf`` (or any part of a split GGUF: the whole set) as a
+    :class:`~ckpt_surgeon.checkpoint.Checkpoint` (headers only)."""
     from ..arch.gguf_config import config_from_gguf
     from ..checkpoint import Checkpoint
 
-    g = GGUFFile(path)
+    g = open_gguf(path)
     try:
         config = config_from_gguf(g.metadata, g.tensors, path=g.path)
     except Exception:
         g.close()
         raise
+    # One reader for every part: Checkpoint.read dispatches by TensorInfo.file, and the
+    # byte counters are summed once per distinct reader.
     ck = Checkpoint(source=os.fspath(path), format="gguf", config=config, config_path=g.path, tensors=dict(g.tensors),
-                    naming="gguf", gguf_arch=g.architecture, metadata=g.metadata, files=(g.path,),
-                    _readers={g.path: g}, missing_bytes=g.missing_bytes, file_summary=file_summary(g.header))
-    ck.warnings.extend(g.header.warnings)
+                    naming="gguf", gguf_arch=g.architecture, metadata=g.metadata, files=g.paths,
+                    _readers={f: g for f in g.paths}, missing_bytes=g.missing_bytes, file_summary=gguf_summary(g))
+    ck.warnings.extend(g.warnings)
     return ck

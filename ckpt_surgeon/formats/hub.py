@@ -734,11 +734,16 @@ def _choose_weights(files: list[str], file: str | None, client: HubClient) -> tu
     if sts:
         return "safetensors", sts
     ggufs = [f for f in root if f.endswith(".gguf")]
-    if len(ggufs) == 1:
-        return "gguf", ggufs
-    if len(ggufs) > 1:
+    # The parts of one split GGUF (name-00001-of-00003.gguf ...) are one model.
+    groups = gg.group_gguf_names(ggufs)
+    if len(groups) == 1:
+        return "gguf", [groups[0][0]]
+    if len(groups) > 1 and all(len(g) == 1 for g in groups):
         raise HubError(f"repository holds {len(ggufs)} GGUF files ({', '.join(ggufs[:4])}{' ...' if len(ggufs) > 4 else ''})",
                        path=client.label(), hint="pick one with --file")
+    if len(groups) > 1:
+        raise HubError(f"repository holds {len(groups)} GGUF models ({gg.describe_gguf_groups(groups)})",
+                       path=client.label(), hint="pick one with --file; any part of a split GGUF selects all its parts")
     pickles = [f for f in root if f.endswith(_PICKLE_SUFFIXES)]
     if pickles:
         raise PickleRefusedError(f"holds only pickle weights ({pickles[0]}); they are never read remotely because "
@@ -873,7 +878,7 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
     if kind == "sniff":
         kind = _sniff_remote(client, cache, chosen[0])
     if kind == "gguf":
-        return _open_hub_gguf(client, cache, chosen[0])
+        return _open_hub_gguf(client, cache, chosen[0], files)
 
     # 3. config (beside the weights) and the index
     base = posixpath.dirname(chosen[0])
@@ -937,26 +942,46 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
 # First range of a GGUF header: the metadata holds the tokenizer (SmolLM2's 49k-token header is
 # 1.8 MB, a 152k-token Qwen2.5 one ~6 MB); a short first range grows by doubling.
 GGUF_FIRST_RANGE = 2 << 20
+# First range of the header of a later part of a split GGUF: gguf-split writes only the three
+# split.* keys and that part's tensor table there (~60 bytes per tensor: a few KB to ~100 KB).
+GGUF_PART_FIRST_RANGE = 256 << 10
+
+
+def _gguf_headers(client: HubClient, stores: dict, first_range: int) -> dict:
+    """Fetch the GGUF headers of several files ({filename: RangeStore}) by growing ranges until
+    ``gguf.parse_header`` stops asking for more; each round's ranges go out as one parallel batch.
+    -> {filename: GGUFHeader}."""
+    have = {f: s.prefix() for f, s in stores.items()}
+    out: dict = {}
+    while True:
+        jobs = []
+        for f, store in stores.items():
+            if f in out:
+                continue
+            size = store.meta.get("size")
+            if have[f] and isinstance(size, int):
+                try:
+                    out[f] = gg.parse_header(have[f], client.label(f), size)
+                    continue
+                except gg.NeedMoreBytes as e:
+                    want = min(size, max(e.needed, 2 * len(have[f])))
+            else:
+                want = max(first_range, 2 * len(have[f]))
+            jobs.append((f, len(have[f]), want, store))
+        if not jobs:
+            return out
+        client.fetch_many(jobs, "header" if len(jobs) == 1 else "headers")
+        for f, _, _, store in jobs:
+            more = store.prefix()
+            if len(more) <= len(have[f]):
+                raise HubError(f"the server sent no bytes past {len(have[f]):,} while the GGUF header needs more",
+                               path=client.label(f))
+            have[f] = more
 
 
 def _gguf_header(client: HubClient, store: RangeStore, filename: str):
-    """Fetch a GGUF header by growing ranges until ``gguf.parse_header`` stops asking for more."""
-    label = client.label(filename)
-    have = store.prefix()
-    while True:
-        size = store.meta.get("size")
-        if have and isinstance(size, int):
-            try:
-                return gg.parse_header(have, label, size)
-            except gg.NeedMoreBytes as e:
-                want = min(size, max(e.needed, 2 * len(have)))
-        else:
-            want = GGUF_FIRST_RANGE
-        client.fetch_many([(filename, len(have), want, store)], "header")
-        more = store.prefix()
-        if len(more) <= len(have):
-            raise HubError(f"the server sent no bytes past {len(have):,} while the GGUF header needs more", path=label)
-        have = more
+    """Fetch one GGUF header by growing ranges (see :func:`_gguf_headers`)."""
+    return _gguf_headers(client, {filename: store}, GGUF_FIRST_RANGE)[filename]
 
 
 class HubGGUFFile(gg.GGUFFile):
@@ -982,21 +1007,60 @@ class HubGGUFFile(gg.GGUFFile):
         self._hub.prefetch(infos)
 
 
-def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str):
+class HubSplitGGUF(gg.SplitGGUF):
+    """:class:`~ckpt_surgeon.formats.gguf.SplitGGUF` over :class:`HubGGUFFile` parts that share one
+    :class:`HubReader` (so its counters are the client's, counted once, and a prefetch covering
+    several parts goes out as one parallel batch)."""
+
+    def __init__(self, parts, hub_reader: HubReader):
+        super().__init__(parts)
+        self._hub = hub_reader
+
+    @property
+    def bytes_read(self) -> int:
+        return self._hub.bytes_read
+
+    @property
+    def requests(self) -> int:
+        return self._hub.requests
+
+    def prefetch(self, infos) -> None:
+        self._hub.prefetch(infos)
+
+
+def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str, files=()):
+    """A GGUF in a Hub repo, or, when ``filename`` is any part of a split GGUF, the whole set: the
+    other parts are found by name in the file list and their headers fetched by range (a
+    ``GGUF_PART_FIRST_RANGE`` range each, all at once)."""
     from ..arch.gguf_config import config_from_gguf
     from ..checkpoint import Checkpoint
 
     label = client.label(filename)
     store = cache.store(client.sha, filename)
     header = _gguf_header(client, store, filename)
-    reader = HubGGUFFile(header, HubReader(client, {label: (filename, store)}))
-    config = config_from_gguf(header.metadata, header.tensors, path=label)
-    ck = Checkpoint(source=client.source, format="hub-gguf", config=config, config_path=label,
-                    tensors=dict(header.tensors), naming="gguf", gguf_arch=header.architecture,
-                    metadata=header.metadata, files=(label,), _readers={label: reader},
-                    missing_bytes=header.missing_bytes,
-                    file_summary={**gg.file_summary(header), **_hub_summary(client)})
-    ck.warnings.extend(header.warnings)
+    names = gg.split_part_names(posixpath.basename(filename), header)
+    if names is None:
+        g = HubGGUFFile(header, HubReader(client, {label: (filename, store)}))
+    else:
+        base = posixpath.dirname(filename)
+        parts = [posixpath.join(base, n) if base else n for n in names]
+        listed = set(files)
+        for f in parts:
+            if f not in listed:
+                raise HubError(f"split part missing at revision {client.revision!r} (expected beside "
+                               f"{posixpath.basename(filename)})", path=client.label(f))
+        stores = {f: (store if f == filename else cache.store(client.sha, f)) for f in parts}
+        headers = _gguf_headers(client, {f: s for f, s in stores.items() if f != filename}, GGUF_PART_FIRST_RANGE)
+        headers[filename] = header
+        hub_reader = HubReader(client, {client.label(f): (f, stores[f]) for f in parts})
+        g = HubSplitGGUF([HubGGUFFile(headers[f], hub_reader) for f in parts], hub_reader)
+    config = config_from_gguf(g.metadata, g.tensors, path=g.path)
+    ck = Checkpoint(source=client.source, format="hub-gguf", config=config, config_path=g.path,
+                    tensors=dict(g.tensors), naming="gguf", gguf_arch=g.architecture,
+                    metadata=g.metadata, files=g.paths, _readers={f: g for f in g.paths},
+                    missing_bytes=g.missing_bytes,
+                    file_summary={**gg.gguf_summary(g), **_hub_summary(client)})
+    ck.warnings.extend(g.warnings)
     return ck
 
 

@@ -1107,6 +1107,12 @@ class GGUFCheckpointWriter(CheckpointWriter):
     FORMAT = "GGUF"
 
     def __init__(self, out, source=None, **kw):
+        if source is not None and source.format == "gguf" and len(source.files) > 1:
+            # A split source (llama.cpp gguf-split parts) would need a split output or a merged
+            # key-value section (part 1's keys minus split.*); neither is written yet.
+            raise UnsupportedError(f"is a split GGUF ({len(source.files)} parts); split GGUF sources cannot be written "
+                                   "as GGUF yet: convert to safetensors first (ckpt-surgeon convert) or merge the parts "
+                                   "with llama-gguf-split --merge", path=source.source)
         if source is None or source.format != "gguf" or len(source.files) != 1:
             raise UnsupportedError("GGUF output needs a GGUF source file (its metadata is carried over); "
                                    "use `ckpt-surgeon convert` to make a GGUF from a Hugging Face folder", path=out)
