@@ -56,8 +56,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Look inside LLM checkpoints and operate on them safely.
 
     SOURCE arguments accept a Hugging Face folder (config.json + safetensors
-    shards), a single .safetensors file, a .gguf file, or a Hub repo id
-    (owner/name).  Exit codes: 0 success, 1 verification mismatch, 2 bad input.
+    shards), a single .safetensors file, a .gguf file (any part of a split
+    GGUF opens all its parts), or a Hub repo id (owner/name).  Exit codes: 0
+    success, 1 verification mismatch, 2 bad input.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug

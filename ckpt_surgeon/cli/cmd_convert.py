@@ -26,8 +26,8 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
 def command(source, out, dtype, force, name, fmt):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
-    The direction follows SOURCE: a .gguf file (recognised by its magic bytes) becomes an HF
-    folder OUT with config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+    The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
+    split GGUF converts the whole set) becomes an HF folder OUT with config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
     generation_config.json that transformers loads offline; an HF folder (config.json,
     safetensors, tokenizer.json) becomes the GGUF file OUT that llama.cpp loads.
 

@@ -19,6 +19,10 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, fmt, 
     q/k/v biases exist (separately or inside a fused qkv) with their L2 norm and
     max |x|.  --format json gives the stable contract documented in the README.
 
+    Split GGUFs (llama.cpp gguf-split: name-00001-of-00003.gguf ...): any part
+    opens the whole set (the other parts are found beside it by name, or in the
+    same Hub repo); a missing or inconsistent part is an error (exit code 2).
+
     Truncated files: the structure is still shown, then exit code 2 names the
     missing bytes and the tensors whose statistics could not be computed.
     """

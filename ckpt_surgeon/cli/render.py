@@ -144,7 +144,7 @@ def source_options(fn):
     """Options every command that opens a SOURCE shares."""
     fn = click.option("--allow-full-download", is_flag=True,
                       help="Hub sources: allow downloading whole files when the server ignores HTTP Range.")(fn)
-    fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (e.g. one GGUF in a GGUF repo).")(fn)
+    fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (e.g. one GGUF in a GGUF repo; any part of a split GGUF selects all its parts).")(fn)
     fn = click.option("--revision", default=None, help="Hub sources: branch, tag or commit sha.")(fn)
     fn = click.option("--allow-pickle", is_flag=True,
                       help="Load pickle checkpoints (pytorch_model.bin) with torch.load(weights_only=True). Off by default: pickles can run code.")(fn)
