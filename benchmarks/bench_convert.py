@@ -4,7 +4,7 @@ Both sides produce the same thing, an HF folder that ``from_pretrained`` loads (
 float32, config, tokenizer files), and each runs as a whole fresh Python process so that
 imports count alike:
 
-* ours: ``ckpt_surgeon.convert.gguf_to_hf(gguf, out)`` (the same call as
+* ours: ``ckpt_surgeon.conversion.gguf_to_hf(gguf, out)`` (the same call as
   ``ckpt-surgeon convert model.gguf -o OUT``);
 * reference: ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=float32,
   quantization_config=GgufConfig(dequantize=True))`` + ``AutoTokenizer.from_pretrained(dir,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OURS = r"""
 import json, resource, sys, time
 t = time.perf_counter()
-from ckpt_surgeon.convert import gguf_to_hf
+from ckpt_surgeon.conversion import gguf_to_hf
 gguf_to_hf(sys.argv[1], sys.argv[2], dtype="float32")
 print(json.dumps({"inner_s": time.perf_counter() - t,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

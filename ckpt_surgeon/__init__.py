@@ -7,8 +7,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze", "convert", "fold_bias", "inspect", "open_checkpoint", "qkv_fuse", "qkv_split", "verify",
-           "__version__"]
+__all__ = ["analyze", "convert", "fold_bias", "gguf_to_hf", "hf_to_gguf", "inspect", "open_checkpoint", "qkv_fuse",
+           "qkv_split", "verify", "__version__"]
 
 
 def inspect(source, **kwargs):
@@ -41,10 +41,22 @@ def verify(reference, candidate, **kwargs):
 
 def convert(source, out, **kwargs):
     """Convert between GGUF and HF safetensors (direction from SOURCE) -> ConvertReport; see
-    ``ckpt-surgeon convert``.  (Once the ``ckpt_surgeon.convert`` package is imported, this
-    attribute is that package, which is callable with the same signature.)"""
-    from .convert import convert as _convert
+    ``ckpt-surgeon convert``."""
+    from .conversion import convert as _convert
     return _convert(source, out, **kwargs)
+
+
+def gguf_to_hf(gguf_path, out_dir, dtype="float32", force=False):
+    """GGUF file -> HF folder (config, tokenizer, safetensors) -> its Path; see
+    :func:`ckpt_surgeon.conversion.from_gguf.gguf_to_hf`."""
+    from .conversion import gguf_to_hf as _f
+    return _f(gguf_path, out_dir, dtype=dtype, force=force)
+
+
+def hf_to_gguf(src, out_path, dtype="f16", force=False, *, name=None):
+    """HF folder -> GGUF file -> its Path; see :func:`ckpt_surgeon.conversion.to_gguf.hf_to_gguf`."""
+    from .conversion import hf_to_gguf as _f
+    return _f(src, out_path, dtype=dtype, force=force, name=name)
 
 
 def fold_bias(source, out, *, k=False, v=False, approximate=False, max_logit_change=None, context=None,

@@ -171,7 +171,7 @@ def read_json(p: Path) -> dict:
 def smollm_hf(smollm_gguf: Path, root: Path) -> Path:
     """SmolLM2-135M-Instruct Q4_1 converted by us to an HF folder (float32), built once per
     session directory and shared by the modules that need it."""
-    from ckpt_surgeon.convert import gguf_to_hf
+    from ckpt_surgeon.conversion import gguf_to_hf
     out = Path(root) / "smollm2-hf"
     if not (out / "config.json").is_file():
         gguf_to_hf(smollm_gguf, out, dtype="float32")

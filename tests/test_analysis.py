@@ -324,7 +324,7 @@ def test_interleaved_pairs_on_permuted_rows_give_the_same_analysis(tiny):
 
 
 def test_gguf_file_analysis_equals_the_hf_folder(tiny, tmp_path):
-    from ckpt_surgeon.convert.hf_to_gguf import hf_to_gguf   # the function (the package attribute can be the submodule)
+    from ckpt_surgeon.conversion import hf_to_gguf
     gguf = hf_to_gguf(tiny("llama_bias"), tmp_path / "m.gguf", dtype="f32")
     a, b = analyze(tiny("llama_bias"), epsilon=1.0), analyze(gguf, epsilon=1.0)
     assert b.format == "gguf" and b.position.pair_layout == "interleaved"

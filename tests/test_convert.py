@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from convert_variants import (LLAMACPP_FAMILIES, MULTILINGUAL, build_variant, gguf_metadata, hf_tensor_bytes,
                               read_json, spm_llama, with_dtype)
 
-from ckpt_surgeon.convert import gguf_to_hf, gguf_to_hf_report, hf_to_gguf
-from ckpt_surgeon.convert import names as N
+from ckpt_surgeon.conversion import gguf_to_hf, gguf_to_hf_report, hf_to_gguf
+from ckpt_surgeon.conversion import names as N
 from ckpt_surgeon.errors import (CkptError, ConfigError, OutputExistsError, RefusedError, UnsupportedError)
 
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -560,3 +560,18 @@ def test_cli_exit_code_in_a_real_process(tiny, tmp_path):
         f"error: {tiny('bert') / 'config.json'}: model_type 'bert' has no GGUF mapping here "
         f"(supported: {', '.join(N.supported_model_types())})"]
     assert r.stdout == ""
+
+
+def test_entry_points_stay_functions_after_importing_every_submodule():
+    """No submodule shares a name with a function, so importing them never rebinds the API."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import ckpt_surgeon
+    import ckpt_surgeon.conversion as conv
+    for m in pkgutil.iter_modules(conv.__path__):
+        importlib.import_module(f"ckpt_surgeon.conversion.{m.name}")
+    for fn in (ckpt_surgeon.convert, ckpt_surgeon.gguf_to_hf, ckpt_surgeon.hf_to_gguf, conv.convert, conv.gguf_to_hf,
+               conv.hf_to_gguf, ckpt_surgeon.verify):
+        assert inspect.isfunction(fn), fn

@@ -192,7 +192,7 @@ def test_folder_with_one_split_set_opens_it_and_two_models_are_listed(qwen_sets,
 def test_convert_to_hf_from_the_split_set_equals_the_unsplit_file(qwen_sets, tmp_path):
     from safetensors.numpy import load_file
 
-    from ckpt_surgeon.convert import gguf_to_hf
+    from ckpt_surgeon.conversion import gguf_to_hf
 
     src, parts = qwen_sets["Q8_0"]
     a = gguf_to_hf(parts[1], tmp_path / "from-split")

@@ -13,7 +13,7 @@ import pytest
 
 from convert_variants import LLAMACPP_FAMILIES, LONG_TEXT, MULTILINGUAL, build_variant, smollm_hf, spm_llama
 
-from ckpt_surgeon.convert import gguf_to_hf, hf_to_gguf
+from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
 
 import llama_cpp  # noqa: E402  (installed by the test extra; a missing runtime is a broken set-up, not a skip)
 

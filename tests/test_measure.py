@@ -198,7 +198,7 @@ def test_measured_cli_with_prompts_file(tiny, tmp_path):
 
 
 def test_measured_on_gguf_goes_through_the_converter(tiny, tmp_path):
-    from ckpt_surgeon.convert.hf_to_gguf import hf_to_gguf   # the function (the package attribute can be the submodule)
+    from ckpt_surgeon.conversion import hf_to_gguf
     gguf = hf_to_gguf(tiny("llama_bias"), tmp_path / "lb.gguf", dtype="f32")
     rep = analyze(gguf, epsilon=1.0, measure=True, prompts=PROMPTS, max_tokens=48)
     hf = analyze(tiny("llama_bias"), epsilon=1.0)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ckpt_surgeon.convert.model_check import ExpectedTensors, _InProcess
+from ckpt_surgeon.conversion.model_check import ExpectedTensors, _InProcess
 from ckpt_surgeon.errors import ConfigError
 
 

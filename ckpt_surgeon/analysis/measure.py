@@ -205,7 +205,7 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer, is_lm) for a source transformers can load.
 
     HF folders (or a .safetensors beside its config.json) load with ``from_pretrained``;
-    GGUF files are converted to a temporary HF folder with :func:`ckpt_surgeon.convert.gguf_to_hf`
+    GGUF files are converted to a temporary HF folder with :func:`ckpt_surgeon.conversion.gguf_to_hf`
     (dequantized, llama Q/K rows un-permuted) and loaded from there.
     """
     import torch
@@ -226,11 +226,7 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
         # different model.  The HF copy lives in a temp dir only while the model loads.
         import shutil
         import tempfile
-        try:
-            from ..convert.gguf_to_hf import gguf_to_hf
-        except ImportError:
-            raise UnsupportedError("measured mode on GGUF needs ckpt_surgeon.convert (GGUF -> HF converter)",
-                                   path=str(source)) from None
+        from ..conversion import gguf_to_hf
         tmp = tempfile.mkdtemp(prefix="ckpt-surgeon-measure-")
         try:
             folder = gguf_to_hf(p, Path(tmp) / "hf", dtype="float32" if dtype == "float64" else dtype)

@@ -44,7 +44,7 @@ def command(source, out, dtype, force, name, fmt):
       ckpt-surgeon convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2-hf
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q8_0.gguf --dtype q8_0
     """
-    from ..convert import convert
+    from ..conversion import convert
     from .render import to_json, to_table
 
     report = convert(source, out, dtype=dtype, force=force, name=name)

@@ -95,7 +95,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         for pm in (ref, cand):
             if pm.converted_from_gguf:
                 notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
-                             "by ckpt_surgeon.convert (removed at the end)")
+                             "by ckpt_surgeon.conversion (removed at the end)")
         thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
         thr = thresholds_for(thr_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
                              require_greedy=require_greedy)

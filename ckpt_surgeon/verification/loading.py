@@ -124,15 +124,8 @@ def _single_file_folder(file: Path, out: Path) -> Path:
 
 
 def _convert_gguf(path: Path, out: Path, dtype: str) -> Path:
-    """GGUF -> HF folder through our converter (ckpt_surgeon.convert, issue 7)."""
-    # Imported from the submodule, not the package: once ``ckpt_surgeon.convert.gguf_to_hf`` (the
-    # module) is imported, the package attribute of that name is the module, not the function.
-    try:
-        from ..convert.gguf_to_hf import gguf_to_hf
-    except ImportError:
-        raise UnsupportedError(
-            "GGUF inputs need the GGUF -> HF converter (ckpt_surgeon.convert.gguf_to_hf), which this build "
-            "lacks; convert it first with `ckpt-surgeon convert` and verify the folder", path=str(path)) from None
+    """GGUF -> HF folder through our converter (:func:`ckpt_surgeon.conversion.gguf_to_hf`)."""
+    from ..conversion import gguf_to_hf
     gguf_to_hf(path, out, dtype=dtype)
     return out
 

@@ -6,7 +6,7 @@ would later initialise at random with only a warning.
 
 Building the model needs torch + transformers, whose imports cost seconds of pure-Python work.
 :func:`expected_tensors_in_subprocess` does it in a child process (``python -m
-ckpt_surgeon.convert.model_check``: config JSON on stdin, ``{name: shape}`` JSON on stdout), so
+ckpt_surgeon.conversion.model_check``: config JSON on stdin, ``{name: shape}`` JSON on stdout), so
 the converter can stream tensors on one core while the model is built on the other, without the
 two fighting over the GIL.  That child is the critical path of a GGUF -> HF conversion, so it
 imports no optional package the model build does not need (:data:`_HIDDEN_WHILE_IMPORTING`) and
@@ -46,7 +46,7 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
 
 
 class ExpectedTensors:
-    """A ``python -m ckpt_surgeon.convert.model_check`` child.
+    """A ``python -m ckpt_surgeon.conversion.model_check`` child.
 
     Started before the config is known, so that it imports torch and transformers while the
     caller reads the source; :meth:`submit` hands it the config, :meth:`result` waits for the
@@ -58,7 +58,7 @@ class ExpectedTensors:
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon.convert.model_check"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon.conversion.model_check"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, text=True)
         self._payload: str | None = None
@@ -185,7 +185,7 @@ def _import_transformers() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", __spec__.name if __spec__ else
-                                   "ckpt_surgeon.convert.model_check"], dict(os.environ, **{_PLAIN_ENV: "1"}))
+                                   "ckpt_surgeon.conversion.model_check"], dict(os.environ, **{_PLAIN_ENV: "1"}))
     finally:
         for m in hidden:
             if m in sys.modules and sys.modules[m] is None:

@@ -16,8 +16,6 @@ vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
 """
 from __future__ import annotations
 
-import sys
-import types
 
 import hashlib
 import os
@@ -348,15 +346,3 @@ def _verify_written(tmp: Path, out: Path, arch: str, plan: list, digests: dict) 
     finally:
         os.close(fd)
         g.close()
-
-
-class _CallableModule(types.ModuleType):
-    """``ckpt_surgeon.convert.hf_to_gguf`` is this module once it has been imported (Python sets a
-    package's attribute to its submodule), so the module forwards calls to :func:`hf_to_gguf` and
-    ``ckpt_surgeon.convert.hf_to_gguf(...)`` works either way."""
-
-    def __call__(self, *args, **kwargs):
-        return hf_to_gguf(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -21,9 +21,7 @@ Steps (each a small function below):
 """
 from __future__ import annotations
 
-import sys
 import time
-import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -369,15 +367,3 @@ def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) 
 
 
 __all__ = ["gguf_to_hf", "gguf_to_hf_report", "hf_config_from_gguf"]
-
-
-class _CallableModule(types.ModuleType):
-    """``ckpt_surgeon.convert.gguf_to_hf`` is this module once it has been imported (Python sets a
-    package's attribute to its submodule), so the module forwards calls to :func:`gguf_to_hf` and
-    ``ckpt_surgeon.convert.gguf_to_hf(...)`` works either way."""
-
-    def __call__(self, *args, **kwargs):
-        return gguf_to_hf(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
