@@ -343,3 +343,26 @@ def test_values_only_sharded_commit_copies_shards_in_parallel(tmp_path):
     for name in ("a.weight", "b.weight", "b.bias"):
         assert out.read_raw(name) == ck.read_raw(name), name
     assert (out.read("a.bias") == 0).all() and (out.read("c.bias") == 1).all()
+
+
+def test_before_publish_hook_gates_the_output(tmp_path):
+    """before_publish runs after every shard is written and reread, before the rename: when it
+    raises, nothing is published and the temp output is removed; when it returns, OUT appears."""
+    src = make_sharded(tmp_path)
+    ck = open_checkpoint(src)
+    seen = []
+
+    def refuse():
+        seen.append(sorted(p.name for p in tmp_path.iterdir() if ".ckpt-surgeon-" in p.name))
+        raise CkptError("model check failed")
+
+    w = CheckpointWriter(tmp_path / "out", ck, before_publish=refuse)
+    w.put("a.bias", np.zeros(64))
+    with pytest.raises(CkptError, match="model check failed"):
+        w.commit()
+    assert len(seen) == 1 and len(seen[0]) == 1        # the temp output existed when the hook ran
+    assert not (tmp_path / "out").exists()
+    assert [x.name for x in tmp_path.iterdir() if ".ckpt-surgeon-" in x.name] == []
+    with CheckpointWriter(tmp_path / "out", ck, before_publish=lambda: seen.append("ok")) as w2:
+        w2.put("a.bias", np.zeros(64))
+    assert seen[-1] == "ok" and (open_checkpoint(tmp_path / "out").read("a.bias") == 0).all()

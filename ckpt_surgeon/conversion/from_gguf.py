@@ -171,6 +171,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     child = expected_tensors_in_subprocess(str(src)) if _looks_gguf(src) else None
     try:
         from ..checkpoint import open_checkpoint
+        from ..formats.writer import CheckpointWriter
         from .tokenizer import hf_tokenizer_files, vocab_from_metadata
 
         from . import normalize_dtype
@@ -216,13 +217,18 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                 shape = (shape[1], shape[0])
             plan.append((gname, hname, rule.transform, shape, info.dtype))
 
-        # The destination is checked (exists? inside the source?) before any work starts.
-        w = _gated_writer_class()(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes)
+        # The model check runs in a child while the tensors are written; the writer waits for it
+        # just before publishing (all shards written, fsync'd and verified by then), so a failed
+        # check leaves nothing at OUT.  The writer checks the destination (exists? inside the
+        # source?) when it is made, before any work starts.
+        gate = _Gate(on_abandon=child.kill)
+        w = CheckpointWriter(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes,
+                             before_publish=gate.wait)
         child.submit(config)
-        w.gate = gate = _Gate(lambda: check_tensors(
+        gate.start(lambda: check_tensors(
             child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),
             what=f"{spec.hf_architecture} built from this file's metadata",
-            source_names={h: g for g, h, _, _, _ in plan}), on_abandon=child.kill)
+            source_names={h: g for g, h, _, _, _ in plan}))
         try:
             tok_files = None
             vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
@@ -262,39 +268,21 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                          vocab.model if vocab is not None else None, tuple(records), tuple(warnings), config)
 
 
-def _gated_writer_class():
-    from ..formats.writer import CheckpointWriter
-
-    class GatedWriter(CheckpointWriter):
-        """The shared writer, publishing only once ``gate`` (the model check) has passed.
-
-        The wait sits just before the temp folder is renamed into place, after every shard is
-        written, fsynced and verified and the side files are written: all of that overlaps the
-        check instead of following it.  A failed check raises there, and ``commit`` removes the
-        temp folder, so nothing is left behind.
-        """
-        gate: "_Gate | None" = None
-
-        def _rename_into_place(self) -> None:
-            if self.gate is not None:
-                self.gate.wait()
-            super()._rename_into_place()
-
-    return GatedWriter
-
-
 class _Gate:
     """Run a check in a background thread; the output may be published only once it passed.
 
-    :class:`GatedWriter <_gated_writer_class>` waits for it just before publishing; a producer
-    that runs after the check failed re-raises its error at once, so streaming stops early.
-    The check costs no wall time when it is faster than writing and verifying the output.
+    The writer calls :meth:`wait` just before publishing (its ``before_publish`` hook); a
+    producer that runs after the check failed re-raises its error at once, so streaming stops
+    early.  The check costs no wall time when it is faster than writing and verifying the output.
     """
 
-    def __init__(self, fn, on_abandon=None):
-        import threading
+    def __init__(self, on_abandon=None):
         self._on_abandon = on_abandon
         self._error: BaseException | None = None
+        self._thread = None
+
+    def start(self, fn) -> None:
+        import threading
 
         def run():
             try:
@@ -311,6 +299,8 @@ class _Gate:
             self._on_abandon()
 
     def wait(self) -> None:
+        if self._thread is None:
+            raise RuntimeError("the model check was never started")
         self._thread.join()
         if self._error is not None:
             raise self._error

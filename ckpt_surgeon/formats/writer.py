@@ -357,7 +357,8 @@ class CheckpointWriter:
 
     def __init__(self, out: str | os.PathLike, source=None, *, force: bool = False,
                  copy_untouched: bool = True, max_shard_bytes: int | None = None,
-                 copy_side_files: bool = True, check: str = "auto", source_hash: str = "auto"):
+                 copy_side_files: bool = True, check: str = "auto", source_hash: str = "auto",
+                 before_publish: Callable[[], None] | None = None):
         if check not in ("auto", "full", "sampled"):
             raise ValueError(f"check must be auto|full|sampled, not {check!r}")
         if source_hash not in ("auto", "full", "headers"):
@@ -370,6 +371,10 @@ class CheckpointWriter:
         self.copy_side_files_enabled = copy_side_files
         self.check = check
         self.source_hash_mode = source_hash
+        # Called after everything is written, fsync'd and reread, just before the temp output is
+        # renamed into place: a last gate (e.g. the converter's model check running meanwhile);
+        # raising there discards the temp output, so nothing is published.
+        self.before_publish = before_publish
         self.single_file = self.out.name.endswith((".safetensors", ".gguf"))
         self.result: WriteResult | None = None
         self._entries: dict[str, _Entry] = {}
@@ -629,6 +634,8 @@ class CheckpointWriter:
                 self._verify_shard(fname, ents, check_full)
             files_copied, skipped = self._write_side_files(shards)
             _stage("before-rename")
+            if self.before_publish is not None:
+                self.before_publish()
             self._rename_into_place()
         except OSError as e:
             self._cleanup()
