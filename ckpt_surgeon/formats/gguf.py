@@ -465,13 +465,24 @@ class GGUFFile:
     ``read(info)`` returns float32 (dequantized; integer and F64 tensors in their own
     dtype) in numpy shape order; ``read_bytes(info)`` the stored bytes.  ``bytes_read``
     counts header and tensor bytes.
+
+    Other byte sources (the Hub's HTTP ranges: ``formats.hub.HubGGUFFile``) pass an already
+    parsed ``header`` instead of a path and override :meth:`_read_into`, the one method that
+    fetches bytes; the checks, truncation messages and dequantization stay here.
     """
 
-    def __init__(self, path: str | os.PathLike):
-        self.header = read_header(path)
+    def __init__(self, path: str | os.PathLike | None = None, *, header: GGUFHeader | None = None):
+        if (path is None) == (header is None):
+            raise TypeError("GGUFFile needs a path or a parsed header, not both")
+        self.header = read_header(path) if header is None else header
         self.path = self.header.path
-        self.bytes_read = self.header.header_end   # the header bytes parsed
+        self._bytes_read = self.header.header_end   # the header bytes parsed
         self._fd: int | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """Header and tensor bytes read from the file so far."""
+        return self._bytes_read
 
     # conveniences
     @property
@@ -514,6 +525,7 @@ class GGUFFile:
         return t
 
     def _read_into(self, info: TensorInfo) -> np.ndarray:
+        """The stored bytes of ``info`` as a fresh uint8 array (the byte-source hook)."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
         n = info.end - info.start
@@ -526,7 +538,7 @@ class GGUFFile:
                                      f"{info.end:,} (file changed while open?)", path=self.path, tensor=info.name,
                                      missing_bytes=n - got, tensors=(info.name,))
             got += k
-        self.bytes_read += n
+        self._bytes_read += n
         return out
 
     def read_bytes(self, info: TensorInfo) -> bytes:

@@ -989,11 +989,11 @@ class HubGGUFFile(gg.GGUFFile):
     dequantization) over bytes fetched by HTTP range instead of ``pread``."""
 
     def __init__(self, header, hub_reader: HubReader):   # no local file to open
-        self.header, self.path, self._fd = header, header.path, None
         self._hub = hub_reader
+        super().__init__(header=header)
 
     @property
-    def bytes_read(self) -> int:
+    def bytes_read(self) -> int:       # the HubReader's count (headers and ranges), not a local one
         return self._hub.bytes_read
 
     @property
