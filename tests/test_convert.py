@@ -575,3 +575,40 @@ def test_entry_points_stay_functions_after_importing_every_submodule():
     for fn in (ckpt_surgeon.convert, ckpt_surgeon.gguf_to_hf, ckpt_surgeon.hf_to_gguf, conv.convert, conv.gguf_to_hf,
                conv.hf_to_gguf, ckpt_surgeon.verify):
         assert inspect.isfunction(fn), fn
+
+
+def test_write_failure_while_model_check_runs_is_one_line(smollm_gguf, tmp_path):
+    """A write error (RLIMIT_FSIZE: 'disk full' as root) while the model-check child is still
+    importing transformers: the child is ended without racing the check thread for its pipes,
+    the CLI prints one line, exit 2, and nothing is left behind."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))   # the first 4 MB shard write fails
+
+    out = tmp_path / "hf"
+    p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "convert", str(smollm_gguf), "-o", str(out)],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "File too large" in lines[0], p.stderr
+    assert not out.exists() and not _leftovers(tmp_path)
+
+
+def test_gguf_source_needs_a_folder_output_and_a_gguf_folder_converts(smollm_gguf, tmp_path):
+    from ckpt_surgeon.cli import cli
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(cli, ["convert", str(smollm_gguf), "-o", str(tmp_path / "x.gguf")])
+    assert res.exit_code == 2 and "output is an HF folder" in res.stderr and not (tmp_path / "x.gguf").exists()
+    folder = tmp_path / "g"
+    folder.mkdir()
+    os.symlink(smollm_gguf, folder / Path(smollm_gguf).name)
+    res = CliRunner().invoke(cli, ["convert", str(folder), "-o", str(tmp_path / "hf"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["direction"] == "gguf->hf"
+    (folder / "other.gguf").write_bytes(Path(smollm_gguf).read_bytes()[:4096])
+    res = CliRunner().invoke(cli, ["convert", str(folder), "-o", str(tmp_path / "hf2")])
+    assert res.exit_code == 2 and "folder holds 2 GGUF models" in res.stderr

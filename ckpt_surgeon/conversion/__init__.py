@@ -68,6 +68,22 @@ def is_gguf(path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+def _gguf_in_folder(p: Path) -> Path | None:
+    """The GGUF a folder without config.json holds (its one file, or part 1 of its one split
+    set), so ``convert FOLDER`` goes GGUF -> HF like ``inspect FOLDER`` reads it; None otherwise."""
+    from ..errors import SourceNotFoundError
+    from ..formats.gguf import describe_gguf_groups, group_gguf_names
+    if not p.is_dir() or (p / "config.json").is_file():
+        return None
+    groups = group_gguf_names(g.name for g in p.glob("*.gguf") if g.is_file())
+    if not groups:
+        return None
+    if len(groups) > 1:
+        raise SourceNotFoundError(f"folder holds {len(groups)} GGUF models ({describe_gguf_groups(groups)}); "
+                                  "pass one of them", path=str(p))
+    return p / groups[0][0]
+
+
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
@@ -77,9 +93,11 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     from ..errors import SourceNotFoundError, UnsupportedError
     if not os.path.exists(os.fspath(source)):
         raise SourceNotFoundError("no such file or folder", path=os.fspath(source))
+    source = _gguf_in_folder(Path(os.fspath(source))) or source
     if is_gguf(source):
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
+
         return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force)
     if not str(out).endswith(".gguf"):
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",

@@ -80,9 +80,15 @@ class ExpectedTensors:
         return {k: tuple(v) for k, v in got["shapes"].items()}
 
     def kill(self) -> None:
+        """End the child (idempotent).  Only ``wait()`` here: the gate's thread may be inside
+        :meth:`result`'s ``communicate`` on the same pipes, which returns once the child is gone;
+        a second ``communicate`` from this thread would race it for the pipes."""
         if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.communicate()
+            try:
+                self._proc.kill()
+            except ProcessLookupError:      # exited between poll and kill
+                pass
+        self._proc.wait()
 
 
 class _InProcess:
