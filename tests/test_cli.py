@@ -9,19 +9,41 @@ from click.testing import CliRunner
 from ckpt_surgeon.cli import cli
 
 
+def _commands(group, prefix=()):
+    """Every leaf command, with its path (``qkv fuse``), walking into groups (a group's own
+    ``params`` are empty: its subcommands hold the options)."""
+    import click
+    for name, cmd in group.commands.items():
+        path = (*prefix, name)
+        if isinstance(cmd, click.Group):
+            yield path, cmd
+            yield from _commands(cmd, path)
+        else:
+            yield path, cmd
+
+
 def test_every_command_has_help():
+    import click
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0
     assert set(cli.commands) >= {"inspect", "demo"}
-    for name, cmd in cli.commands.items():
-        res = runner.invoke(cli, [name, "--help"])
-        assert res.exit_code == 0, name
-        assert cmd.help and len(cmd.help.split()) >= 8, f"{name} needs real --help text"
-        assert name in top.output
+    walked = list(_commands(cli))
+    assert ("qkv", "fuse") in [p for p, _ in walked] and ("qkv", "split") in [p for p, _ in walked]
+    n_options = 0
+    for path, cmd in walked:
+        res = runner.invoke(cli, [*path, "--help"])
+        assert res.exit_code == 0, path
+        assert cmd.help and len(cmd.help.split()) >= 8, f"{' '.join(path)} needs real --help text"
+        assert path[-1] in (top.output if len(path) == 1 else runner.invoke(cli, [*path[:-1], "--help"]).output)
+        if isinstance(cmd, click.Group):
+            continue
         for p in cmd.params:
             if p.param_type_name == "option" and p.name != "help":
-                assert p.help, f"{name} {p.opts} has no help text"
+                n_options += 1
+                assert p.help, f"{' '.join(path)} {p.opts} has no help text"
+                assert p.opts[0] in res.output, f"{' '.join(path)} --help does not show {p.opts[0]}"
+    assert n_options >= 40, n_options   # every command's options were really walked
 
 
 def test_usage_error_exit_code_is_2():

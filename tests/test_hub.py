@@ -45,6 +45,8 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
     monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "cache"))
+    # An empty Hugging Face cache: a model the machine's own ~/.cache holds would be read from there.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub-cache"))
     monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")   # retries in milliseconds, not seconds
     return tmp_path
 

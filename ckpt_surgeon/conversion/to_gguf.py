@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
+from ..formats import hf_cache
 from . import _io
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -230,7 +231,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         w = gguf.GGUFWriter(path=None, arch=spec.gguf_arch)
         # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
         # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-        _add_metadata(w, spec, hp, dtype, name if name is not None else folder.name, vocab)
+        _add_metadata(w, spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
         for p in plan:
             w.add_tensor_info(p.dst, p.shape, np.dtype(np.float32), p.nbytes,
                               raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])

@@ -55,6 +55,7 @@ import numpy as np
 from ..errors import ConfigError, FormatError, HubError, PickleRefusedError
 from ..records import TensorInfo
 from . import gguf as gg
+from . import hf_cache
 from . import safetensors as st
 
 logger = logging.getLogger(__name__)
@@ -87,17 +88,14 @@ def _is_true(v: str | None) -> bool:
 def cache_root() -> Path:
     """Where fetched ranges are kept: ``$CKPT_SURGEON_CACHE``, else ``$HF_HOME/ckpt-surgeon``.
 
-    ``HF_HOME`` is resolved as huggingface_hub does (``$HF_HOME``, else
-    ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``).  We do not write
+    ``HF_HOME`` is resolved as huggingface_hub does (:func:`hf_cache.hf_home`).  We do not write
     inside ``HF_HUB_CACHE`` itself: ``hf cache scan`` reports every folder there that is
     not a complete-file repo cache as corrupted, and ours holds partial files.
     """
     own = os.environ.get("CKPT_SURGEON_CACHE")
     if own:
         return Path(os.path.expandvars(os.path.expanduser(own)))
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
-    return Path(os.path.expandvars(os.path.expanduser(home))) / "ckpt-surgeon"
+    return hf_cache.hf_home() / "ckpt-surgeon"
 
 
 @dataclass(frozen=True)
@@ -858,6 +856,12 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
     client = HubClient(repo_id, settings, revision, allow_full_download=allow_full_download)
     cache = RepoCache(settings.cache, repo_id)
 
+    # 0. offline, a snapshot in the Hugging Face cache answers without any request
+    if settings.offline:
+        local = _from_hf_cache(client, rev, file)
+        if local is not None:
+            return local
+
     # 1. revision -> commit sha and file list (no request for a cached full sha; none offline)
     sha = rev if _FULL_SHA.match(rev) else None
     files = cache.listing(sha) if sha else None
@@ -872,6 +876,9 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
             cache.set_ref(rev, sha)
             cache.set_listing(sha, files)
     client.sha = sha
+    local = _from_hf_cache(client, sha, file)   # this commit fully downloaded already: read it there
+    if local is not None:
+        return local
 
     # 2. which weights
     kind, chosen = _choose_weights(files, file, client)
@@ -937,6 +944,25 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
                       config_path=client.label(cfg_name) if config is not None else None, tensors=tensors,
                       metadata=metadata, files=tuple(readers_map), _readers={k: reader for k in readers_map},
                       warnings=warnings, file_summary=_hub_summary(client))
+
+
+def _from_hf_cache(client: HubClient, revision: str, file: str | None):
+    """A local :class:`Checkpoint` when the Hugging Face cache holds every file the remote path
+    would read at ``revision``, as transformers' ``from_pretrained`` would use them; else None."""
+    snap = hf_cache.snapshot_dir(client.repo_id, revision)
+    if snap is None:
+        return None
+    try:
+        kind, chosen = _choose_weights(hf_cache.listing(snap), file, client)
+    except (HubError, PickleRefusedError):
+        return None          # not there (or not usable) locally: the remote path decides and explains
+    target = hf_cache.local_target(snap, kind, chosen)
+    if target is None:
+        return None
+    from ..checkpoint import open_checkpoint
+    ck = open_checkpoint(target)
+    ck.warnings.append(f"{client.repo_id}: read from the local Hugging Face cache ({snap})")
+    return ck
 
 
 # First range of a GGUF header: the metadata holds the tokenizer (SmolLM2's 49k-token header is
