@@ -774,6 +774,8 @@ class AnalysisReport:
     bytes_read: int = 0
     measured: object | None = None      # measure.MeasuredReport when --measure ran
     per_head: bool = False              # rows(): one row per kv head instead of per layer
+    consumers: object | None = None     # consumers.ConsumerReport: every bias, its consumer, removable share
+    by_bias: bool = False               # rows(): one row per bias (consumers) instead of per layer
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -788,7 +790,10 @@ class AnalysisReport:
 
     @property
     def flags(self) -> list[dict]:
-        return [{"layer": lr.layer, "flag": f.split(":", 1)[0], "message": f} for lr in self.layers for f in lr.flags]
+        out = [{"layer": lr.layer, "flag": f.split(":", 1)[0], "message": f} for lr in self.layers for f in lr.flags]
+        if self.consumers is not None:
+            out += [{"layer": None, "flag": f.split(":", 1)[0], "message": f} for f in self.consumers.flags]
+        return out
 
     def to_dict(self) -> dict:
         d = {"source": self.source, "format": self.format, "architecture": self.architecture, "family": self.family,
@@ -800,11 +805,15 @@ class AnalysisReport:
              "rope": self.rope.to_dict() if self.rope else None, "class_counts": self.class_counts(),
              "layers": [lr.to_dict() for lr in self.layers], "flags": self.flags,
              "notes": list(self.notes), "warnings": list(self.warnings), "bytes_read": self.bytes_read,
-             "measured": self.measured.to_dict() if self.measured is not None else None}
+             "measured": self.measured.to_dict() if self.measured is not None else None,
+             "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None}
         return d
 
     def rows(self) -> list[dict]:
-        """Flat rows for table/csv/markdown/``to_frame``: per layer, or per kv head with ``per_head``."""
+        """Flat rows for table/csv/markdown/``to_frame``: per layer, or per kv head with ``per_head``,
+        or per bias (consumer and removable share) with ``by_bias``."""
+        if self.by_bias and self.consumers is not None:
+            return self.consumers.rows()
         mrows = {r["layer"]: r for r in self.measured.rows()} if self.measured is not None else {}
         rows = []
         for lr in self.layers:
@@ -857,6 +866,8 @@ class AnalysisReport:
             ("value bias", ("foldable into the output bias in every layer" if vb and all(v.foldable for v in vb) else
                             vb[0].reason if vb else "none")),
         ]
+        if self.consumers is not None:
+            items += self.consumers.summary_items()
         if self.measured is not None:
             items += self.measured.summary_items()
         items.append(("bytes read", f"{self.bytes_read:,}"))
@@ -874,8 +885,10 @@ def _context(layout: ModelLayout, context: int | None) -> tuple[int | None, str]
 
 
 def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAULT_EPSILON,
-                       weights: bool = True, layout: ModelLayout | None = None) -> AnalysisReport:
-    """Static analysis of every layer.  ``weights=False`` reads bias vectors only (inspect)."""
+                       weights: bool = True, layout: ModelLayout | None = None,
+                       consumers: bool = True) -> AnalysisReport:
+    """Static analysis of every layer.  ``weights=False`` reads bias vectors only (inspect);
+    ``consumers=False`` skips the per-bias consumer table (:mod:`.consumers`)."""
     if not (epsilon >= 0 and math.isfinite(epsilon)):
         raise CkptError(f"--epsilon must be a finite angle >= 0 in radians (got {epsilon})")
     layout = layout or ck.layout()
@@ -893,8 +906,10 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     if L is None:
         notes.append(L_src)
     layers = []
+    qkv_vectors = {}
     for lt in layout.layers:
         vecs = layer_vectors(ck, layout, lt)
+        qkv_vectors[lt.layer] = vecs
         if vecs["k_tensor"] and vecs["k"] is None:
             warnings.append(f"layer {lt.layer}: key bias {vecs['k_tensor']} could not be read (truncated file or unknown heads)")
         cls, _ = classify(layout, lt, sinks=lt.layer in sinks)
@@ -912,13 +927,17 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         layers.append(analyze_layer(layout, lt, b_k=vecs["k"], b_q=vecs["q"], b_v=vecs["v"], w_q=w_q, gamma=gamma,
                                     beta=beta, rope=rope, scale=scale, context=L, epsilon=epsilon,
                                     sinks=lt.layer in sinks, weights_note=wnote, k_tensor=vecs["k_tensor"]))
+    cons = None
+    if consumers:
+        from .consumers import bias_consumers
+        cons = bias_consumers(ck, layout, key_layers=layers, qkv_vectors=qkv_vectors)
     return AnalysisReport(
         source=ck.source, format=ck.format, architecture=layout.architecture, family=layout.family,
         num_layers=layout.num_layers, num_heads=layout.num_heads, num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim, hidden_size=layout.hidden_size, position=layout.position,
         norm_placement=layout.norm_placement, input_norm=layout.input_norm, qk_norm=layout.qk_norm,
         context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
-        notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read)
+        notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons)
 
 
 def inspect_summary(layout: ModelLayout, config: dict | None, lt: LayerTensors, b_k: np.ndarray | None, *,

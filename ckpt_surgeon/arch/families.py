@@ -58,6 +58,12 @@ class Family:
     bias_switch_extra: tuple = ()
     # how `qkv split` re-declares this family as another architecture (first matching ArchRewrite)
     unfused_as: tuple = ()
+    # --- residual stream (analysis/consumers.py, fold-bias --center) ---
+    # True: every module that reads the sums the residual-writing tensors (attention output, MLP
+    # output, embeddings) are added into is a centering LayerNorm, so their mean components are
+    # invisible; False: some reader is not (RMSNorm, a projection, an unnormalised head);
+    # None: not established.  Cited per family (transformers 5 modeling files).
+    residual_readers_centering: bool | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -99,44 +105,69 @@ _LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
 _QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
 FAMILIES: tuple[Family, ...] = (
+    # residual readers: modeling_qwen2: Qwen2RMSNorm input/post_attention_layernorm, model.norm
     Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
-           bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection"),
+           bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection",
+           residual_readers_centering=False),
+    # residual readers: modeling_llama: LlamaRMSNorm everywhere
     Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
-           attention_bias_key="attention_bias"),
-    Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat"),
+           attention_bias_key="attention_bias",
+           residual_readers_centering=False),
+    # residual readers: modeling_mistral: MistralRMSNorm everywhere
+    Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
+           residual_readers_centering=False),
+    # residual readers: modeling_qwen3: Qwen3RMSNorm everywhere
     Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
-           attention_bias_key="attention_bias"),
+           attention_bias_key="attention_bias",
+           residual_readers_centering=False),
+    # residual readers: modeling_gemma3: Gemma3RMSNorm everywhere
     Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
-           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0),
+           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0,
+           residual_readers_centering=False),
+    # residual readers: modeling_olmo2: attention reads the raw stream; Olmo2RMSNorm after each sublayer
     Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, norm_placement="post",
            fused_layout="concat",
-           attention_bias_key="attention_bias", input_norm=None),
+           attention_bias_key="attention_bias", input_norm=None,
+           residual_readers_centering=False),
+    # residual readers: modeling_starcoder2: nn.LayerNorm input/post_attention_layernorm, model.norm
     Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
            input_norm="layer", fused_layout="concat",
-           bias_switch_extra=("mlp.c_fc", "mlp.c_proj")),   # modeling_starcoder2: bias=config.use_bias
+           bias_switch_extra=("mlp.c_fc", "mlp.c_proj"),
+           residual_readers_centering=True),   # modeling_starcoder2: bias=config.use_bias
+    # residual readers: modeling_phi3: Phi3RMSNorm everywhere
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
            {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm",
             "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},   # q/k/v: after `qkv split`
-           fused_layout="concat", unfused_as=_PHI3_TO),
+           fused_layout="concat", unfused_as=_PHI3_TO,
+           residual_readers_centering=False),
+    # residual readers: modeling_phi: the parallel block reads input_layernorm (nn.LayerNorm); final_layernorm feeds lm_head
     Family("phi", ("phi",), ("phi2",), "layers.{L}.",
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
             "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
            input_norm="layer",
-           bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant"),
+           bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant",
+           residual_readers_centering=True),
     # q/k/v roles of fused families name where `qkv split` writes the parts (no transformers module
     # reads them; `qkv fuse` restores the original layout bit for bit).
+    # residual readers: modeling_gpt2: ln_1, ln_2, ln_f are nn.LayerNorm; the (tied) head reads ln_f
     Family("gpt2", ("gpt2",), ("gpt2",), "h.{L}.", {"qkv": "attn.c_attn", "o": "attn.c_proj", "attn_norm": "ln_1",
                                                    "q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj"},
            position="absolute", fused_layout="concat", conv1d=True, input_norm="layer",
-           bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases"),
+           bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases",
+           residual_readers_centering=True),
+    # residual readers: modeling_gpt_neox: both use_parallel_residual branches read a LayerNorm; final_layer_norm
     Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
            {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm",
             "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj"},
-           fused_layout="per_head", input_norm="layer"),
+           fused_layout="per_head", input_norm="layer",
+           residual_readers_centering=True),
+    # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
            {"qkv": "self_attention.query_key_value", "o": "self_attention.dense", "attn_norm": "input_layernorm",
             "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj"},
-           position="alibi", fused_layout="per_head", input_norm="layer"),
+           position="alibi", fused_layout="per_head", input_norm="layer",
+           residual_readers_centering=True),
+    # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
            {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
             "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj",
@@ -148,12 +179,15 @@ FAMILIES: tuple[Family, ...] = (
            # modeling_falcon: num_kv_heads is used only with new_decoder_architecture or
            # without multi_query; multi_query alone means one shared k/v head.
            kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),),
-           bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h")),   # modeling_falcon: bias=config.bias
+           bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),
+           residual_readers_centering=True),   # modeling_falcon: bias=config.bias
+    # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
             "o": "attention.output.dense"},
            position="absolute", norm_placement="post", input_norm=None,
-           bias_note="post-norm: LayerNorm's beta does not make the q/k/v biases redundant"),
+           bias_note="post-norm: LayerNorm's beta does not make the q/k/v biases redundant",
+           residual_readers_centering=True),
 )
 
 # GGUF names (llama.cpp gguf-py constants.py MODEL_TENSOR -> "blk.{bid}.attn_q" ...), shared by all families.

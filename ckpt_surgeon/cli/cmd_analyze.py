@@ -25,9 +25,11 @@ from .render import emit, open_kwargs, output_options, source_options
 @click.option("--max-tokens", type=int, default=None, metavar="N",
               help="With --measure: truncate each prompt to N tokens (default 1024, and the model's max positions).")
 @click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head.")
+@click.option("--by-bias", is_flag=True, help="Table/CSV/Markdown: one row per bias (q/k/v/o, MLP in/out, "
+              "additive embeddings, head) with its consumer and exactly removable share.")
 @source_options
 @output_options
-def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head,
+def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
             allow_pickle, revision, hub_file, allow_full_download, fmt, output):
     """Which attention biases of SOURCE are really redundant, per layer and kv head.
 
@@ -44,6 +46,11 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
                        cannot be bounded statically (post-norm)
       value bias       foldable into the output bias (exact) or not
       query bias       norms (never removable)
+      every bias       its consumer (softmax, LayerNorm / RMSNorm through the
+                       residual stream, an activation, the head) and the share
+                       of its energy that consumer provably ignores (LayerNorm:
+                       n·mean(b)^2/|b|^2, only when every reader of the stream
+                       is a LayerNorm, per the registry); --by-bias lists them
 
     --measure runs the model (transformers, eager attention) on built-in
     prompts (short multilingual text, code, one long document) and reports
@@ -65,8 +72,12 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     report = analyze(source, context=context, epsilon=epsilon, measure=measure, prompts=prompts, device=device,
                      dtype=dtype, max_tokens=max_tokens,
                      **open_kwargs(allow_pickle, revision, hub_file, allow_full_download))
+    if per_head and by_bias:
+        raise click.UsageError("--per-head and --by-bias choose different rows: pass one")
     if per_head:
         report = replace(report, per_head=True)
+    if by_bias:
+        report = replace(report, by_bias=True)
     emit(report, fmt, output, title="ckpt-surgeon analyze")
     if report.measured is not None and not report.measured.all_within_bound:
         bad = [f"layer {lm.layer} {v.variant}: {v.logit:.4g} > {v.bound:.4g}" for lm in report.measured.layers

@@ -51,17 +51,27 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title)
               help="With --approximate: a pair is near-redundant when it turns less than this many radians over the context (default 0.1).")
 @click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
               help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
+@click.option("--center", is_flag=True, help="Subtract the mean component from every residual-writing bias "
+              "(attention output, MLP output): exact when every reader of the residual stream is a LayerNorm "
+              "(GPT-2, BERT, BLOOM, GPT-NeoX, Falcon, Phi-2, StarCoder2). Refused, naming the reader, otherwise "
+              "(RMSNorm models, unknown architectures).")
+@click.option("--center-weights", is_flag=True, help="--center, and also subtract the column means of every "
+              "residual-writing weight (attention/MLP output, position and token-type embeddings, the token "
+              "embedding unless tied to the head): TransformerLens' center_writing_weights, on any checkpoint.")
 @click.option("--delete", is_flag=True, help="Drop the folded biases instead of zeroing them, where the architecture "
               "has a config switch for them (e.g. attention_bias) and every bias it controls becomes zero; the switch is set to false.")
 @surgery_output_options
 @source_options
-def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, delete, out, force, check, dry_run,
+def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, center, center_weights, delete, out,
+            force, check, dry_run,
             fmt, report_path, allow_pickle, revision, hub_file, allow_full_download):
     """Remove redundant attention biases from SOURCE and write OUT.
 
     The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a
     constant over the keys) and in the unrotated dims under partial rotary. The value bias
-    folds exactly into the output bias. Folded biases are zeroed, not deleted (stock loaders
+    folds exactly into the output bias. In LayerNorm models the mean component of every
+    residual-writing bias (and weight column) is invisible to every reader: --center
+    removes it. Folded biases are zeroed, not deleted (stock loaders
     expect the tensors), unless --delete. Untouched tensors are copied byte for byte; changed
     ones are computed in float64 and cast once to their dtype. OUT is written atomically
     (temp dir beside it, renamed at the end) and never overwritten without --force.
@@ -71,6 +81,7 @@ def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs
       ckpt-surgeon fold-bias ./gpt2 -o ./gpt2-folded --k --v
       ckpt-surgeon fold-bias ./Qwen2.5-7B -o ./q --k --approximate --max-logit-change 0.01
       ckpt-surgeon fold-bias model.gguf -o folded.gguf --k
+      ckpt-surgeon fold-bias ./all-MiniLM-L6-v2 -o ./centered --center-weights
     """
     from ..checkpoint import open_checkpoint
     from ..surgery.fold import plan_fold_bias
@@ -80,7 +91,8 @@ def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs
     with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
         def make():
             return plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
-                                  context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+                                  context=context, delete=delete, epsilon=epsilon, pairs=pairs, center=center,
+                                  center_weights=center_weights)
         if dry_run:
             run_plan(ck, make(), out, force=force, check=check, dry_run=True, fmt=fmt, report_path=report_path,
                      title="ckpt-surgeon fold-bias")

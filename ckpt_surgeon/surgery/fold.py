@@ -15,13 +15,23 @@ Key bias (``--k``), per layer (see ARCHITECTURE.md "Facts"):
 Value bias (``--v``): ``b_o' = b_o + W_o·b_v`` (GQA-expanded) and ``b_v`` zeroed, exact because
 attention rows sum to 1; only where the layer has an output-projection bias (refused otherwise).
 
+Centering (``--center``, ``--center-weights``): LayerNorm subtracts the mean over features, so
+when *every* reader of the residual stream is a centering norm (registry fact
+``Family.residual_readers_centering``; :func:`ckpt_surgeon.analysis.consumers.stream_readers`), the
+mean component of every residual-writing bias (attention output, MLP output) is invisible and is
+subtracted, exactly; ``center_weights`` also subtracts the column means of every residual-writing
+weight (attention output, MLP output, additive embedding tables, and the token embedding unless
+the head reads it too): TransformerLens' ``center_writing_weights``.  Refused, naming the reader,
+for RMSNorm models, models whose stream some projection or head reads unnormalised, and
+architectures the registry does not cover.
+
 Folded biases are zeroed, not deleted.  ``delete=True`` drops them instead where the architecture
 has a config switch for its biases (``Family.attention_bias_key``) *and* every bias that switch
 creates is zero after the fold; the switch is then set to false in ``config.json``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,11 +57,14 @@ class FoldLayer:
     v_folded: bool = False
     v_norm: float = 0.0
     o_bias: str | None = None
+    centered: int = 0                 # residual-writing tensors centered in this layer (--center)
+    center_energy: float | None = None  # share of this layer's residual-writing bias energy removed
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "k_class": self.k_class, "k_removed": self.k_removed, "k_total": self.k_total,
                 "k_removed_energy": self.k_removed_energy, "k_norm": self.k_norm, "k_bound": self.k_bound,
-                "v_folded": self.v_folded, "v_norm": self.v_norm,
+                "v_folded": self.v_folded, "v_norm": self.v_norm, "centered": self.centered,
+                "center_energy": self.center_energy,
                 "k_bias": self.k_bias, "v_bias": self.v_bias, "o_bias": self.o_bias}
 
     def row(self) -> dict:
@@ -95,11 +108,16 @@ def _fmt_layers(layers) -> str:
 
 def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool = False,
                    max_logit_change: float | None = None, context: int | None = None,
-                   delete: bool = False, epsilon: float | None = None, pairs: str = "near") -> Plan:
-    """Build the fold-bias plan for ``ckpt`` (reads bias vectors; no output is written)."""
+                   delete: bool = False, epsilon: float | None = None, pairs: str = "near",
+                   center: bool = False, center_weights: bool = False) -> Plan:
+    """Build the fold-bias plan for ``ckpt`` (reads bias vectors; no output is written).
+
+    ``center_weights`` implies ``center`` (the biases are centered too)."""
     src = ckpt.source
-    if not (k or v):
-        raise CkptError("nothing to do: pass --k (key bias), --v (value bias) or both", path=src)
+    center = center or center_weights
+    if not (k or v or center):
+        raise CkptError("nothing to do: pass --k (key bias), --v (value bias), --center (residual-writing biases) "
+                        "or a combination", path=src)
     if approximate and not k:
         raise CkptError("--approximate applies to the key bias: add --k", path=src)
     if approximate and (max_logit_change is None or not max_logit_change >= 0):
@@ -115,6 +133,8 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         epsilon = DEFAULT_EPSILON
 
     layout = ckpt.layout()
+    if center:
+        _check_centering(layout, src)
     fam = family_of(layout)
     if fam is None:
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
@@ -130,6 +150,11 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     ev = _Evaluator(ckpt)
     params = {"k": k, "v": v, "approximate": approximate, "max_logit_change": max_logit_change,
               "context": context, "delete": delete}
+    if center:
+        params.update(center=True, center_weights=bool(center_weights))
+    centered: list[TensorStep] = []
+    if center:     # first: a refusal here must come before any other work
+        centered = _plan_center(ckpt, layout, center_weights, records, notes)
 
     if k:
         _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate,
@@ -137,6 +162,11 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     steps: list[TensorStep] = []
     if v:
         steps += _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes)
+    # b_o' = center(b_o + W_o b_v) = center(b_o) + center(W_o) b_v: one step writes the output bias
+    folded_o = {s.out for s in steps}
+    steps = [replace(s, params=tuple(sorted(s.params + (("center", True),))), why=s.why + ", centered")
+             if any(c.out == s.out for c in centered) else s for s in steps]
+    steps += [c for c in centered if c.out not in folded_o]
 
     for name, rows in sorted(rows_to_zero.items()):
         if rows:
@@ -167,7 +197,7 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
     located = {i: r for i, r in located.items() if r is not None}
     if not located:
         raise RefusedError("has no key bias in any layer: nothing to fold (--k)", path=src)
-    quick = analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=False, layout=layout)
+    quick = analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=False, layout=layout, consumers=False)
     by_layer = {lr.layer: lr for lr in quick.layers if lr.layer in located}
     bad = {i: lr for i, lr in by_layer.items() if lr.k_class in ("not-removable", "unknown")}
     if bad:
@@ -177,7 +207,8 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
                            f"layers {_fmt_layers(bad)} keep it", path=src)
     rope_layers = [i for i, lr in by_layer.items() if lr.k_class == "rope"]
     need_bounds = approximate or bool(rope_layers)
-    rep = analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=True, layout=layout) if need_bounds else quick
+    rep = (analyze_checkpoint(ckpt, context=context, epsilon=epsilon, weights=True, layout=layout, consumers=False)
+           if need_bounds else quick)
     by_layer = {lr.layer: lr for lr in rep.layers if lr.layer in located}
     if rope_layers and not approximate:
         def one(i):
@@ -259,6 +290,72 @@ def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -
     return steps
 
 
+def _check_centering(layout, src) -> None:
+    from ..analysis.consumers import stream_readers
+    readers = stream_readers(layout)
+    if not readers.centering:
+        raise RefusedError(f"refused: --center is exact only when every reader of the residual stream subtracts the "
+                           f"mean (LayerNorm); {readers.reason}; nothing was centered", path=src)
+
+
+def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep]:
+    """``center`` steps for every residual-writing bias (and weight, with ``weights``): see the
+    module docstring; the stream's readers were checked by :func:`_check_centering`."""
+    from ..analysis.consumers import locate_stream_tensors, mean_share, word_embedding_tied
+
+    src = ckpt.source
+    n = layout.hidden_size
+    tensors = locate_stream_tensors(ckpt, layout)
+    tied = word_embedding_tied(ckpt, tensors)
+    steps: list[TensorStep] = []
+    energy: dict = {}
+    skipped = []
+    for t in tensors:
+        if t.role not in ("o", "mlp_out", "embed_add", "embed_token"):
+            continue
+        todo = []
+        if t.bias and t.role in ("o", "mlp_out"):
+            todo.append((t.bias, 0))
+        if weights and t.weight:
+            if t.role == "embed_token" and tied:
+                skipped.append(t.weight)
+                continue
+            # the hidden-size axis: rows of nn.Linear [hidden, in], last axis of Conv1D [in, hidden] and of
+            # embedding tables [rows, hidden]
+            todo.append((t.weight, -1 if (t.role.startswith("embed") or layout.conv1d) else 0))
+        for name, axis in todo:
+            info = ckpt.tensors[name]
+            if info.quantized:
+                raise UnsupportedError(f"--center-weights: {info.dtype} is a block-quantized type; centering its "
+                                       "values would re-quantize them (not exact); use --center (biases only)",
+                                       path=src, tensor=name)
+            if n and info.shape[axis] != n:
+                raise UnsupportedError(f"--center: expected the hidden size {n} along axis {axis} of this "
+                                       f"residual-writing tensor, found shape {list(info.shape)}", path=src, tensor=name)
+            steps.append(TensorStep("center", name, (name,), step_params(axis=axis), like=name, layer=t.layer,
+                                    why="mean over the hidden size removed (every stream reader is a LayerNorm)"))
+            if t.layer is not None:
+                rec = records[t.layer]
+                rec["centered"] = rec.get("centered", 0) + 1
+                if axis == 0 and len(info.shape) == 1:
+                    b = np.asarray(ckpt.read(name), dtype=np.float64)
+                    e = energy.setdefault(t.layer, [0.0, 0.0])
+                    e[0] += mean_share(b) * float((b ** 2).sum())
+                    e[1] += float((b ** 2).sum())
+    if not steps:
+        raise RefusedError("has no residual-writing bias (attention output, MLP output) to center"
+                           + ("" if weights else "; --center-weights also centers the writing weights"), path=src)
+    for layer, (rem, tot) in energy.items():
+        records[layer]["center_energy"] = rem / tot if tot else 0.0
+    notes.append("--center: every reader of the residual stream is a LayerNorm, so the mean component of each "
+                 "residual-writing bias" + (" and of each writing weight's columns" if weights else "") +
+                 " was subtracted: exact")
+    if skipped:
+        notes.append(f"--center-weights: {', '.join(skipped)} is also read by the output head (tied embeddings), "
+                     "so it was not centered")
+    return steps
+
+
 def _layer_prefix(fam, lt) -> str | None:
     """``model.layers.3.`` of this layer, from any placed role tensor."""
     for role in ("q", "k", "v", "qkv", "o"):
@@ -322,7 +419,8 @@ def _plan_delete(ckpt, layout, fam, ev, steps):
 
 def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: bool = False,
               max_logit_change: float | None = None, context: int | None = None, delete: bool = False,
-              epsilon: float | None = None, pairs: str = "near", force: bool = False, check: str = "auto", source_hash: str = "auto", **open_kw):
+              epsilon: float | None = None, pairs: str = "near", center: bool = False, center_weights: bool = False,
+              force: bool = False, check: str = "auto", source_hash: str = "auto", **open_kw):
     """Plan and write ``fold-bias`` (see the module docstring); returns a :class:`SurgeryResult`.
 
     ``source``: HF folder, single .safetensors or .gguf (any source :func:`open_checkpoint` takes);
@@ -333,7 +431,8 @@ def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: boo
 
     with open_checkpoint(source, **open_kw) as ck:
         make = lambda: plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,  # noqa: E731
-                                      context=context, delete=delete, epsilon=epsilon, pairs=pairs)
+                                      context=context, delete=delete, epsilon=epsilon, pairs=pairs, center=center,
+                                      center_weights=center_weights)
         # --approximate reads every W_q to bound the change: overlap that with the copy (values-only
         # changes, so the copy is kept); exact folds read only bias vectors and need no head start
         return plan_while_copying(ck, out, make, force=force, check=check, source_hash=source_hash,

@@ -44,6 +44,20 @@ def fold_v_bias(b_o: np.ndarray, w_o: np.ndarray, b_v: np.ndarray, n_heads: int,
     return np.asarray(b_o, dtype=np.float64) + contrib
 
 
+def center(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``x`` minus its mean along ``axis`` (the hidden-size axis it writes into the stream), float64.
+
+    Identity: LayerNorm subtracts the mean over features, ``LN(h + c·1) = LN(h)``.  A bias
+    ``b [hidden]`` added into the residual stream contributes ``b - mean(b)·1`` to what every
+    centering reader sees; a writing weight ``W [hidden, in]`` (axis 0; Conv1D ``[in, hidden]`` and
+    embedding tables ``[rows, hidden]``: axis -1) writes ``W a``, whose mean over features is
+    ``mean_cols(W) a``: subtracting each column's mean removes exactly that (TransformerLens
+    ``center_writing_weights``).  Exact only when every reader of the stream is a centering norm.
+    """
+    v = np.asarray(x, dtype=np.float64)
+    return v - v.mean(axis=axis, keepdims=True)
+
+
 def zero_rows(b: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``b`` with ``b[rows] = 0`` (float64 copy).  Shapes: ``b [n]``, ``rows`` int indices into it."""
     out = np.array(b, dtype=np.float64)

@@ -11,6 +11,8 @@ Step ops (``TensorStep.op``):
 
 ``zero_rows``     value op: ``ops.zero_rows(inputs[0], rows)``
 ``fold_v_bias``   value op: ``ops.fold_v_bias(b_o=inputs[0], w_o=inputs[1], b_v=inputs[2][v_rows])``
+                  (then ``ops.center`` when ``center`` is set: ``fold-bias --v --center``)
+``center``        value op: ``ops.center(inputs[0], axis)`` (mean over the hidden-size axis removed)
 ``split_qkv``     layout op on raw bytes: part ``q|k|v`` of ``inputs[0]``
 ``fuse_qkv``      layout op on raw bytes: ``inputs = (q, k, v)``
 ``split_halves``  layout op on raw bytes: part ``0|1`` of ``inputs[0]`` along ``axis``
@@ -31,7 +33,7 @@ import numpy as np
 
 from . import ops
 
-VALUE_OPS = ("zero_rows", "fold_v_bias")
+VALUE_OPS = ("zero_rows", "fold_v_bias", "center")
 LAYOUT_OPS = ("split_qkv", "fuse_qkv", "split_halves")
 STRUCT_OPS = ("delete", "rename")
 
@@ -214,8 +216,11 @@ class _Evaluator:
         if op == "fold_v_bias":
             b_o, w_o, src = step.inputs
             b_v = self.value(src)[np.asarray(step.param("v_rows"), dtype=np.int64)]
-            return ops.fold_v_bias(self.value(b_o), self.value(w_o), b_v, step.param("n_heads"), step.param("n_kv_heads"),
-                                   step.param("head_dim"), w_o_in_out=bool(step.param("w_o_in_out", False)))
+            out = ops.fold_v_bias(self.value(b_o), self.value(w_o), b_v, step.param("n_heads"), step.param("n_kv_heads"),
+                                  step.param("head_dim"), w_o_in_out=bool(step.param("w_o_in_out", False)))
+            return ops.center(out) if step.param("center", False) else out
+        if op == "center":
+            return ops.center(self.value(step.inputs[0]), int(step.param("axis", 0)))
         if op == "split_qkv":
             axis = int(step.param("axis", 0))
             name = step.inputs[0]
