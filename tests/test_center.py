@@ -21,7 +21,7 @@ from ckpt_surgeon.analysis.consumers import locate_stream_tensors, stream_reader
 from ckpt_surgeon.analysis.redundancy import analyze
 from ckpt_surgeon.arch.families import FAMILIES
 from ckpt_surgeon.cli import cli
-from ckpt_surgeon.errors import RefusedError
+from ckpt_surgeon.errors import RefusedError, UnsupportedError
 from ckpt_surgeon.surgery.fold import fold_bias
 from ckpt_surgeon.surgery.plan import _Evaluator
 
@@ -137,6 +137,38 @@ def test_center_with_v_fold_is_one_exact_step(tiny, tmp_path):
     steps = [s for s in res.plan.steps if s.out.endswith("attn.c_proj.bias")]
     assert len(steps) == 2 and all(s.op == "fold_v_bias" and s.param("center") for s in steps)
     assert rel(run(load(src)), _float64_plan_outputs(src, res.plan)) <= 1e-12
+
+
+def test_gguf_center_keeps_llama_cpp_logits(tiny, tmp_path):
+    """GGUF -> GGUF: --center-weights on an F32 GPT-2 GGUF keeps llama.cpp's logits at fp32 rounding;
+    a Q8_0 file gets its biases centered (--center) and refuses to re-quantize weights."""
+    import llama_cpp
+    from tests.gguf_util import write_gguf
+
+    def logits(path, toks=(5, 17, 42, 99, 7, 123, 64, 250, 31, 8)):
+        m = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1,
+                            type_k=0, type_v=0)     # F32 KV cache: only the model's own arithmetic differs
+        m.eval(list(toks))
+        out = np.array(m.scores[:len(toks)])
+        m.close()
+        return out
+
+    src = write_gguf(tiny("gpt2"), tmp_path / "g.gguf", qtype="F32")
+    res = fold_bias(src, tmp_path / "c.gguf", center_weights=True)
+    changed = set(res.plan.changed)
+    assert {f"blk.{L}.{t}.{k}" for L in range(2) for t in ("attn_output", "ffn_down") for k in ("weight", "bias")} <= changed
+    assert "position_embd.weight" in changed
+    ck, ck2 = open_checkpoint(src), open_checkpoint(tmp_path / "c.gguf")
+    assert all(ck.read_raw(n) == ck2.read_raw(n) for n in ck.tensors if n not in changed)
+    assert abs(float(ck2.read("blk.0.ffn_down.weight").astype(np.float64).mean(axis=0).max())) <= 1e-6
+    a, b = logits(src), logits(tmp_path / "c.gguf")
+    assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(a).max())     # fp32 rounding (see test_center_is_exact)
+    q = write_gguf(tiny("gpt2"), tmp_path / "q.gguf", qtype="Q8_0")
+    with pytest.raises(UnsupportedError, match="Q8_0 is a block-quantized type"):
+        fold_bias(q, tmp_path / "qc.gguf", center_weights=True)
+    assert not (tmp_path / "qc.gguf").exists()
+    res = fold_bias(q, tmp_path / "qc.gguf", center=True)
+    assert sorted(res.plan.changed) == sorted(f"blk.{L}.{t}.bias" for L in range(2) for t in ("attn_output", "ffn_down"))
 
 
 def test_minilm_center_weights(minilm_dir, tmp_path):

@@ -300,4 +300,6 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
             if v is not None:
                 rows.append(_bias_row(t.bias, "head", None, "head", v, 0.0,
                                       "moves the logits (a constant over the vocabulary is invisible only to softmax)"))
+    order = ("q", "k", "v", "o", "mlp_in", "mlp_out", "embed_token", "embed_add", "head")
+    rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order.index(r.role)))
     return ConsumerReport(readers, tuple(rows), tuple(flags))

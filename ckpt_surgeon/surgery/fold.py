@@ -178,7 +178,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         steps, config, changes = _plan_delete(ckpt, layout, fam, ev, steps)
         notes.append(f"--delete: every bias controlled by config '{fam.attention_bias_key}' is zero, so they were "
                      f"dropped and '{fam.attention_bias_key}' set to false")
-    else:
+    elif k or v:
         notes.append("folded biases are zeroed, not deleted (stock loaders expect the tensors); --delete drops them "
                      "where the architecture has a switch for it")
     layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1)
@@ -350,6 +350,9 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
     notes.append("--center: every reader of the residual stream is a LayerNorm, so the mean component of each "
                  "residual-writing bias" + (" and of each writing weight's columns" if weights else "") +
                  " was subtracted: exact")
+    tables = [s.out for s in steps if s.layer is None]
+    if tables:
+        notes.append(f"--center-weights: embedding tables centered row by row: {', '.join(tables)}")
     if skipped:
         notes.append(f"--center-weights: {', '.join(skipped)} is also read by the output head (tied embeddings), "
                      "so it was not centered")
