@@ -58,7 +58,7 @@ def with_tensors(model, values: dict):
 
 def residual_bias_names(path) -> list[str]:
     ck = open_checkpoint(path)
-    return [t.bias for t in locate_stream_tensors(ck, ck.layout()) if t.role in ("o", "mlp_out") and t.bias]
+    return [t.bias for t in locate_stream_tensors(ck, ck.layout()) if t.role in ("o", "mlp_out", "embed_norm") and t.bias]
 
 
 # -- the registry fact, probed ----------------------------------------------------------------------
@@ -75,7 +75,8 @@ def test_registry_fact_matches_a_float64_probe(tiny, name):
     layout = ck.layout()
     names = residual_bias_names(src)
     # every layer's attention-output (and, where biased, MLP-output) bias was found
-    assert len(names) == (2 if name not in ("llama_bias", "olmo2") else 1) * layout.num_layers, names
+    per_layer = 2 if name not in ("llama_bias", "olmo2") else 1
+    assert len(names) == per_layer * layout.num_layers + (name == "bloom"), names   # + word_embeddings_layernorm
     base = load(src)
     ref = run(base)
     shifted = with_tensors(load(src), {n: ck.read(n).astype(np.float64) + 0.7 for n in names})

@@ -42,7 +42,7 @@ from ..arch.resolve import ModelLayout
 # ~1/n of it.  Flag a share above both 25% and 16/n (chi-square(1) > 16: p ~ 6e-5 for noise).
 SUSPICIOUS_MEAN_SHARE = 0.25
 CONSUMERS = ("softmax", "attention-average", "layernorm", "rmsnorm", "unnormalised", "activation", "head", "unknown")
-WRITER_ROLES = ("o", "mlp_out", "embed_add", "embed_token")
+WRITER_ROLES = ("o", "mlp_out", "embed_add", "embed_token", "embed_norm")
 
 
 def _f(x):
@@ -93,7 +93,7 @@ def stream_readers(layout: ModelLayout) -> StreamReaders:
 class StreamTensor:
     """A residual-stream writer or MLP input located in a checkpoint (names; None where absent)."""
 
-    role: str                 # o | mlp_out | mlp_in | embed_add | embed_token | head
+    role: str                 # o | mlp_out | mlp_in | embed_add | embed_token | embed_norm | head
     layer: int | None
     weight: str | None
     bias: str | None
@@ -126,6 +126,9 @@ def locate_stream_tensors(ck, layout: ModelLayout) -> tuple[StreamTensor, ...]:
         for name in sorted(ck.tensors):
             if rx.search(name):
                 out.append(StreamTensor(role, None, name, None))
+    if layout.norm_placement == "pre":     # post-norm: the embedding norm's output is read by projections
+        rx = S.GGUF_EMBED_NORM if gguf else S.EMBED_NORM
+        out += [StreamTensor("embed_norm", None, None, n) for n in sorted(ck.tensors) if rx.search(n)]
     head = S.GGUF_HEAD if gguf else S.HEAD
     hw = next((n for n in sorted(ck.tensors) if head.search(n) and n.endswith(".weight")), None)
     hb = next((n for n in sorted(ck.tensors) if head.search(n) and n.endswith(".bias")), None)
@@ -267,7 +270,7 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
                 rows.append(_bias_row(name, "v", lt.layer, "attention-average", v, 0.0, how))
     n = layout.hidden_size
     for t in tensors:
-        if t.role in ("o", "mlp_out") and t.bias:
+        if t.role in ("o", "mlp_out", "embed_norm") and t.bias:
             v = _vec(ck, t.bias)
             if v is None:
                 continue
@@ -300,6 +303,6 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
             if v is not None:
                 rows.append(_bias_row(t.bias, "head", None, "head", v, 0.0,
                                       "moves the logits (a constant over the vocabulary is invisible only to softmax)"))
-    order = ("q", "k", "v", "o", "mlp_in", "mlp_out", "embed_token", "embed_add", "head")
+    order = ("q", "k", "v", "o", "mlp_in", "mlp_out", "embed_token", "embed_add", "embed_norm", "head")
     rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order.index(r.role)))
     return ConsumerReport(readers, tuple(rows), tuple(flags))

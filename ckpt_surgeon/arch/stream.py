@@ -18,6 +18,9 @@ Sources (transformers 5 modeling files; llama.cpp gguf-py ``constants.py`` ``MOD
 - Embedding tables added into the stream: token (``wte``, ``embed_in``, ``word_embeddings``,
   ``embed_tokens``; GGUF ``token_embd``) and additive ones (``wpe``, BERT ``position_embeddings``
   / ``token_type_embeddings``; GGUF ``position_embd``, ``token_types``).
+- Embedding norm of pre-norm models (its beta is added into the stream): BLOOM
+  ``word_embeddings_layernorm`` (GGUF ``token_embd_norm``).  BERT's ``embeddings.LayerNorm`` is not
+  one: in a post-norm model that output is read by the first attention's projections.
 - Output head: ``lm_head``, GPT-NeoX ``embed_out``; GGUF ``output``.
 """
 from __future__ import annotations
@@ -39,6 +42,8 @@ GGUF_EMBEDDINGS = (
     ("embed_token", re.compile(r"^token_embd\.weight$")),
     ("embed_add", re.compile(r"^(?:position_embd|token_types)\.weight$")),
 )
+EMBED_NORM = re.compile(r"(?:^|\.)word_embeddings_layernorm\.bias$")
+GGUF_EMBED_NORM = re.compile(r"^token_embd_norm\.bias$")
 HEAD = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.(weight|bias)$")
 GGUF_HEAD = re.compile(r"^output\.(weight|bias)$")
 

@@ -52,7 +52,7 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title)
 @click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
               help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
 @click.option("--center", is_flag=True, help="Subtract the mean component from every residual-writing bias "
-              "(attention output, MLP output): exact when every reader of the residual stream is a LayerNorm "
+              "(attention output, MLP output, a pre-norm model's embedding-norm bias such as BLOOM's): exact when every reader of the residual stream is a LayerNorm "
               "(GPT-2, BERT, BLOOM, GPT-NeoX, Falcon, Phi-2, StarCoder2). Refused, naming the reader, otherwise "
               "(RMSNorm models, unknown architectures).")
 @click.option("--center-weights", is_flag=True, help="--center, and also subtract the column means of every "

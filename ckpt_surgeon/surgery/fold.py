@@ -21,7 +21,7 @@ when *every* reader of the residual stream is a centering norm (registry fact
 mean component of every residual-writing bias (attention output, MLP output) is invisible and is
 subtracted, exactly; ``center_weights`` also subtracts the column means of every residual-writing
 weight (attention output, MLP output, additive embedding tables, and the token embedding unless
-the head reads it too): TransformerLens' ``center_writing_weights``.  Refused, naming the reader,
+the head reads it too); the embedding norm's bias of pre-norm models (BLOOM) is a writer too: TransformerLens' ``center_writing_weights``.  Refused, naming the reader,
 for RMSNorm models, models whose stream some projection or head reads unnormalised, and
 architectures the registry does not cover.
 
@@ -301,7 +301,7 @@ def _check_centering(layout, src) -> None:
 def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep]:
     """``center`` steps for every residual-writing bias (and weight, with ``weights``): see the
     module docstring; the stream's readers were checked by :func:`_check_centering`."""
-    from ..analysis.consumers import locate_stream_tensors, mean_share, word_embedding_tied
+    from ..analysis.consumers import WRITER_ROLES, locate_stream_tensors, mean_share, word_embedding_tied
 
     src = ckpt.source
     n = layout.hidden_size
@@ -311,10 +311,10 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
     energy: dict = {}
     skipped = []
     for t in tensors:
-        if t.role not in ("o", "mlp_out", "embed_add", "embed_token"):
+        if t.role not in WRITER_ROLES:
             continue
         todo = []
-        if t.bias and t.role in ("o", "mlp_out"):
+        if t.bias:
             todo.append((t.bias, 0))
         if weights and t.weight:
             if t.role == "embed_token" and tied:
@@ -350,9 +350,9 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
     notes.append("--center: every reader of the residual stream is a LayerNorm, so the mean component of each "
                  "residual-writing bias" + (" and of each writing weight's columns" if weights else "") +
                  " was subtracted: exact")
-    tables = [s.out for s in steps if s.layer is None]
-    if tables:
-        notes.append(f"--center-weights: embedding tables centered row by row: {', '.join(tables)}")
+    whole = [s.out for s in steps if s.layer is None]
+    if whole:
+        notes.append(f"--center: whole-model writers centered too (embedding tables row by row): {', '.join(whole)}")
     if skipped:
         notes.append(f"--center-weights: {', '.join(skipped)} is also read by the output head (tied embeddings), "
                      "so it was not centered")
