@@ -395,7 +395,7 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     view = model_checkpoint(model, str(source))
     layout = view.layout()
     static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
-                                layout=layout)
+                                layout=layout, consumers=False)
     # The loaded model must carry every key bias the checkpoint has (a loader that drops them
     # would make every measurement describe a different model).
     from ..checkpoint import open_checkpoint
