@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 __all__ = ["analyze", "convert", "fold_bias", "gguf_to_hf", "hf_to_gguf", "inspect", "open_checkpoint", "qkv_fuse",
            "qkv_split", "verify", "__version__"]
+__all__ += ["diff", "lint"]
 
 
 def inspect(source, **kwargs):
@@ -79,3 +80,18 @@ def qkv_split(source, out, *, layout=None, to=None, force=False, **kwargs):
     """Split a fused qkv projection into q/k/v (Phi-3 -> Llama/Mistral); see ``ckpt-surgeon qkv split``."""
     from .surgery.qkv import qkv_split as _split
     return _split(source, out, layout=layout, to=to, force=force, **kwargs)
+
+
+def diff(a, b, **kwargs):
+    """Compare two checkpoints tensor by tensor (any sources, GGUF mapped to HF names) ->
+    :class:`ckpt_surgeon.analysis.diff.DiffReport`; see ``ckpt-surgeon diff``."""
+    from .analysis.diff import diff as _diff
+    return _diff(a, b, **kwargs)
+
+
+def lint(source, **kwargs):
+    """Self-consistency checks (shapes, head_dim, biases, rope base, Q/K pairing, tied embeddings,
+    vocabulary, special tokens; ``scan=True``: NaN/Inf/all-zero) ->
+    :class:`ckpt_surgeon.analysis.lint.LintReport`; see ``ckpt-surgeon lint``."""
+    from .analysis.lint import lint as _lint
+    return _lint(source, **kwargs)

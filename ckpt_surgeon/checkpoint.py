@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,20 @@ class Checkpoint:
     def read_raw(self, name: str) -> bytes:
         info = self.tensors[name]
         return self._readers[info.file].read_bytes(info)
+
+    def read_rows(self, name: str, start: int, stop: int, *, raw: bool = False):
+        """Rows ``start:stop`` of the outermost axis, reading only their bytes: decoded like
+        :meth:`read` or, with ``raw``, the stored bytes.  Lets a caller stream a large tensor in
+        bounded memory (a quantized GGUF row is whole blocks, so any row range decodes)."""
+        info = self.tensors[name]
+        rows = info.shape[0] if info.shape else 1
+        if not 0 <= start <= stop <= rows:
+            raise ValueError(f"rows {start}:{stop} outside 0:{rows} of tensor '{name}'")
+        per_row = info.nbytes // max(rows, 1)
+        sub = replace(info, shape=((stop - start,) + tuple(info.shape[1:])) if info.shape else (),
+                      start=info.start + start * per_row, end=info.start + stop * per_row)
+        reader = self._readers[info.file]
+        return reader.read_bytes(sub) if raw else reader.read(sub)
 
     def prefetch(self, names) -> None:
         """Hint that these tensors will be read next.  Remote readers fetch them in one

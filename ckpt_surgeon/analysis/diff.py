@@ -1,0 +1,468 @@
+"""``diff``: what changed between two checkpoints, tensor by tensor.
+
+Any two sources (HF folder, .safetensors, .gguf, Hub repo id, or a mix) are opened through
+:func:`~ckpt_surgeon.checkpoint.open_checkpoint`.  When one side is a GGUF and the other is not,
+the GGUF names are mapped to HF names through the conversion tables
+(:mod:`ckpt_surgeon.conversion.names`) and each tensor goes through the same GGUF -> HF
+transform the converter applies (llama-arch Q/K rows un-permuted, GPT-2 Conv1D transposed back,
+Gemma norms shifted by -1), so a GGUF is compared with the HF model it came from.
+
+Per tensor pair:
+
+- different shapes: ``shape_changed`` (headers only, no data read);
+- same dtype, same shape, no transform: the stored bytes are compared in row chunks
+  (:meth:`Checkpoint.read_rows`, bounded memory).  Equal bytes are ``identical`` without any
+  decoding; otherwise the chunks are decoded and ``changed`` gets max |Δ|, the relative
+  Frobenius norm ‖B − A‖ / ‖A‖ and the cosine of the flattened tensors, all in float64;
+- a different dtype (F16 vs F32, Q4_K vs BF16 ...) or a GGUF transform: both sides are decoded
+  (quantized GGUF tensors are dequantized only here, i.e. when the other side's bytes cannot be
+  compared directly) and compared by value: ``dtype_changed`` with the same figures, or
+  ``identical`` / ``changed`` when the dtypes agree.
+
+Remote (Hub) sides are read by HTTP range under a byte budget: by default only headers and the
+1-D tensors (biases and norms) are compared by content; ``max_bytes`` widens that (smallest
+tensors first), ``full`` reads everything.  A pair left out by the budget is ``not_compared``
+(its header agrees).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..errors import UnsupportedError
+
+STATUSES = ("identical", "changed", "dtype_changed", "shape_changed", "only_in_a", "only_in_b", "not_compared")
+
+# Bytes of stored data read per side per step when streaming a tensor: 8 MiB keeps the float64
+# working copies of a chunk (two sides and their difference) well under 100 MB.
+CHUNK_BYTES = 8 << 20
+
+# Verdict thresholds.  A fine-tune moves most tensors by a few percent of their norm (LoRA-merged
+# and full fine-tunes of 7B models measure ‖Δ‖/‖A‖ ~ 1e-3 .. 1e-1); two independently trained or
+# initialised models have ‖Δ‖/‖A‖ ~ sqrt(2) and cosine ~ 0 (independent random matrices).
+FINETUNE_MIN_CHANGED_SHARE = 0.5     # most common tensors changed ...
+FINETUNE_MAX_REL = 0.2               # ... by a small relative amount (median ‖Δ‖/‖A‖)
+UNRELATED_MIN_REL = 0.5              # median ‖Δ‖/‖A‖ above this: not the same weights
+UNRELATED_MAX_SHARED = 0.5           # fewer than half the names (with equal shapes) in common
+
+_LAYER = re.compile(r"(?:^|\.)(\d+)\.")
+
+
+def _num(x) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One tensor pair.  ``name`` is the common (HF when the sides mix naming) name."""
+
+    name: str
+    status: str
+    layer: int | None
+    name_a: str | None
+    name_b: str | None
+    shape_a: tuple | None
+    shape_b: tuple | None
+    dtype_a: str | None
+    dtype_b: str | None
+    max_abs: float | None = None      # max |B - A|
+    rel_fro: float | None = None      # ‖B - A‖_F / ‖A‖_F
+    cosine: float | None = None       # <A, B> / (‖A‖ ‖B‖)
+    method: str = "header"            # header | bytes | values | same_file | budget
+    transform: str = "none"           # GGUF -> HF transform applied to the GGUF side
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape_a"] = list(self.shape_a) if self.shape_a is not None else None
+        d["shape_b"] = list(self.shape_b) if self.shape_b is not None else None
+        return d
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    """Per-layer summary (``layer`` None: tensors outside the decoder layers)."""
+
+    layer: int | None
+    counts: dict
+    max_rel_fro: float | None
+    min_cosine: float | None
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "counts": dict(self.counts), "max_rel_fro": self.max_rel_fro,
+                "min_cosine": self.min_cosine}
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    """What :func:`diff` returns; ``to_dict()`` is the JSON contract, ``to_frame()`` one row per tensor."""
+
+    source_a: str
+    source_b: str
+    format_a: str
+    format_b: str
+    naming: str                       # hf | gguf: the names the rows use
+    verdict: str                      # identical | changed | finetune | reencoded | unrelated
+    verdict_line: str
+    tensors: tuple
+    layers: tuple
+    counts: dict
+    bytes_read_a: int = 0
+    bytes_read_b: int = 0
+    requests: int = 0
+    notes: tuple = ()
+    warnings: tuple = ()
+
+    @property
+    def identical(self) -> bool:
+        return self.verdict == "identical"
+
+    def changed(self) -> list[TensorDiff]:
+        return [t for t in self.tensors if t.status != "identical"]
+
+    def to_dict(self) -> dict:
+        return {"source_a": self.source_a, "source_b": self.source_b, "format_a": self.format_a,
+                "format_b": self.format_b, "naming": self.naming, "verdict": self.verdict,
+                "verdict_line": self.verdict_line, "counts": dict(self.counts),
+                "tensors": [t.to_dict() for t in self.tensors], "layers": [lr.to_dict() for lr in self.layers],
+                "bytes_read_a": self.bytes_read_a, "bytes_read_b": self.bytes_read_b, "requests": self.requests,
+                "notes": list(self.notes), "warnings": list(self.warnings)}
+
+    def rows(self, *, changed_only: bool = False) -> list[dict]:
+        out = []
+        for t in self.tensors:
+            if changed_only and t.status == "identical":
+                continue
+            out.append({"tensor": t.name, "status": t.status, "layer": t.layer,
+                        "shape_a": "x".join(map(str, t.shape_a)) if t.shape_a is not None else None,
+                        "shape_b": "x".join(map(str, t.shape_b)) if t.shape_b is not None else None,
+                        "dtype_a": t.dtype_a, "dtype_b": t.dtype_b, "max_abs": t.max_abs, "rel_fro": t.rel_fro,
+                        "cosine": t.cosine})
+        return out
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows())
+
+    def layer_rows(self) -> list[dict]:
+        return [{"layer": "global" if lr.layer is None else lr.layer,
+                 **{s: lr.counts.get(s, 0) for s in STATUSES if any(x.counts.get(s) for x in self.layers)},
+                 "max_rel_fro": lr.max_rel_fro, "min_cosine": lr.min_cosine} for lr in self.layers]
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        counts = ", ".join(f"{v} {k}" for k, v in self.counts.items() if v)
+        items = [("A", f"{self.source_a} ({self.format_a})"), ("B", f"{self.source_b} ({self.format_b})"),
+                 ("verdict", self.verdict_line), ("tensors", counts or "none")]
+        changed_layers = [lr for lr in self.layers if any(lr.counts.get(s) for s in STATUSES if s != "identical")]
+        if changed_layers:
+            items.append(("layers with differences",
+                          ", ".join("global" if lr.layer is None else str(lr.layer) for lr in changed_layers)))
+        items.append(("bytes read", f"A {self.bytes_read_a:,}, B {self.bytes_read_b:,}"
+                      + (f" in {self.requests} request(s)" if self.requests else "")))
+        return items
+
+
+# --------------------------------------------------------------------------- naming
+
+
+@dataclass(frozen=True)
+class _Side:
+    """A checkpoint's tensors under the names the comparison uses."""
+
+    ck: Checkpoint
+    names: dict                       # common name -> (stored name, transform)
+    shapes: dict                      # common name -> shape after the transform
+    hp: dict = field(default_factory=dict)
+
+    @property
+    def remote(self) -> bool:
+        return self.ck.format.startswith("hub")
+
+
+def _side(ck: Checkpoint, to_hf: bool) -> _Side:
+    """Name table of one side; ``to_hf``: a GGUF side is mapped to HF names (the other is HF)."""
+    if not to_hf or ck.naming != "gguf":
+        return _Side(ck, {n: (n, "none") for n in ck.tensors}, {n: tuple(i.shape) for n, i in ck.tensors.items()})
+    from ..conversion import names as N
+    from ..conversion.from_gguf import _hparams
+    arch = ck.gguf_arch or ck.metadata.get("general.architecture")
+    spec = N.by_gguf_arch(arch)
+    if spec is None:
+        raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
+                               f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
+                               "with another GGUF instead", path=ck.source)
+    table = N.gguf_to_hf_names(spec)
+    names, shapes = {}, {}
+    for gname, info in ck.tensors.items():
+        hit = table.match(gname)
+        hname, transform = (hit[0], hit[1].transform) if hit else (gname, "none")
+        shape = tuple(info.shape)
+        if transform == "conv1d" and len(shape) == 2:
+            shape = shape[::-1]
+        names[hname] = (gname, transform)
+        shapes[hname] = shape
+    return _Side(ck, names, shapes, _hparams(ck.metadata, arch))
+
+
+def _layer_of(name: str) -> int | None:
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+class _Acc:
+    """Running float64 sums for max |Δ|, ‖Δ‖, ‖A‖, ‖B‖ and <A, B> over chunks."""
+
+    def __init__(self):
+        self.max_abs = 0.0
+        self.dd = self.aa = self.bb = self.ab = 0.0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        a = np.asarray(a, np.float64).reshape(-1)
+        b = np.asarray(b, np.float64).reshape(-1)
+        d = b - a
+        if d.size:
+            self.max_abs = max(self.max_abs, float(np.max(np.abs(d))))
+        self.dd += float(d @ d)
+        self.aa += float(a @ a)
+        self.bb += float(b @ b)
+        self.ab += float(a @ b)
+
+    def figures(self) -> tuple[float | None, float | None, float | None]:
+        rel = math.sqrt(self.dd) / math.sqrt(self.aa) if self.aa > 0 else (0.0 if self.dd == 0 else None)
+        den = math.sqrt(self.aa) * math.sqrt(self.bb)
+        cos = self.ab / den if den > 0 else None
+        return _num(self.max_abs), _num(rel), _num(cos)
+
+    @property
+    def equal(self) -> bool:
+        return self.dd == 0.0 and math.isfinite(self.aa)
+
+
+def _row_steps(ck_a: Checkpoint, na: str, ck_b: Checkpoint, nb: str):
+    ia, ib = ck_a.tensors[na], ck_b.tensors[nb]
+    rows = ia.shape[0] if ia.shape else 1
+    per_row = max(ia.nbytes, ib.nbytes) // max(rows, 1)
+    step = max(1, CHUNK_BYTES // max(per_row, 1))
+    for r0 in range(0, rows, step):
+        yield r0, min(rows, r0 + step)
+
+
+def _bytes_equal(ck_a, na, ck_b, nb, progress) -> bool:
+    """Stream both tensors' stored bytes in row chunks; stop at the first chunk that differs."""
+    for r0, r1 in _row_steps(ck_a, na, ck_b, nb):
+        ra, rb = ck_a.read_rows(na, r0, r1, raw=True), ck_b.read_rows(nb, r0, r1, raw=True)
+        if progress:
+            progress(len(ra) + len(rb))
+        if ra != rb:
+            return False
+    return True
+
+
+def _values_streamed(ck_a, na, ck_b, nb, progress) -> _Acc:
+    acc = _Acc()
+    for r0, r1 in _row_steps(ck_a, na, ck_b, nb):
+        a, b = ck_a.read_rows(na, r0, r1), ck_b.read_rows(nb, r0, r1)
+        if progress:
+            progress(a.nbytes + b.nbytes)
+        acc.add(a, b)
+    return acc
+
+
+def _values_whole(sa: _Side, na: str, ta: str, sb: _Side, nb: str, tb: str, progress) -> _Acc:
+    """Decode both whole tensors, apply the GGUF -> HF transform, compare (the permutation and the
+    transpose need the whole tensor)."""
+    from ..conversion.from_gguf import _transform_to_hf
+    a = _transform_to_hf(sa.ck.read(na), ta, sa.hp)
+    b = _transform_to_hf(sb.ck.read(nb), tb, sb.hp)
+    if progress:
+        progress(sa.ck.tensors[na].nbytes + sb.ck.tensors[nb].nbytes)
+    acc = _Acc()
+    acc.add(a, b)
+    return acc
+
+
+def _same_range(ia, ib) -> bool:
+    try:
+        return (ia.start, ia.end) == (ib.start, ib.end) and os.path.samefile(ia.file, ib.file)
+    except OSError:
+        return False
+
+
+def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress) -> TensorDiff:
+    na, ta = sa.names[name]
+    nb, tb = sb.names[name]
+    ia, ib = sa.ck.tensors[na], sb.ck.tensors[nb]
+    base = dict(name=name, layer=_layer_of(name), name_a=na, name_b=nb, shape_a=sa.shapes[name],
+                shape_b=sb.shapes[name], dtype_a=ia.dtype, dtype_b=ib.dtype,
+                transform=ta if ta != "none" else tb)
+    if sa.shapes[name] != sb.shapes[name]:
+        return TensorDiff(status="shape_changed", **base)
+    same_dtype = ia.dtype == ib.dtype
+    if not read:
+        return TensorDiff(status="not_compared" if same_dtype else "dtype_changed", method="budget", **base)
+    if same_dtype and ta == tb == "none":
+        if _same_range(ia, ib):
+            return TensorDiff(status="identical", method="same_file", **base)
+        if _bytes_equal(sa.ck, na, sb.ck, nb, progress):
+            return TensorDiff(status="identical", method="bytes", **base)
+        acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)
+    elif ta == tb == "none":
+        acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)
+    else:
+        acc = _values_whole(sa, na, ta, sb, nb, tb, progress)
+    status = "dtype_changed" if not same_dtype else ("identical" if acc.equal else "changed")
+    mx, rel, cos = acc.figures()
+    return TensorDiff(status=status, max_abs=mx, rel_fro=rel, cosine=cos, method="values", **base)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def _content_set(common: list[str], sa: _Side, sb: _Side, max_bytes: int | None, full: bool) -> set[str]:
+    """Names compared by content.  Local pairs: all.  With a remote side: biases and norms (1-D)
+    by default; with ``max_bytes`` the smallest tensors first while the remote bytes fit."""
+    if full or not (sa.remote or sb.remote):
+        return set(common)
+
+    def remote_bytes(n):
+        return sum(s.ck.tensors[s.names[n][0]].nbytes for s in (sa, sb) if s.remote)
+
+    if max_bytes is None:
+        return {n for n in common if len(sa.shapes[n]) <= 1}
+    chosen, used = set(), 0
+    for n in sorted(common, key=lambda n: (len(sa.shapes[n]) > 1, remote_bytes(n), n)):
+        cost = remote_bytes(n)
+        if used + cost > max_bytes:
+            continue
+        chosen.add(n)
+        used += cost
+    return chosen
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
+    counts = {s: sum(1 for t in tensors if t.status == s) for s in STATUSES}
+    compared = [t for t in tensors if t.status in ("identical", "changed", "dtype_changed")]
+    shared = counts["identical"] + counts["changed"] + counts["dtype_changed"] + counts["not_compared"]
+    rels = sorted(t.rel_fro for t in compared if t.status != "identical" and t.rel_fro is not None)
+    median_rel = rels[len(rels) // 2] if rels else 0.0
+    differing = counts["changed"] + counts["dtype_changed"]
+    unseen = f"; {counts['not_compared']} tensor(s) not compared (byte budget)" if counts["not_compared"] else ""
+    if n_union and shared / n_union < UNRELATED_MAX_SHARED:
+        return "unrelated", (f"unrelated: only {shared} of {n_union} tensor names are shared with equal shapes")
+    if compared and differing / len(compared) >= FINETUNE_MIN_CHANGED_SHARE and median_rel > UNRELATED_MIN_REL:
+        return "unrelated", (f"unrelated: {differing} of {len(compared)} compared tensors differ, median "
+                             f"‖Δ‖/‖A‖ {median_rel:.3g}")
+    structural = counts["only_in_a"] + counts["only_in_b"] + counts["shape_changed"]
+    if not differing and not structural:
+        if counts["not_compared"]:
+            return "identical", (f"identical as far as read: headers agree and {len(compared)} compared tensors "
+                                 f"are identical{unseen}")
+        return "identical", f"identical: {counts['identical']} tensors, same bytes or values"
+    if counts["changed"] == 0 and counts["dtype_changed"] and not structural:
+        return "reencoded", (f"same weights re-encoded: {counts['dtype_changed']} tensor(s) in another dtype, median "
+                             f"‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
+    if compared and differing / len(compared) >= FINETUNE_MIN_CHANGED_SHARE and median_rel <= FINETUNE_MAX_REL:
+        return "finetune", (f"looks like a fine-tune: {differing} of {len(compared)} compared tensors changed by a "
+                            f"small amount (median ‖Δ‖/‖A‖ {median_rel:.3g}){unseen}")
+    parts = [f"{differing} tensor(s) changed"]
+    if structural:
+        parts.append(f"{counts['only_in_a']} only in A, {counts['only_in_b']} only in B, "
+                     f"{counts['shape_changed']} with another shape")
+    return "changed", f"same architecture with {'; '.join(parts)}{unseen}"
+
+
+def _layers(tensors: list[TensorDiff]) -> tuple[LayerDiff, ...]:
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(t.layer, []).append(t)
+    out = []
+    for layer in sorted(groups, key=lambda x: (x is not None, x if x is not None else -1)):
+        ts = groups[layer]
+        counts = {s: sum(1 for t in ts if t.status == s) for s in STATUSES}
+        rels = [t.rel_fro for t in ts if t.rel_fro is not None]
+        coss = [t.cosine for t in ts if t.cosine is not None]
+        out.append(LayerDiff(layer, {k: v for k, v in counts.items() if v}, max(rels) if rels else None,
+                             min(coss) if coss else None))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- API
+
+
+def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = None, full: bool = False,
+                     progress=None) -> DiffReport:
+    """Compare two open checkpoints (see the module docstring).  ``progress(nbytes)`` is called
+    with the bytes read after each step."""
+    mixed = (a.naming == "gguf") != (b.naming == "gguf")
+    sa, sb = _side(a, mixed), _side(b, mixed)
+    common = [n for n in sa.names if n in sb.names]
+    content = _content_set(common, sa, sb, max_bytes, full)
+    remote_sides = [s for s in (sa, sb) if s.remote]
+    if remote_sides:
+        for s in remote_sides:   # one coalesced, parallel batch of ranges per remote side
+            s.ck.prefetch([s.names[n][0] for n in content if sa.shapes[n] == sb.shapes[n]])
+    rows = []
+    for name in sorted(set(sa.names) | set(sb.names), key=_sort_key):
+        if name in sa.names and name in sb.names:
+            rows.append(_compare(name, sa, sb, name in content, progress))
+        else:
+            side, status = (sa, "only_in_a") if name in sa.names else (sb, "only_in_b")
+            stored = side.names[name][0]
+            info = side.ck.tensors[stored]
+            in_a = status == "only_in_a"
+            rows.append(TensorDiff(name=name, status=status, layer=_layer_of(name),
+                                   name_a=stored if in_a else None, name_b=None if in_a else stored,
+                                   shape_a=side.shapes[name] if in_a else None,
+                                   shape_b=None if in_a else side.shapes[name],
+                                   dtype_a=info.dtype if in_a else None, dtype_b=None if in_a else info.dtype))
+    verdict, line = _verdict(rows, len(rows))
+    counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
+    notes = []
+    if mixed:
+        g = a if a.naming == "gguf" else b
+        notes.append(f"GGUF names of {g.source} mapped to HF names; GGUF -> HF transforms (Q/K un-permute, "
+                     "Conv1D transpose, norm shift) applied before comparing values")
+    return DiffReport(source_a=a.source, source_b=b.source, format_a=a.format, format_b=b.format,
+                      naming="hf" if mixed or a.naming != "gguf" else "gguf", verdict=verdict, verdict_line=line,
+                      tensors=tuple(rows), layers=_layers(rows), counts=counts, bytes_read_a=a.bytes_read,
+                      bytes_read_b=b.bytes_read, requests=a.requests + b.requests, notes=tuple(notes),
+                      warnings=tuple(a.warnings) + tuple(b.warnings))
+
+
+def _sort_key(name: str):
+    layer = _layer_of(name)
+    return (layer is not None, layer if layer is not None else -1, name)
+
+
+def diff(a, b, *, max_bytes: int | None = None, full: bool = False, progress=None, **open_kwargs) -> DiffReport:
+    """Python API twin of ``ckpt-surgeon diff A B``: ``a`` / ``b`` are paths, repo ids or open
+    :class:`Checkpoint` objects.  Returns a :class:`DiffReport` (``.to_frame()``, ``.to_dict()``)."""
+    if isinstance(a, Checkpoint) and isinstance(b, Checkpoint):
+        return diff_checkpoints(a, b, max_bytes=max_bytes, full=full, progress=progress)
+    with _opened(a, open_kwargs) as ca, _opened(b, open_kwargs) as cb:
+        return diff_checkpoints(ca, cb, max_bytes=max_bytes, full=full, progress=progress)
+
+
+class _opened:
+    """Open a source (or pass an open Checkpoint through without closing it)."""
+
+    def __init__(self, src, kw):
+        self.src, self.kw, self.ck, self.own = src, kw, None, not isinstance(src, Checkpoint)
+
+    def __enter__(self) -> Checkpoint:
+        self.ck = open_checkpoint(self.src, **self.kw) if self.own else self.src
+        return self.ck
+
+    def __exit__(self, *exc):
+        if self.own and self.ck is not None:
+            self.ck.close()

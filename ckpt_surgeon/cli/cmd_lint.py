@@ -1,0 +1,47 @@
+"""``ckpt-surgeon lint SOURCE``."""
+from __future__ import annotations
+
+import click
+
+from .cmd_diff import _progress_bar
+from .render import emit, open_kwargs, output_options, source_options
+
+
+@click.command("lint")
+@click.argument("source")
+@click.option("--scan", is_flag=True,
+              help="Also stream every tensor once for NaN/Inf and all-zero tensors (reads the whole file).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr during --scan (default: only when stderr is a terminal).")
+@source_options
+@output_options
+def command(source, scan, progress, allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+    """Check SOURCE for the silent failures that load fine and produce garbage.
+
+    Checks (docs/lint.md has the full list): config / GGUF metadata against tensor shapes;
+    head_dim (config head_dim, GGUF attention.key_length) against the q/k rows; q/k/v biases
+    dropped in some layers or contradicting the config's attention-bias switch; a RoPE GGUF
+    without rope.freq_base (llama.cpp silently uses 10000); Q rows paired as the wrong rotary
+    layout (llama-arch GGUF: interleaved; HF: rotate_half); tie_word_embeddings against lm_head;
+    vocab size against the embedding rows; special-token ids outside the vocabulary; mixed
+    weight dtypes; a key bias far from zero in a model without RoPE.  --scan adds NaN/Inf and
+    all-zero tensors.
+
+    Each finding has a severity (error / warning / info), the file, the tensor and the fix.
+
+    Exit codes: 0 no error finding (warnings allowed), 1 at least one error finding, 2 the
+    source cannot be read.
+    """
+    from ..analysis.lint import lint_checkpoint
+    from ..checkpoint import open_checkpoint
+
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+        bar, tick = _progress_bar(progress, sum(i.nbytes for i in ck.tensors.values()) if scan else 0)
+        try:
+            report = lint_checkpoint(ck, scan=scan, progress=tick)
+        finally:
+            if bar is not None:
+                bar.close()
+    emit(report, fmt, output, title="ckpt-surgeon lint")
+    if not report.passed:
+        click.get_current_context().exit(1)

@@ -1,0 +1,242 @@
+"""``diff``: two checkpoints compared tensor by tensor (real files written to tmp_path, the real
+CLI, a Hub source through the local Hub look-alike in tests/hubserver.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ckpt_surgeon.analysis.diff import diff
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.cli import cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_util import write_gguf  # noqa: E402
+from hubserver import HubServer  # noqa: E402
+
+
+def _write_safetensors(folder: Path, tensors: dict, config: dict | None = None) -> Path:
+    from safetensors.numpy import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _copy_with(src: Path, dst: Path, change: dict) -> Path:
+    """Copy an HF folder and overwrite some tensors (numpy arrays) in its single safetensors file."""
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(src, dst)
+    data = load_file(str(dst / "model.safetensors"))
+    for name, fn in change.items():
+        data[name] = fn(data[name])
+    save_file(data, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_identical_copy_reads_no_values(tiny, tmp_path):
+    src = tiny("qwen2")
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    rep = diff(src, dst)
+    assert rep.verdict == "identical" and rep.identical
+    assert {t.status for t in rep.tensors} == {"identical"}
+    assert {t.method for t in rep.tensors} == {"bytes"}     # decided on bytes, nothing decoded
+    # the same folder twice: same byte ranges of the same files, not even read
+    same = diff(src, src)
+    assert {t.method for t in same.tensors} == {"same_file"}
+    with open_checkpoint(src) as ck:
+        header_only = ck.bytes_read
+    assert same.bytes_read_a == header_only
+
+
+def test_fold_bias_output_names_exactly_the_changed_tensors(tiny, tmp_path):
+    from ckpt_surgeon.surgery import fold_bias
+    src = tiny("gpt2")
+    res = fold_bias(src, tmp_path / "out", k=True, v=True)
+    rep = diff(src, tmp_path / "out")
+    changed = {t.name for t in rep.tensors if t.status != "identical"}
+    assert changed == set(res.plan.changed) and changed
+    assert {t.status for t in rep.tensors if t.name in changed} == {"changed"}
+    for t in rep.tensors:
+        if t.status == "changed":
+            assert t.max_abs > 0 and t.rel_fro > 0 and -1 <= t.cosine <= 1
+    assert rep.verdict == "changed"
+    assert rep.verdict_line.startswith(f"same architecture with {len(changed)} tensor(s) changed")
+    # per-layer summary: every layer folded, each with its own changed tensors
+    per_layer = {lr.layer: lr.counts.get("changed", 0) for lr in rep.layers}
+    assert all(per_layer[lt] > 0 for lt in {t.layer for t in rep.tensors if t.name in changed})
+
+
+def test_figures_are_exact_on_known_arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((300, 40)).astype(np.float32)
+    delta = np.zeros_like(w)
+    delta[7, 3] = 0.5
+    a = _write_safetensors(tmp_path / "a", {"w": w, "gone": w[:2], "s": w[:, :4].copy()})
+    b = _write_safetensors(tmp_path / "b", {"w": w + delta, "new": w[:3], "s": w[:, :5].copy()})
+    import ckpt_surgeon.analysis.diff as D
+    old = D.CHUNK_BYTES
+    D.CHUNK_BYTES = 1024          # many row chunks: the streamed sums must equal the whole-array figures
+    try:
+        rep = diff(a, b)
+    finally:
+        D.CHUNK_BYTES = old
+    by = {t.name: t for t in rep.tensors}
+    assert by["gone"].status == "only_in_a" and by["new"].status == "only_in_b"
+    assert by["s"].status == "shape_changed" and by["s"].shape_a == (300, 4) and by["s"].shape_b == (300, 5)
+    t = by["w"]
+    a64, b64 = w.astype(np.float64), (w + delta).astype(np.float64)
+    assert t.status == "changed"
+    assert t.max_abs == pytest.approx(float(np.abs(b64 - a64).max()), rel=1e-12)
+    assert t.rel_fro == pytest.approx(np.linalg.norm(b64 - a64) / np.linalg.norm(a64), rel=1e-9)
+    assert t.cosine == pytest.approx(float((a64 * b64).sum() / np.linalg.norm(a64) / np.linalg.norm(b64)), rel=1e-12)
+    frame = rep.to_frame()
+    assert list(frame["tensor"]) == [t.name for t in rep.tensors]
+
+
+def test_dtype_change_is_reported_with_figures(tiny, tmp_path):
+    src = tiny("qwen2")
+    dst = _copy_with(src, tmp_path / "half", {"model.layers.0.mlp.up_proj.weight": lambda x: x.astype(np.float16)})
+    rep = diff(src, dst)
+    t = next(t for t in rep.tensors if t.name == "model.layers.0.mlp.up_proj.weight")
+    assert t.status == "dtype_changed" and (t.dtype_a, t.dtype_b) == ("F32", "F16")
+    # float16 rounding: relative error <= 2**-11 per element, so <= 2**-11 in Frobenius norm
+    assert 0 < t.rel_fro <= 2.0 ** -11 and t.cosine > 0.999999
+    assert rep.verdict == "reencoded"
+
+
+def test_finetune_and_unrelated_verdicts(tiny, tmp_path):
+    src = tiny("llama")
+    with open_checkpoint(src) as ck:
+        names = [n for n, i in ck.tensors.items() if len(i.shape) == 2]
+    rng = np.random.default_rng(1)
+    tuned = _copy_with(src, tmp_path / "tuned", {n: (lambda x: x + 0.01 * np.std(x) * rng.standard_normal(x.shape)
+                                                     .astype(x.dtype)) for n in names})
+    rep = diff(src, tuned)
+    assert rep.verdict == "finetune", rep.verdict_line
+    assert rep.verdict_line.startswith("looks like a fine-tune")
+    other = diff(src, tiny("llama", seed=1))
+    assert other.verdict == "unrelated", other.verdict_line
+
+
+def test_gguf_against_its_hf_source_undoes_the_permutation(tiny, tmp_path):
+    src = tiny("llama")   # llama-arch: the converter permutes Q/K rows
+    g = write_gguf(src, tmp_path / "llama.gguf", qtype="F32")
+    rep = diff(src, g)
+    assert rep.naming == "hf"
+    q = next(t for t in rep.tensors if t.name == "model.layers.0.self_attn.q_proj.weight")
+    assert q.name_b == "blk.0.attn_q.weight" and q.transform == "perm_q"
+    compared = [t for t in rep.tensors if t.status not in ("only_in_a", "only_in_b")]
+    assert compared and all(t.status == "identical" for t in compared), [t for t in compared if t.status != "identical"]
+    # without the un-permutation the Q rows differ: the rows really were permuted in the file
+    with open_checkpoint(g) as ck_g, open_checkpoint(src) as ck_h:
+        assert not np.array_equal(ck_g.read("blk.0.attn_q.weight"), ck_h.read("model.layers.0.self_attn.q_proj.weight"))
+    # a quantized GGUF is dequantized to be compared with the float source
+    q8 = write_gguf(src, tmp_path / "llama-q8.gguf", qtype="Q8_0")
+    rep8 = diff(src, q8)
+    w = next(t for t in rep8.tensors if t.name == "model.layers.1.mlp.down_proj.weight")
+    # Q8_0: one int8 per element with a per-32 scale of max|x|/127: relative error well under 1%
+    assert w.status == "dtype_changed" and w.dtype_b == "Q8_0" and 0 < w.rel_fro < 0.01
+    assert rep8.verdict == "reencoded", rep8.verdict_line
+    # two GGUFs: compared by GGUF names, quantized bytes compared without dequantizing
+    same = diff(q8, write_gguf(src, tmp_path / "again-q8.gguf", qtype="Q8_0"))
+    assert same.naming == "gguf" and same.verdict == "identical"
+    assert {t.method for t in same.tensors} == {"bytes"}
+
+
+def test_cli_formats_and_exit_codes(tiny, tmp_path):
+    src = tiny("qwen2")
+    dst = _copy_with(src, tmp_path / "b", {"model.layers.1.self_attn.k_proj.bias": lambda x: x * 2})
+    r = CliRunner()
+    res = r.invoke(cli, ["diff", str(src), str(dst), "--format", "json"])
+    assert res.exit_code == 1, res.output
+    got = json.loads(res.stdout)
+    assert [t["name"] for t in got["tensors"] if t["status"] != "identical"] == ["model.layers.1.self_attn.k_proj.bias"]
+    assert got["verdict"] == "changed"
+    res = r.invoke(cli, ["diff", str(src), str(dst)])
+    assert res.exit_code == 1
+    assert "same architecture with 1 tensor(s) changed" in res.stdout
+    assert "model.layers.1.self_attn.k_proj.bias" in res.stdout and "layer 1" in res.stdout
+    assert "model.layers.0.self_attn.q_proj.weight" not in res.stdout     # the table shows differences only
+    res = r.invoke(cli, ["diff", str(src), str(dst), "--format", "csv"])
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("tensor,status,layer") and len(lines) == 1 + len(got["tensors"])
+    res = r.invoke(cli, ["diff", str(src), str(dst), "--format", "markdown"])
+    assert "| tensor | status |" in res.stdout
+    assert r.invoke(cli, ["diff", str(src), str(src)]).exit_code == 0
+    # bad input: one line, exit 2 (subprocess: the real exit status)
+    p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "diff", str(src), str(tmp_path / "nope")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nope'}: no such file or folder (and not a Hub repo id of the form owner/name)"]
+    assert p.stdout == ""
+
+
+def test_gguf_of_an_unmapped_arch_against_hf_is_one_clear_error(tiny, tmp_path):
+    g = write_gguf(tiny("bloom"), tmp_path / "bloom.gguf")
+    res = CliRunner().invoke(cli, ["diff", str(tiny("bloom")), str(g)])
+    assert res.exit_code == 2
+    assert res.output.strip() == (f"error: {g}: GGUF architecture 'bloom' has no HF name mapping, so it cannot be "
+                                  "compared with an HF source (mapped: llama, qwen2, qwen3, phi3, gpt2, gemma3); "
+                                  "compare it with another GGUF instead")
+
+
+# ------------------------------------------------------------------ Hub sources
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "CKPT_SURGEON_PROGRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
+    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "cache"))
+    with HubServer(idle_timeout=120) as srv:
+        monkeypatch.setenv("HF_ENDPOINT", srv.url)
+        yield srv
+
+
+def test_hub_header_only_and_default_budget(hub, tiny, tmp_path):
+    src = tiny("qwen2")
+    changed = _copy_with(src, tmp_path / "b", {"model.layers.0.self_attn.v_proj.bias": lambda x: x + 1,
+                                               "model.layers.1.mlp.up_proj.weight": lambda x: x * 1.5})
+    hub.add_repo("owner/a", src)
+    hub.add_repo("owner/b", changed)
+    size = (src / "model.safetensors").stat().st_size
+
+    rep = diff("owner/a", "owner/b", max_bytes=0)              # headers only
+    assert rep.bytes_read_a + rep.bytes_read_b == sum(r.sent for r in hub.log if r.for_repo)
+    cdn = [r for r in hub.log if r.path.startswith("/cdn/")]
+    assert cdn and all(r.range.startswith("bytes=0-") for r in cdn)       # header ranges, no tensor data
+    assert rep.bytes_read_a + rep.bytes_read_b < 1_000_000
+    assert rep.bytes_read_a < 0.2 * size                                  # 64 KB header range of a ~530 KB file
+    assert {t.status for t in rep.tensors} == {"not_compared"}
+    assert rep.verdict == "identical" and "not compared (byte budget)" in rep.verdict_line
+
+    hub.reset_stats()
+    rep = diff("owner/a", "owner/b")                           # default: biases and norms by content
+    by = {t.name: t for t in rep.tensors}
+    assert by["model.layers.0.self_attn.v_proj.bias"].status == "changed"
+    assert by["model.layers.1.mlp.up_proj.weight"].status == "not_compared"
+    assert by["model.norm.weight"].status == "identical"
+    one_d = [t for t in rep.tensors if len(t.shape_a) == 1]
+    assert all(t.status in ("identical", "changed") for t in one_d)
+
+    rep = diff("owner/a", "owner/b", full=True)
+    assert {t.name for t in rep.tensors if t.status != "identical"} == {
+        "model.layers.0.self_attn.v_proj.bias", "model.layers.1.mlp.up_proj.weight"}
+
+    # a Hub repo against a local folder, through the CLI
+    res = CliRunner().invoke(cli, ["diff", "owner/a", str(src), "--full", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verdict"] == "identical"
