@@ -48,9 +48,17 @@ _DTYPES = ("float32", "bfloat16", "float16")
                    "dir ($TMPDIR). Removed at the end.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars on stderr (default: only when stderr is a terminal).")
+@click.option("--localize", is_flag=True,
+              help="Also find where the models diverge: hooks on every decoder layer's output and its attention / "
+                   "MLP sub-outputs, per layer max and relative |Δ hidden|, the first layer over --localize-threshold "
+                   "(a second pass over the prompts; with --sequential only per-layer outputs are saved).")
+@click.option("--localize-threshold", type=float, default=None,
+              help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
+                   "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
 @output_options
 def command(reference, candidate, prompts_file, max_new_tokens, device, device_map, dtype, sequential,
-            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, progress, fmt, output):
+            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, progress, localize,
+            localize_threshold, fmt, output):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -82,6 +90,12 @@ def command(reference, candidate, prompts_file, max_new_tokens, device, device_m
                     device_map=device_map, dtype=dtype, sequential=sequential or None,
                     thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
                     min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir)
+    if localize:
+        from ..verification.localize import LocalizedVerify, localize as run_localize
+        where = run_localize(reference, candidate, prompts=prompts,
+                             device="cuda" if report.device == "cuda" else "cpu", dtype=dtype,
+                             sequential=report.mode == "sequential", threshold=localize_threshold, tmp_dir=tmp_dir)
+        report = LocalizedVerify(report, where)
     emit(report, fmt, output, title="ckpt-surgeon verify")
     if not report.passed:
         raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

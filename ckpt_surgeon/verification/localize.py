@@ -1,0 +1,268 @@
+"""Where do two models start to differ?  ``verify --localize``.
+
+Both models run the same token ids (the reference's tokenizer, as in :func:`.core.verify`) with
+forward hooks on every decoder layer's output and on its attention and MLP sub-modules.  Per
+hooked point and over all prompts and positions: max |Δ hidden| and the relative Frobenius norm
+‖cand − ref‖ / ‖ref‖ (float64 sums).  The first point, in execution order (attention, MLP, layer
+output; layer 0 first), whose relative difference exceeds the threshold is named.
+
+Where the hooks go comes from the registry: the decoder layers are the modules whose path ends
+in the family's layer pattern (``layers.{L}``, ``h.{L}``, ``layer.{L}``), the attention module
+is the parent of the family's output-projection role (``self_attn.o_proj`` -> ``self_attn``);
+the MLP is the layer's child named ``mlp`` / ``feed_forward`` / ``ffn`` when there is one.
+
+Sequential mode (one model in memory at a time) saves, per prompt and hooked point, only that
+point's output ``[tokens, hidden]`` in float32 (a 32-layer 4096-wide model on a 20-token prompt:
+3 points x 32 x 20 x 4096 x 4 B ≈ 31 MB), never the attention weights or other intermediates.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..arch import families as F
+from ..errors import CkptError, ConfigError
+
+PARTS = ("attention", "mlp", "output")       # execution order inside one layer
+_MLP_NAMES = ("mlp", "feed_forward", "ffn")
+# Default relative thresholds per compute dtype: float32 rounding over a few layers stays
+# ~1e-6 relative; half precisions accumulate ~1e-3 (float16) and ~1e-2 (bfloat16) per layer.
+DEFAULT_THRESHOLDS = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+@dataclass(frozen=True)
+class PointDiff:
+    layer: int
+    part: str                 # attention | mlp | output
+    module: str               # the hooked module's path
+    max_abs: float
+    rel: float                # ‖cand − ref‖_F / ‖ref‖_F over all prompts and positions
+    over: bool
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "part": self.part, "module": self.module, "max_abs": self.max_abs,
+                "rel": self.rel, "over": self.over}
+
+
+@dataclass(frozen=True)
+class LocalizeReport:
+    threshold: float
+    points: tuple
+    first_layer: int | None           # first layer with a point over the threshold
+    first_point: str | None           # "layer 3 attention"
+    mode: str
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "first_layer": self.first_layer, "first_point": self.first_point,
+                "mode": self.mode, "points": [p.to_dict() for p in self.points]}
+
+    def rows(self) -> list[dict]:
+        return [{"layer": p.layer, "part": p.part, "max_abs": p.max_abs, "rel": p.rel, "over": p.over}
+                for p in self.points]
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows())
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        where = (f"{self.first_point} (relative |Δ hidden| over {self.threshold:g})" if self.first_point
+                 else f"no layer over {self.threshold:g}")
+        items = [("first diverging layer", where)]
+        for layer in sorted({p.layer for p in self.points}):
+            ps = [p for p in self.points if p.layer == layer]
+            items.append((f"layer {layer}", ", ".join(f"{p.part} max {p.max_abs:.3g} rel {p.rel:.3g}" for p in ps)))
+        return items
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def hook_points(model, config: dict) -> list[tuple[int, str, str, object]]:
+    """``[(layer, part, module path, module)]`` in execution order."""
+    fam = F.by_model_type(config.get("model_type")) or F.by_architectures(config.get("architectures"))
+    if fam is not None:
+        pat = re.escape(fam.layer.rstrip(".")).replace(re.escape("{L}"), r"(\d+)")
+        layer_rx = re.compile(r"(?:^|\.)" + pat + "$")
+    else:
+        layer_rx = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)$")
+    modules = dict(model.named_modules())
+    layers = {}
+    for name, mod in modules.items():
+        m = layer_rx.search(name)
+        if m and int(m.group(1)) not in layers:
+            layers[int(m.group(1))] = name
+    if not layers:
+        raise ConfigError(f"no decoder layers found in {type(model).__name__} (looked for module paths ending in "
+                          f"{layer_rx.pattern}); --localize cannot hook them")
+    attn_rel = None
+    if fam is not None and "o" in fam.roles:
+        o = fam.roles["o"]
+        attn_rel = (o if isinstance(o, str) else o[0]).rsplit(".", 1)[0]
+    points = []
+    for i in sorted(layers):
+        base = layers[i]
+        if attn_rel and f"{base}.{attn_rel}" in modules:
+            points.append((i, "attention", f"{base}.{attn_rel}", modules[f"{base}.{attn_rel}"]))
+        mlp = next((f"{base}.{n}" for n in _MLP_NAMES if f"{base}.{n}" in modules), None)
+        if mlp:
+            points.append((i, "mlp", mlp, modules[mlp]))
+        points.append((i, "output", base, modules[base]))
+    return points
+
+
+class _Recorder:
+    """Forward hooks that keep the first tensor each hooked module returns (batch item 0)."""
+
+    def __init__(self, points):
+        self.points = points
+        self.got: dict = {}
+        self.handles = [mod.register_forward_hook(self._hook(k)) for k, (_, _, _, mod) in enumerate(points)]
+
+    def _hook(self, k):
+        def fn(_module, _inp, out):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            self.got[k] = t[0].detach().float().cpu().numpy()
+        return fn
+
+    def run(self, model, ids, device, torch) -> list[np.ndarray]:
+        self.got = {}
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        model(input_ids=x, attention_mask=torch.ones_like(x))
+        missing = [self.points[k][2] for k in range(len(self.points)) if k not in self.got]
+        if missing:
+            raise ConfigError(f"hooked modules did not run: {missing[:3]}")
+        return [self.got[k] for k in range(len(self.points))]
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+class _Acc:
+    def __init__(self):
+        self.max_abs, self.dd, self.rr = 0.0, 0.0, 0.0
+
+    def add(self, r: np.ndarray, c: np.ndarray) -> None:
+        r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+        if r64.shape != c64.shape:
+            raise ConfigError(f"hidden shapes differ between the models: {r64.shape} vs {c64.shape}")
+        d = c64 - r64
+        self.max_abs = max(self.max_abs, float(np.abs(d).max()) if d.size else 0.0)
+        self.dd += float((d * d).sum())
+        self.rr += float((r64 * r64).sum())
+
+    def rel(self) -> float:
+        return math.sqrt(self.dd) / math.sqrt(self.rr) if self.rr > 0 else (0.0 if self.dd == 0 else math.inf)
+
+
+# --------------------------------------------------------------------------- API
+
+
+def localize(reference, candidate, *, prompts: list[str] | None = None, device: str = "cpu",
+             dtype: str = "float32", sequential: bool = False, threshold: float | None = None,
+             tmp_dir: str | os.PathLike | None = None) -> LocalizeReport:
+    """Run both models with hooks on every decoder layer and name the first layer whose hidden
+    state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``)."""
+    import torch
+
+    from .core import _free, _tokenize
+    from .loading import load_model, prepare, quiet_transformers
+    from .prompts import default_prompts
+
+    thr = DEFAULT_THRESHOLDS.get(dtype) if threshold is None else float(threshold)
+    if thr is None or not thr > 0:
+        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
+    prompts = default_prompts() if prompts is None else list(prompts)
+    warnings: list = []
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-localize-", dir=tmp_dir) as work_s, \
+            torch.no_grad(), quiet_transformers():
+        work = Path(work_s)
+        ref = prepare(reference, work, role="reference", dtype=dtype)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype)
+        _, encodings = _tokenize(ref, cand, prompts, ref.kind, 0, [])
+
+        def outputs(pm):
+            model = load_model(pm, dtype=dtype, device=device, device_map=None, warnings=warnings)
+            rec = _Recorder(hook_points(model, pm.config))
+            try:
+                for ids in encodings:
+                    yield rec.points, rec.run(model, ids, device, torch)
+            finally:
+                rec.close()
+
+        accs = None
+        names = None
+        if sequential:
+            saved = work / "reference-points"
+            saved.mkdir()
+            for i, (pts, outs) in enumerate(outputs(ref)):
+                names = [(la, part, path) for la, part, path, _ in pts]
+                for k, arr in enumerate(outs):
+                    np.save(saved / f"{i}-{k}.npy", arr)
+            _free(torch)
+            for i, (pts, outs) in enumerate(outputs(cand)):
+                accs = accs or [_Acc() for _ in outs]
+                _same_points(names, pts, cand.given)
+                for k, arr in enumerate(outs):
+                    accs[k].add(np.load(saved / f"{i}-{k}.npy"), arr)
+        else:
+            for (pr, r_outs), (pc, c_outs) in zip(outputs(ref), outputs(cand)):
+                names = [(la, part, path) for la, part, path, _ in pr]
+                _same_points(names, pc, cand.given)
+                accs = accs or [_Acc() for _ in r_outs]
+                for k, (r, c) in enumerate(zip(r_outs, c_outs)):
+                    accs[k].add(r, c)
+        _free(torch)
+    points = tuple(PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > thr)
+                   for (la, part, path), acc in zip(names, accs))
+    first = next((p for p in points if p.over), None)
+    return LocalizeReport(thr, points, first.layer if first else None,
+                          f"layer {first.layer} {first.part}" if first else None,
+                          "sequential" if sequential else "parallel")
+
+
+def _same_points(names, pts, where: str) -> None:
+    got = [(la, part) for la, part, _, _ in pts]
+    if [(la, part) for la, part, _ in names] != got:
+        raise ConfigError(f"the models have different layer structures ({len(names)} vs {len(got)} hooked points); "
+                          "nothing to localize", path=where)
+
+
+@dataclass(frozen=True)
+class LocalizedVerify:
+    """A :class:`~.report.VerifyReport` with its :class:`LocalizeReport`, rendered as one report
+    (``--localize``): the JSON gains a ``localize`` object, the summary its per-layer lines."""
+
+    verify: object
+    localize: LocalizeReport
+
+    @property
+    def passed(self) -> bool:
+        return self.verify.passed
+
+    @property
+    def failures(self):
+        return self.verify.failures
+
+    @property
+    def notes(self):
+        return self.verify.notes
+
+    @property
+    def warnings(self):
+        return self.verify.warnings
+
+    def to_dict(self) -> dict:
+        return {**self.verify.to_dict(), "localize": self.localize.to_dict()}
+
+    def rows(self) -> list[dict]:
+        return self.verify.rows()
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        return list(self.verify.summary_items()) + self.localize.summary_items()
