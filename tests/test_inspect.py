@@ -238,3 +238,30 @@ def test_cli_subprocess_exit_codes_and_no_torch_import(tiny, tmp_path):
     assert "file is truncated" in r.stderr and "100 bytes missing" in r.stderr
     dbg = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "--debug", "inspect", str(trunc)], capture_output=True, text=True)
     assert dbg.returncode != 0 and "Traceback" in dbg.stderr
+
+
+def test_memory_figures(tiny, tmp_path):
+    """Weight bytes per dtype and KV cache per 1,000 tokens, counted by hand from the config."""
+    rep = inspect(str(tiny("qwen2")))
+    m = rep.to_dict()["memory"]
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(tiny("qwen2")) as ck:
+        assert m["weight_bytes"] == {"F32": sum(i.nbytes for i in ck.tensors.values())}
+    cfg = json.loads((tiny("qwen2") / "config.json").read_text())
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    elems = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * d * 1000
+    assert m["kv_cache_elements"] == elems
+    assert m["kv_cache_bytes"] == {"f16": 2 * elems, "q8_0": round(elems * 34 / 32)}
+    assert any(k == "KV cache / 1,000 tokens" for k, _ in rep.summary_items())
+    # Gemma 3: the sliding layer (window 8) keeps 8 tokens, the full layer 1,000
+    g = inspect(str(tiny("gemma3"))).to_dict()["memory"]
+    gcfg = json.loads((tiny("gemma3") / "config.json").read_text())
+    per_token = 2 * gcfg["num_key_value_heads"] * gcfg["head_dim"]
+    assert gcfg["layer_types"] == ["sliding_attention", "full_attention"] and gcfg["sliding_window"] == 8
+    assert g["kv_cache_elements"] == per_token * (8 + 1000)
+    assert g["kv_cache_note"] == "1 sliding-window layer(s) keep at most 8 tokens"
+    # GGUF: quantization types counted as stored
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gguf_util import write_gguf
+    q = inspect(str(write_gguf(tiny("qwen2"), tmp_path / "q.gguf", qtype="Q8_0"))).to_dict()["memory"]
+    assert set(q["weight_bytes"]) == {"Q8_0", "F32"} and q["kv_cache_elements"] == elems

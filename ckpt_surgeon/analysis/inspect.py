@@ -14,6 +14,7 @@ import numpy as np
 from ..arch.layouts import qkv_row_index
 from ..arch.resolve import ModelLayout, PositionEncoding
 from ..checkpoint import Checkpoint, open_checkpoint
+from .memory import memory_figures
 
 # Extras whose per-layer row shows only these keys, under short column names.
 _ROW_COLUMNS = {"k_bias_redundancy": {"class": "k_class", "exact_fraction": "k_exact", "near_fraction": "k_near",
@@ -119,6 +120,7 @@ class InspectReport:
     bytes_read: int = 0
     requests: int = 0
     num_tensors: int = 0
+    memory: object = None          # MemoryFigures (analysis/memory.py): weight bytes per dtype, KV cache
 
     @property
     def complete(self) -> bool:
@@ -143,6 +145,7 @@ class InspectReport:
             "missing": [{"tensor": t, "reason": r} for t, r in self.missing], "missing_bytes": self.missing_bytes,
             "file_metadata": dict(self.file_metadata), "tensor_types": dict(self.tensor_types),
             "bytes_read": self.bytes_read, "requests": self.requests,
+            "memory": self.memory.to_dict() if self.memory is not None else None,
         }
 
     def to_frame(self):
@@ -194,7 +197,8 @@ class InspectReport:
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
             ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
-        ] + self._file_summary() + self._redundancy_summary()
+        ] + self._file_summary() + self._redundancy_summary() + (
+            self.memory.summary_items() if self.memory is not None else [])
 
     def _file_summary(self) -> list[tuple[str, str]]:
         """GGUF / Hub file metadata (general.name, file type, tokenizer ...), one line."""
@@ -296,7 +300,8 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
         notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
-        bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors))
+        bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors),
+        memory=memory_figures(ck.tensors, ck.config, layout))
 
 
 def inspect(source, **open_kwargs) -> InspectReport:
