@@ -51,19 +51,34 @@ class Checkpoint:
         info = self.tensors[name]
         return self._readers[info.file].read_bytes(info)
 
-    def read_rows(self, name: str, start: int, stop: int, *, raw: bool = False):
-        """Rows ``start:stop`` of the outermost axis, reading only their bytes: decoded like
-        :meth:`read` or, with ``raw``, the stored bytes.  Lets a caller stream a large tensor in
-        bounded memory (a quantized GGUF row is whole blocks, so any row range decodes)."""
+    def _rows(self, name: str, start: int, stop: int) -> TensorInfo:
         info = self.tensors[name]
         rows = info.shape[0] if info.shape else 1
         if not 0 <= start <= stop <= rows:
             raise ValueError(f"rows {start}:{stop} outside 0:{rows} of tensor '{name}'")
         per_row = info.nbytes // max(rows, 1)
-        sub = replace(info, shape=((stop - start,) + tuple(info.shape[1:])) if info.shape else (),
-                      start=info.start + start * per_row, end=info.start + stop * per_row)
-        reader = self._readers[info.file]
+        return replace(info, shape=((stop - start,) + tuple(info.shape[1:])) if info.shape else (),
+                       start=info.start + start * per_row, end=info.start + stop * per_row)
+
+    def read_rows(self, name: str, start: int, stop: int, *, raw: bool = False):
+        """Rows ``start:stop`` of the outermost axis, reading only their bytes: decoded like
+        :meth:`read` or, with ``raw``, the stored bytes.  Lets a caller stream a large tensor in
+        bounded memory (a quantized GGUF row is whole blocks, so any row range decodes)."""
+        sub = self._rows(name, start, stop)
+        reader = self._readers[sub.file]
         return reader.read_bytes(sub) if raw else reader.read(sub)
+
+    def read_rows_into(self, name: str, start: int, stop: int, out) -> memoryview:
+        """The stored bytes of rows ``start:stop`` written into ``out`` (a writable buffer at least
+        that large, reused across calls: no allocation per chunk); returns the filled view."""
+        sub = self._rows(name, start, stop)
+        view = memoryview(out).cast("B")[:sub.nbytes]
+        reader = self._readers[sub.file]
+        if hasattr(reader, "read_into"):       # local safetensors: preadv straight into the buffer
+            reader.read_into(sub, view)
+        else:
+            view[:] = reader.read_bytes(sub)
+        return view
 
     def prefetch(self, names) -> None:
         """Hint that these tensors will be read next.  Remote readers fetch them in one
