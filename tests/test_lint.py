@@ -19,6 +19,7 @@ from ckpt_surgeon.cli import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_util import write_gguf  # noqa: E402
+from test_diff import hub  # noqa: E402,F401  (the local Hub fixture)
 
 
 def _copy(src: Path, dst: Path, *, config: dict | None = None, tensors: dict | None = None) -> Path:
@@ -325,3 +326,18 @@ def test_cli_exit_codes_and_json(tiny, tmp_path):
     p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "lint", str(junk)], capture_output=True, text=True)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith(f"error: {junk}")
     assert p.stdout == ""
+
+
+def test_hub_source_reads_headers_and_small_tensors_only(hub, tiny, tmp_path):
+    """A Hub repo is linted by HTTP range: the checks that would read weights (Q/K of four layers,
+    lm_head vs embedding) are reported as skipped, and little of the file is fetched."""
+    src = tiny("qwen2")
+    bad = _copy(src, tmp_path / "v", config={"vocab_size": 5})
+    hub.add_repo("owner/bad", bad)
+    rep = lint("owner/bad")
+    assert [f.check for f in rep.errors] == ["vocab-size"]
+    assert "qk-permutation" in {c for c, _ in rep.skipped} and "qk-permutation" not in rep.checks
+    assert rep.bytes_read == sum(r.sent for r in hub.log if r.for_repo)
+    assert rep.bytes_read < 0.2 * (src / "model.safetensors").stat().st_size
+    res = CliRunner().invoke(cli, ["lint", "owner/bad", "--format", "json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["skipped"][0]["check"] == "qk-permutation"

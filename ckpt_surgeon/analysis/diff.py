@@ -254,7 +254,7 @@ def _row_plan(ck_a: Checkpoint, na: str, ck_b: Checkpoint, nb: str) -> tuple[lis
     return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)], min(step, rows) * per_row
 
 
-def _bytes_equal(ck_a, na, ck_b, nb, progress) -> bool:
+def bytes_equal(ck_a: Checkpoint, na: str, ck_b: Checkpoint, nb: str, progress=None) -> bool:
     """Stream both tensors' stored bytes in row chunks through two reused buffers; stop at the
     first chunk that differs (compared as 8-byte words where the length allows)."""
     steps, cap = _row_plan(ck_a, na, ck_b, nb)
@@ -319,7 +319,7 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress) -> TensorDif
     if same_dtype and ta == tb == "none":
         if _same_range(ia, ib):
             return TensorDiff(status="identical", method="same_file", **base)
-        if _bytes_equal(sa.ck, na, sb.ck, nb, progress):
+        if bytes_equal(sa.ck, na, sb.ck, nb, progress):
             return TensorDiff(status="identical", method="bytes", **base)
         acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)
     elif ta == tb == "none":

@@ -12,7 +12,7 @@ finding has severity ``error``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class LintReport:
     checks: tuple            # ids of the checks that ran
     scanned: bool = False
     bytes_read: int = 0
+    skipped: tuple = ()      # (check, reason): checks not run on this source (Hub: no weight reads)
 
     @property
     def errors(self) -> list[Finding]:
@@ -79,7 +80,8 @@ class LintReport:
         return {"source": self.source, "format": self.format, "passed": self.passed,
                 "counts": {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES},
                 "findings": [f.to_dict() for f in self.findings], "checks": list(self.checks),
-                "scanned": self.scanned, "bytes_read": self.bytes_read}
+                "scanned": self.scanned, "bytes_read": self.bytes_read,
+                "skipped": [{"check": c, "reason": r} for c, r in self.skipped]}
 
     def rows(self) -> list[dict]:
         return [f.to_dict() for f in self.findings]
@@ -93,7 +95,7 @@ class LintReport:
         verdict = "no problems found" if not self.findings else ", ".join(f"{v} {k}(s)" for k, v in c.items() if v)
         return [("source", f"{self.source} ({self.format})"), ("result", verdict),
                 ("checks run", f"{len(self.checks)}" + (" (with --scan)" if self.scanned else "")),
-                ("bytes read", f"{self.bytes_read:,}")]
+                ("bytes read", f"{self.bytes_read:,}")] + [(f"skipped {c}", r) for c, r in self.skipped]
 
 
 @dataclass
@@ -104,6 +106,11 @@ class _Ctx:
     gguf: bool
     file: str | None                 # the config / metadata file findings about settings name
     progress: object = None
+    skipped: list = field(default_factory=list)   # (check, reason) for checks not run on this source
+
+    @property
+    def remote(self) -> bool:
+        return self.ck.format.startswith("hub")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -220,8 +227,13 @@ def check_tied_embeddings(ctx: _Ctx) -> list[Finding]:
     embed, head = names.get("embed"), names.get("lm_head")
     tie = bool(ctx.cfg["tie_word_embeddings"])
     has_head = head in ctx.ck.tensors
+    if tie and has_head and ctx.remote:
+        ctx.skipped.append(("tied-embeddings", "comparing lm_head with the embedding reads both; not over HTTP"))
+        return []
     if tie and has_head and embed in ctx.ck.tensors:
-        same = ctx.ck.read_raw(embed) == ctx.ck.read_raw(head)
+        from .diff import bytes_equal
+        ie, ih = ctx.ck.tensors[embed], ctx.ck.tensors[head]
+        same = (ie.shape, ie.dtype) == (ih.shape, ih.dtype) and bytes_equal(ctx.ck, embed, ctx.ck, head)
         if not same:
             return [_finding(ctx, "tied-embeddings", "error", head,
                              "config says tie_word_embeddings=true, but lm_head differs from the input embedding: "
@@ -368,6 +380,9 @@ def _sample_layers(n: int) -> list[int]:
 
 def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
     lay = ctx.layout
+    if ctx.remote:
+        ctx.skipped.append(("qk-permutation", "reads Q/K weights of four layers; not over HTTP (lint a local copy)"))
+        return []
     if lay is None or lay.position.type != "rope" or not lay.layers or lay.position.rotary_dim != lay.head_dim:
         return []
     trends = []
@@ -508,7 +523,9 @@ def lint_checkpoint(ck: Checkpoint, *, scan: bool = False, progress=None) -> Lin
         findings.extend(check.fn(ctx))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
-    return LintReport(ck.source, ck.format, tuple(findings), tuple(ran), scanned=scan, bytes_read=ck.bytes_read)
+    ran = [c for c in ran if c not in {s for s, _ in ctx.skipped}]
+    return LintReport(ck.source, ck.format, tuple(findings), tuple(ran), scanned=scan, bytes_read=ck.bytes_read,
+                      skipped=tuple(ctx.skipped))
 
 
 def lint(source, *, scan: bool = False, progress=None, **open_kwargs) -> LintReport:

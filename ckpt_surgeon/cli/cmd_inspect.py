@@ -19,6 +19,10 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, fmt, 
     q/k/v biases exist (separately or inside a fused qkv) with their L2 norm and
     max |x|.  --format json gives the stable contract documented in the README.
 
+    Memory figures (summary and JSON "memory"): weight bytes per stored dtype, and
+    KV-cache bytes per 1,000 tokens at f16 and q8_0 (layers x kv heads x head_dim x 2;
+    sliding-window layers hold at most their window, MLA layers their latent).
+
     Split GGUFs (llama.cpp gguf-split: name-00001-of-00003.gguf ...): any part
     opens the whole set (the other parts are found beside it by name, or in the
     same Hub repo); a missing or inconsistent part is an error (exit code 2).

@@ -28,6 +28,8 @@ def command(source, scan, progress, allow_pickle, revision, hub_file, allow_full
     all-zero tensors.
 
     Each finding has a severity (error / warning / info), the file, the tensor and the fix.
+    Hub repos are read by range; checks that need whole weight matrices are listed as
+    skipped there.
 
     Exit codes: 0 no error finding (warnings allowed), 1 at least one error finding, 2 the
     source cannot be read.
