@@ -141,15 +141,17 @@ def _special_names(ctx: _Ctx) -> dict:
                 out["embed"] = name
             elif hit and hit[0] == "output.weight":
                 out["lm_head"] = name
-        out.setdefault("lm_head", "lm_head.weight")
         if "embed" in out:
+            out.setdefault("lm_head", "lm_head.weight")
             return out
-    # Architectures outside the conversion tables: the input embedding by its usual HF names.
+    # Architectures outside the conversion tables: the input embedding by its usual HF names; the
+    # output layer only when it has the common name (GPT-NeoX calls it embed_out: unknown here).
     for name in ctx.ck.tensors:
         if re.search(r"(embed_tokens|wte|word_embeddings|embed_in)\.weight$", name):
             out["embed"] = name
             break
-    out.setdefault("lm_head", "lm_head.weight")
+    if "lm_head.weight" in ctx.ck.tensors:
+        out["lm_head"] = "lm_head.weight"
     return out
 
 
@@ -225,6 +227,8 @@ def check_tied_embeddings(ctx: _Ctx) -> list[Finding]:
         return []       # GGUF: a missing output.weight is how a tied model is stored
     names = _special_names(ctx)
     embed, head = names.get("embed"), names.get("lm_head")
+    if head is None:
+        return []     # the output layer's name is not known for this architecture
     tie = bool(ctx.cfg["tie_word_embeddings"])
     has_head = head in ctx.ck.tensors
     if tie and has_head and ctx.remote:
@@ -413,6 +417,7 @@ def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
 def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
     """--scan: every tensor streamed once in row chunks."""
     out = []
+    offset = ctx.layout.norm_weight_offset if ctx.layout is not None else 0.0
     for name, info in ctx.ck.tensors.items():
         if info.missing:
             continue
@@ -430,7 +435,8 @@ def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
         if bad:
             out.append(_finding(ctx, "nonfinite", "error", name, f"{bad} NaN/Inf value(s)",
                                 "redo the merge / conversion that produced this tensor"))
-        elif not nonzero and info.numel:
+        elif not nonzero and info.numel and not (offset and len(info.shape) == 1 and "norm" in name):
+            # (a zero norm weight is gamma = 1 where the family stores gamma - 1: Gemma HF files)
             bias = name.endswith(".bias")
             out.append(_finding(ctx, "all-zero", "info" if bias else "warning", name,
                                 "every value is zero" + (" (a zeroed bias can be intended, e.g. after fold-bias)"
