@@ -172,6 +172,11 @@ def test_cli_formats_and_exit_codes(tiny, tmp_path):
     res = r.invoke(cli, ["diff", str(src), str(dst), "--format", "markdown"])
     assert "| tensor | status |" in res.stdout
     assert r.invoke(cli, ["diff", str(src), str(src)]).exit_code == 0
+    # --progress: a byte bar on stderr, stdout stays clean JSON
+    p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "diff", str(src), str(dst), "--progress", "--format",
+                        "json"], capture_output=True, text=True)
+    assert p.returncode == 1 and "diff" in p.stderr and "B/s" in p.stderr
+    assert json.loads(p.stdout)["verdict"] == "changed"
     # bad input: one line, exit 2 (subprocess: the real exit status)
     p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "diff", str(src), str(tmp_path / "nope")],
                        capture_output=True, text=True)

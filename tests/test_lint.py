@@ -327,6 +327,9 @@ def test_cli_exit_codes_and_json(tiny, tmp_path):
     got = json.loads(res.stdout)
     assert got["passed"] is False and got["findings"][0]["check"] == "vocab-size"
     assert set(got["findings"][0]) == {"check", "severity", "file", "tensor", "message", "fix"}
+    p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "lint", str(src), "--scan", "--progress"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "B/s" in p.stderr and "no problems found" in p.stdout
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x05" * 64)
     p = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "lint", str(junk)], capture_output=True, text=True)

@@ -1,11 +1,9 @@
 """``ckpt-surgeon diff A B``."""
 from __future__ import annotations
 
-import sys
-
 import click
 
-from .render import emit, open_kwargs, output_options, source_options
+from .render import byte_progress, emit, open_kwargs, output_options, source_options
 
 
 class _TableView:
@@ -28,16 +26,6 @@ class _TableView:
                 figs = f"; max ‖Δ‖/‖A‖ {lr.max_rel_fro:.3g}" if lr.max_rel_fro is not None else ""
                 items.append((where, ", ".join(f"{v} {k}" for k, v in diffs.items()) + figs))
         return items
-
-
-def _progress_bar(enabled: bool | None, total: int):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled or total <= 0:
-        return None, None
-    from tqdm.auto import tqdm
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="diff", file=sys.stderr, leave=False)
-    return bar, bar.update
 
 
 @click.command("diff")
@@ -80,7 +68,7 @@ def command(a, b, max_bytes, full, progress, allow_pickle, revision, hub_file, a
     kw = open_kwargs(allow_pickle, revision, hub_file, allow_full_download)
     with open_checkpoint(a, **kw) as ca, open_checkpoint(b, **kw) as cb:
         total = sum(i.nbytes for i in ca.tensors.values()) + sum(i.nbytes for i in cb.tensors.values())
-        bar, tick = _progress_bar(progress, total)
+        bar, tick = byte_progress(progress, total, "diff")
         try:
             report = diff_checkpoints(ca, cb, max_bytes=max_bytes, full=full, progress=tick)
         finally:

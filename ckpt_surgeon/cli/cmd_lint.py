@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .cmd_diff import _progress_bar
-from .render import emit, open_kwargs, output_options, source_options
+from .render import byte_progress, emit, open_kwargs, output_options, source_options
 
 
 @click.command("lint")
@@ -38,7 +37,7 @@ def command(source, scan, progress, allow_pickle, revision, hub_file, allow_full
     from ..checkpoint import open_checkpoint
 
     with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
-        bar, tick = _progress_bar(progress, sum(i.nbytes for i in ck.tensors.values()) if scan else 0)
+        bar, tick = byte_progress(progress, sum(i.nbytes for i in ck.tensors.values()) if scan else 0, "lint --scan")
         try:
             report = lint_checkpoint(ck, scan=scan, progress=tick)
         finally:

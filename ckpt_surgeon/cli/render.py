@@ -154,3 +154,15 @@ def source_options(fn):
 def open_kwargs(allow_pickle=False, revision=None, hub_file=None, allow_full_download=False) -> dict:
     return {"allow_pickle": allow_pickle, "revision": revision, "file": hub_file,
             "allow_full_download": allow_full_download}
+
+
+def byte_progress(enabled: bool | None, total: int, desc: str):
+    """A tqdm byte bar on stderr (``enabled`` None: only on a terminal) -> ``(bar, tick)``, where
+    ``tick(nbytes)`` is the progress callback the library takes; ``(None, None)`` when off."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled or total <= 0:
+        return None, None
+    from tqdm.auto import tqdm
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, leave=False)
+    return bar, bar.update
