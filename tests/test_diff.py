@@ -245,3 +245,31 @@ def test_hub_header_only_and_default_budget(hub, tiny, tmp_path):
     res = CliRunner().invoke(cli, ["diff", "owner/a", str(src), "--full", "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["verdict"] == "identical"
+
+
+def test_gemma_norms_stored_plus_one_compare_equal(tiny, tmp_path):
+    """llama.cpp stores Gemma norm weights as 1 + w in float32 (Gemma3Model adds norm_shift); the
+    diff undoes it through the conversion table, up to the rounding of that float32 addition."""
+    from test_lint import _rewrite_gguf
+    from ckpt_surgeon.checkpoint import open_checkpoint as _open
+    with _open(tiny("gemma3")) as ck:
+        norm_names = [n for n in ck.tensors if n.endswith("norm.weight")]
+    rng = np.random.default_rng(0)
+    # random w (the fixture's are zeros), so 1 + w really rounds in float32
+    src = _copy_with(tiny("gemma3"), tmp_path / "hf", {n: (lambda x: rng.uniform(-0.9, 2.5, x.shape)
+                                                         .astype(x.dtype)) for n in norm_names})
+    g = write_gguf(src, tmp_path / "g.gguf")          # the test writer stores w itself
+    shifted = _rewrite_gguf(g, tmp_path / "g1.gguf", tensors=lambda n, a: (a + np.float32(1)).astype(np.float32)
+                            if n.endswith("norm.weight") else a)
+    rep = diff(src, shifted)
+    norms = [t for t in rep.tensors if t.transform == "norm_shift"]
+    assert norms and all(t.status == "identical" for t in norms)
+    assert any(t.method == "values" for t in norms)
+    with _open(src) as a, _open(shifted) as b:     # the rounding really happened
+        assert any(not np.array_equal(a.read(t.name_a).astype(np.float64), b.read(t.name_b).astype(np.float64) - 1)
+                   for t in norms)
+    assert rep.verdict == "identical", rep.verdict_line
+    # and the unshifted file is reported for what it is: every norm off by exactly 1
+    off = diff(src, g)
+    assert {t.name for t in off.tensors if t.status == "changed"} == {t.name for t in norms}
+    assert all(t.max_abs == pytest.approx(1.0, abs=2.0 ** -22) for t in off.tensors if t.status == "changed")

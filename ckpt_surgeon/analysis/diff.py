@@ -50,6 +50,10 @@ FINETUNE_MAX_REL = 0.2               # ... by a small relative amount (median �
 UNRELATED_MIN_REL = 0.5              # median ‖Δ‖/‖A‖ above this: not the same weights
 UNRELATED_MAX_SHARED = 0.5           # fewer than half the names (with equal shapes) in common
 
+# A GGUF norm stored as 1 + w (Gemma: llama.cpp's converter adds the 1 in float32) gives back w
+# only up to the rounding of that addition: half an ulp of a value in [1, 4), at most 2**-22.
+NORM_SHIFT_ROUNDING = 2.0 ** -22
+
 _LAYER = re.compile(r"(?:^|\.)(\d+)\.")
 
 
@@ -341,7 +345,8 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
         acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)
     else:
         acc = _values_whole(sa, na, ta, sb, nb, tb, progress)
-    status = "dtype_changed" if not same_dtype else ("identical" if acc.equal else "changed")
+    equal = acc.equal or ("norm_shift" in (ta, tb) and acc.max_abs <= NORM_SHIFT_ROUNDING)
+    status = "dtype_changed" if not same_dtype else ("identical" if equal else "changed")
     mx, rel, cos = acc.figures()
     return TensorDiff(status=status, max_abs=mx, rel_fro=rel, cosine=cos, method="values", **base)
 
