@@ -246,3 +246,32 @@ def llama_quantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
     if rc != 0:
         raise RuntimeError(f"llama.cpp could not quantize {src} to {ftype} (rc {rc})")
     return Path(dst)
+
+
+def rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, tensors=None) -> Path:
+    """Copy a GGUF with gguf-py (the reference reader/writer), dropping or changing metadata keys
+    and tensors (``tensors(name, array) -> array | None``)."""
+    import gguf
+    src, dst = Path(src), Path(dst)
+    set_kv = dict(set_kv or {})
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, set_kv.pop(key) if key in set_kv else f.contents(), vtype, sub_type=sub)
+    for key, (val, vtype) in set_kv.items():
+        w.add_key_value(key, val, vtype)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if tensors is not None:
+            data = tensors(t.name, data)
+        if data is not None:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)   # quantized rows stay raw bytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -17,8 +17,8 @@ from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gguf_util import write_gguf  # noqa: E402
-from hubserver import HubServer  # noqa: E402
+from gguf_util import rewrite_gguf, write_gguf  # noqa: E402
+from hubenv import hub  # noqa: E402,F401  (the local Hub fixture)
 
 
 def _write_safetensors(folder: Path, tensors: dict, config: dict | None = None) -> Path:
@@ -197,20 +197,6 @@ def test_gguf_of_an_unmapped_arch_against_hf_is_one_clear_error(tiny, tmp_path):
 # ------------------------------------------------------------------ Hub sources
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "CKPT_SURGEON_PROGRESS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
-    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "cache"))
-    with HubServer(idle_timeout=120) as srv:
-        monkeypatch.setenv("HF_ENDPOINT", srv.url)
-        yield srv
-
-
 def test_hub_header_only_and_default_budget(hub, tiny, tmp_path):
     src = tiny("qwen2")
     changed = _copy_with(src, tmp_path / "b", {"model.layers.0.self_attn.v_proj.bias": lambda x: x + 1,
@@ -250,7 +236,6 @@ def test_hub_header_only_and_default_budget(hub, tiny, tmp_path):
 def test_gemma_norms_stored_plus_one_compare_equal(tiny, tmp_path):
     """llama.cpp stores Gemma norm weights as 1 + w in float32 (Gemma3Model adds norm_shift); the
     diff undoes it through the conversion table, up to the rounding of that float32 addition."""
-    from test_lint import _rewrite_gguf
     from ckpt_surgeon.checkpoint import open_checkpoint as _open
     with _open(tiny("gemma3")) as ck:
         norm_names = [n for n in ck.tensors if n.endswith("norm.weight")]
@@ -259,7 +244,7 @@ def test_gemma_norms_stored_plus_one_compare_equal(tiny, tmp_path):
     src = _copy_with(tiny("gemma3"), tmp_path / "hf", {n: (lambda x: rng.uniform(-0.9, 2.5, x.shape)
                                                          .astype(x.dtype)) for n in norm_names})
     g = write_gguf(src, tmp_path / "g.gguf")          # the test writer stores w itself
-    shifted = _rewrite_gguf(g, tmp_path / "g1.gguf", tensors=lambda n, a: (a + np.float32(1)).astype(np.float32)
+    shifted = rewrite_gguf(g, tmp_path / "g1.gguf", tensors=lambda n, a: (a + np.float32(1)).astype(np.float32)
                             if n.endswith("norm.weight") else a)
     rep = diff(src, shifted)
     norms = [t for t in rep.tensors if t.transform == "norm_shift"]

@@ -19,8 +19,8 @@ from ckpt_surgeon.cli import cli
 from ckpt_surgeon.tiny import tiny_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gguf_util import write_gguf  # noqa: E402
-from test_diff import hub  # noqa: E402,F401  (the local Hub fixture)
+from gguf_util import rewrite_gguf, write_gguf  # noqa: E402
+from hubenv import hub  # noqa: E402,F401  (the local Hub fixture)
 
 
 def _copy(src: Path, dst: Path, *, config: dict | None = None, tensors: dict | None = None) -> Path:
@@ -45,34 +45,6 @@ def _copy(src: Path, dst: Path, *, config: dict | None = None, tensors: dict | N
             else:
                 data[name] = got
         save_file(data, str(dst / "model.safetensors"))
-    return dst
-
-
-def _rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, tensors=None) -> Path:
-    """Copy a GGUF with gguf-py (the reference reader/writer), dropping or changing metadata keys
-    and tensors (``tensors(name, array) -> array | None``)."""
-    import gguf
-    set_kv = dict(set_kv or {})
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, set_kv.pop(key) if key in set_kv else f.contents(), vtype, sub_type=sub)
-    for key, (val, vtype) in set_kv.items():
-        w.add_key_value(key, val, vtype)
-    for t in r.tensors:
-        data = np.array(t.data)
-        if tensors is not None:
-            data = tensors(t.name, data)
-        if data is not None:
-            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)   # quantized rows stay raw bytes
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
     return dst
 
 
@@ -138,14 +110,14 @@ def test_head_dim(tiny, tmp_path):
     assert not _find(rep, "config-shapes")         # diagnosed as head_dim, and the other checks still ran
     # GGUF: attention.key_length says another head size than the tensors
     g = write_gguf(src, tmp_path / "q3.gguf")
-    gb = _rewrite_gguf(g, tmp_path / "q3-bad.gguf", set_kv={"qwen3.attention.key_length": hd // 2})
+    gb = rewrite_gguf(g, tmp_path / "q3-bad.gguf", set_kv={"qwen3.attention.key_length": hd // 2})
     f = _find(lint(gb), "head-dim")
     assert f and f[0].fix == f"set qwen3.attention.key_length = {hd}"
 
 
 def test_qkv_bias(tiny, tmp_path):
     g = write_gguf(tiny("qwen2"), tmp_path / "q.gguf")
-    dropped = _rewrite_gguf(g, tmp_path / "dropped.gguf",
+    dropped = rewrite_gguf(g, tmp_path / "dropped.gguf",
                             tensors=lambda n, a: None if n == "blk.1.attn_q.bias" else a)
     f = _find(lint(dropped), "qkv-bias")
     assert [x.message for x in f] == ["the q bias exists in layer(s) [0] but not in [1]: a conversion dropped "
@@ -161,7 +133,7 @@ def test_qkv_bias(tiny, tmp_path):
 
 def test_rope_freq_base(tiny, tmp_path):
     g = write_gguf(tiny("qwen2"), tmp_path / "q.gguf")
-    bad = _rewrite_gguf(g, tmp_path / "nofreq.gguf", drop=("qwen2.rope.freq_base",))
+    bad = rewrite_gguf(g, tmp_path / "nofreq.gguf", drop=("qwen2.rope.freq_base",))
     rep = lint(bad)
     f = _find(rep, "rope-freq-base")
     assert f and f[0].severity == "warning" and f[0].file == str(bad)
@@ -199,7 +171,7 @@ def test_qk_permutation(tiny, tmp_path):
             return a[llama_unpermute_index(h, d)]
         return a[llama_unpermute_index(kv, d)] if n.endswith("attn_k.weight") else a
     # a converter that forgot the permutation: Q/K rows in HF order inside a llama GGUF
-    unperm = _rewrite_gguf(g, tmp_path / "unpermuted.gguf", tensors=unpermute)
+    unperm = rewrite_gguf(g, tmp_path / "unpermuted.gguf", tensors=unpermute)
     f = _find(lint(unperm), "qk-permutation")
     assert f and f[0].severity == "error" and f[0].tensor == "blk.0.attn_q.weight"
     assert "Q/K rows pair up as rotate_half" in f[0].message and "expects interleaved" in f[0].message
@@ -228,7 +200,7 @@ def test_qk_permutation_real_model(smollm_gguf, tmp_path):
         if name.endswith("attn_k.weight"):
             return a[llama_unpermute_index(kv, d)]
         return a
-    bad = _rewrite_gguf(smollm_gguf, tmp_path / "smol-unpermuted.gguf", tensors=unpermute)
+    bad = rewrite_gguf(smollm_gguf, tmp_path / "smol-unpermuted.gguf", tensors=unpermute)
     f = _find(lint(bad), "qk-permutation")
     assert f and f[0].severity == "error" and "pair up as rotate_half" in f[0].message
 
@@ -254,7 +226,7 @@ def test_vocab_size(tiny, tmp_path):
     g = write_gguf(src, tmp_path / "q.gguf")
     import gguf
     toks = list(gguf.GGUFReader(str(g)).fields["tokenizer.ggml.tokens"].contents())
-    more = _rewrite_gguf(g, tmp_path / "more.gguf", set_kv={"tokenizer.ggml.tokens": toks + ["extra0", "extra1"]},
+    more = rewrite_gguf(g, tmp_path / "more.gguf", set_kv={"tokenizer.ggml.tokens": toks + ["extra0", "extra1"]},
                          drop=("tokenizer.ggml.token_type", "tokenizer.ggml.scores", "tokenizer.ggml.merges"))
     f = _find(lint(more), "vocab-size")
     assert f and f[0].severity == "error" and f"{len(toks) + 2} tokens" in f[0].message
@@ -267,7 +239,7 @@ def test_special_tokens(tiny, tmp_path):
     assert [x.message for x in f] == [f"eos_token_id={v + 3} in config.json is outside the vocabulary (0..{v - 1})"]
     g = write_gguf(src, tmp_path / "q.gguf")
     import gguf
-    bad = _rewrite_gguf(g, tmp_path / "bos.gguf", drop=("tokenizer.ggml.bos_token_id",),
+    bad = rewrite_gguf(g, tmp_path / "bos.gguf", drop=("tokenizer.ggml.bos_token_id",),
                         set_kv={"tokenizer.ggml.bos_token_id": (v, gguf.GGUFValueType.UINT32)})
     f = _find(lint(bad), "special-tokens")
     assert f and f[0].message.startswith(f"tokenizer.ggml.bos_token_id={v} in the GGUF metadata")
