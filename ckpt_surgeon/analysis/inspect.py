@@ -281,8 +281,7 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
                                          extra={"k_bias_redundancy": inspect_summary(
                                              layout, ck.config, lt, k_vec, sinks=lt.layer in sinks)}))
     params, dtypes = 0, {}
-    mask_like = {n for n in ck.tensors if n.endswith(("attn.bias", "attn.masked_bias")) and ".c_attn." not in n
-                 and layout.family == "gpt2"}
+    mask_like = set(layout.buffers)
     for name, info in ck.tensors.items():
         if info.dtype in _NON_PARAM_DTYPES or name in mask_like:
             continue

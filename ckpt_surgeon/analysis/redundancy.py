@@ -345,9 +345,9 @@ def classify(layout: ModelLayout, lt: LayerTensors, *, sinks: bool = False) -> t
         reasons.append(f"attention logit soft-capping ({layout.softcap}): tanh is not shift-invariant")
     if reasons:
         return "not-removable", tuple(reasons)
-    if layout.family is None:
-        return "unknown", ("architecture not in the registry: position encoding unknown",)
     pe = layout.position
+    if pe.type == "unknown":
+        return "unknown", ("architecture not in the registry: position encoding unknown",)
     if pe.type in ("absolute", "alibi", "none"):
         return "exact", (f"no rotary embedding ({pe.type} positions): q.b_k is constant over the keys",)
     if pe.type == "rope":

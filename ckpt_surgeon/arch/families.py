@@ -1,19 +1,29 @@
-"""Architecture knowledge, as data.
+"""Architecture knowledge, as data: the one registry.
 
-One :class:`Family` per model family: where each layer's attention tensors live
-(HF names, relative to an optional prefix such as ``model.`` / ``transformer.`` /
-``bert.``), the fused-QKV layout, the position encoding and norm placement, the
-GGUF architecture names, and whether llama.cpp's converter permutes Q/K rows.
-Analysis and surgery read these records; nothing else branches on a model name.
+One :class:`Family` per model family owns every per-family fact the tool uses:
+
+- HF roles: where each layer's attention tensors live (HF names, relative to an optional prefix
+  such as ``model.`` / ``transformer.`` / ``bert.``), the fused-QKV layout, the position encoding
+  and norm placement, the config keys that switch biases / soft-capping / kv heads;
+- GGUF: the ``general.architecture`` names, whether llama.cpp's converter permutes Q/K rows, the
+  norm weight offset, the HF config class and epsilon key a GGUF file converts back to;
+- conversion (:class:`Conversion`): the HF tensors llama.cpp's converter writes, with their
+  transforms and hyper-parameters.  GGUF tensor names are *not* written here: they are derived
+  from gguf-py's own tables (``TensorNameMap``, ``TENSOR_NAMES``) in :mod:`ckpt_surgeon.conversion.names`.
+
+Analysis, surgery and conversion read these records; nothing else branches on a model name
+(``tests/test_registry.py`` fails on a family-name literal anywhere else in ``ckpt_surgeon/``).
+Adding a family is adding one :class:`Family` row here.
 
 Patterns: ``{L}`` stands for the layer index.  A role names a module path; the
 matcher appends ``.weight`` / ``.bias``.  GGUF files use one naming for every
-family (llama.cpp ``gguf-py/gguf/constants.py`` ``MODEL_TENSOR``), see ``GGUF_ROLES``.
+architecture (gguf-py ``constants.py`` ``MODEL_TENSOR`` / ``TENSOR_NAMES``), derived in
+:mod:`ckpt_surgeon.arch.gguf_names`.
 
 Sources per family (transformers 5 modeling files): modeling_qwen2, modeling_llama,
 modeling_mistral, modeling_qwen3, modeling_gemma3, modeling_phi3, modeling_phi,
 modeling_gpt2, modeling_gpt_neox, modeling_bloom, modeling_falcon, modeling_bert,
-modeling_starcoder2, modeling_olmo2.
+modeling_starcoder2, modeling_olmo2; conversion rows: llama.cpp ``convert_hf_to_gguf.py``.
 """
 from __future__ import annotations
 
@@ -65,6 +75,143 @@ class Family:
     # None: not established.  Cited per family (transformers 5 modeling files).
     residual_readers_centering: bool | None = None
     extra: dict = field(default_factory=dict)
+    # --- GGUF / conversion data ---
+    hf_class: str | None = None           # config ``architectures[0]`` written for a GGUF of this family
+    ln_eps_key: str = "layer_norm_eps"    # HF key of the LayerNorm epsilon (GGUF attention.layer_norm_epsilon)
+    # parameter-less buffers some exports save under the layer prefix (not weights, not biases)
+    buffers: tuple = ()
+    # roles whose module is where `qkv split` / `qkv fuse` writes, not a module transformers builds
+    surgery_roles: tuple = ()
+    conversion: "Conversion | None" = None  # HF <-> GGUF conversion (None: not converted here)
+
+
+# Per-tensor transforms HF -> GGUF (inverses GGUF -> HF), see ckpt_surgeon.conversion.names.
+TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How llama.cpp's converter (``convert_hf_to_gguf.py``) writes a family, and how it converts back.
+
+    ``tensors``: ``(HF tensor template, transform)`` rows; the GGUF name of each row is derived
+    from gguf-py's ``TensorNameMap`` for ``gguf_arch`` (:mod:`ckpt_surgeon.conversion.names`).
+    ``gguf_arch``: the architecture written (default: the family's first ``gguf_archs``; Mistral
+    is written as llama, as llama.cpp's converter does).  ``hparams``: canonical hyper-parameters
+    written (``names.GGUF_HPARAM_KEYS``).  GGUF -> HF config: the base is
+    :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf`; ``hf_rename`` (generic key -> this
+    family's key, None drops it), ``hf_from_gguf`` (extra ``{arch}.<suffix>`` -> HF key) and
+    ``hf_config_extra`` (fixed entries) adjust it.  ``ff_default_mult``: n_ff = mult * n_embd when
+    the HF config leaves it None (GPT-2).  ``llamacpp_absent``: GGUF names llama.cpp's graph has
+    no slot for (the file would not load).  ``llamacpp_fixed``: settings llama.cpp hard-codes for
+    the architecture instead of reading them (canonical name -> value; "head_dim" means "equal to
+    the head dim"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
+    ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
+    multimodal ``gemma3`` config is not a text model).
+    """
+
+    tensors: tuple
+    hparams: tuple
+    gguf_arch: str | None = None
+    hf_rename: dict = field(default_factory=dict)
+    hf_from_gguf: dict = field(default_factory=dict)
+    hf_config_extra: dict = field(default_factory=dict)
+    ff_default_mult: int | None = None
+    llamacpp_absent: tuple = ()
+    llamacpp_fixed: dict = field(default_factory=dict)
+    notes: str = ""
+    model_types: tuple | None = None      # which of the family's model types convert (default: all)
+
+
+def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
+    """A module's ``.weight`` and (optionally) ``.bias`` rows (Conv1D biases are vectors: no transpose)."""
+    rows = [(f"{hf}.weight", transform)]
+    if bias:
+        rows.append((f"{hf}.bias", "none" if transform == "conv1d" else transform))
+    return rows
+
+
+def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
+    """Llama-style decoder (modeling_llama / modeling_qwen2 / modeling_qwen3 / modeling_mistral);
+    llama.cpp's ``LlamaModel.modify_tensors`` permutes Q/K rows (``LlamaModel.permute``)."""
+    pq, pk = ("perm_q", "perm_k") if perm else ("none", "none")
+    rows = [
+        ("model.embed_tokens.weight", "none"),
+        ("model.norm.weight", "none"),
+        ("lm_head.weight", "none"),
+        ("model.layers.{L}.input_layernorm.weight", "none"),
+        *_wb("model.layers.{L}.self_attn.q_proj", pq),
+        *_wb("model.layers.{L}.self_attn.k_proj", pk),
+        *_wb("model.layers.{L}.self_attn.v_proj"),
+        *_wb("model.layers.{L}.self_attn.o_proj"),
+        ("model.layers.{L}.post_attention_layernorm.weight", "none"),
+        *_wb("model.layers.{L}.mlp.gate_proj"),
+        *_wb("model.layers.{L}.mlp.up_proj"),
+        *_wb("model.layers.{L}.mlp.down_proj"),
+    ]
+    if qk_norm:
+        rows += [("model.layers.{L}.self_attn.q_norm.weight", "none"),
+                 ("model.layers.{L}.self_attn.k_norm.weight", "none")]
+    return tuple(rows)
+
+
+_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rms_eps",
+                  "rotary_dim", "key_length", "value_length", "vocab_size")
+_SILU = {"hidden_act": "silu"}
+
+# One object for both families written as llama.cpp's llama architecture.
+_LLAMA_CONVERSION = Conversion(
+    _llama_like_tensors(perm=True), _LLAMA_HPARAMS, gguf_arch="llama", hf_config_extra=_SILU,
+    notes="mistral converts to llama.cpp's llama architecture (as convert_hf_to_gguf.py does); "
+          "Q/K rows are permuted to interleaved rotary pairs")
+
+_PHI3_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "none"),
+    ("lm_head.weight", "none"),
+    ("model.layers.{L}.input_layernorm.weight", "none"),
+    # [Q; K; V] rows, the same concat layout on both sides (modeling_phi3 / llama.cpp phi3).
+    *_wb("model.layers.{L}.self_attn.qkv_proj"),
+    *_wb("model.layers.{L}.self_attn.o_proj"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "none"),
+    # [gate; up] rows: llama.cpp's phi3 graph splits ffn_up in halves (LLM_FFN_SWIGLU on a fused up).
+    *_wb("model.layers.{L}.mlp.gate_up_proj"),
+    *_wb("model.layers.{L}.mlp.down_proj"),
+)
+
+# GPT2Model in convert_hf_to_gguf.py stores Conv1D weights transposed back to [out, in].
+_GPT2_TENSORS = (
+    ("transformer.wte.weight", "none"),
+    ("transformer.wpe.weight", "none"),
+    *_wb("transformer.ln_f"),
+    ("lm_head.weight", "none"),
+    *_wb("transformer.h.{L}.ln_1"),
+    *_wb("transformer.h.{L}.attn.c_attn", "conv1d"),
+    *_wb("transformer.h.{L}.attn.c_proj", "conv1d"),
+    *_wb("transformer.h.{L}.ln_2"),
+    *_wb("transformer.h.{L}.mlp.c_fc", "conv1d"),
+    *_wb("transformer.h.{L}.mlp.c_proj", "conv1d"),
+)
+
+# Gemma3Model in convert_hf_to_gguf.py adds norm_shift = 1.0 to every *norm.weight (Gemma's
+# RMSNorm multiplies by 1 + w; llama.cpp multiplies by w).
+_GEMMA3_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "norm_shift"),
+    ("lm_head.weight", "none"),
+    ("model.layers.{L}.input_layernorm.weight", "norm_shift"),
+    *_wb("model.layers.{L}.self_attn.q_proj"),
+    *_wb("model.layers.{L}.self_attn.k_proj"),
+    *_wb("model.layers.{L}.self_attn.v_proj"),
+    *_wb("model.layers.{L}.self_attn.o_proj"),
+    ("model.layers.{L}.self_attn.q_norm.weight", "norm_shift"),
+    ("model.layers.{L}.self_attn.k_norm.weight", "norm_shift"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "norm_shift"),
+    ("model.layers.{L}.pre_feedforward_layernorm.weight", "norm_shift"),
+    ("model.layers.{L}.post_feedforward_layernorm.weight", "norm_shift"),
+    *_wb("model.layers.{L}.mlp.gate_proj"),
+    *_wb("model.layers.{L}.mlp.up_proj"),
+    *_wb("model.layers.{L}.mlp.down_proj"),
+)
 
 
 @dataclass(frozen=True)
@@ -104,47 +251,74 @@ _LLAMA_ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "qkv": "self_attn.qkv_proj", "attn_norm": "input_layernorm"}
 _QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
 
+_FUSE_OUT = ("qkv",)          # unfused families: "qkv" is where `qkv fuse` writes
+_SPLIT_OUT = ("q", "k", "v")   # fused families: q/k/v are where `qkv split` writes
+
 FAMILIES: tuple[Family, ...] = (
     # residual readers: modeling_qwen2: Qwen2RMSNorm input/post_attention_layernorm, model.norm
     Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
            bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection",
+           hf_class="Qwen2ForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False), _LLAMA_HPARAMS, hf_config_extra=_SILU),
            residual_readers_centering=False),
     # residual readers: modeling_llama: LlamaRMSNorm everywhere
     Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
-           attention_bias_key="attention_bias",
+           attention_bias_key="attention_bias", hf_class="LlamaForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=_LLAMA_CONVERSION,
            residual_readers_centering=False),
     # residual readers: modeling_mistral: MistralRMSNorm everywhere
     Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
+           hf_class="MistralForCausalLM", surgery_roles=_FUSE_OUT, conversion=_LLAMA_CONVERSION,
            residual_readers_centering=False),
+    # llama.cpp src/models/qwen3.cpp: q/k/v biases are optional, attn_output has no bias slot.
     # residual readers: modeling_qwen3: Qwen3RMSNorm everywhere
     Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
-           attention_bias_key="attention_bias",
+           attention_bias_key="attention_bias", hf_class="Qwen3ForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True), _LLAMA_HPARAMS,
+                                 hf_config_extra=_SILU, llamacpp_absent=("blk.{L}.attn_output.bias",)),
            residual_readers_centering=False),
+    # llama.cpp src/models/gemma3*.cpp + llama-model.cpp: sliding-window rope base 10000
+    # (rope_freq_base_train_swa), every 6th layer global (set_swa_pattern(6)), attention scaled by
+    # 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim; the 27B exception is not handled).
     # residual readers: modeling_gemma3: Gemma3RMSNorm everywhere
     Family("gemma3", ("gemma3_text", "gemma3"), ("gemma3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
            attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0,
+           hf_class="Gemma3ForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               _GEMMA3_TENSORS, _LLAMA_HPARAMS + ("sliding_window",),
+               hf_config_extra={"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+                                "attn_logit_softcapping": None},
+               llamacpp_fixed={"rope_local_theta": 10000.0, "global_every": 6, "query_pre_attn_scalar": "head_dim"},
+               llamacpp_absent=("blk.{L}.attn_output.bias",), model_types=("gemma3_text",),
+               notes="norm weights are stored as 1 + w (Gemma3RMSNorm multiplies by 1 + w)"),
            residual_readers_centering=False),
+    # modeling_olmo2: post-norm only (post_attention_layernorm / post_feedforward_layernorm), so no attn_norm role.
     # residual readers: modeling_olmo2: attention reads the raw stream; Olmo2RMSNorm after each sublayer
-    Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, norm_placement="post",
+    Family("olmo2", ("olmo2",), ("olmo2",), "layers.{L}.",
+           {r: m for r, m in _QKNORM_ROLES.items() if r != "attn_norm"}, qk_norm=True, norm_placement="post",
            fused_layout="concat",
-           attention_bias_key="attention_bias", input_norm=None,
+           attention_bias_key="attention_bias", input_norm=None, hf_class="Olmo2ForCausalLM", surgery_roles=_FUSE_OUT,
            residual_readers_centering=False),
     # residual readers: modeling_starcoder2: nn.LayerNorm input/post_attention_layernorm, model.norm
     Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
            input_norm="layer", fused_layout="concat",
-           bias_switch_extra=("mlp.c_fc", "mlp.c_proj"),
-           residual_readers_centering=True),   # modeling_starcoder2: bias=config.use_bias
+           bias_switch_extra=("mlp.c_fc", "mlp.c_proj"),   # modeling_starcoder2: bias=config.use_bias
+           hf_class="Starcoder2ForCausalLM", ln_eps_key="norm_epsilon", surgery_roles=_FUSE_OUT,
+           residual_readers_centering=True),
     # residual readers: modeling_phi3: Phi3RMSNorm everywhere
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
            {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm",
             "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},   # q/k/v: after `qkv split`
-           fused_layout="concat", unfused_as=_PHI3_TO,
+           fused_layout="concat", unfused_as=_PHI3_TO, hf_class="Phi3ForCausalLM", surgery_roles=_SPLIT_OUT,
+           conversion=Conversion(
+               _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx",), hf_config_extra=_SILU,
+               hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
            residual_readers_centering=False),
     # residual readers: modeling_phi: the parallel block reads input_layernorm (nn.LayerNorm); final_layernorm feeds lm_head
     Family("phi", ("phi",), ("phi2",), "layers.{L}.",
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
             "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
-           input_norm="layer",
+           input_norm="layer", hf_class="PhiForCausalLM",
            bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant",
            residual_readers_centering=True),
     # q/k/v roles of fused families name where `qkv split` writes the parts (no transformers module
@@ -154,18 +328,27 @@ FAMILIES: tuple[Family, ...] = (
                                                    "q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj"},
            position="absolute", fused_layout="concat", conv1d=True, input_norm="layer",
            bias_note="attn.bias / attn.masked_bias are causal-mask buffers, not learned biases",
+           hf_class="GPT2LMHeadModel", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
+           buffers=("attn.bias", "attn.masked_bias"),
+           conversion=Conversion(
+               _GPT2_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "ln_eps", "vocab_size"),
+               hf_rename={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+                          "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
+                          "num_key_value_heads": None, "head_dim": None},
+               hf_config_extra={"activation_function": "gelu_new"}, ff_default_mult=4),
            residual_readers_centering=True),
     # residual readers: modeling_gpt_neox: both use_parallel_residual branches read a LayerNorm; final_layer_norm
     Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
            {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm",
             "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj"},
-           fused_layout="per_head", input_norm="layer",
+           fused_layout="per_head", input_norm="layer", hf_class="GPTNeoXForCausalLM", surgery_roles=_SPLIT_OUT,
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
            {"qkv": "self_attention.query_key_value", "o": "self_attention.dense", "attn_norm": "input_layernorm",
             "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj"},
            position="alibi", fused_layout="per_head", input_norm="layer",
+           hf_class="BloomForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
            residual_readers_centering=True),
     # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
@@ -179,22 +362,23 @@ FAMILIES: tuple[Family, ...] = (
            # modeling_falcon: num_kv_heads is used only with new_decoder_architecture or
            # without multi_query; multi_query alone means one shared k/v head.
            kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),),
-           bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),
-           residual_readers_centering=True),   # modeling_falcon: bias=config.bias
+           bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),   # modeling_falcon: bias=config.bias
+           hf_class="FalconForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
+           residual_readers_centering=True),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
             "o": "attention.output.dense"},
            position="absolute", norm_placement="post", input_norm=None,
            bias_note="post-norm: LayerNorm's beta does not make the q/k/v biases redundant",
+           hf_class="BertModel",
            residual_readers_centering=True),
 )
 
-# GGUF names (llama.cpp gguf-py constants.py MODEL_TENSOR -> "blk.{bid}.attn_q" ...), shared by all families.
-GGUF_ROLES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "qkv": "attn_qkv", "o": "attn_output",
-              "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "sinks": "attn_sinks",
-              "attn_norm": "attn_norm"}
-GGUF_LAYER = "blk.{L}."
+# Configs without ``architectures``: model types whose checkpoints are bare encoders (read by
+# ckpt_surgeon.verification.kinds; anything else is treated as a causal LM).
+ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra",
+                                 "deberta", "deberta-v2", "camembert", "albert", "nomic_bert", "modernbert"})
 
 # Generic patterns tried for architectures not in the registry (name-only recognition).
 GENERIC_ROLES = {

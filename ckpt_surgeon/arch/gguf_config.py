@@ -6,30 +6,33 @@ llama.cpp's converter (``convert_hf_to_gguf.py``) writes HF hyper-parameters und
 configs use (``num_hidden_layers``, ``num_attention_heads`` ...) so that
 :func:`ckpt_surgeon.arch.resolve.resolve` and the GGUF -> HF converter read GGUF and
 safetensors sources the same way.  Rope settings are written in both spellings
-(top-level ``rope_theta`` and transformers-5 ``rope_parameters``), see ARCHITECTURE.md.
+(top-level ``rope_theta`` and transformers-5 ``rope_parameters``, as
+``modeling_rope_utils.convert_rope_params_to_dict`` reads them).
 
-Nothing here branches on an architecture name: per-architecture differences are rows
-in :data:`ARCH_MODEL_TYPE`, :data:`ARCH_HF_CLASS` and :data:`EPS_KEY_BY_ARCH`.
+Nothing here branches on an architecture name: per-architecture facts (HF model type, model
+class, LayerNorm epsilon key, bias switch) are fields of the registry's
+:class:`~ckpt_surgeon.arch.families.Family` rows, looked up by ``general.architecture``.
 """
 from __future__ import annotations
 
 from . import families as F
 
-# general.architecture -> HF model_type (transformers ``configuration_*.py``).
-ARCH_MODEL_TYPE = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3",
-    "phi2": "phi", "gpt2": "gpt2", "gptneox": "gpt_neox", "bloom": "bloom", "falcon": "falcon",
-    "bert": "bert", "starcoder2": "starcoder2", "olmo2": "olmo2",
-}
 
+def _by_arch(attr: str) -> dict:
+    """general.architecture -> one registry field, for every family that reads a GGUF arch."""
+    out = {}
+    for fam in F.FAMILIES:
+        for arch in fam.gguf_archs:
+            value = fam.model_types[0] if attr == "model_type" else getattr(fam, attr)
+            if value is not None:
+                out.setdefault(arch, value)
+    return out
+
+
+# general.architecture -> HF model_type (transformers ``configuration_*.py``).
+ARCH_MODEL_TYPE = _by_arch("model_type")
 # general.architecture -> HF model class (config ``architectures``).
-ARCH_HF_CLASS = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "phi2": "PhiForCausalLM",
-    "gpt2": "GPT2LMHeadModel", "gptneox": "GPTNeoXForCausalLM", "bloom": "BloomForCausalLM",
-    "falcon": "FalconForCausalLM", "bert": "BertModel", "starcoder2": "Starcoder2ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-}
+ARCH_HF_CLASS = _by_arch("hf_class")
 
 # "{arch}.<suffix>" -> HF key, for every architecture (gguf-py Keys.LLM / Keys.Attention).
 ARCH_KEYS = (
@@ -49,8 +52,7 @@ ARCH_KEYS = (
 # models spell it per family (GPT-2/BLOOM/Falcon: layer_norm_epsilon; StarCoder2: norm_epsilon).
 EPS_KEYS = (("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
             ("attention.layer_norm_epsilon", "layer_norm_eps"))
-EPS_KEY_BY_ARCH = {"gpt2": "layer_norm_epsilon", "bloom": "layer_norm_epsilon", "falcon": "layer_norm_epsilon",
-                   "starcoder2": "norm_epsilon"}
+EPS_KEY_BY_ARCH = _by_arch("ln_eps_key")
 
 # Tokenizer keys (gguf-py Keys.Tokenizer) -> HF config keys.
 TOKENIZER_KEYS = (

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from . import families as F
+from . import gguf_names as G
 
 
 @dataclass(frozen=True)
 class PositionEncoding:
-    type: str                      # rope | absolute | alibi | none
+    type: str                      # rope | absolute | alibi | none | unknown (not declared anywhere)
     rotary_dim: int | None = None
     theta: float | None = None
     pair_layout: str | None = None  # rotate_half | interleaved (rope only)
@@ -74,6 +75,7 @@ class ModelLayout:
     config_source: str | None = None
     input_norm: str | None = None   # rms | layer | None: kind of the attn_norm tensors (registry)
     norm_weight_offset: float = 0.0  # effective gamma = stored weight + offset (Gemma HF files)
+    buffers: tuple = ()             # tensors that are saved buffers, not parameters (registry ``buffers``)
 
 
 def _get(cfg: dict, keys, default=None):
@@ -103,12 +105,13 @@ def _rope_params(cfg: dict) -> dict:
     return out
 
 
-def _role_regex(layer: str, module) -> re.Pattern:
-    """``module`` is a module path or a tuple of alternative paths (whichever the file holds)."""
+def _role_regex(layer: str, module, *, prefixed: bool = True, suffix: str = r"\.(weight|bias)") -> re.Pattern:
+    """``module`` is a module path or a tuple of alternative paths (whichever the file holds).
+    HF names may sit under a prefix (``model.``, ``transformer.``); GGUF names never do."""
     lay = re.escape(layer).replace(re.escape("{L}"), r"(\d+)")
     mods = (module,) if isinstance(module, str) else tuple(module)
     alt = "(?:" + "|".join(re.escape(m) for m in mods) + ")"
-    return re.compile(r"^(?:.*\.)?" + lay + alt + r"\.(weight|bias)$")
+    return re.compile("^" + (r"(?:.*\.)?" if prefixed else "") + lay + alt + suffix + "$")
 
 
 def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
@@ -119,7 +122,9 @@ def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
 
 
 def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str, permuted: bool) -> PositionEncoding:
-    ptype = fam.position if fam else "none"
+    # Not declared: say so.  Guessing "none" would claim an exact key-bias removal that a
+    # rotary model does not allow.
+    ptype = fam.position if fam else "unknown"
     for key, val, pos in (fam.position_rules if fam else ()):
         if cfg.get(key) == val:
             ptype = pos
@@ -147,8 +152,7 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     n_heads = _get(cfg, F.CONFIG_KEYS["num_heads"])
     n_kv = _get(cfg, F.CONFIG_KEYS["num_kv_heads"])
     if n_kv is None and n_heads is not None:
-        # Falcon: multi_query without new_decoder_architecture means one kv head.
-        n_kv = 1 if (cfg.get("multi_query") and not cfg.get("new_decoder_architecture")) else n_heads
+        n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
     for conds, value in (fam.kv_heads_rules if fam else ()):
         if all(bool(cfg.get(k)) == v for k, v in conds.items()):
             n_kv = value
@@ -161,7 +165,8 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
 
     # Match tensor names to roles.
     if naming == "gguf":
-        layer_pat, role_map = F.GGUF_LAYER, dict(F.GGUF_ROLES)
+        # gguf-py's names (TENSOR_NAMES, and TensorNameMap for the family's own modules)
+        layer_pat, role_map = G.GGUF_LAYER, G.family_gguf_roles(fam)
     elif fam:
         layer_pat, role_map = fam.layer, dict(fam.roles)
     else:
@@ -169,12 +174,19 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     found: dict[int, dict] = {}
     placed = set()
     if layer_pat:
-        regs = {role: _role_regex(layer_pat, mod) for role, mod in role_map.items()}
+        # one regex per (role, alternative); an earlier alternative wins when a layer has both
+        regs = [(role, rank, _role_regex(layer_pat, mod, prefixed=naming != "gguf"))
+                for role, mods in role_map.items()
+                for rank, mod in enumerate((mods,) if isinstance(mods, str) else mods)]
+        ranks: dict = {}
         for name in tensors:
-            for role, rx in regs.items():
+            for role, rank, rx in regs:
                 m = rx.match(name)
                 if m:
-                    found.setdefault(int(m.group(1)), {})[f"{role}_{m.group(2)}"] = name
+                    key = (int(m.group(1)), f"{role}_{m.group(2)}")
+                    if rank < ranks.get(key, len(regs)):
+                        found.setdefault(key[0], {})[key[1]] = name
+                        ranks[key] = rank
                     placed.add(name)
                     break
     else:
@@ -184,10 +196,12 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     if fam and fam.bias_note:
         notes.append(fam.bias_note)
     if fam is None:
-        notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by name only; "
+        how = "gguf-py's tensor names" if naming == "gguf" else "name only"
+        notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by {how}; "
                      "position encoding, per-head statistics and redundancy classes are unknown")
+    buffers = _buffers(fam, tensors) if naming == "hf" else ()
     skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
-                           and not _is_mask_buffer(n)))
+                           and n not in buffers and not _is_mask_buffer(n)))
     if skipped:
         notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
                      + (" ..." if len(skipped) > 5 else ""))
@@ -226,7 +240,7 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=softcap,
         layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
         input_norm=fam.input_norm if fam else None,
-        norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0))
+        norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
     check_shapes(layout, tensors)
     return layout
 
@@ -236,6 +250,14 @@ _ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|quer
 
 def _looks_attention_bias(name: str) -> bool:
     return name.endswith(".bias") and bool(_ATTN_WORDS.search(name))
+
+
+def _buffers(fam: F.Family | None, tensors: dict) -> tuple:
+    """Tensors the family declares as saved buffers (GPT-2's causal masks), by layer pattern."""
+    if fam is None or not fam.buffers:
+        return ()
+    rx = _role_regex(fam.layer, fam.buffers, suffix="")
+    return tuple(sorted(n for n in tensors if rx.match(n)))
 
 
 def _is_mask_buffer(name: str) -> bool:

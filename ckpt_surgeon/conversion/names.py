@@ -1,18 +1,19 @@
-"""GGUF <-> Hugging Face: tensor names, per-tensor transforms and hyper-parameter keys, as data.
+"""GGUF <-> Hugging Face: tensor names, per-tensor transforms and hyper-parameter keys.
 
-One :class:`ArchSpec` row per GGUF architecture.  Both directions read the same rows, so a
-name that converts one way converts back the other way; nothing in ``hf_to_gguf`` /
-``gguf_to_hf`` branches on an architecture name.
+One :class:`ArchSpec` per GGUF architecture, *built from the registry*
+(:mod:`ckpt_surgeon.arch.families`: each family's :class:`~ckpt_surgeon.arch.families.Conversion`).
+Both directions read the same rows, so a name that converts one way converts back the other
+way; nothing in ``hf_to_gguf`` / ``gguf_to_hf`` branches on an architecture name.
 
-Sources the rows mirror:
+Where the rows come from:
 
-- tensor names: llama.cpp ``gguf-py/gguf/constants.py`` ``MODEL_TENSOR`` / ``TENSOR_NAMES`` and
-  ``tensor_mapping.py`` ``TensorNameMap`` (the HF spellings per architecture).  A test checks
-  every HF -> GGUF name here against gguf-py's own ``TensorNameMap``.
-- transforms: llama.cpp ``convert_hf_to_gguf.py``: ``LlamaModel.modify_tensors`` permutes
-  Q/K rows (``LlamaModel.permute``) for llama/mistral only; ``GPT2Model`` stores Conv1D
-  weights transposed back to ``[out, in]``; ``Gemma3Model`` adds ``norm_shift = 1.0`` to every
-  ``*norm.weight`` (Gemma's RMSNorm multiplies by ``1 + w``; llama.cpp multiplies by ``w``).
+- HF tensor names and transforms: the registry (after llama.cpp ``convert_hf_to_gguf.py``:
+  ``LlamaModel.modify_tensors`` permutes Q/K rows for llama/mistral only; ``GPT2Model`` stores
+  Conv1D weights transposed back to ``[out, in]``; ``Gemma3Model`` adds ``norm_shift = 1.0`` to
+  every ``*norm.weight``).
+- GGUF tensor names: derived here from gguf-py's own tables, ``TensorNameMap`` (the HF spellings
+  per architecture that llama.cpp's converter uses) and ``TENSOR_NAMES`` (the GGUF templates), never
+  typed by hand.  A registry row gguf-py cannot name is an error at import.
 - hyper-parameter keys: ``gguf_writer.py`` ``add_*`` methods (``{arch}.context_length`` ...)
   and each model's ``set_gguf_parameters``.
 
@@ -31,9 +32,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..arch import families as F
+from ..arch.gguf_names import gguf_roles, gguf_tensor_name
+
 # --- tensor rules -------------------------------------------------------------------------
 
-TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift")
+TRANSFORMS = F.TRANSFORMS
 
 
 @dataclass(frozen=True)
@@ -45,90 +49,17 @@ class TensorRule:
     transform: str = "none"
 
 
-def _rules(*rows) -> tuple[TensorRule, ...]:
+def _tensor_rules(gguf_arch: str, rows: tuple) -> tuple[TensorRule, ...]:
     out = []
-    for row in rows:
-        out.append(TensorRule(*row))
+    for hf, transform in rows:
+        if transform not in TRANSFORMS:
+            raise ValueError(f"registry: unknown transform {transform!r} for {hf}")
+        g = gguf_tensor_name(gguf_arch, hf)
+        if g is None:
+            raise ValueError(f"registry: gguf-py's TensorNameMap has no {gguf_arch} name for {hf}")
+        out.append(TensorRule(hf, g, transform))
     return tuple(out)
 
-
-def _wb(hf: str, gguf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
-    """A module's ``.weight`` and (optionally) ``.bias`` under one rule pair."""
-    rows = [(f"{hf}.weight", f"{gguf}.weight", transform)]
-    if bias:
-        # Conv1D biases are vectors: nothing to transpose.
-        rows.append((f"{hf}.bias", f"{gguf}.bias", "none" if transform == "conv1d" else transform))
-    return rows
-
-
-# Llama-style decoder (modeling_llama / modeling_qwen2 / modeling_qwen3 / modeling_mistral).
-def _llama_like(perm: bool, qk_norm: bool = False) -> tuple[TensorRule, ...]:
-    pq, pk = ("perm_q", "perm_k") if perm else ("none", "none")
-    rows = [
-        ("model.embed_tokens.weight", "token_embd.weight"),
-        ("model.norm.weight", "output_norm.weight"),
-        ("lm_head.weight", "output.weight"),
-        ("model.layers.{L}.input_layernorm.weight", "blk.{L}.attn_norm.weight"),
-        *_wb("model.layers.{L}.self_attn.q_proj", "blk.{L}.attn_q", pq),
-        *_wb("model.layers.{L}.self_attn.k_proj", "blk.{L}.attn_k", pk),
-        *_wb("model.layers.{L}.self_attn.v_proj", "blk.{L}.attn_v"),
-        *_wb("model.layers.{L}.self_attn.o_proj", "blk.{L}.attn_output"),
-        ("model.layers.{L}.post_attention_layernorm.weight", "blk.{L}.ffn_norm.weight"),
-        *_wb("model.layers.{L}.mlp.gate_proj", "blk.{L}.ffn_gate"),
-        *_wb("model.layers.{L}.mlp.up_proj", "blk.{L}.ffn_up"),
-        *_wb("model.layers.{L}.mlp.down_proj", "blk.{L}.ffn_down"),
-    ]
-    if qk_norm:
-        rows += [("model.layers.{L}.self_attn.q_norm.weight", "blk.{L}.attn_q_norm.weight"),
-                 ("model.layers.{L}.self_attn.k_norm.weight", "blk.{L}.attn_k_norm.weight")]
-    return _rules(*rows)
-
-
-_PHI3 = _rules(
-    ("model.embed_tokens.weight", "token_embd.weight"),
-    ("model.norm.weight", "output_norm.weight"),
-    ("lm_head.weight", "output.weight"),
-    ("model.layers.{L}.input_layernorm.weight", "blk.{L}.attn_norm.weight"),
-    # [Q; K; V] rows, the same concat layout on both sides (modeling_phi3 / llama.cpp phi3).
-    *_wb("model.layers.{L}.self_attn.qkv_proj", "blk.{L}.attn_qkv"),
-    *_wb("model.layers.{L}.self_attn.o_proj", "blk.{L}.attn_output"),
-    ("model.layers.{L}.post_attention_layernorm.weight", "blk.{L}.ffn_norm.weight"),
-    # [gate; up] rows: llama.cpp's phi3 graph splits ffn_up in halves (LLM_FFN_SWIGLU on a fused up).
-    *_wb("model.layers.{L}.mlp.gate_up_proj", "blk.{L}.ffn_up"),
-    *_wb("model.layers.{L}.mlp.down_proj", "blk.{L}.ffn_down"),
-)
-
-_GPT2 = _rules(
-    ("transformer.wte.weight", "token_embd.weight"),
-    ("transformer.wpe.weight", "position_embd.weight"),
-    *_wb("transformer.ln_f", "output_norm"),
-    ("lm_head.weight", "output.weight"),
-    *_wb("transformer.h.{L}.ln_1", "blk.{L}.attn_norm"),
-    *_wb("transformer.h.{L}.attn.c_attn", "blk.{L}.attn_qkv", "conv1d"),
-    *_wb("transformer.h.{L}.attn.c_proj", "blk.{L}.attn_output", "conv1d"),
-    *_wb("transformer.h.{L}.ln_2", "blk.{L}.ffn_norm"),
-    *_wb("transformer.h.{L}.mlp.c_fc", "blk.{L}.ffn_up", "conv1d"),
-    *_wb("transformer.h.{L}.mlp.c_proj", "blk.{L}.ffn_down", "conv1d"),
-)
-
-_GEMMA3 = _rules(
-    ("model.embed_tokens.weight", "token_embd.weight"),
-    ("model.norm.weight", "output_norm.weight", "norm_shift"),
-    ("lm_head.weight", "output.weight"),
-    ("model.layers.{L}.input_layernorm.weight", "blk.{L}.attn_norm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.self_attn.q_proj", "blk.{L}.attn_q"),
-    *_wb("model.layers.{L}.self_attn.k_proj", "blk.{L}.attn_k"),
-    *_wb("model.layers.{L}.self_attn.v_proj", "blk.{L}.attn_v"),
-    *_wb("model.layers.{L}.self_attn.o_proj", "blk.{L}.attn_output"),
-    ("model.layers.{L}.self_attn.q_norm.weight", "blk.{L}.attn_q_norm.weight", "norm_shift"),
-    ("model.layers.{L}.self_attn.k_norm.weight", "blk.{L}.attn_k_norm.weight", "norm_shift"),
-    ("model.layers.{L}.post_attention_layernorm.weight", "blk.{L}.post_attention_norm.weight", "norm_shift"),
-    ("model.layers.{L}.pre_feedforward_layernorm.weight", "blk.{L}.ffn_norm.weight", "norm_shift"),
-    ("model.layers.{L}.post_feedforward_layernorm.weight", "blk.{L}.post_ffw_norm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.mlp.gate_proj", "blk.{L}.ffn_gate"),
-    *_wb("model.layers.{L}.mlp.up_proj", "blk.{L}.ffn_up"),
-    *_wb("model.layers.{L}.mlp.down_proj", "blk.{L}.ffn_down"),
-)
 
 # --- hyper-parameters ---------------------------------------------------------------------
 
@@ -154,9 +85,9 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
 HPARAM_FLOATS = frozenset({"rope_theta", "rms_eps", "ln_eps"})
 
-# HF config spellings per canonical hyper-parameter, preferred first (ARCHITECTURE.md
-# "config spellings drift": transformers >= 5 nests rope settings in `rope_parameters`,
-# Hub-era configs keep them top level).  A dotted entry is a nested path.
+# HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
+# transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
+# convert_rope_params_to_dict), Hub-era configs keep them top level.  A dotted entry is a nested path.
 HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "n_ctx": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
     "n_embd": ("hidden_size", "n_embd", "d_model"),
@@ -181,15 +112,14 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """Everything the converters need to know about one GGUF architecture."""
+    """Everything the converters need to know about one GGUF architecture (a view of the
+    registry: see :class:`ckpt_surgeon.arch.families.Conversion` for the fields' meaning)."""
 
     gguf_arch: str                       # general.architecture
     hf_model_types: tuple[str, ...]      # config.json model_type values that convert to it (first: GGUF -> HF)
     hf_architecture: str                 # config.json architectures[0] written GGUF -> HF
     tensors: tuple[TensorRule, ...]
     hparams: tuple[str, ...]             # canonical hyper-parameters written HF -> GGUF
-    # GGUF -> HF config: the base is arch/gguf_config.config_from_gguf (generic HF keys); these
-    # adjust it for the family's own config class.
     hf_rename: dict = field(default_factory=dict)        # generic HF key -> this family's key
     hf_from_gguf: dict = field(default_factory=dict)     # extra "{arch}.<suffix>" -> HF key
     hf_config_extra: dict = field(default_factory=dict)  # fixed HF config entries
@@ -199,47 +129,44 @@ class ArchSpec:
     bias_switch: str | None = None       # HF config flag turning q/k/v(/o) biases on (llama attention_bias)
     bias_probe: str | None = None        # GGUF tensor whose presence sets bias_switch
     llamacpp_absent: tuple[str, ...] = ()  # GGUF names llama.cpp's graph has no slot for (file would not load)
-    # Settings llama.cpp does not read from the file but hard-codes for the architecture
-    # (canonical name -> value; "head_dim" means "equal to the head dim").  HF -> GGUF refuses a
-    # config that differs (llama.cpp would run another model); GGUF -> HF writes them.
     llamacpp_fixed: dict = field(default_factory=dict)
     notes: str = ""
 
 
-_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rms_eps",
-                  "rotary_dim", "key_length", "value_length", "vocab_size")
+def _spec(gguf_arch: str, fams: list) -> ArchSpec:
+    """The spec of one GGUF architecture from the families written as it (the first one owns it)."""
+    fam = fams[0]
+    conv = fam.conversion
+    probe = None
+    if fam.attention_bias_key:
+        probe = "blk.0." + gguf_roles()["q"] + ".bias"
+    return ArchSpec(
+        gguf_arch, tuple(mt for f in fams for mt in (f.conversion.model_types or f.model_types)), fam.hf_class,
+        _tensor_rules(gguf_arch, conv.tensors), conv.hparams, hf_rename=conv.hf_rename,
+        hf_from_gguf=conv.hf_from_gguf, hf_config_extra=conv.hf_config_extra,
+        ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
+        rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
+        llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed, notes=conv.notes)
 
-ARCHS: tuple[ArchSpec, ...] = (
-    ArchSpec("llama", ("llama", "mistral"), "LlamaForCausalLM", _llama_like(perm=True), _LLAMA_HPARAMS,
-             hf_config_extra={"hidden_act": "silu"}, bias_switch="attention_bias", bias_probe="blk.0.attn_q.bias",
-             notes="mistral converts to llama.cpp's llama architecture (as convert_hf_to_gguf.py does); "
-                   "Q/K rows are permuted to interleaved rotary pairs"),
-    ArchSpec("qwen2", ("qwen2",), "Qwen2ForCausalLM", _llama_like(perm=False), _LLAMA_HPARAMS,
-             hf_config_extra={"hidden_act": "silu"}),
-    # llama.cpp src/models/qwen3.cpp: q/k/v biases are optional, attn_output has no bias slot.
-    ArchSpec("qwen3", ("qwen3",), "Qwen3ForCausalLM", _llama_like(perm=False, qk_norm=True), _LLAMA_HPARAMS,
-             hf_config_extra={"hidden_act": "silu"}, bias_switch="attention_bias", bias_probe="blk.0.attn_q.bias",
-             llamacpp_absent=("blk.{L}.attn_output.bias",)),
-    ArchSpec("phi3", ("phi3",), "Phi3ForCausalLM", _PHI3, _LLAMA_HPARAMS + ("orig_ctx",),
-             hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"},
-             hf_config_extra={"hidden_act": "silu"}),
-    ArchSpec("gpt2", ("gpt2",), "GPT2LMHeadModel", _GPT2,
-             ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "ln_eps", "vocab_size"),
-             hf_rename={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
-                        "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
-                        "num_key_value_heads": None, "head_dim": None},
-             hf_config_extra={"activation_function": "gelu_new"}, ff_default_mult=4, norm="layer", rope=False),
-    # llama.cpp src/models/gemma3*.cpp + llama-model.cpp: sliding-window rope base 10000
-    # (rope_freq_base_train_swa), every 6th layer global (set_swa_pattern(6)), attention scaled by
-    # 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim; the 27B exception is not handled).
-    ArchSpec("gemma3", ("gemma3_text",), "Gemma3ForCausalLM", _GEMMA3, _LLAMA_HPARAMS + ("sliding_window",),
-             hf_config_extra={"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
-                              "attn_logit_softcapping": None},
-             llamacpp_fixed={"rope_local_theta": 10000.0, "global_every": 6, "query_pre_attn_scalar": "head_dim"},
-             bias_switch="attention_bias", bias_probe="blk.0.attn_q.bias",
-             llamacpp_absent=("blk.{L}.attn_output.bias",),
-             notes="norm weights are stored as 1 + w (Gemma3RMSNorm multiplies by 1 + w)"),
-)
+
+def _archs() -> tuple[ArchSpec, ...]:
+    groups: dict[str, list] = {}
+    for fam in F.FAMILIES:
+        if fam.conversion is None:
+            continue
+        target = fam.conversion.gguf_arch or (fam.gguf_archs[0] if fam.gguf_archs else None)
+        if target is None:
+            raise ValueError(f"registry: family {fam.name} converts but names no GGUF architecture")
+        groups.setdefault(target, []).append(fam)
+    # the family that reads the architecture back (by_gguf_arch) owns its spec
+    for target, fams in groups.items():
+        owner = F.by_gguf_arch(target)
+        if owner in fams:
+            fams.sort(key=lambda f: f is not owner)
+    return tuple(_spec(target, fams) for target, fams in groups.items())
+
+
+ARCHS: tuple[ArchSpec, ...] = _archs()
 
 
 def by_gguf_arch(arch: str | None) -> ArchSpec | None:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 
 from ..arch import families as F
+from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
 from ..arch.resolve import _fused_layout, _rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
@@ -107,7 +108,7 @@ def _family(layout, src):
 
 def _roles(fam, ckpt) -> dict:
     """Module names per role: GGUF files use one naming for every family (attn_q ... attn_qkv)."""
-    return F.GGUF_ROLES if ckpt.naming == "gguf" else fam.roles
+    return gguf_roles() if ckpt.naming == "gguf" else fam.roles
 
 
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arch.families import ENCODER_MODEL_TYPES as _ENCODER_MODEL_TYPES
 from ..errors import UnsupportedError
 
 
@@ -37,10 +38,10 @@ ARCH_SUFFIX_KIND: tuple[tuple[str, str], ...] = (
     ("Model", "encoder"),               # BertModel, RobertaModel, XLMRobertaModel, MPNetModel ...
 )
 
-# Configs without ``architectures``: model types whose checkpoints are bare encoders.  Anything
-# else is treated as a causal LM (the common case for the checkpoints this tool operates on).
-ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra",
-                                 "deberta", "deberta-v2", "camembert", "albert", "nomic_bert", "modernbert"})
+# Configs without ``architectures``: model types whose checkpoints are bare encoders (the arch
+# registry's list).  Anything else is treated as a causal LM (the common case for the checkpoints
+# this tool operates on).
+ENCODER_MODEL_TYPES = _ENCODER_MODEL_TYPES
 
 
 def model_kind(config: dict, *, path: str | None = None) -> ModelKind:

@@ -1,0 +1,122 @@
+"""GGUF tensor names, derived from gguf-py's own tables (never typed by hand).
+
+gguf-py (llama.cpp's ``gguf-py/gguf``) holds the names llama.cpp reads: ``constants.py``
+``MODEL_ARCH`` / ``MODEL_TENSORS`` (which tensors each architecture has) / ``TENSOR_NAMES``
+(``blk.{bid}.attn_q`` ...), and ``tensor_mapping.py`` ``TensorNameMap`` (the HF spellings each
+GGUF tensor is converted from, per architecture).  The registry
+(:mod:`ckpt_surgeon.arch.families`) states HF module names; this module turns them into GGUF
+names.  gguf is imported inside the functions: the safetensors path never pays for it.
+"""
+from __future__ import annotations
+
+import functools
+
+from . import families as F
+
+# Role -> gguf-py MODEL_TENSOR member: one naming for every architecture.
+GGUF_ROLE_TENSORS = {"q": "ATTN_Q", "k": "ATTN_K", "v": "ATTN_V", "qkv": "ATTN_QKV", "o": "ATTN_OUT",
+                     "q_norm": "ATTN_Q_NORM", "k_norm": "ATTN_K_NORM", "sinks": "ATTN_SINKS",
+                     "attn_norm": "ATTN_NORM"}
+GGUF_LAYER = "blk.{L}."
+
+# Where HF checkpoints put the layer stack (GPT-2/BLOOM/Falcon "transformer.", Llama-style "model.",
+# GPT-NeoX "gpt_neox.", BertModel "encoder."), tried in order when asking TensorNameMap for a
+# registry module (the registry's role paths are relative to the layer prefix).
+HF_PREFIXES = ("model.", "transformer.", "gpt_neox.", "encoder.", "bert.encoder.", "")
+
+
+@functools.lru_cache(maxsize=None)
+def gguf_roles() -> dict:
+    """Role -> GGUF module name under :data:`GGUF_LAYER` (``"k"`` -> ``"attn_k"``), from ``TENSOR_NAMES``."""
+    from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
+    out = {}
+    block = GGUF_LAYER.replace("{L}", "{bid}")
+    for role, member in GGUF_ROLE_TENSORS.items():
+        name = TENSOR_NAMES[MODEL_TENSOR[member]]
+        if not name.startswith(block):   # a gguf-py that moved its block names would break every reader
+            raise RuntimeError(f"gguf-py names {member} {name!r}, outside {block!r}")
+        out[role] = name[len(block):]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def gguf_attention_archs() -> tuple:
+    """gguf-py ``MODEL_ARCH`` names whose tensors include attn_q + attn_k + attn_v or attn_qkv:
+    the architectures whose GGUF files :func:`ckpt_surgeon.arch.resolve.resolve` places by role."""
+    from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
+    sep = {MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V}
+    out = []
+    for arch, name in MODEL_ARCH_NAMES.items():
+        tensors = set(MODEL_TENSORS.get(arch, ()))
+        if sep <= tensors or MODEL_TENSOR.ATTN_QKV in tensors:
+            out.append(name)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _name_map(gguf_arch: str):
+    """gguf-py's TensorNameMap for ``gguf_arch`` (2 blocks), or None for an arch gguf-py lacks."""
+    from gguf.constants import MODEL_ARCH_NAMES
+    from gguf.tensor_mapping import get_tensor_name_map
+
+    arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
+    return None if arch is None else get_tensor_name_map(arch, 2)
+
+
+def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
+    """The GGUF name template gguf-py's ``TensorNameMap`` gives an HF tensor template of
+    ``gguf_arch`` (``model.layers.{L}.self_attn.q_proj.weight`` -> ``blk.{L}.attn_q.weight``),
+    or None when gguf-py does not know the name."""
+    from gguf.constants import TENSOR_NAMES
+
+    tmap = _name_map(gguf_arch)
+    if tmap is None:
+        return None
+    # Block 1 of a 2-block map: a name with the layer index in it maps through the block table.
+    hit = tmap.get_type_and_name(hf_template.replace("{L}", "1"), try_suffixes=(".weight", ".bias"))
+    if hit is None:
+        return None
+    ttype, name = hit
+    base = TENSOR_NAMES[ttype]
+    concrete = base.format(bid=1)
+    if not name.startswith(concrete):
+        return None
+    return base.replace("{bid}", "{L}") + name[len(concrete):]
+
+
+def module_gguf_name(gguf_arch: str, layer: str, module: str) -> str | None:
+    """GGUF module name (under ``blk.{L}.``) of a registry module path, or None if gguf-py has none."""
+    for prefix in HF_PREFIXES:
+        got = gguf_tensor_name(gguf_arch, f"{prefix}{layer}{module}.weight")
+        if got is not None and got.startswith(GGUF_LAYER) and got.endswith(".weight"):
+            return got[len(GGUF_LAYER):-len(".weight")]
+    return None
+
+
+def family_gguf_roles(fam: F.Family | None) -> dict:
+    """Role -> GGUF module name(s) for a family's GGUF files.
+
+    What gguf-py's TensorNameMap calls the family's own modules, alternatives kept in the
+    family's order of preference (Falcon-40B's attention input ``ln_attn`` is ``attn_norm_2``;
+    its ``attn_norm`` is ``ln_mlp``); roles gguf-py has no name for (and the `qkv split` / `qkv
+    fuse` outputs) keep the generic name of :func:`gguf_roles`."""
+    if fam is None or not fam.gguf_archs:
+        return dict(gguf_roles())
+    return dict(_family_gguf_roles(fam.name))
+
+
+@functools.lru_cache(maxsize=None)
+def _family_gguf_roles(name: str) -> tuple:
+    fam = next(f for f in F.FAMILIES if f.name == name)
+    generic = gguf_roles()
+    arch = fam.gguf_archs[0]
+    out = {}
+    for role, gname in generic.items():
+        mods = fam.roles.get(role)
+        if mods is None or role in fam.surgery_roles:
+            out[role] = gname
+            continue
+        names = [module_gguf_name(arch, fam.layer, m) for m in ((mods,) if isinstance(mods, str) else mods)]
+        names = tuple(dict.fromkeys(n for n in names if n))
+        out[role] = gname if not names else names[0] if len(names) == 1 else names
+    return tuple(out.items())
