@@ -1,2 +1,3 @@
-"""Architecture registry: families as data (:mod:`.families`), layout resolution (:mod:`.resolve`),
-fused-QKV and rotary index maps (:mod:`.layouts`)."""
+"""Architecture registry: families as data (:mod:`.families`), GGUF names derived from gguf-py
+(:mod:`.gguf_names`), layout resolution (:mod:`.resolve`), fused-QKV and rotary index maps
+(:mod:`.layouts`)."""
