@@ -9,7 +9,7 @@ One :class:`Family` per model family owns every per-family fact the tool uses:
   norm weight offset, the HF config class and epsilon key a GGUF file converts back to;
 - conversion (:class:`Conversion`): the HF tensors llama.cpp's converter writes, with their
   transforms and hyper-parameters.  GGUF tensor names are *not* written here: they are derived
-  from gguf-py's own tables (``TensorNameMap``, ``TENSOR_NAMES``) in :mod:`ckpt_surgeon.conversion.names`.
+  from gguf-py's own tables (``TensorNameMap``, ``TENSOR_NAMES``) in :mod:`ckpt_surgeon.arch.gguf_names`.
 
 Analysis, surgery and conversion read these records; nothing else branches on a model name
 (``tests/test_registry.py`` fails on a family-name literal anywhere else in ``ckpt_surgeon/``).
@@ -94,7 +94,7 @@ class Conversion:
     """How llama.cpp's converter (``convert_hf_to_gguf.py``) writes a family, and how it converts back.
 
     ``tensors``: ``(HF tensor template, transform)`` rows; the GGUF name of each row is derived
-    from gguf-py's ``TensorNameMap`` for ``gguf_arch`` (:mod:`ckpt_surgeon.conversion.names`).
+    from gguf-py's ``TensorNameMap`` for ``gguf_arch`` (:func:`ckpt_surgeon.arch.gguf_names.gguf_tensor_name`).
     ``gguf_arch``: the architecture written (default: the family's first ``gguf_archs``; Mistral
     is written as llama, as llama.cpp's converter does).  ``hparams``: canonical hyper-parameters
     written (``names.GGUF_HPARAM_KEYS``).  GGUF -> HF config: the base is

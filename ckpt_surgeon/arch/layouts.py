@@ -6,7 +6,8 @@ scatter, which makes ``split(fuse(x))`` bit-exact by construction and works the
 same on numpy arrays and torch tensors.  For GPT-2's ``Conv1D`` the output-feature
 axis is the *last* axis of the weight (``[in, 3*out]``); callers pass ``axis=-1``.
 
-Layouts (see ARCHITECTURE.md "Fused QKV layouts"):
+Layouts (sources: transformers modeling_phi3, modeling_gpt2, modeling_gpt_neox, modeling_bloom,
+modeling_falcon; llama.cpp's converter for GGUF ``attn_qkv``):
 
 - ``concat``   rows ``[Q; K; V]`` — Phi-3 ``qkv_proj``, every GGUF ``attn_qkv``,
                GPT-2 ``c_attn`` (on its last axis), Falcon with ``multi_query``.
