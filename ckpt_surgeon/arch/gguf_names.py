@@ -5,13 +5,45 @@ gguf-py (llama.cpp's ``gguf-py/gguf``) holds the names llama.cpp reads: ``consta
 (``blk.{bid}.attn_q`` ...), and ``tensor_mapping.py`` ``TensorNameMap`` (the HF spellings each
 GGUF tensor is converted from, per architecture).  The registry
 (:mod:`ckpt_surgeon.arch.families`) states HF module names; this module turns them into GGUF
-names.  gguf is imported inside the functions: the safetensors path never pays for it.
+names.
+
+Only gguf-py's two table modules are read (:func:`_tables`), and only when a GGUF name is
+needed: ``import gguf`` runs its package ``__init__`` (writer, quantizers, reader, yaml metadata:
+about 100 ms beyond numpy), which reading a GGUF header here never needs.
 """
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
+import sys
+import types
 
 from . import families as F
+
+_TABLES_PACKAGE = "ckpt_surgeon._gguf_py_tables"
+
+
+@functools.lru_cache(maxsize=None)
+def _tables():
+    """gguf-py's ``constants`` and ``tensor_mapping`` modules.
+
+    If gguf is imported already, its own modules.  Otherwise the two files (pure Python: enums,
+    dicts and the TensorNameMap class; ``constants.py`` imports only ``enum``/``typing`` and
+    ``tensor_mapping.py`` only ``.constants``) are loaded from the installed gguf package under
+    a private package name, so that its ``__init__`` does not run."""
+    if "gguf" in sys.modules:
+        return importlib.import_module("gguf.constants"), importlib.import_module("gguf.tensor_mapping")
+    spec = importlib.util.find_spec("gguf")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("gguf (gguf-py) is not installed; it names the GGUF tensors")
+    pkg = sys.modules.get(_TABLES_PACKAGE)
+    if pkg is None:
+        pkg = types.ModuleType(_TABLES_PACKAGE)
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules[_TABLES_PACKAGE] = pkg
+    return (importlib.import_module(_TABLES_PACKAGE + ".constants"),
+            importlib.import_module(_TABLES_PACKAGE + ".tensor_mapping"))
 
 # Role -> gguf-py MODEL_TENSOR member: one naming for every architecture.
 GGUF_ROLE_TENSORS = {"q": "ATTN_Q", "k": "ATTN_K", "v": "ATTN_V", "qkv": "ATTN_QKV", "o": "ATTN_OUT",
@@ -28,11 +60,11 @@ HF_PREFIXES = ("model.", "transformer.", "gpt_neox.", "encoder.", "bert.encoder.
 @functools.lru_cache(maxsize=None)
 def gguf_roles() -> dict:
     """Role -> GGUF module name under :data:`GGUF_LAYER` (``"k"`` -> ``"attn_k"``), from ``TENSOR_NAMES``."""
-    from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
+    c, _ = _tables()
     out = {}
     block = GGUF_LAYER.replace("{L}", "{bid}")
     for role, member in GGUF_ROLE_TENSORS.items():
-        name = TENSOR_NAMES[MODEL_TENSOR[member]]
+        name = c.TENSOR_NAMES[c.MODEL_TENSOR[member]]
         if not name.startswith(block):   # a gguf-py that moved its block names would break every reader
             raise RuntimeError(f"gguf-py names {member} {name!r}, outside {block!r}")
         out[role] = name[len(block):]
@@ -43,12 +75,12 @@ def gguf_roles() -> dict:
 def gguf_attention_archs() -> tuple:
     """gguf-py ``MODEL_ARCH`` names whose tensors include attn_q + attn_k + attn_v or attn_qkv:
     the architectures whose GGUF files :func:`ckpt_surgeon.arch.resolve.resolve` places by role."""
-    from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
-    sep = {MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V}
+    c, _ = _tables()
+    sep = {c.MODEL_TENSOR.ATTN_Q, c.MODEL_TENSOR.ATTN_K, c.MODEL_TENSOR.ATTN_V}
     out = []
-    for arch, name in MODEL_ARCH_NAMES.items():
-        tensors = set(MODEL_TENSORS.get(arch, ()))
-        if sep <= tensors or MODEL_TENSOR.ATTN_QKV in tensors:
+    for arch, name in c.MODEL_ARCH_NAMES.items():
+        tensors = set(c.MODEL_TENSORS.get(arch, ()))
+        if sep <= tensors or c.MODEL_TENSOR.ATTN_QKV in tensors:
             out.append(name)
     return tuple(out)
 
@@ -56,19 +88,16 @@ def gguf_attention_archs() -> tuple:
 @functools.lru_cache(maxsize=None)
 def _name_map(gguf_arch: str):
     """gguf-py's TensorNameMap for ``gguf_arch`` (2 blocks), or None for an arch gguf-py lacks."""
-    from gguf.constants import MODEL_ARCH_NAMES
-    from gguf.tensor_mapping import get_tensor_name_map
-
-    arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
-    return None if arch is None else get_tensor_name_map(arch, 2)
+    c, tm = _tables()
+    arch = next((k for k, v in c.MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
+    return None if arch is None else tm.get_tensor_name_map(arch, 2)
 
 
 def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
     """The GGUF name template gguf-py's ``TensorNameMap`` gives an HF tensor template of
     ``gguf_arch`` (``model.layers.{L}.self_attn.q_proj.weight`` -> ``blk.{L}.attn_q.weight``),
     or None when gguf-py does not know the name."""
-    from gguf.constants import TENSOR_NAMES
-
+    c, _ = _tables()
     tmap = _name_map(gguf_arch)
     if tmap is None:
         return None
@@ -77,7 +106,7 @@ def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
     if hit is None:
         return None
     ttype, name = hit
-    base = TENSOR_NAMES[ttype]
+    base = c.TENSOR_NAMES[ttype]
     concrete = base.format(bid=1)
     if not name.startswith(concrete):
         return None
