@@ -380,6 +380,10 @@ FAMILIES: tuple[Family, ...] = (
 ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra",
                                  "deberta", "deberta-v2", "camembert", "albert", "nomic_bert", "modernbert"})
 
+# GGUF layer prefix, the same for every architecture (gguf-py TENSOR_NAMES "blk.{bid}.*"; the role
+# names under it are read from gguf-py in ckpt_surgeon.arch.gguf_names).
+GGUF_LAYER = "blk.{L}."
+
 # Generic patterns tried for architectures not in the registry (name-only recognition).
 GENERIC_ROLES = {
     "q": ("q_proj", "query", "q", "wq", "attention.wq", "attn.q_proj"),

@@ -49,7 +49,7 @@ def _tables():
 GGUF_ROLE_TENSORS = {"q": "ATTN_Q", "k": "ATTN_K", "v": "ATTN_V", "qkv": "ATTN_QKV", "o": "ATTN_OUT",
                      "q_norm": "ATTN_Q_NORM", "k_norm": "ATTN_K_NORM", "sinks": "ATTN_SINKS",
                      "attn_norm": "ATTN_NORM"}
-GGUF_LAYER = "blk.{L}."
+GGUF_LAYER = F.GGUF_LAYER
 
 # Where HF checkpoints put the layer stack (GPT-2/BLOOM/Falcon "transformer.", Llama-style "model.",
 # GPT-NeoX "gpt_neox.", BertModel "encoder."), tried in order when asking TensorNameMap for a
