@@ -254,8 +254,10 @@ def looks_like_repo_id(source: str) -> bool:
 
 
 def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, revision: str | None = None,
-                    file: str | None = None, allow_full_download: bool = False) -> Checkpoint:
-    """Open any supported source.  Reads headers (and config) only."""
+                    file: str | None = None, allow_full_download: bool = False,
+                    progress: bool | None = None) -> Checkpoint:
+    """Open any supported source.  Reads headers (and config) only.  ``progress``: bars on stderr
+    for Hub fetches (None: only when stderr is a terminal; see :mod:`ckpt_surgeon.progress`)."""
     s = os.fspath(source)
     p = Path(s)
     if p.exists():
@@ -264,7 +266,8 @@ def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, re
         return _open_file(p, allow_pickle)
     if looks_like_repo_id(s):
         from .formats.hub import open_hub_checkpoint  # Hub reader (issue 4)
-        return open_hub_checkpoint(s, revision=revision, file=file, allow_full_download=allow_full_download)
+        return open_hub_checkpoint(s, revision=revision, file=file, allow_full_download=allow_full_download,
+                                   progress=progress)
     raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=s)
 
 

@@ -6,6 +6,8 @@ shaped as the Hub sends them (checked against huggingface_hub 2.4's ``hf_raise_f
 
 * ``GET /api/models/{repo}[/revision/{rev}]`` -> model info JSON (``id``, ``sha``,
   ``siblings[].rfilename``, ``private``, ``gated``; sizes with ``?blobs=true``).
+* ``GET /api/models/{repo}/tree/{rev}[/{path}][?recursive=true]`` -> the file listing
+  ``snapshot_download`` reads (``type``, ``oid``, ``size``, ``path``, ``lfs`` for LFS files), one page.
 * ``HEAD|GET /{repo}/resolve/{rev}/{path}``: small (git) files are answered directly with
   ``ETag``, ``X-Repo-Commit``, ``Content-Length`` and Range support; LFS files (weights) get a
   302 to ``{cdn}/cdn/{repo}/{sha}/{path}`` with ``X-Linked-Size`` / ``X-Linked-Etag`` /
@@ -254,6 +256,8 @@ class _Handler(BaseHTTPRequestHandler):
             if parts == ["api", "agent-harnesses"]:   # huggingface_hub's user-agent registry: none known here
                 body = json.dumps({"standardEnvVars": [], "harnesses": {}}).encode()
                 return self._send(200, body, {"Content-Type": "application/json"}, head=head)
+            if len(parts) >= 6 and parts[0] == "api" and parts[1] == "models" and parts[4] == "tree":
+                return self._tree(f"{parts[2]}/{parts[3]}", parts[5], "/".join(parts[6:]), query, head)
             if len(parts) >= 4 and parts[0] == "api" and parts[1] == "models":
                 rev = parts[5] if len(parts) >= 6 and parts[4] == "revision" else "main"
                 return self._model_info(f"{parts[2]}/{parts[3]}", rev, query, head)
@@ -310,6 +314,34 @@ class _Handler(BaseHTTPRequestHandler):
                            "disabled": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
                            "lastModified": "2024-09-25T14:32:18.000Z"}).encode()
         self._send(200, body, {"Content-Type": "application/json"}, head=head)
+
+    def _tree(self, repo_id: str, rev: str, prefix: str, query: dict, head: bool) -> None:
+        """The files under ``prefix`` at ``rev`` (``?recursive=true``: all levels), one page, as the
+        Hub lists them: ``type``, ``oid`` (git blob sha), ``size``, ``path``, and ``lfs`` for LFS files."""
+        repo = self._repo(repo_id, head, files=False)
+        if repo is None:
+            return
+        commit = self._commit(repo, rev, head)
+        if commit is None:
+            return
+        recursive = (query.get("recursive") or ["false"])[0].lower() == "true"
+        base = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        entries, folders = [], set()
+        for name, v in sorted(commit.files.items()):
+            if not name.startswith(base):
+                continue
+            rest = name[len(base):]
+            if "/" in rest and not recursive:
+                folders.add(base + rest.split("/", 1)[0])
+                continue
+            size = len(v) if isinstance(v, bytes) else os.path.getsize(v)
+            e = {"type": "file", "oid": _git_blob_sha(f"lfs pointer {_lfs_etag(v)}".encode()) if name.endswith(LFS_SUFFIXES)
+                 else _git_blob_sha(v if isinstance(v, bytes) else Path(v).read_bytes()), "size": size, "path": name}
+            if name.endswith(LFS_SUFFIXES):
+                e["lfs"] = {"oid": _lfs_etag(v), "size": size, "pointerSize": 134}
+            entries.append(e)
+        entries += [{"type": "directory", "oid": _git_blob_sha(f.encode()), "size": 0, "path": f} for f in sorted(folders)]
+        self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head=head)
 
     def _resolve(self, repo_id: str, rev: str, path: str, head: bool) -> None:
         repo = self._repo(repo_id, head, files=True)

@@ -337,7 +337,7 @@ def _one_line_exit_2(res, *needles):
 def test_missing_folder(qwen2, tmp_path):
     missing = tmp_path / "nope"
     _one_line_exit_2(_run("verify", qwen2, missing), str(missing), "no such file or folder",
-                     "Hub repo ids are not supported")
+                     "and not a Hub repo id of the form owner/name")
     with pytest.raises(SourceNotFoundError):
         verify(missing, qwen2)
 

@@ -168,6 +168,11 @@ class InspectReport:
                     # compact columns (epsilon / context are per model: shown in the summary)
                     for kk, col in short.items():
                         row[col] = v.get(kk) if isinstance(v, dict) else None
+                    if k == "k_bias_redundancy" and isinstance(v, dict) and not v.get("exact_fraction") \
+                            and not v.get("near_fraction"):
+                        # Nothing is removable (every dim rotated, q/k-norm ...): "-" in the table, not
+                        # "0 / 0 / 0", which would read as "removing it is free".  to_dict keeps the numbers.
+                        row.update(k_exact=None, k_near=None, k_bound=None)
                 elif isinstance(v, dict):
                     for kk, vv in v.items():
                         if not isinstance(vv, (list, dict)):

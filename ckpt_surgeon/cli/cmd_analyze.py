@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .render import emit, open_kwargs, output_options, source_options
+from .render import check_report_path, emit, open_kwargs, output_options, source_options
 
 
 @click.command("analyze")
@@ -30,7 +30,7 @@ from .render import emit, open_kwargs, output_options, source_options
 @source_options
 @output_options
 def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
-            allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+            allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Which attention biases of SOURCE are really redundant, per layer and kv head.
 
     \b
@@ -63,6 +63,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     from ..analysis.redundancy import analyze
     from ..errors import VerificationFailed
 
+    check_report_path(output, force, (source, prompts_file))
     prompts = None
     if prompts_file:
         if not measure:
@@ -71,14 +72,14 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
         prompts = load_prompts(prompts_file)
     report = analyze(source, context=context, epsilon=epsilon, measure=measure, prompts=prompts, device=device,
                      dtype=dtype, max_tokens=max_tokens,
-                     **open_kwargs(allow_pickle, revision, hub_file, allow_full_download))
+                     **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     if per_head and by_bias:
         raise click.UsageError("--per-head and --by-bias choose different rows: pass one")
     if per_head:
         report = replace(report, per_head=True)
     if by_bias:
         report = replace(report, by_bias=True)
-    emit(report, fmt, output, title="ckpt-surgeon analyze")
+    emit(report, fmt, output, title="ckpt-surgeon analyze", force=force)
     if report.measured is not None and not report.measured.all_within_bound:
         bad = [f"layer {lm.layer} {v.variant}: {v.logit:.4g} > {v.bound:.4g}" for lm in report.measured.layers
                for v in lm.variants if v.within_bound is False]

@@ -5,6 +5,8 @@ import sys
 
 import click
 
+from .render import progress_option
+
 DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
 
 
@@ -23,7 +25,8 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
 @click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
               help="table: a short summary on stderr.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
-def command(source, out, dtype, force, name, fmt):
+@progress_option
+def command(source, out, dtype, force, name, fmt, progress):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -47,7 +50,7 @@ def command(source, out, dtype, force, name, fmt):
     from ..conversion import convert
     from .render import to_json, to_table
 
-    report = convert(source, out, dtype=dtype, force=force, name=name)
+    report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .render import byte_progress, emit, open_kwargs, output_options, source_options
+from .render import byte_progress, check_report_path, emit, open_kwargs, output_options, source_options
 
 
 class _TableView:
@@ -35,11 +35,10 @@ class _TableView:
               help="Hub sources: bytes of tensor data that may be fetched (smallest tensors first; 0 = headers "
                    "only). Default: headers plus the biases and norms (1-D tensors).")
 @click.option("--full", is_flag=True, help="Hub sources: read every tensor (local sources are always read in full).")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr while tensors are read (default: only when stderr is a terminal).")
 @source_options
 @output_options
-def command(a, b, max_bytes, full, progress, allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+def command(a, b, max_bytes, full, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output,
+            force):
     """Compare checkpoints A and B tensor by tensor.
 
     A and B are any sources (HF folder, .safetensors, .gguf, Hub repo id), mixed freely.
@@ -65,7 +64,8 @@ def command(a, b, max_bytes, full, progress, allow_pickle, revision, hub_file, a
     from ..analysis.diff import diff_checkpoints
     from ..checkpoint import open_checkpoint
 
-    kw = open_kwargs(allow_pickle, revision, hub_file, allow_full_download)
+    check_report_path(output, force, (a, b))
+    kw = open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress)
     with open_checkpoint(a, **kw) as ca, open_checkpoint(b, **kw) as cb:
         total = sum(i.nbytes for i in ca.tensors.values()) + sum(i.nbytes for i in cb.tensors.values())
         bar, tick = byte_progress(progress, total, "diff")
@@ -74,6 +74,6 @@ def command(a, b, max_bytes, full, progress, allow_pickle, revision, hub_file, a
         finally:
             if bar is not None:
                 bar.close()
-    emit(_TableView(report) if fmt == "table" else report, fmt, output, title="ckpt-surgeon diff")
+    emit(_TableView(report) if fmt == "table" else report, fmt, output, title="ckpt-surgeon diff", force=force)
     if not report.identical:
         click.get_current_context().exit(1)

@@ -3,33 +3,35 @@ from __future__ import annotations
 
 import click
 
-from .render import FORMATS, emit, open_kwargs, source_options
+from .render import FORMATS, check_report_path, emit, open_kwargs, source_options
 
 
 def surgery_output_options(fn):
     """Options shared by the surgery commands (-o is the checkpoint written, not the report)."""
     fn = click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
-                      help="Also write the report (in --format) to FILE, atomically.")(fn)
+                      help="Also write the report (in --format) to FILE, atomically; an existing FILE is "
+                           "refused unless --force.")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
                       help="Report format on stdout: a human table, JSON (stable contract), CSV or Markdown.")(fn)
     fn = click.option("--dry-run", is_flag=True, help="Plan and report only; write nothing.")(fn)
     fn = click.option("--check", type=click.Choice(["auto", "full", "sampled"]), default="auto", show_default=True,
                       help="Reread check after writing: every byte of copied tensors (full), three 64 KiB windows "
                            "per tensor (sampled), or full up to 1 GiB of output (auto).")(fn)
-    fn = click.option("--force", is_flag=True, help="Replace OUT if it exists (never the source).")(fn)
+    fn = click.option("--force", is_flag=True, help="Replace OUT (and the --report FILE) if it exists (never the "
+                                                    "source).")(fn)
     fn = click.option("-o", "--out", "out", required=True, type=click.Path(),
                       help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF sources.")(fn)
     return fn
 
 
-def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title):
+def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title, progress=None):
     from ..surgery.plan import execute
 
     if dry_run:
-        emit(plan, fmt, report_path, title=f"{title} (dry run: nothing written)")
+        emit(plan, fmt, report_path, title=f"{title} (dry run: nothing written)", force=force)
         return None
-    result = execute(ckpt, plan, out, force=force, check=check)
-    emit(result, fmt, report_path, title=title)
+    result = execute(ckpt, plan, out, force=force, check=check, progress=progress)
+    emit(result, fmt, report_path, title=title, force=force)
     click.echo(f"wrote {result.out}", err=True)
     return result
 
@@ -63,8 +65,7 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title)
 @surgery_output_options
 @source_options
 def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, center, center_weights, delete, out,
-            force, check, dry_run,
-            fmt, report_path, allow_pickle, revision, hub_file, allow_full_download):
+            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Remove redundant attention biases from SOURCE and write OUT.
 
     The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a
@@ -88,16 +89,18 @@ def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs
 
     from ..surgery.plan import plan_while_copying
 
-    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+    check_report_path(report_path, force, (source,))
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress)) as ck:
         def make():
             return plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
                                   context=context, delete=delete, epsilon=epsilon, pairs=pairs, center=center,
                                   center_weights=center_weights)
         if dry_run:
             run_plan(ck, make(), out, force=force, check=check, dry_run=True, fmt=fmt, report_path=report_path,
-                     title="ckpt-surgeon fold-bias")
+                     title="ckpt-surgeon fold-bias", progress=progress)
             return
         # --approximate reads every W_q for its bound: the writer copies the shards meanwhile
-        result = plan_while_copying(ck, out, make, force=force, check=check, early=approximate and not delete)
-        emit(result, fmt, report_path, title="ckpt-surgeon fold-bias")
+        result = plan_while_copying(ck, out, make, force=force, check=check, early=approximate and not delete,
+                                    progress=progress)
+        emit(result, fmt, report_path, title="ckpt-surgeon fold-bias", force=force)
         click.echo(f"wrote {result.out}", err=True)

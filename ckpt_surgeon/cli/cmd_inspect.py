@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import click
 
-from .render import emit, open_kwargs, output_options, source_options
+from .render import check_report_path, emit, open_kwargs, output_options, source_options
 
 
 @click.command("inspect")
 @click.argument("source")
 @source_options
 @output_options
-def command(source, allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Summarise SOURCE and its per-layer attention q/k/v biases.
 
     Reads headers and the bias vectors only (no model is instantiated).  Shows
@@ -33,8 +33,9 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, fmt, 
     from ..analysis.inspect import inspect
     from ..errors import TruncatedError
 
-    report = inspect(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download))
-    emit(report, fmt, output, title="ckpt-surgeon inspect")
+    check_report_path(output, force, (source,))
+    report = inspect(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
+    emit(report, fmt, output, title="ckpt-surgeon inspect", force=force)
     if report.missing:
         names = sorted({t for t, _ in report.missing})
         raise TruncatedError(

@@ -3,18 +3,16 @@ from __future__ import annotations
 
 import click
 
-from .render import byte_progress, emit, open_kwargs, output_options, source_options
+from .render import byte_progress, check_report_path, emit, open_kwargs, output_options, source_options
 
 
 @click.command("lint")
 @click.argument("source")
 @click.option("--scan", is_flag=True,
               help="Also stream every tensor once for NaN/Inf and all-zero tensors (reads the whole file).")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr during --scan (default: only when stderr is a terminal).")
 @source_options
 @output_options
-def command(source, scan, progress, allow_pickle, revision, hub_file, allow_full_download, fmt, output):
+def command(source, scan, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Check SOURCE for the silent failures that load fine and produce garbage.
 
     Checks (docs/lint.md has the full list): config / GGUF metadata against tensor shapes;
@@ -36,13 +34,14 @@ def command(source, scan, progress, allow_pickle, revision, hub_file, allow_full
     from ..analysis.lint import lint_checkpoint
     from ..checkpoint import open_checkpoint
 
-    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+    check_report_path(output, force, (source,))
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress)) as ck:
         bar, tick = byte_progress(progress, sum(i.nbytes for i in ck.tensors.values()) if scan else 0, "lint --scan")
         try:
             report = lint_checkpoint(ck, scan=scan, progress=tick)
         finally:
             if bar is not None:
                 bar.close()
-    emit(report, fmt, output, title="ckpt-surgeon lint")
+    emit(report, fmt, output, title="ckpt-surgeon lint", force=force)
     if not report.passed:
         click.get_current_context().exit(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from .cmd_fold_bias import run_plan, surgery_output_options
-from .render import open_kwargs, source_options
+from .render import check_report_path, open_kwargs, source_options
 
 _LAYOUT_HELP = ("Fused layout: concat ([Q; K; V] rows: Phi-3 qkv_proj, GGUF attn_qkv), per_head ([h, 3, d]: "
                 "GPT-NeoX, BLOOM), grouped ([kv, q_per_kv + 2, d]: Falcon new decoder), conv1d (GPT-2 c_attn "
@@ -29,7 +29,7 @@ def command():
 @surgery_output_options
 @source_options
 def split(source, layout, to, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
-          allow_full_download):
+          allow_full_download, progress):
     """Split each layer's fused qkv projection of SOURCE into q/k/v and write OUT.
 
     Phi-3 is written as a LlamaForCausalLM (MistralForCausalLM when its config sets a sliding
@@ -44,10 +44,11 @@ def split(source, layout, to, out, force, check, dry_run, fmt, report_path, allo
     from ..checkpoint import open_checkpoint
     from ..surgery.qkv import plan_qkv_split
 
-    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+    check_report_path(report_path, force, (source,))
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress)) as ck:
         plan = plan_qkv_split(ck, layout=layout, to=to)
         run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
-                 title="ckpt-surgeon qkv split")
+                 progress=progress, title="ckpt-surgeon qkv split")
 
 
 @command.command("fuse")
@@ -56,7 +57,7 @@ def split(source, layout, to, out, force, check, dry_run, fmt, report_path, allo
 @surgery_output_options
 @source_options
 def fuse(source, layout, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
-         allow_full_download):
+         allow_full_download, progress):
     """Fuse each layer's separate q/k/v projections of SOURCE into one tensor and write OUT.
 
     For Qwen2/Llama-style models the fused tensor is self_attn.qkv_proj (rows [Q; K; V]) for
@@ -70,7 +71,8 @@ def fuse(source, layout, out, force, check, dry_run, fmt, report_path, allow_pic
     from ..checkpoint import open_checkpoint
     from ..surgery.qkv import plan_qkv_fuse
 
-    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download)) as ck:
+    check_report_path(report_path, force, (source,))
+    with open_checkpoint(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress)) as ck:
         plan = plan_qkv_fuse(ck, layout=layout)
         run_plan(ck, plan, out, force=force, check=check, dry_run=dry_run, fmt=fmt, report_path=report_path,
-                 title="ckpt-surgeon qkv fuse")
+                 progress=progress, title="ckpt-surgeon qkv fuse")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .render import emit, output_options
+from .render import check_report_path, emit, output_options, progress_option
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -14,6 +14,12 @@ _DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Prompts to run: a JSON list of strings, or one prompt per line. Default: a built-in set of 8 "
                    "(English, code, digits, Chinese, a chat turn, emoji, a repetition).")
+@click.option("--token-ids", "token_ids_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Feed these token ids instead of prompts: a JSON list of ids (one prompt) or a list of such "
+                   "lists. Needs no tokenizer at all (models that have none, weights-only checkpoints).")
+@click.option("--tokenizer", "tokenizer", default=None, metavar="PATH_OR_ID",
+              help="Tokenize the prompts with this tokenizer instead of the REFERENCE's files: a folder, a "
+                   "tokenizer.json file or a Hub id (anything AutoTokenizer takes). For weights-only checkpoints.")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
               help="Greedy tokens generated per prompt by causal LMs (do_sample=False, the reference's stop tokens "
                    "for both); 0 skips generation.")
@@ -46,8 +52,6 @@ _DTYPES = ("float32", "bfloat16", "float16")
               help="Directory for temporary files: GGUF inputs converted to HF folders (float32: ~4 bytes per "
                    "parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
                    "dir ($TMPDIR). Removed at the end.")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bars on stderr (default: only when stderr is a terminal).")
 @click.option("--localize", is_flag=True,
               help="Also find where the models diverge: hooks on every decoder layer's output and its attention / "
                    "MLP sub-outputs, per layer max and relative |Δ hidden|, the first layer over --localize-threshold "
@@ -55,21 +59,25 @@ _DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--localize-threshold", type=float, default=None,
               help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
+@progress_option
 @output_options
-def command(reference, candidate, prompts_file, max_new_tokens, device, device_map, dtype, sequential,
-            thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, progress, localize,
-            localize_threshold, fmt, output):
+def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map, dtype,
+            sequential, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, localize,
+            localize_threshold, progress, fmt, output, force):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
     AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
     compared on the last hidden state). Each is a local Hugging Face folder (config.json +
-    safetensors), a single .safetensors file with config.json beside it, or a .gguf file
-    (converted to a temporary folder by ckpt-surgeon's own converter). Hub repo ids are not
-    accepted: download first (hf download OWNER/NAME --local-dir DIR).
+    safetensors), a single .safetensors file with config.json beside it, a .gguf file
+    (converted to a temporary folder by ckpt-surgeon's own converter), or a Hub repo id
+    (owner/name): the files the model needs are downloaded with huggingface_hub into the
+    normal Hugging Face cache (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE honoured; reused by
+    later runs), then loaded from there.
 
-    Prompts are tokenized with the REFERENCE's tokenizer; if CANDIDATE ships a tokenizer that
-    encodes any prompt to different ids, that is an error. Models load with
+    Prompts are tokenized with the REFERENCE's tokenizer, or with --tokenizer PATH_OR_ID (for
+    weights-only checkpoints); a model that ships a tokenizer encoding any prompt to different
+    ids is an error. --token-ids FILE feeds ids directly and needs no tokenizer at all. Models load with
     local_files_only=True and eager attention (SDPA may pick different fused kernels per shape,
     eager makes identical weights give identical CPU logits), under torch.no_grad with fixed
     seeds.
@@ -83,10 +91,15 @@ def command(reference, candidate, prompts_file, max_new_tokens, device, device_m
     """
     from ..errors import VerificationFailed
     from ..verification.core import verify
-    from ..verification.prompts import load_prompts
+    from ..verification.prompts import load_prompts, load_token_ids
 
+    check_report_path(output, force, (reference, candidate))
+    if prompts_file and token_ids_file:
+        raise click.UsageError("give --prompts or --token-ids, not both")
     prompts = load_prompts(prompts_file) if prompts_file else None
-    report = verify(reference, candidate, prompts=prompts, max_new_tokens=max_new_tokens, device=device,
+    token_ids = load_token_ids(token_ids_file) if token_ids_file else None
+    report = verify(reference, candidate, prompts=prompts, token_ids=token_ids, tokenizer=tokenizer,
+                    max_new_tokens=max_new_tokens, device=device,
                     device_map=device_map, dtype=dtype, sequential=sequential or None,
                     thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
                     min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir)
@@ -94,8 +107,9 @@ def command(reference, candidate, prompts_file, max_new_tokens, device, device_m
         from ..verification.localize import LocalizedVerify, localize as run_localize
         where = run_localize(reference, candidate, prompts=prompts,
                              device="cuda" if report.device == "cuda" else "cpu", dtype=dtype,
-                             sequential=report.mode == "sequential", threshold=localize_threshold, tmp_dir=tmp_dir)
+                             sequential=report.mode == "sequential", threshold=localize_threshold, tmp_dir=tmp_dir,
+                             token_ids=token_ids, tokenizer=tokenizer, progress=progress)
         report = LocalizedVerify(report, where)
-    emit(report, fmt, output, title="ckpt-surgeon verify")
+    emit(report, fmt, output, title="ckpt-surgeon verify", force=force)
     if not report.passed:
         raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

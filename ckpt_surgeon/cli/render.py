@@ -20,16 +20,42 @@ FORMATS = ("table", "json", "csv", "markdown")
 
 
 def output_options(fn):
-    """``--format`` and ``--output`` for any command that renders a report."""
-    fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False, writable=True), default=None,
-                      help="Write the report to FILE (atomically) instead of stdout.")(fn)
+    """``--format``, ``--output`` and ``--force`` for any command that renders a report."""
+    fn = click.option("--force", is_flag=True,
+                      help="Replace --output FILE if it exists (atomically). Without it an existing file is an "
+                           "error, checked before any work, as for surgery outputs.")(fn)
+    fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+                      help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
+                           "refused unless --force.")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
                       help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
     return fn
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write to a temp file beside ``path`` and ``os.replace`` it: readers never see half a file."""
+def progress_option(fn):
+    """``--progress/--no-progress``, the same switch and default on every long-running command."""
+    return click.option("--progress/--no-progress", default=None,
+                        help="Progress bars on stderr. Default: only when stderr is a terminal "
+                             "(CKPT_SURGEON_PROGRESS=1/0 changes that default).")(fn)
+
+
+def check_report_path(path: str | None, force: bool, sources=()) -> None:
+    """Refuse a report FILE before any work: one that exists (unless ``force``), one that is an
+    input, or one whose folder does not exist.  The same rule and messages as surgery and
+    conversion outputs (:func:`ckpt_surgeon.conversion._io.check_output`)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    from ..conversion._io import check_output
+    local = [os.fspath(s) for s in sources if s is not None and os.path.exists(os.fspath(s))]
+    check_output(Path(path), local, force)    # (a folder FILE is refused by click's dir_okay=False)
+
+
+def write_atomic(path: str, text: str, *, force: bool = True) -> None:
+    """Write to a temp file beside ``path`` and rename it into place: readers never see half a
+    file.  ``force=False``: the rename is ``os.link`` (fails if ``path`` appeared meanwhile)
+    instead of ``os.replace``, so an existing file is never clobbered, even by a race."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-surgeon-", dir=d)
     try:
@@ -37,7 +63,20 @@ def write_atomic(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, 0o644)
+        if force:
+            os.replace(tmp, path)
+        else:
+            from ..errors import OutputExistsError
+            try:
+                os.link(tmp, path)
+                os.unlink(tmp)
+            except FileExistsError:
+                raise OutputExistsError("already exists", path=path, hint="pass --force to replace it") from None
+            except OSError:             # a filesystem without hard links: check, then replace
+                if os.path.lexists(path):
+                    raise OutputExistsError("already exists", path=path, hint="pass --force to replace it") from None
+                os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -53,7 +92,7 @@ def _cell(v) -> str:
         if math.isnan(v):
             return "-"
         if v == 0:
-            return "0"
+            return "0.0"      # a measured or computed zero (an int 0 shows as "0"; nothing at all as "-")
         return f"{v:.4g}" if (abs(v) >= 1e-3 and abs(v) < 1e5) else f"{v:.3e}"
     return str(v)
 
@@ -120,7 +159,7 @@ def to_table(rows: list[dict], summary=None, notes=(), title: str | None = None,
     return buf.getvalue()
 
 
-def emit(report, fmt: str, output: str | None, *, title: str | None = None) -> None:
+def emit(report, fmt: str, output: str | None, *, title: str | None = None, force: bool = False) -> None:
     rows = report.rows()
     summary = report.summary_items() if hasattr(report, "summary_items") else None
     if fmt == "json":
@@ -133,7 +172,7 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None) -> N
         notes = list(getattr(report, "notes", ())) + [f"warning: {w}" for w in getattr(report, "warnings", ())]
         text = to_table(rows, summary, notes, title=title)
     if output:
-        write_atomic(output, text)
+        write_atomic(output, text, force=force)
         click.echo(f"wrote {output}", err=True)
     else:
         sys.stdout.write(text)
@@ -141,7 +180,8 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None) -> N
 
 
 def source_options(fn):
-    """Options every command that opens a SOURCE shares."""
+    """Options every command that opens a SOURCE shares (with ``--progress/--no-progress``)."""
+    fn = progress_option(fn)
     fn = click.option("--allow-full-download", is_flag=True,
                       help="Hub sources: allow downloading whole files when the server ignores HTTP Range.")(fn)
     fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (e.g. one GGUF in a GGUF repo; any part of a split GGUF selects all its parts).")(fn)
@@ -151,18 +191,17 @@ def source_options(fn):
     return fn
 
 
-def open_kwargs(allow_pickle=False, revision=None, hub_file=None, allow_full_download=False) -> dict:
+def open_kwargs(allow_pickle=False, revision=None, hub_file=None, allow_full_download=False, progress=None) -> dict:
     return {"allow_pickle": allow_pickle, "revision": revision, "file": hub_file,
-            "allow_full_download": allow_full_download}
+            "allow_full_download": allow_full_download, "progress": progress}
 
 
 def byte_progress(enabled: bool | None, total: int, desc: str):
-    """A tqdm byte bar on stderr (``enabled`` None: only on a terminal) -> ``(bar, tick)``, where
-    ``tick(nbytes)`` is the progress callback the library takes; ``(None, None)`` when off."""
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled or total <= 0:
+    """A tqdm byte bar on stderr (``enabled`` None: by :func:`ckpt_surgeon.progress.progress_enabled`'s
+    rule, on only when stderr is a terminal) -> ``(bar, tick)``, where ``tick(nbytes)`` is the
+    progress callback the library takes; ``(None, None)`` when off."""
+    from ..progress import bar, progress_enabled
+    if total <= 0 or not progress_enabled(enabled):
         return None, None
-    from tqdm.auto import tqdm
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, leave=False)
-    return bar, bar.update
+    b = bar(True, total=total, desc=desc)
+    return b, b.update

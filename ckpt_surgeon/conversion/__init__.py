@@ -84,11 +84,13 @@ def _gguf_in_folder(p: Path) -> Path | None:
     return p / groups[0][0]
 
 
-def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None):
+def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
+            progress: bool | None = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
-    an HF folder / ``.safetensors`` becomes the GGUF file ``out``.
+    an HF folder / ``.safetensors`` becomes the GGUF file ``out``.  ``progress``: a bar over
+    the bytes written on stderr (None: only when stderr is a terminal).
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     if not os.path.exists(os.fspath(source)):
@@ -98,8 +100,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
 
-        return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force)
+        return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force,
+                                 progress=progress)
     if not str(out).endswith(".gguf"):
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",
                                path=os.fspath(out))
-    return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name)
+    return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
+                             progress=progress)

@@ -158,8 +158,10 @@ def _same_bytes(ck, a: str, b: str) -> bool:
 
 
 def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, *,
-                      max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True) -> ConvertReport:
-    """Convert and return the :class:`ConvertReport` (see :func:`gguf_to_hf`)."""
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True,
+                      progress: bool | None = False) -> ConvertReport:
+    """Convert and return the :class:`ConvertReport` (see :func:`gguf_to_hf`).  ``progress``: a
+    bar over the bytes written on stderr (None: only when stderr is a terminal)."""
     from .model_check import check_tensors, expected_tensors_in_subprocess
 
     t0 = time.perf_counter()
@@ -226,7 +228,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         # source?) when it is made, before any work starts.
         gate = _Gate(on_abandon=child.kill)
         w = CheckpointWriter(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes,
-                             before_publish=gate.wait)
+                             before_publish=gate.wait, progress=progress)
         child.submit(config)
         gate.start(lambda: check_tensors(
             child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import hf_cache
+from ..progress import bar
 from . import _io
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -170,8 +171,9 @@ def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                      verify: bool = True) -> ConvertReport:
-    """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`)."""
+                      verify: bool = True, progress: bool | None = False) -> ConvertReport:
+    """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`).  ``progress``: a
+    bar over the bytes written on stderr (None: only when stderr is a terminal)."""
     import gguf
 
     from ..checkpoint import open_checkpoint
@@ -237,6 +239,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
                               raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])
         tmp = _io.temp_file_beside(out)
         digests = {}
+        wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
         try:
             w.write_header_to_file(path=tmp)
             w.write_kv_data_to_file()
@@ -248,12 +251,15 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
                     raise FormatError(f"encoded {data.nbytes} bytes, planned {p.nbytes}", path=str(out), tensor=p.dst)
                 digests[p.dst] = hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()
                 w.write_tensor_data(data)
+                wbar.update(p.nbytes)
                 del arr, data
+            wbar.close()
             w.close()
             if verify:
                 _verify_written(tmp, out, spec.gguf_arch, plan, digests)
             _io.publish_file(tmp, out)
         except BaseException:
+            wbar.close()
             w.close()
             _io.discard(tmp)
             raise

@@ -41,7 +41,6 @@ import logging
 import os
 import posixpath
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -117,16 +116,12 @@ class HubSettings:
         # The environment now, or huggingface_hub's import-time flag (its session refuses requests then).
         offline = (_is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
                    or bool(constants.HF_HUB_OFFLINE))
-        if progress is None:
-            flag = os.environ.get("CKPT_SURGEON_PROGRESS")
-            progress = _is_true(flag) if flag is not None else sys.stderr.isatty()
-        if _is_true(os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")):
-            progress = False
+        from ..progress import progress_enabled
         return cls(endpoint=endpoint, offline=offline, cache=cache_root(),
                    retries=int(os.environ.get("CKPT_SURGEON_HUB_RETRIES", "5")),
                    backoff=float(os.environ.get("CKPT_SURGEON_HUB_BACKOFF", "1.0")),
                    timeout=float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10),
-                   progress=progress)
+                   progress=progress_enabled(progress))
 
     @property
     def endpoint_shown(self) -> str:
@@ -625,11 +620,8 @@ class HubClient:
         ``whole_ok``: a server that ignores Range may send these files whole (small files)."""
         if not jobs:
             return
-        progress = None
-        if self.settings.progress:
-            from tqdm.auto import tqdm
-            progress = tqdm(total=sum(b - a for _, a, b, _ in jobs), unit="B", unit_scale=True,
-                            desc=f"{self.repo_id} {desc}", file=sys.stderr, leave=False)
+        from ..progress import bar
+        progress = bar(self.settings.progress, total=sum(b - a for _, a, b, _ in jobs), desc=f"{self.repo_id} {desc}")
         self._progress = progress
 
         def one(job):
@@ -656,8 +648,7 @@ class HubClient:
                         raise
         finally:
             self._progress = None
-            if progress is not None:
-                progress.close()
+            progress.close()
 
 
 # --------------------------------------------------------------------------- reader
@@ -839,6 +830,28 @@ def _sniff_remote(client: HubClient, cache: RepoCache, filename: str) -> str:
     return "safetensors"
 
 
+def resolve_revision(client: HubClient, cache: RepoCache) -> list[str]:
+    """Set ``client.sha`` to the commit the revision points to and return the repo's files at it.
+
+    One API call online for a branch or tag; none for a full sha already listed in the cache;
+    none offline (answered from the cache, or a :class:`HubError` naming the cache)."""
+    rev = client.revision
+    sha = rev if _FULL_SHA.match(rev) else None
+    files = cache.listing(sha) if sha else None
+    if files is None:
+        if client.settings.offline:
+            sha = sha or cache.ref(rev)
+            files = cache.listing(sha) if sha else None
+            if files is None:
+                raise client._offline_error("this revision")
+        else:
+            sha, files = client.revision_info()
+            cache.set_ref(rev, sha)
+            cache.set_listing(sha, files)
+    client.sha = sha
+    return files
+
+
 def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str | None = None,
                         allow_full_download: bool = False, progress: bool | None = None):
     """Open a Hub model repo as a :class:`~ckpt_surgeon.checkpoint.Checkpoint`, reading only headers.
@@ -852,31 +865,18 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
     from ..checkpoint import Checkpoint
 
     settings = HubSettings.from_env(progress)
-    rev = revision or "main"
     client = HubClient(repo_id, settings, revision, allow_full_download=allow_full_download)
     cache = RepoCache(settings.cache, repo_id)
 
     # 0. offline, a snapshot in the Hugging Face cache answers without any request
     if settings.offline:
-        local = _from_hf_cache(client, rev, file)
+        local = _from_hf_cache(client, client.revision, file)
         if local is not None:
             return local
 
     # 1. revision -> commit sha and file list (no request for a cached full sha; none offline)
-    sha = rev if _FULL_SHA.match(rev) else None
-    files = cache.listing(sha) if sha else None
-    if files is None:
-        if settings.offline:
-            sha = sha or cache.ref(rev)
-            files = cache.listing(sha) if sha else None
-            if files is None:
-                raise client._offline_error("this revision")
-        else:
-            sha, files = client.revision_info()
-            cache.set_ref(rev, sha)
-            cache.set_listing(sha, files)
-    client.sha = sha
-    local = _from_hf_cache(client, sha, file)   # this commit fully downloaded already: read it there
+    files = resolve_revision(client, cache)
+    local = _from_hf_cache(client, client.sha, file)   # this commit fully downloaded already: read it there
     if local is not None:
         return local
 

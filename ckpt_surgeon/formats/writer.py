@@ -103,6 +103,7 @@ from typing import Callable, Union
 import numpy as np
 
 from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
+from ..progress import NO_BAR, bar
 from ..records import TensorInfo
 from . import safetensors as st
 
@@ -358,7 +359,7 @@ class CheckpointWriter:
     def __init__(self, out: str | os.PathLike, source=None, *, force: bool = False,
                  copy_untouched: bool = True, max_shard_bytes: int | None = None,
                  copy_side_files: bool = True, check: str = "auto", source_hash: str = "auto",
-                 before_publish: Callable[[], None] | None = None):
+                 before_publish: Callable[[], None] | None = None, progress: bool | None = False):
         if check not in ("auto", "full", "sampled"):
             raise ValueError(f"check must be auto|full|sampled, not {check!r}")
         if source_hash not in ("auto", "full", "headers"):
@@ -375,6 +376,9 @@ class CheckpointWriter:
         # renamed into place: a last gate (e.g. the converter's model check running meanwhile);
         # raising there discards the temp output, so nothing is published.
         self.before_publish = before_publish
+        # Bar over the tensor bytes written (ckpt_surgeon.progress: None = only on a terminal).
+        self.progress = progress
+        self._bar = NO_BAR
         self.single_file = self.out.name.endswith((".safetensors", ".gguf"))
         self.result: WriteResult | None = None
         self._entries: dict[str, _Entry] = {}
@@ -617,8 +621,11 @@ class CheckpointWriter:
                 self._make_tmp()
             check_full = self.check == "full" or (self.check == "auto" and total <= FULL_CHECK_LIMIT)
             results = []
-            for i, (fname, ents, src_file) in enumerate(shards):
-                results.append(self._write_shard(i, fname, ents, src_file, metadata_extra))
+            with bar(self.progress, total=sum(e.nbytes for _, ents, _ in shards for e in ents),
+                     desc=f"writing {self.out.name}") as self._bar:
+                for i, (fname, ents, src_file) in enumerate(shards):
+                    results.append(self._write_shard(i, fname, ents, src_file, metadata_extra))
+            self._bar = NO_BAR
             for fname, _, _ in shards:
                 fd = os.open(self._shard_path(fname), os.O_RDONLY)
                 try:
@@ -920,6 +927,7 @@ class CheckpointWriter:
                         _pwrite_all(fd, raw, pos)
                         del raw
                     pos += e.nbytes
+                    self._bar.update(e.nbytes)
                 mode = "patch"
             else:
                 header = _header_bytes(ents, metadata)
@@ -942,6 +950,7 @@ class CheckpointWriter:
                             _pwrite_all(fd, raw, pos)
                             del raw
                         pos += e.nbytes
+                        self._bar.update(e.nbytes)
                 finally:
                     for sfd in fds.values():
                         if sfd >= 0:
@@ -1232,6 +1241,7 @@ class GGUFCheckpointWriter(CheckpointWriter):
                         e.digest = hashlib.sha256(raw).digest()
                         _pwrite_all(fd, raw, at)
                         del raw
+                    self._bar.update(e.nbytes)
                 end = data_start + pos
                 # alignment padding between tensors: explicit zeros (no reliance on file holes)
                 gaps = []

@@ -250,15 +250,17 @@ def _element_units(buf: bytes, info) -> np.ndarray:
 
 
 def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", source_hash: str = "auto",
-            writer=None) -> SurgeryResult:
+            writer=None, progress: bool | None = False) -> SurgeryResult:
     """Write ``plan`` applied to ``ckpt`` into ``out`` (atomic; see formats/writer.py).
 
     ``writer``: an already open writer for ``out`` (see :func:`plan_while_copying`).
+    ``progress``: a bar over the bytes written (None: only when stderr is a terminal).
     """
     from ..formats.writer import open_writer
 
     ev = _Evaluator(ckpt)
-    w = writer if writer is not None else open_writer(out, ckpt, force=force, check=check, source_hash=source_hash)
+    w = writer if writer is not None else open_writer(out, ckpt, force=force, check=check, source_hash=source_hash,
+                                                         progress=progress)
     with w:
         for step in plan.steps:
             if step.op == "delete":
@@ -275,14 +277,14 @@ def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", 
 
 
 def plan_while_copying(ckpt, out, make_plan, *, force: bool = False, check: str = "auto",
-                       source_hash: str = "auto", early: bool = True) -> SurgeryResult:
+                       source_hash: str = "auto", early: bool = True, progress: bool | None = False) -> SurgeryResult:
     """``execute(make_plan())``, with the writer's kernel copy of the source shards running in the
     background while ``make_plan`` works (fold-bias --approximate reads every W_q for its bound:
     seconds on a 7B model, hidden behind the copy).  If planning fails (a refusal), the copy is
     cancelled and nothing is left at ``out``."""
     from ..formats.writer import open_writer
 
-    w = open_writer(out, ckpt, force=force, check=check, source_hash=source_hash)
+    w = open_writer(out, ckpt, force=force, check=check, source_hash=source_hash, progress=progress)
     try:
         if early:
             w.begin_copy()

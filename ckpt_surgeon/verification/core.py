@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -40,6 +41,7 @@ _PARALLEL_EXTRA_BYTES = 512 << 20
 
 
 def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompts: list[str] | None = None,
+           token_ids: list[list[int]] | None = None, tokenizer: str | os.PathLike | None = None,
            max_new_tokens: int = 32, device: str = "auto", device_map: str | None = None, dtype: str = "float32",
            sequential: bool | None = None, thresholds: str | None = None, max_logit_diff: float | None = None,
            max_kl: float | None = None, min_top1: float | None = None, require_greedy: bool | None = None,
@@ -47,6 +49,11 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     """Compare ``candidate`` with ``reference`` by running both with transformers.
 
     ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verification.prompts.default_prompts`).
+    ``token_ids``: instead of prompts, the token ids to feed (a list of id lists; no tokenizer is
+    needed, so this also suits models without one).  ``tokenizer``: tokenize the prompts with
+    this (a folder, a ``tokenizer.json`` file or a Hub id ``AutoTokenizer`` takes) instead of the
+    reference's own tokenizer files: weights-only checkpoints can be verified.  A model that
+    ships a tokenizer encoding any prompt differently is an error either way.
     ``device``: ``auto`` (CUDA when available) | ``cpu`` | ``cuda``; ``device_map="auto"`` spreads
     each model over all GPUs and CPU RAM with accelerate (implies sequential).  ``dtype``: compute
     dtype of both models.  ``thresholds``: which dtype's default row to judge by (default: the
@@ -68,6 +75,14 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise CkptError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if token_ids is not None:
+        if prompts is not None:
+            raise CkptError("give prompts or token ids, not both")
+        if not token_ids or not all(isinstance(ids, (list, tuple)) and ids and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids) for ids in token_ids):
+            raise CkptError("token_ids must be a non-empty list of non-empty lists of non-negative integers")
+        token_ids = [list(ids) for ids in token_ids]
+        prompts = [json.dumps(ids) for ids in token_ids]    # what the report shows as the prompt
     prompts = default_prompts() if prompts is None else [p for p in prompts]
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise CkptError("prompts must be a non-empty list of non-empty strings")
@@ -86,8 +101,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
-        ref = prepare(reference, work, role="reference", dtype=dtype)
-        cand = prepare(candidate, work, role="candidate", dtype=dtype)
+        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress)
         if ref.kind != cand.kind:
             raise ConfigError(f"reference is a {ref.kind.name} ({ref.architecture}) but candidate is a "
                               f"{cand.kind.name} ({cand.architecture}); nothing comparable", path=cand.given)
@@ -103,7 +118,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
             notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
                          "pass explicit thresholds for a quantized candidate")
 
-        tok, encodings = _tokenize(ref, cand, prompts, kind, max_new_tokens, notes)
+        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, max_new_tokens, notes)
         gen_config = _generation_config(ref, tok, max_new_tokens) if kind.generates and max_new_tokens else None
 
         mode, why = _choose_mode(ref, cand, dtype, dev, device_map, sequential, torch)
@@ -171,27 +186,38 @@ def _resolve_device(device: str, torch) -> str:
     return device
 
 
-def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, kind, max_new_tokens, notes):
-    """Reference-tokenizer ids per prompt, after proving the candidate's tokenizer agrees."""
-    if not ref.has_tokenizer:
+def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens, notes):
+    """Ids per prompt -> (tokenizer or None, ids).  The tokenizer is ``tokenizer`` when given, else
+    the reference's; every model that ships its own tokenizer must encode each prompt the same.
+    With ``token_ids`` the ids are taken as given (checked against the vocabulary size)."""
+    tok = None
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer, path=os.fspath(tokenizer), local_files_only=False)
+    elif ref.has_tokenizer:
+        tok = load_tokenizer(ref.folder, path=ref.given)
+    elif token_ids is None:
         raise ConfigError("has no tokenizer files; verify tokenizes the prompts with the reference's tokenizer",
-                          path=ref.given)
-    tok = load_tokenizer(ref.folder, path=ref.given)
-    full = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
-    if cand.has_tokenizer:
-        ctok = load_tokenizer(cand.folder, path=cand.given)
-        for i, (p, a) in enumerate(zip(prompts, full)):
-            b = list(ctok(p, add_special_tokens=True)["input_ids"])
-            j = first_difference(a, b)
-            if j is not None:
-                got = b[j] if j < len(b) else "end"
-                want = a[j] if j < len(a) else "end"
-                raise ConfigError(
-                    f"tokenizer encodes prompt {i} ({p[:30]!r}) differently from the reference's (token {j}: "
-                    f"candidate id {got}, reference id {want}); the outputs would not be comparable", path=cand.given,
-                    hint="give the candidate the reference's tokenizer files")
+                          path=ref.given, hint="pass --tokenizer PATH_OR_ID (any folder, tokenizer.json or Hub id "
+                                               "AutoTokenizer takes) or --token-ids FILE")
+    if token_ids is not None:
+        full = token_ids
+        vocab = _vocab_size(ref.config)
+        for i, ids in enumerate(full):
+            if vocab is not None and max(ids) >= vocab:
+                raise ConfigError(f"token ids entry {i} holds id {max(ids)}, beyond the model's vocabulary "
+                                  f"({vocab} tokens)", path=ref.given)
+        notes.append("prompts given as token ids; no tokenizer was used to encode them")
     else:
-        notes.append(f"{cand.given} has no tokenizer files; prompts are tokenized with the reference's")
+        full = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+        if tokenizer is not None:
+            notes.append(f"prompts tokenized with {os.fspath(tokenizer)}")
+        for pm in ((ref, cand) if tokenizer is not None else (cand,)):
+            if pm.has_tokenizer:
+                _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full,
+                          "the tokenizer given" if tokenizer is not None else "the reference's")
+            else:
+                notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with "
+                             f"{os.fspath(tokenizer) if tokenizer is not None else 'the reference' + chr(39) + 's'}")
     limit = _max_positions(ref.config, tok)
     if limit is not None and kind.generates:
         limit -= max_new_tokens
@@ -209,9 +235,35 @@ def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, kind, max_new_to
     return tok, out
 
 
+def _same_ids(other_tok, pm: PreparedModel, prompts, full, against: str) -> None:
+    """``pm``'s own tokenizer must give the ids the prompts were encoded to, or the outputs
+    would not be comparable."""
+    for i, (p, a) in enumerate(zip(prompts, full)):
+        b = list(other_tok(p, add_special_tokens=True)["input_ids"])
+        j = first_difference(a, b)
+        if j is not None:
+            got = b[j] if j < len(b) else "end"
+            want = a[j] if j < len(a) else "end"
+            given = against != "the reference's"
+            raise ConfigError(
+                f"tokenizer encodes prompt {i} ({p[:30]!r}) differently from {against} (token {j}: "
+                f"{pm.role} id {got}, {'expected' if given else 'reference'} id {want}); the outputs would not be "
+                "comparable", path=pm.given,
+                hint="pass the tokenizer that belongs to both models with --tokenizer" if given
+                else "give the candidate the reference's tokenizer files")
+
+
+def _vocab_size(config: dict) -> int | None:
+    v = config.get("vocab_size")
+    if v is None and isinstance(config.get("text_config"), dict):
+        v = config["text_config"].get("vocab_size")
+    return v if isinstance(v, int) and v > 0 else None
+
+
 def _max_positions(config: dict, tok) -> int | None:
     lims = [v for v in (config.get("max_position_embeddings"), config.get("n_positions"),
-                        getattr(tok, "model_max_length", None)) if isinstance(v, int) and 0 < v < 10**8]
+                        getattr(tok, "model_max_length", None) if tok is not None else None)
+            if isinstance(v, int) and 0 < v < 10**8]
     return min(lims) if lims else None
 
 
@@ -229,9 +281,11 @@ def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
         except (OSError, ValueError):
             base = None
     eos = getattr(base, "eos_token_id", None) if base else None
-    eos = eos if eos is not None else ref.config.get("eos_token_id", tok.eos_token_id)
+    tok_eos = tok.eos_token_id if tok is not None else None
+    eos = eos if eos is not None else ref.config.get("eos_token_id", tok_eos)
     pad = getattr(base, "pad_token_id", None) if base else None
-    pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else eos)
+    tok_pad = tok.pad_token_id if tok is not None else None
+    pad = pad if pad is not None else (tok_pad if tok_pad is not None else eos)
     if isinstance(pad, list):
         pad = pad[0]
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
@@ -304,7 +358,8 @@ def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -
         gen = {}
         if generated:
             gen = dict(reference_continuation=r_cont, candidate_continuation=c_cont,
-                       reference_text=tok.decode(list(r_cont)), candidate_text=tok.decode(list(c_cont)),
+                       reference_text=None if tok is None else tok.decode(list(r_cont)),
+                       candidate_text=None if tok is None else tok.decode(list(c_cont)),
                        first_greedy_diff=first_difference(r_cont, c_cont), generated=True)
         results.append(PromptResult(index=i, text=prompts[i], tokens=len(encodings[i]), comparison=cmp, **gen))
     return results
@@ -318,9 +373,10 @@ def _common_width(r, c, kind, tok, notes):
     if r.shape[-1] == c.shape[-1]:
         return r, c
     n = min(r.shape[-1], c.shape[-1])
-    if not kind.distribution or n < len(tok):
+    if not kind.distribution or tok is None or n < len(tok):
+        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
         raise ConfigError(f"output widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} "
-                          f"(tokenizer has {len(tok)} tokens); the models are not comparable")
+                          f"({has}); the models are not comparable")
     notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
                  f"(the tokenizer has {len(tok)} tokens)")
     return np.asarray(r)[..., :n], np.asarray(c)[..., :n]

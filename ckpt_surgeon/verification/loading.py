@@ -1,8 +1,8 @@
 """Turn a verify input into something transformers loads, and load it.
 
-Inputs are local only: a Hugging Face folder, a single ``.safetensors`` file with its
-``config.json`` beside it, or a ``.gguf`` file (converted to a temporary HF folder by our own
-converter).  Every input is first opened with :func:`ckpt_surgeon.open_checkpoint`, so a bad
+Inputs: a Hugging Face folder, a single ``.safetensors`` file with its ``config.json`` beside
+it, a ``.gguf`` file (converted to a temporary HF folder by our own converter), or a Hub repo id
+(downloaded into the Hugging Face cache first, then one of the above).  Every input is first opened with :func:`ckpt_surgeon.open_checkpoint`, so a bad
 file is reported by the same validated header parser as every other command (one line, exit 2)
 before transformers sees it; that pass also gives the storage precision and parameter count
 without reading any weights.
@@ -46,6 +46,7 @@ class PreparedModel:
     n_params: int
     has_tokenizer: bool
     converted_from_gguf: bool = False
+    role: str = "candidate"    # reference | candidate (for messages)
 
     def estimated_bytes(self, dtype: str) -> int:
         """Weights in memory once loaded in ``dtype``."""
@@ -58,17 +59,22 @@ def storage_precision(dtypes) -> str:
     return coarsest(*classes) if classes else "float32"
 
 
-def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str) -> PreparedModel:
+def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
+            progress: bool | None = False) -> PreparedModel:
     """Validate ``source`` and return a :class:`PreparedModel`; GGUF inputs are converted into
-    ``workdir/role``.  Raises CkptError (one line) for anything transformers could not load."""
-    from ..checkpoint import open_checkpoint
+    ``workdir/role``; a Hub repo id is first downloaded into the Hugging Face cache
+    (:func:`ckpt_surgeon.formats.hub_snapshot.download`, bars per ``progress``).  Raises
+    CkptError (one line) for anything transformers could not load."""
+    from ..checkpoint import looks_like_repo_id, open_checkpoint
 
     given = os.fspath(source)
     p = Path(given)
     if not p.exists():
-        raise SourceNotFoundError(
-            "no such file or folder (verify compares local models; Hub repo ids are not supported, "
-            "download first: hf download OWNER/NAME --local-dir DIR)", path=given)
+        if not looks_like_repo_id(given):
+            raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
+                                      path=given)
+        from ..formats.hub_snapshot import download
+        p = download(given, progress=progress)
     try:
         ck = open_checkpoint(p)
     except ModuleNotFoundError as e:        # a reader this build lacks (the GGUF path)
@@ -99,7 +105,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str) 
     archs = config.get("architectures") or [config.get("model_type") or "?"]
     kind = model_kind(config, path=str(Path(folder) / "config.json") if not converted else given)
     has_tok = any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES)
-    return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted)
+    return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted,
+                         role)
 
 
 def _read_config(path: Path) -> dict:
@@ -180,11 +187,15 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
     return model
 
 
-def load_tokenizer(folder: str, *, path: str):
-    from transformers import AutoTokenizer
+def load_tokenizer(source: str | os.PathLike, *, path: str, local_files_only: bool = True):
+    """``AutoTokenizer`` for a folder or Hub id (``local_files_only=False``: the Hub is asked,
+    honouring HF_TOKEN / HF_HUB_OFFLINE), or a fast tokenizer for one ``tokenizer.json`` file."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     try:
         with quiet_transformers():
-            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            if Path(source).is_file():
+                return PreTrainedTokenizerFast(tokenizer_file=os.fspath(source))
+            return AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=local_files_only)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"tokenizer could not be loaded: {first}", path=path) from None

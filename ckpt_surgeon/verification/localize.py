@@ -166,9 +166,11 @@ class _Acc:
 
 def localize(reference, candidate, *, prompts: list[str] | None = None, device: str = "cpu",
              dtype: str = "float32", sequential: bool = False, threshold: float | None = None,
-             tmp_dir: str | os.PathLike | None = None) -> LocalizeReport:
+             tmp_dir: str | os.PathLike | None = None, token_ids: list[list[int]] | None = None,
+             tokenizer: str | os.PathLike | None = None, progress: bool | None = False) -> LocalizeReport:
     """Run both models with hooks on every decoder layer and name the first layer whose hidden
-    state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``)."""
+    state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``).
+    ``token_ids`` / ``tokenizer`` / ``progress``: as for :func:`~ckpt_surgeon.verification.core.verify`."""
     import torch
 
     from .core import _free, _tokenize
@@ -183,9 +185,9 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-localize-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers():
         work = Path(work_s)
-        ref = prepare(reference, work, role="reference", dtype=dtype)
-        cand = prepare(candidate, work, role="candidate", dtype=dtype)
-        _, encodings = _tokenize(ref, cand, prompts, ref.kind, 0, [])
+        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress)
+        _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
 
         def outputs(pm):
             model = load_model(pm, dtype=dtype, device=device, device_map=None, warnings=warnings)

@@ -57,3 +57,38 @@ def load_prompts(path: str | Path) -> list[str]:
     if not prompts:
         raise CkptError("prompts file holds no non-empty prompt", path=str(p))
     return prompts
+
+
+def load_token_ids(path: str | Path) -> list[list[int]]:
+    """Read ``--token-ids FILE``: JSON, either one list of token ids (one prompt) or a list of
+    such lists (one per prompt).  For models without a tokenizer, or to pin the exact ids.
+
+    Raises CkptError for a missing file, bad JSON, a non-integer or negative id, or an empty
+    prompt; ids beyond the model's vocabulary are checked by ``verify`` against the config.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise SourceNotFoundError("token ids file not found", path=str(p))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise CkptError(f"token ids file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+    except json.JSONDecodeError as e:
+        raise CkptError(f"is not valid JSON ({e.msg} at line {e.lineno}); expected a list of token ids or a list "
+                        "of such lists", path=str(p)) from None
+    if isinstance(data, list) and data and all(_is_id(x) for x in data):
+        data = [data]
+    if not isinstance(data, list) or not data:
+        raise CkptError("must hold a non-empty JSON list of token ids, or a list of such lists", path=str(p))
+    for i, ids in enumerate(data):
+        if not isinstance(ids, list) or not ids:
+            raise CkptError(f"entry {i} is not a non-empty list of token ids", path=str(p))
+        bad = next((x for x in ids if not _is_id(x)), None)
+        if bad is not None or any(x < 0 for x in ids):
+            what = bad if bad is not None else min(ids)
+            raise CkptError(f"entry {i} holds {what!r}, not a token id (a non-negative integer)", path=str(p))
+    return [list(ids) for ids in data]
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

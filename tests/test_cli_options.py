@@ -1,0 +1,186 @@
+"""Options every command shares, through the real CLI: one rule for report files (--output /
+--report: an existing file is refused without --force, as surgery outputs are), one progress
+switch (--progress/--no-progress, on by default only when stderr is a terminal), and the
+inspect table's "-" where nothing of a key bias is removable."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_surgeon.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, list(map(str, args)))
+
+
+def _one_line_exit_2(res, *needles):
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+# --- report files: refuse an existing one unless --force --------------------------------------
+
+def test_report_output_refuses_an_existing_file_without_force(tiny, tmp_path):
+    src = tiny("qwen2")
+    out = tmp_path / "report.json"
+    out.write_text("keep me\n")
+    for cmd in (["inspect", src], ["analyze", src], ["verify", src, src, "--max-new-tokens", "0"]):
+        res = _run(*cmd, "--format", "json", "--output", out)
+        _one_line_exit_2(res, f"error: {out}: already exists (pass --force to replace it)")
+        assert out.read_text() == "keep me\n"          # untouched, and refused before any work
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]    # no temp file left
+    res = _run("inspect", src, "--format", "json", "--output", out, "--force")
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["num_layers"] == 2
+    assert res.stderr == f"wrote {out}\n"
+    fresh = tmp_path / "new.json"
+    assert _run("analyze", src, "--format", "json", "-o", fresh).exit_code == 0 and fresh.is_file()
+
+
+def test_report_output_never_replaces_an_input(tiny, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny("gpt2"), folder)
+    weights = folder / "model.safetensors"
+    before = weights.read_bytes()
+    res = _run("inspect", weights, "--format", "json", "-o", weights, "--force")
+    _one_line_exit_2(res, str(weights), "the output would overwrite the input")
+    assert weights.read_bytes() == before
+    as_dir = _run("inspect", folder, "-o", folder, "--force")
+    assert as_dir.exit_code == 2 and f"File '{folder}' is a directory" in as_dir.stderr
+    _one_line_exit_2(_run("inspect", folder, "-o", tmp_path / "no" / "r.json"), "does not exist")
+
+
+def test_surgery_report_file_follows_the_same_rule(tiny, tmp_path):
+    src = tiny("gpt2")
+    report = tmp_path / "fold.json"
+    report.write_text("old\n")
+    out = tmp_path / "folded"
+    res = _run("fold-bias", src, "-o", out, "--k", "--v", "--format", "json", "--report", report)
+    _one_line_exit_2(res, f"{report}: already exists (pass --force to replace it)")
+    assert not out.exists() and report.read_text() == "old\n"           # nothing written at all
+    res = _run("fold-bias", src, "-o", out, "--k", "--v", "--format", "json", "--report", report, "--force")
+    assert res.exit_code == 0, res.output
+    assert json.loads(report.read_text())["out"] == str(out) and (out / "model.safetensors").is_file()
+
+
+# --- --progress/--no-progress: the same switch everywhere -----------------------------------------
+
+LONG_COMMANDS = (["inspect"], ["analyze"], ["verify"], ["convert"], ["fold-bias"], ["qkv", "split"], ["qkv", "fuse"],
+                 ["diff"], ["lint"])
+
+
+def test_every_long_command_has_the_same_progress_switch():
+    helps = {}
+    for cmd in LONG_COMMANDS:
+        res = _run(*cmd, "--help")
+        assert res.exit_code == 0, res.output
+        flat = " ".join(res.output.split())
+        m = re.search(r"--progress / --no-progress (.*?)(?= -[-a-zA-Z]|$)", flat)
+        assert m, (cmd, flat)
+        helps[" ".join(cmd)] = m.group(1)
+    assert len(set(helps.values())) == 1, helps
+    assert "only when stderr is a terminal" in next(iter(helps.values()))
+
+
+def _subprocess(args, *, tty: bool, tmp_path: Path):
+    """Run the CLI in a child; stderr is a pseudo-terminal when ``tty`` (stdout stays a pipe)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CKPT_SURGEON_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "ckpt_surgeon", *map(str, args)]
+    if not tty:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        return r.returncode, r.stderr
+    master, slave = pty.openpty()
+    # A real terminal has a size; a fresh pty is 0x0, where tqdm would print empty bars.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:          # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    p.communicate(timeout=300)
+    os.close(master)
+    return p.returncode, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_convert_progress_default_follows_the_terminal_and_the_switch_overrides(tiny, tmp_path):
+    src = tiny("qwen2")
+    runs = {
+        "pipe, default": ([], False, False),
+        "terminal, default": ([], True, True),
+        "terminal, --no-progress": (["--no-progress"], True, False),
+        "pipe, --progress": (["--progress"], False, True),
+    }
+    for i, (label, (flags, tty, bar)) in enumerate(runs.items()):
+        out = tmp_path / f"m{i}.gguf"
+        code, err = _subprocess(["convert", src, "-o", out, *flags], tty=tty, tmp_path=tmp_path)
+        assert code == 0, (label, err)
+        assert out.is_file()
+        assert (f"writing {out.name}" in err) is bar, (label, err)
+
+
+def test_surgery_progress_switch(tiny, tmp_path):
+    src = tiny("gpt2")
+    code, err = _subprocess(["fold-bias", src, "-o", tmp_path / "a", "--k", "--progress"], tty=False, tmp_path=tmp_path)
+    assert code == 0 and "writing a" in err, err
+    code, err = _subprocess(["fold-bias", src, "-o", tmp_path / "b", "--k"], tty=False, tmp_path=tmp_path)
+    assert code == 0 and "writing b" not in err and "%|" not in err, err
+
+
+# --- inspect: "-" where nothing of the key bias is removable --------------------------------------
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = []
+    for line in text.splitlines():
+        if line.startswith(("│", "┃")):
+            rows.append([c.strip() for c in re.split(r"[│┃]", line)[1:-1]])
+    return rows
+
+
+@pytest.mark.parametrize("name, klass", [("qwen2_long", "rope"), ("olmo2", "not-removable"), ("gpt2", "exact")])
+def test_inspect_table_dash_for_nothing_removable_numbers_in_json(tiny, name, klass):
+    src = tiny(name)
+    table = _run("inspect", src)
+    assert table.exit_code == 0, table.output
+    rows = _table_rows(table.stdout)
+    head = rows[0]
+    body = [dict(zip(head, r)) for r in rows[1:]]
+    assert [r["k_class"] for r in body] == [klass, klass]
+    data = json.loads(_run("inspect", src, "--format", "json").stdout)
+    red = [lr["k_bias_redundancy"] for lr in data["layers"]]
+    if klass == "not-removable":      # q/k-norm after the projection
+        assert all(r["k_exact"] == r["k_near"] == r["k_bound"] == "-" for r in body), body
+        assert all(x["exact_fraction"] == 0.0 and x["near_fraction"] == 0.0 for x in red), red
+    elif klass == "rope":
+        # rope theta 1e6 over 32768 positions: no pair turns < 0.1 rad, nothing removable:: "-", not "0 / 0 / 0" (which would read as "removing it is free") ...
+        assert all(r["k_exact"] == r["k_near"] == r["k_bound"] == "-" for r in body), body
+        # ... while the JSON keeps the numbers.
+        assert all(x["exact_fraction"] == 0.0 and x["near_fraction"] == 0.0 and x["bound"] == 0.0 for x in red), red
+    else:
+        # All of a non-rotary key bias is removable at no cost: a true zero bound shows as 0.0.
+        assert all(r["k_exact"] == "1" and r["k_bound"] == "0.0" for r in body), body
+        assert all(x["exact_fraction"] == 1.0 and x["bound"] == 0.0 for x in red), red

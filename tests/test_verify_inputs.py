@@ -1,0 +1,199 @@
+"""``verify`` inputs beyond a complete local folder: weights-only checkpoints (``--tokenizer``,
+``--token-ids``) and Hub repo ids (downloaded into the Hugging Face cache from the real local
+hub server, tests/hubserver.py).  Every model is really loaded and run with transformers."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_surgeon.cli import cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hubserver import HubServer  # noqa: E402
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "vocab.txt", "tokenizer.model")
+Q_BIAS = "model.layers.0.self_attn.q_proj.bias"
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, list(map(str, args)))
+
+
+def _weights_only(src: Path, dst: Path, edit=None) -> Path:
+    """A copy of ``src`` without any tokenizer file (a fine-tune output / surgery input built
+    from a config), optionally with its safetensors rewritten by ``edit``."""
+    shutil.copytree(src, dst)
+    for f in TOKENIZER_FILES:
+        (dst / f).unlink(missing_ok=True)
+    assert not any((dst / f).exists() for f in TOKENIZER_FILES)
+    if edit is not None:
+        from safetensors.numpy import load_file, save_file
+        save_file(edit(load_file(str(dst / "model.safetensors"))), str(dst / "model.safetensors"),
+                  metadata={"format": "pt"})
+    return dst
+
+
+def _bump_q_bias(t):
+    t[Q_BIAS] = t[Q_BIAS].copy()
+    t[Q_BIAS][3] += 1.0
+    return t
+
+
+@pytest.fixture(scope="module")
+def bare(tiny, tmp_path_factory):
+    """(reference, identical candidate, corrupted candidate): the tiny qwen2 without tokenizer files."""
+    root = tmp_path_factory.mktemp("bare")
+    src = tiny("qwen2")
+    return (_weights_only(src, root / "ref"), _weights_only(src, root / "same"),
+            _weights_only(src, root / "bad", _bump_q_bias))
+
+
+def test_weights_only_reference_needs_a_tokenizer_and_says_how(bare):
+    ref, same, _ = bare
+    res = _run("verify", ref, same, "--max-new-tokens", "0")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == (f"error: {ref}: has no tokenizer files; verify tokenizes the prompts with the reference's "
+                          "tokenizer (pass --tokenizer PATH_OR_ID (any folder, tokenizer.json or Hub id AutoTokenizer "
+                          "takes) or --token-ids FILE)\n")
+
+
+def test_tokenizer_option_verifies_weights_only_checkpoints(bare, tiny):
+    ref, same, bad = bare
+    tok_dir = tiny("qwen2")                           # another folder that has the tokenizer files
+    ok = _run("verify", ref, same, "--tokenizer", tok_dir, "--max-new-tokens", "2", "--format", "json")
+    assert ok.exit_code == 0, ok.output
+    d = json.loads(ok.stdout)
+    assert d["passed"] is True and d["metrics"]["max_abs_diff"] == 0.0
+    assert f"prompts tokenized with {tok_dir}" in d["notes"]
+    assert d["prompts"][0]["prompt"] == "The attention layer projects every token into a query, a key and a value."
+    assert d["prompts"][0]["reference_text"] is not None          # continuations decoded with it
+    # The same tokenizer as a single tokenizer.json file.
+    one = _run("verify", ref, same, "--tokenizer", tok_dir / "tokenizer.json", "--max-new-tokens", "0")
+    assert one.exit_code == 0, one.output
+    # A real difference is still found: exit 1.
+    mism = _run("verify", ref, bad, "--tokenizer", tok_dir, "--max-new-tokens", "0")
+    assert mism.exit_code == 1, mism.output
+    assert mism.stderr.startswith(f"error: {bad}: mismatch: ")
+
+
+def test_tokenizer_option_still_checks_a_shipped_tokenizer(bare, tiny, tmp_path):
+    """A model that ships a tokenizer encoding the prompts otherwise than --tokenizer: exit 2."""
+    ref, _, _ = bare
+    bert_tok = tiny("bert")                            # a WordPiece tokenizer: other ids
+    res = _run("verify", ref, tiny("qwen2"), "--tokenizer", bert_tok, "--max-new-tokens", "0")
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip()
+    assert line.startswith(f"error: {tiny('qwen2')}: tokenizer encodes prompt 0 ") and "differently from the tokenizer given" in line
+    assert line.endswith("(pass the tokenizer that belongs to both models with --tokenizer)")
+
+
+def test_token_ids_need_no_tokenizer(bare, tmp_path):
+    ref, same, bad = bare
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([[1, 2, 3, 4, 5], [7, 7, 7], [42]]))
+    ok = _run("verify", ref, same, "--token-ids", ids, "--max-new-tokens", "2", "--format", "json")
+    assert ok.exit_code == 0, ok.output
+    d = json.loads(ok.stdout)
+    assert d["passed"] is True and [p["tokens"] for p in d["prompts"]] == [5, 3, 1]
+    assert [p["prompt"] for p in d["prompts"]] == ["[1, 2, 3, 4, 5]", "[7, 7, 7]", "[42]"]
+    assert all(p["reference_text"] is None and len(p["reference_continuation"]) == 2 for p in d["prompts"])
+    assert "prompts given as token ids; no tokenizer was used to encode them" in d["notes"]
+    # One flat list is one prompt.
+    single = tmp_path / "one.json"
+    single.write_text("[5, 6, 7]")
+    res = _run("verify", ref, bad, "--token-ids", single, "--max-new-tokens", "0", "--format", "json")
+    assert res.exit_code == 1, res.output
+    assert [p["tokens"] for p in json.loads(res.stdout)["prompts"]] == [3]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[[1, 2], []]", "entry 1 is not a non-empty list of token ids"),
+    ('[[1, "a"]]', "entry 0 holds 'a', not a token id (a non-negative integer)"),
+    ("[[1, -3]]", "entry 0 holds -3, not a token id"),
+    ("[1, 2", "is not valid JSON"),
+    ("{}", "must hold a non-empty JSON list of token ids, or a list of such lists"),
+    ("[[1, 99999]]", "token ids entry 0 holds id 99999, beyond the model's vocabulary"),
+])
+def test_bad_token_ids_file_is_one_line(bare, tmp_path, content, message):
+    ref, same, _ = bare
+    f = tmp_path / "ids.json"
+    f.write_text(content)
+    res = _run("verify", ref, same, "--token-ids", f, "--max-new-tokens", "0")
+    assert res.exit_code == 2, res.output
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
+
+
+def test_prompts_and_token_ids_together_is_a_usage_error(bare, tmp_path):
+    ref, same, _ = bare
+    (tmp_path / "p.txt").write_text("hello\n")
+    (tmp_path / "i.json").write_text("[1]")
+    res = _run("verify", ref, same, "--prompts", tmp_path / "p.txt", "--token-ids", tmp_path / "i.json")
+    assert res.exit_code == 2 and "give --prompts or --token-ids, not both" in res.stderr
+
+
+# --- Hub repo ids ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def hub_env(tmp_path, monkeypatch):
+    """A clean Hub environment pointed at a fresh local server: no token, online, private caches."""
+    from huggingface_hub import constants
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
+                "HUGGINGFACE_HUB_CACHE", "CKPT_SURGEON_PROGRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "ckpt-cache"))
+    monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")
+    # The CDN on another origin, as the Hub's is: huggingface_hub reads a file's metadata from the
+    # redirect itself only when the redirect leaves the Hub's host.
+    with HubServer(idle_timeout=120, cdn_host="localhost") as srv:
+        monkeypatch.setenv("HF_ENDPOINT", srv.url)
+        yield srv
+
+
+def test_verify_accepts_hub_ids_into_the_hf_cache_then_offline(hub_env, tiny, tmp_path, monkeypatch):
+    hub = hub_env
+    local = tiny("qwen2_sharded")
+    sha = hub.add_repo("owner/tiny", local)
+    res = _run("verify", "owner/tiny", local, "--max-new-tokens", "2", "--format", "json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["passed"] is True and d["metrics"]["max_abs_diff"] == 0.0 and d["reference"] == "owner/tiny"
+    # Downloaded into the normal HF cache (HF_HOME/hub), in huggingface_hub's own layout.
+    snap = tmp_path / "hf-home" / "hub" / "models--owner--tiny" / "snapshots" / sha
+    shards = sorted(p.name for p in local.glob("*.safetensors"))
+    assert sorted(p.name for p in snap.glob("*.safetensors")) == shards
+    assert (snap / "config.json").is_file() and (snap / "tokenizer.json").is_file()
+    fetched = {r.path.rsplit("/", 1)[-1].split("?")[0] for r in hub.log if r.method == "GET" and r.path.startswith("/cdn/")}
+    assert fetched == set(shards)                     # every weight byte came once, from the server
+    # Offline: the same command runs from the cache, with no request at all.
+    hub.reset_stats()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    again = _run("verify", "owner/tiny", local, "--max-new-tokens", "2", "--format", "json")
+    assert again.exit_code == 0, again.output
+    assert hub.repo_requests == 0
+    # Offline and never downloaded: one line, exit 2.
+    missing = _run("verify", "owner/other", local)
+    assert missing.exit_code == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "HF_HUB_OFFLINE=1 forbids network access" in missing.stderr and missing.stderr.startswith("error: owner/other")
+    assert hub.requests == 0
+
+
+def test_verify_hub_errors_are_one_line(hub_env, tiny):
+    local = tiny("qwen2")
+    res = _run("verify", "owner/nope", local)
+    assert res.exit_code == 2
+    assert res.stderr == f"error: owner/nope: repository not found on {hub_env.url} (check the name; a private " \
+                         "repository also needs a token: set HF_TOKEN or run `hf auth login`)\n"
+    not_a_path = _run("verify", "./missing-folder", local)
+    assert not_a_path.exit_code == 2
+    assert "no such file or folder (and not a Hub repo id of the form owner/name)" in not_a_path.stderr
