@@ -600,6 +600,34 @@ def test_subprocess_exit_codes_and_progress(hub, tiny, env):
     assert offline.stderr.startswith("error: owner/tiny@main: this revision is not in the ckpt-surgeon cache")
 
 
+def test_cached_second_run_is_one_request_at_the_server_telemetry_on(hub, tiny, env):
+    """Counted at the server, all requests (not only the repo's): a user's default set-up, with
+    huggingface_hub's telemetry on, whose user-agent code asks ENDPOINT/api/agent-harnesses when
+    its day-old registry copy has expired.  A cached inspect must still cost exactly the one
+    revision lookup, and offline nothing."""
+    hub.add_repo("owner/tiny", tiny("qwen2_sharded"))
+    base = _subprocess_env(hub, env)
+    base.pop("HF_HUB_DISABLE_TELEMETRY", None)
+    run = lambda **kw: subprocess.run([sys.executable, "-m", "ckpt_surgeon", "inspect", "owner/tiny",  # noqa: E731
+                                       "--format", "json"], capture_output=True, text=True, env={**base, **kw},
+                                      timeout=120)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    registry = Path(base["HF_HOME"]) / ".agent_harnesses.json"
+    if registry.exists():                  # expire huggingface_hub's copy, as a day later
+        os.utime(registry, (0, 0))
+    hub.reset_stats()
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert [r.path for r in hub.log] == ["/api/models/owner/tiny/revision/main"]
+    assert json.loads(second.stdout)["requests"] == 1
+    _same_report(json.loads(second.stdout), json.loads(first.stdout))
+    hub.reset_stats()
+    offline = run(HF_HUB_OFFLINE="1")
+    assert offline.returncode == 0, offline.stderr
+    assert hub.requests == 0 and json.loads(offline.stdout)["requests"] == 0
+
+
 # ------------------------------------------------------------------ helpers
 
 _GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",

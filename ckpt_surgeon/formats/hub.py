@@ -349,6 +349,32 @@ def coalesce(ranges, gap: int = MERGE_GAP) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+_TELEMETRY_LOCK = threading.Lock()
+
+
+def hub_headers() -> dict:
+    """huggingface_hub's request headers (``build_hf_headers``: the token from ``HF_TOKEN`` or the
+    stored login, our user agent), without the request its user-agent code can make.
+
+    With telemetry on (its default), ``build_hf_headers`` detects AI-agent harnesses from a
+    registry it fetches from ``ENDPOINT/api/agent-harnesses`` whenever its copy in ``HF_HOME``
+    is missing, older than a day or unwritable: a second, cached ``inspect`` would then cost two
+    requests instead of the one that resolves the revision.  The headers are built with
+    telemetry off for this call (what ``HF_HUB_DISABLE_TELEMETRY=1`` does: the user agent keeps
+    library, hf_hub and python versions, drops torch version and agent name)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers
+
+    from .. import __version__
+    with _TELEMETRY_LOCK:
+        before = constants.HF_HUB_DISABLE_TELEMETRY
+        constants.HF_HUB_DISABLE_TELEMETRY = True
+        try:
+            return build_hf_headers(library_name="ckpt-surgeon", library_version=__version__)
+        finally:
+            constants.HF_HUB_DISABLE_TELEMETRY = before
+
+
 class HubClient:
     """HTTP for one repo: headers, counters, ranged GETs with retries, error mapping."""
 
@@ -376,9 +402,7 @@ class HubClient:
 
     def headers(self) -> dict:
         if self._headers is None:
-            from huggingface_hub.utils import build_hf_headers
-            from .. import __version__
-            self._headers = build_hf_headers(library_name="ckpt-surgeon", library_version=__version__)
+            self._headers = hub_headers()
         return self._headers
 
     @property
