@@ -295,13 +295,17 @@ class _Handler(BaseHTTPRequestHandler):
         return commit
 
     # -- endpoints
+    def _repo_commit(self, repo_id: str, rev: str, head: bool, *, files: bool):
+        """(repo, commit) this request may see at ``rev``, or None (the error was sent)."""
+        repo = self._repo(repo_id, head, files=files)
+        commit = self._commit(repo, rev, head) if repo is not None else None
+        return None if commit is None else (repo, commit)
+
     def _model_info(self, repo_id: str, rev: str, query: dict, head: bool) -> None:
-        repo = self._repo(repo_id, head, files=False)
-        if repo is None:
+        found = self._repo_commit(repo_id, rev, head, files=False)
+        if found is None:
             return
-        commit = self._commit(repo, rev, head)
-        if commit is None:
-            return
+        repo, commit = found
         blobs = (query.get("blobs") or ["false"])[0].lower() == "true"
         siblings = []
         for name, v in sorted(commit.files.items()):
@@ -318,12 +322,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _tree(self, repo_id: str, rev: str, prefix: str, query: dict, head: bool) -> None:
         """The files under ``prefix`` at ``rev`` (``?recursive=true``: all levels), one page, as the
         Hub lists them: ``type``, ``oid`` (git blob sha), ``size``, ``path``, and ``lfs`` for LFS files."""
-        repo = self._repo(repo_id, head, files=False)
-        if repo is None:
+        found = self._repo_commit(repo_id, rev, head, files=False)
+        if found is None:
             return
-        commit = self._commit(repo, rev, head)
-        if commit is None:
-            return
+        commit = found[1]
         recursive = (query.get("recursive") or ["false"])[0].lower() == "true"
         base = prefix.strip("/") + "/" if prefix.strip("/") else ""
         entries, folders = [], set()
@@ -344,12 +346,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head=head)
 
     def _resolve(self, repo_id: str, rev: str, path: str, head: bool) -> None:
-        repo = self._repo(repo_id, head, files=True)
-        if repo is None:
+        found = self._repo_commit(repo_id, rev, head, files=True)
+        if found is None:
             return
-        commit = self._commit(repo, rev, head)
-        if commit is None:
-            return
+        commit = found[1]
         v = commit.files.get(path)
         if v is None:
             self._error(404, "EntryNotFound", "Entry not found", head=head)

@@ -34,24 +34,6 @@ SOURCE_KEYS = {"source", "format", "bytes_read", "requests", "file_metadata"}
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    """A clean Hub environment: no token anywhere, online, fast retries, private cache."""
-    from huggingface_hub import constants
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                "CKPT_SURGEON_PROGRESS", "CKPT_SURGEON_HUB_RETRIES"):
-        monkeypatch.delenv(var, raising=False)
-    # huggingface_hub reads these once at import; a stored login must not leak in from the machine.
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
-    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "cache"))
-    # An empty Hugging Face cache: a model the machine's own ~/.cache holds would be read from there.
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub-cache"))
-    monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")   # retries in milliseconds, not seconds
-    return tmp_path
-
-
-@pytest.fixture
 def hub(env, monkeypatch):
     with HubServer(idle_timeout=120) as srv:
         monkeypatch.setenv("HF_ENDPOINT", srv.url)

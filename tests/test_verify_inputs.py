@@ -4,7 +4,6 @@ hub server, tests/hubserver.py).  Every model is really loaded and run with tran
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -141,18 +140,8 @@ def test_prompts_and_token_ids_together_is_a_usage_error(bare, tmp_path):
 # --- Hub repo ids ---------------------------------------------------------------------------------
 
 @pytest.fixture
-def hub_env(tmp_path, monkeypatch):
-    """A clean Hub environment pointed at a fresh local server: no token, online, private caches."""
-    from huggingface_hub import constants
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
-                "HUGGINGFACE_HUB_CACHE", "CKPT_SURGEON_PROGRESS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "stored_tokens"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("CKPT_SURGEON_CACHE", str(tmp_path / "ckpt-cache"))
-    monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")
+def hub_env(env, monkeypatch):
+    """The clean Hub environment (conftest ``env``) pointed at a fresh local server."""
     # The CDN on another origin, as the Hub's is: huggingface_hub reads a file's metadata from the
     # redirect itself only when the redirect leaves the Hub's host.
     with HubServer(idle_timeout=120, cdn_host="localhost") as srv:
@@ -168,8 +157,8 @@ def test_verify_accepts_hub_ids_into_the_hf_cache_then_offline(hub_env, tiny, tm
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["passed"] is True and d["metrics"]["max_abs_diff"] == 0.0 and d["reference"] == "owner/tiny"
-    # Downloaded into the normal HF cache (HF_HOME/hub), in huggingface_hub's own layout.
-    snap = tmp_path / "hf-home" / "hub" / "models--owner--tiny" / "snapshots" / sha
+    # Downloaded into the normal HF cache (HF_HUB_CACHE, set by the env fixture), in huggingface_hub's layout.
+    snap = tmp_path / "hf-hub-cache" / "models--owner--tiny" / "snapshots" / sha
     shards = sorted(p.name for p in local.glob("*.safetensors"))
     assert sorted(p.name for p in snap.glob("*.safetensors")) == shards
     assert (snap / "config.json").is_file() and (snap / "tokenizer.json").is_file()

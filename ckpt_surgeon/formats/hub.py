@@ -11,7 +11,7 @@ that is about 0.4 MB (see ``benchmarks/bench_hub.py``).
 huggingface_hub does the Hub-specific parts: its shared HTTP session
 (``get_session``: connection pool, redirects, its offline guard), the headers
 (``build_hf_headers``: user agent and the token from ``HF_TOKEN`` or the stored
-login) and its error parser (``hf_raise_for_status``, which turns ``X-Error-Code``
+login; built with its telemetry off, see :func:`hub_headers`) and its error parser (``hf_raise_for_status``, which turns ``X-Error-Code``
 into ``RepositoryNotFoundError`` / ``GatedRepoError`` / ...).  Its module constants
 are read once at import, so ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HOME`` and
 ``HF_HUB_DOWNLOAD_TIMEOUT`` are read here from the environment on every call.
