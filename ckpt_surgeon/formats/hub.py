@@ -453,7 +453,8 @@ class HubClient:
             status = e.response.status_code if getattr(e, "response", None) is not None else "error"
             what = f"fetching {filename}" if filename else "resolving the revision"
             return HubError(f"HTTP {status} from {ep} while {what}", path=self.label(filename))
-        return HubError(f"{type(e).__name__} while talking to {ep}: {e}", path=self.label(filename))
+        first = (str(e).strip().splitlines() or [""])[0]       # one line, whatever the library wrote
+        return HubError(f"{type(e).__name__} while talking to {ep}: {first}", path=self.label(filename))
 
     def _network_error(self, e: Exception, what: str, filename: str | None, attempts: int) -> HubError:
         import httpx2
@@ -970,9 +971,10 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
                       warnings=warnings, file_summary=_hub_summary(client))
 
 
-def _from_hf_cache(client: HubClient, revision: str, file: str | None):
-    """A local :class:`Checkpoint` when the Hugging Face cache holds every file the remote path
-    would read at ``revision``, as transformers' ``from_pretrained`` would use them; else None."""
+def hf_cache_target(client: HubClient, revision: str, file: str | None) -> tuple[Path, Path] | None:
+    """(snapshot, path to open) when the Hugging Face cache holds every file the remote path would
+    read at ``revision`` (a branch, tag or sha), as transformers' ``from_pretrained`` would use
+    them; else None."""
     snap = hf_cache.snapshot_dir(client.repo_id, revision)
     if snap is None:
         return None
@@ -981,11 +983,17 @@ def _from_hf_cache(client: HubClient, revision: str, file: str | None):
     except (HubError, PickleRefusedError):
         return None          # not there (or not usable) locally: the remote path decides and explains
     target = hf_cache.local_target(snap, kind, chosen)
-    if target is None:
+    return None if target is None else (snap, target)
+
+
+def _from_hf_cache(client: HubClient, revision: str, file: str | None):
+    """A local :class:`Checkpoint` for :func:`hf_cache_target`, or None."""
+    found = hf_cache_target(client, revision, file)
+    if found is None:
         return None
     from ..checkpoint import open_checkpoint
-    ck = open_checkpoint(target)
-    ck.warnings.append(f"{client.repo_id}: read from the local Hugging Face cache ({snap})")
+    ck = open_checkpoint(found[1])
+    ck.warnings.append(f"{client.repo_id}: read from the local Hugging Face cache ({found[0]})")
     return ck
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import CkptError, HubError
 from . import gguf as gg
 from . import hf_cache
-from .hub import HubClient, HubSettings, RepoCache, _choose_weights, _read_small, resolve_revision
+from .hub import HubClient, HubSettings, RepoCache, _choose_weights, _read_small, hf_cache_target, resolve_revision
 
 # Root files never needed to load a model from safetensors / GGUF: other weight formats.
 _SKIP_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack", ".onnx",
@@ -69,31 +69,22 @@ def download(repo_id: str, *, revision: str | None = None, file: str | None = No
     client = HubClient(repo_id, settings, revision)
     cache = RepoCache(settings.cache, repo_id)
     hub_cache = hf_cache.hub_cache()
-    try:
-        files = resolve_revision(client, cache)
-    except HubError:
-        if not settings.offline:
-            raise
-        # Offline and never listed by ckpt-surgeon: a snapshot `hf download` left is still usable.
-        snap = hf_cache.snapshot_dir(repo_id, client.revision)
-        if snap is None:
+    if settings.offline:
+        # No request at all: a snapshot (ours, or one `hf download` left) that holds the weights.
+        found = hf_cache_target(client, client.revision, file)
+        if found is None:
             raise HubError("is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids network access",
-                           path=client.label(), hint=f"run once online, or unset HF_HUB_OFFLINE; cache: {hub_cache}") from None
-        return snap
+                           path=client.label(), hint=f"run once online, or unset HF_HUB_OFFLINE; cache: {hub_cache}")
+        return found[1]
+    files = resolve_revision(client, cache)
     wanted, target = needed_files(client, cache, files, file)
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
 
     from .. import __version__
     try:
         folder = snapshot_download(repo_id, revision=client.sha, cache_dir=str(hub_cache), endpoint=settings.endpoint,
-                                   allow_patterns=wanted, local_files_only=settings.offline,
-                                   library_name="ckpt-surgeon", library_version=__version__,
+                                   allow_patterns=wanted, library_name="ckpt-surgeon", library_version=__version__,
                                    tqdm_class=_tqdm_class(settings.progress))
-    except LocalEntryNotFoundError:
-        raise HubError(f"{len(wanted)} file(s) of commit {client.sha[:12]} are not all in the Hugging Face cache and "
-                       "HF_HUB_OFFLINE=1 forbids network access", path=client.label(),
-                       hint=f"run once online, or unset HF_HUB_OFFLINE; cache: {hub_cache}") from None
     except CkptError:
         raise
     except Exception as e:     # huggingface_hub / httpx errors: the same one-line mapping as range reads

@@ -209,15 +209,15 @@ def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, token
         notes.append("prompts given as token ids; no tokenizer was used to encode them")
     else:
         full = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
-        if tokenizer is not None:
-            notes.append(f"prompts tokenized with {os.fspath(tokenizer)}")
-        for pm in ((ref, cand) if tokenizer is not None else (cand,)):
+        given = tokenizer is not None
+        used = os.fspath(tokenizer) if given else "the reference's"
+        if given:
+            notes.append(f"prompts tokenized with {used}")
+        for pm in ((ref, cand) if given else (cand,)):
             if pm.has_tokenizer:
-                _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full,
-                          "the tokenizer given" if tokenizer is not None else "the reference's")
+                _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full, given=given)
             else:
-                notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with "
-                             f"{os.fspath(tokenizer) if tokenizer is not None else 'the reference' + chr(39) + 's'}")
+                notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with {used}")
     limit = _max_positions(ref.config, tok)
     if limit is not None and kind.generates:
         limit -= max_new_tokens
@@ -235,16 +235,16 @@ def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, token
     return tok, out
 
 
-def _same_ids(other_tok, pm: PreparedModel, prompts, full, against: str) -> None:
-    """``pm``'s own tokenizer must give the ids the prompts were encoded to, or the outputs
-    would not be comparable."""
+def _same_ids(other_tok, pm: PreparedModel, prompts, full, *, given: bool) -> None:
+    """``pm``'s own tokenizer must give the ids the prompts were encoded to (by the tokenizer
+    given, or else the reference's), or the outputs would not be comparable."""
     for i, (p, a) in enumerate(zip(prompts, full)):
         b = list(other_tok(p, add_special_tokens=True)["input_ids"])
         j = first_difference(a, b)
         if j is not None:
             got = b[j] if j < len(b) else "end"
             want = a[j] if j < len(a) else "end"
-            given = against != "the reference's"
+            against = "the tokenizer given" if given else "the reference's"
             raise ConfigError(
                 f"tokenizer encodes prompt {i} ({p[:30]!r}) differently from {against} (token {j}: "
                 f"{pm.role} id {got}, {'expected' if given else 'reference'} id {want}); the outputs would not be "
