@@ -26,18 +26,12 @@ from ckpt_surgeon.formats import hub as hubmod
 from ckpt_surgeon.formats.safetensors import read_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hubenv import hub  # noqa: E402,F401  (the local Hub fixture)
 from hubserver import HubServer  # noqa: E402
 
 TOKEN = "hf_SENTINELtokenNeverPrintMe0123456789"
 # Keys that differ by design between a hub inspect and a local one: where it came from and what it cost.
 SOURCE_KEYS = {"source", "format", "bytes_read", "requests", "file_metadata"}
-
-
-@pytest.fixture
-def hub(env, monkeypatch):
-    with HubServer(idle_timeout=120) as srv:
-        monkeypatch.setenv("HF_ENDPOINT", srv.url)
-        yield srv
 
 
 def _same_report(a: dict, b: dict) -> None:
