@@ -82,9 +82,11 @@ def download(repo_id: str, *, revision: str | None = None, file: str | None = No
 
     from .. import __version__
     try:
-        folder = snapshot_download(repo_id, revision=client.sha, cache_dir=str(hub_cache), endpoint=settings.endpoint,
-                                   allow_patterns=wanted, library_name="ckpt-surgeon", library_version=__version__,
-                                   tqdm_class=_tqdm_class(settings.progress))
+        # By the revision the user gave (not the sha just resolved): huggingface_hub then records
+        # refs/<revision> -> sha in its cache, which offline runs (ours, transformers') resolve through.
+        folder = snapshot_download(repo_id, revision=client.revision, cache_dir=str(hub_cache),
+                                   endpoint=settings.endpoint, allow_patterns=wanted, library_name="ckpt-surgeon",
+                                   library_version=__version__, tqdm_class=_tqdm_class(settings.progress))
     except CkptError:
         raise
     except Exception as e:     # huggingface_hub / httpx errors: the same one-line mapping as range reads
