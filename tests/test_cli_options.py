@@ -42,7 +42,8 @@ def test_report_output_refuses_an_existing_file_without_force(tiny, tmp_path):
     src = tiny("qwen2")
     out = tmp_path / "report.json"
     out.write_text("keep me\n")
-    for cmd in (["inspect", src], ["analyze", src], ["verify", src, src, "--max-new-tokens", "0"]):
+    for cmd in (["inspect", src], ["analyze", src], ["verify", src, src, "--max-new-tokens", "0"], ["lint", src],
+                ["diff", src, src]):
         res = _run(*cmd, "--format", "json", "--output", out)
         _one_line_exit_2(res, f"error: {out}: already exists (pass --force to replace it)")
         assert out.read_text() == "keep me\n"          # untouched, and refused before any work

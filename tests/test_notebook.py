@@ -33,8 +33,9 @@ def test_notebook_runs_outside_the_repo_and_writes_pngs_beside_itself(tiny, tmp_
     start = time.time()
     # 300 s: kernel start + torch/transformers import for the fixture build on a cold cache.
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(here)}}).execute()
-    expected = ["qwen2_long_bias_norms.png", "qwen2_long_layer0_pair_energy.png",
-                f"{model.name}_bias_norms.png", f"{model.name}_layer0_pair_energy.png"]
+    expected = ["qwen2_long_bias_norms.png", "qwen2_long_layer0_pair_energy.png", "qwen2_long_bias_consumers.png",
+                f"{model.name}_bias_norms.png", f"{model.name}_layer0_pair_energy.png",
+                f"{model.name}_bias_consumers.png"]
     for name in expected:
         p = here / "out" / name
         assert p.is_file(), name
