@@ -55,6 +55,13 @@ def tiny_path(name: str, *, seed: int = 0, base: str | os.PathLike | None = None
     from .tiny import build_tiny, spec_fingerprint
 
     final = cache_root(base) / f"{name}-{spec_fingerprint(name, seed=seed)}"
+    return cached_build(final, lambda tmp: build_tiny(name, tmp, seed=seed))
+
+
+def cached_build(final: Path, build) -> Path:
+    """``final`` if it exists, else ``build(tmp)`` into a private temp dir beside it, moved into
+    place with one ``os.replace``: a folder at ``final`` is always complete, and the loser of a
+    race between processes throws its copy away and uses the winner's (identical) one."""
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +69,7 @@ def tiny_path(name: str, *, seed: int = 0, base: str | os.PathLike | None = None
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared, keep it readable
     try:
-        build_tiny(name, tmp, seed=seed)
+        build(tmp)
         try:
             os.replace(tmp, final)
         except OSError:

@@ -121,6 +121,8 @@ class InspectReport:
     requests: int = 0
     num_tensors: int = 0
     memory: object = None          # MemoryFigures (analysis/memory.py): weight bytes per dtype, KV cache
+    facts: tuple = ()             # how each architecture fact was established (registry | derived | probed)
+    derivation: dict | None = None  # derived layouts: attention blocks per layer and their groups' classes
 
     @property
     def complete(self) -> bool:
@@ -146,6 +148,7 @@ class InspectReport:
             "file_metadata": dict(self.file_metadata), "tensor_types": dict(self.tensor_types),
             "bytes_read": self.bytes_read, "requests": self.requests,
             "memory": self.memory.to_dict() if self.memory is not None else None,
+            "facts": list(self.facts), "derivation": self.derivation,
         }
 
     def to_frame(self):
@@ -190,7 +193,8 @@ class InspectReport:
         dt = ", ".join(f"{k} {v / max(self.parameter_count, 1):.1%}" for k, v in sorted(self.dtypes.items(), key=lambda kv: -kv[1]))
         return [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", f"{self.architecture}" + (f" [registry: {self.family}]" if self.family else " [not in registry]")),
+            ("architecture", f"{self.architecture}" + (f" [registry: {self.family}]" if self.family else
+                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
             ("layers", str(self.num_layers)),
             ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
@@ -305,7 +309,8 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors),
-        memory=memory_figures(ck.tensors, ck.config, layout))
+        memory=memory_figures(ck.tensors, ck.config, layout),
+        facts=tuple(layout.facts()), derivation=layout.derivation())
 
 
 def inspect(source, **open_kwargs) -> InspectReport:

@@ -307,6 +307,12 @@ def rope_geometry(layout: ModelLayout, config: dict | None) -> RopeGeometry | No
         supported = supported and ok
         if note:
             notes.append(note)
+    if getattr(layout, "derived", None) is not None:
+        # derived (unregistered) architecture: which dims rotate together is not established, so
+        # no near-redundant pairs and no bound are claimed (the exact pass-through dims are probed)
+        return RopeGeometry(r, "unknown", pairs, inv * mult, af, rtype, False,
+                            "rotary pair layout of a derived architecture is not established: no near-redundant "
+                            "pairs or bounds are claimed")
     return RopeGeometry(r, pe.pair_layout or "rotate_half", pairs, inv * mult, af, rtype, supported,
                         "; ".join(notes) or None)
 
@@ -336,6 +342,9 @@ def sink_layers(tensor_names) -> set[int]:
 
 def classify(layout: ModelLayout, lt: LayerTensors, *, sinks: bool = False) -> tuple[str, tuple[str, ...]]:
     """Key-bias class of one layer and the reasons, from the layout alone (no data read)."""
+    if getattr(layout, "derived", None) is not None:
+        from ..arch.derive import classify_group
+        return classify_group(layout.derived, lt.group)     # probed per block group (arch/probe.py)
     reasons = []
     if lt.k_norm or layout.qk_norm:
         reasons.append("a norm follows the projection (q/k-norm): the key bias passes through a nonlinearity")
@@ -566,7 +575,7 @@ def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | No
     e_exact = (bh[:, pass_dims] ** 2).sum(1)
     energy = bh[:, pairs[:, 0]] ** 2 + bh[:, pairs[:, 1]] ** 2                     # [G, P]
     angles = None if context is None else rope.inv_freq * float(context)
-    near = np.zeros(len(rope.inv_freq), bool) if angles is None else angles < epsilon
+    near = np.zeros(len(rope.inv_freq), bool) if (angles is None or rope.pair_layout == "unknown") else angles < epsilon
     e_near = energy[:, near].sum(1)
     exact_dims = tuple(int(g * hd + d) for g in range(G) for d in pass_dims)
     factor = angle_factor(rope.inv_freq, context)
@@ -776,6 +785,8 @@ class AnalysisReport:
     per_head: bool = False              # rows(): one row per kv head instead of per layer
     consumers: object | None = None     # consumers.ConsumerReport: every bias, its consumer, removable share
     by_bias: bool = False               # rows(): one row per bias (consumers) instead of per layer
+    facts: tuple = ()                   # how each architecture fact was established (registry | derived | probed)
+    derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -806,7 +817,8 @@ class AnalysisReport:
              "layers": [lr.to_dict() for lr in self.layers], "flags": self.flags,
              "notes": list(self.notes), "warnings": list(self.warnings), "bytes_read": self.bytes_read,
              "measured": self.measured.to_dict() if self.measured is not None else None,
-             "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None}
+             "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
+             "facts": list(self.facts), "derivation": self.derivation}
         return d
 
     def rows(self) -> list[dict]:
@@ -854,7 +866,8 @@ class AnalysisReport:
         vb = [lr.v_bias for lr in self.layers if lr.v_bias is not None]
         items = [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", self.architecture + (f" [registry: {self.family}]" if self.family else " [not in registry]")),
+            ("architecture", self.architecture + (f" [registry: {self.family}]" if self.family else
+                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
             ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
             ("norm placement / input norm", f"{self.norm_placement} / {self.input_norm}"),
@@ -937,7 +950,8 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         head_dim=layout.head_dim, hidden_size=layout.hidden_size, position=layout.position,
         norm_placement=layout.norm_placement, input_norm=layout.input_norm, qk_norm=layout.qk_norm,
         context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
-        notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons)
+        notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
+        facts=tuple(layout.facts()), derivation=layout.derivation())
 
 
 def inspect_summary(layout: ModelLayout, config: dict | None, lt: LayerTensors, b_k: np.ndarray | None, *,

@@ -45,6 +45,10 @@ class LayerTensors:
     k_norm: str | None = None
     attn_norm: str | None = None        # weight of the norm that feeds the projections (pre-norm)
     attn_norm_bias: str | None = None   # its bias (LayerNorm beta), if any
+    # derived layouts (arch/derive.py): one record per attention block, so several per model layer
+    block: str | None = None            # transformers module path of this attention block
+    group: str | None = None            # the path with the layer index as {L} (blocks sharing facts)
+    kind: str | None = None             # self | cross | none (a layer without softmax attention)
 
     @property
     def fused(self) -> bool:
@@ -76,6 +80,32 @@ class ModelLayout:
     input_norm: str | None = None   # rms | layer | None: kind of the attn_norm tensors (registry)
     norm_weight_offset: float = 0.0  # effective gamma = stored weight + offset (Gemma HF files)
     buffers: tuple = ()             # tensors that are saved buffers, not parameters (registry ``buffers``)
+    derived: object | None = None   # arch.derive.DerivedArch when the registry has no family
+
+    def facts(self) -> list[dict]:
+        """Every fact the analysis uses and how it was established (registry | derived | probed)."""
+        if self.derived is not None:
+            return self.derived.all_facts()
+        if self.family is None:
+            return []
+        return [{"name": "position", "value": self.position.type, "how": "registry", "detail": self.family},
+                {"name": "qk_norm", "value": self.qk_norm, "how": "registry", "detail": self.family},
+                {"name": "fused_layout", "value": self.fused_layout, "how": "registry", "detail": self.family},
+                {"name": "softcap", "value": self.softcap, "how": "registry", "detail": self.family}]
+
+    def derivation(self) -> dict | None:
+        """Per block (JSON): module path, kind and the key-bias class of its group (derived layouts)."""
+        d = self.derived
+        if d is None:
+            return None
+        groups = {g.group: g for g in d.groups}
+        return {"model_class": d.model_class, "transformers_version": d.transformers_version, "cached": d.cached,
+                "seconds": d.seconds,
+                "groups": [{"group": g.group, "kind": g.kind, "k_class": g.k_class, "fused_layout": g.fused_layout,
+                            "v_foldable": g.v_foldable, "reasons": list(g.reasons)} for g in d.groups],
+                "blocks": [{"layer": lt.layer, "block": lt.block, "kind": lt.kind,
+                            "k_class": groups[lt.group].k_class if lt.group in groups else None}
+                           for lt in self.layers]}
 
 
 def _get(cfg: dict, keys, default=None):
@@ -148,6 +178,14 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     else:
         fam = F.by_model_type(model_type) or F.by_architectures(cfg.get("architectures"))
         arch_name = model_type or (cfg.get("architectures") or ["unknown"])[0]
+
+    if fam is None and naming == "hf" and model_type:
+        # the one seam to arch/derive.py: transformers' own module tree + float64 probes
+        from .derive import derived_layout
+        derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name)
+        if derived is not None:
+            check_shapes(derived, tensors)
+            return derived
 
     n_heads = _get(cfg, F.CONFIG_KEYS["num_heads"])
     n_kv = _get(cfg, F.CONFIG_KEYS["num_kv_heads"])

@@ -136,7 +136,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     if center:
         _check_centering(layout, src)
     fam = family_of(layout)
-    if fam is None:
+    if fam is None and layout.derived is None:
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
                                "rotary embedding and norms sit is unknown; nothing was folded", path=src)
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
@@ -376,7 +376,7 @@ def _plan_delete(ckpt, layout, fam, ev, steps):
         raise RefusedError("refused: --delete is not supported for GGUF outputs (llama.cpp decides per architecture "
                            "whether a bias tensor is required); the folded biases are zeroed instead — rerun "
                            "without --delete", path=src)
-    key = fam.attention_bias_key
+    key = fam.attention_bias_key if fam is not None else None
     cfg = dict(ckpt.config or {})
     if not key:
         raise RefusedError(f"refused: --delete: {layout.architecture} has no config switch that removes its attention "

@@ -1,0 +1,558 @@
+"""Attention layout of architectures outside the registry, derived from transformers itself.
+
+The registry (:mod:`ckpt_surgeon.arch.families`) holds hand-checked facts for a few families.
+Every other architecture transformers implements is read from transformers:
+
+1. **Derived** (static, no memory): the model class is built from ``config.json`` on the meta
+   device and its module tree is read.  A module whose direct children include q/k/v
+   projections (separate, or one fused projection such as GPT-BigCode's ``c_attn``) is an
+   attention block; its kind is ``cross`` when its path or class says so (BART
+   ``encoder_attn``, BERT ``crossattention``), ``self`` otherwise.  Modules whose class names a
+   state-space or linear-attention mixer (Mamba, lightning / linear attention, RWKV, delta
+   rules) are never taken for attention, and a layer of a layer list with no attention block
+   is reported as ``none`` ("no attention").  Head counts come from the attention module's own
+   attributes (what its forward uses) and the projection shapes.
+2. **Probed** (:mod:`ckpt_surgeon.arch.probe`): what cannot be read statically (is the key
+   bias exactly redundant? which dims pass through unrotated? is the fused layout ``[Q;K;V]``
+   or per head? can the value bias be folded into the output bias?) is established on a
+   shrunken random float64 instance of the same class, with transformers' own forward pass.
+
+Every fact carries how it was established (``registry`` | ``derived`` | ``probed``).  The result
+is cached as JSON per (model_type, transformers version, config hash) under the user cache dir
+(``$CKPT_SURGEON_CACHE_DIR`` overrides it), so only the first run of an architecture pays.
+
+torch and transformers are imported only here and in ``probe``, and only for architectures
+the registry does not know: registry families keep the no-torch inspect path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
+CACHE_VERSION = 1
+
+# Direct-child names of an attention module, per role (transformers 5 modeling files).
+_Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear")
+_K = ("k_proj", "key", "k", "wk", "k_lin", "to_k", "key_proj", "k_linear")
+_V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear")
+_FUSED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "W_pack", "wqkv", "qkv", "att_proj", "qkv_linear",
+          "in_proj_qkv")
+_O = ("o_proj", "out_proj", "dense", "c_proj", "wo", "out_lin", "o", "out", "proj", "to_out", "output_proj",
+      "attn_out", "o_linear")
+_QK_NORM = re.compile(r"^(q|k|query|key)_?(norm|layernorm|ln)$", re.I)
+# Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).
+_NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|ssm|retention|gla|hyena|xlstm|conv", re.I)
+_CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
+_LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact the analysis uses, with how it was established."""
+
+    name: str
+    value: object
+    how: str                 # registry | derived | probed
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "value": self.value, "how": self.how, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One attention site (or a layer without attention) of the transformers module tree."""
+
+    path: str                # module path, e.g. "model.decoder.layers.0.encoder_attn"
+    group: str               # the path with the layer index as {L}: blocks of a group share facts
+    kind: str                # self | cross | none
+    roles: tuple = ()        # ((role, child module path relative to ``path``), ...): q k v qkv o
+    heads: tuple = ()        # (num_heads, num_kv_heads, head_dim)
+    conv1d: bool = False     # GPT-2 style Conv1D weights ([in, out])
+    klass: str = ""          # module class name
+    qk_norm: bool = False
+    sinks: bool = False
+
+    def role(self, name: str) -> str | None:
+        return dict(self.roles).get(name)
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """What the probe established for one group of blocks (e.g. every decoder cross-attention)."""
+
+    group: str
+    kind: str
+    k_class: str             # exact | partial | rope | not-removable | unknown | none
+    reasons: tuple = ()
+    pass_dims: tuple = ()    # within-head key dims that are exactly redundant (partial)
+    fused_layout: str | None = None
+    v_foldable: bool | None = None
+    facts: tuple = ()        # Fact records
+
+
+@dataclass(frozen=True)
+class DerivedArch:
+    model_type: str
+    transformers_version: str
+    model_class: str
+    blocks: tuple
+    groups: tuple
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    hidden_size: int | None
+    position: str            # rope | absolute | none (relative/T5/ALiBi-style or unknown)
+    rotary_dim: int | None
+    facts: tuple = ()
+    notes: tuple = ()
+    seconds: float = 0.0     # derivation + probe time when it was computed (not when cached)
+    cached: bool = False
+
+    def group(self, name: str | None) -> GroupFacts | None:
+        for g in self.groups:
+            if g.group == name:
+                return g
+        return None
+
+    def all_facts(self) -> list[dict]:
+        out = [f.to_dict() for f in self.facts]
+        for g in self.groups:
+            out += [dict(f.to_dict(), group=g.group) for f in g.facts]
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DerivedArch":
+        def facts(xs):
+            return tuple(Fact(**x) for x in xs)
+        blocks = tuple(Block(**dict(b, roles=tuple(tuple(r) for r in b["roles"]), heads=tuple(b["heads"])))
+                       for b in d["blocks"])
+        groups = tuple(GroupFacts(**dict(g, reasons=tuple(g["reasons"]), pass_dims=tuple(g["pass_dims"]),
+                                         facts=facts(g["facts"]))) for g in d["groups"])
+        return cls(**dict(d, blocks=blocks, groups=groups, facts=facts(d["facts"]), notes=tuple(d["notes"])))
+
+
+class DeriveUnavailable(Exception):
+    """transformers/torch missing, or the model type unknown to them (the caller falls back)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers plumbing
+# ----------------------------------------------------------------------------------------------
+
+def _libs():
+    try:
+        import torch
+        import transformers
+    except ImportError as e:   # pragma: no cover - both are dependencies; kept for slim installs
+        raise DeriveUnavailable(f"transformers/torch are not importable ({e})") from e
+    return torch, transformers
+
+
+def config_object(cfg: dict):
+    """The transformers config for ``cfg`` (its ``model_type`` must be one transformers knows)."""
+    _, transformers = _libs()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    mt = cfg.get("model_type")
+    if mt not in CONFIG_MAPPING:
+        raise DeriveUnavailable(f"model_type {mt!r} is not implemented by transformers {transformers.__version__}")
+    from ..quiet import quiet_transformers
+    with quiet_transformers():
+        conf = CONFIG_MAPPING[mt].from_dict({k: v for k, v in cfg.items() if k != "transformers_version"})
+    for attr in ("_attn_implementation", "_experts_implementation"):
+        try:   # the probe wants transformers' plain softmax path and float64-capable MoE matmuls
+            setattr(conf, attr, "eager")
+        except Exception:   # noqa: BLE001 - some configs validate the setter; eager is only a preference
+            pass
+    if hasattr(conf, "attention_softmax_in_fp32"):
+        conf.attention_softmax_in_fp32 = False     # GPT-BigCode: keep a float64 probe in float64
+    return conf
+
+
+_MAPPINGS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+             "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
+
+
+def model_class(cfg: dict, conf):
+    """The class whose parameter names the checkpoint most likely uses: ``architectures[0]``
+    when transformers has it, else the causal-LM / masked-LM / seq2seq / base class."""
+    _, transformers = _libs()
+    from transformers.models.auto import modeling_auto
+    for name in list(cfg.get("architectures") or ()):
+        klass = getattr(transformers, name, None)
+        if klass is not None:
+            return klass
+    for mapping in _MAPPINGS:
+        name = getattr(modeling_auto, mapping).get(conf.model_type)
+        if isinstance(name, (tuple, list)):
+            name = name[0]
+        klass = getattr(transformers, name, None) if name else None
+        if klass is not None:
+            return klass
+    raise DeriveUnavailable(f"transformers has no model class for model_type {conf.model_type!r}")
+
+
+def build_meta(cfg: dict):
+    """(config, model on the meta device): parameter names and module classes, no memory."""
+    torch, _ = _libs()
+    conf = config_object(cfg)
+    klass = model_class(cfg, conf)
+    from ..quiet import quiet_transformers
+    with quiet_transformers(), torch.device("meta"):
+        model = klass(conf)
+    return conf, model
+
+
+# ----------------------------------------------------------------------------------------------
+# Module-tree reading
+# ----------------------------------------------------------------------------------------------
+
+def _is_linear(mod) -> bool:
+    w = getattr(mod, "weight", None)
+    return w is not None and getattr(w, "ndim", 0) == 2 and not type(mod).__name__.lower().startswith("embed")
+
+
+def _out_rows(mod) -> int:
+    w = mod.weight
+    return int(w.shape[1] if type(mod).__name__ == "Conv1D" else w.shape[0])
+
+
+def _in_cols(mod) -> int:
+    w = mod.weight
+    return int(w.shape[0] if type(mod).__name__ == "Conv1D" else w.shape[1])
+
+
+def _int_attr(obj, names) -> int | None:
+    for n in names:
+        v = getattr(obj, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _heads(mod, conf, q_rows: int | None, k_rows: int | None, fused_rows: int | None) -> tuple:
+    """(H, kv, head_dim) from the attention module's own attributes and projection shapes."""
+    h = _int_attr(mod, ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attn_heads", "heads"))
+    h = h or _int_attr(conf, ("num_attention_heads",))
+    hd = _int_attr(mod, ("head_dim", "attention_head_size", "head_size", "d_head", "dim_head"))
+    if not h:
+        return ()
+    if fused_rows is None:
+        if not hd and q_rows and q_rows % h == 0:
+            hd = q_rows // h
+        if not hd or q_rows != h * hd or not k_rows or k_rows % hd:
+            return ()
+        return (h, k_rows // hd, hd)
+    if not hd:
+        hd = _int_attr(conf, ("head_dim",)) or (_int_attr(conf, ("hidden_size",)) or 0) // h or None
+    if not hd or fused_rows % hd:
+        return ()
+    rest = fused_rows // hd - h
+    if rest <= 0 or rest % 2:
+        return ()
+    return (h, rest // 2, hd)
+
+
+def _find_o(block_path: str, mod, parent, inner: int, taken: set):
+    """The output projection: a direct child with an output-projection name, else (BERT's
+    ``attention.output.dense``) a linear beside the block under its parent reading ``inner``
+    features."""
+    for name, child in mod.named_children():
+        if name in _O and name not in taken and _is_linear(child) and _in_cols(child) == inner:
+            return name
+    if parent is None:
+        return None
+    ppath, pmod = parent
+    for name, child in pmod.named_modules():
+        full = f"{ppath}.{name}" if name else ppath
+        if full == block_path or full.startswith(block_path + "."):
+            continue
+        if name.rsplit(".", 1)[-1] in _O and _is_linear(child) and _in_cols(child) == inner:
+            return _relative(block_path, full)
+    return None
+
+
+def _relative(block_path: str, full: str) -> str:
+    """``full`` relative to the block's parent, written ``^.`` + path (one level up)."""
+    parent = block_path.rsplit(".", 1)[0]
+    return "^." + full[len(parent) + 1:]
+
+
+def module_path(block_path: str, rel: str) -> str:
+    if rel.startswith("^."):
+        return block_path.rsplit(".", 1)[0] + "." + rel[2:]
+    return f"{block_path}.{rel}"
+
+
+def read_blocks(model, conf) -> tuple[tuple, tuple]:
+    """(blocks, notes) of a (meta or real) model."""
+    modules = dict(model.named_modules())
+    blocks, notes, skipped = [], [], []
+    for path, mod in modules.items():
+        kids = {n: c for n, c in mod.named_children() if _is_linear(c)}
+        if not kids:
+            continue
+        q = next((n for n in _Q if n in kids), None)
+        k = next((n for n in _K if n in kids), None)
+        v = next((n for n in _V if n in kids), None)
+        fused = next((n for n in _FUSED if n in kids), None)
+        if not ((q and k and v) or (fused and not (q or k or v))):
+            continue
+        klass = type(mod).__name__
+        if _NOT_SOFTMAX.search(klass):
+            skipped.append(f"{path} ({klass})")
+            continue
+        if q:
+            roles = {"q": q, "k": k, "v": v}
+            hs = _heads(mod, conf, _out_rows(kids[q]), _out_rows(kids[k]), None)
+        else:
+            roles = {"qkv": fused}
+            hs = _heads(mod, conf, None, None, _out_rows(kids[fused]))
+        parent_path = path.rsplit(".", 1)[0] if "." in path else ""
+        parent = (parent_path, modules[parent_path]) if parent_path in modules and parent_path else None
+        if hs:
+            o = _find_o(path, mod, parent, hs[0] * hs[2], set(roles.values()))
+            if o:
+                roles["o"] = o
+        conv = any(type(kids[r]).__name__ == "Conv1D" for r in roles.values() if r in kids)
+        qk_norm = any(_QK_NORM.match(n) for n, _ in mod.named_children())
+        sinks = any(n.split(".")[-1] == "sinks" for n, _ in mod.named_parameters(recurse=False))
+        m = _LAYER.match(path)
+        group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
+        kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
+        blocks.append(Block(path, group, kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks))
+    # layers of a layer list that hold no attention block ("no attention": Mamba, linear attention)
+    stacks = {}
+    for b in blocks:
+        m = _LAYER.match(b.path)
+        if m:
+            stacks.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for stack, have in stacks.items():
+        n = len(modules.get(stack, ()) or ())
+        for i in range(n):
+            if i not in have:
+                blocks.append(Block(f"{stack}.{i}", f"{stack}.{{L}}", "none",
+                                    klass=type(modules[stack][i]).__name__))
+    if skipped:
+        notes.append(f"{len(skipped)} mixer(s) are not softmax attention and are reported as 'no attention': "
+                     + ", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
+    blocks.sort(key=_block_order)
+    return tuple(blocks), tuple(notes)
+
+
+def _block_order(b: Block):
+    m = _LAYER.match(b.path)
+    if not m:
+        return (b.path, -1, "")
+    return (m.group(1), int(m.group(2)), m.group(3) or "")
+
+
+def static_position(model) -> tuple[str, str]:
+    """(position kind, how it was seen) from the module tree."""
+    for name, mod in model.named_modules():
+        if "rotary" in type(mod).__name__.lower() or name.endswith("rotary_emb"):
+            return "rope", f"rotary module {name or '<root>'} ({type(mod).__name__})"
+    for name, _ in model.named_parameters():
+        if re.search(r"(embed_positions|position_embeddings|wpe|pos_emb)", name):
+            return "absolute", f"learned/sinusoidal position table {name}"
+    for name, _ in model.named_buffers():
+        if re.search(r"(embed_positions|position_embeddings|wpe|pos_emb)", name):
+            return "absolute", f"position table buffer {name}"
+    return "none", "no rotary module and no position table (relative, ALiBi-style or none)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Cache
+# ----------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    base = os.environ.get(CACHE_ENV)
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "ckpt-surgeon" / "derived"
+
+
+def _cache_path(cfg: dict, version: str) -> Path:
+    body = json.dumps({k: v for k, v in cfg.items() if k not in ("transformers_version", "_name_or_path")},
+                      sort_keys=True, default=str)
+    h = hashlib.sha256(f"{CACHE_VERSION}\n{body}".encode()).hexdigest()[:16]
+    mt = re.sub(r"[^A-Za-z0-9_.-]", "_", str(cfg.get("model_type")))
+    return cache_dir() / mt / version / f"{h}.json"
+
+
+def _cache_load(path: Path) -> DerivedArch | None:
+    try:
+        return DerivedArch.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None     # absent or from another ckpt-surgeon version: derive again
+
+
+def _cache_store(path: Path, arch: DerivedArch) -> None:
+    """Atomic (temp file beside it + os.replace): concurrent runs never read half a record."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(arch.to_dict(), default=str))
+        os.replace(tmp, path)
+    except OSError:
+        pass            # a read-only cache only costs the next run the derivation again
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------
+
+def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedArch:
+    """Derive (and probe) the attention layout of ``cfg``'s architecture; cached."""
+    torch, transformers = _libs()
+    version = transformers.__version__
+    path = _cache_path(cfg, version)
+    if use_cache:
+        hit = _cache_load(path)
+        if hit is not None:
+            return DerivedArch(**{**hit.__dict__, "cached": True})
+    t0 = time.perf_counter()
+    conf, model = build_meta(cfg)
+    blocks, notes = read_blocks(model, conf)
+    pos, pos_how = static_position(model)
+    attn = [b for b in blocks if b.kind != "none"]
+    heads = next((b.heads for b in attn if b.heads), ())
+    facts = [Fact("model_class", type(model).__name__, "derived", "meta-device instance of the config's class"),
+             Fact("position", pos, "derived", pos_how),
+             Fact("attention_blocks", len(attn), "derived", "modules with q/k/v or fused qkv projections"),
+             Fact("no_attention_layers", sum(b.kind == "none" for b in blocks), "derived",
+                  "layers of a layer list without softmax attention")]
+    rotary_dim = None
+    if pos == "rope" and heads:
+        from .resolve import _rope_params
+        rp = _rope_params(cfg)
+        rotary_dim = int(cfg.get("rotary_dim") or int(heads[2] * rp["partial"]))
+    from .probe import probe_groups
+    groups = probe_groups(cfg, conf, type(model), blocks, heads, pos) if probe else \
+        tuple(GroupFacts(g, k, "unknown", ("not probed",)) for g, k in _groups(blocks))
+    arch = DerivedArch(
+        model_type=str(cfg.get("model_type")), transformers_version=version, model_class=type(model).__name__,
+        blocks=blocks, groups=tuple(groups), num_heads=heads[0] if heads else None,
+        num_kv_heads=heads[1] if heads else None, head_dim=heads[2] if heads else None,
+        hidden_size=_int_attr(conf, ("hidden_size", "d_model")), position=pos, rotary_dim=rotary_dim,
+        facts=tuple(facts), notes=notes, seconds=round(time.perf_counter() - t0, 3))
+    if use_cache and probe:
+        _cache_store(path, arch)
+    return arch
+
+
+def _groups(blocks) -> list[tuple[str, str]]:
+    seen = {}
+    for b in blocks:
+        seen.setdefault(b.group, b.kind)
+    return list(seen.items())
+
+
+__all__ = ["Block", "DerivedArch", "DeriveUnavailable", "Fact", "GroupFacts", "derive", "read_blocks",
+           "build_meta", "config_object", "model_class", "cache_dir", "module_path"]
+
+
+# ----------------------------------------------------------------------------------------------
+# DerivedArch -> the layout records the rest of the code consumes
+# ----------------------------------------------------------------------------------------------
+
+def _align(expected: list[str], tensors) -> dict:
+    """Map transformers parameter names to the checkpoint's (same names, or a model saved from
+    the base class: ``bert.encoder...`` vs ``encoder...``).  One prefix rewrite for all names."""
+    names = set(tensors)
+    probe = next((e for e in expected if e in names), None)
+    if probe is not None:
+        return {e: e for e in expected if e in names}
+    for e in expected:
+        parts = e.split(".")
+        for i in range(len(parts)):
+            tail = ".".join(parts[i:])
+            hits = [t for t in names if t == tail or t.endswith("." + tail)]
+            if len(hits) == 1:
+                add = hits[0][: len(hits[0]) - len(tail)]
+                out = {}
+                for x in expected:
+                    xp = x.split(".")
+                    cand = add + ".".join(xp[i:])
+                    if ".".join(xp[:i]) == ".".join(parts[:i]) and cand in names:
+                        out[x] = cand
+                return out
+    return {}
+
+
+def classify_group(arch: DerivedArch, group: str | None) -> tuple[str, tuple]:
+    g = arch.group(group)
+    if g is None:
+        return "unknown", ("no attention block of the derived layout",)
+    if g.k_class == "none":
+        return "unknown", ("no attention in this layer",)
+    return g.k_class, g.reasons
+
+
+def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch_name: str = "unknown"):
+    """A :class:`~ckpt_surgeon.arch.resolve.ModelLayout` for an architecture outside the registry,
+    or None when transformers does not implement it (the caller then falls back to names)."""
+    from .resolve import LayerTensors, ModelLayout, PositionEncoding, _rope_params
+    try:
+        arch = derive(cfg, probe=_has_attention_bias(tensors))
+    except DeriveUnavailable:
+        return None
+    heads = (arch.num_heads, arch.num_kv_heads, arch.head_dim)
+    expected = []
+    for b in arch.blocks:
+        for _, rel in b.roles:
+            base = module_path(b.path, rel)
+            expected += [f"{base}.weight", f"{base}.bias"]
+    names = _align(expected, tensors)
+    layers, notes, other = [], list(arch.notes), []
+    for i, b in enumerate(arch.blocks):
+        d = {"layer": i, "block": b.path, "group": b.group, "kind": b.kind}
+        if b.kind != "none" and b.heads and b.heads != heads:
+            other.append(b.path)
+        elif b.kind != "none":
+            for role, rel in b.roles:
+                base = module_path(b.path, rel)
+                d[f"{role}_weight"] = names.get(f"{base}.weight")
+                d[f"{role}_bias"] = names.get(f"{base}.bias")
+        layers.append(LayerTensors(**d))
+    if other:
+        notes.append(f"{len(other)} attention block(s) have other head counts than {heads} and are not analysed: "
+                     + ", ".join(other[:3]))
+    partial = [g for g in arch.groups if g.k_class == "partial" and g.pass_dims]
+    rotary_dim = partial[0].pass_dims[0] if partial else arch.rotary_dim
+    if arch.position == "rope":
+        position = PositionEncoding("rope", rotary_dim, _rope_params(cfg)["theta"], None)
+    else:
+        position = PositionEncoding(arch.position)
+    fused = next((g.fused_layout for g in arch.groups if g.fused_layout), None)
+    placed = {n for lt in layers for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
+    notes.insert(0, f"architecture {arch_name!r} is not in the registry: its attention layout was derived from "
+                    f"transformers {arch.transformers_version} ({arch.model_class}) and its key/value-bias facts "
+                    f"probed in float64" + (" (cached)" if arch.cached else f" ({arch.seconds:.1f} s)"))
+    from .resolve import _get, _looks_attention_bias, _is_mask_buffer
+    from . import families as F
+    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n) and not _is_mask_buffer(n)))
+    return ModelLayout(
+        architecture=arch_name, family=None, naming="hf", num_layers=len(layers), num_heads=heads[0],
+        num_kv_heads=heads[1], head_dim=heads[2], hidden_size=arch.hidden_size, position=position,
+        norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=fused,
+        conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
+        max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
+        notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch)
+
+
+def _has_attention_bias(tensors) -> bool:
+    """Only checkpoints with q/k/v biases need the probe (the rest needs the module tree only)."""
+    from .resolve import _looks_attention_bias, _is_mask_buffer
+    return any(_looks_attention_bias(n) and not _is_mask_buffer(n) for n in tensors) or \
+        any(n.endswith((".bias",)) and re.search(r"(W_pack|wqkv|att_proj|Wqkv|q_lin|k_lin)", n) for n in tensors)

@@ -1,0 +1,440 @@
+"""Float64 probes: facts about an attention block that only a forward pass can establish.
+
+A shrunken random instance of the checkpoint's own transformers class (same config, fewer
+layers / heads / features, same head_dim so within-head dimensions map one to one) is run in
+float64 on random token ids, biases drawn with std 0.5.  ``r = max|logits' - logits| /
+max|logits|`` compares a modified instance with the original:
+
+* **exact key bias**: zeroing every key-bias row of a group (every block of it at once) leaves
+  ``r < INVARIANT_TOL``.  A *control* first checks the probe can see the group at all: doubling
+  its ``W_k`` must move the logits by more than ``SENSITIVE_TOL`` (else invariance would be
+  vacuous and nothing is claimed).
+* **pass-through dims** (partial rotary): when the whole bias is not redundant, each
+  dimension of kv head 0 is removed alone; the invariant ones, repeated in every kv head, are
+  then removed together in every block and must leave ``r < INVARIANT_TOL``.
+* **fused layout**: with the fused weight and bias of one block zeroed, q = k = const and
+  v = 0, so the attention output is 0 whatever the softmax does; setting bias row i to 1 moves
+  the logits exactly when i is a value row.  The layout (``concat`` / ``per_head`` /
+  ``grouped``, :mod:`ckpt_surgeon.arch.layouts`) whose value rows are those rows is taken; any
+  exact key claim made with it is then checked by the removal probe above.
+* **value-bias fold**: ``b_o += W_o b_v`` (GQA-expanded, computed through the output module
+  itself so its weight orientation does not matter) and ``b_v = 0`` in every block of the group
+  must leave ``r < INVARIANT_TOL``.
+
+Why these tolerances: float64 rounding through a few tiny layers, a softmax and a shifted
+logit row leaves relative differences of ~1e-15..1e-13; a real dependence on a bias of std 0.5
+moves the logits by ~1e-2.  ``INVARIANT_TOL = 1e-11`` sits far from both.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+
+from .derive import Block, Fact, GroupFacts, module_path, read_blocks
+from .layouts import LAYOUTS, qkv_row_index
+
+INVARIANT_TOL = 1e-11
+SENSITIVE_TOL = 1e-7
+SEQ_LEN = 12
+_BIAS_STD = 0.5
+
+_LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
+                         r"num_decoder_layers|num_encoder_layers)$")
+_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|"
+                        r"decoder_attention_heads)$")
+_KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_head_kv|multi_query_group_num)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim)$")
+_FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$)")
+_EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts)$")
+
+
+def shrink_candidates(cfg: dict, *, layers: int, heads: tuple, head_dim: int | None = None,
+                      vocab: int | None = None) -> list[dict]:
+    """Smaller configs, most aggressive first: some architectures tie sizes together (Bamba /
+    Mamba heads x head size = expand x hidden), so the caller takes the first that builds."""
+    return [shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab),
+            shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab, ff=None),
+            shrink_config(cfg, layers=layers, heads=None, vocab=vocab, ff=None)]
+
+
+def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int | None = None,
+                  vocab: int | None = None, ff: int | None = 32) -> dict:
+    """A smaller config of the same architecture (plain dict -> dict; nothing else changes).
+
+    ``heads`` = (H, kv) of the original; the copy keeps up to 2 kv heads and 2 query heads per
+    kv head (None: heads and hidden size unchanged).  ``head_dim`` None keeps the original
+    per-head size; ``ff`` None keeps the feed-forward sizes.  Lists as long as the layer
+    count (``layer_types`` ...) are cut to ``layers``; token ids beyond ``vocab`` are clamped.
+    """
+    out = dict(cfg)
+    old_layers = next((v for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
+    h, kv = heads or (0, 0)
+    kv2 = max(1, min(kv, 2))
+    h2 = kv2 * max(1, min(h // max(kv, 1), 2))
+    hd = head_dim
+    if hd is None:
+        hd = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    if hd is None and hidden and h:
+        hd = hidden // h
+    for k, v in cfg.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
+                out[k] = v[:layers]
+            continue
+        if _LAYER_KEYS.match(k):
+            out[k] = min(v, layers)
+        elif heads and _HEAD_KEYS.match(k):
+            out[k] = h2
+        elif heads and _KV_KEYS.match(k):
+            out[k] = kv2
+        elif heads and _HIDDEN_KEYS.match(k) and hd:
+            out[k] = h2 * hd
+        elif ff and _FF_KEYS.search(k):
+            out[k] = ff
+        elif _EXPERT_KEYS.match(k):
+            out[k] = min(v, 4)
+        elif _TOPK_KEYS.match(k):
+            out[k] = min(v, 2)
+    if heads and "head_dim" in cfg and hd:
+        out["head_dim"] = hd
+    if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
+        out["vocab_size"] = vocab
+        for k, v in cfg.items():
+            if k.endswith("token_id") and isinstance(v, int) and v >= vocab:
+                out[k] = vocab - 1
+    return out
+
+
+def layers_needed(blocks) -> int:
+    """Enough layers that the first block of every group still exists."""
+    from .derive import _LAYER
+    need = 1
+    firsts: dict = {}
+    for b in blocks:
+        m = _LAYER.match(b.path)
+        if m and b.kind != "none":
+            firsts[b.group] = min(firsts.get(b.group, 1 << 30), int(m.group(2)))
+    for i in firsts.values():
+        need = max(need, i + 1)
+    return max(need, 2)
+
+
+@contextlib.contextmanager
+def float64_softmax():
+    """Keep softmax in float64 while probing.
+
+    transformers' eager attention asks for ``softmax(..., dtype=torch.float32)`` (a guard for
+    fp16/bf16 inputs, e.g. modeling_opt / modeling_stablelm ``eager_attention_forward``); on a
+    float64 probe that request is a *downcast* that adds ~1e-8 of rounding noise and would hide
+    an exact invariance.  Inside this context a float32 request on a float64 input is dropped;
+    every other call is untouched.
+    """
+    import torch
+    nnf = torch.nn.functional
+    orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
+
+    def keep(x, dtype):
+        return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
+
+    def f(input, dim=None, _stacklevel=3, dtype=None):   # noqa: A002 - torch's own argument name
+        return orig_f(input, dim=dim, dtype=keep(input, dtype))
+
+    def t(input, dim, dtype=None):   # noqa: A002
+        return orig_t(input, dim, dtype=keep(input, dtype))
+
+    def m(self, dim, dtype=None):
+        return orig_m(self, dim, dtype=keep(self, dtype))
+    nnf.softmax, torch.softmax, torch.Tensor.softmax = f, t, m
+    try:
+        yield
+    finally:
+        nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
+
+
+def model_inputs(conf, seed: int = 0) -> dict:
+    """Random token ids (and decoder ids for encoder-decoders) for one forward pass."""
+    import torch
+    g = torch.Generator().manual_seed(seed + 2)
+    vocab = int(getattr(conf, "vocab_size", 0) or 0) or 100
+    hi = max(2, min(vocab, 1000))
+    inputs = {"input_ids": torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN), generator=g)}
+    if getattr(conf, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN - 3), generator=g)
+    return inputs
+
+
+def first_output(out):
+    """Logits when the model has a head, else its first output tensor."""
+    t = getattr(out, "logits", None)
+    return out[0] if t is None else t
+
+
+class _Instance:
+    """A float64 random instance with a baseline forward pass and cheap trial edits."""
+
+    def __init__(self, cfg: dict, klass, seed: int = 0):
+        import torch
+
+        from ..quiet import quiet_transformers
+        from .derive import config_object
+        self.torch = torch
+        conf = config_object(cfg)
+        torch.manual_seed(seed)
+        with quiet_transformers():
+            model = klass(conf)
+        self.model = model.to(torch.float64).eval()
+        self.conf = conf
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name.endswith("bias") and p.ndim == 1:
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * _BIAS_STD)
+        self.inputs = model_inputs(conf, seed)
+        self.base = self.run()
+        self.scale = float(self.base.abs().max()) or 1.0
+
+    def run(self):
+        with self.torch.no_grad(), float64_softmax():
+            out = self.model(**self.inputs)
+        return first_output(out).detach().clone()
+
+    def rel(self) -> float:
+        return float((self.run() - self.base).abs().max()) / self.scale
+
+    def module(self, b: Block, role: str):
+        return self.model.get_submodule(module_path(b.path, b.role(role)))
+
+    def edit(self, changes) -> float:
+        """Apply ``[(tensor, new value)]``, measure ``rel``, restore."""
+        saved = [(t, t.detach().clone()) for t, _ in changes]
+        try:
+            with self.torch.no_grad():
+                for t, v in changes:
+                    t.copy_(v)
+            return self.rel()
+        finally:
+            with self.torch.no_grad():
+                for t, v in saved:
+                    t.copy_(v)
+
+
+def _zero_rows(t, rows):
+    v = t.detach().clone()
+    v[list(rows)] = 0
+    return v
+
+
+def _fused_layout(inst: _Instance, b: Block) -> tuple[str | None, str]:
+    """Layout of one fused block from its value rows (see the module docstring)."""
+    torch = inst.torch
+    mod = inst.module(b, "qkv")
+    if mod.bias is None:
+        return None, "the fused projection has no bias: its value rows cannot be probed"
+    h, kv, d = b.heads
+    zero_w, zero_b = torch.zeros_like(mod.weight), torch.zeros_like(mod.bias)
+    with torch.no_grad():
+        saved = mod.weight.detach().clone(), mod.bias.detach().clone()
+        mod.weight.copy_(zero_w)
+        mod.bias.copy_(zero_b)
+        try:
+            ref = inst.run()
+            v_rows = []
+            for i in range(mod.bias.shape[0]):
+                mod.bias.zero_()
+                mod.bias[i] = 1.0
+                if float((inst.run() - ref).abs().max()) / inst.scale > SENSITIVE_TOL:
+                    v_rows.append(i)
+        finally:
+            mod.weight.copy_(saved[0])
+            mod.bias.copy_(saved[1])
+    found = []
+    for layout in LAYOUTS:
+        try:
+            idx = qkv_row_index(layout, h, kv, d)
+        except ValueError:
+            continue
+        if sorted(idx[2].tolist()) == v_rows:
+            found.append((layout, idx))
+    if not found:
+        return None, f"value rows {v_rows[:6]}... match no known fused layout"
+    first = found[0]
+    if any(not (np.array_equal(first[1][0], o[1][0]) and np.array_equal(first[1][1], o[1][1])) for o in found[1:]):
+        return None, "value rows fit several layouts that order q and k differently"
+    return first[0], f"value rows probed ({len(v_rows)} rows) fit the {first[0]!r} layout"
+
+
+def _k_rows(b: Block, layout: str | None):
+    h, kv, d = b.heads
+    if b.role("k"):
+        return np.arange(kv * d)
+    if layout is None:
+        return None
+    return qkv_row_index(layout, h, kv, d)[1]
+
+
+def _k_param(inst: _Instance, b: Block, which: str):
+    mod = inst.module(b, "k" if b.role("k") else "qkv")
+    return getattr(mod, which)
+
+
+def _probe_k(inst, blocks, layout, pos, head_dim_kept) -> tuple[str, tuple, tuple, tuple]:
+    """(class, reasons, pass dims, facts) of a group's key bias."""
+    b0 = blocks[0]
+    rows = [_k_rows(b, layout) for b in blocks]
+    if rows[0] is None:
+        return "unknown", ("fused layout not established: the key rows are unknown",), (), ()
+    biases = [_k_param(inst, b, "bias") for b in blocks]
+    if any(x is None for x in biases):
+        return "unknown", ("no key bias in this configuration",), (), ()
+    weights = [_k_param(inst, b, "weight") for b in blocks]
+    conv = b0.conv1d
+
+    def scaled(w, r):
+        v = w.detach().clone()
+        if conv:
+            v[:, list(r)] *= 2.0
+        else:
+            v[list(r)] *= 2.0
+        return v
+    control = inst.edit([(w, scaled(w, r)) for w, r in zip(weights, rows)])
+    if control <= SENSITIVE_TOL:
+        return "invisible", (f"probe control: doubling W_k moved the logits by only {control:.2g}; the probe cannot "
+                             "see this attention, so nothing is claimed",), (), ()
+    full = inst.edit([(t, _zero_rows(t, r)) for t, r in zip(biases, rows)])
+    facts = [Fact("k_bias_removal", f"max relative logit change {full:.3g}", "probed",
+                  f"every key-bias row of the group zeroed at once (control: doubling W_k moves {control:.3g})")]
+    if full < INVARIANT_TOL:
+        return "exact", (f"probe: removing the whole key bias leaves the logits invariant (relative change {full:.2g}, "
+                         "float64): q.b_k is constant over the keys",), (), tuple(facts)
+    h, kv, d = b0.heads
+    head0 = [d0 for d0 in range(d) if inst.edit([(biases[0], _zero_rows(biases[0], [rows[0][d0]]))]) < INVARIANT_TOL]
+    reasons = []
+    if b0.qk_norm:
+        reasons.append("a norm follows the key projection (q/k-norm): the key bias passes through a nonlinearity")
+    if b0.sinks:
+        reasons.append("attention sinks: a constant logit shift changes the weight of the sink")
+    if head0 and head_dim_kept:
+        tail = list(range(head0[0], d)) == head0
+        sel = [[r[g * d + x] for g in range(kv) for x in head0] for r in rows]
+        joint = inst.edit([(t, _zero_rows(t, s)) for t, s in zip(biases, sel)])
+        facts.append(Fact("k_pass_dims", f"{head0[0]}..{d - 1}" if tail else head0, "probed",
+                          f"dims removed together in every kv head and block: relative change {joint:.3g}"))
+        if joint < INVARIANT_TOL and tail:
+            return "partial", (f"probe: within-head key dims {head0[0]}..{d - 1} pass through unrotated (removing them "
+                               f"leaves the logits invariant, relative change {joint:.2g}); the other dims depend on "
+                               "the distance",), tuple(head0), tuple(facts)
+    if reasons:
+        return "not-removable", tuple(reasons), (), tuple(facts)
+    if pos == "rope":
+        return "rope", ("probe: no key-bias dimension is removable without changing the logits, and the model "
+                        "rotates q/k (rotary module): the bias term depends on the distance n - m",), (), tuple(facts)
+    return "not-removable", (f"probe: removing the key bias changes the logits (relative {full:.2g}) although no "
+                             "rotary module was found (norm, soft-capping or another nonlinearity after the "
+                             "projection)",), (), tuple(facts)
+
+
+def _probe_v(inst, blocks, layout) -> tuple[bool | None, Fact | None]:
+    torch = inst.torch
+    changes = []
+    for b in blocks:
+        h, kv, d = b.heads
+        if not b.role("o"):
+            return None, None
+        o = inst.module(b, "o")
+        if getattr(o, "bias", None) is None:
+            return False, Fact("v_fold", False, "derived", "the output projection has no bias")
+        if b.role("v"):
+            vb, vrows = inst.module(b, "v").bias, np.arange(kv * d)
+        else:
+            if layout is None:
+                return None, None
+            vb, vrows = inst.module(b, "qkv").bias, qkv_row_index(layout, h, kv, d)[2]
+        if vb is None:
+            return None, None
+        bv = vb.detach()[list(vrows)].reshape(kv, d)
+        full = bv.repeat_interleave(h // kv, dim=0).reshape(1, h * d)      # query head h reads kv head h // group
+        with torch.no_grad():
+            delta = (o(full) - o(torch.zeros_like(full)))[0]
+        changes += [(o.bias, o.bias.detach() + delta), (vb, _zero_rows(vb, vrows))]
+    r = inst.edit(changes)
+    ok = r < INVARIANT_TOL
+    return ok, Fact("v_fold", ok, "probed", f"b_o += W_o b_v, b_v = 0 in every block: relative logit change {r:.3g}")
+
+
+def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> GroupFacts:
+    members = [b for b in pblocks if b.group == g and b.heads]
+    if not members:
+        return GroupFacts(g, k, "unknown", ("the shrunken probe instance has no block of this group",))
+    facts, layout = [], None
+    if members[0].role("qkv"):
+        layout, how = _fused_layout(inst, members[0])
+        facts.append(Fact("fused_layout", layout, "probed", how))
+    kept = members[0].heads[2] == heads[2]
+    cls, reasons, pass_dims, kf = _probe_k(inst, members, layout, pos, kept)
+    vf, vfact = _probe_v(inst, members, layout)
+    facts += list(kf) + ([vfact] if vfact else [])
+    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts))
+
+
+def _seq2seq_class(model_type: str, klass):
+    """The encoder-decoder class of the same model type (BART's cross-attention never runs in
+    ``BartForCausalLM``: it is probed where it does), or None."""
+    import transformers
+    from transformers.models.auto import modeling_auto as ma
+    name = ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    alt = getattr(transformers, name, None) if isinstance(name, str) else None
+    return alt if alt is not None and alt is not klass else None
+
+
+def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tuple:
+    """GroupFacts for every group of ``blocks`` (the real model's), probed on a small instance."""
+    groups: dict = {}
+    for b in blocks:
+        groups.setdefault(b.group, b.kind)
+    out = []
+    attn = {g: k for g, k in groups.items() if k != "none"}
+    for g, k in groups.items():
+        if k == "none":
+            out.append(GroupFacts(g, k, "none", ("no softmax attention in this layer",)))
+    if not attn:
+        return tuple(out)
+    if not heads:
+        return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
+    inst = err = None
+    for small in shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096):
+        try:
+            inst = _Instance(small, klass)
+            pblocks, _ = read_blocks(inst.model, inst.conf)
+            break
+        except Exception as e:   # noqa: BLE001 - any build/forward failure: try a milder shrink
+            inst, err = None, e
+    if inst is None:    # nothing is claimed, and the report says why
+        return tuple(out) + tuple(GroupFacts(g, k, "unknown", (_failure(err),)) for g, k in attn.items())
+    alt = None
+    for g, k in attn.items():
+        gf = _probe_group(inst, pblocks, g, k, pos, heads)
+        if gf.k_class == "invisible" and k == "cross" and _seq2seq_class(conf.model_type, klass) is not None:
+            try:
+                if alt is None:
+                    alt = _Instance(small, _seq2seq_class(conf.model_type, klass))
+                    alt_blocks, _ = read_blocks(alt.model, alt.conf)
+                gf2 = _probe_group(alt, alt_blocks, g, k, pos, heads)
+                if gf2.k_class != "invisible":
+                    note = Fact("probe_class", type(alt.model).__name__, "derived",
+                                f"{type(inst.model).__name__} never runs this block; probed where it runs")
+                    gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
+            except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
+                gf = GroupFacts(g, k, "unknown", (_failure(e),))
+        if gf.k_class == "invisible":
+            gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown"})
+        out.append(gf)
+    return tuple(out)
+
+
+def _failure(e: Exception) -> str:
+    first = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"probe instance could not be built or run ({type(e).__name__}: {first})"

@@ -1,0 +1,62 @@
+"""Judging claims with transformers' own float64 forward passes (test_derive, test_zoo)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# An exact fold only moves additions around (b_v through W_o, a per-row shift inside softmax):
+# float64 rounding through a few tiny layers stays ~1e-14 relative; a real change from a bias of
+# std 0.5 is ~1e-2.  1e-10 separates the two by orders of magnitude on both sides.
+EXACT_RTOL = 1e-10
+
+
+def logits64(folder) -> "torch.Tensor":
+    """Logits (or the first output) of the checkpoint in ``folder``, float64, fixed inputs."""
+    import torch
+    import transformers
+
+    from ckpt_surgeon.arch.derive import config_object
+    from ckpt_surgeon.arch.probe import first_output, float64_softmax, model_inputs
+    from ckpt_surgeon.quiet import quiet_transformers
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    conf = config_object(cfg)
+    klass = getattr(transformers, cfg["architectures"][0])
+    with quiet_transformers():
+        model = klass.from_pretrained(folder, config=conf, dtype=torch.float64).eval()
+    with torch.no_grad(), float64_softmax():
+        return first_output(model(**model_inputs(conf))).detach()
+
+
+def rel_change(a, b) -> float:
+    return float((a - b).abs().max()) / (float(a.abs().max()) or 1.0)
+
+
+def zeroed_k_all(src, out_dir) -> Path:
+    """A copy of ``src`` whose every attention key bias (per the layout) is zeroed: the 'is the key
+    bias really doing something' control for classes that claim it is not removable."""
+    import numpy as np
+    import shutil
+    from safetensors.numpy import load_file, save_file
+
+    from ckpt_surgeon import open_checkpoint
+    from ckpt_surgeon.surgery.fold import bias_rows
+    out = Path(out_dir)
+    shutil.copytree(src, out)
+    with open_checkpoint(str(src)) as ck:
+        lay = ck.layout()
+        rows = {}
+        for lt in lay.layers:
+            r = bias_rows(lay, lt, "k")
+            if r:
+                rows.setdefault(r[0], []).extend(np.asarray(r[1]).tolist())
+    for f in out.glob("*.safetensors"):
+        t = load_file(f)
+        hit = False
+        for name, rr in rows.items():
+            if name in t:
+                t[name] = t[name].copy()
+                t[name][rr] = 0
+                hit = True
+        if hit:
+            save_file(t, f, metadata={"format": "pt"})
+    return out
