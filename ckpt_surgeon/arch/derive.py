@@ -167,7 +167,11 @@ def config_object(cfg: dict):
         raise DeriveUnavailable(f"model_type {mt!r} is not implemented by transformers {transformers.__version__}")
     from ..quiet import quiet_transformers
     with quiet_transformers():
-        conf = CONFIG_MAPPING[mt].from_dict({k: v for k, v in cfg.items() if k != "transformers_version"})
+        klass = CONFIG_MAPPING[mt]
+        # config.json written by transformers tags non-JSON floats ({"__float__": "Infinity"});
+        # from_pretrained decodes them, from_dict does not
+        body = klass._decode_special_floats({k: v for k, v in cfg.items() if k != "transformers_version"})
+        conf = klass.from_dict(body)
     for attr in ("_attn_implementation", "_experts_implementation"):
         try:   # the probe wants transformers' plain softmax path and float64-capable MoE matmuls
             setattr(conf, attr, "eager")
@@ -336,6 +340,12 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
         m = _LAYER.match(b.path)
         if m:
             stacks.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not stacks:     # no attention anywhere (pure state-space models): the layer list is all "none"
+        n_layers = _int_attr(conf, ("num_hidden_layers",))
+        for path, mod in modules.items():
+            if type(mod).__name__ == "ModuleList" and n_layers and len(mod) == n_layers:
+                stacks[path] = set()
+                break
     for stack, have in stacks.items():
         n = len(modules.get(stack, ()) or ())
         for i in range(n):
