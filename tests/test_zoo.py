@@ -13,6 +13,7 @@ Run alone: ``pytest tests/test_zoo.py -q`` (tiny models are cached in the fixtur
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,8 @@ def verdicts(tmp_path_factory) -> dict:
         out = {}
         for mt in sorted(zoo_mapping()):
             out[mt] = judge(mt, tmp_path_factory.mktemp(mt.replace("/", "_")))
+            v = out[mt]
+            print(f"zoo {mt}: {v.status} {v.classes} {v.seconds:.1f}s {v.reason[:120]}", file=sys.stderr, flush=True)
         return out
     finally:
         if old is None:

@@ -38,6 +38,7 @@ from .layouts import LAYOUTS, qkv_row_index
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
 SEQ_LEN = 12
+PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
@@ -47,6 +48,9 @@ _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_head|n_heads|num_heads|encoder
 _KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_head_kv|multi_query_group_num)$")
 _HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim)$")
 _FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$)")
+_SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim)$")
+_SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads)$")
+_SSM_STATE = re.compile(r"^(mamba_d_state|ssm_state_size|state_size|d_state)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts)$")
 
@@ -95,6 +99,13 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = h2 * hd
         elif ff and _FF_KEYS.search(k):
             out[k] = ff
+        elif heads and _SSM_HEAD_DIM.match(k):
+            out[k] = 16
+        elif heads and _SSM_HEADS.match(k) and hd:
+            expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+            out[k] = max(1, expand * h2 * hd // 16)      # Mamba-2: heads x head size = expand x hidden
+        elif _SSM_STATE.match(k):
+            out[k] = min(v, 16)
         elif _EXPERT_KEYS.match(k):
             out[k] = min(v, 4)
         elif _TOPK_KEYS.match(k):
@@ -103,9 +114,11 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         out["head_dim"] = hd
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
-        for k, v in cfg.items():
-            if k.endswith("token_id") and isinstance(v, int) and v >= vocab:
-                out[k] = vocab - 1
+    n_vocab = out.get("vocab_size")
+    if isinstance(n_vocab, int) and n_vocab > 0:
+        for k, v in cfg.items():      # token ids must index the (possibly smaller) embedding
+            if k.endswith("token_id") and isinstance(v, int) and v >= n_vocab:
+                out[k] = n_vocab - 1
     return out
 
 
@@ -155,6 +168,38 @@ def float64_softmax():
         nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
 
 
+def meta_params(klass, conf) -> int:
+    """Parameter count of ``klass(conf)`` without allocating it (meta device)."""
+    import torch
+
+    from ..quiet import quiet_transformers
+    with quiet_transformers(), torch.device("meta"):
+        return sum(p.numel() for p in klass(conf).parameters())
+
+
+def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_MAX_PARAMS):
+    """(config, float64 eval-mode model) of ``klass`` with seeded init and every 1-D ``*.bias``
+    drawn with std 0.5 (transformers' init zeroes biases, which would make any bias claim vacuous)."""
+    import torch
+
+    from ..quiet import quiet_transformers
+    from .derive import config_object
+    conf = config_object(cfg)
+    n = meta_params(klass, conf)
+    if n > max_params:
+        raise ValueError(f"the shrunken instance would still have {n:,} parameters (> {max_params:,})")
+    torch.manual_seed(seed)
+    with quiet_transformers():
+        model = klass(conf)
+    model = model.to(torch.float64).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and p.ndim == 1:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * _BIAS_STD)
+    return conf, model
+
+
 def model_inputs(conf, seed: int = 0) -> dict:
     """Random token ids (and decoder ids for encoder-decoders) for one forward pass."""
     import torch
@@ -178,21 +223,9 @@ class _Instance:
 
     def __init__(self, cfg: dict, klass, seed: int = 0):
         import torch
-
-        from ..quiet import quiet_transformers
-        from .derive import config_object
         self.torch = torch
-        conf = config_object(cfg)
-        torch.manual_seed(seed)
-        with quiet_transformers():
-            model = klass(conf)
-        self.model = model.to(torch.float64).eval()
-        self.conf = conf
-        g = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if name.endswith("bias") and p.ndim == 1:
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * _BIAS_STD)
+        self.conf, self.model = random_instance(cfg, klass, seed=seed, max_params=PROBE_MAX_PARAMS)
+        conf = self.conf
         self.inputs = model_inputs(conf, seed)
         self.base = self.run()
         self.scale = float(self.base.abs().max()) or 1.0
