@@ -48,6 +48,7 @@ _O = ("o_proj", "out_proj", "dense", "c_proj", "wo", "out_lin", "o", "out", "pro
 _QK_NORM = re.compile(r"^(q|k|query|key)_?(norm|layernorm|ln)$", re.I)
 # Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).
 _NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|ssm|retention|gla|hyena|xlstm|conv", re.I)
+_ATTN_CLASS = re.compile(r"Attention$")
 _CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
 _LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
 
@@ -334,6 +335,28 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
         group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
         kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
         blocks.append(Block(path, group, kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks))
+    # attention modules whose projections are not q/k/v (MLA: DeepSeek-V2/V3 keys come from a
+    # low-rank latent, kv_a_proj_with_mqa / kv_b_proj, with a decoupled rope part): attention
+    # all the same, with no key bias to analyse
+    found = [b.path for b in blocks]
+    others = []
+    for path, mod in modules.items():
+        klass = type(mod).__name__
+        if not path or not _ATTN_CLASS.search(klass) or _NOT_SOFTMAX.search(klass):
+            continue
+        related = found + [p for p, _ in others]
+        if any(path == f or path.startswith(f + ".") or f.startswith(path + ".") for f in related):
+            continue
+        if not any(_is_linear(c) for c in mod.modules()):
+            continue
+        others.append((path, klass))
+    for path, klass in others:
+        m = _LAYER.match(path)
+        group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
+        blocks.append(Block(path, group, "self", (), (), False, klass))
+    if others:
+        notes.append(f"{len(others)} attention module(s) have no q/k/v projections (e.g. MLA's latent keys: "
+                     f"{others[0][1]}); they have no key bias to analyse")
     # layers of a layer list that hold no attention block ("no attention": Mamba, linear attention)
     stacks = {}
     for b in blocks:

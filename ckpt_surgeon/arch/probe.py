@@ -6,8 +6,8 @@ float64 on random token ids, biases drawn with std 0.5.  ``r = max|logits' - log
 max|logits|`` compares a modified instance with the original:
 
 * **exact key bias**: zeroing every key-bias row of a group (every block of it at once) leaves
-  ``r < INVARIANT_TOL``.  A *control* first checks the probe can see the group at all: doubling
-  its ``W_k`` must move the logits by more than ``SENSITIVE_TOL`` (else invariance would be
+  ``r < INVARIANT_TOL``.  A *control* first checks the probe can see the group at all: a unit-scale
+  perturbation of its ``W_k`` must move the logits by more than ``SENSITIVE_TOL`` (else invariance would be
   vacuous and nothing is claimed).
 * **pass-through dims** (partial rotary): when the whole bias is not redundant, each
   dimension of kv head 0 is removed alone; the invariant ones, repeated in every kv head, are
@@ -46,13 +46,17 @@ _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encod
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|"
                         r"decoder_attention_heads)$")
 _KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_head_kv|multi_query_group_num)$")
-_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim)$")
-_FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$)")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim)$")
+_FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$|"
+                      r"^hidden_dim$)")
+# MLA (DeepSeek-V2/V3) latent and per-part head sizes
+_MLA_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+             "index_head_dim": 16, "index_n_heads": 2}
 _SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim)$")
 _SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads)$")
 _SSM_STATE = re.compile(r"^(mamba_d_state|ssm_state_size|state_size|d_state)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts|moe_k|top_k|num_experts_per_token)$")
 
 
 def shrink_candidates(cfg: dict, *, layers: int, heads: tuple, head_dim: int | None = None,
@@ -106,6 +110,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = max(1, expand * h2 * hd // 16)      # Mamba-2: heads x head size = expand x hidden
         elif _SSM_STATE.match(k):
             out[k] = min(v, 16)
+        elif heads and k in _MLA_KEYS:
+            out[k] = min(v, _MLA_KEYS[k])
         elif _EXPERT_KEYS.match(k):
             out[k] = min(v, 4)
         elif _TOPK_KEYS.match(k):
@@ -326,20 +332,25 @@ def _probe_k(inst, blocks, layout, pos, head_dim_kept) -> tuple[str, tuple, tupl
     weights = [_k_param(inst, b, "weight") for b in blocks]
     conv = b0.conv1d
 
-    def scaled(w, r):
+    gen = inst.torch.Generator().manual_seed(7)
+
+    def shaken(w, r):
+        # W_k += N(0, 1/fan_in): with transformers' small init the attention is nearly uniform and
+        # scaling W_k barely shows; a unit-scale perturbation of the keys does
         v = w.detach().clone()
+        noise = inst.torch.randn(v.shape, generator=gen, dtype=v.dtype) / (v.shape[0] if conv else v.shape[1]) ** 0.5
         if conv:
-            v[:, list(r)] *= 2.0
+            v[:, list(r)] += noise[:, list(r)]
         else:
-            v[list(r)] *= 2.0
+            v[list(r)] += noise[list(r)]
         return v
-    control = inst.edit([(w, scaled(w, r)) for w, r in zip(weights, rows)])
+    control = inst.edit([(w, shaken(w, r)) for w, r in zip(weights, rows)])
     if control <= SENSITIVE_TOL:
-        return "invisible", (f"probe control: doubling W_k moved the logits by only {control:.2g}; the probe cannot "
+        return "invisible", (f"probe control: perturbing W_k moved the logits by only {control:.2g}; the probe cannot "
                              "see this attention, so nothing is claimed",), (), ()
     full = inst.edit([(t, _zero_rows(t, r)) for t, r in zip(biases, rows)])
     facts = [Fact("k_bias_removal", f"max relative logit change {full:.3g}", "probed",
-                  f"every key-bias row of the group zeroed at once (control: doubling W_k moves {control:.3g})")]
+                  f"every key-bias row of the group zeroed at once (control: perturbing W_k moves {control:.3g})")]
     if full < INVARIANT_TOL:
         return "exact", (f"probe: removing the whole key bias leaves the logits invariant (relative change {full:.2g}, "
                          "float64): q.b_k is constant over the keys",), (), tuple(facts)
@@ -429,10 +440,14 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
     for b in blocks:
         groups.setdefault(b.group, b.kind)
     out = []
-    attn = {g: k for g, k in groups.items() if k != "none"}
+    roleless = {b.group for b in blocks if b.kind != "none" and not b.roles}
+    attn = {g: k for g, k in groups.items() if k != "none" and g not in roleless}
     for g, k in groups.items():
         if k == "none":
             out.append(GroupFacts(g, k, "none", ("no softmax attention in this layer",)))
+        elif g in roleless:
+            out.append(GroupFacts(g, k, "none", ("attention without q/k/v projections (MLA-style latent keys): no key "
+                                                 "bias to analyse",)))
     if not attn:
         return tuple(out)
     if not heads:
