@@ -112,9 +112,9 @@ def test_full_rope_is_refused_and_really_matters(zoo, tmp_path):
     assert rel_change(logits64(src), logits64(zeroed_k_all(src, tmp_path / "all"))) > 1e-6
 
 
-@pytest.mark.parametrize("model_type,attention", [("jamba", True), ("bamba", False)])
+@pytest.mark.parametrize("model_type,attention", [("jamba", True), ("mamba", False)])
 def test_hybrid_layers_without_attention(zoo, model_type, attention):
-    """Jamba: Mamba layers + one attention layer; Bamba's default config: Mamba only."""
+    """Jamba: Mamba layers + one attention layer; Mamba: no attention at all."""
     src = zoo(model_type)
     d = inspect(str(src)).to_dict()
     kinds = [b["kind"] for b in d["derivation"]["blocks"]]

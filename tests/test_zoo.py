@@ -54,24 +54,29 @@ def _listed() -> dict:
 
 
 def judge(model_type: str, tmp: Path) -> Verdict:
+    t0 = time.perf_counter()
+    try:
+        v = _judge(model_type, tmp)
+    except Exception as e:  # noqa: BLE001 - a crash anywhere on a valid checkpoint is an error we count
+        v = Verdict(model_type, status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
+    v.seconds = time.perf_counter() - t0
+    return v
+
+
+def _judge(model_type: str, tmp: Path) -> Verdict:
     from ckpt_surgeon import analyze, fold_bias, inspect
     from ckpt_surgeon.errors import RefusedError
     from fixtures.build_fixtures import zoo_path
     from fixtures.zoo import Unbuildable
     v = Verdict(model_type)
-    t0 = time.perf_counter()
     try:
         src = zoo_path(model_type)
     except Unbuildable as e:
         v.status, v.reason = "unbuildable", str(e)
         return v
-    try:
-        inspect(str(src)).to_dict()
-        rep = analyze(str(src))
-        rep.to_dict()
-    except Exception as e:  # noqa: BLE001 - any exception on a valid checkpoint is the error we count
-        v.status, v.reason = "error", f"{type(e).__name__}: {e}"
-        return v
+    inspect(str(src)).to_dict()
+    rep = analyze(str(src))
+    rep.to_dict()
     v.classes = rep.class_counts()
     v.has_k_bias = any(lr.has_k_bias for lr in rep.layers)
     v.has_v_bias = any(lr.v_bias is not None for lr in rep.layers)
@@ -101,7 +106,6 @@ def judge(model_type: str, tmp: Path) -> Verdict:
             base = logits64(src) if base is None else base
             r = rel_change(base, logits64(tmp / "v"))
             (v.unsound if r >= EXACT_RTOL else v.folded).append(f"--v: relative logit change {r:.3g}")
-    v.seconds = time.perf_counter() - t0
     return v
 
 
