@@ -118,6 +118,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = min(v, 2)
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
+    if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
+        out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     n_vocab = out.get("vocab_size")
@@ -452,11 +454,12 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
         return tuple(out)
     if not heads:
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
-    inst = err = None
+    inst = err = used = None
     for small in shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096):
         try:
             inst = _Instance(small, klass)
             pblocks, _ = read_blocks(inst.model, inst.conf)
+            used = small
             break
         except Exception as e:   # noqa: BLE001 - any build/forward failure: try a milder shrink
             inst, err = None, e
@@ -468,7 +471,9 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
         if gf.k_class == "invisible" and k == "cross" and _seq2seq_class(conf.model_type, klass) is not None:
             try:
                 if alt is None:
-                    alt = _Instance(small, _seq2seq_class(conf.model_type, klass))
+                    # a config saved by the decoder-only class says is_encoder_decoder=False
+                    alt = _Instance(dict(used, is_encoder_decoder=True, is_decoder=False),
+                                    _seq2seq_class(conf.model_type, klass))
                     alt_blocks, _ = read_blocks(alt.model, alt.conf)
                 gf2 = _probe_group(alt, alt_blocks, g, k, pos, heads)
                 if gf2.k_class != "invisible":
