@@ -445,15 +445,23 @@ def _cache_store(path: Path, arch: DerivedArch) -> None:
 # Entry point
 # ----------------------------------------------------------------------------------------------
 
+def _transformers_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("transformers")
+    except PackageNotFoundError as e:
+        raise DeriveUnavailable("transformers is not installed") from e
+
+
 def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedArch:
     """Derive (and probe) the attention layout of ``cfg``'s architecture; cached."""
-    torch, transformers = _libs()
-    version = transformers.__version__
+    version = _transformers_version()
     path = _cache_path(cfg, version)
     if use_cache:
         hit = _cache_load(path)
-        if hit is not None:
+        if hit is not None:          # a cache hit imports neither torch nor transformers
             return DerivedArch(**{**hit.__dict__, "cached": True})
+    _libs()
     t0 = time.perf_counter()
     conf, model = build_meta(cfg)
     blocks, notes = read_blocks(model, conf)
