@@ -308,6 +308,7 @@ def rope_geometry(layout: ModelLayout, config: dict | None) -> RopeGeometry | No
         if note:
             notes.append(note)
     if getattr(layout, "derived", None) is not None:
+        inv, mult = inv[: len(pairs)], mult[: len(pairs)]     # an odd probed rotary_dim has (r - 1) / 2 pairs
         # derived (unregistered) architecture: which dims rotate together is not established, so
         # no near-redundant pairs and no bound are claimed (the exact pass-through dims are probed)
         return RopeGeometry(r, "unknown", pairs, inv * mult, af, rtype, False,
