@@ -520,7 +520,11 @@ def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | No
         v = np.asarray(b_v, dtype=np.float64).reshape(-1)
         if not np.all(np.isfinite(v)):
             flags.append("nonfinite: the value bias has NaN/Inf values")
-        if sinks:
+        derived = getattr(layout, "derived", None)
+        if derived is not None and lt.o_bias is not None:
+            from ..arch.derive import v_fold_verdict      # probed per block group (arch/probe.py)
+            vb = ValueBias(float(np.sqrt((v ** 2).sum())), *v_fold_verdict(derived, lt.group))
+        elif sinks:
             vb = ValueBias(float(np.sqrt((v ** 2).sum())), False,
                            "attention sinks: softmax rows do not sum to 1 over the keys, so W_o b_v is not a constant")
         elif lt.o_bias is not None:

@@ -540,6 +540,18 @@ def classify_group(arch: DerivedArch, group: str | None) -> tuple[str, tuple]:
     return g.k_class, g.reasons
 
 
+def v_fold_verdict(arch: DerivedArch, group: str | None) -> tuple[bool, str]:
+    """(foldable, reason) for the value bias of a derived block: only what the probe proved
+    (a gate, a norm or a second softmax between the attention and the output projection
+    breaks b_o' = b_o + W_o b_v, and the module tree alone cannot tell)."""
+    g = arch.group(group)
+    if g is not None and g.v_foldable is True:
+        return True, "exact (probed): fold as b_o' = b_o + W_o b_v left the float64 probe's logits invariant"
+    return False, ("not established: the float64 probe's logits changed when b_v was folded into b_o (a gate, norm "
+                   "or other operation sits between attention and the output projection)" if g is not None and
+                   g.v_foldable is False else "not established by the probe")
+
+
 def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch_name: str = "unknown"):
     """A :class:`~ckpt_surgeon.arch.resolve.ModelLayout` for an architecture outside the registry,
     or None when transformers does not implement it (the caller then falls back to names)."""

@@ -265,6 +265,13 @@ def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -
     located = [(lt, r) for lt, r in located if r is not None]
     if not located:
         raise RefusedError("has no value bias in any layer: nothing to fold (--v)", path=src)
+    if layout.derived is not None:      # derived architectures: only a probed fold is exact
+        from ..arch.derive import v_fold_verdict
+        bad = [lt for lt, _ in located if lt.o_bias and not v_fold_verdict(layout.derived, lt.group)[0]]
+        if bad:
+            raise RefusedError(f"refused: cannot fold the value bias in {layout.architecture}: "
+                               f"{v_fold_verdict(layout.derived, bad[0].group)[1]} (layers "
+                               f"{_fmt_layers(lt.layer for lt in bad)})", path=src)
     missing = [lt.layer for lt, _ in located if not lt.o_bias]
     if missing:
         o_name = next((lt.o_weight for lt, _ in located if lt.o_weight), None)
