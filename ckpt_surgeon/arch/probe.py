@@ -404,7 +404,10 @@ def _probe_v(inst, blocks, layout) -> tuple[bool | None, Fact | None]:
         bv = vb.detach()[list(vrows)].reshape(kv, d)
         full = bv.repeat_interleave(h // kv, dim=0).reshape(1, h * d)      # query head h reads kv head h // group
         with torch.no_grad():
-            delta = (o(full) - o(torch.zeros_like(full)))[0]
+            y1, y0 = o(full), o(torch.zeros_like(full))
+        if not (isinstance(y1, torch.Tensor) and isinstance(y0, torch.Tensor)):
+            return None, Fact("v_fold", None, "derived", f"the output projection ({type(o).__name__}) is not a plain linear map")
+        delta = (y1 - y0)[0]
         changes += [(o.bias, o.bias.detach() + delta), (vb, _zero_rows(vb, vrows))]
     r = inst.edit(changes)
     ok = r < INVARIANT_TOL
@@ -467,7 +470,10 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", (_failure(err),)) for g, k in attn.items())
     alt = None
     for g, k in attn.items():
-        gf = _probe_group(inst, pblocks, g, k, pos, heads)
+        try:
+            gf = _probe_group(inst, pblocks, g, k, pos, heads)
+        except Exception as e:   # noqa: BLE001 - a probe that cannot run claims nothing (and says why)
+            gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
         if gf.k_class == "invisible" and k == "cross" and _seq2seq_class(conf.model_type, klass) is not None:
             try:
                 if alt is None:
