@@ -479,8 +479,15 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
         rp = _rope_params(cfg)
         rotary_dim = int(cfg.get("rotary_dim") or int(heads[2] * rp["partial"]))
     from .probe import probe_groups
-    groups = probe_groups(cfg, conf, type(model), blocks, heads, pos) if probe else \
-        tuple(GroupFacts(g, k, "unknown", ("not probed",)) for g, k in _groups(blocks))
+    # only attention with q/k/v biases has facts to probe (the module tree says whether it has)
+    biased = any(getattr(model.get_submodule(module_path(b.path, rel)), "bias", None) is not None
+                 for b in blocks for role, rel in b.roles if role in ("q", "k", "v", "qkv"))
+    if probe and biased:
+        groups = probe_groups(cfg, conf, type(model), blocks, heads, pos)
+    else:
+        why = "not probed" if not probe else "no q/k/v bias in this configuration: nothing to probe"
+        groups = tuple(GroupFacts(g, k, "none", ("no softmax attention in this layer",)) if k == "none" else
+                       GroupFacts(g, k, "unknown", (why,)) for g, k in _groups(blocks))
     arch = DerivedArch(
         model_type=str(cfg.get("model_type")), transformers_version=version, model_class=type(model).__name__,
         blocks=blocks, groups=tuple(groups), num_heads=heads[0] if heads else None,
@@ -557,7 +564,7 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
     or None when transformers does not implement it (the caller then falls back to names)."""
     from .resolve import LayerTensors, ModelLayout, PositionEncoding, _rope_params
     try:
-        arch = derive(cfg, probe=_has_attention_bias(tensors))
+        arch = derive(cfg)
     except DeriveUnavailable:
         return None
     heads = (arch.num_heads, arch.num_kv_heads, arch.head_dim)
@@ -603,9 +610,3 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
         notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch)
 
-
-def _has_attention_bias(tensors) -> bool:
-    """Only checkpoints with q/k/v biases need the probe (the rest needs the module tree only)."""
-    from .resolve import _looks_attention_bias, _is_mask_buffer
-    return any(_looks_attention_bias(n) and not _is_mask_buffer(n) for n in tensors) or \
-        any(n.endswith((".bias",)) and re.search(r"(W_pack|wqkv|att_proj|Wqkv|q_lin|k_lin)", n) for n in tensors)
