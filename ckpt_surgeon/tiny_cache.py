@@ -29,17 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from .userdirs import user_cache
+
 ENV_VAR = "CKPT_SURGEON_FIXTURE_CACHE"
 # Temp build dirs older than this are from killed builds and are swept on the next build.
 _STALE_TMP_S = 3600.0
 
 
 def default_base() -> Path:
-    base = os.environ.get(ENV_VAR)
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "ckpt-surgeon" / "tiny"
+    return user_cache("tiny", ENV_VAR)
 
 
 def cache_root(base: str | os.PathLike | None = None) -> Path:

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..userdirs import user_cache
+
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
 CACHE_VERSION = 1
 
@@ -408,11 +410,7 @@ def static_position(model) -> tuple[str, str]:
 # ----------------------------------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    base = os.environ.get(CACHE_ENV)
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "ckpt-surgeon" / "derived"
+    return user_cache("derived", CACHE_ENV)
 
 
 def _cache_path(cfg: dict, version: str) -> Path:

@@ -20,14 +20,15 @@ import posixpath
 import re
 from pathlib import Path
 
+from ..userdirs import xdg_cache
+
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 def hf_home() -> Path:
     """``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``
     (huggingface_hub ``constants.py``), read at call time."""
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    home = os.environ.get("HF_HOME") or str(xdg_cache() / "huggingface")
     return Path(os.path.expandvars(os.path.expanduser(home)))
 
 
