@@ -37,7 +37,8 @@ from ckpt_surgeon.errors import (
 from ckpt_surgeon.formats import gguf as gg
 from ckpt_surgeon.formats import hub as hubmod
 from tests.gguf_util import write_gguf
-from tests.test_hub import env, hub  # noqa: F401  (the Hub test fixtures: a real server on 127.0.0.1)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hubenv import hub  # noqa: E402,F401  (the local Hub fixture; conftest's env gives it a clean environment)
 
 
 def split_gguf(src, prefix, n_parts: int, *, kv: dict | None = None, extra: dict | None = None) -> list[Path]:
