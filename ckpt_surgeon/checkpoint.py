@@ -9,7 +9,6 @@ identified by its magic bytes, never by its extension alone.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -19,9 +18,12 @@ import numpy as np
 
 from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError
 from .formats import safetensors as st
+from .formats.magic import file_kind
+from .formats.safe_input import check_regular, read_json
 from .records import TensorInfo
 
 PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.bin.index.json")
+_SHARD_NAME = re.compile(r"-\d{5}-of-(\d{5})\.safetensors$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -115,30 +117,21 @@ class Checkpoint:
     def layout(self):
         from .arch.resolve import resolve
         return resolve(self.config, self.tensors, naming=self.naming, config_source=self.config_path,
-                       gguf_arch=self.gguf_arch)
+                       gguf_arch=self.gguf_arch, partial=self.is_one_shard)
 
-
-def _sniff(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if head[:4] == b"GGUF":
-        return "gguf"
-    if head[:2] == b"PK" or head[:1] == b"\x80":
-        return "pickle"
-    return "safetensors"
+    @property
+    def is_one_shard(self) -> bool:
+        """A single file opened on its own that is one shard of a sharded model
+        (``model-00002-of-00004.safetensors``): it holds only some of the config's layers."""
+        m = _SHARD_NAME.search(os.path.basename(self.source))
+        return bool(m) and int(m.group(1)) > 1
 
 
 def _load_config(folder: Path) -> tuple[dict | None, str | None]:
     p = folder / "config.json"
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None, None
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"not valid JSON ({e})", path=str(p)) from None
-    if not isinstance(cfg, dict):
-        raise ConfigError("is not a JSON object", path=str(p))
-    return cfg, str(p)
+    return read_json(p, error=ConfigError), str(p)
 
 
 def _safe_member(folder: Path, rel: str, index_path: str, tensor: str) -> Path:
@@ -157,7 +150,16 @@ def _safe_member(folder: Path, rel: str, index_path: str, tensor: str) -> Path:
     p = folder / rel
     if not os.path.exists(p):   # False (not an exception) for NUL bytes, unencodable names, symlink loops
         raise FormatError(f"weight_map names shard {rel!r}, which does not exist", path=index_path, tensor=tensor)
+    _regular_member(p, rel, index_path, tensor)
     return p
+
+
+def _regular_member(path: Path, rel: str, index_path: str, tensor: str) -> None:
+    """A shard must be a regular file: opening a FIFO blocks forever, a device never ends."""
+    try:
+        check_regular(path)
+    except FormatError as e:
+        raise FormatError(f"weight_map names {rel!r}, which {e.detail}", path=index_path, tensor=tensor) from None
 
 
 def _open_safetensors_files(paths: list[Path]) -> tuple[dict, dict, dict]:
@@ -176,11 +178,8 @@ def _open_safetensors_files(paths: list[Path]) -> tuple[dict, dict, dict]:
 def _open_hf_folder(folder: Path, allow_pickle: bool) -> Checkpoint:
     config, config_path = _load_config(folder)
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            idx = json.loads(index.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise FormatError(f"not valid JSON ({e})", path=str(index)) from None
+    if os.path.lexists(index):
+        idx = read_json(index, error=FormatError, require_object=False)
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm:
             raise FormatError("has no weight_map object", path=str(index))
@@ -236,7 +235,7 @@ def _open_pickle(path: Path, allow_pickle: bool, config=None, config_path=None) 
 
 
 def _open_file(path: Path, allow_pickle: bool) -> Checkpoint:
-    kind = _sniff(str(path))
+    kind = file_kind(path)
     if kind == "gguf":
         from .formats.gguf import open_gguf_checkpoint  # GGUF reader (issue 3)
         return open_gguf_checkpoint(path)

@@ -473,8 +473,12 @@ def test_inspect_on_truncated_file_reports_missing_statistics(base, tmp_path):
     s, _ = off["tensor_data"]["blk.1.attn_q.bias"]
     p = _write(tmp_path, blob[:s + 10])
     r = inspect(p)
-    assert r.missing == (("blk.1.attn_q.bias", "data lies past the end of the (truncated) file"),
-                         ("blk.1.attn_v.bias", "data lies past the end of the (truncated) file"))
+    reason = "data lies past the end of the (truncated) file"
+    # the biases whose statistics could not be computed first, then every other tensor past the end
+    past_end = [n for n, (a, b) in sorted(off["tensor_data"].items(), key=lambda kv: kv[1]) if b > s + 10]
+    assert r.missing[:2] == (("blk.1.attn_q.bias", reason), ("blk.1.attn_v.bias", reason))
+    assert r.missing[2:] == tuple((n, reason) for n in past_end if n not in ("blk.1.attn_q.bias", "blk.1.attn_v.bias"))
+    assert len(r.missing) == len(past_end) == 5
     assert r.missing_bytes == len(blob) - s - 10
     d = r.to_dict()
     assert d["layers"][1]["q_bias"]["l2"] is None and d["layers"][1]["q_bias"]["missing"] is True
@@ -482,8 +486,9 @@ def test_inspect_on_truncated_file_reports_missing_statistics(base, tmp_path):
 
 
 def _expected_cli_error(p: str, missing: int) -> str:
-    return (f"error: {p}: file is truncated: {missing:,} bytes missing; statistics of 2 tensor(s) could not be "
-            "computed (blk.1.attn_q.bias, blk.1.attn_v.bias)")
+    return (f"error: {p}: file is truncated: {missing:,} bytes missing; 5 tensor(s) lie past the end of the file "
+            "(blk.1.attn_q.bias, blk.1.attn_v.bias, blk.1.attn_q.weight, blk.1.attn_v.weight ...) "
+            "(--allow-truncated exits 0 with the structure only)")
 
 
 def test_cli_inspect_truncated_file_prints_table_then_exits_2(base, tmp_path):
@@ -501,16 +506,27 @@ def test_cli_inspect_truncated_file_prints_table_then_exits_2(base, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     report = json.loads(proc.stdout)
-    assert report["missing_bytes"] == missing and len(report["missing"]) == 2
+    assert report["missing_bytes"] == missing and len(report["missing"]) == 5
     assert proc.stderr.strip().splitlines() == [_expected_cli_error(p, missing)]
 
 
-def test_cli_inspect_file_truncated_only_in_other_tensors_exits_0(base, tmp_path):
+def test_cli_inspect_file_truncated_only_in_other_tensors_exits_2(base, tmp_path):
+    # no bias is cut, but the file is still truncated: exit 2 naming the tensor (issue 16: this
+    # used to exit 0 with "missing": []); --allow-truncated gives exit 0 and the same structure
     _, blob, off = base
     p = _write(tmp_path, blob[:-100])               # only output_norm.weight is cut
-    proc = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "inspect", p], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "inspect", p, "--format", "json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: {p}: file is truncated: 100 bytes missing; 1 tensor(s) lie past the end of the "
+                           "file (output_norm.weight) (--allow-truncated exits 0 with the structure only)\n")
+    report = json.loads(proc.stdout)
+    assert report["missing"] == [{"tensor": "output_norm.weight", "reason": "data lies past the end of the (truncated) file"}]
+    assert report["missing_bytes"] == 100
+    ok = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "inspect", p, "--allow-truncated"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    out = ok.stdout + ok.stderr
     assert ("file is truncated: 100 bytes of tensor data are missing; 1 of 27 tensor(s) lie past the end of the file "
             "(first 'output_norm.weight')") in out
 

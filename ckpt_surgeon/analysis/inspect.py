@@ -113,7 +113,8 @@ class InspectReport:
     notes: tuple = ()
     warnings: tuple = ()
     skipped: tuple = ()
-    missing: tuple = ()           # (tensor, reason) for statistics that could not be computed
+    missing: tuple = ()           # (tensor, reason): bias statistics that could not be computed, then every
+                                  # other tensor whose data lies past the end of a truncated file
     missing_bytes: int = 0
     file_metadata: dict = field(default_factory=dict)
     tensor_types: dict = field(default_factory=dict)   # GGUF: tensor -> quantization type
@@ -231,10 +232,13 @@ def _split_fused_bias(vec: np.ndarray, layout: ModelLayout) -> tuple[np.ndarray,
     return v[iq], v[ik], v[iv]
 
 
+_PAST_END = "data lies past the end of the (truncated) file"
+
+
 def _read_bias(ck: Checkpoint, name: str, missing: list):
     info = ck.tensors[name]
     if info.missing:
-        missing.append((name, "data lies past the end of the (truncated) file"))
+        missing.append((name, _PAST_END))
         return None
     return ck.read(name)
 
@@ -247,7 +251,7 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     layer_reports = []
     bias_params = 0
     miss_stat = lambda name: BiasStats(None, None, None, missing=True, tensor=name,  # noqa: E731
-                                       reason="data lies past the end of the (truncated) file",
+                                       reason=_PAST_END,
                                        dtype=ck.tensors[name].dtype)
     # Remote sources fetch everything read below in one batch (local readers ignore this): the
     # bias vectors only; q/k-norm weights are reported by presence, their values are not read.
@@ -289,6 +293,9 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
                                          q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None,
                                          extra={"k_bias_redundancy": inspect_summary(
                                              layout, ck.config, lt, k_vec, sinks=lt.layer in sinks)}))
+    listed = {t for t, _ in missing}
+    missing.extend((n, _PAST_END) for n, i in sorted(ck.tensors.items(), key=lambda kv: (kv[1].file, kv[1].start))
+                   if i.missing and n not in listed)
     params, dtypes = 0, {}
     mask_like = set(layout.buffers)
     for name, info in ck.tensors.items():

@@ -7,6 +7,7 @@ in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -115,7 +116,50 @@ def _get(cfg: dict, keys, default=None):
     return default
 
 
-def _rope_params(cfg: dict) -> dict:
+# Upper bounds for config integers, checked before anything loops over or allocates by them
+# (the largest public models: ~200 layers, hidden 16k-25k, 128 heads, 10M-token contexts).
+MAX_LAYERS = 100_000
+MAX_WIDTH = 1 << 24
+
+
+def _describe(v) -> str:
+    kind = {str: "a string", bool: "a boolean", list: "a list", dict: "an object", float: "a fraction"}.get(type(v), type(v).__name__)
+    shown = repr(v)
+    return f"{shown if len(shown) <= 40 else shown[:36] + ' ...'} ({kind})"
+
+
+def config_int(cfg: dict, keys, *, path: str | None, minimum: int, maximum: int, what: str = ""):
+    """The first of ``keys`` present in ``cfg`` as an integer in ``[minimum, maximum]`` (None if
+    absent); a string, boolean, list, fraction or out-of-range value is a ConfigError naming it."""
+    for k in keys:
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{k} is {_describe(v)}; it must be an integer{what}", path=path)
+        if not minimum <= v <= maximum:
+            raise ConfigError(f"{k} is {v:,}; it must be between {minimum:,} and {maximum:,}{what}", path=path)
+        return v
+    return None
+
+
+def config_float(cfg: dict, keys, *, path: str | None, positive: bool = False):
+    """The first of ``keys`` present as a finite number (None if absent); else a ConfigError."""
+    for k in keys:
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) \
+                or (positive and not v > 0):
+            raise ConfigError(f"{k} is {_describe(v)}; it must be a finite{' positive' if positive else ''} number",
+                              path=path)
+        return float(v)
+    return None
+
+
+def _rope_params(cfg: dict, path: str | None = None) -> dict:
     """Rope settings from either spelling.
 
     transformers >= 5 writes ``rope_parameters`` ({rope_theta, partial_rotary_factor,
@@ -126,12 +170,17 @@ def _rope_params(cfg: dict) -> dict:
     if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
         rp = rp.get("full_attention") or next(iter(rp.values()))
     out = {}
-    theta = rp.get("rope_theta") if isinstance(rp, dict) else None
-    out["theta"] = float(theta if theta is not None else _get(cfg, F.CONFIG_KEYS["rope_theta"], 10000.0))
-    prf = rp.get("partial_rotary_factor") if isinstance(rp, dict) else None
+    rp = rp if isinstance(rp, dict) else {}
+    theta = config_float(rp, ("rope_theta",), path=path, positive=True)
+    out["theta"] = theta if theta is not None else config_float(cfg, F.CONFIG_KEYS["rope_theta"], path=path,
+                                                                positive=True) or 10000.0
+    prf = config_float(rp, ("partial_rotary_factor",), path=path)
     if prf is None:
-        prf = _get(cfg, F.CONFIG_KEYS["partial_rotary"], 1.0)
-    out["partial"] = float(prf)
+        prf = config_float(cfg, F.CONFIG_KEYS["partial_rotary"], path=path)
+    prf = 1.0 if prf is None else prf
+    if not 0.0 <= prf <= 1.0:
+        raise ConfigError(f"the partial rotary factor is {prf}; it must be between 0 and 1", path=path)
+    out["partial"] = prf
     return out
 
 
@@ -151,7 +200,8 @@ def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
     return fam.fused_layout
 
 
-def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str, permuted: bool) -> PositionEncoding:
+def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str, permuted: bool,
+              path: str | None = None) -> PositionEncoding:
     # Not declared: say so.  Guessing "none" would claim an exact key-bias removal that a
     # rotary model does not allow.
     ptype = fam.position if fam else "unknown"
@@ -160,16 +210,20 @@ def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str
             ptype = pos
     if ptype != "rope":
         return PositionEncoding(ptype)
-    rp = _rope_params(cfg)
+    rp = _rope_params(cfg, path)
     rotary_dim = int(head_dim * rp["partial"]) if head_dim else None
     if cfg.get("rotary_dim"):
-        rotary_dim = int(cfg["rotary_dim"])
+        rotary_dim = config_int(cfg, ("rotary_dim",), path=path, minimum=0, maximum=head_dim or MAX_WIDTH)
     return PositionEncoding("rope", rotary_dim, rp["theta"], "interleaved" if permuted else "rotate_half")
 
 
 def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_source: str | None = None,
-            gguf_arch: str | None = None) -> ModelLayout:
-    """Build the layout.  ``tensors`` maps name -> TensorInfo (shapes in numpy order)."""
+            gguf_arch: str | None = None, partial: bool = False) -> ModelLayout:
+    """Build the layout.  ``tensors`` maps name -> TensorInfo (shapes in numpy order).
+
+    Every config value used is type- and range-checked here, and config and tensors must agree
+    both ways: no tensor for a layer past the layer count, and (unless ``partial``: one shard of
+    a sharded model) every layer the config counts has tensors."""
     cfg = dict(config or {})
     model_type = cfg.get("model_type")
     if naming == "gguf":
@@ -187,19 +241,23 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
             check_shapes(derived, tensors)
             return derived
 
-    n_heads = _get(cfg, F.CONFIG_KEYS["num_heads"])
-    n_kv = _get(cfg, F.CONFIG_KEYS["num_kv_heads"])
+    where = config_source
+    n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
+    n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     if n_kv is None and n_heads is not None:
         n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
     for conds, value in (fam.kv_heads_rules if fam else ()):
         if all(bool(cfg.get(k)) == v for k, v in conds.items()):
             n_kv = value
-    hidden = _get(cfg, F.CONFIG_KEYS["hidden_size"])
-    head_dim = _get(cfg, F.CONFIG_KEYS["head_dim"])
+    if n_heads is not None and n_kv is not None and n_heads % n_kv:
+        raise ConfigError(f"{n_heads} attention heads cannot be shared by {n_kv} key/value heads (not a divisor)",
+                          path=where)
+    hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
+    head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
     if head_dim is None and hidden and n_heads:
         head_dim = hidden // n_heads
     permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
-    position = _position(fam, cfg, head_dim, naming, permuted)
+    position = _position(fam, cfg, head_dim, naming, permuted, where)
 
     # Match tensor names to roles.
     if naming == "gguf":
@@ -244,12 +302,14 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
                      + (" ..." if len(skipped) > 5 else ""))
 
-    n_layers = _get(cfg, F.CONFIG_KEYS["num_layers"])
+    n_layers = config_int(cfg, F.CONFIG_KEYS["num_layers"], path=where, minimum=0, maximum=MAX_LAYERS)
     if n_layers is None:
         n_layers = (max(found) + 1) if found else 0
     if found and max(found) >= n_layers:
         raise ConfigError(f"num_hidden_layers={n_layers} but tensors exist for layer {max(found)}",
                           path=config_source, tensor=next(iter(found[max(found)].values())))
+    if found and not partial:
+        _check_layers_present(n_layers, _layer_indices(tensors, layer_pat) if layer_pat else set(found), where)
 
     layers = []
     for i in range(n_layers):
@@ -268,19 +328,44 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     fused_layout = None
     if any(lt.fused for lt in layers):
         fused_layout = "concat" if naming == "gguf" else (_fused_layout(fam, cfg) if fam else None)
-    softcap = cfg.get(fam.softcap_key) if fam and fam.softcap_key else None
+    softcap = config_float(cfg, (fam.softcap_key,), path=where, positive=True) if fam and fam.softcap_key else None
 
     layout = ModelLayout(
         architecture=arch_name, family=fam.name if fam else None, naming=naming,
         num_layers=n_layers, num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim, hidden_size=hidden,
         position=position, norm_placement=fam.norm_placement if fam else None, qk_norm=qk_norm,
         fused_layout=fused_layout, conv1d=bool(fam and fam.conv1d and naming == "hf"), qk_permuted=permuted,
-        max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=softcap,
+        max_positions=config_int(cfg, F.CONFIG_KEYS["max_positions"], path=where, minimum=1, maximum=1 << 40),
+        softcap=softcap,
         layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
         input_norm=fam.input_norm if fam else None,
         norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
     check_shapes(layout, tensors)
     return layout
+
+
+def _layer_indices(tensors: dict, layer_pat: str) -> set:
+    """Indices of the layers any tensor lives in (by the layer prefix pattern)."""
+    lay = re.escape(layer_pat).replace(re.escape("{L}"), r"(\d+)")
+    rx = re.compile(r"^(?:.*\.)?" + lay)
+    out = set()
+    for name in tensors:
+        m = rx.match(name)
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+def _check_layers_present(n_layers: int, present: set, where: str | None) -> None:
+    """Every layer the config counts must hold tensors (``present``: the indices that do)."""
+    top = max(present, default=-1)
+    gap = next((i for i in range(min(n_layers, top + 1)) if i not in present), None)
+    if gap is None and top + 1 >= n_layers:
+        return
+    first = gap if gap is not None else top + 1
+    raise ConfigError(f"the config counts {n_layers:,} layers, but layer {first} has no tensors (tensors exist for "
+                      f"{len(present)} layer(s), the last being layer {top}): a truncated download, a missing shard "
+                      "or a wrong layer count", path=where)
 
 
 _ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv)")
@@ -351,3 +436,20 @@ def check_shapes(layout: ModelLayout, tensors: dict) -> None:
                         f"config says {what} x head_dim {layout.head_dim} = {rows[role]} {role} rows, "
                         f"but the tensor has shape {list(shape)}", path=where, tensor=name,
                         expected=rows[role], got=got)
+        if layout.family is not None and layout.hidden_size:
+            _check_widths(layout, lt, tensors, rows)
+
+
+def _check_widths(layout: ModelLayout, lt: LayerTensors, tensors: dict, rows: dict) -> None:
+    """The other direction: the projections read hidden_size columns and the output projection
+    maps heads x head_dim back to hidden_size (a doubled hidden_size is caught here)."""
+    hidden, conv = layout.hidden_size, layout.conv1d
+    checks = [(getattr(lt, f"{r}_weight"), 0 if conv else 1, hidden, "hidden_size") for r in ("q", "k", "v", "qkv")]
+    checks += [(lt.o_weight, 1 if conv else 0, hidden, "hidden_size"),
+               (lt.o_weight, 0 if conv else 1, rows["q"], "heads x head_dim")]
+    for name, axis, want, what in checks:
+        shape = tensors[name].shape if name is not None else ()
+        if len(shape) == 2 and shape[axis] != want:
+            raise ConfigError(f"config says {what} = {want}, but the tensor has shape {list(shape)} "
+                              f"({'columns' if axis == 1 else 'rows'}: {shape[axis]})", path=layout.config_source,
+                              tensor=name, expected=want, got=shape[axis])

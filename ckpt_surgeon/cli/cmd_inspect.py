@@ -10,7 +10,10 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
 @click.argument("source")
 @source_options
 @output_options
-def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
+@click.option("--allow-truncated", is_flag=True,
+              help="Exit 0 for a truncated file (only the structure is wanted); by default it is exit code 2.")
+def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force,
+            allow_truncated):
     """Summarise SOURCE and its per-layer attention q/k/v biases.
 
     Reads headers and the bias vectors only (no model is instantiated).  Shows
@@ -27,8 +30,9 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     opens the whole set (the other parts are found beside it by name, or in the
     same Hub repo); a missing or inconsistent part is an error (exit code 2).
 
-    Truncated files: the structure is still shown, then exit code 2 names the
-    missing bytes and the tensors whose statistics could not be computed.
+    Truncated files: the structure is still shown (the JSON lists every
+    tensor past the end under "missing"), then exit code 2 names the missing
+    bytes and tensors; --allow-truncated exits 0 instead.
     """
     from ..analysis.inspect import inspect
     from ..errors import TruncatedError
@@ -36,9 +40,10 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     check_report_path(output, force, (source,))
     report = inspect(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, output, title="ckpt-surgeon inspect", force=force)
-    if report.missing:
-        names = sorted({t for t, _ in report.missing})
+    if report.missing and not allow_truncated:
+        names = [t for t, _ in report.missing]
         raise TruncatedError(
-            f"file is truncated: {report.missing_bytes:,} bytes missing; statistics of {len(names)} tensor(s) "
-            f"could not be computed ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
-            path=report.source, missing_bytes=report.missing_bytes, tensors=tuple(names))
+            f"file is truncated: {report.missing_bytes:,} bytes missing; {len(names)} tensor(s) lie past the end of "
+            f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
+            path=report.source, missing_bytes=report.missing_bytes, tensors=tuple(names),
+            hint="--allow-truncated exits 0 with the structure only")

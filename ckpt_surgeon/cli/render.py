@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 
 import click
 
@@ -53,34 +52,11 @@ def check_report_path(path: str | None, force: bool, sources=()) -> None:
 
 
 def write_atomic(path: str, text: str, *, force: bool = True) -> None:
-    """Write to a temp file beside ``path`` and rename it into place: readers never see half a
-    file.  ``force=False``: the rename is ``os.link`` (fails if ``path`` appeared meanwhile)
-    instead of ``os.replace``, so an existing file is never clobbered, even by a race."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-surgeon-", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        if force:
-            os.replace(tmp, path)
-        else:
-            from ..errors import OutputExistsError
-            try:
-                os.link(tmp, path)
-                os.unlink(tmp)
-            except FileExistsError:
-                raise OutputExistsError("already exists", path=path, hint="pass --force to replace it") from None
-            except OSError:             # a filesystem without hard links: check, then replace
-                if os.path.lexists(path):
-                    raise OutputExistsError("already exists", path=path, hint="pass --force to replace it") from None
-                os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Temp file beside ``path``, fsync, rename (:mod:`ckpt_surgeon.publish`): readers never see half
+    a file.  ``force=False``: an existing ``path`` is never clobbered, even by a race (the publish
+    is a hard link, which fails if ``path`` appeared meanwhile)."""
+    from ..publish import write_file_atomic
+    write_file_atomic(os.path.abspath(path), text.encode("utf-8"), replace=force)
 
 
 def _cell(v) -> str:

@@ -61,11 +61,13 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, **
 
 
 def is_gguf(path) -> bool:
+    """Whether ``path`` is a GGUF file, by its magic (a file no magic fits is a FormatError that
+    says what it looks like, never taken for an HF model)."""
+    from ..formats.magic import file_kind
     p = Path(os.fspath(path))
-    if not p.is_file():
+    if p.is_dir() or not os.path.lexists(p):
         return False
-    with open(p, "rb") as f:
-        return f.read(4) == b"GGUF"
+    return file_kind(p) == "gguf"
 
 
 def _gguf_in_folder(p: Path) -> Path | None:

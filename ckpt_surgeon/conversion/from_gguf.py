@@ -202,6 +202,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         if missing:
             raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
                               path=str(src), tensor=missing[0])
+        ck.layout()   # metadata and tensors must agree (layer count, widths, heads) before any work
 
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))

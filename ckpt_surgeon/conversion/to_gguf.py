@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import hf_cache
 from ..progress import bar
+from ..publish import Staging
 from . import _io
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -191,6 +192,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         if ck.naming != "hf":
             raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
                                    path=str(src))
+        ck.layout()   # config and tensors must agree (layer count, widths, heads) before any work
         folder = src if src.is_dir() else src.parent
         _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
         config, cfg = _load_hf_config(folder, ck.config_path)
@@ -237,7 +239,8 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         for p in plan:
             w.add_tensor_info(p.dst, p.shape, np.dtype(np.float32), p.nbytes,
                               raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])
-        tmp = _io.temp_file_beside(out)
+        staging = Staging(out, folder=False)
+        tmp = staging.path
         digests = {}
         wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
         try:
@@ -257,11 +260,11 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
             w.close()
             if verify:
                 _verify_written(tmp, out, spec.gguf_arch, plan, digests)
-            _io.publish_file(tmp, out)
+            staging.publish(replace=True)      # check_output refused an existing OUT without force
         except BaseException:
             wbar.close()
             w.close()
-            _io.discard(tmp)
+            staging.discard()
             raise
     finally:
         ck.close()

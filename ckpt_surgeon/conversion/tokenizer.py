@@ -205,10 +205,8 @@ _BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
 def _read_json(p: Path) -> dict:
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"not valid JSON ({e})", path=str(p)) from None
+    from ..formats.safe_input import read_json
+    return read_json(p, error=ConfigError)
 
 
 def _token_content(entry) -> str | None:

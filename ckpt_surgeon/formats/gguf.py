@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import FormatError, SourceNotFoundError, TruncatedError
 from ..records import TensorInfo
 from . import dequant as dq
+from .safe_input import open_regular
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -290,7 +291,7 @@ class _Parser:
                 n = unpack(buf, pos)[0]
                 lens[i] = n
                 pos += 8 + n
-        except struct.error:
+        except (struct.error, OverflowError):   # OverflowError: a length near 2**63 moved pos past ssize_t
             pos = limit + 1
         if pos > limit:
             # Error path only: walk again with every read checked, to name the exact item.
@@ -396,6 +397,11 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
             numel *= d
         if max(ne) >= 1 << 63 or numel >= 1 << 63:
             raise FormatError(f"dimensions {list(ne)} hold {numel:,} elements, beyond the 2**63 limit", path=path, tensor=name)
+        if numel == 0:
+            # ggml has no empty tensors: llama.cpp's loader divides by each ne[i] when it checks
+            # the element count (gguf.cpp), and no model weight has a zero-length axis.
+            raise FormatError(f"has a zero dimension ({list(ne)}, innermost first): an empty tensor is not a model "
+                              "weight", path=path, tensor=name)
         if offset % alignment:
             raise FormatError(f"data offset {offset} is not a multiple of the alignment {alignment}", path=path, tensor=name)
         t = dq.GGML_TYPES.get(type_id)
@@ -444,7 +450,7 @@ _FIRST_READ = 16 << 20
 def read_header(path: str | os.PathLike) -> GGUFHeader:
     """Parse the header of a local file, reading only the header's bytes (in growing reads)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         buf = f.read(min(size, _FIRST_READ))
         while True:
@@ -527,7 +533,7 @@ class GGUFFile:
     def _read_into(self, info: TensorInfo) -> np.ndarray:
         """The stored bytes of ``info`` as a fresh uint8 array (the byte-source hook)."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            self._fd = open_regular(self.path)
         n = info.end - info.start
         out = np.empty(n, np.uint8)
         got = 0

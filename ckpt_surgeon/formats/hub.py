@@ -52,10 +52,12 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from ..errors import ConfigError, FormatError, HubError, PickleRefusedError
+from ..publish import Staging, write_file_atomic
 from ..records import TensorInfo
 from . import gguf as gg
 from . import hf_cache
 from . import safetensors as st
+from .safe_input import loads_json
 
 logger = logging.getLogger(__name__)
 
@@ -137,20 +139,10 @@ class HubSettings:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Temp file beside ``path`` + ``os.replace``: a reader never sees half a chunk, and two
-    processes writing the same chunk (same bytes: content at a commit is immutable) both win."""
+    """Temp beside ``path`` + rename (:mod:`ckpt_surgeon.publish`): a reader never sees half a chunk,
+    and two processes writing the same chunk (same bytes: content at a commit is immutable) both win."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_file_atomic(path, data)
 
 
 class RepoCache:
@@ -615,21 +607,14 @@ class HubClient:
             fd, tmp_name = tempfile.mkstemp(prefix="ckpt-surgeon-")
             os.close(fd)
             target = Path(tmp_name)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
         n = 0
-        try:
-            with os.fdopen(fd, "wb") as f:
+        with Staging(target, folder=False) as staged:
+            with open(staged.path, "wb") as f:
                 for chunk in r.iter_bytes():
                     f.write(chunk)
                     n += len(chunk)
                     self._count(0, len(chunk))
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            staged.publish(replace=True)
         if size and size.isdigit() and n != int(size):
             raise HubError(f"the whole-file download ended after {n:,} of {int(size):,} bytes", path=self.label(filename))
         if store is not None:
@@ -786,10 +771,7 @@ def _read_small(client: HubClient, cache: RepoCache, wanted: dict[str, str]) -> 
         if len(data) > MAX_SMALL_FILE:
             raise HubError(f"is larger than {MAX_SMALL_FILE >> 20} MB, which no {what} file is", path=label)
         exc = FormatError if what == "index" else ConfigError   # the classes local files raise
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise exc(f"not valid JSON ({e})", path=label) from None
+        obj = loads_json(data, path=label, error=exc, max_bytes=MAX_SMALL_FILE)
         if not isinstance(obj, dict):
             raise exc("is not a JSON object", path=label)
         out[f] = obj

@@ -13,7 +13,6 @@ covering the data section exactly.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from ..errors import FormatError, TruncatedError
 from ..records import TensorInfo
+from .safe_input import loads_json, open_regular
 
 # Header length limit, as in safetensors' Rust core (MAX_HEADER_SIZE = 100_000_000).
 MAX_HEADER_SIZE = 100_000_000
@@ -62,17 +62,15 @@ class SafetensorsHeader:
     tensors: dict = field(default_factory=dict)   # name -> TensorInfo (absolute offsets), file order
 
 
-def _no_duplicates(pairs):
-    seen = {}
-    for k, v in pairs:
-        if k in seen:
-            raise _Duplicate(k)
-        seen[k] = v
-    return seen
+def _short(v, limit: int = 80) -> str:
+    """``repr`` of a header value for a message, cut to ``limit`` characters."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 5] + " ...]" if r.startswith("[") else r[:limit - 4] + " ..."
 
 
-class _Duplicate(Exception):
-    pass
+def _json_type(v) -> str:
+    return {dict: "JSON object", list: "JSON array", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHeader:
@@ -90,17 +88,19 @@ def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHea
     raw = head[8:8 + n]
     if len(raw) < n:
         raise FormatError(f"header needs {n} bytes but only {len(raw)} were read", path=path)
-    try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except _Duplicate as e:
-        raise FormatError("header names this tensor twice", path=path, tensor=str(e.args[0])) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"header is not valid JSON ({e})", path=path) from None
+    obj = loads_json(raw, path=path, error=FormatError, max_bytes=MAX_HEADER_SIZE, what="header", duplicates_tensor=True)
     if not isinstance(obj, dict):
         raise FormatError(f"header is JSON but not an object (got {type(obj).__name__})", path=path)
-    metadata = obj.pop("__metadata__", None) or {}
+    metadata = obj.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict):
         raise FormatError("__metadata__ is not an object", path=path)
+    for k, v in metadata.items():
+        # the format's __metadata__ is a map of strings to strings (safetensors' Rust core:
+        # HashMap<String, String>), and it is copied into outputs: refuse anything else here
+        if not isinstance(v, str):
+            raise FormatError(f"__metadata__ value of {_short(k)} is a {_json_type(v)}; the safetensors format "
+                              "allows only strings", path=path)
     data_start = 8 + n
     data_len = file_size - data_start
     entries = []
@@ -108,26 +108,31 @@ def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHea
         if not isinstance(ent, dict) or not {"dtype", "shape", "data_offsets"} <= set(ent):
             raise FormatError("header entry lacks dtype/shape/data_offsets", path=path, tensor=name)
         dtype, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
-        if dtype not in DTYPE_BITS:
-            raise FormatError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BITS)})", path=path, tensor=name)
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+            raise FormatError(f"unknown dtype {_short(dtype)} (known: {', '.join(DTYPE_BITS)})", path=path, tensor=name)
         if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise FormatError(f"shape {shape!r} is not a list of non-negative integers", path=path, tensor=name)
+            raise FormatError(f"shape {_short(shape)} is not a list of non-negative integers", path=path, tensor=name)
         if (not isinstance(offs, list) or len(offs) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
-            raise FormatError(f"data_offsets {offs!r} is not a pair of non-negative integers", path=path, tensor=name)
+            raise FormatError(f"data_offsets {_short(offs)} is not a pair of non-negative integers", path=path, tensor=name)
         b, e = offs
         if e < b:
             raise FormatError(f"data_offsets [{b}, {e}] end before they begin", path=path, tensor=name)
-        numel = 1
+        # Python ints are exact; the product stops growing once it exceeds what the offsets hold
+        # (a shape of 100,000 huge dimensions would otherwise cost quadratic time), never allocated.
+        numel, cap = (0 if 0 in shape else 1), max((e - b) * 8, 1 << 256)
         for d in shape:
-            numel *= d  # Python ints: exact; compared against the file size below, never allocated
+            numel *= d
+            if numel > cap:
+                break
         try:
-            need = dtype_nbytes(dtype, numel)
+            need = dtype_nbytes(dtype, numel) if numel <= cap else None
         except ValueError as err:
             raise FormatError(str(err), path=path, tensor=name) from None
         if need != e - b:
-            raise FormatError(f"size mismatch: shape {shape} of {dtype} needs {need} bytes but data_offsets [{b}, {e}] hold {e - b}",
-                              path=path, tensor=name)
+            needs = f"{need}" if need is not None else f"more than {e - b}"
+            raise FormatError(f"size mismatch: shape {_short(shape)} of {dtype} needs {needs} bytes but data_offsets [{b}, {e}] "
+                              f"hold {e - b}", path=path, tensor=name)
         entries.append((b, e, name, dtype, tuple(shape)))
     entries.sort()
     pos = 0
@@ -160,7 +165,7 @@ def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHea
 def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     """Read and validate the header of a local file (reads 8 + N bytes, nothing else)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         first = f.read(8)
         n = int.from_bytes(first, "little") if len(first) == 8 else 0
@@ -213,7 +218,7 @@ class LocalFile:
         if mv.nbytes != n:
             raise ValueError(f"buffer holds {mv.nbytes} bytes, tensor '{info.name}' has {n}")
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            self._fd = open_regular(self.path)
         done = 0
         while done < n:
             got = os.preadv(self._fd, [mv[done:done + min(n - done, 1 << 30)]], info.start + done)

@@ -70,11 +70,12 @@ Atomicity
     then the temp is renamed to ``OUT`` and the parent directory fsync'd, following the same
     reasoning as huggingface_hub's download path (write an ``.incomplete`` file, rename when done):
     a reader never sees a half-written ``OUT``, whatever kills the process.  A killed run leaves
-    only its hidden temp dir, removed by the next run into the same ``OUT`` once its pid is gone.
+    only its hidden temp dir, removed by the next run into the same ``OUT`` (its owner's lock is
+    gone; :mod:`ckpt_surgeon.publish` does all of this for every writer).
     ``OUT`` is never overwritten without ``force=True`` (:class:`OutputExistsError`, raised before
     any work); with ``force`` an existing folder is moved aside, the new one renamed in, the old
     one removed (a kill between the two renames leaves the old folder in a hidden
-    ``.<OUT name>.ckpt-surgeon-<pid>-old`` beside it).  ``OUT`` may not be the source or contain it.
+    ``.<OUT name>.ckpt-surgeon-<pid>-<random>.old`` beside it, removed by the next run).  ``OUT`` may not be the source or contain it.
     Sources are only ever opened read-only.  ``OSError`` while writing (disk full, file too large,
     permission denied) becomes :class:`~ckpt_surgeon.errors.WriteError` naming the file, after the
     temp dir is removed; free space is checked before writing starts.
@@ -91,9 +92,6 @@ import errno
 import hashlib
 import json
 import os
-import re
-import secrets
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -104,8 +102,10 @@ import numpy as np
 
 from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
 from ..progress import NO_BAR, bar
+from ..publish import Staging, sweep_stale
 from ..records import TensorInfo
 from . import safetensors as st
+from .safe_input import loads_json, open_regular, read_json
 
 __all__ = ["CheckpointWriter", "open_writer", "WriteResult", "ShardResult", "cast_to_dtype", "FULL_HASH_LIMIT", "FULL_CHECK_LIMIT"]
 
@@ -249,6 +249,17 @@ def cast_to_dtype(arr: np.ndarray, dtype: str) -> bytes:
 
 # ----------------------------------------------------------------------------- helpers
 
+def recorded_operations(raw: str) -> list[dict]:
+    """The ``operations`` list of a ``ckpt_surgeon`` history record (a JSON string in the source's
+    metadata, so untrusted): parsed with limits, anything malformed read as no history."""
+    try:
+        obj = loads_json(raw, what="ckpt_surgeon history")
+    except CkptError:
+        return []
+    ops = obj.get("operations") if isinstance(obj, dict) else None
+    return [op for op in ops if isinstance(op, dict)] if isinstance(ops, list) else []
+
+
 def _stage(name: str) -> None:
     """Test hook: pause at a named stage so a test can SIGKILL the process there (see module doc)."""
     want = os.environ.get("CKPT_SURGEON_PAUSE_AT")
@@ -259,24 +270,6 @@ def _stage(name: str) -> None:
         with open(marker, "w") as f:
             f.write(f"{os.getpid()} {name}\n")
     time.sleep(3600)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _copy_range(src_fd: int, dst_fd: int, length: int, src_off: int, dst_off: int) -> None:
@@ -388,6 +381,7 @@ class CheckpointWriter:
         self._ops: list[dict] = []
         self._committed = False
         self._tmp: Path | None = None
+        self._staging: Staging | None = None
         self._pre: dict = {}                      # shard name -> _Precopy (begin_copy)
         self._pre_threads: list[threading.Thread] = []
         self._pre_cancel = threading.Event()
@@ -813,10 +807,7 @@ class CheckpointWriter:
         if self.source is not None and self.source.format == "safetensors":
             base = {k: v for k, v in (self.source.metadata or {}).items() if isinstance(v, str)}
             if "ckpt_surgeon" in base:
-                try:
-                    prior = list(json.loads(base["ckpt_surgeon"]).get("operations", []))
-                except (ValueError, AttributeError):
-                    prior = []
+                prior = recorded_operations(base["ckpt_surgeon"])
         entry = {"version": __version__, "operations": prior + self._ops}
         if self.source is not None:
             entry["source"] = {"name": os.path.basename(os.path.normpath(self.source.source)), "hash": hash_hex,
@@ -828,28 +819,12 @@ class CheckpointWriter:
     # -- writing -------------------------------------------------------------
 
     def _sweep_stale(self) -> None:
-        rx = re.compile(r"^\." + re.escape(self.out.name) + r"\.ckpt-surgeon-(\d+)-[0-9a-f]+\.tmp$")
-        try:
-            names = os.listdir(self.out.parent)
-        except OSError:
-            return
-        for n in names:
-            m = rx.match(n)
-            if m and not _pid_alive(int(m.group(1))):
-                p = self.out.parent / n
-                if p.is_dir():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    try:
-                        p.unlink()
-                    except OSError:
-                        pass
+        """Remove temps killed runs left beside OUT (before the free-space check: they use space)."""
+        sweep_stale(self.out)
 
     def _make_tmp(self) -> None:
-        name = f".{self.out.name}.ckpt-surgeon-{os.getpid()}-{secrets.token_hex(4)}.tmp"
-        tmp = self.out.parent / name
-        os.mkdir(tmp, 0o755)
-        self._tmp = tmp
+        self._staging = Staging(self.out, folder=True)
+        self._tmp = self._staging.path
         _stage("temp-created")
 
     def _shard_path(self, fname: str) -> Path:
@@ -1024,10 +999,8 @@ class CheckpointWriter:
         if len(shards) > 1 or (src_had_index and not self.max_shard_bytes):
             meta = {}
             if src_had_index:
-                try:
-                    meta = dict(json.loads((src_dir / INDEX_NAME).read_text(encoding="utf-8")).get("metadata") or {})
-                except (ValueError, AttributeError):
-                    meta = {}
+                meta = read_json(src_dir / INDEX_NAME).get("metadata")   # validated when the source was opened
+                meta = dict(meta) if isinstance(meta, dict) else {}
             meta["total_size"] = sum(e.nbytes for _, ents, _ in shards for e in ents)
             if "total_parameters" in meta:     # transformers >= 5 records it; keep it true
                 meta["total_parameters"] = sum(int(np.prod(e.shape, dtype=np.int64)) for _, ents, _ in shards for e in ents)
@@ -1048,7 +1021,7 @@ class CheckpointWriter:
         return copied, skipped
 
     def _copy_file(self, src: Path, dst: Path) -> None:
-        sfd = os.open(src, os.O_RDONLY)
+        sfd = open_regular(src, what="side file")      # a FIFO among the side files would block the copy
         try:
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -1060,41 +1033,15 @@ class CheckpointWriter:
             os.close(sfd)
 
     def _rename_into_place(self) -> None:
-        tmp = self._tmp
-        if self.single_file:
-            produced = tmp / self.out.name
-            # fsync'd already; os.replace is atomic and replaces an existing file (force was checked).
-            if os.path.lexists(self.out) and not self.force:
-                raise OutputExistsError("appeared while writing; pass --force to replace it", path=self.out)
-            os.replace(produced, self.out)
-            _fsync_dir(str(self.out.parent))
-            shutil.rmtree(tmp, ignore_errors=True)
-            self._tmp = None
-            return
-        for root, dirs, _ in os.walk(tmp):
-            for d in dirs:
-                _fsync_dir(os.path.join(root, d))
-        _fsync_dir(str(tmp))
-        old = None
-        if os.path.lexists(self.out):
-            if not self.force:
-                raise OutputExistsError("appeared while writing; pass --force to replace it", path=self.out)
-            old = self.out.parent / f".{self.out.name}.ckpt-surgeon-{os.getpid()}-old"
-            os.rename(self.out, old)
-        os.rename(tmp, self.out)
-        self._tmp = None
-        _fsync_dir(str(self.out.parent))
-        if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink()
+        # fsync'd and renamed by the publish module; a single-file OUT is the one file in the temp dir
+        self._staging.publish(replace=self.force, member=self.out.name if self.single_file else None)
+        self._staging, self._tmp = None, None
 
     def _cleanup(self) -> None:
         self._stop_precopy()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        if self._staging is not None:
+            self._staging.discard()
+        self._staging, self._tmp = None, None
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -1170,10 +1117,7 @@ class GGUFCheckpointWriter(CheckpointWriter):
         prior = []
         old = (self.source.metadata or {}).get(GGUF_HISTORY_KEY)
         if isinstance(old, str):
-            try:
-                prior = list(json.loads(old).get("operations", []))
-            except (ValueError, AttributeError):
-                prior = []
+            prior = recorded_operations(old)
         entry = {"version": __version__, "operations": prior + self._ops,
                  "source": {"name": os.path.basename(self.source.source), "hash": hash_hex, "hash_scope": scope}}
         return {"ckpt_surgeon": json.dumps(entry, sort_keys=True, default=str)}

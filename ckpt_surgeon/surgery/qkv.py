@@ -15,7 +15,6 @@ kept and the fused layout is recorded in ``__metadata__`` so ``fuse`` can restor
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from ..arch import families as F
@@ -51,13 +50,11 @@ def _recorded_layout(ckpt) -> str | None:
     raw = (ckpt.metadata or {}).get("ckpt_surgeon") if ckpt.format == "safetensors" else None
     if not isinstance(raw, str):
         return None
-    try:
-        ops_ = json.loads(raw).get("operations", [])
-    except (ValueError, AttributeError):
-        return None
-    for op in reversed(ops_):
-        lay = (op.get("params") or {}).get("qkv_layout")
-        if lay:
+    from ..formats.writer import recorded_operations
+    for op in reversed(recorded_operations(raw)):
+        params = op.get("params")
+        lay = params.get("qkv_layout") if isinstance(params, dict) else None
+        if isinstance(lay, str) and lay:
             return lay
     return None
 

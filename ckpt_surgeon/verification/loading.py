@@ -86,6 +86,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
         n_params = sum(i.numel for i in floats)
         if ck.missing_bytes:
             raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
+        ck.layout()   # config and tensors must agree (layer count, widths, heads) before a model is built
         if ck.format == "gguf":
             folder = _convert_gguf(Path(ck.source), workdir / role, dtype)
             config = _read_config(folder / "config.json")
@@ -110,11 +111,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
 
 
 def _read_config(path: Path) -> dict:
-    import json
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"converted config is unreadable ({e})", path=str(path)) from None
+    from ..formats.safe_input import read_json
+    return read_json(path, error=ConfigError)
 
 
 def _single_file_folder(file: Path, out: Path) -> Path:
