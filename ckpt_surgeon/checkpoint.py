@@ -114,10 +114,13 @@ class Checkpoint:
     def __exit__(self, *exc):
         self.close()
 
-    def layout(self):
+    def layout(self, *, shapes: bool = True):
+        """The resolved :class:`~ckpt_surgeon.arch.resolve.ModelLayout` (config values checked, config
+        and tensors in agreement; ``shapes=False`` leaves the per-tensor shape check to a caller
+        that compares every shape itself, as the converters do against transformers' model)."""
         from .arch.resolve import resolve
         return resolve(self.config, self.tensors, naming=self.naming, config_source=self.config_path,
-                       gguf_arch=self.gguf_arch, partial=self.is_one_shard)
+                       gguf_arch=self.gguf_arch, partial=self.is_one_shard, shapes=shapes)
 
     @property
     def is_one_shard(self) -> bool:

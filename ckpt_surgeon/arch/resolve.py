@@ -218,12 +218,13 @@ def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str
 
 
 def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_source: str | None = None,
-            gguf_arch: str | None = None, partial: bool = False) -> ModelLayout:
+            gguf_arch: str | None = None, partial: bool = False, shapes: bool = True) -> ModelLayout:
     """Build the layout.  ``tensors`` maps name -> TensorInfo (shapes in numpy order).
 
     Every config value used is type- and range-checked here, and config and tensors must agree
     both ways: no tensor for a layer past the layer count, and (unless ``partial``: one shard of
-    a sharded model) every layer the config counts has tensors."""
+    a sharded model) every layer the config counts has tensors; ``shapes``: projection shapes agree
+    with heads, kv heads, head_dim and hidden_size (:func:`check_shapes`)."""
     cfg = dict(config or {})
     model_type = cfg.get("model_type")
     if naming == "gguf":
@@ -340,7 +341,8 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
         input_norm=fam.input_norm if fam else None,
         norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
-    check_shapes(layout, tensors)
+    if shapes:
+        check_shapes(layout, tensors)
     return layout
 
 
@@ -348,12 +350,7 @@ def _layer_indices(tensors: dict, layer_pat: str) -> set:
     """Indices of the layers any tensor lives in (by the layer prefix pattern)."""
     lay = re.escape(layer_pat).replace(re.escape("{L}"), r"(\d+)")
     rx = re.compile(r"^(?:.*\.)?" + lay)
-    out = set()
-    for name in tensors:
-        m = rx.match(name)
-        if m:
-            out.add(int(m.group(1)))
-    return out
+    return {int(m.group(1)) for m in map(rx.match, tensors) if m}
 
 
 def _check_layers_present(n_layers: int, present: set, where: str | None) -> None:

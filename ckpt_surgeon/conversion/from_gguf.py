@@ -202,7 +202,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         if missing:
             raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
                               path=str(src), tensor=missing[0])
-        ck.layout()   # metadata and tensors must agree (layer count, widths, heads) before any work
+        # config values and layer count checked before any work; every shape is compared with the
+        # transformers model below, with that check's own message
+        ck.layout(shapes=False)
 
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))

@@ -192,7 +192,9 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         if ck.naming != "hf":
             raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
                                    path=str(src))
-        ck.layout()   # config and tensors must agree (layer count, widths, heads) before any work
+        # config values and layer count checked before any work; every shape is compared with the
+        # transformers model below, with that check's own message
+        ck.layout(shapes=False)
         folder = src if src.is_dir() else src.parent
         _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
         config, cfg = _load_hf_config(folder, ck.config_path)
