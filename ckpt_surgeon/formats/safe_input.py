@@ -24,7 +24,7 @@ import stat
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, SourceNotFoundError
 
 MAX_JSON_DEPTH = 128              # objects/arrays inside each other; real configs use < 10
 MAX_INT_DIGITS = 40               # 2**64 has 20 digits
@@ -49,8 +49,9 @@ def check_regular(path: str | os.PathLike, *, error=FormatError, what: str = "")
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        from ..errors import SourceNotFoundError
         raise SourceNotFoundError(_say(what, "does not exist"), path=path) from None
+    except (OSError, ValueError) as e:      # permission, symlink loop, name too long, NUL byte ...
+        raise error(_say(what, f"cannot be read ({getattr(e, 'strerror', None) or e})"), path=path) from None
     if not stat.S_ISREG(st.st_mode):
         raise error(_say(what, f"is {_kind(st.st_mode)}, not a regular file; only regular files are read"), path=path)
     return st.st_size

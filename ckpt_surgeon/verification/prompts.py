@@ -49,6 +49,10 @@ def load_prompts(path: str | Path) -> list[str]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise CkptError(f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})", path=str(p)) from None
+        except (RecursionError, ValueError):    # nesting / number limits: the shared parser says which
+            from ..formats.safe_input import loads_json
+            loads_json(text, path=str(p), error=CkptError, what="prompts file")
+            raise
         if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
             raise CkptError("a JSON prompts file must hold a list of strings", path=str(p))
         prompts = [x for x in data if x.strip()]
