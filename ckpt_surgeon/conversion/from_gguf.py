@@ -143,10 +143,13 @@ def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarra
 
 
 def _looks_gguf(p: Path) -> bool:
+    """By magic, regular files only (a FIFO named x.gguf must not block here); the real open
+    reports whatever is wrong."""
+    from ..errors import CkptError
+    from ..formats.magic import file_kind
     try:
-        with open(p, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
+        return file_kind(p) == "gguf"
+    except (CkptError, OSError):
         return False
 
 

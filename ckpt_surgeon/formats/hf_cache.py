@@ -14,13 +14,14 @@ filtered download) is not used and the remote path takes over.
 """
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
 from pathlib import Path
 
+from ..errors import CkptError
 from ..userdirs import xdg_cache
+from .safe_input import read_json
 
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -68,8 +69,8 @@ def listing(snap: Path) -> list[str]:
 
 def _index_shards(index: Path) -> set[str] | None:
     try:
-        wm = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError):
+        wm = read_json(index).get("weight_map")      # size, depth and number limits; regular files only
+    except CkptError:
         return None
     return set(wm.values()) if isinstance(wm, dict) and all(isinstance(v, str) for v in wm.values()) else None
 

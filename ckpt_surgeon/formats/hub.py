@@ -57,6 +57,7 @@ from ..records import TensorInfo
 from . import gguf as gg
 from . import hf_cache
 from . import safetensors as st
+from .magic import decide_kind
 from .safe_input import loads_json
 
 logger = logging.getLogger(__name__)
@@ -828,13 +829,13 @@ def _sniff_remote(client: HubClient, cache: RepoCache, filename: str) -> str:
     store = cache.store(client.sha, filename)
     if not store.covered(0, 8):
         client.fetch_many([(filename, 0, SPECULATIVE_HEADER, store)], "header")
-    head = store.get(0, min(8, store.meta.get("size", 8))) or b""
-    if head[:4] == b"GGUF":
-        return "gguf"
-    if head[:2] == b"PK" or head[:1] == b"\x80":
+    size = store.meta.get("size", 64)
+    head = store.get(0, min(64, size)) or store.get(0, min(8, size)) or b""
+    kind = decide_kind(head, size if isinstance(size, int) else len(head), client.label(filename))
+    if kind == "pickle":
         raise PickleRefusedError("is a pickle checkpoint; it is never read remotely because unpickling can run arbitrary code",
                                  path=client.label(filename), hint="download it and convert to safetensors")
-    return "safetensors"
+    return kind
 
 
 def resolve_revision(client: HubClient, cache: RepoCache) -> list[str]:

@@ -60,6 +60,20 @@ def describe(head: bytes, size: int) -> str:
     return f"first bytes {shown}"
 
 
+def decide_kind(head: bytes, size: int, name: str) -> str:
+    """The kind of a file of ``size`` bytes named ``name`` that starts with ``head`` (its first 64
+    bytes, or all of a shorter file): by magic, then by name; FormatError when neither fits."""
+    kind = kind_of_bytes(head, size)
+    if kind is not None:
+        return kind
+    low = name.lower()
+    if low.endswith(".gguf"):
+        return "gguf"
+    if low.endswith(".safetensors"):
+        return "safetensors"
+    raise FormatError(f"is not a safetensors, GGUF or pickle file: {describe(head, size)}", path=name)
+
+
 def file_kind(path: str | os.PathLike) -> str:
     """The kind of the local file at ``path`` (see the module doc); FormatError when none fits."""
     path = os.fspath(path)
@@ -69,12 +83,4 @@ def file_kind(path: str | os.PathLike) -> str:
         head = os.pread(fd, 64, 0)
     finally:
         os.close(fd)
-    kind = kind_of_bytes(head, size)
-    if kind is not None:
-        return kind
-    low = path.lower()
-    if low.endswith(".gguf"):
-        return "gguf"
-    if low.endswith(".safetensors"):
-        return "safetensors"
-    raise FormatError(f"is not a safetensors, GGUF or pickle file: {describe(head, size)}", path=path)
+    return decide_kind(head, size, path)
