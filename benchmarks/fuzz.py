@@ -362,18 +362,39 @@ TARGETS = {t.name: t for t in (SafetensorsTarget, IndexTarget, ConfigTarget, GGU
 
 # --------------------------------------------------------------------------- driver
 
-def run_target(name: str, iterations: int, seed: int, workdir: Path, max_seconds: float = 2.0) -> dict:
-    """Run one target in this process -> counts and the first few untyped failures."""
+class _Hung(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hung()
+
+
+def run_target(name: str, iterations: int, seed: int, workdir: Path, max_seconds: float = 2.0,
+               hard_limit: float | None = None) -> dict:
+    """Run one target in this process -> counts and the first few untyped failures.
+
+    ``hard_limit`` (main thread only): an iteration still running after that many seconds is
+    interrupted by SIGALRM and counted as ``hung`` (a hang must not stop the run)."""
+    import signal
+
     from ckpt_surgeon.errors import CkptError
     target = TARGETS[name](workdir)
     rng = random.Random(seed)
-    counts = {"ok": 0, "typed": 0, "untyped": 0, "memory_errors": 0, "over_time": 0}
+    counts = {"ok": 0, "typed": 0, "untyped": 0, "memory_errors": 0, "over_time": 0, "hung": 0}
     worst, failures = 0.0, []
+    if hard_limit:
+        signal.signal(signal.SIGALRM, _alarm)
     for i in range(iterations):
         t0 = time.perf_counter()
+        if hard_limit:
+            signal.setitimer(signal.ITIMER_REAL, hard_limit)
         try:
             target.run(rng)
             counts["ok"] += 1
+        except _Hung:
+            counts["hung"] += 1
+            failures.append((i, "hung", f"interrupted after {hard_limit} s"))
         except CkptError:
             counts["typed"] += 1
         except MemoryError:
@@ -383,6 +404,9 @@ def run_target(name: str, iterations: int, seed: int, workdir: Path, max_seconds
             counts["untyped"] += 1
             if len(failures) < 10:
                 failures.append((i, type(e).__name__, str(e)[:200]))
+        finally:
+            if hard_limit:
+                signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
         worst = max(worst, dt)
         if dt > max_seconds:
@@ -399,7 +423,7 @@ def _child(name: str, iterations: int, seed: int, memory_mb: int, max_seconds: f
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with tempfile.TemporaryDirectory(prefix=f"ckpt-surgeon-fuzz-{name}-") as d:
         t0 = time.perf_counter()
-        res = run_target(name, iterations, seed, Path(d), max_seconds)
+        res = run_target(name, iterations, seed, Path(d), max_seconds, hard_limit=max(30.0, 10 * max_seconds))
         res["seconds"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(res))
 
@@ -418,8 +442,8 @@ def main(argv=None) -> int:
         return 0
     import subprocess
     bad = 0
-    print(f"{'target':<12} {'iterations':>10} {'ok':>8} {'typed':>8} {'untyped':>8} {'memory':>7} {'>2s':>5} "
-          f"{'max s':>7} {'total s':>8}")
+    print(f"{'target':<12} {'iterations':>10} {'ok':>8} {'typed':>8} {'untyped':>8} {'memory':>7} "
+          f"{'>' + format(a.max_seconds, 'g') + 's':>5} {'hung':>5} {'max s':>7} {'total s':>8}")
     for name in a.targets:
         p = subprocess.run([sys.executable, "-m", "benchmarks.fuzz", "--child", name, "--iterations", str(a.iterations),
                             "--seed", str(a.seed), "--memory-mb", str(a.memory_mb), "--max-seconds", str(a.max_seconds)],
@@ -430,10 +454,11 @@ def main(argv=None) -> int:
             continue
         r = json.loads(p.stdout.strip().splitlines()[-1])
         print(f"{name:<12} {r['iterations']:>10,} {r['ok']:>8,} {r['typed']:>8,} {r['untyped']:>8,} "
-              f"{r['memory_errors']:>7,} {r['over_time']:>5,} {r['max_iteration_s']:>7.3f} {r['seconds']:>8.1f}")
+              f"{r['memory_errors']:>7,} {r['over_time']:>5,} {r['hung']:>5,} {r['max_iteration_s']:>7.3f} "
+              f"{r['seconds']:>8.1f}")
         for f in r["failures"]:
             print(f"    iteration {f[0]}: {f[1]}: {f[2]}")
-        bad += r["untyped"] + r["memory_errors"] + r["over_time"]
+        bad += r["untyped"] + r["memory_errors"] + r["over_time"] + r["hung"]
     return 1 if bad else 0
 
 
