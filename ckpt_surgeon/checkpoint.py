@@ -114,13 +114,14 @@ class Checkpoint:
     def __exit__(self, *exc):
         self.close()
 
-    def layout(self, *, shapes: bool = True):
+    def layout(self, *, shapes: bool = True, all_layers: bool = True):
         """The resolved :class:`~ckpt_surgeon.arch.resolve.ModelLayout` (config values checked, config
-        and tensors in agreement; ``shapes=False`` leaves the per-tensor shape check to a caller
-        that compares every shape itself, as the converters do against transformers' model)."""
+        and tensors in agreement).  ``shapes=False`` / ``all_layers=False`` leave the per-tensor
+        shape check / the every-layer-has-tensors check to a caller that makes it itself (the
+        converters compare every shape with transformers' model; lint reports empty layers)."""
         from .arch.resolve import resolve
         return resolve(self.config, self.tensors, naming=self.naming, config_source=self.config_path,
-                       gguf_arch=self.gguf_arch, partial=self.is_one_shard, shapes=shapes)
+                       gguf_arch=self.gguf_arch, partial=self.is_one_shard or not all_layers, shapes=shapes)
 
     @property
     def is_one_shard(self) -> bool:

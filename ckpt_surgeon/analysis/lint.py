@@ -487,7 +487,7 @@ def _layout(ck: Checkpoint, cfg: dict, findings: list, file: str | None) -> Mode
     another head_dim makes every shape agree), and the layout is rebuilt with the tensors' value."""
     from ..arch.resolve import resolve
     try:
-        return ck.layout()
+        return ck.layout(all_layers=False)      # layers without tensors: the layer-count check's finding
     except ConfigError as e:
         base = Finding("config-shapes", "error", e.path or file, e.tensor, e.detail,
                        "fix config.json / the GGUF metadata to match the tensors")

@@ -177,10 +177,7 @@ def _rope_params(cfg: dict, path: str | None = None) -> dict:
     prf = config_float(rp, ("partial_rotary_factor",), path=path)
     if prf is None:
         prf = config_float(cfg, F.CONFIG_KEYS["partial_rotary"], path=path)
-    prf = 1.0 if prf is None else prf
-    if not 0.0 <= prf <= 1.0:
-        raise ConfigError(f"the partial rotary factor is {prf}; it must be between 0 and 1", path=path)
-    out["partial"] = prf
+    out["partial"] = 1.0 if prf is None else prf     # clamped to [0, 1] where it is used
     return out
 
 
@@ -211,9 +208,9 @@ def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str
     if ptype != "rope":
         return PositionEncoding(ptype)
     rp = _rope_params(cfg, path)
-    rotary_dim = int(head_dim * rp["partial"]) if head_dim else None
+    rotary_dim = int(head_dim * min(max(rp["partial"], 0.0), 1.0)) if head_dim else None
     if cfg.get("rotary_dim"):
-        rotary_dim = config_int(cfg, ("rotary_dim",), path=path, minimum=0, maximum=head_dim or MAX_WIDTH)
+        rotary_dim = config_int(cfg, ("rotary_dim",), path=path, minimum=0, maximum=MAX_WIDTH)
     return PositionEncoding("rope", rotary_dim, rp["theta"], "interleaved" if permuted else "rotate_half")
 
 
@@ -250,9 +247,6 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     for conds, value in (fam.kv_heads_rules if fam else ()):
         if all(bool(cfg.get(k)) == v for k, v in conds.items()):
             n_kv = value
-    if n_heads is not None and n_kv is not None and n_heads % n_kv:
-        raise ConfigError(f"{n_heads} attention heads cannot be shared by {n_kv} key/value heads (not a divisor)",
-                          path=where)
     hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
     head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
     if head_dim is None and hidden and n_heads:
@@ -343,7 +337,20 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
     if shapes:
         check_shapes(layout, tensors)
+    _check_consistent(layout, where)   # after the shapes: a shape error names the tensor
     return layout
+
+
+def _check_consistent(layout: ModelLayout, where: str | None) -> None:
+    """Config values that agree with the tensors but not with each other."""
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    if h is not None and kv is not None and h % kv:
+        raise ConfigError(f"{h} attention heads cannot be shared by {kv} key/value heads (not a divisor)", path=where)
+    # A partial rotary factor outside [0, 1] is clamped where it is used (_position): a GGUF whose
+    # rope.dimension_count disagrees with key_length gives 2.0, and lint diagnoses the head_dim.
+    rd = layout.position.rotary_dim
+    if layout.position.type == "rope" and rd is not None and d and rd > d:
+        raise ConfigError(f"rotary_dim is {rd}, more than head_dim {d}", path=where)
 
 
 def _layer_indices(tensors: dict, layer_pat: str) -> set:
