@@ -5,7 +5,17 @@ numpy / PyTorch order (outermost first); the GGUF reader reverses ggml's ``ne``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+def finite_or_none(x) -> float | None:
+    """A record's float as JSON allows it: NaN and +-Inf (a NaN-producing model, an empty max)
+    become None (``null``), so the JSON a report writes stays valid."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ def logits64(folder) -> "torch.Tensor":
 
     from ckpt_surgeon.arch.derive import config_object
     from ckpt_surgeon.arch.probe import first_output, float64_softmax, model_inputs
-    from ckpt_surgeon.quiet import quiet_transformers
+    from ckpt_surgeon.runtime import quiet_transformers
     cfg = json.loads((Path(folder) / "config.json").read_text())
     conf = config_object(cfg)
     klass = getattr(transformers, cfg["architectures"][0])

@@ -27,7 +27,6 @@ the vocabulary is invisible to softmax sampling but not to the logits).
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ import numpy as np
 from ..arch import families as F
 from ..arch import stream as S
 from ..arch.resolve import ModelLayout
+from ..records import finite_or_none as _f
 
 # A trained LayerNorm model leaves a residual-writing bias's mean direction at its init (it gets
 # no gradient: all-MiniLM-L6-v2 <= 0.6% of the energy in every layer); a random vector holds
@@ -43,10 +43,6 @@ from ..arch.resolve import ModelLayout
 SUSPICIOUS_MEAN_SHARE = 0.25
 CONSUMERS = ("softmax", "attention-average", "layernorm", "rmsnorm", "unnormalised", "activation", "head", "unknown")
 WRITER_ROLES = ("o", "mlp_out", "embed_add", "embed_token", "embed_norm")
-
-
-def _f(x):
-    return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
 def family_record(layout: ModelLayout) -> F.Family | None:

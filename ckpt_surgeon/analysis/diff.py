@@ -35,6 +35,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import UnsupportedError
+from ..records import finite_or_none as _num
 
 STATUSES = ("identical", "changed", "dtype_changed", "shape_changed", "only_in_a", "only_in_b", "not_compared")
 
@@ -55,10 +56,6 @@ UNRELATED_MAX_SHARED = 0.5           # fewer than half the names (with equal sha
 NORM_SHIFT_ROUNDING = 2.0 ** -22
 
 _LAYER = re.compile(r"(?:^|\.)(\d+)\.")
-
-
-def _num(x) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
 
 
 @dataclass(frozen=True)

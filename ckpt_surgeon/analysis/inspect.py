@@ -6,7 +6,6 @@ contract documented in the README (extend it, never rename keys).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from ..arch.layouts import qkv_row_index
 from ..arch.resolve import ModelLayout, PositionEncoding
 from ..checkpoint import Checkpoint, open_checkpoint
+from ..records import finite_or_none as _finite_or_none
 from .memory import memory_figures
 
 # Extras whose per-layer row shows only these keys, under short column names.
@@ -21,10 +21,6 @@ _ROW_COLUMNS = {"k_bias_redundancy": {"class": "k_class", "exact_fraction": "k_e
                                       "bound": "k_bound"}}
 
 _NON_PARAM_DTYPES = {"BOOL", "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"}
-
-
-def _finite_or_none(x: float):
-    return None if (x is None or not math.isfinite(x)) else float(x)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ the layer count, so an architecture that computes attention differently is refus
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,19 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, UnsupportedError
-from ..quiet import quiet_transformers
+from ..records import finite_or_none as _f
+from ..runtime import quiet_transformers, resolve_device
 from .redundancy import analyze_checkpoint, rope_geometry
 
 VARIANTS = ("all", "exact", "near")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 DEFAULT_MAX_TOKENS = 1024
-
-
-def _f(x):
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
@@ -183,17 +175,6 @@ def model_checkpoint(model, source: str):
                       _readers={"<model>": _ModelReader(params)})
 
 
-def _resolve_device(device: str) -> str:
-    import torch
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CkptError("--device cuda was asked for but torch sees no CUDA device", hint="use --device cpu or auto")
-    if device not in ("cpu", "cuda"):
-        raise CkptError(f"unknown device {device!r} (auto | cpu | cuda)")
-    return device
-
-
 def check_local(source) -> None:
     """Measured mode runs local files only (raise before any other work is done)."""
     if not Path(os.fspath(source)).exists():
@@ -205,34 +186,21 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer, is_lm) for a source transformers can load.
 
     HF folders (or a .safetensors beside its config.json) load with ``from_pretrained``;
-    GGUF files are converted to a temporary HF folder with :func:`ckpt_surgeon.conversion.gguf_to_hf`
-    (dequantized, llama Q/K rows un-permuted) and loaded from there.
+    GGUF files are converted to a temporary HF folder (:func:`ckpt_surgeon.runtime.gguf_as_folder`:
+    dequantized, llama Q/K rows un-permuted, attention biases kept) and loaded from there.
     """
-    import torch
     import transformers
 
-    tdtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-              "float16": torch.float16}.get(dtype)
-    if tdtype is None:
-        raise CkptError(f"unknown dtype {dtype!r} (float32 | float64 | bfloat16 | float16)")
+    from .. import runtime
+    from ..conversion import is_gguf
+
+    runtime.torch_dtype(dtype)      # an unknown dtype fails before any conversion
     p = Path(os.fspath(source))
-    magic = b""
-    if p.is_file():
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    if magic == b"GGUF":
-        # Our converter, not transformers' gguf_file loader: the latter silently drops attention
-        # biases of llama-arch files (it sets attention_bias=False), which would measure a
-        # different model.  The HF copy lives in a temp dir only while the model loads.
-        import shutil
-        import tempfile
-        from ..conversion import gguf_to_hf
-        tmp = tempfile.mkdtemp(prefix="ckpt-surgeon-measure-")
-        try:
-            folder = gguf_to_hf(p, Path(tmp) / "hf", dtype="float32" if dtype == "float64" else dtype)
+    if is_gguf(p):
+        # The HF copy lives in a temp dir only while the model loads.
+        with runtime.gguf_as_folder(p, dtype="float32" if dtype == "float64" else dtype,
+                                    prefix="ckpt-surgeon-measure-") as folder:
             return load_model(folder, device=device, dtype=dtype)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     if p.is_file():
         folder = p.parent
     elif p.is_dir():
@@ -242,24 +210,25 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
                                "(Hub repos: download first, e.g. `hf download REPO --local-dir DIR`)", path=str(source))
     if not (folder / "config.json").is_file():
         raise UnsupportedError("measured mode needs config.json beside the weights", path=str(folder))
-    if not any((folder / n).is_file() for n in _TOKENIZER_FILES):
-        raise UnsupportedError(f"measured mode needs a tokenizer beside the model (none of {', '.join(_TOKENIZER_FILES)})",
-                               path=str(folder))
-    with quiet_transformers():
-        try:
+    if not runtime.has_tokenizer(folder):
+        raise UnsupportedError("measured mode needs a tokenizer beside the model "
+                               f"(none of {', '.join(runtime.TOKENIZER_FILES)})", path=str(folder))
+    try:
+        with quiet_transformers():
             cfg = transformers.AutoConfig.from_pretrained(folder)
-            archs = [a for a in (getattr(cfg, "architectures", None) or [])]
-            is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-            cls = transformers.AutoModelForCausalLM if is_lm else transformers.AutoModel
-            model = cls.from_pretrained(folder, attn_implementation="eager", dtype=tdtype)
-        except (OSError, ValueError, KeyError) as e:
-            raise UnsupportedError(f"transformers could not load it for measurement ({str(e).splitlines()[0]})",
-                                   path=str(source)) from None
-        try:
+    except (OSError, ValueError, KeyError) as e:
+        raise UnsupportedError(f"transformers could not load it for measurement ({str(e).splitlines()[0]})",
+                               path=str(source)) from None
+    archs = [a for a in (getattr(cfg, "architectures", None) or [])]
+    is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    cls = transformers.AutoModelForCausalLM if is_lm else transformers.AutoModel
+    model = runtime.load_pretrained(cls, folder, dtype=dtype, path=str(source))
+    try:
+        with quiet_transformers():
             tok = transformers.AutoTokenizer.from_pretrained(folder)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UnsupportedError(f"measured mode needs a tokenizer beside the model ({str(e).splitlines()[0]})",
-                                   path=str(folder)) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UnsupportedError(f"measured mode needs a tokenizer beside the model ({str(e).splitlines()[0]})",
+                               path=str(folder)) from None
     model.eval()
     model.to(device)
     return model, tok, is_lm
@@ -390,7 +359,7 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     from .prompts import default_prompts
     from .redundancy import DEFAULT_EPSILON
 
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
     view = model_checkpoint(model, str(source))
     layout = view.layout()

@@ -82,6 +82,7 @@ import numpy as np
 from ..arch.layouts import qkv_row_index, rotary_pairs
 from ..arch.resolve import LayerTensors, ModelLayout, PositionEncoding
 from ..errors import CkptError
+from ..records import finite_or_none as _f
 
 DEFAULT_EPSILON = 0.1          # rad: a pair is near-redundant when it turns less than this over the context
 CLASSES = ("exact", "partial", "rope", "not-removable", "unknown")
@@ -92,14 +93,6 @@ SUSPICIOUS_K_RATIO = 0.1
 SUSPICIOUS_K_RMS = 0.05
 
 _SINKS = re.compile(r"(?:^|\.)(\d+)\.(?:.*\.)?(?:attn_)?sinks(?:\.weight)?$")
-
-
-def _f(x):
-    """float or None (NaN/Inf become None so JSON stays valid)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 # ----------------------------------------------------------------------------------------------

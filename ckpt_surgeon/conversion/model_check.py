@@ -14,14 +14,13 @@ leaves with ``os._exit`` once its answer is written, skipping torch's interprete
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
 
 from ..errors import ConfigError
+from ..runtime import quiet_transformers
 
 
 def expected_tensors(config) -> dict[str, tuple[int, ...]]:
@@ -38,7 +37,7 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
         cfg = dict(config)
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
-    with _quiet(transformers), torch.device("meta"):
+    with quiet_transformers(), torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     unique = {n for n, _ in model.named_parameters()}
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
@@ -121,18 +120,6 @@ def expected_tensors_in_subprocess(path: str | None = None):
     if "transformers.modeling_utils" in sys.modules and "torch" in sys.modules:
         return _InProcess(path)
     return ExpectedTensors(path)
-
-
-@contextlib.contextmanager
-def _quiet(transformers):
-    tlog = transformers.utils.logging
-    level = tlog.get_verbosity()
-    tlog.set_verbosity_error()
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(level)
 
 
 def check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]], *,

@@ -63,12 +63,12 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
 def _load_hf_config(folder: Path, cfg_path: str | None):
     """The transformers config object (defaults filled in) and its plain dict."""
     import transformers
-    from .model_check import _quiet
+    from ..runtime import quiet_transformers
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
                           path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
     try:
-        with _quiet(transformers):
+        with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except (ValueError, KeyError, OSError) as e:
         raise ConfigError(f"transformers cannot read it ({str(e).splitlines()[0]})", path=cfg_path) from None

@@ -377,9 +377,8 @@ def _effective_tokenizer_json(folder: Path, tj_path: Path) -> tuple[dict, str]:
     """
     try:
         from transformers import AutoTokenizer
-        from .model_check import _quiet
-        import transformers
-        with _quiet(transformers):
+        from ..runtime import quiet_transformers
+        with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         backend = getattr(tok, "backend_tokenizer", None)
         if backend is not None:

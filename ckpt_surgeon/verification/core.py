@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError
-from .loading import TORCH_DTYPES, PreparedModel, load_model, load_tokenizer, prepare, quiet_transformers
+from ..runtime import quiet_transformers, resolve_device
+from .loading import TORCH_DTYPES, PreparedModel, load_model, load_tokenizer, prepare
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
 from .report import PromptResult, VerifyReport, aggregate, judge
 from .thresholds import coarsest, thresholds_for
 
-DEVICES = ("auto", "cpu", "cuda")
 DEVICE_MAPS = ("auto",)
 # Both models in memory at once only with this margin over their weights: activations, the
 # logits of one prompt, the allocator's slack.
@@ -69,8 +69,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     t0 = time.perf_counter()
     if dtype not in TORCH_DTYPES:
         raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-    if device not in DEVICES:
-        raise CkptError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    dev = resolve_device(device)
     if device_map not in (None, *DEVICE_MAPS):
         raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -93,7 +92,6 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
 
     import torch
 
-    dev = _resolve_device(device, torch)
     notes: list[str] = []
     warnings: list[str] = []
     if tmp_dir is not None and not os.path.isdir(tmp_dir):
@@ -175,15 +173,6 @@ def _ieee_float32(torch):
         yield
     finally:
         torch.set_float32_matmul_precision(before)
-
-
-def _resolve_device(device: str, torch) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CkptError("--device cuda was asked for but torch.cuda.is_available() is False "
-                        f"(torch {torch.__version__}); use --device cpu or auto")
-    return device
 
 
 def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens, notes):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
-from ..quiet import quiet_transformers  # noqa: F401  (re-exported for verify.core)
+from ..runtime import LOAD_ERRORS, first_line, gguf_to_folder, has_tokenizer, load_pretrained, quiet_transformers
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
 
@@ -26,8 +26,6 @@ _NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32",
 
 # Files of a folder that are not weights: what a single-file source borrows from its folder.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json",
-                    "spiece.model", "sentencepiece.bpe.model")
 
 TORCH_DTYPES = ("float32", "bfloat16", "float16")
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -88,7 +86,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
             raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
         ck.layout()   # config and tensors must agree (layer count, widths, heads) before a model is built
         if ck.format == "gguf":
-            folder = _convert_gguf(Path(ck.source), workdir / role, dtype)
+            folder = gguf_to_folder(Path(ck.source), workdir / role, dtype)
             config = _read_config(folder / "config.json")
             converted = True
         else:
@@ -105,7 +103,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
         ck.close()
     archs = config.get("architectures") or [config.get("model_type") or "?"]
     kind = model_kind(config, path=str(Path(folder) / "config.json") if not converted else given)
-    has_tok = any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES)
+    has_tok = has_tokenizer(folder)
     return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted,
                          role)
 
@@ -128,45 +126,24 @@ def _single_file_folder(file: Path, out: Path) -> Path:
     return out
 
 
-def _convert_gguf(path: Path, out: Path, dtype: str) -> Path:
-    """GGUF -> HF folder through our converter (:func:`ckpt_surgeon.conversion.gguf_to_hf`)."""
-    from ..conversion import gguf_to_hf
-    gguf_to_hf(path, out, dtype=dtype)
-    return out
-
-
 # --- transformers side (torch imported here only) ----------------------------------------------
-
-def torch_dtype(name: str):
-    import torch
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
 
 def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list):
     """Load ``pm`` with its kind's Auto class, eval mode, on ``device`` (or spread by ``device_map``).
 
-    ``attn_implementation="eager"``: the plain ``softmax(QKᵀ/√d + mask)·V`` in ordinary matmuls.
-    SDPA may dispatch to different fused kernels (flash / memory-efficient / math, blockwise
-    reductions) depending on shapes, dtype and device, so two models with identical weights could
-    differ by kernel choice alone; eager makes identical weights give bit-identical CPU logits,
-    and every architecture supports it.  ``local_files_only``: verify never touches the network.
-    Missing weights are an error: transformers would initialise them randomly and the comparison
-    would measure noise.
+    Eager attention (why: :func:`ckpt_surgeon.runtime.load_pretrained`).  ``local_files_only``:
+    verify never touches the network.  Missing weights are an error: transformers would
+    initialise them randomly and the comparison would measure noise.
     """
     import torch
     import transformers
 
     cls = getattr(transformers, pm.kind.auto_class)
-    kw = dict(local_files_only=True, attn_implementation="eager", dtype=torch_dtype(dtype), output_loading_info=True)
+    kw = dict(local_files_only=True, output_loading_info=True)
     if device_map:
         kw["device_map"] = device_map
     torch.manual_seed(0)
-    try:
-        with quiet_transformers():
-            model, info = cls.from_pretrained(pm.folder, **kw)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UnsupportedError(f"transformers could not load it: {first}", path=pm.given) from None
+    model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
     missing = sorted(info.get("missing_keys") or ())
     mismatched = sorted(str(x) for x in (info.get("mismatched_keys") or ()))
     if missing or mismatched:
@@ -194,6 +171,5 @@ def load_tokenizer(source: str | os.PathLike, *, path: str, local_files_only: bo
             if Path(source).is_file():
                 return PreTrainedTokenizerFast(tokenizer_file=os.fspath(source))
             return AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=local_files_only)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"tokenizer could not be loaded: {first}", path=path) from None
+    except LOAD_ERRORS as e:
+        raise ConfigError(f"tokenizer could not be loaded: {first_line(e)}", path=path) from None

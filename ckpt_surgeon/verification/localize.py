@@ -174,7 +174,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     import torch
 
     from .core import _free, _tokenize
-    from .loading import load_model, prepare, quiet_transformers
+    from ..runtime import quiet_transformers
+    from .loading import load_model, prepare
     from .prompts import default_prompts
 
     thr = DEFAULT_THRESHOLDS.get(dtype) if threshold is None else float(threshold)

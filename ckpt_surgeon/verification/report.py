@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..records import finite_or_none as _num
 from .kinds import ModelKind
 from .metrics import OutputComparison
 from .thresholds import Thresholds
@@ -70,14 +71,6 @@ JSON_KEYS: dict[str, str] = {
     "elapsed_s": "wall time of the whole run",
     "environment": "torch / transformers / python versions, CPU threads, GPU name",
 }
-
-
-def _num(x):
-    """JSON-safe float: non-finite values (a NaN-producing candidate) become null."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
