@@ -54,6 +54,7 @@ def _edit_config(folder: Path, **changes) -> None:
 def test_non_rotary_fixtures_are_exact(tiny, name):
     rep = analyze(tiny(name))
     assert rep.class_counts() == {"exact": rep.num_layers}
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         assert lr.k_class == "exact"
         assert lr.exact_fraction == 1.0 and lr.near_fraction == 0.0 and lr.rest_fraction == 0.0
@@ -67,6 +68,7 @@ def test_non_rotary_fixtures_are_exact(tiny, name):
 def test_minilm_is_exact_and_its_trained_key_bias_is_not_suspicious(minilm_dir):
     rep = analyze(minilm_dir)
     assert rep.family == "bert" and rep.class_counts() == {"exact": 6}
+    assert len(rep.layers) == 6
     for lr in rep.layers:
         assert lr.exact_fraction == 1.0 and lr.bound == 0.0
         assert lr.k_bias_l2 < 0.05 * lr.q_bias.l2     # no gradient: stays at its zero init
@@ -83,6 +85,7 @@ def test_gpt_neox_partial_exact_fraction_is_the_pass_through_energy(tiny):
     assert rot == 4
     t = _tensors(folder)
     rep = analyze(folder)
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         qkv = t[f"gpt_neox.layers.{lr.layer}.attention.query_key_value.bias"]
         # modeling_gpt_neox: qkv.view(..., heads, 3 * head_size).chunk(3, -1) -> per head [q | k | v]
@@ -111,6 +114,7 @@ def test_qwen2_long_near_fraction_by_hand(tiny, epsilon, context, near):
     assert [j for j in range(8) if w[j] * L < epsilon] == near
     rep = analyze(folder, epsilon=epsilon, context=context)
     assert rep.context == L and rep.epsilon == epsilon
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         b = t[f"model.layers.{lr.layer}.self_attn.k_proj.bias"].reshape(2, 16)   # 2 kv heads
         # rotate_half pairs dim j with j + 8
@@ -124,6 +128,7 @@ def test_qwen2_long_near_fraction_by_hand(tiny, epsilon, context, near):
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "olmo2"])
 def test_qk_norm_models_are_not_removable(tiny, name):
     rep = analyze(tiny(name))
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         assert lr.k_class == "not-removable"
         assert lr.bound is None and lr.bound_all is None
@@ -202,6 +207,7 @@ def test_bound_matches_the_formula_rms_input(tiny):
     folder = tiny("qwen2_long")
     t = _tensors(folder)
     rep = analyze(folder, epsilon=2.0)
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         near, full = _independent_bound(t, lr.layer, "model.layers", n_heads=4, n_kv=2, hd=16, theta=1e6, rot=16,
                                         L=32768, eps=2.0)
@@ -215,6 +221,7 @@ def test_bound_matches_the_formula_layernorm_input_with_beta(tiny):
     folder = tiny("starcoder2")      # LayerNorm with bias feeds q_proj
     t = _tensors(folder)
     rep = analyze(folder, epsilon=1.0)
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         near, full = _independent_bound(t, lr.layer, "model.layers", n_heads=4, n_kv=2, hd=16, theta=1e4, rot=16,
                                         L=256, eps=1.0, norm_bias=True)
@@ -243,6 +250,7 @@ def test_bf16_checkpoint_bound_matches_the_formula_without_a_float64_copy(tiny, 
     wq = R.q_weight(ck, layout, lt)
     assert wq.dtype == np.float32 and np.array_equal(wq, t[lt.q_weight])
     rep = analyze(folder, epsilon=2.0)
+    assert len(rep.layers) == 2
     for lr in rep.layers:
         near, full = _independent_bound(t, lr.layer, "model.layers", n_heads=4, n_kv=2, hd=16, theta=1e6, rot=16,
                                         L=32768, eps=2.0)
@@ -263,7 +271,9 @@ def test_no_static_norm_means_no_bound(tiny, tmp_path):
     t = load_file(folder / "model.safetensors")
     t = {k: v for k, v in t.items() if "input_layernorm" not in k}
     save_file(t, folder / "model.safetensors", metadata={"format": "pt"})
-    for lr in analyze(folder).layers:
+    rep = analyze(folder)
+    assert len(rep.layers) == 2
+    for lr in rep.layers:
         assert lr.bound is None and lr.bound_all is None
         assert "norm" in lr.bound_note and "no static bound" in lr.bound_note
         assert lr.near_fraction > 0                   # fractions need no weights
@@ -277,11 +287,13 @@ def test_rope_scaling_yarn_scales_the_bound_and_unknown_types_give_none(tiny, tm
     yarn = analyze(folder, epsilon=1.0)
     af = 0.1 * math.log(4.0) + 1.0        # modeling_rope_utils get_mscale(4)
     assert yarn.rope.attention_factor == pytest.approx(af)
+    assert len(base.layers) == len(yarn.layers) == 2
     for a, b in zip(base.layers, yarn.layers):
         assert b.bound_all == pytest.approx(a.bound_all * af ** 2, rel=1e-12)
         assert b.near_fraction == a.near_fraction        # unscaled (larger) frequencies kept
     _edit_config(folder, rope_parameters={"rope_type": "something_new", "rope_theta": 10000.0})
     odd = analyze(folder)
+    assert len(odd.layers) == 2
     assert all(lr.bound_all is None and "not modelled" in lr.bound_note for lr in odd.layers)
 
 

@@ -38,6 +38,7 @@ def test_smollm_inspect_reports_the_real_model(smollm_gguf):
     assert (r.format, r.architecture, r.family) == ("gguf", "llama", "llama")
     assert (r.num_layers, r.num_heads, r.num_kv_heads, r.head_dim, r.hidden_size) == (30, 9, 3, 64, 576)
     assert r.layers_with_qkv_bias == 0 and r.bias_parameters == 0
+    assert len(r.layers) == 30
     assert all(lr.q_bias is None and lr.k_bias is None and lr.v_bias is None for lr in r.layers)
     # llama-arch GGUF: Q/K rows are interleaved rotary pairs
     assert r.position_encoding.type == "rope" and r.position_encoding.pair_layout == "interleaved"

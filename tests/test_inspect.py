@@ -128,7 +128,7 @@ def test_sharded_equals_single(tiny):
 def test_real_minilm(minilm_dir):
     rep = inspect(minilm_dir)
     assert (rep.architecture, rep.num_layers, rep.num_heads, rep.head_dim) == ("bert", 6, 12, 32)
-    assert rep.layers_with_qkv_bias == 6
+    assert rep.layers_with_qkv_bias == 6 and len(rep.layers) == 6
     for lr in rep.layers:
         assert lr.q_bias and lr.k_bias and lr.v_bias
         # A key bias gets no gradient under softmax, so it stays at its init scale while the

@@ -92,7 +92,9 @@ def _fp32_noise(ref):
 ])
 def test_zeroing_the_key_bias_of_exact_fixtures_is_fp32_noise(tiny, name, zero_k, zero_q):
     cls = transformers.AutoModel if name == "bert" else transformers.AutoModelForCausalLM
-    assert all(lr.k_class == "exact" and lr.exact_fraction == 1.0 for lr in analyze(tiny(name)).layers)
+    static = analyze(tiny(name))
+    assert len(static.layers) == 2
+    assert all(lr.k_class == "exact" and lr.exact_fraction == 1.0 for lr in static.layers)
     ids = torch.tensor([[2, 40, 41, 57, 99, 120, 7, 8, 9, 33, 3]])
     for zero, clear in ((zero_k, False), (zero_q, True)):
         model = _load(tiny(name), cls)
@@ -111,6 +113,7 @@ def test_minilm_key_bias_removal_is_fp32_noise_measured(minilm_dir):
     rep = analyze(minilm_dir, measure=True, prompts=default_prompts()[:3], max_tokens=64)
     m = rep.measured
     assert m.all_within_bound and m.dtype == "float32"
+    assert len(m.layers) == 6
     for lm in m.layers:
         v = lm.variant("all")
         assert v.bound == 0.0 and v.logit <= v.noise
@@ -137,6 +140,7 @@ def test_gpt_neox_exact_part_is_fp32_noise_and_the_rotated_part_is_not(tiny):
     assert results["rotated"][0] > 100 * results["rotated"][1]
     # measure.py agrees: the exact variant's attention-logit change is float noise
     m = measure(folder, prompts=PROMPTS, max_tokens=64)
+    assert len(m.layers) == 2
     for lm in m.layers:
         assert lm.variant("exact").logit <= lm.variant("exact").noise
         assert lm.variant("all").logit > 0.05
@@ -151,6 +155,7 @@ def test_qwen2_long_measured_against_transformers_attention_probs(tiny):
     m = rep.measured
     assert m.all_within_bound and m.tokens == (128,)
     static = {lr.layer: lr for lr in rep.layers}
+    assert sorted(static) == [0, 1] and len(m.layers) == 2
     assert all(lr.exact_fraction == 0.0 and lr.near_pairs == (7,) for lr in static.values())
 
     tok = transformers.AutoTokenizer.from_pretrained(folder)
