@@ -260,7 +260,8 @@ def test_gguf_tensor_with_a_zero_dimension(tmp_path):
 
 def _run_paused(args: list[str], stage: str, marker: Path) -> subprocess.Popen:
     env = dict(ENV, CKPT_SURGEON_PAUSE_AT=stage, CKPT_SURGEON_PAUSE_FILE=str(marker))
-    p = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", *args], env=env, stdout=subprocess.DEVNULL,
+    pause_at = Path(__file__).resolve().parent / "pause_at.py"   # the writer pauses at `stage` there
+    p = subprocess.Popen([sys.executable, str(pause_at), "-m", "ckpt_surgeon", *args], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 180
     while not marker.exists():

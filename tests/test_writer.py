@@ -22,6 +22,7 @@ from ckpt_surgeon.formats import safetensors as st
 from ckpt_surgeon.formats.writer import CheckpointWriter
 
 REPO = Path(__file__).resolve().parent.parent
+PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
 
 
 def tree_digest(path: Path) -> dict:
@@ -204,7 +205,8 @@ _RUN = textwrap.dedent("""
 
 def _spawn(src, out, env_extra=None, preexec=None):
     env = dict(os.environ, PYTHONPATH=str(REPO), **(env_extra or {}))
-    return subprocess.Popen([sys.executable, "-c", _RUN, str(src), str(out)], env=env, stderr=subprocess.PIPE,
+    # tests/pause_at.py pauses the writer at CKPT_SURGEON_PAUSE_AT (when set) so it can be killed there
+    return subprocess.Popen([sys.executable, str(PAUSE_AT), "-c", _RUN, str(src), str(out)], env=env, stderr=subprocess.PIPE,
                             preexec_fn=preexec)
 
 
@@ -287,7 +289,7 @@ def test_gguf_output_is_atomic_too(tiny, tmp_path):
         fold_bias(sys.argv[1], sys.argv[2], k=True, v=True)
     """)
     env = dict(os.environ, PYTHONPATH=str(REPO), CKPT_SURGEON_PAUSE_AT="before-rename", CKPT_SURGEON_PAUSE_FILE=str(marker))
-    p = subprocess.Popen([sys.executable, "-c", code, str(src), str(out)], env=env, stderr=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, str(PAUSE_AT), "-c", code, str(src), str(out)], env=env, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not marker.exists():
         assert p.poll() is None, p.stderr.read().decode()

@@ -80,10 +80,10 @@ Atomicity
     permission denied) becomes :class:`~ckpt_surgeon.errors.WriteError` naming the file, after the
     temp dir is removed; free space is checked before writing starts.
 
-Test hook: when the environment variable ``CKPT_SURGEON_PAUSE_AT`` names a stage
-(``temp-created``, ``data-copied:<i>``, ``shard-written:<i>``, ``before-rename``; i = shard index),
-the writer creates the file named by ``CKPT_SURGEON_PAUSE_FILE`` and sleeps there, so tests can
-SIGKILL it at a known point.
+Stages: the writer calls every function in :data:`STAGE_OBSERVERS` with the name of each stage
+it reaches (``temp-created``, ``data-copied:<i>``, ``shard-written:<i>``, ``before-rename``;
+i = shard index).  Nothing is registered by default; the crash tests register one that pauses
+there so they can SIGKILL the process at a known point (``tests/pause_at.py``).
 """
 from __future__ import annotations
 
@@ -260,16 +260,13 @@ def recorded_operations(raw: str) -> list[dict]:
     return [op for op in ops if isinstance(op, dict)] if isinstance(ops, list) else []
 
 
+# Called with each stage's name (module doc); the crash tests register a pause here.
+STAGE_OBSERVERS: list = []
+
+
 def _stage(name: str) -> None:
-    """Test hook: pause at a named stage so a test can SIGKILL the process there (see module doc)."""
-    want = os.environ.get("CKPT_SURGEON_PAUSE_AT")
-    if not want or want != name:
-        return
-    marker = os.environ.get("CKPT_SURGEON_PAUSE_FILE")
-    if marker:
-        with open(marker, "w") as f:
-            f.write(f"{os.getpid()} {name}\n")
-    time.sleep(3600)
+    for observe in STAGE_OBSERVERS:
+        observe(name)
 
 
 def _copy_range(src_fd: int, dst_fd: int, length: int, src_off: int, dst_off: int) -> None:
