@@ -46,9 +46,15 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def _split_then_bytes(regex: str) -> dict:
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+
+def _split_then_bytes(*regexes: str) -> dict:
+    """llama.cpp applies its regexes one after the other, each to every piece the previous ones
+    left, keeping matches and the text between them as pieces: a chain of ``Split`` with
+    ``Isolated`` behaviour does the same."""
     return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        *({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in regexes),
         dict(_BYTELEVEL_NOREGEX)]}
 
 
@@ -65,6 +71,18 @@ class PreTokenizer:
 PRE_TOKENIZERS: tuple[PreTokenizer, ...] = (
     # GPT-2's regex is what ByteLevel(use_regex=True) applies (tokenizers pre_tokenizers/byte_level.rs).
     PreTokenizer("gpt-2", _GPT2_BYTELEVEL, aliases=("gpt2", "phi-2", "mpt", "olmo", "jais", "trillion")),
+    # llama-vocab.cpp llm_tokenizer_bpe: every digit alone, then GPT-2's regex.
+    PreTokenizer("starcoder", _split_then_bytes(r"\p{N}", _GPT2_REGEX), aliases=("refact", "command-r")),
+    PreTokenizer("falcon", _split_then_bytes(r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_REGEX, "[0-9][0-9][0-9]")),
+    # DeepSeek LLM: cased letters spelled out as ranges (no \p{L}), ASCII and full-width punctuation.
+    PreTokenizer("deepseek-llm", _split_then_bytes("[\\r\\n]", r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+                                                   r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", "[一-龥ࠀ-一가-퟿]+",
+                                                   r"\p{N}+")),
+    PreTokenizer("qwen35", _split_then_bytes(
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+")),
+    PreTokenizer("deepseek-coder", _split_then_bytes("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
+                                                     "[一-龥ࠀ-一가-퟿]+", r"\p{N}")),
     # SmolLM: every digit alone, then GPT-2's regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
     PreTokenizer("smollm", {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": True}, dict(_GPT2_BYTELEVEL)]}),
@@ -123,6 +141,7 @@ class GGUFVocab:
     add_eos: bool | None = None
     add_space_prefix: bool | None = None
     chat_template: str | None = None
+    lowercase: bool | None = None                # tokenizer.ggml.normalizer.lowercase (bert)
 
     def key_values(self) -> list[tuple[str, object, str]]:
         """(key, value, kind) with kind one of str | u32 | bool | str[] | i32[] | f32[]."""
@@ -144,6 +163,8 @@ class GGUFVocab:
             kv.append(("tokenizer.ggml.add_eos_token", bool(self.add_eos), "bool"))
         if self.add_space_prefix is not None:
             kv.append(("tokenizer.ggml.add_space_prefix", bool(self.add_space_prefix), "bool"))
+        if self.lowercase is not None:
+            kv.append(("tokenizer.ggml.normalizer.lowercase", bool(self.lowercase), "bool"))
         if self.chat_template:
             kv.append(("tokenizer.chat_template", self.chat_template, "str"))
         return kv
@@ -196,7 +217,7 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
         special_ids=specials, add_bos=meta.get("tokenizer.ggml.add_bos_token"),
         add_eos=meta.get("tokenizer.ggml.add_eos_token"),
         add_space_prefix=meta.get("tokenizer.ggml.add_space_prefix"),
-        chat_template=meta.get("tokenizer.chat_template"))
+        chat_template=meta.get("tokenizer.chat_template"), lowercase=meta.get("tokenizer.ggml.normalizer.lowercase"))
 
 
 # --- HF -> GGUF ---------------------------------------------------------------------------
@@ -463,6 +484,60 @@ def _spm_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[s
     return [(a, b) for *_, a, b in found]
 
 
+def _gemma4(v: GGUFVocab, tokens: list[str], path: str | None):
+    """``gemma4`` vocabularies: BPE over raw UTF-8 with merges, spaces spelled ``▁``, no prefix
+    space, text cut only at newlines, byte tokens ``<0xNN>`` for what no piece covers
+    (llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GEMMA4, ``byte_encode = false``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    merges = []
+    for m in v.merges or ():
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise FormatError(f"tokenizer.ggml.merges entry {m!r} has no space", path=path)
+        merges.append((a, b))
+    unk = v.special_ids.get("unk")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True,
+                               unk_token=tokens[unk] if unk is not None else None))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
+def _wordpiece(v: GGUFVocab, tokens: list[str], types: list[int]):
+    """``bert`` vocabularies (llama.cpp ``llm_tokenizer_wpm``).
+
+    llama.cpp stores a word-initial piece as ``▁piece`` and a continuation as the bare piece, and
+    matches greedily longest-first over ``▁word``; WordPiece stores them as ``piece`` and
+    ``##piece`` and matches the same way, so the spellings are swapped and nothing else.  Words
+    are split at whitespace, around punctuation, ASCII symbols and CJK ideographs, after
+    lowercasing and accent stripping (BERT's normalizer, what ``BertNormalizer`` +
+    ``BertPreTokenizer`` do); a word with any piece missing becomes ``[UNK]`` whatever its length.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab: dict[str, int] = {}
+    for i, (t, ty) in enumerate(zip(tokens, types)):
+        if ty in (NORMAL, UNUSED, BYTE):
+            t = t[1:] if t.startswith("▁") else "##" + t
+        if t:
+            vocab.setdefault(t, i)
+    unk = v.special_ids.get("unk")
+    unk_token = tokens[unk] if unk is not None else "[UNK]"
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token=unk_token, max_input_chars_per_word=1 << 30))
+    # llama.cpp: tokenizer.ggml.normalizer.lowercase (default on), strip_accents follows it.
+    lower = True if v.lowercase is None else bool(v.lowercase)
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=lower, lowercase=lower)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
 @dataclass(frozen=True)
 class HFTokenizerFiles:
     """The text of the files written into the HF folder."""
@@ -484,9 +559,14 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     if v.model == "gpt2":
         spelling = _bytes_to_unicode()
         alphabet = set(spelling.values())
-        # Control / user-defined tokens are stored as raw text; the BPE vocabulary wants them
-        # byte-level spelled (transformers integrations/gguf byte_level_tokenizer does the same).
-        vocab_tokens = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
+        # Control tokens are stored as raw text; the BPE vocabulary wants them byte-level spelled
+        # (transformers integrations/gguf byte_level_tokenizer does the same).  Normal tokens
+        # outside the byte alphabet (command-r's raw "\u200d") are ones llama.cpp's BPE never
+        # produces, and user-defined ones (mpt's runs of spaces) llama.cpp matches in the raw
+        # text before BPE: both keep their stored spelling, so they cannot shadow the byte-level
+        # token with the same bytes.
+        vocab_tokens = [t if set(t) <= alphabet or ty != CONTROL else "".join(spelling[b] for b in t.encode("utf-8"))
+                        for t, ty in zip(tokens, types)]
         vocab = {t: i for i, t in enumerate(vocab_tokens)}
         if len(vocab) != len(vocab_tokens):
             vocab = {}
@@ -524,9 +604,13 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
         if prefix:
             decs.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(decs)
+    elif v.model == "gemma4":
+        tok = _gemma4(v, tokens, path)
+    elif v.model == "bert":
+        tok = _wordpiece(v, tokens, types)
     else:
-        raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE) and 'llama' "
-                               "(SentencePiece BPE) vocabularies are rebuilt", path=path)
+        raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE), 'llama' "
+                               "(SentencePiece BPE) and 'bert' (WordPiece) vocabularies are rebuilt", path=path)
 
     specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
@@ -537,7 +621,7 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
 
     names = {typ: tokens[i] for typ, i in v.special_ids.items() if i < n}
     bos, eos = names.get("bos"), names.get("eos")
-    add_bos = bool(v.add_bos) if v.add_bos is not None else (v.model == "llama")
+    add_bos = bool(v.add_bos) if v.add_bos is not None else (v.model in ("llama", "bert"))
     add_eos = bool(v.add_eos)
     single, pair, sp = "$A", "$A $B", []
     if add_bos and bos is not None:
@@ -546,7 +630,13 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     if add_eos and eos is not None:
         single, pair = f"{single} {eos}", f"{pair} {eos}"
         sp.append((eos, v.special_ids["eos"]))
-    if sp:
+    cls, sep = v.special_ids.get("cls", v.special_ids.get("bos")), v.special_ids.get("sep")
+    if v.model == "bert" and add_bos and cls is not None and sep is not None:
+        # llama.cpp's WPM adds [CLS] ... [SEP] (add_bos + add_sep), as BERT's own template does.
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[cls]} $A {tokens[sep]}", pair=f"{tokens[cls]} $A {tokens[sep]} $B:1 {tokens[sep]}:1",
+            special_tokens=sorted({(tokens[cls], cls), (tokens[sep], sep)}))
+    elif sp:
         tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=sorted(set(sp)))
     elif v.model == "gpt2":
         tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -431,7 +431,9 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
                               f"(which ends at {prev_end - data_start})", path=path, tensor=name)
         if end > prev_end:
             prev_end, prev_name = end, name
-    promised = max([data_start] + [e for _, e, _ in spans])
+    # A file without tensors (llama.cpp's vocab-only GGUFs) may end right after its header,
+    # without the padding up to the (empty) data section: nothing is missing.
+    promised = max([data_start if spans else header_end] + [e for _, e, _ in spans])
     missing_bytes = max(0, promised - file_size)
     if missing_bytes:
         cut = [n for n, t in sorted(tensors.items(), key=lambda kv: kv[1].start) if t.missing]

@@ -1,0 +1,114 @@
+"""GGUF -> HF tokenizer rebuild against llama.cpp's own tokenizer test vectors.
+
+llama.cpp ships vocab-only GGUFs (``models/ggml-vocab-<name>.gguf``) with test texts
+(``.gguf.inp``, texts separated by a ``__ggml_vocab_test__`` line) and the ids llama.cpp's
+tokenizer gives them (``.gguf.out``, one line of space-separated ids per text).  Its
+``tests/test-tokenizer-0.cpp`` reads them into a map keyed by text (duplicates collapse) and
+tokenizes with ``add_special = false`` and ``parse_special = false``: no BOS/EOS, and control-token
+text is plain text.  The files come from the llama-cpp-python source distribution of the installed
+version, downloaded once with pip into the fixture cache.
+
+For every vocabulary we rebuild ``tokenizer.json`` exactly as ``convert`` GGUF -> HF does
+(:func:`vocab_from_metadata` + :func:`hf_tokenizer_files`), encode every text with
+``add_special_tokens=False`` and count the texts whose ids equal llama.cpp's.  EXPECTED pins that
+count per vocabulary, so any regression fails; what is still short of the total is explained in
+docs/tokenizers.md.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from ckpt_surgeon import tiny_cache
+from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
+from ckpt_surgeon.formats.gguf import read_header
+from fixtures.build_fixtures import fixture_base
+
+SEP = "\n__ggml_vocab_test__\n"
+
+# name -> (texts matching llama.cpp, texts in the file after de-duplication).
+EXPECTED: dict[str, tuple[int, int]] = {
+    "bert-bge": (46, 46),
+    "command-r": (46, 46),
+    "deepseek-coder": (46, 46),
+    "deepseek-llm": (46, 46),
+    "falcon": (46, 46),
+    "gemma-4": (46, 46),
+    "gpt-2": (46, 46),
+    "llama-bpe": (46, 46),
+    "llama-spm": (46, 46),
+    "mpt": (46, 46),
+    "phi-3": (46, 46),
+    "qwen2": (46, 46),
+    "qwen35": (50, 50),
+    "refact": (46, 46),
+    "starcoder": (46, 46),
+}
+
+
+def _download_vocabs(dest: Path) -> None:
+    version = importlib.metadata.version("llama-cpp-python")
+    sdist_dir = dest / "sdist"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+           f"llama-cpp-python=={version}", "-d", str(sdist_dir)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sdists = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
+    if r.returncode != 0 or not sdists:
+        pytest.fail(f"cannot download llama.cpp's tokenizer test vectors: `{' '.join(cmd)}` failed "
+                    f"(rc {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
+    out = dest / "models"
+    out.mkdir()
+    with tarfile.open(sdists[0]) as tf:
+        for m in tf.getmembers():
+            name = m.name.rsplit("/", 1)[-1]
+            if m.isfile() and "/vendor/llama.cpp/models/" in m.name and name.startswith("ggml-vocab-"):
+                (out / name).write_bytes(tf.extractfile(m).read())
+    sdists[0].unlink()
+
+
+@pytest.fixture(scope="session")
+def vocab_dir() -> Path:
+    version = importlib.metadata.version("llama-cpp-python")
+    final = fixture_base() / "llamacpp-vocab" / f"llama-cpp-python-{version}"
+    return tiny_cache.cached_build(final, _download_vocabs) / "models"
+
+
+def read_vectors(gguf: Path) -> dict[str, list[int]]:
+    """Text -> expected ids, read as test-tokenizer-0.cpp reads them."""
+    raw = Path(f"{gguf}.inp").read_text(encoding="utf-8")
+    texts, pos = [], 0
+    while pos < len(raw):
+        nxt = raw.find(SEP, pos)
+        if nxt < 0:
+            texts.append(raw[pos:])
+            break
+        texts.append(raw[pos:nxt])
+        pos = nxt + len(SEP)
+    outs = Path(f"{gguf}.out").read_text(encoding="utf-8").split("\n")
+    assert len(outs) >= len(texts), f"{gguf}.out has fewer lines than {gguf}.inp has texts"
+    return {t: [int(x) for x in o.split()] for t, o in zip(texts, outs)}
+
+
+def test_every_vocab_is_known(vocab_dir):
+    found = sorted(p.name[len("ggml-vocab-"):-len(".gguf")] for p in vocab_dir.glob("ggml-vocab-*.gguf")
+                   if Path(f"{p}.inp").exists())
+    # A new llama-cpp-python adding or dropping vocabularies must be looked at, not passed over.
+    assert found == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_rebuilt_tokenizer_matches_llama_cpp(name, vocab_dir):
+    gguf = vocab_dir / f"ggml-vocab-{name}.gguf"
+    vectors = read_vectors(gguf)
+    vocab = vocab_from_metadata(read_header(gguf).metadata, str(gguf))
+    files = hf_tokenizer_files(vocab, path=str(gguf))
+    tok = Tokenizer.from_str(files.tokenizer_json)
+    differ = [t for t, ids in vectors.items() if tok.encode(t, add_special_tokens=False).ids != ids]
+    assert (len(vectors) - len(differ), len(vectors)) == EXPECTED[name], \
+        f"{name}: texts that now differ from llama.cpp: {[t[:40] for t in differ]}"
