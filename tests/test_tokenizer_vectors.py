@@ -106,7 +106,10 @@ def test_every_vocab_is_known(vocab_dir):
 def test_rebuilt_tokenizer_matches_llama_cpp(name, vocab_dir):
     gguf = vocab_dir / f"ggml-vocab-{name}.gguf"
     vectors = read_vectors(gguf)
-    vocab = vocab_from_metadata(read_header(gguf).metadata, str(gguf))
+    header = read_header(gguf)
+    # Vocab-only files end right after their header (no data padding): complete, not truncated.
+    assert (header.tensor_count, header.missing_bytes, header.warnings) == (0, 0, ())
+    vocab = vocab_from_metadata(header.metadata, str(gguf))
     files = hf_tokenizer_files(vocab, path=str(gguf))
     tok = Tokenizer.from_str(files.tokenizer_json)
     differ = [t for t, ids in vectors.items() if tok.encode(t, add_special_tokens=False).ids != ids]

@@ -484,6 +484,17 @@ def _spm_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[s
     return [(a, b) for *_, a, b in found]
 
 
+def _merge_pairs(v: GGUFVocab, path: str | None) -> list[tuple[str, str]]:
+    """``tokenizer.ggml.merges`` (``"a b"`` strings) as pairs."""
+    merges = []
+    for m in v.merges or ():
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise FormatError(f"tokenizer.ggml.merges entry {m!r} has no space", path=path)
+        merges.append((a, b))
+    return merges
+
+
 def _gemma4(v: GGUFVocab, tokens: list[str], path: str | None):
     """``gemma4`` vocabularies: BPE over raw UTF-8 with merges, spaces spelled ``▁``, no prefix
     space, text cut only at newlines, byte tokens ``<0xNN>`` for what no piece covers
@@ -493,12 +504,7 @@ def _gemma4(v: GGUFVocab, tokens: list[str], path: str | None):
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
-    merges = []
-    for m in v.merges or ():
-        a, sep, b = m.partition(" ")
-        if not sep:
-            raise FormatError(f"tokenizer.ggml.merges entry {m!r} has no space", path=path)
-        merges.append((a, b))
+    merges = _merge_pairs(v, path)
     unk = v.special_ids.get("unk")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True,
                                unk_token=tokens[unk] if unk is not None else None))
@@ -572,22 +578,19 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
             vocab = {}
             for i, t in enumerate(vocab_tokens):
                 vocab.setdefault(t, i)
-        merges = []
-        for m in v.merges or ():
-            a, sep, b = m.partition(" ")
-            if not sep:
-                raise FormatError(f"tokenizer.ggml.merges entry {m!r} has no space", path=path)
-            merges.append((a, b))
+        merges = _merge_pairs(v, path)
         pre = pre_by_name(v.pre)
         if pre is None:
             warnings.append(f"tokenizer.ggml.pre={v.pre!r} is not in the table; using GPT-2's split "
                             "(text with digits or unusual spacing may tokenize differently from llama.cpp)")
             pre = pre_by_name("gpt-2")
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
-        tok_json = json.loads(tok.to_str())
-        tok_json["pre_tokenizer"] = pre.pre_tokenizer
-        tok_json["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-        tok = Tokenizer.from_str(json.dumps(tok_json))
+        # The pre-tokenizer goes through a model-less tokenizer.json: the table keeps the JSON
+        # spelling, and re-serialising the whole vocabulary for it costs seconds at 256k tokens.
+        tok.pre_tokenizer = Tokenizer.from_str(json.dumps(
+            {"version": "1.0", "model": {"type": "WordLevel", "vocab": {}, "unk_token": ""},
+             "pre_tokenizer": pre.pre_tokenizer})).pre_tokenizer
+        tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     elif v.model == "llama":
         vocab = {}
         for i, t in enumerate(tokens):
