@@ -161,6 +161,16 @@ SPECS: dict[str, TinySpec] = {
         "GPT2LMHeadModel",
         {},
     ),
+    # OPT: learned absolute positions (offset 2), pre-LN, biases on every linear (enable_bias),
+    # tied head; word_embed_proj_dim = hidden, so no project_in/out.
+    "opt": TinySpec(
+        "OPTConfig",
+        {"hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "max_position_embeddings": 256, "word_embed_proj_dim": 64, "do_layer_norm_before": True,
+         "enable_bias": True},
+        "OPTForCausalLM",
+        {},
+    ),
     # Per-head interleaved [h, 3, d] query_key_value; rotary on 4 of 16 dims (Pythia's 0.25).
     "gpt_neox": TinySpec(
         "GPTNeoXConfig",

@@ -63,7 +63,8 @@ def residual_bias_names(path) -> list[str]:
 
 # -- the registry fact, probed ----------------------------------------------------------------------
 
-PROBE = ["gpt2", "bert", "bloom", "gpt_neox", "falcon", "falcon_old", "phi", "starcoder2", "llama_bias", "olmo2"]
+PROBE = ["gpt2", "bert", "bloom", "gpt_neox", "falcon", "falcon_old", "phi", "starcoder2", "opt", "llama_bias",
+         "olmo2"]
 
 
 @pytest.mark.parametrize("name", PROBE)
@@ -81,7 +82,7 @@ def test_registry_fact_matches_a_float64_probe(tiny, name):
     ref = run(base)
     shifted = with_tensors(load(src), {n: ck.read(n).astype(np.float64) + 0.7 for n in names})
     r = rel(ref, run(shifted))
-    if stream_readers(layout).centering:
+    if stream_readers(layout, ck.config).centering:
         assert r <= 1e-12, r      # float64 rounding of a 2-layer forward pass (measured ~1e-15)
     else:
         assert r > 1e-3, r        # an RMSNorm / unnormalised reader sees the shift at full size
@@ -94,7 +95,7 @@ def test_registry_covers_every_family_explicitly():
 # -- --center is exact --------------------------------------------------------------------------------
 
 CENTER = [("gpt2", True), ("gpt2", False), ("bert", True), ("bloom", True), ("gpt_neox", True), ("gpt_neox", False),
-          ("falcon", True), ("phi", True), ("starcoder2", True)]
+          ("falcon", True), ("phi", True), ("starcoder2", True), ("opt", True), ("opt", False)]
 
 
 def _float64_plan_outputs(src, plan):
@@ -225,41 +226,37 @@ def test_rmsnorm_models_are_refused(tiny, tmp_path, name):
     assert not (tmp_path / "out").exists()
 
 
-def _opt(tmp_path, remove_final_norm: bool):
+@pytest.mark.parametrize("key,value,reason", [
+    ("_remove_final_layer_norm", True, "the output head reads the residual stream without a final LayerNorm"),
+    ("do_layer_norm_before", False, "post-norm OPT: the first attention reads the summed embeddings without a norm")])
+def test_opt_variants_whose_stream_is_read_unnormalised_are_refused(tiny, tmp_path, key, value, reason):
+    """The same c·1 shift of every residual-writing bias and additive embedding that the tiny OPT's
+    LayerNorms hide (<= 1e-12, control) moves the logits of each variant: ``_remove_final_layer_norm``
+    (modeling_opt: no final_layer_norm, lm_head reads the raw stream) and ``do_layer_norm_before=False``
+    (the first attention reads embeddings + positions unnormalised).  The registry's rules refuse both."""
     import transformers
+    src = tiny("opt")
+    ck = open_checkpoint(src)
+    writers = [t for t in locate_stream_tensors(ck, ck.layout()) if t.role in ("o", "mlp_out", "embed_add")]
+    names = [t.bias or t.weight for t in writers]
+    assert len(names) == 2 * 2 + 1, names        # out_proj + fc2 per layer, embed_positions
+    variant = tmp_path / "variant"
+    cfg = transformers.AutoConfig.from_pretrained(src)
+    setattr(cfg, key, value)
     torch.manual_seed(0)
-    cfg = transformers.OPTConfig(vocab_size=320, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
-                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                                 do_layer_norm_before=True, _remove_final_layer_norm=remove_final_norm)
-    model = transformers.OPTForCausalLM(cfg).to(torch.float64).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith(".bias"):
-                p.normal_(0, 0.05)
-    return model
-
-
-def test_head_reading_the_unnormalised_stream_is_refused(tmp_path):
-    """OPT with ``_remove_final_layer_norm`` (modeling_opt: no final_layer_norm, lm_head reads the
-    raw stream).  The probe shows why --center must refuse it: the same c·1 shift that a final
-    LayerNorm hides (control) moves the logits.  OPT is not a registry family, so the refusal
-    names the unknown readers."""
-    ids = IDS[:, :10]
-    for remove, expect_visible in ((True, True), (False, False)):
-        model = _opt(tmp_path, remove)
-        assert (model.model.decoder.final_layer_norm is None) is remove
-        ref = run(model, ids)
-        sd = model.state_dict()
-        names = [n for n in sd if n.endswith(("self_attn.out_proj.bias", "fc2.bias"))]
-        assert len(names) == 4
-        shifted = with_tensors(model, {n: sd[n].numpy() + 0.7 for n in names})
-        r = rel(ref, run(shifted, ids))
-        assert (r > 1e-3) if expect_visible else (r <= 1e-12), (remove, r)
-    out = tmp_path / "opt"
-    _opt(tmp_path, True).to(torch.float32).save_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float64).eval()
+    model.load_state_dict(load(src).state_dict(), strict=False)
+    model.save_pretrained(variant)
+    for path, visible in ((src, False), (variant, True)):
+        m = load(path)
+        ref = run(m)
+        sd = m.state_dict()
+        shifted = with_tensors(load(path), {n: sd[n].numpy() + 0.7 for n in names})
+        r = rel(ref, run(shifted))
+        assert (r > 1e-3) if visible else (r <= 1e-12), (path, r)
     with pytest.raises(RefusedError) as ei:
-        fold_bias(out, tmp_path / "o", center=True)
-    assert "'opt' is not in the registry: what reads its residual stream" in str(ei.value)
+        fold_bias(variant, tmp_path / "o", center=True)
+    assert f"opt: {reason}" in str(ei.value)
     assert not (tmp_path / "o").exists()
 
 

@@ -75,7 +75,7 @@ def test_bart_self_and_cross_attention_key_bias_is_exact(zoo, tmp_path):
     assert not _tensor(out, f"{names[0]}.v_proj.bias").any()
 
 
-@pytest.mark.parametrize("model_type", ["roberta", "opt", "gpt_bigcode", "biogpt"])
+@pytest.mark.parametrize("model_type", ["roberta", "electra", "gpt_bigcode", "biogpt"])
 def test_textbook_exact_folds(zoo, tmp_path, model_type):
     src = zoo(model_type)
     an = analyze(str(src))

@@ -45,6 +45,7 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "bert": 192,
     "starcoder2": 128,
     "olmo2": 128,
+    "opt": 192,
 }
 QKV_BIAS_MODULES = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value"}
 N_LAYERS = 2

@@ -64,12 +64,16 @@ class StreamReaders:
         return {"centering": self.centering, "consumer": self.consumer, "reason": self.reason}
 
 
-def stream_readers(layout: ModelLayout) -> StreamReaders:
-    """The registry's answer for ``layout``'s family, with the reader that is not a centering norm."""
+def stream_readers(layout: ModelLayout, config: dict | None = None) -> StreamReaders:
+    """The registry's answer for ``layout``'s family (and ``config``, for the family's rules), with
+    the reader that is not a centering norm."""
     fam = family_record(layout)
     if fam is None:
         return StreamReaders(None, "unknown", f"architecture {layout.architecture!r} is not in the registry: what reads "
                              "its residual stream (and whether it subtracts the mean) is unknown")
+    for key, value, reason in fam.residual_readers_rules:
+        if (config or {}).get(key) == value:
+            return StreamReaders(False, "unnormalised", f"{fam.name}: {reason}")
     c = fam.residual_readers_centering
     if c is None:
         return StreamReaders(None, "unknown", f"the registry does not establish what reads the residual stream of "
@@ -237,7 +241,7 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
     ``exact_fraction`` is the softmax share of each key bias); ``qkv_vectors``: ``layer ->
     {"q", "k", "v", "k_tensor"}`` as :func:`.redundancy.layer_vectors` returns (read once there).
     """
-    readers = stream_readers(layout)
+    readers = stream_readers(layout, ck.config)
     stream_consumer = readers.consumer
     tensors = locate_stream_tensors(ck, layout)
     tied = word_embedding_tied(ck, tensors)

@@ -74,6 +74,9 @@ class Family:
     # invisible; False: some reader is not (RMSNorm, a projection, an unnormalised head);
     # None: not established.  Cited per family (transformers 5 modeling files).
     residual_readers_centering: bool | None = None
+    # (config key, value, reason): when the config has that value, some reader of the residual
+    # stream is not a centering norm after all (the reason names it), whatever the field above says
+    residual_readers_rules: tuple = ()
     extra: dict = field(default_factory=dict)
     # --- GGUF / conversion data ---
     hf_class: str | None = None           # config ``architectures[0]`` written for a GGUF of this family
@@ -365,6 +368,22 @@ FAMILIES: tuple[Family, ...] = (
            bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),   # modeling_falcon: bias=config.bias
            hf_class="FalconForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
            residual_readers_centering=True),
+    # residual readers: modeling_opt: self_attn_layer_norm / final_layer_norm per layer and the
+    # decoder's final_layer_norm (nn.LayerNorm) read the pre-LN stream; the (tied) head reads the last.
+    # _remove_final_layer_norm drops that last norm; do_layer_norm_before=False (OPT-350m) lets the first
+    # attention read the summed embeddings unnormalised.
+    Family("opt", ("opt",), (), "layers.{L}.",
+           {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.out_proj",
+            "attn_norm": "self_attn_layer_norm"},
+           position="absolute", input_norm="layer", attention_bias_key="enable_bias",
+           bias_switch_extra=("fc1", "fc2"),   # modeling_opt: bias=config.enable_bias on every linear
+           hf_class="OPTForCausalLM",
+           residual_readers_centering=True,
+           residual_readers_rules=(
+               ("_remove_final_layer_norm", True,
+                "the output head reads the residual stream without a final LayerNorm (_remove_final_layer_norm)"),
+               ("do_layer_norm_before", False,
+                "post-norm OPT: the first attention reads the summed embeddings without a norm"))),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",

@@ -134,7 +134,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
 
     layout = ckpt.layout()
     if center:
-        _check_centering(layout, src)
+        _check_centering(layout, ckpt.config, src)
     fam = family_of(layout)
     if fam is None and layout.derived is None:
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
@@ -297,9 +297,9 @@ def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -
     return steps
 
 
-def _check_centering(layout, src) -> None:
+def _check_centering(layout, config, src) -> None:
     from ..analysis.consumers import stream_readers
-    readers = stream_readers(layout)
+    readers = stream_readers(layout, config)
     if not readers.centering:
         raise RefusedError(f"refused: --center is exact only when every reader of the residual stream subtracts the "
                            f"mean (LayerNorm); {readers.reason}; nothing was centered", path=src)
