@@ -260,8 +260,13 @@ class BufferPool:
     faults every time: measured 1.4 s of 2.7 s on a 2 x 1 GiB pair).  A few sizes at most."""
 
     def __init__(self, keep: int = 4):
+        from concurrent.futures import ThreadPoolExecutor
         self.keep = keep
         self._pairs: dict[int, tuple[bytearray, bytearray]] = {}
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="diff-read")   # reads side B beside side A
+
+    def close(self) -> None:
+        self.reader.shutdown()
 
     def get(self, size: int) -> tuple[bytearray, bytearray]:
         pair = self._pairs.pop(size, None) or (bytearray(size), bytearray(size))
@@ -275,11 +280,21 @@ def bytes_equal(ck_a: Checkpoint, na: str, ck_b: Checkpoint, nb: str, progress=N
                 pool: BufferPool | None = None) -> bool:
     """Stream both tensors' stored bytes in row chunks through two reused buffers; stop at the
     first chunk that differs.  Full chunks compare as whole bytearrays (one memcmp)."""
+    if pool is None:
+        pool = BufferPool()
+        try:
+            return bytes_equal(ck_a, na, ck_b, nb, progress, pool)
+        finally:
+            pool.close()
     steps, cap = _row_plan(ck_a, na, ck_b, nb)
-    buf_a, buf_b = (pool or BufferPool()).get(cap)
+    buf_a, buf_b = pool.get(cap)
     for r0, r1 in steps:
+        # B's chunk is read in a second thread while this one reads A's (preadv releases the GIL):
+        # two sequential streams in flight, as the disk's readahead wants, instead of alternating
+        # single reads (measured 0.65x of plain sequential reads on a 28 GiB pair before this).
+        fut = pool.reader.submit(ck_b.read_rows_into, nb, r0, r1, buf_b)
         va = ck_a.read_rows_into(na, r0, r1, buf_a)
-        vb = ck_b.read_rows_into(nb, r0, r1, buf_b)
+        vb = fut.result()
         if progress:
             progress(va.nbytes + vb.nbytes)
         if va.nbytes != vb.nbytes:
@@ -425,6 +440,25 @@ def _layers(tensors: list[TensorDiff]) -> tuple[LayerDiff, ...]:
 # --------------------------------------------------------------------------- API
 
 
+def _compare_all(sa, sb, content, progress, pool) -> list:
+    """One row per tensor name on either side (sorted by layer), compared or marked one-sided."""
+    rows = []
+    for name in sorted(set(sa.names) | set(sb.names), key=_sort_key):
+        if name in sa.names and name in sb.names:
+            rows.append(_compare(name, sa, sb, name in content, progress, pool))
+        else:
+            side, status = (sa, "only_in_a") if name in sa.names else (sb, "only_in_b")
+            stored = side.names[name][0]
+            info = side.ck.tensors[stored]
+            in_a = status == "only_in_a"
+            rows.append(TensorDiff(name=name, status=status, layer=_layer_of(name),
+                                   name_a=stored if in_a else None, name_b=None if in_a else stored,
+                                   shape_a=side.shapes[name] if in_a else None,
+                                   shape_b=None if in_a else side.shapes[name],
+                                   dtype_a=info.dtype if in_a else None, dtype_b=None if in_a else info.dtype))
+    return rows
+
+
 def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = None, full: bool = False,
                      progress=None) -> DiffReport:
     """Compare two open checkpoints (see the module docstring).  ``progress(nbytes)`` is called
@@ -439,19 +473,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
             s.ck.prefetch([s.names[n][0] for n in content if sa.shapes[n] == sb.shapes[n]])
     rows = []
     pool = BufferPool()
-    for name in sorted(set(sa.names) | set(sb.names), key=_sort_key):
-        if name in sa.names and name in sb.names:
-            rows.append(_compare(name, sa, sb, name in content, progress, pool))
-        else:
-            side, status = (sa, "only_in_a") if name in sa.names else (sb, "only_in_b")
-            stored = side.names[name][0]
-            info = side.ck.tensors[stored]
-            in_a = status == "only_in_a"
-            rows.append(TensorDiff(name=name, status=status, layer=_layer_of(name),
-                                   name_a=stored if in_a else None, name_b=None if in_a else stored,
-                                   shape_a=side.shapes[name] if in_a else None,
-                                   shape_b=None if in_a else side.shapes[name],
-                                   dtype_a=info.dtype if in_a else None, dtype_b=None if in_a else info.dtype))
+    try:
+        rows = _compare_all(sa, sb, content, progress, pool)
+    finally:
+        pool.close()
     verdict, line = _verdict(rows, len(rows))
     counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
     notes = []
