@@ -186,3 +186,33 @@ def test_verify_hub_errors_are_one_line(hub_env, tiny):
     not_a_path = _run("verify", "./missing-folder", local)
     assert not_a_path.exit_code == 2
     assert "no such file or folder (and not a Hub repo id of the form owner/name)" in not_a_path.stderr
+
+
+def test_verify_compares_two_revisions_of_one_hub_repo(hub_env, tiny, tmp_path):
+    """--revision / --candidate-revision: a repo whose branch `bumped` carries a changed query bias.
+    The same id at two revisions must disagree; each revision against its own local copy must agree."""
+    hub = hub_env
+    src = tiny("qwen2")
+    bumped = tmp_path / "bumped"
+    shutil.copytree(src, bumped)
+    from safetensors.numpy import load_file, save_file
+    save_file(_bump_q_bias(load_file(str(bumped / "model.safetensors"))), str(bumped / "model.safetensors"),
+              metadata={"format": "pt"})
+    hub.add_repo("owner/rev", src, refs=("main",))
+    hub.add_repo("owner/rev", bumped, refs=("bumped",))
+
+    differ = _run("verify", "owner/rev", "owner/rev", "--candidate-revision", "bumped", "--max-new-tokens", "2",
+                  "--format", "json")
+    assert differ.exit_code == 1, differ.output
+    d = json.loads(differ.stdout)
+    assert d["passed"] is False and d["metrics"]["max_abs_diff"] > 0
+    same = _run("verify", "owner/rev", bumped, "--revision", "bumped", "--max-new-tokens", "2", "--format", "json")
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.stdout)["metrics"]["max_abs_diff"] == 0.0
+
+    unknown = _run("verify", "owner/rev", src, "--revision", "nope")
+    assert unknown.exit_code == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    assert unknown.stderr.startswith("error: owner/rev") and "nope" in unknown.stderr
+    local_rev = _run("verify", src, src, "--candidate-revision", "bumped")
+    assert local_rev.exit_code == 2
+    assert local_rev.stderr == f"error: {src}: a revision ('bumped') applies to Hub repo ids only; this is a local path\n"

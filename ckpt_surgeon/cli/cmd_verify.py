@@ -52,6 +52,12 @@ _DTYPES = ("float32", "bfloat16", "float16")
               help="Directory for temporary files: GGUF inputs converted to HF folders (float32: ~4 bytes per "
                    "parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
                    "dir ($TMPDIR). Removed at the end.")
+@click.option("--revision", default=None, metavar="REV",
+              help="Hub revision (branch, tag or commit) of REFERENCE when it is a Hub id. Default: the repo's "
+                   "default branch.")
+@click.option("--candidate-revision", default=None, metavar="REV",
+              help="Hub revision of CANDIDATE when it is a Hub id (compare two revisions of one repo: "
+                   "verify ID ID --candidate-revision REV).")
 @click.option("--localize", is_flag=True,
               help="Also find where the models diverge: hooks on every decoder layer's output and its attention / "
                    "MLP sub-outputs, per layer max and relative |Δ hidden|, the first layer over --localize-threshold "
@@ -62,8 +68,8 @@ _DTYPES = ("float32", "bfloat16", "float16")
 @progress_option
 @output_options
 def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map, dtype,
-            sequential, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, localize,
-            localize_threshold, progress, fmt, output, force):
+            sequential, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, revision,
+            candidate_revision, localize, localize_threshold, progress, fmt, output, force):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -71,9 +77,10 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     compared on the last hidden state). Each is a local Hugging Face folder (config.json +
     safetensors), a single .safetensors file with config.json beside it, a .gguf file
     (converted to a temporary folder by ckpt-surgeon's own converter), or a Hub repo id
-    (owner/name): the files the model needs are downloaded with huggingface_hub into the
-    normal Hugging Face cache (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE honoured; reused by
-    later runs), then loaded from there.
+    (owner/name; --revision / --candidate-revision pick a branch, tag or commit): the files
+    the model needs are downloaded with huggingface_hub into the normal Hugging Face cache
+    (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE honoured; reused by later runs), then loaded
+    from there.
 
     Prompts are tokenized with the REFERENCE's tokenizer, or with --tokenizer PATH_OR_ID (for
     weights-only checkpoints); a model that ships a tokenizer encoding any prompt to different
@@ -102,13 +109,15 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
                     max_new_tokens=max_new_tokens, device=device,
                     device_map=device_map, dtype=dtype, sequential=sequential or None,
                     thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
-                    min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir)
+                    min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir,
+                    revision=revision, candidate_revision=candidate_revision)
     if localize:
         from ..verification.localize import LocalizedVerify, localize as run_localize
         where = run_localize(reference, candidate, prompts=prompts,
                              device="cuda" if report.device == "cuda" else "cpu", dtype=dtype,
                              sequential=report.mode == "sequential", threshold=localize_threshold, tmp_dir=tmp_dir,
-                             token_ids=token_ids, tokenizer=tokenizer, progress=progress)
+                             token_ids=token_ids, tokenizer=tokenizer, progress=progress, revision=revision,
+                             candidate_revision=candidate_revision)
         report = LocalizedVerify(report, where)
     emit(report, fmt, output, title="ckpt-surgeon verify", force=force)
     if not report.passed:

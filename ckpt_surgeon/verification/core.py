@@ -45,7 +45,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
            max_new_tokens: int = 32, device: str = "auto", device_map: str | None = None, dtype: str = "float32",
            sequential: bool | None = None, thresholds: str | None = None, max_logit_diff: float | None = None,
            max_kl: float | None = None, min_top1: float | None = None, require_greedy: bool | None = None,
-           progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None) -> VerifyReport:
+           progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None,
+           revision: str | None = None, candidate_revision: str | None = None) -> VerifyReport:
     """Compare ``candidate`` with ``reference`` by running both with transformers.
 
     ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verification.prompts.default_prompts`).
@@ -63,6 +64,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     stderr (None = only on a terminal).  ``tmp_dir``: an existing directory for the temporary
     files (GGUF inputs converted to HF folders, the reference's saved outputs in sequential
     mode); default: the system temp dir.  Everything there is removed at the end.
+    ``revision``: the Hub revision (branch, tag or commit) of ``reference`` when it is a Hub id;
+    ``candidate_revision``: the candidate's (two revisions of one repo can be compared).
 
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
@@ -99,8 +102,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
-        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress)
-        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress)
+        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
+                       revision=candidate_revision)
         if ref.kind != cand.kind:
             raise ConfigError(f"reference is a {ref.kind.name} ({ref.architecture}) but candidate is a "
                               f"{cand.kind.name} ({cand.architecture}); nothing comparable", path=cand.given)

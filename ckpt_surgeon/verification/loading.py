@@ -58,11 +58,13 @@ def storage_precision(dtypes) -> str:
 
 
 def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
-            progress: bool | None = False) -> PreparedModel:
+            progress: bool | None = False, revision: str | None = None) -> PreparedModel:
     """Validate ``source`` and return a :class:`PreparedModel`; GGUF inputs are converted into
-    ``workdir/role``; a Hub repo id is first downloaded into the Hugging Face cache
-    (:func:`ckpt_surgeon.formats.hub_snapshot.download`, bars per ``progress``).  Raises
-    CkptError (one line) for anything transformers could not load."""
+    ``workdir/role``; a Hub repo id is first downloaded into the Hugging Face cache at
+    ``revision`` (branch, tag or commit; default the repo's default branch) with
+    :func:`ckpt_surgeon.formats.hub_snapshot.download` (bars per ``progress``).  ``revision``
+    with a local source is an error.  Raises CkptError (one line) for anything transformers
+    could not load."""
     from ..checkpoint import looks_like_repo_id, open_checkpoint
 
     given = os.fspath(source)
@@ -72,7 +74,10 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
             raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
                                       path=given)
         from ..formats.hub_snapshot import download
-        p = download(given, progress=progress)
+        p = download(given, revision=revision, progress=progress)
+    elif revision is not None:
+        raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
+                        path=given)
     try:
         ck = open_checkpoint(p)
     except ModuleNotFoundError as e:        # a reader this build lacks (the GGUF path)

@@ -164,20 +164,24 @@ class _Acc:
 # --------------------------------------------------------------------------- API
 
 
-def localize(reference, candidate, *, prompts: list[str] | None = None, device: str = "cpu",
+def localize(reference, candidate, *, prompts: list[str] | None = None, device: str = "auto",
              dtype: str = "float32", sequential: bool = False, threshold: float | None = None,
              tmp_dir: str | os.PathLike | None = None, token_ids: list[list[int]] | None = None,
-             tokenizer: str | os.PathLike | None = None, progress: bool | None = False) -> LocalizeReport:
+             tokenizer: str | os.PathLike | None = None, progress: bool | None = False,
+             revision: str | None = None, candidate_revision: str | None = None) -> LocalizeReport:
     """Run both models with hooks on every decoder layer and name the first layer whose hidden
     state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``).
-    ``token_ids`` / ``tokenizer`` / ``progress``: as for :func:`~ckpt_surgeon.verification.core.verify`."""
+    ``device``: ``auto`` | ``cpu`` | ``cuda`` (:func:`ckpt_surgeon.runtime.resolve_device`).
+    ``token_ids`` / ``tokenizer`` / ``progress`` / ``revision`` / ``candidate_revision``: as for
+    :func:`~ckpt_surgeon.verification.core.verify`."""
     import torch
 
     from .core import _free, _tokenize
-    from ..runtime import quiet_transformers
+    from ..runtime import quiet_transformers, resolve_device
     from .loading import load_model, prepare
     from .prompts import default_prompts
 
+    device = resolve_device(device)
     thr = DEFAULT_THRESHOLDS.get(dtype) if threshold is None else float(threshold)
     if thr is None or not thr > 0:
         raise CkptError(f"localize threshold must be positive (got {threshold!r})")
@@ -186,8 +190,9 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-localize-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers():
         work = Path(work_s)
-        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress)
-        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress)
+        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
+        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
+                       revision=candidate_revision)
         _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
 
         def outputs(pm):
