@@ -38,26 +38,10 @@ def normalize_dtype(dtype: str | None, to_gguf: bool) -> str:
     return got
 
 
-def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) -> Path:
-    """GGUF file -> HF folder; see :func:`ckpt_surgeon.conversion.from_gguf.gguf_to_hf`."""
-    from .from_gguf import gguf_to_hf as _f
-    return _f(gguf_path, out_dir, dtype=dtype, force=force)
+from .._lazy import lazy_exports
 
-
-def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None) -> Path:
-    """HF folder -> GGUF file; see :func:`ckpt_surgeon.conversion.to_gguf.hf_to_gguf`."""
-    from .to_gguf import hf_to_gguf as _f
-    return _f(src, out_path, dtype=dtype, force=force, name=name)
-
-
-def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, **kw):
-    from .from_gguf import gguf_to_hf_report as _r
-    return _r(gguf_path, out_dir, dtype=dtype, force=force, **kw)
-
-
-def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, **kw):
-    from .to_gguf import hf_to_gguf_report as _r
-    return _r(src, out_path, dtype=dtype, force=force, **kw)
+__getattr__, __dir__ = lazy_exports(globals(), {"gguf_to_hf": ".from_gguf", "gguf_to_hf_report": ".from_gguf",
+                                                "hf_to_gguf": ".to_gguf", "hf_to_gguf_report": ".to_gguf"})
 
 
 def is_gguf(path) -> bool:
@@ -95,6 +79,8 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     the bytes written on stderr (None: only when stderr is a terminal).
     """
     from ..errors import SourceNotFoundError, UnsupportedError
+    from .from_gguf import gguf_to_hf_report
+    from .to_gguf import hf_to_gguf_report
     if not os.path.exists(os.fspath(source)):
         raise SourceNotFoundError("no such file or folder", path=os.fspath(source))
     source = _gguf_in_folder(Path(os.fspath(source))) or source

@@ -7,20 +7,6 @@ from __future__ import annotations
 
 __all__ = ["fold_bias", "qkv_fuse", "qkv_split"]
 
+from .._lazy import lazy_exports
 
-def fold_bias(source, out, **kw):
-    """See :func:`ckpt_surgeon.surgery.fold.fold_bias`."""
-    from .fold import fold_bias as _f
-    return _f(source, out, **kw)
-
-
-def qkv_fuse(source, out, **kw):
-    """See :func:`ckpt_surgeon.surgery.qkv.qkv_fuse`."""
-    from .qkv import qkv_fuse as _f
-    return _f(source, out, **kw)
-
-
-def qkv_split(source, out, **kw):
-    """See :func:`ckpt_surgeon.surgery.qkv.qkv_split`."""
-    from .qkv import qkv_split as _f
-    return _f(source, out, **kw)
+__getattr__, __dir__ = lazy_exports(globals(), {"fold_bias": ".fold", "qkv_fuse": ".qkv", "qkv_split": ".qkv"})

@@ -18,8 +18,6 @@ from .thresholds import DEFAULT_THRESHOLDS, Thresholds, thresholds_for
 __all__ = ["verify", "VerifyReport", "PromptResult", "Metrics", "Thresholds", "DEFAULT_THRESHOLDS",
            "thresholds_for", "default_prompts", "load_prompts", "KINDS", "ModelKind", "model_kind"]
 
+from .._lazy import lazy_exports
 
-def verify(reference, candidate, **opts) -> VerifyReport:
-    """See :func:`ckpt_surgeon.verification.core.verify`."""
-    from .core import verify as _verify
-    return _verify(reference, candidate, **opts)
+__getattr__, __dir__ = lazy_exports(globals(), {"verify": ".core"})
