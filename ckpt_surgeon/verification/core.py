@@ -70,25 +70,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
     t0 = time.perf_counter()
-    if dtype not in TORCH_DTYPES:
-        raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-    dev = resolve_device(device)
-    if device_map not in (None, *DEVICE_MAPS):
-        raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise CkptError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if token_ids is not None:
-        if prompts is not None:
-            raise CkptError("give prompts or token ids, not both")
-        if not token_ids or not all(isinstance(ids, (list, tuple)) and ids and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids) for ids in token_ids):
-            raise CkptError("token_ids must be a non-empty list of non-empty lists of non-negative integers")
-        token_ids = [list(ids) for ids in token_ids]
-        prompts = [json.dumps(ids) for ids in token_ids]    # what the report shows as the prompt
-    prompts = default_prompts() if prompts is None else [p for p in prompts]
-    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise CkptError("prompts must be a non-empty list of non-empty strings")
-
+    dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
     thresholds_for(thresholds or "float32", max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
                    require_greedy=require_greedy)
@@ -105,10 +87,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
-        if ref.kind != cand.kind:
-            raise ConfigError(f"reference is a {ref.kind.name} ({ref.architecture}) but candidate is a "
-                              f"{cand.kind.name} ({cand.architecture}); nothing comparable", path=cand.given)
-        kind = ref.kind
+        kind = _comparable_kind(ref, cand)
         for pm in (ref, cand):
             if pm.converted_from_gguf:
                 notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
@@ -127,29 +106,11 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         notes.append(f"{mode}: {why}")
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
                    progress=progress, seed=seed, torch=torch)
-        if mode == "parallel":
-            ref_model = load_model(ref, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-            cand_model = load_model(cand, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-            # One progress bar for the pair: the two generators advance together.
-            pairs = zip(_outputs(ref_model, "both models", **run),
-                        _outputs(cand_model, "candidate", **{**run, "progress": False}))
-            results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
-            del pairs, ref_model, cand_model    # zip leaves the candidate generator (and its model) suspended
-        else:
-            saved = work / "reference-outputs"
-            saved.mkdir()
-            ref_model = load_model(ref, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-            ref_conts = []
-            for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", **run)):
-                np.save(saved / f"{i}.npy", arr)
-                ref_conts.append(cont)
-            del ref_model
-            _free(torch)
-            cand_model = load_model(cand, dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-            pairs = (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
-                     for i, out in enumerate(_outputs(cand_model, "candidate", **run)))
-            results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
-            del cand_model
+        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
+        schedule = _run_parallel if mode == "parallel" else _run_sequential
+        pairs = schedule(ref, cand, run, load, work)
+        results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
+        del pairs     # the suspended generators hold the models
         _free(torch)
 
     metrics = aggregate(results, kind)
@@ -161,6 +122,61 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
         notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
         environment=_environment(dev, torch))
+
+
+def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
+    """Everything checkable before a file is opened -> (device, prompts, token_ids)."""
+    if dtype not in TORCH_DTYPES:
+        raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    dev = resolve_device(device)
+    if device_map not in (None, *DEVICE_MAPS):
+        raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise CkptError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if token_ids is not None:
+        if prompts is not None:
+            raise CkptError("give prompts or token ids, not both")
+        if not token_ids or not all(isinstance(ids, (list, tuple)) and ids and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids) for ids in token_ids):
+            raise CkptError("token_ids must be a non-empty list of non-empty lists of non-negative integers")
+        token_ids = [list(ids) for ids in token_ids]
+        prompts = [json.dumps(ids) for ids in token_ids]    # what the report shows as the prompt
+    prompts = default_prompts() if prompts is None else [p for p in prompts]
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise CkptError("prompts must be a non-empty list of non-empty strings")
+    return dev, prompts, token_ids
+
+
+def _comparable_kind(ref: PreparedModel, cand: PreparedModel):
+    if ref.kind != cand.kind:
+        raise ConfigError(f"reference is a {ref.kind.name} ({ref.architecture}) but candidate is a "
+                          f"{cand.kind.name} ({cand.architecture}); nothing comparable", path=cand.given)
+    return ref.kind
+
+
+def _run_parallel(ref: PreparedModel, cand: PreparedModel, run: dict, load: dict, work: Path):
+    """Both models loaded; their outputs advance together, prompt by prompt (one progress bar
+    for the pair) -> pairs ``((ref_out, ref_cont), (cand_out, cand_cont))``."""
+    ref_model = load_model(ref, **load)
+    cand_model = load_model(cand, **load)
+    return zip(_outputs(ref_model, "both models", **run), _outputs(cand_model, "candidate", **{**run, "progress": False}))
+
+
+def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: dict, work: Path):
+    """The reference alone first, its outputs saved as float32 ``.npy`` in ``work`` and the model
+    freed; then the candidate, paired with the saved outputs (memory-mapped)."""
+    saved = work / "reference-outputs"
+    saved.mkdir()
+    ref_model = load_model(ref, **load)
+    ref_conts = []
+    for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", **run)):
+        np.save(saved / f"{i}.npy", arr)
+        ref_conts.append(cont)
+    del ref_model
+    _free(run["torch"])
+    cand_model = load_model(cand, **load)
+    return (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
+            for i, out in enumerate(_outputs(cand_model, "candidate", **run)))
 
 
 # --- steps ------------------------------------------------------------------------------------
