@@ -178,7 +178,7 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
 
     from .core import _free, _tokenize
     from ..runtime import quiet_transformers, resolve_device
-    from .loading import load_model, prepare
+    from .loading import prepare
     from .prompts import default_prompts
 
     device = resolve_device(device)
@@ -194,38 +194,10 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
         _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
-
-        def outputs(pm):
-            model = load_model(pm, dtype=dtype, device=device, device_map=None, warnings=warnings)
-            rec = _Recorder(hook_points(model, pm.config))
-            try:
-                for ids in encodings:
-                    yield rec.points, rec.run(model, ids, device, torch)
-            finally:
-                rec.close()
-
-        accs = None
-        names = None
-        if sequential:
-            saved = work / "reference-points"
-            saved.mkdir()
-            for i, (pts, outs) in enumerate(outputs(ref)):
-                names = [(la, part, path) for la, part, path, _ in pts]
-                for k, arr in enumerate(outs):
-                    np.save(saved / f"{i}-{k}.npy", arr)
-            _free(torch)
-            for i, (pts, outs) in enumerate(outputs(cand)):
-                accs = accs or [_Acc() for _ in outs]
-                _same_points(names, pts, cand.given)
-                for k, arr in enumerate(outs):
-                    accs[k].add(np.load(saved / f"{i}-{k}.npy"), arr)
-        else:
-            for (pr, r_outs), (pc, c_outs) in zip(outputs(ref), outputs(cand)):
-                names = [(la, part, path) for la, part, path, _ in pr]
-                _same_points(names, pc, cand.given)
-                accs = accs or [_Acc() for _ in r_outs]
-                for k, (r, c) in enumerate(zip(r_outs, c_outs)):
-                    accs[k].add(r, c)
+        run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings),
+                   device=device, torch=torch)
+        compare = _compare_sequential if sequential else _compare_parallel
+        names, accs = compare(ref, cand, run, work)
         _free(torch)
     points = tuple(PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > thr)
                    for (la, part, path), acc in zip(names, accs))
@@ -233,6 +205,54 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     return LocalizeReport(thr, points, first.layer if first else None,
                           f"layer {first.layer} {first.part}" if first else None,
                           "sequential" if sequential else "parallel")
+
+
+def _point_outputs(pm, *, encodings, load: dict, device: str, torch):
+    """Load ``pm`` with hooks on every point and yield ``(points, outputs)`` per prompt."""
+    from .loading import load_model
+    model = load_model(pm, **load)
+    rec = _Recorder(hook_points(model, pm.config))
+    try:
+        for ids in encodings:
+            yield rec.points, rec.run(model, ids, device, torch)
+    finally:
+        rec.close()
+
+
+def _names(pts) -> list[tuple]:
+    return [(la, part, path) for la, part, path, _ in pts]
+
+
+def _compare_parallel(ref, cand, run: dict, work: Path):
+    """Both models loaded, compared prompt by prompt -> (point names, one _Acc per point)."""
+    names = accs = None
+    for (pr, r_outs), (pc, c_outs) in zip(_point_outputs(ref, **run), _point_outputs(cand, **run)):
+        names = _names(pr)
+        _same_points(names, pc, cand.given)
+        accs = accs or [_Acc() for _ in r_outs]
+        for k, (r, c) in enumerate(zip(r_outs, c_outs)):
+            accs[k].add(r, c)
+    return names, accs
+
+
+def _compare_sequential(ref, cand, run: dict, work: Path):
+    """The reference's per-point outputs saved to ``work`` (tokens x hidden per point), its model
+    freed, then the candidate compared against them -> (point names, one _Acc per point)."""
+    from .core import _free
+    saved = work / "reference-points"
+    saved.mkdir()
+    names = accs = None
+    for i, (pts, outs) in enumerate(_point_outputs(ref, **run)):
+        names = _names(pts)
+        for k, arr in enumerate(outs):
+            np.save(saved / f"{i}-{k}.npy", arr)
+    _free(run["torch"])
+    for i, (pts, outs) in enumerate(_point_outputs(cand, **run)):
+        accs = accs or [_Acc() for _ in outs]
+        _same_points(names, pts, cand.given)
+        for k, arr in enumerate(outs):
+            accs[k].add(np.load(saved / f"{i}-{k}.npy"), arr)
+    return names, accs
 
 
 def _same_points(names, pts, where: str) -> None:
