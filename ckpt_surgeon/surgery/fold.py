@@ -115,22 +115,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     ``center_weights`` implies ``center`` (the biases are centered too)."""
     src = ckpt.source
     center = center or center_weights
-    if not (k or v or center):
-        raise CkptError("nothing to do: pass --k (key bias), --v (value bias), --center (residual-writing biases) "
-                        "or a combination", path=src)
-    if approximate and not k:
-        raise CkptError("--approximate applies to the key bias: add --k", path=src)
-    if approximate and (max_logit_change is None or not max_logit_change >= 0):
-        raise CkptError("--approximate needs --max-logit-change X (X >= 0, attention-logit units)", path=src)
-    if max_logit_change is not None and not approximate:
-        raise CkptError("--max-logit-change only applies with --approximate", path=src)
-    if context is not None and not approximate:
-        raise CkptError("--context only applies with --approximate", path=src)
-    if pairs not in ("near", "any"):
-        raise CkptError(f"pairs must be 'near' or 'any', not {pairs!r}", path=src)
-    if epsilon is None:
-        from ..analysis.redundancy import DEFAULT_EPSILON
-        epsilon = DEFAULT_EPSILON
+    epsilon = _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon)
 
     layout = ckpt.layout()
     if center:
@@ -162,11 +147,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     steps: list[TensorStep] = []
     if v:
         steps += _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes)
-    # b_o' = center(b_o + W_o b_v) = center(b_o) + center(W_o) b_v: one step writes the output bias
-    folded_o = {s.out for s in steps}
-    steps = [replace(s, params=tuple(sorted(s.params + (("center", True),))), why=s.why + ", centered")
-             if any(c.out == s.out for c in centered) else s for s in steps]
-    steps += [c for c in centered if c.out not in folded_o]
+    steps = _with_centering(steps, centered)
 
     for name, rows in sorted(rows_to_zero.items()):
         if rows:
@@ -184,6 +165,36 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1)
     return Plan(operation="fold-bias", source=src, params=params, steps=tuple(steps), config=config,
                 config_changes=changes, layers=layer_recs, notes=tuple(notes))
+
+
+def _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon) -> float:
+    """Option combinations that make no sense, refused before anything is read -> epsilon."""
+    if not (k or v or center):
+        raise CkptError("nothing to do: pass --k (key bias), --v (value bias), --center (residual-writing biases) "
+                        "or a combination", path=src)
+    if approximate and not k:
+        raise CkptError("--approximate applies to the key bias: add --k", path=src)
+    if approximate and (max_logit_change is None or not max_logit_change >= 0):
+        raise CkptError("--approximate needs --max-logit-change X (X >= 0, attention-logit units)", path=src)
+    if max_logit_change is not None and not approximate:
+        raise CkptError("--max-logit-change only applies with --approximate", path=src)
+    if context is not None and not approximate:
+        raise CkptError("--context only applies with --approximate", path=src)
+    if pairs not in ("near", "any"):
+        raise CkptError(f"pairs must be 'near' or 'any', not {pairs!r}", path=src)
+    if epsilon is None:
+        from ..analysis.redundancy import DEFAULT_EPSILON
+        epsilon = DEFAULT_EPSILON
+    return epsilon
+
+
+def _with_centering(steps: list[TensorStep], centered: list[TensorStep]) -> list[TensorStep]:
+    """Merge the centering steps into the value-fold steps: b_o' = center(b_o + W_o b_v) =
+    center(b_o) + center(W_o) b_v, so one step writes each output bias."""
+    folded_o = {s.out for s in steps}
+    steps = [replace(s, params=tuple(sorted(s.params + (("center", True),))), why=s.why + ", centered")
+             if any(c.out == s.out for c in centered) else s for s in steps]
+    return steps + [c for c in centered if c.out not in folded_o]
 
 
 def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate, max_logit_change,
@@ -211,21 +222,7 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
            if need_bounds else quick)
     by_layer = {lr.layer: lr for lr in rep.layers if lr.layer in located}
     if rope_layers and not approximate:
-        def one(i):
-            lr = by_layer[i]
-            parts = [f"layer {i}: |b_k| {lr.k_bias_l2:.4g}"]
-            if lr.near_fraction is not None:
-                parts.append(f"near-redundant energy {lr.near_fraction:.1%} (angle < {lr.epsilon:g} rad over {lr.context} "
-                             f"positions)")
-            if lr.bound_all is not None:
-                parts.append(f"removing it all could move a logit by up to {lr.bound_all:.3g}")
-            return ", ".join(parts)
-        detail = "; ".join(one(i) for i in rope_layers[:3]) + (f"; ... ({len(rope_layers)} layers)" if len(rope_layers) > 3 else "")
-        raise RefusedError(
-            f"refused: the key bias is not exactly removable in {layout.architecture}: RoPE rotates every dimension "
-            f"after the biased projection (k = rope(W_k x + b_k)), so its logit term depends on the distance "
-            f"between tokens ({detail}); pass --approximate --max-logit-change X to remove only the near-redundant "
-            f"frequency pairs whose summed bound stays <= X", path=src)
+        _refuse_rope(layout, by_layer, rope_layers, src)
 
     worst = 0.0
     for i, (t, rows) in sorted(located.items()):
@@ -256,6 +253,26 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
         notes.append(f"--approximate: removed the {'near-redundant ' if pairs_mode == 'near' else ''}rotary pairs whose "
                      f"summed bound stays <= {max_logit_change} per layer and kv head (context {rep.context}, "
                      f"epsilon {rep.epsilon:g} rad); largest bound used: {worst:.4g} attention-logit units")
+
+
+def _refuse_rope(layout, by_layer: dict, rope_layers: list[int], src: str):
+    """The refusal for a key bias that RoPE rotates after the projection, with the numbers of
+    the first three such layers (norm, near-redundant energy, bound for removing it all)."""
+    def one(i):
+        lr = by_layer[i]
+        parts = [f"layer {i}: |b_k| {lr.k_bias_l2:.4g}"]
+        if lr.near_fraction is not None:
+            parts.append(f"near-redundant energy {lr.near_fraction:.1%} (angle < {lr.epsilon:g} rad over {lr.context} "
+                         f"positions)")
+        if lr.bound_all is not None:
+            parts.append(f"removing it all could move a logit by up to {lr.bound_all:.3g}")
+        return ", ".join(parts)
+    detail = "; ".join(one(i) for i in rope_layers[:3]) + (f"; ... ({len(rope_layers)} layers)" if len(rope_layers) > 3 else "")
+    raise RefusedError(
+        f"refused: the key bias is not exactly removable in {layout.architecture}: RoPE rotates every dimension "
+        f"after the biased projection (k = rope(W_k x + b_k)), so its logit term depends on the distance "
+        f"between tokens ({detail}); pass --approximate --max-logit-change X to remove only the near-redundant "
+        f"frequency pairs whose summed bound stays <= X", path=src)
 
 
 def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -> list[TensorStep]:
