@@ -4,8 +4,11 @@ Opening reads headers only.  ``read(name)`` reads just that tensor's bytes and
 returns a numpy array (BF16/F8 widened to float32, GGUF quantized types
 dequantized to float32).  Nothing here imports torch.
 
-Format readers register themselves in ``_OPENERS`` style dispatch below; a file is
-identified by its magic bytes, never by its extension alone.
+A checkpoint holds one reader (:class:`~ckpt_surgeon.formats.source.TensorSource`, the protocol
+every format implements) plus what the checkpoint knows beyond bytes: the config, the naming,
+the source's name.  :func:`open_checkpoint` decides what the source is (a folder, a file by its
+magic bytes, never its extension alone, or a Hub repo id) and opens it through the one entry for
+that kind in ``_OPENERS``.
 """
 from __future__ import annotations
 
@@ -13,13 +16,20 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from .arch.gguf_config import config_from_gguf
+from .arch.resolve import resolve
 from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError
+from .formats import gguf as gg
 from .formats import safetensors as st
+from .formats.hub import open_hub
 from .formats.magic import file_kind
+from .formats.pickle import open_pickle
 from .formats.safe_input import check_regular, read_json
+from .formats.source import ShardSet, TensorSource
 from .records import TensorInfo
 
 PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.bin.index.json")
@@ -32,26 +42,50 @@ class Checkpoint:
     """A source's config, tensor index and lazy reads."""
 
     source: str
-    format: str                              # safetensors | gguf | pickle | hub-safetensors | hub-gguf
+    format: str                              # safetensors | gguf | pickle | hub-safetensors | hub-gguf | transformers
     config: dict | None
     config_path: str | None
-    tensors: dict                            # name -> TensorInfo
+    reader: TensorSource = field(repr=False)  # tensors, metadata, files, reads and byte counters
     naming: str = "hf"                       # hf | gguf
     gguf_arch: str | None = None
-    metadata: dict = field(default_factory=dict)   # safetensors __metadata__ / GGUF key-values
-    files: tuple = ()
-    _readers: dict = field(default_factory=dict, repr=False)   # file -> object with read(info) / bytes_read
     warnings: list = field(default_factory=list)
-    missing_bytes: int = 0                   # truncated file: bytes the header promises that are absent
     file_summary: dict = field(default_factory=dict)   # GGUF: general.name, architecture, context length ... (inspect's file_metadata)
 
+    def __post_init__(self):
+        self.warnings = [*self.reader.warnings, *self.warnings]
+
+    @property
+    def tensors(self) -> dict:
+        """name -> :class:`~ckpt_surgeon.records.TensorInfo`."""
+        return self.reader.tensors
+
+    @property
+    def metadata(self) -> dict:
+        """safetensors ``__metadata__`` (merged over shards) / GGUF key-values."""
+        return self.reader.metadata
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return self.reader.files
+
+    @property
+    def missing_bytes(self) -> int:
+        """Truncated file: bytes the header promises that are absent."""
+        return self.reader.missing_bytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read
+
+    @property
+    def requests(self) -> int:
+        return self.reader.requests
+
     def read(self, name: str) -> np.ndarray:
-        info = self.tensors[name]
-        return self._readers[info.file].read(info)
+        return self.reader.read(self.tensors[name])
 
     def read_raw(self, name: str) -> bytes:
-        info = self.tensors[name]
-        return self._readers[info.file].read_bytes(info)
+        return self.reader.read_bytes(self.tensors[name])
 
     def _rows(self, name: str, start: int, stop: int) -> TensorInfo:
         info = self.tensors[name]
@@ -67,46 +101,25 @@ class Checkpoint:
         :meth:`read` or, with ``raw``, the stored bytes.  Lets a caller stream a large tensor in
         bounded memory (a quantized GGUF row is whole blocks, so any row range decodes)."""
         sub = self._rows(name, start, stop)
-        reader = self._readers[sub.file]
-        return reader.read_bytes(sub) if raw else reader.read(sub)
+        return self.reader.read_bytes(sub) if raw else self.reader.read(sub)
 
     def read_rows_into(self, name: str, start: int, stop: int, out) -> memoryview:
         """The stored bytes of rows ``start:stop`` written into ``out`` (a writable buffer at least
-        that large, reused across calls: no allocation per chunk); returns the filled view."""
+        that large, reused across calls: no allocation per chunk); returns the filled view.  Local
+        files are read with preadv straight into the buffer."""
         sub = self._rows(name, start, stop)
         view = memoryview(out).cast("B")[:sub.nbytes]
-        reader = self._readers[sub.file]
-        if hasattr(reader, "read_into"):       # local safetensors: preadv straight into the buffer
-            reader.read_into(sub, view)
-        else:
-            view[:] = reader.read_bytes(sub)
+        self.reader.read_into(sub, view)
         return view
 
     def prefetch(self, names) -> None:
         """Hint that these tensors will be read next.  Remote readers fetch them in one
-        coalesced, parallel batch; local readers have no ``prefetch`` and ignore it."""
-        batches: dict[int, tuple] = {}
-        for name in names:
-            info = self.tensors.get(name)
-            reader = self._readers.get(info.file) if info is not None and not info.missing else None
-            if reader is not None and hasattr(reader, "prefetch"):
-                batches.setdefault(id(reader), (reader, []))[1].append(info)
-        for reader, infos in batches.values():
-            reader.prefetch(infos)
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(getattr(r, "bytes_read", 0) for r in set(self._readers.values()))
-
-    @property
-    def requests(self) -> int:
-        return sum(getattr(r, "requests", 0) for r in set(self._readers.values()))
+        coalesced, parallel batch; local readers ignore it."""
+        infos = [self.tensors[n] for n in names if n in self.tensors]
+        self.reader.prefetch([i for i in infos if not i.missing])
 
     def close(self) -> None:
-        for r in set(self._readers.values()):
-            close = getattr(r, "close", None)
-            if close:
-                close()
+        self.reader.close()
 
     def __enter__(self):
         return self
@@ -119,7 +132,6 @@ class Checkpoint:
         and tensors in agreement).  ``shapes=False`` / ``all_layers=False`` leave the per-tensor
         shape check / the every-layer-has-tensors check to a caller that makes it itself (the
         converters compare every shape with transformers' model; lint reports empty layers)."""
-        from .arch.resolve import resolve
         return resolve(self.config, self.tensors, naming=self.naming, config_source=self.config_path,
                        gguf_arch=self.gguf_arch, partial=self.is_one_shard or not all_layers, shapes=shapes)
 
@@ -129,6 +141,17 @@ class Checkpoint:
         (``model-00002-of-00004.safetensors``): it holds only some of the config's layers."""
         m = _SHARD_NAME.search(os.path.basename(self.source))
         return bool(m) and int(m.group(1)) > 1
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What :func:`open_checkpoint` was asked, for the opener that needs it."""
+
+    allow_pickle: bool = False
+    revision: str | None = None
+    file: str | None = None
+    allow_full_download: bool = False
+    progress: bool | None = None
 
 
 def _load_config(folder: Path) -> tuple[dict | None, str | None]:
@@ -166,20 +189,17 @@ def _regular_member(path: Path, rel: str, index_path: str, tensor: str) -> None:
         raise FormatError(f"weight_map names {rel!r}, which {e.detail}", path=index_path, tensor=tensor) from None
 
 
-def _open_safetensors_files(paths: list[Path]) -> tuple[dict, dict, dict]:
-    tensors, readers, metadata = {}, {}, {}
-    for p in paths:
-        lf = st.LocalFile(p)
-        readers[lf.path] = lf
-        metadata.update(lf.header.metadata)
-        for name, info in lf.header.tensors.items():
-            if name in tensors:
-                raise FormatError(f"tensor appears in two files ({tensors[name].file} and {lf.path})", path=lf.path, tensor=name)
-            tensors[name] = info
-    return tensors, readers, metadata
+def _safetensors_files(paths) -> ShardSet:
+    return ShardSet([st.LocalFile(p) for p in paths])
 
 
-def _open_hf_folder(folder: Path, allow_pickle: bool) -> Checkpoint:
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _open_hf_folder(folder: Path, opts: _Options) -> Checkpoint:
+    """An HF folder: its safetensors (through the index when there is one), else its GGUF (one
+    model, maybe split), else a pickle (behind ``allow_pickle``)."""
     config, config_path = _load_config(folder)
     index = folder / "model.safetensors.index.json"
     if os.path.lexists(index):
@@ -190,66 +210,106 @@ def _open_hf_folder(folder: Path, allow_pickle: bool) -> Checkpoint:
         shards = {}
         for tname, rel in wm.items():
             shards.setdefault(str(_safe_member(folder, rel, str(index), tname)), []).append(tname)
-        tensors, readers, metadata = _open_safetensors_files([Path(s) for s in shards])
-        for shard, names in shards.items():
-            for tname in names:
-                info = tensors.get(tname)
-                if info is None or os.path.realpath(info.file) != os.path.realpath(shard):
-                    raise FormatError(f"weight_map says this tensor is in {os.path.basename(shard)}, but that file does not hold it",
-                                      path=str(index), tensor=tname)
-        unlisted = sorted(set(tensors) - set(wm))
-        ck = Checkpoint(str(folder), "safetensors", config, config_path, tensors, metadata=metadata,
-                        files=tuple(shards), _readers=readers)
-        if unlisted:
-            ck.warnings.append(f"{len(unlisted)} tensor(s) in the shards are not in {index.name}'s weight_map: {unlisted[:3]}")
-        return ck
+        reader = _safetensors_files(shards)
+        warnings = st.check_weight_map(reader.tensors, shards, wm, str(index), same_file=_same_file)
+        return Checkpoint(str(folder), "safetensors", config, config_path, reader, warnings=list(warnings))
     single = folder / "model.safetensors"
     files = [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
     if files:
-        tensors, readers, metadata = _open_safetensors_files(files)
-        return Checkpoint(str(folder), "safetensors", config, config_path, tensors, metadata=metadata,
-                          files=tuple(str(f) for f in files), _readers=readers)
+        return Checkpoint(str(folder), "safetensors", config, config_path, _safetensors_files(files))
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _open_file(ggufs[0], allow_pickle)
+        return _open_file(ggufs[0], opts)
     if len(ggufs) > 1:
         # The parts of one split GGUF (name-00001-of-00003.gguf ...) are one model: opened as a set.
-        from .formats.gguf import describe_gguf_groups, group_gguf_names
-        groups = group_gguf_names(g.name for g in ggufs)
+        groups = gg.group_gguf_names(g.name for g in ggufs)
         if len(groups) == 1:
-            return _open_file(folder / groups[0][0], allow_pickle)
+            return _open_file(folder / groups[0][0], opts)
         if all(len(g) == 1 for g in groups):
             raise SourceNotFoundError(f"folder holds {len(ggufs)} GGUF files ({', '.join(g.name for g in ggufs[:4])}); "
                                       "pass one of them", path=str(folder))
-        raise SourceNotFoundError(f"folder holds {len(groups)} GGUF models ({describe_gguf_groups(groups)}); pass one "
+        raise SourceNotFoundError(f"folder holds {len(groups)} GGUF models ({gg.describe_gguf_groups(groups)}); pass one "
                                   "of them (any part of a split GGUF opens all its parts)", path=str(folder))
     for pn in PICKLE_NAMES:
         if (folder / pn).is_file():
-            return _open_pickle(folder / pn, allow_pickle, config, config_path)
+            return _open_pickle(folder / pn, opts)
     raise SourceNotFoundError("no model.safetensors, sharded safetensors index, or .gguf file found", path=str(folder))
 
 
-def _open_pickle(path: Path, allow_pickle: bool, config=None, config_path=None) -> Checkpoint:
-    if not allow_pickle:
+def _open_safetensors(path: Path, opts: _Options) -> Checkpoint:
+    config, config_path = _load_config(path.parent)
+    return Checkpoint(str(path), "safetensors", config, config_path, _safetensors_files([path]))
+
+
+def _open_pickle(path: Path, opts: _Options) -> Checkpoint:
+    if not opts.allow_pickle:
         raise PickleRefusedError(
             "is a pickle checkpoint; unpickling can run arbitrary code, so it is not loaded",
             path=str(path), hint="convert it to safetensors, or pass --allow-pickle to load it with torch.load(weights_only=True)")
-    from .formats.pickle import open_pickle
-    return open_pickle(path, config, config_path)
-
-
-def _open_file(path: Path, allow_pickle: bool) -> Checkpoint:
-    kind = file_kind(path)
-    if kind == "gguf":
-        from .formats.gguf import open_gguf_checkpoint  # GGUF reader (issue 3)
-        return open_gguf_checkpoint(path)
-    if kind == "pickle":
-        config, config_path = _load_config(path.parent)
-        return _open_pickle(path, allow_pickle, config, config_path)
     config, config_path = _load_config(path.parent)
-    tensors, readers, metadata = _open_safetensors_files([path])
-    return Checkpoint(str(path), "safetensors", config, config_path, tensors, metadata=metadata,
-                      files=(str(path),), _readers=readers)
+    return Checkpoint(str(path), "pickle", config, config_path, open_pickle(path))
+
+
+def _gguf_checkpoint(source: str, fmt: str, g: gg.GGUFFile | gg.SplitGGUF, summary: dict | None = None) -> Checkpoint:
+    """A GGUF reader (local or remote, one file or a split set) as a checkpoint: the HF-style
+    config is derived from its metadata (the reader is closed if that fails)."""
+    try:
+        config = config_from_gguf(g.metadata, g.tensors, path=g.path)
+    except Exception:
+        g.close()
+        raise
+    return Checkpoint(source, fmt, config, g.path, g, naming="gguf", gguf_arch=g.architecture,
+                      file_summary={**gg.gguf_summary(g), **(summary or {})})
+
+
+def open_gguf_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Open a local ``.gguf`` (or any part of a split GGUF: the whole set) as a
+    :class:`Checkpoint` (headers only)."""
+    return _gguf_checkpoint(os.fspath(path), "gguf", gg.open_gguf(path))
+
+
+def _open_gguf(path: Path, opts: _Options) -> Checkpoint:
+    return open_gguf_checkpoint(path)
+
+
+def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str | None = None,
+                        allow_full_download: bool = False, progress: bool | None = None) -> Checkpoint:
+    """Open a Hub model repo as a :class:`Checkpoint`, reading only headers (see
+    :func:`ckpt_surgeon.formats.hub.open_hub` for the arguments).  When the Hugging Face cache
+    holds every file the remote path would read, those local files are opened instead."""
+    h = open_hub(repo_id, revision=revision, file=file, allow_full_download=allow_full_download, progress=progress)
+    if h.local is not None:
+        ck = _open_path(h.local, _Options())
+        ck.warnings.extend(h.warnings)
+        return ck
+    if h.format == "hub-gguf":
+        return _gguf_checkpoint(h.source, h.format, h.reader, h.summary)
+    return Checkpoint(h.source, h.format, h.config, h.config_path, h.reader, warnings=list(h.warnings),
+                      file_summary=h.summary)
+
+
+def _open_hub(repo_id: str, opts: _Options) -> Checkpoint:
+    return open_hub_checkpoint(repo_id, revision=opts.revision, file=opts.file,
+                               allow_full_download=opts.allow_full_download, progress=opts.progress)
+
+
+# What the source is -> how it opens.  A file's kind comes from its magic bytes
+# (formats/magic.py); a new format adds its reader in formats/ and one entry here.
+_OPENERS: dict[str, Callable[..., Checkpoint]] = {
+    "folder": _open_hf_folder,          # HF folder: safetensors (index or files), else GGUF, else pickle
+    "safetensors": _open_safetensors,   # u64 header length + JSON header
+    "gguf": _open_gguf,                 # b"GGUF" (any part of a split GGUF opens the set)
+    "pickle": _open_pickle,             # zip or pickle protocol opcode, behind allow_pickle
+    "hub": _open_hub,                   # owner/name: HTTP ranges, or the Hugging Face cache when complete there
+}
+
+
+def _open_file(path: Path, opts: _Options) -> Checkpoint:
+    return _OPENERS[file_kind(path)](path, opts)
+
+
+def _open_path(p: Path, opts: _Options) -> Checkpoint:
+    return _OPENERS["folder"](p, opts) if p.is_dir() else _open_file(p, opts)
 
 
 def looks_like_repo_id(source: str) -> bool:
@@ -263,14 +323,11 @@ def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, re
     for Hub fetches (None: only when stderr is a terminal; see :mod:`ckpt_surgeon.progress`)."""
     s = os.fspath(source)
     p = Path(s)
+    opts = _Options(allow_pickle, revision, file, allow_full_download, progress)
     if p.exists():
-        if p.is_dir():
-            return _open_hf_folder(p, allow_pickle)
-        return _open_file(p, allow_pickle)
+        return _open_path(p, opts)
     if looks_like_repo_id(s):
-        from .formats.hub import open_hub_checkpoint  # Hub reader (issue 4)
-        return open_hub_checkpoint(s, revision=revision, file=file, allow_full_download=allow_full_download,
-                                   progress=progress)
+        return _OPENERS["hub"](s, opts)
     raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=s)
 
 

@@ -23,10 +23,10 @@ import gguf
 from ckpt_surgeon.analysis.inspect import inspect
 from ckpt_surgeon.arch.gguf_config import config_from_gguf
 from ckpt_surgeon.arch.layouts import llama_unpermute_index
-from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.checkpoint import open_checkpoint, open_gguf_checkpoint
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.errors import FormatError, TruncatedError
-from ckpt_surgeon.formats.gguf import GGUFFile, StringArray, open_gguf_checkpoint, parse_header, NeedMoreBytes
+from ckpt_surgeon.formats.gguf import GGUFFile, StringArray, parse_header, NeedMoreBytes
 
 from gguf_util import section_offsets, write_gguf
 

@@ -145,34 +145,14 @@ class MeasuredReport:
 # Loading
 # ----------------------------------------------------------------------------------------------
 
-class _ModelReader:
-    """Reads tensors of a loaded torch model (so the static analysis sees the exact weights run)."""
-
-    def __init__(self, params: dict):
-        self.params = params
-        self.bytes_read = 0
-
-    def read(self, info):
-        import torch
-        t = self.params[info.name].detach().to("cpu", torch.float64)
-        self.bytes_read += info.nbytes
-        return t.numpy()
-
-
 def model_checkpoint(model, source: str):
-    """A :class:`~ckpt_surgeon.checkpoint.Checkpoint` view of a loaded transformers model."""
+    """A :class:`~ckpt_surgeon.checkpoint.Checkpoint` view of a loaded transformers model (so the
+    static analysis sees the exact weights run, read in float64)."""
     from ..checkpoint import Checkpoint
-    from ..records import TensorInfo
+    from ..formats.pickle import TorchTensors
 
-    params = dict(model.named_parameters())
-    _DT = {"float32": "F32", "float64": "F64", "bfloat16": "BF16", "float16": "F16"}
-    tensors = {}
-    for name, p in params.items():
-        nbytes = p.numel() * p.element_size()
-        tensors[name] = TensorInfo(name, _DT.get(str(p.dtype).replace("torch.", ""), "F32"), tuple(p.shape),
-                                   "<model>", 0, nbytes)
-    return Checkpoint(source, "transformers", model.config.to_dict(), None, tensors,
-                      _readers={"<model>": _ModelReader(params)})
+    reader = TorchTensors(dict(model.named_parameters()), "<model>", float64=True)
+    return Checkpoint(source, "transformers", model.config.to_dict(), None, reader)
 
 
 def check_local(source) -> None:

@@ -51,6 +51,7 @@ from ..errors import FormatError, SourceNotFoundError, TruncatedError
 from ..records import TensorInfo
 from . import dequant as dq
 from .safe_input import open_regular
+from .source import ByteSource, FileSource, LocalBytes, ShardSet
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -467,58 +468,69 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
                 buf += more
 
 
-class GGUFFile:
-    """A validated local GGUF file with positional tensor reads (``os.pread``).
+class _GGUFReading:
+    """What both GGUF readers (one file, a split set) show beyond the reader protocol, through
+    ``header`` (part 1's for a split set, where gguf-split writes the model's metadata)."""
 
-    ``read(info)`` returns float32 (dequantized; integer and F64 tensors in their own
-    dtype) in numpy shape order; ``read_bytes(info)`` the stored bytes.  ``bytes_read``
-    counts header and tensor bytes.
-
-    Other byte sources (the Hub's HTTP ranges: ``formats.hub.HubGGUFFile``) pass an already
-    parsed ``header`` instead of a path and override :meth:`_read_into`, the one method that
-    fetches bytes; the checks, truncation messages and dequantization stay here.
-    """
-
-    def __init__(self, path: str | os.PathLike | None = None, *, header: GGUFHeader | None = None):
-        if (path is None) == (header is None):
-            raise TypeError("GGUFFile needs a path or a parsed header, not both")
-        self.header = read_header(path) if header is None else header
-        self.path = self.header.path
-        self._bytes_read = self.header.header_end   # the header bytes parsed
-        self._fd: int | None = None
-
-    @property
-    def bytes_read(self) -> int:
-        """Header and tensor bytes read from the file so far."""
-        return self._bytes_read
-
-    # conveniences
-    @property
-    def metadata(self) -> dict:
-        return self.header.metadata
-
-    @property
-    def tensors(self) -> dict:
-        return self.header.tensors
+    header: GGUFHeader
 
     @property
     def architecture(self) -> str | None:
         return self.header.architecture
 
     @property
-    def missing_bytes(self) -> int:
-        return self.header.missing_bytes
-
-    @property
     def paths(self) -> tuple[str, ...]:
         """The files this reader reads (one; a :class:`SplitGGUF` has one per part)."""
-        return (self.path,)
+        return self.files
+
+    def read_torch(self, info: TensorInfo, dtype: str = "float32"):
+        """The tensor as a ``torch.Tensor`` (float32 or bfloat16); imports torch."""
+        return _to_torch(self.read(info), dtype)
+
+
+class GGUFFile(_GGUFReading, FileSource):
+    """A validated GGUF file with lazy tensor reads.
+
+    ``read(info)`` returns float32 (dequantized; integer and F64 tensors in their own
+    dtype) in numpy shape order; ``read_bytes(info)`` the stored bytes.  ``bytes_read``
+    counts header and tensor bytes.
+
+    ``GGUFFile(path)`` reads a local file (``os.preadv``).  Other byte sources (the Hub's HTTP
+    ranges) pass an already parsed ``header`` and their ``data``
+    (:class:`~ckpt_surgeon.formats.source.ByteSource`); the checks, truncation messages and
+    dequantization stay here.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, header: GGUFHeader | None = None,
+                 data: ByteSource | None = None):
+        if (path is None) == (header is None) or (header is None) != (data is None):
+            raise TypeError("GGUFFile needs a path, or a parsed header and its byte source")
+        if header is None:
+            header = read_header(path)
+            data = LocalBytes(header.path, header.header_end)   # the header bytes parsed
+        super().__init__(header.path, data)
+        self.header = header
+
+    @property
+    def tensors(self) -> dict:
+        return self.header.tensors
+
+    @property
+    def metadata(self) -> dict:
+        return self.header.metadata
+
+    @property
+    def missing_bytes(self) -> int:
+        return self.header.missing_bytes
 
     @property
     def warnings(self) -> tuple[str, ...]:
         return self.header.warnings
 
-    def _check_readable(self, info: TensorInfo) -> dq.GGMLType:
+    def check(self, info: TensorInfo) -> None:
+        self._ggml_type(info)
+
+    def _ggml_type(self, info: TensorInfo) -> dq.GGMLType:
         t = dq.TYPES_BY_NAME.get(info.dtype)
         if t is None:
             tid = self.header.ggml_type_ids.get(info.name)
@@ -532,30 +544,8 @@ class GGUFFile:
                 path=self.path, tensor=info.name, missing_bytes=info.end - info.start - have, tensors=(info.name,))
         return t
 
-    def _read_into(self, info: TensorInfo) -> np.ndarray:
-        """The stored bytes of ``info`` as a fresh uint8 array (the byte-source hook)."""
-        if self._fd is None:
-            self._fd = open_regular(self.path)
-        n = info.end - info.start
-        out = np.empty(n, np.uint8)
-        got = 0
-        while got < n:
-            k = os.preadv(self._fd, [memoryview(out)[got:got + (1 << 30)]], info.start + got)
-            if k == 0:
-                raise TruncatedError(f"file ended at byte {info.start + got:,} while reading a tensor that ends at "
-                                     f"{info.end:,} (file changed while open?)", path=self.path, tensor=info.name,
-                                     missing_bytes=n - got, tensors=(info.name,))
-            got += k
-        self._bytes_read += n
-        return out
-
-    def read_bytes(self, info: TensorInfo) -> bytes:
-        self._check_readable(info)
-        return self._read_into(info).tobytes()
-
-    def read(self, info: TensorInfo, *, threads: int | None = None) -> np.ndarray:
-        t = self._check_readable(info)
-        raw = self._read_into(info)
+    def decode(self, raw: np.ndarray, info: TensorInfo, *, threads: int | None = None) -> np.ndarray:
+        t = self._ggml_type(info)
         if t.name == "F32":
             return raw.view(np.float32).reshape(info.shape)
         if t.name in dq.NATIVE_DTYPES:
@@ -564,27 +554,6 @@ class GGUFFile:
             return dq.dequantize(raw, t, info.shape, threads=threads)
         except NotImplementedError as e:
             raise FormatError(str(e), path=self.path, tensor=info.name) from None
-
-    def read_torch(self, info: TensorInfo, dtype: str = "float32"):
-        """The tensor as a ``torch.Tensor`` (float32 or bfloat16); imports torch."""
-        return _to_torch(self.read(info), dtype)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # best effort; Checkpoint.close() is the normal path
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _to_torch(arr: np.ndarray, dtype: str):
@@ -758,68 +727,27 @@ def merge_split_headers(headers: Sequence[GGUFHeader]) -> tuple[dict, tuple[str,
     return tensors, tuple(warnings)
 
 
-class SplitGGUF:
+class SplitGGUF(_GGUFReading, ShardSet):
     """The parts of a split GGUF read as one model, with :class:`GGUFFile`'s reading interface.
 
     ``header`` / ``metadata`` / ``path`` are part 1's (gguf-split writes the model metadata there
     only); ``tensors`` is the union over the parts, validated by :func:`merge_split_headers`;
     ``read(info)`` / ``read_bytes(info)`` go to the part named by ``info.file``.  ``parts`` are
-    :class:`GGUFFile` objects (local ``pread``) or the Hub reader's range-reading subclass.
+    :class:`GGUFFile` objects, local or over the Hub's ranges (whose parts share one byte source,
+    so a prefetch covering several parts goes out as one batch and bytes are counted once).
     """
 
+    what = "split GGUF"
+
     def __init__(self, parts: Sequence[GGUFFile]):
-        self.parts = tuple(parts)
-        self.headers = tuple(p.header for p in self.parts)
-        self.tensors, self.warnings = merge_split_headers(self.headers)
+        self.headers = tuple(p.header for p in parts)
+        tensors, warnings = merge_split_headers(self.headers)
+        super().__init__(parts, tensors=tensors, metadata=self.headers[0].metadata, warnings=warnings)
         self.header = self.headers[0]
         self.path = self.header.path
-        self._by_file = {p.path: p for p in self.parts}
-
-    @property
-    def metadata(self) -> dict:
-        return self.header.metadata
-
-    @property
-    def architecture(self) -> str | None:
-        return self.header.architecture
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return tuple(p.path for p in self.parts)
-
-    @property
-    def missing_bytes(self) -> int:
-        return sum(h.missing_bytes for h in self.headers)
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(p.bytes_read for p in self.parts)
-
-    def _part(self, info: TensorInfo) -> GGUFFile:
-        part = self._by_file.get(info.file)
-        if part is None:
-            raise FormatError(f"{info.file} is not a part of this split GGUF", path=self.path, tensor=info.name)
-        return part
 
     def read(self, info: TensorInfo, *, threads: int | None = None) -> np.ndarray:
-        return self._part(info).read(info, threads=threads)
-
-    def read_bytes(self, info: TensorInfo) -> bytes:
-        return self._part(info).read_bytes(info)
-
-    def read_torch(self, info: TensorInfo, dtype: str = "float32"):
-        """The tensor as a ``torch.Tensor`` (float32 or bfloat16); imports torch."""
-        return _to_torch(self.read(info), dtype)
-
-    def close(self) -> None:
-        for p in self.parts:
-            p.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self.part(info).read(info, threads=threads)
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile | SplitGGUF:
@@ -884,24 +812,3 @@ def gguf_summary(g: GGUFFile | SplitGGUF) -> dict:
         out["split_count"] = len(g.parts)
         out["split_files"] = [_base(p) for p in g.paths]
     return out
-
-
-def open_gguf_checkpoint(path: str | os.PathLike):
-    """Open a local ``.gguf`` (or any part of a split GGUF: the whole set) as a
-    :class:`~ckpt_surgeon.checkpoint.Checkpoint` (headers only)."""
-    from ..arch.gguf_config import config_from_gguf
-    from ..checkpoint import Checkpoint
-
-    g = open_gguf(path)
-    try:
-        config = config_from_gguf(g.metadata, g.tensors, path=g.path)
-    except Exception:
-        g.close()
-        raise
-    # One reader for every part: Checkpoint.read dispatches by TensorInfo.file, and the
-    # byte counters are summed once per distinct reader.
-    ck = Checkpoint(source=os.fspath(path), format="gguf", config=config, config_path=g.path, tensors=dict(g.tensors),
-                    naming="gguf", gguf_arch=g.architecture, metadata=g.metadata, files=g.paths,
-                    _readers={f: g for f in g.paths}, missing_bytes=g.missing_bytes, file_summary=gguf_summary(g))
-    ck.warnings.extend(g.warnings)
-    return ck

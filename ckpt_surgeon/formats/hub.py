@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -59,6 +59,7 @@ from . import hf_cache
 from . import safetensors as st
 from .magic import decide_kind
 from .safe_input import loads_json
+from .source import ShardSet, TensorSource
 
 logger = logging.getLogger(__name__)
 
@@ -665,9 +666,11 @@ class HubClient:
 # --------------------------------------------------------------------------- reader
 
 
-class HubReader:
-    """The reader behind every file of a hub Checkpoint (``Checkpoint._readers`` maps each
-    file label to this one object, so its counters are summed once)."""
+class HubRanges:
+    """The byte source (:class:`~ckpt_surgeon.formats.source.ByteSource`) behind every file of a
+    Hub checkpoint: ranges fetched by HTTP and kept in the cache.  One object per repo, shared by
+    its files' readers, so its counters (the client's: headers, config and ranges) are counted once
+    and a prefetch over several files goes out as one parallel batch."""
 
     def __init__(self, client: HubClient, stores: dict):
         self.client = client
@@ -681,7 +684,7 @@ class HubReader:
     def requests(self) -> int:
         return self.client.requests
 
-    def read_bytes(self, info: TensorInfo) -> bytes:
+    def read_into(self, info: TensorInfo, out: memoryview) -> None:
         filename, store = self._stores[info.file]
         data = store.get(info.start, info.end)
         if data is None:
@@ -690,10 +693,7 @@ class HubReader:
         if data is None or len(data) != info.nbytes:
             raise HubError(f"the server sent {0 if data is None else len(data)} of the {info.nbytes} bytes of this tensor",
                            path=info.file, tensor=info.name)
-        return data
-
-    def read(self, info: TensorInfo) -> np.ndarray:
-        return st.decode(self.read_bytes(info), info)
+        out[:] = data
 
     def prefetch(self, infos) -> None:
         """Fetch the data of ``infos`` now: one coalesced, parallel batch (cached ranges skipped)."""
@@ -708,7 +708,7 @@ class HubReader:
         self.client.fetch_many(jobs, "tensors")
 
     def close(self) -> None:
-        pass
+        """Nothing is held open: every request is its own."""
 
 
 # --------------------------------------------------------------------------- open
@@ -860,18 +860,32 @@ def resolve_revision(client: HubClient, cache: RepoCache) -> list[str]:
     return files
 
 
-def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str | None = None,
-                        allow_full_download: bool = False, progress: bool | None = None):
-    """Open a Hub model repo as a :class:`~ckpt_surgeon.checkpoint.Checkpoint`, reading only headers.
+@dataclass(frozen=True)
+class HubOpened:
+    """What a Hub repo id opens as: remote readers (``format`` ``hub-safetensors`` | ``hub-gguf``)
+    with the config fetched beside the weights, or, when the Hugging Face cache holds every file
+    the remote path would read, the ``local`` path to open instead (``warnings`` says so)."""
+
+    source: str                              # owner/name, or owner/name@rev for an explicit revision
+    format: str = "local"
+    reader: TensorSource | None = None
+    config: dict | None = None               # hub-safetensors: config.json beside the weights
+    config_path: str | None = None
+    warnings: tuple[str, ...] = ()
+    summary: dict = field(default_factory=dict)
+    local: Path | None = None
+
+
+def open_hub(repo_id: str, *, revision: str | None = None, file: str | None = None,
+             allow_full_download: bool = False, progress: bool | None = None) -> HubOpened:
+    """Open a Hub model repo, reading only headers (what ``open_checkpoint("owner/name")`` uses).
 
     ``revision``: branch, tag or commit sha (default ``main``); ``file``: one file to use
     (a GGUF in a GGUF repo, one .safetensors, or an index); ``allow_full_download``: accept
     a server that ignores HTTP Range; ``progress``: progress bars on stderr (default: when
     stderr is a terminal, or ``CKPT_SURGEON_PROGRESS=1``).  Tensor data is fetched lazily by
-    ``Checkpoint.read`` or in one batch by ``Checkpoint.prefetch``.
+    ``read`` or in one batch by ``prefetch``.
     """
-    from ..checkpoint import Checkpoint
-
     settings = HubSettings.from_env(progress)
     client = HubClient(repo_id, settings, revision, allow_full_download=allow_full_download)
     cache = RepoCache(settings.cache, repo_id)
@@ -894,64 +908,52 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
         kind = _sniff_remote(client, cache, chosen[0])
     if kind == "gguf":
         return _open_hub_gguf(client, cache, chosen[0], files)
+    return _open_hub_safetensors(client, cache, kind, chosen, files)
 
-    # 3. config (beside the weights) and the index
+
+def _index_shards(client: HubClient, index: str, wm, files) -> dict[str, list[str]]:
+    """A remote index's weight_map checked against the repo's files -> {shard file: tensor names}."""
+    index_label = client.label(index)
+    if not isinstance(wm, dict) or not wm:
+        raise FormatError("has no weight_map object", path=index_label)
+    base = posixpath.dirname(index)
+    fs = set(files)
+    shards: dict[str, list[str]] = {}
+    for tname, rel in wm.items():
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or ".." in rel.split("/"):
+            raise FormatError(f"weight_map names {rel!r}, which is not a plain file inside the repository",
+                              path=index_label, tensor=tname)
+        full = posixpath.join(base, rel) if base else rel
+        if full not in fs:
+            raise FormatError(f"weight_map names shard {rel!r}, which does not exist at this revision",
+                              path=index_label, tensor=tname)
+        shards.setdefault(full, []).append(tname)
+    return shards
+
+
+def _open_hub_safetensors(client: HubClient, cache: RepoCache, kind: str, chosen: list[str], files) -> HubOpened:
+    """Safetensors weights (one file, several, or the shards an index names) and the config beside them."""
+    # config (beside the weights) and the index: one parallel round trip
     base = posixpath.dirname(chosen[0])
     cfg_name = posixpath.join(base, "config.json") if base else "config.json"
     wanted = {cfg_name: "config"} if cfg_name in files else {}
     if kind == "index":
         wanted[chosen[0]] = "index"
-    small = _read_small(client, cache, wanted)       # config + index: one parallel round trip
+    small = _read_small(client, cache, wanted)
     config = small.get(cfg_name)
-    shards: dict[str, list[str] | None] = {}
-    index_label = wm = None
-    if kind == "index":
-        index_label = client.label(chosen[0])
-        wm = small[chosen[0]].get("weight_map")
-        if not isinstance(wm, dict) or not wm:
-            raise FormatError("has no weight_map object", path=index_label)
-        fs = set(files)
-        for tname, rel in wm.items():
-            if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or ".." in rel.split("/"):
-                raise FormatError(f"weight_map names {rel!r}, which is not a plain file inside the repository",
-                                  path=index_label, tensor=tname)
-            full = posixpath.join(base, rel) if base else rel
-            if full not in fs:
-                raise FormatError(f"weight_map names shard {rel!r}, which does not exist at this revision",
-                                  path=index_label, tensor=tname)
-            shards.setdefault(full, []).append(tname)
-    else:
-        shards = {f: None for f in chosen}
+    wm = small[chosen[0]].get("weight_map") if kind == "index" else None
+    shards = _index_shards(client, chosen[0], wm, files) if kind == "index" else {f: None for f in chosen}
 
-    # 4. headers (parallel, validated exactly as local files are)
+    # headers (parallel, validated exactly as local files are)
     headers, stores = _headers(client, cache, shards)
-    tensors, metadata, readers_map = {}, {}, {}
-    for f in shards:
-        hdr = headers[f]
-        metadata.update(hdr.metadata)
-        readers_map[client.label(f)] = (f, stores[f])
-        for name, info in hdr.tensors.items():
-            if name in tensors:
-                raise FormatError(f"tensor appears in two files ({tensors[name].file} and {client.label(f)})",
-                                  path=client.label(f), tensor=name)
-            tensors[name] = info
-    warnings = []
+    ranges = HubRanges(client, {client.label(f): (f, stores[f]) for f in shards})
+    reader = ShardSet([st.SafetensorsFile(headers[f], ranges) for f in shards])
+    warnings = ()
     if wm is not None:
-        for shard, names in shards.items():
-            for tname in names:
-                info = tensors.get(tname)
-                if info is None or info.file != client.label(shard):
-                    raise FormatError(f"weight_map says this tensor is in {posixpath.basename(shard)}, but that file does not hold it",
-                                      path=index_label, tensor=tname)
-        unlisted = sorted(set(tensors) - set(wm))
-        if unlisted:
-            warnings.append(f"{len(unlisted)} tensor(s) in the shards are not in {posixpath.basename(chosen[0])}'s weight_map: {unlisted[:3]}")
-
-    reader = HubReader(client, readers_map)
-    return Checkpoint(source=client.source, format="hub-safetensors", config=config,
-                      config_path=client.label(cfg_name) if config is not None else None, tensors=tensors,
-                      metadata=metadata, files=tuple(readers_map), _readers={k: reader for k in readers_map},
-                      warnings=warnings, file_summary=_hub_summary(client))
+        warnings = st.check_weight_map(reader.tensors, {client.label(f): names for f, names in shards.items()},
+                                       wm, client.label(chosen[0]), same_file=str.__eq__)
+    return HubOpened(client.source, "hub-safetensors", reader, config,
+                     client.label(cfg_name) if config is not None else None, warnings, _hub_summary(client))
 
 
 def hf_cache_target(client: HubClient, revision: str, file: str | None) -> tuple[Path, Path] | None:
@@ -969,15 +971,13 @@ def hf_cache_target(client: HubClient, revision: str, file: str | None) -> tuple
     return None if target is None else (snap, target)
 
 
-def _from_hf_cache(client: HubClient, revision: str, file: str | None):
-    """A local :class:`Checkpoint` for :func:`hf_cache_target`, or None."""
+def _from_hf_cache(client: HubClient, revision: str, file: str | None) -> HubOpened | None:
+    """The local path for :func:`hf_cache_target`, or None."""
     found = hf_cache_target(client, revision, file)
     if found is None:
         return None
-    from ..checkpoint import open_checkpoint
-    ck = open_checkpoint(found[1])
-    ck.warnings.append(f"{client.repo_id}: read from the local Hugging Face cache ({found[0]})")
-    return ck
+    return HubOpened(client.source, local=found[1],
+                     warnings=(f"{client.repo_id}: read from the local Hugging Face cache ({found[0]})",))
 
 
 # First range of a GGUF header: the metadata holds the tokenizer (SmolLM2's 49k-token header is
@@ -1025,63 +1025,16 @@ def _gguf_header(client: HubClient, store: RangeStore, filename: str):
     return _gguf_headers(client, {filename: store}, GGUF_FIRST_RANGE)[filename]
 
 
-class HubGGUFFile(gg.GGUFFile):
-    """:class:`~ckpt_surgeon.formats.gguf.GGUFFile` (its checks, truncation messages and
-    dequantization) over bytes fetched by HTTP range instead of ``pread``."""
-
-    def __init__(self, header, hub_reader: HubReader):   # no local file to open
-        self._hub = hub_reader
-        super().__init__(header=header)
-
-    @property
-    def bytes_read(self) -> int:       # the HubReader's count (headers and ranges), not a local one
-        return self._hub.bytes_read
-
-    @property
-    def requests(self) -> int:
-        return self._hub.requests
-
-    def _read_into(self, info: TensorInfo) -> np.ndarray:
-        return np.frombuffer(bytearray(self._hub.read_bytes(info)), np.uint8)
-
-    def prefetch(self, infos) -> None:
-        self._hub.prefetch(infos)
-
-
-class HubSplitGGUF(gg.SplitGGUF):
-    """:class:`~ckpt_surgeon.formats.gguf.SplitGGUF` over :class:`HubGGUFFile` parts that share one
-    :class:`HubReader` (so its counters are the client's, counted once, and a prefetch covering
-    several parts goes out as one parallel batch)."""
-
-    def __init__(self, parts, hub_reader: HubReader):
-        super().__init__(parts)
-        self._hub = hub_reader
-
-    @property
-    def bytes_read(self) -> int:
-        return self._hub.bytes_read
-
-    @property
-    def requests(self) -> int:
-        return self._hub.requests
-
-    def prefetch(self, infos) -> None:
-        self._hub.prefetch(infos)
-
-
-def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str, files=()):
+def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str, files=()) -> HubOpened:
     """A GGUF in a Hub repo, or, when ``filename`` is any part of a split GGUF, the whole set: the
     other parts are found by name in the file list and their headers fetched by range (a
     ``GGUF_PART_FIRST_RANGE`` range each, all at once)."""
-    from ..arch.gguf_config import config_from_gguf
-    from ..checkpoint import Checkpoint
-
     label = client.label(filename)
     store = cache.store(client.sha, filename)
     header = _gguf_header(client, store, filename)
     names = gg.split_part_names(posixpath.basename(filename), header)
     if names is None:
-        g = HubGGUFFile(header, HubReader(client, {label: (filename, store)}))
+        g = gg.GGUFFile(header=header, data=HubRanges(client, {label: (filename, store)}))
     else:
         base = posixpath.dirname(filename)
         parts = [posixpath.join(base, n) if base else n for n in names]
@@ -1093,16 +1046,9 @@ def _open_hub_gguf(client: HubClient, cache: RepoCache, filename: str, files=())
         stores = {f: (store if f == filename else cache.store(client.sha, f)) for f in parts}
         headers = _gguf_headers(client, {f: s for f, s in stores.items() if f != filename}, GGUF_PART_FIRST_RANGE)
         headers[filename] = header
-        hub_reader = HubReader(client, {client.label(f): (f, stores[f]) for f in parts})
-        g = HubSplitGGUF([HubGGUFFile(headers[f], hub_reader) for f in parts], hub_reader)
-    config = config_from_gguf(g.metadata, g.tensors, path=g.path)
-    ck = Checkpoint(source=client.source, format="hub-gguf", config=config, config_path=g.path,
-                    tensors=dict(g.tensors), naming="gguf", gguf_arch=g.architecture,
-                    metadata=g.metadata, files=g.paths, _readers={f: g for f in g.paths},
-                    missing_bytes=g.missing_bytes,
-                    file_summary={**gg.gguf_summary(g), **_hub_summary(client)})
-    ck.warnings.extend(g.warnings)
-    return ck
+        ranges = HubRanges(client, {client.label(f): (f, stores[f]) for f in parts})
+        g = gg.SplitGGUF([gg.GGUFFile(header=headers[f], data=ranges) for f in parts])
+    return HubOpened(client.source, "hub-gguf", g, summary=_hub_summary(client))
 
 
 def _hub_summary(client: HubClient) -> dict:

@@ -3,6 +3,9 @@
 Even then we load with ``torch.load(weights_only=True)``, which refuses any
 pickle opcode that would construct arbitrary objects (PyTorch's restricted
 unpickler), and ``mmap=True`` so tensors are paged in lazily.
+
+:class:`TorchTensors` reads any name -> ``torch.Tensor`` mapping through the reader protocol:
+the state dict a pickle holds, or the parameters of a loaded model (measured ``analyze``).
 """
 from __future__ import annotations
 
@@ -12,32 +15,55 @@ import numpy as np
 
 from ..errors import FormatError
 from ..records import TensorInfo
+from .source import SourceBase
 
 _TORCH_TO_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
                 "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
 
-class _PickleReader:
-    def __init__(self, state: dict):
+class TorchTensors(SourceBase):
+    """Tensors held by torch (imported by whoever made them), listed under the one file label
+    ``path``.  ``read`` gives each tensor in its own dtype (BF16 widened to float32), or every
+    one in float64 with ``float64=True``."""
+
+    def __init__(self, state: dict, path: str, *, float64: bool = False):
+        import torch
+
         self.state = state
+        self.path = path
+        self.float64 = float64
         self.bytes_read = 0
+        self.tensors = {}
+        for name, t in state.items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            dt = _TORCH_TO_ST.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
+            self.tensors[name] = TensorInfo(name, dt, tuple(t.shape), path, 0, t.numel() * t.element_size())
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (self.path,)
 
     def read(self, info: TensorInfo) -> np.ndarray:
-        t = self.state[info.name]
+        t = self.state[info.name].detach()
         self.bytes_read += info.nbytes
+        if self.float64:
+            import torch
+            return t.to("cpu", torch.float64).numpy()
         if str(t.dtype) == "torch.bfloat16":
             t = t.float()
-        return t.detach().cpu().numpy()
+        return t.cpu().numpy()
 
     def read_bytes(self, info: TensorInfo) -> bytes:
-        t = self.state[info.name].contiguous()
-        return t.view(-1).view(__import__("torch").uint8).numpy().tobytes()
+        import torch
+        t = self.state[info.name].detach().contiguous()
+        return t.view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
-def open_pickle(path: Path, config, config_path):
+def open_pickle(path: Path) -> TorchTensors:
+    """The state dict of a pickle checkpoint (``torch.load(weights_only=True)``)."""
     import torch
 
-    from ..checkpoint import Checkpoint
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # the restricted unpickler raises UnpicklingError / RuntimeError
@@ -46,13 +72,4 @@ def open_pickle(path: Path, config, config_path):
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise FormatError(f"holds a {type(state).__name__}, not a state dict of tensors", path=str(path))
-    tensors = {}
-    for name, t in state.items():
-        if not isinstance(t, torch.Tensor):
-            continue
-        dt = _TORCH_TO_ST.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
-        nbytes = t.numel() * t.element_size()
-        tensors[name] = TensorInfo(name, dt, tuple(t.shape), str(path), 0, nbytes)
-    reader = _PickleReader(state)
-    return Checkpoint(str(path), "pickle", config, config_path, tensors, files=(str(path),),
-                      _readers={str(path): reader})
+    return TorchTensors(state, str(path))

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import FormatError, TruncatedError
 from ..records import TensorInfo
 from .safe_input import loads_json, open_regular
+from .source import ByteSource, FileSource, LocalBytes
 
 # Header length limit, as in safetensors' Rust core (MAX_HEADER_SIZE = 100_000_000).
 MAX_HEADER_SIZE = 100_000_000
@@ -195,57 +196,50 @@ def decode(buf: bytes | memoryview | np.ndarray, info: TensorInfo) -> np.ndarray
     return arr.reshape(info.shape)
 
 
-class LocalFile:
-    """A validated local safetensors file with positional reads (``os.pread``).
+class SafetensorsFile(FileSource):
+    """A validated safetensors file (its parsed ``header``) whose bytes come from a byte source:
+    a local file (:class:`LocalFile`) or the Hub's HTTP ranges.  Reads touch only the bytes of
+    the requested tensor; ``bytes_read`` counts header and tensor bytes so benchmarks and tests
+    can check the budget."""
 
-    Reads touch only the bytes of the requested tensor; ``bytes_read`` counts
-    header and tensor bytes so benchmarks and tests can check the budget.
-    """
+    def __init__(self, header: SafetensorsHeader, data: ByteSource):
+        super().__init__(header.path, data)
+        self.header = header
+
+    @property
+    def tensors(self) -> dict:
+        return self.header.tensors
+
+    @property
+    def metadata(self) -> dict:
+        return self.header.metadata
+
+    def decode(self, raw: np.ndarray, info: TensorInfo, **options) -> np.ndarray:
+        return decode(raw, info)
+
+
+class LocalFile(SafetensorsFile):
+    """A local safetensors file, read with ``os.preadv`` straight into the caller's buffer
+    (``read_into``: any writable C-contiguous buffer of exactly the tensor's size)."""
 
     def __init__(self, path: str | os.PathLike):
-        self.header = read_header(path)
-        self.path = self.header.path
-        self.bytes_read = 8 + self.header.header_len
-        self._fd: int | None = None
+        header = read_header(path)
+        super().__init__(header, LocalBytes(header.path, 8 + header.header_len))
 
-    def read_into(self, info: TensorInfo, out) -> None:
-        """Read the stored bytes of ``info`` into ``out``: any writable C-contiguous buffer of
-        exactly ``info.end - info.start`` bytes (a ``bytearray``, a numpy array), with
-        ``os.preadv`` straight into it (no intermediate ``bytes`` objects; a caller can reuse one
-        buffer for many tensors)."""
-        mv = memoryview(out).cast("B")
-        n = info.end - info.start
-        if mv.nbytes != n:
-            raise ValueError(f"buffer holds {mv.nbytes} bytes, tensor '{info.name}' has {n}")
-        if self._fd is None:
-            self._fd = open_regular(self.path)
-        done = 0
-        while done < n:
-            got = os.preadv(self._fd, [mv[done:done + min(n - done, 1 << 30)]], info.start + done)
-            if not got:
-                pos = info.start + done
-                raise TruncatedError(f"file ended at byte {pos} while reading a tensor that ends at {info.end} (file changed while open?)",
-                                     path=self.path, tensor=info.name, missing_bytes=info.end - pos, tensors=(info.name,))
-            done += got
-        self.bytes_read += n
 
-    def read_bytes(self, info: TensorInfo) -> bytes:
-        buf = bytearray(info.end - info.start)
-        self.read_into(info, buf)
-        return bytes(buf)
-
-    def read(self, info: TensorInfo) -> np.ndarray:
-        buf = np.empty(info.end - info.start, np.uint8)     # decode views it (native dtypes): no copy
-        self.read_into(info, buf)
-        return decode(buf, info)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __del__(self):  # best effort; Checkpoint.close() is the normal path
-        try:
-            self.close()
-        except Exception:
-            pass
+def check_weight_map(tensors: dict, shards: dict, weight_map: dict, index_path: str, *, same_file) -> tuple[str, ...]:
+    """An index's ``weight_map`` against the shards' own headers: every tensor it lists is in the
+    shard it names (``shards``: shard file -> the names the map gives it; ``same_file(a, b)``
+    compares a ``TensorInfo.file`` with a shard), else FormatError.  -> warnings: tensors the
+    shards hold that the map does not list."""
+    for shard, names in shards.items():
+        for tname in names:
+            info = tensors.get(tname)
+            if info is None or not same_file(info.file, shard):
+                raise FormatError(f"weight_map says this tensor is in {os.path.basename(shard)}, but that file does not "
+                                  "hold it", path=index_path, tensor=tname)
+    unlisted = sorted(set(tensors) - set(weight_map))
+    if unlisted:
+        return (f"{len(unlisted)} tensor(s) in the shards are not in {os.path.basename(index_path)}'s weight_map: "
+                f"{unlisted[:3]}",)
+    return ()
