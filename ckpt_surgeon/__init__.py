@@ -5,7 +5,7 @@ imported only by the functions that need them, so ``import ckpt_surgeon`` is che
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["analyze", "convert", "fold_bias", "gguf_to_hf", "hf_to_gguf", "inspect", "open_checkpoint", "qkv_fuse",
            "qkv_split", "verify", "__version__"]

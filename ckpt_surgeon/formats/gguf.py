@@ -508,16 +508,7 @@ class GGUFFile(_GGUFReading, FileSource):
         if header is None:
             header = read_header(path)
             data = LocalBytes(header.path, header.header_end)   # the header bytes parsed
-        super().__init__(header.path, data)
-        self.header = header
-
-    @property
-    def tensors(self) -> dict:
-        return self.header.tensors
-
-    @property
-    def metadata(self) -> dict:
-        return self.header.metadata
+        super().__init__(header, data)
 
     @property
     def missing_bytes(self) -> int:

@@ -52,8 +52,10 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from ..errors import ConfigError, FormatError, HubError, PickleRefusedError
+from ..progress import bar, progress_enabled
 from ..publish import Staging, write_file_atomic
 from ..records import TensorInfo
+from ..version import __version__
 from . import gguf as gg
 from . import hf_cache
 from . import safetensors as st
@@ -120,7 +122,6 @@ class HubSettings:
         # The environment now, or huggingface_hub's import-time flag (its session refuses requests then).
         offline = (_is_true(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
                    or bool(constants.HF_HUB_OFFLINE))
-        from ..progress import progress_enabled
         return cls(endpoint=endpoint, offline=offline, cache=cache_root(),
                    retries=int(os.environ.get("CKPT_SURGEON_HUB_RETRIES", "5")),
                    backoff=float(os.environ.get("CKPT_SURGEON_HUB_BACKOFF", "1.0")),
@@ -359,7 +360,6 @@ def hub_headers() -> dict:
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers
 
-    from .. import __version__
     with _TELEMETRY_LOCK:
         before = constants.HF_HUB_DISABLE_TELEMETRY
         constants.HF_HUB_DISABLE_TELEMETRY = True
@@ -632,7 +632,6 @@ class HubClient:
         ``whole_ok``: a server that ignores Range may send these files whole (small files)."""
         if not jobs:
             return
-        from ..progress import bar
         progress = bar(self.settings.progress, total=sum(b - a for _, a, b, _ in jobs), desc=f"{self.repo_id} {desc}")
         self._progress = progress
 

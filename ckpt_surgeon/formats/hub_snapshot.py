@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import CkptError, HubError
+from ..version import __version__
 from . import gguf as gg
 from . import hf_cache
 from .hub import HubClient, HubSettings, RepoCache, _choose_weights, _read_small, hf_cache_target, resolve_revision
@@ -80,7 +81,6 @@ def download(repo_id: str, *, revision: str | None = None, file: str | None = No
     wanted, target = needed_files(client, cache, files, file)
     from huggingface_hub import snapshot_download
 
-    from .. import __version__
     try:
         # By the revision the user gave (not the sha just resolved): huggingface_hub then records
         # refs/<revision> -> sha in its cache, which offline runs (ours, transformers') resolve through.

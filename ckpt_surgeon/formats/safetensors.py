@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import FormatError, TruncatedError
 from ..records import TensorInfo
 from .safe_input import loads_json, open_regular
-from .source import ByteSource, FileSource, LocalBytes
+from .source import FileSource, LocalBytes
 
 # Header length limit, as in safetensors' Rust core (MAX_HEADER_SIZE = 100_000_000).
 MAX_HEADER_SIZE = 100_000_000
@@ -201,18 +201,6 @@ class SafetensorsFile(FileSource):
     a local file (:class:`LocalFile`) or the Hub's HTTP ranges.  Reads touch only the bytes of
     the requested tensor; ``bytes_read`` counts header and tensor bytes so benchmarks and tests
     can check the budget."""
-
-    def __init__(self, header: SafetensorsHeader, data: ByteSource):
-        super().__init__(header.path, data)
-        self.header = header
-
-    @property
-    def tensors(self) -> dict:
-        return self.header.tensors
-
-    @property
-    def metadata(self) -> dict:
-        return self.header.metadata
 
     def decode(self, raw: np.ndarray, info: TensorInfo, **options) -> np.ndarray:
         return decode(raw, info)

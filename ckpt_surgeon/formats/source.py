@@ -171,13 +171,23 @@ class LocalBytes:
 
 
 class FileSource(SourceBase, ABC):
-    """One file's tensors whose stored bytes come from a :class:`ByteSource` (shared by several
-    files of one remote repo, so its counters are the repo's).  A format provides ``tensors``
-    and :meth:`decode`, and may check a tensor before its bytes are read (:meth:`check`)."""
+    """One file's tensors: its validated ``header`` (``path``, ``tensors``, ``metadata``) and a
+    :class:`ByteSource` for the stored bytes (shared by several files of one remote repo, so its
+    counters are the repo's).  A format provides :meth:`decode`, and may check a tensor before its
+    bytes are read (:meth:`check`)."""
 
-    def __init__(self, path: str, data: ByteSource):
-        self.path = path
+    def __init__(self, header, data: ByteSource):
+        self.header = header
+        self.path = header.path
         self.data = data
+
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]:
+        return self.header.tensors
+
+    @property
+    def metadata(self) -> Mapping:
+        return self.header.metadata
 
     @property
     def files(self) -> tuple[str, ...]:
