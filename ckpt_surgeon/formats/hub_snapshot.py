@@ -17,7 +17,6 @@ the cache answers or one line says what is missing).  Progress bars follow
 """
 from __future__ import annotations
 
-import os
 import posixpath
 import sys
 from pathlib import Path
@@ -26,7 +25,10 @@ from ..errors import CkptError, HubError
 from ..version import __version__
 from . import gguf as gg
 from . import hf_cache
-from .hub import HubClient, HubSettings, RepoCache, _choose_weights, _read_small, hf_cache_target, resolve_revision
+from .hub import _choose_weights, _read_small, hf_cache_target, resolve_revision
+from .hub_cache import RepoCache
+from .hub_http import HubClient
+from .hub_settings import HubSettings
 
 # Root files never needed to load a model from safetensors / GGUF: other weight formats.
 _SKIP_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack", ".onnx",

@@ -1,0 +1,197 @@
+"""The on-disk cache of what was fetched from the Hub by range.
+
+Everything fetched is kept under :func:`~.hub_settings.cache_root` keyed by repo, commit
+sha and file (``models--owner--name/<sha>/files/<file>/<start>-<end>.bin``), plus
+``refs/<revision>`` -> sha as in huggingface_hub's own cache.  Content at a commit
+never changes, so a second ``inspect`` of a branch makes one request (to resolve
+the branch), of a full sha none, and with ``HF_HUB_OFFLINE=1`` none at all.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+from ..publish import write_file_atomic
+from .hub_settings import FULL_SHA
+
+logger = logging.getLogger("ckpt_surgeon.formats.hub")   # one logger for the Hub (messages as before the split)
+
+_MEMORY_CHUNK = 1 << 20            # fetched chunks up to this size are also kept in memory
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Temp beside ``path`` + rename (:mod:`ckpt_surgeon.publish`): a reader never sees half a chunk,
+    and two processes writing the same chunk (same bytes: content at a commit is immutable) both win."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(path, data)
+
+
+class RepoCache:
+    """On-disk cache of one repo: ``refs/<rev>`` -> sha, ``<sha>/files.json``, ``<sha>/files/<file>/``."""
+
+    def __init__(self, root: Path, repo_id: str):
+        self.dir = root / ("models--" + repo_id.replace("/", "--"))
+        self.writable = True
+
+    def _write(self, path: Path, data: bytes) -> bool:
+        """Best effort: a read-only cache must not stop an inspect, it only costs requests next time."""
+        if not self.writable:
+            return False
+        try:
+            _atomic_write(path, data)
+            return True
+        except OSError as e:
+            self.writable = False
+            logger.warning("cache %s is not writable (%s); continuing without caching", self.dir, e.strerror or e)
+            return False
+
+    def ref(self, revision: str) -> str | None:
+        try:
+            sha = (self.dir / "refs" / quote(revision, safe="")).read_text().strip()
+        except OSError:
+            return None
+        return sha if FULL_SHA.match(sha) else None
+
+    def set_ref(self, revision: str, sha: str) -> None:
+        if revision != sha:
+            self._write(self.dir / "refs" / quote(revision, safe=""), sha.encode())
+
+    def listing(self, sha: str) -> list[str] | None:
+        try:
+            files = json.loads((self.dir / sha / "files.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return files if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
+
+    def set_listing(self, sha: str, files: list[str]) -> None:
+        self._write(self.dir / sha / "files.json", json.dumps(files).encode())
+
+    def store(self, sha: str, filename: str) -> "RangeStore":
+        return RangeStore(self, self.dir / sha / "files" / quote(filename, safe=""))
+
+
+_CHUNK = re.compile(r"^(\d+)-(\d+)\.bin$")
+
+
+class RangeStore:
+    """Fetched byte ranges of one remote file at one commit (memory + disk), plus its size."""
+
+    def __init__(self, cache: RepoCache, folder: Path):
+        self._cache = cache
+        self.dir = folder
+        self._lock = threading.Lock()
+        self._chunks: list[tuple[int, int, object]] = []   # (start, end, bytes | Path)
+        self.meta: dict = {}
+        try:
+            self.meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError):
+            self.meta = {}
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for n in names:
+            m = _CHUNK.match(n)
+            if m:
+                self._chunks.append((int(m.group(1)), int(m.group(2)), folder / n))
+        if self.meta.get("full") and (folder / "full").is_file() and isinstance(self.meta.get("size"), int):
+            self._chunks.append((0, self.meta["size"], folder / "full"))
+
+    def set_meta(self, **kw) -> None:
+        with self._lock:
+            if all(self.meta.get(k) == v for k, v in kw.items()):
+                return
+            self.meta.update(kw)
+            data = json.dumps(self.meta).encode()
+        self._cache._write(self.dir / "meta.json", data)
+
+    def covered(self, a: int, b: int) -> bool:
+        return self._plan(a, b) is not None
+
+    def _plan(self, a: int, b: int):
+        """Chunks that together cover [a, b), or None.  Greedy: at each position take the chunk
+        reaching furthest."""
+        with self._lock:
+            chunks = list(self._chunks)
+        pos, plan = a, []
+        while pos < b:
+            best = None
+            for c in chunks:
+                if c[0] <= pos < c[1] and (best is None or c[1] > best[1]):
+                    best = c
+            if best is None:
+                return None
+            plan.append((pos, min(b, best[1]), best))
+            pos = min(b, best[1])
+        return plan
+
+    def get(self, a: int, b: int) -> bytes | None:
+        if b <= a:
+            return b""
+        plan = self._plan(a, b)
+        if plan is None:
+            return None
+        out = bytearray()
+        for lo, hi, (cs, ce, src) in plan:
+            if isinstance(src, (bytes, bytearray)):
+                out += src[lo - cs:hi - cs]
+                continue
+            try:   # a disk chunk: trust it only if its length is what its name says
+                with open(src, "rb") as f:
+                    if os.fstat(f.fileno()).st_size != ce - cs:
+                        raise OSError("chunk has the wrong size")
+                    f.seek(lo - cs)
+                    piece = f.read(hi - lo)
+            except OSError:
+                with self._lock:
+                    self._chunks = [c for c in self._chunks if c[2] != src]
+                return self.get(a, b)
+            if len(piece) != hi - lo:
+                return None
+            out += piece
+        return bytes(out)
+
+    def put(self, a: int, data: bytes) -> None:
+        if not data:
+            return
+        b = a + len(data)
+        path = self.dir / f"{a}-{b}.bin"
+        on_disk = self._cache._write(path, data)
+        with self._lock:
+            # Small chunks (headers, biases) stay in memory too; big ones (whole weights read through a
+            # hub Checkpoint) are read back from disk so memory does not grow with the model.
+            self._chunks.append((a, b, path if on_disk and len(data) > _MEMORY_CHUNK else bytes(data)))
+
+    def prefix(self) -> bytes:
+        """The longest cached prefix [0, k) of the file."""
+        with self._lock:
+            chunks = sorted(self._chunks, key=lambda c: c[0])
+        pos = 0
+        for a, b, _ in chunks:
+            if a <= pos < b:
+                pos = b
+        size = self.meta.get("size")
+        if isinstance(size, int):
+            pos = min(pos, size)
+        return self.get(0, pos) or b""
+
+    def full_file_target(self) -> Path | None:
+        """Where a whole-file download goes (None when the cache is not writable)."""
+        if not self._cache.writable:
+            return None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+        return self.dir / "full"
+
+    def add_full(self, path: Path, size: int) -> None:
+        with self._lock:
+            self._chunks.append((0, size, path))
+        if path.parent == self.dir:
+            self.set_meta(size=size, full=True)
