@@ -4,8 +4,13 @@ fixtures/zoo.py importing a module that had been merged away)."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,3 +57,254 @@ def test_every_ckpt_surgeon_import_resolves():
                         missing.append(f"{path.relative_to(REPO)}:{line}: {mod} has no {name}")
     assert checked > 200, checked
     assert not missing, "\n".join(missing)
+
+
+# ---------------------------------------------------------------------------------------------
+# The import graph of ckpt_surgeon: no cycles, and every import goes down the layers written in
+# docs/architecture.md ("Layers"); every module imports on its own in a fresh interpreter.
+
+PKG = REPO / "ckpt_surgeon"
+ARCH_DOC = REPO / "docs" / "architecture.md"
+
+# Upward imports and cycles that other work of issue 13 is removing.  Names are relative to
+# ckpt_surgeon/ ("ckpt_surgeon" is the package's own __init__).  Both lists may only shrink: an
+# entry that no longer occurs fails the tests below, so whoever removes the import removes the
+# entry too.  Empty them, do not add to them.
+LAYER_EXCEPTIONS = {
+    # quiet_transformers lives in runtime (operations layer) but arch's derive/probe need it:
+    # it belongs in a base-layer module that runtime, arch and conversion all import.
+    ("arch.derive", "runtime"),
+    ("arch.probe", "runtime"),
+    # prompt files are read by verification.prompts; measured analyze reads them too: the loader
+    # belongs in analysis/verification's common lower layer (or analysis keeps its own).
+    ("analysis.prompts", "verification.prompts"),
+    # `from .. import __version__` imports the package API; ckpt_surgeon.version holds the version.
+    ("formats.writer", "ckpt_surgeon"),
+}
+KNOWN_CYCLES = {
+    # resolve -> derive (derived layouts) -> probe -> derive (blocks, config) / resolve (rope params)
+    frozenset({"arch.derive", "arch.probe", "arch.resolve"}),
+    # conversion/__init__ <-> from_gguf/to_gguf (normalize_dtype); conversion.* -> runtime
+    # (quiet_transformers) while runtime -> conversion (GGUF -> temp folder)
+    frozenset({"conversion", "conversion.from_gguf", "conversion.model_check", "conversion.to_gguf",
+               "conversion.tokenizer", "runtime"}),
+    # measure <-> redundancy (rope geometry, analyze entry point)
+    frozenset({"analysis.measure", "analysis.redundancy"}),
+}
+
+
+def _module_names() -> dict[str, Path]:
+    """Every ckpt_surgeon module, named relative to the package ("ckpt_surgeon" for __init__)."""
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts) or "ckpt_surgeon"] = path
+    return out
+
+
+def _short(absolute: str) -> str:
+    return "ckpt_surgeon" if absolute == "ckpt_surgeon" else absolute.removeprefix("ckpt_surgeon.")
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_graph() -> dict[str, dict[str, int]]:
+    """importer -> {imported module: first line}, imports inside functions included.  ``from X
+    import y`` is an import of module X.y when that is a module, else of X."""
+    modules = _module_names()
+    graph: dict[str, dict[str, int]] = {m: {} for m in modules}
+    for mod, path in modules.items():
+        for line, target, names in _imports(path):
+            for name in names or [None]:
+                sub = _short(f"{target}.{name}") if name else None
+                dest = sub if sub in modules else _short(target)
+                if dest in modules and dest != mod:
+                    graph[mod].setdefault(dest, line)
+    return graph
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    """A fresh copy of :func:`_parsed_graph` (a test may drop edges from it)."""
+    return {m: dict(deps) for m, deps in _parsed_graph().items()}
+
+
+def _layers() -> list[tuple[str, list[str]]]:
+    """The layer block of docs/architecture.md: [(layer, [module or package names])], lowest first."""
+    text = ARCH_DOC.read_text(encoding="utf-8")
+    marker = text.index("<!-- layers:")
+    block = text[marker:].split("```text\n", 1)[1].split("```", 1)[0]
+    layers = []
+    for row in block.strip().splitlines():
+        name, members = row.split(":", 1)
+        layers.append((name.strip(), members.split()))
+    return layers
+
+
+def _layer_of(mod: str, layers) -> int | None:
+    """Index of the layer whose longest member is ``mod`` or a package holding it."""
+    best = None
+    for i, (_, members) in enumerate(layers):
+        for m in members:
+            if (mod == m or mod.startswith(m + ".")) and (best is None or len(m) > best[1]):
+                best = (i, len(m))
+    return None if best is None else best[0]
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> set[frozenset]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], set()
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = set()
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.add(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.add(frozenset(comp))
+    return out
+
+
+def test_cycle_finder_finds_rings_and_only_rings():
+    g = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1, "d": 1}, "d": {}, "e": {"f": 1}, "f": {"e": 1}, "g": {"a": 1}}
+    assert _cycles(g) == {frozenset("abc"), frozenset("ef")}
+    assert _cycles({"a": {"b": 1}, "b": {}}) == set()
+
+
+def test_every_module_is_in_one_layer_and_imports_only_downward():
+    layers = _layers()
+    assert [n for n, _ in layers][:4] == ["base", "formats", "arch", "checkpoint"], layers
+    graph = _graph()
+    assert len(graph) > 60 and sum(len(v) for v in graph.values()) > 200
+    unplaced = [m for m in graph if _layer_of(m, layers) is None]
+    assert not unplaced, f"modules in no layer of {ARCH_DOC.name}: {unplaced}"
+    upward, seen_exceptions = [], set()
+    for mod, deps in graph.items():
+        for dep, line in deps.items():
+            if _layer_of(dep, layers) > _layer_of(mod, layers):
+                if (mod, dep) in LAYER_EXCEPTIONS:
+                    seen_exceptions.add((mod, dep))
+                    continue
+                upward.append(f"{mod} (layer {layers[_layer_of(mod, layers)][0]}) imports {dep} "
+                              f"(layer {layers[_layer_of(dep, layers)][0]}) at line {line}")
+    assert not upward, "\n".join(upward)
+    stale = LAYER_EXCEPTIONS - seen_exceptions
+    assert not stale, f"these upward imports are gone: remove them from LAYER_EXCEPTIONS: {sorted(stale)}"
+    # the reader protocol's own room: formats never import the checkpoint (or anything above)
+    assert not [d for m, deps in graph.items() if m.startswith("formats.") for d in deps if d == "checkpoint"]
+
+
+def test_no_import_cycle_among_ckpt_surgeon_modules():
+    graph = _graph()
+    # the upward imports listed above are what ties layers into rings; without them, what remains
+    # of a ring lies inside one layer
+    for mod, dep in LAYER_EXCEPTIONS:
+        graph[mod].pop(dep, None)
+    found = _cycles(graph)
+    new = [sorted(c) for c in found if c not in KNOWN_CYCLES]
+    assert not new, "import cycles: " + "; ".join(
+        " / ".join(f"{m} -> {', '.join(d for d in graph[m] if d in c)}" for m in c) for c in map(set, new))
+    gone = [sorted(c) for c in KNOWN_CYCLES if c not in found]
+    assert not gone, f"these cycles are gone or changed: update KNOWN_CYCLES: {gone}"
+    # the rooms this issue untangled stay untangled
+    tangled = {m for c in found for m in c}
+    assert not tangled & ({"checkpoint", "ckpt_surgeon"} | {m for m in graph if m.startswith("formats.")})
+
+
+_ISOLATED = r"""
+import importlib, json, os, sys, traceback
+for lib in json.loads(sys.argv[2]):   # other packages the modules import at load time: once, before the forks
+    importlib.import_module(lib)
+
+
+def child(mod, w):                    # a process that has imported nothing of ckpt_surgeon yet
+    try:
+        importlib.import_module(mod)
+        msg = {"ok": True, "heavy": [h for h in ("torch", "transformers") if h in sys.modules]}
+    except BaseException:
+        msg = {"ok": False, "error": traceback.format_exc(limit=-4)}
+    os.write(w, json.dumps(msg).encode())
+    os._exit(0)
+
+
+mods, result = json.loads(sys.argv[1]), {}
+batch = max(2, os.cpu_count() or 1)
+for i in range(0, len(mods), batch):
+    running = []
+    for mod in mods[i:i + batch]:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            child(mod, w)
+        os.close(w)
+        running.append((mod, pid, r))
+    for mod, pid, r in running:
+        chunks = []
+        while chunk := os.read(r, 1 << 16):
+            chunks.append(chunk)
+        os.close(r)
+        os.waitpid(pid, 0)
+        result[mod] = json.loads(b"".join(chunks) or b'{"ok": false, "error": "the child died"}')
+print(json.dumps(result))
+"""
+
+
+def _outside_imports() -> list[str]:
+    """Top-level modules other than ckpt_surgeon (torch and transformers excepted) that ckpt_surgeon
+    modules import when they load."""
+    out = set()
+    for path in _module_names().values():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                out.add(node.module)
+    return sorted(m for m in out if m.split(".")[0] not in {"ckpt_surgeon", "torch", "transformers", "__future__"})
+
+
+def test_every_module_imports_in_isolation():
+    """Each module imported first, in a process that has imported no other ckpt_surgeon module
+    (one interpreter, forked per module): an import that works only because another module ran
+    first, or a cycle that breaks at import time, fails here."""
+    names = [m if m == "ckpt_surgeon" else f"ckpt_surgeon.{m}" for m in _module_names() if m != "__main__"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _ISOLATED, json.dumps(names), json.dumps(_outside_imports())], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result) == set(names)
+    failed = {m: r["error"] for m, r in result.items() if not r["ok"]}
+    assert not failed, "\n".join(f"{m}:\n{e}" for m, e in failed.items())
+    # the modules that inspect, lint, diff and static analyze run import neither torch nor transformers
+    light = ("ckpt_surgeon.checkpoint", "ckpt_surgeon.formats.", "ckpt_surgeon.arch.", "ckpt_surgeon.analysis.inspect",
+             "ckpt_surgeon.analysis.lint", "ckpt_surgeon.analysis.diff", "ckpt_surgeon.analysis.redundancy")
+    heavy = {m: r["heavy"] for m, r in result.items() if r["heavy"] and m.startswith(light)}
+    assert not heavy, heavy
