@@ -662,3 +662,30 @@ def _synthetic_qwen2(folder: Path) -> Path:
         "num_attention_heads": nh, "num_key_value_heads": kv, "intermediate_size": 64, "vocab_size": 4096,
         "max_position_embeddings": 128, "rope_theta": 10000.0}))
     return folder
+
+
+def test_hub_readers_are_tensor_sources_sharing_one_byte_source(hub, tiny):
+    """A sharded Hub repo opens to one ShardSet of safetensors readers over one HubRanges: its
+    counters are the server's, counted once however many shards; read_rows_into fetches only the
+    rows' bytes, the same bytes as the local file holds."""
+    from ckpt_surgeon.formats.safetensors import SafetensorsFile
+    from ckpt_surgeon.formats.source import ShardSet, TensorSource
+
+    folder = tiny("qwen2_sharded")
+    hub.add_repo("owner/tiny", folder)
+    with open_checkpoint("owner/tiny") as ck, open_checkpoint(folder) as local:
+        assert isinstance(ck.reader, TensorSource) and isinstance(ck.reader, ShardSet)
+        parts = ck.reader.parts
+        assert len(parts) == len(list(folder.glob("*.safetensors"))) > 1
+        assert all(isinstance(p, SafetensorsFile) for p in parts) and len({id(p.data) for p in parts}) == 1
+        assert ck.bytes_read == parts[0].data.bytes_read == sum(r.sent for r in hub.log if r.for_repo)
+        assert ck.requests == hub.repo_requests
+        name = "model.embed_tokens.weight"
+        info = ck.tensors[name]
+        per_row = info.nbytes // info.shape[0]
+        hub.reset_stats()
+        buf = bytearray(per_row * 2)
+        view = ck.read_rows_into(name, 3, 5, buf)
+        assert bytes(view) == local.read_rows(name, 3, 5, raw=True)
+        # exactly those rows' bytes (the header ranges end well before row 3: see the byte budget test)
+        assert sum(r.sent for r in hub.log if r.for_repo and r.range) == 2 * per_row

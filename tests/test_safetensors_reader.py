@@ -218,3 +218,39 @@ def test_file_identified_by_content_not_extension(tmp_path):
     save_file({"a": torch.zeros(2)}, str(p))
     ck = open_checkpoint(p)
     assert ck.format == "safetensors" and list(ck.tensors) == ["a"]
+
+
+def test_every_local_reader_is_a_tensor_source_and_checkpoint_reads_through_it(tmp_path, smollm_gguf):
+    """Each kind of local source opens to a reader that declares the protocol; read, read_raw and
+    read_rows_into give the same bytes whichever reader serves them, and the counters add up."""
+    from ckpt_surgeon.formats.gguf import GGUFFile
+    from ckpt_surgeon.formats.pickle import TorchTensors
+    from ckpt_surgeon.formats.source import ShardSet, TensorSource
+
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    save_file({"a": torch.arange(12.0).reshape(4, 3)}, str(shards / "model-00001-of-00002.safetensors"))
+    save_file({"b": torch.arange(6.0).to(torch.bfloat16).reshape(3, 2)}, str(shards / "model-00002-of-00002.safetensors"))
+    pk = tmp_path / "pk"
+    pk.mkdir()
+    torch.save({"c": torch.arange(8.0).reshape(2, 4)}, pk / "pytorch_model.bin")
+    cases = [(shards, ShardSet, "a"), (shards / "model-00002-of-00002.safetensors", ShardSet, "b"),
+             (pk, TorchTensors, "c"), (smollm_gguf, GGUFFile, "blk.0.attn_q.weight")]
+    for source, kind, name in cases:
+        with open_checkpoint(source, allow_pickle=True) as ck:
+            assert isinstance(ck.reader, TensorSource) and isinstance(ck.reader, kind), (source, type(ck.reader))
+            assert ck.tensors is ck.reader.tensors and ck.files == ck.reader.files and ck.requests == 0
+            info = ck.tensors[name]
+            raw = ck.read_raw(name)
+            assert len(raw) == info.nbytes
+            rows = info.shape[0]
+            buf = bytearray(info.nbytes + 7)               # a larger reused buffer: only the rows' bytes are filled
+            view = ck.read_rows_into(name, 1, rows, buf)
+            assert bytes(view) == raw[info.nbytes // rows:] == ck.read_rows(name, 1, rows, raw=True)
+            np.testing.assert_array_equal(ck.read_rows(name, 1, rows), ck.read(name)[1:])
+    with open_checkpoint(shards) as ck:
+        before = ck.bytes_read        # the two headers
+        ck.read("a")
+        ck.read("b")
+        assert ck.bytes_read == before + 48 + 12
+        assert before == sum(8 + p.header.header_len for p in ck.reader.parts)

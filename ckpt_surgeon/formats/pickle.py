@@ -44,8 +44,18 @@ class TorchTensors(SourceBase):
     def files(self) -> tuple[str, ...]:
         return (self.path,)
 
-    def read(self, info: TensorInfo) -> np.ndarray:
+    def _tensor(self, info: TensorInfo):
+        """The tensor ``info`` names, or the part of it ``info``'s byte range covers (whole rows,
+        from :meth:`Checkpoint.read_rows`)."""
         t = self.state[info.name].detach()
+        whole = self.tensors[info.name]
+        if (info.start, info.end) == (whole.start, whole.end):
+            return t
+        size = t.element_size()
+        return t.reshape(-1)[(info.start - whole.start) // size:(info.end - whole.start) // size].reshape(info.shape)
+
+    def read(self, info: TensorInfo) -> np.ndarray:
+        t = self._tensor(info)
         self.bytes_read += info.nbytes
         if self.float64:
             import torch
@@ -56,8 +66,7 @@ class TorchTensors(SourceBase):
 
     def read_bytes(self, info: TensorInfo) -> bytes:
         import torch
-        t = self.state[info.name].detach().contiguous()
-        return t.view(-1).view(torch.uint8).cpu().numpy().tobytes()
+        return self._tensor(info).contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
 def open_pickle(path: Path) -> TorchTensors:
