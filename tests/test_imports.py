@@ -121,7 +121,21 @@ def _parsed_graph() -> dict[str, dict[str, int]]:
                 dest = sub if sub in modules else _short(target)
                 if dest in modules and dest != mod:
                     graph[mod].setdefault(dest, line)
+        for line, rel in _lazy_exports(path):
+            dest = _short(importlib.util.resolve_name(rel, "ckpt_surgeon" if mod == "ckpt_surgeon" else f"ckpt_surgeon.{mod}"))
+            graph[mod].setdefault(dest, line)
     return graph
+
+
+def _lazy_exports(path: Path):
+    """(line, relative module) for each entry of a package's ``lazy_exports(globals(), {name:
+    module})`` table (``ckpt_surgeon/_lazy.py``): imports made on first access, by name."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports"
+                and len(node.args) == 2 and isinstance(node.args[1], ast.Dict)):
+            for value in node.args[1].values:
+                assert isinstance(value, ast.Constant) and value.value.startswith("."), ast.dump(value)
+                yield value.lineno, value.value
 
 
 def _graph() -> dict[str, dict[str, int]]:
