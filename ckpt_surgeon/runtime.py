@@ -12,10 +12,10 @@ share lives here:
   ``attention_bias=False``) and so would run a different model;
 * :data:`TOKENIZER_FILES` / :func:`has_tokenizer`: whether a folder carries a tokenizer;
 * :func:`load_pretrained`: ``from_pretrained`` with eager attention, quiet, as one typed error;
-* :func:`quiet_transformers`: transformers' logs and bars off while the library loads or saves.
+* :func:`quiet_transformers` (from :mod:`ckpt_surgeon.quiet`, where the lower layers import it):
+  transformers' logs and bars off while the library loads or saves.
 
-torch and transformers are imported inside the functions: importing this module costs nothing,
-so low-level modules (``tiny``, ``arch``, ``conversion``) may use :func:`quiet_transformers`.
+torch and transformers are imported inside the functions: importing this module costs nothing.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import CkptError, UnsupportedError
+from .quiet import quiet_transformers
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -39,27 +40,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 # What ``from_pretrained`` raises for a folder it cannot build a model from (bad config values,
 # missing files, an architecture this transformers lacks, a remote-code model ...).
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError)
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers for the duration; the previous state is restored.
-
-    Library code never prints (the CLI owns stderr): transformers' info logs and its
-    "Loading weights" / "Writing model shards" bars are turned off, so callers that want them
-    elsewhere keep them.
-    """
-    import transformers
-    tlog = transformers.utils.logging
-    bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
-    tlog.disable_progress_bar()
-    tlog.set_verbosity_error()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(verbosity)
-        if bars:
-            tlog.enable_progress_bar()
 
 
 def resolve_device(device: str) -> str:

@@ -34,7 +34,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from .runtime import quiet_transformers
+from .quiet import quiet_transformers
 
 __all__ = [
     "SPECS",

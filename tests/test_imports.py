@@ -71,23 +71,12 @@ ARCH_DOC = REPO / "docs" / "architecture.md"
 # entry that no longer occurs fails the tests below, so whoever removes the import removes the
 # entry too.  Empty them, do not add to them.
 LAYER_EXCEPTIONS = {
-    # quiet_transformers lives in runtime (operations layer) but arch's derive/probe need it:
-    # it belongs in a base-layer module that runtime, arch and conversion all import.
-    ("arch.derive", "runtime"),
-    ("arch.probe", "runtime"),
-    # prompt files are read by verification.prompts; measured analyze reads them too: the loader
-    # belongs in analysis/verification's common lower layer (or analysis keeps its own).
-    ("analysis.prompts", "verification.prompts"),
     # `from .. import __version__` imports the package API; ckpt_surgeon.version holds the version.
     ("formats.writer", "ckpt_surgeon"),
 }
 KNOWN_CYCLES = {
     # resolve -> derive (derived layouts) -> probe -> derive (blocks, config) / resolve (rope params)
     frozenset({"arch.derive", "arch.probe", "arch.resolve"}),
-    # conversion/__init__ <-> from_gguf/to_gguf (normalize_dtype); conversion.* -> runtime
-    # (quiet_transformers) while runtime -> conversion (GGUF -> temp folder)
-    frozenset({"conversion", "conversion.from_gguf", "conversion.model_check", "conversion.to_gguf",
-               "conversion.tokenizer", "runtime"}),
     # measure <-> redundancy (rope geometry, analyze entry point)
     frozenset({"analysis.measure", "analysis.redundancy"}),
 }

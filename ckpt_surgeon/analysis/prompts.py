@@ -8,6 +8,11 @@ deterministically, no file or network access.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from ..errors import CkptError, SourceNotFoundError
+
 SHORT_PROMPTS: tuple[str, ...] = (
     "The attention layer projects every token into a query, a key and a value, and the softmax of "
     "the scaled dot products decides how much of each value reaches the output.",
@@ -54,10 +59,35 @@ def default_prompts() -> list[str]:
     return list(SHORT_PROMPTS) + [long_context_prompt()]
 
 
-def load_prompts(path) -> list[str]:
-    """``--prompts FILE``: a JSON list of strings, or one prompt per non-empty line.
+def load_prompts(path: str | Path) -> list[str]:
+    """Read ``--prompts FILE`` (``analyze --measure`` and ``verify``): a JSON list of strings,
+    or else one prompt per non-empty line.
 
-    Shares ``verify``'s reader (same file format, same error messages) instead of a copy.
+    A file whose first non-blank character is ``[`` must be a JSON list of strings (so a typo in
+    it is reported, not silently read as lines).  Raises CkptError for a missing file, bad JSON,
+    non-string entries or an empty set.
     """
-    from ..verification.prompts import load_prompts as _load
-    return _load(path)
+    p = Path(path)
+    if not p.is_file():
+        raise SourceNotFoundError("prompts file not found", path=str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CkptError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CkptError(f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})", path=str(p)) from None
+        except (RecursionError, ValueError):    # nesting / number limits: the shared parser says which
+            from ..formats.safe_input import loads_json
+            loads_json(text, path=str(p), error=CkptError, what="prompts file")
+            raise
+        if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+            raise CkptError("a JSON prompts file must hold a list of strings", path=str(p))
+        prompts = [x for x in data if x.strip()]
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise CkptError("prompts file holds no non-empty prompt", path=str(p))
+    return prompts

@@ -168,7 +168,7 @@ def config_object(cfg: dict):
     mt = cfg.get("model_type")
     if mt not in CONFIG_MAPPING:
         raise DeriveUnavailable(f"model_type {mt!r} is not implemented by transformers {transformers.__version__}")
-    from ..runtime import quiet_transformers
+    from ..quiet import quiet_transformers
     with quiet_transformers():
         klass = CONFIG_MAPPING[mt]
         # config.json written by transformers tags non-JSON floats ({"__float__": "Infinity"});
@@ -213,7 +213,7 @@ def build_meta(cfg: dict):
     torch, _ = _libs()
     conf = config_object(cfg)
     klass = model_class(cfg, conf)
-    from ..runtime import quiet_transformers
+    from ..quiet import quiet_transformers
     with quiet_transformers(), torch.device("meta"):
         model = klass(conf)
     return conf, model

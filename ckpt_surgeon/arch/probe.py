@@ -180,7 +180,7 @@ def meta_params(klass, conf) -> int:
     """Parameter count of ``klass(conf)`` without allocating it (meta device)."""
     import torch
 
-    from ..runtime import quiet_transformers
+    from ..quiet import quiet_transformers
     with quiet_transformers(), torch.device("meta"):
         return sum(p.numel() for p in klass(conf).parameters())
 
@@ -190,7 +190,7 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
     drawn with std 0.5 (transformers' init zeroes biases, which would make any bias claim vacuous)."""
     import torch
 
-    from ..runtime import quiet_transformers
+    from ..quiet import quiet_transformers
     from .derive import config_object
     conf = config_object(cfg)
     n = meta_params(klass, conf)

@@ -18,26 +18,7 @@ from pathlib import Path
 
 __all__ = ["convert", "gguf_to_hf", "hf_to_gguf", "gguf_to_hf_report", "hf_to_gguf_report", "normalize_dtype"]
 
-# Output dtype spellings accepted by both directions (CLI and API): the HF names and the GGUF names.
-_TO_HF = {"float32": "float32", "f32": "float32", "float16": "float16", "f16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
-_TO_GGUF = {"f32": "f32", "float32": "f32", "f16": "f16", "float16": "f16", "bf16": "bf16",
-            "bfloat16": "bf16", "q8_0": "q8_0"}
-
-
-def normalize_dtype(dtype: str | None, to_gguf: bool) -> str:
-    """The output dtype in the target's spelling (``None``: f16 for GGUF, float32 for HF)."""
-    from ..errors import UnsupportedError
-    if dtype is None:
-        return "f16" if to_gguf else "float32"
-    table = _TO_GGUF if to_gguf else _TO_HF
-    got = table.get(str(dtype).lower())
-    if got is None:
-        where = "a GGUF file" if to_gguf else "an HF folder"
-        raise UnsupportedError(f"--dtype {dtype!r} cannot be written to {where} (choose {', '.join(sorted(set(table.values())))})")
-    return got
-
-
+from .dtypes import normalize_dtype
 from .._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(globals(), {"gguf_to_hf": ".from_gguf", "gguf_to_hf_report": ".from_gguf",

@@ -182,7 +182,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         from ..formats.writer import CheckpointWriter
         from .tokenizer import hf_tokenizer_files, vocab_from_metadata
 
-        from . import normalize_dtype
+        from .dtypes import normalize_dtype
 
         dtype = normalize_dtype(dtype, to_gguf=False)
         st_dtype = N.HF_DTYPES[dtype]

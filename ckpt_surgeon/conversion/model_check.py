@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from ..errors import ConfigError
-from ..runtime import quiet_transformers
+from ..quiet import quiet_transformers
 
 
 def expected_tensors(config) -> dict[str, tuple[int, ...]]:

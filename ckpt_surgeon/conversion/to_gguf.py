@@ -63,7 +63,7 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
 def _load_hf_config(folder: Path, cfg_path: str | None):
     """The transformers config object (defaults filled in) and its plain dict."""
     import transformers
-    from ..runtime import quiet_transformers
+    from ..quiet import quiet_transformers
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
                           path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
@@ -181,7 +181,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     from .model_check import check_tensors, expected_tensors
     from .tokenizer import hf_vocab
 
-    from . import normalize_dtype
+    from .dtypes import normalize_dtype
 
     t0 = time.perf_counter()
     dtype = normalize_dtype(dtype, to_gguf=True)

@@ -398,7 +398,7 @@ def _effective_tokenizer_json(folder: Path, tj_path: Path) -> tuple[dict, str]:
     """
     try:
         from transformers import AutoTokenizer
-        from ..runtime import quiet_transformers
+        from ..quiet import quiet_transformers
         with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         backend = getattr(tok, "backend_tokenizer", None)

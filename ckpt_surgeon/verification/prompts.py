@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..analysis.prompts import load_prompts  # noqa: F401  (one reader for --prompts FILE, shared)
 from ..errors import CkptError, SourceNotFoundError
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
@@ -28,39 +29,6 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 def default_prompts() -> list[str]:
     """The built-in prompt set (a fresh list)."""
     return list(DEFAULT_PROMPTS)
-
-
-def load_prompts(path: str | Path) -> list[str]:
-    """Read ``--prompts FILE``: a JSON list of strings, or else one prompt per non-empty line.
-
-    A file whose first non-blank character is ``[`` must be a JSON list of strings (so a typo in
-    it is reported, not silently read as lines).  Raises CkptError for a missing file, bad JSON,
-    non-string entries or an empty set.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise SourceNotFoundError("prompts file not found", path=str(p))
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise CkptError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CkptError(f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})", path=str(p)) from None
-        except (RecursionError, ValueError):    # nesting / number limits: the shared parser says which
-            from ..formats.safe_input import loads_json
-            loads_json(text, path=str(p), error=CkptError, what="prompts file")
-            raise
-        if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
-            raise CkptError("a JSON prompts file must hold a list of strings", path=str(p))
-        prompts = [x for x in data if x.strip()]
-    else:
-        prompts = [line for line in text.splitlines() if line.strip()]
-    if not prompts:
-        raise CkptError("prompts file holds no non-empty prompt", path=str(p))
-    return prompts
 
 
 def load_token_ids(path: str | Path) -> list[list[int]]:
