@@ -3,7 +3,9 @@
 Targets (one per parser): ``safetensors`` (header bytes), ``index`` (``model.safetensors.index.json``
 of a sharded folder), ``config`` (``config.json`` of a tiny qwen2-shaped folder, through the
 layout resolver and ``inspect``), ``gguf`` (header bytes, then the GGUF -> config mapping and the
-resolver) and ``gguf-split`` (one part of a two-part split set, opened as a set).
+resolver), ``gguf-split`` (one part of a two-part split set, opened as a set), and the converters'
+own hyper-parameter reading: ``gguf-hparams`` (GGUF metadata values -> HF config, GGUF -> HF)
+and ``config-hparams`` (config.json values -> GGUF keys, HF -> GGUF).
 
 Each target starts from a valid seed built here (numpy and the standard library only; no model
 download, no transformers) and mutates it: byte flips, integer fields set to boundary values
@@ -357,7 +359,131 @@ class GGUFSplitTarget(Target):
             ck.layout()
 
 
-TARGETS = {t.name: t for t in (SafetensorsTarget, IndexTarget, ConfigTarget, GGUFTarget, GGUFSplitTarget)}
+# Values of every GGUF type (as the reader returns them) a hostile file can put under any key.
+_HOSTILE_GGUF = (0, 1, -1, -(2 ** 63), 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 64 - 1, 10 ** 12, 4.0, 0.5, -1.0, 0.0,
+                 1e39, float("nan"), float("inf"), float("-inf"), True, False, "4", "", "\udc80", [], [1, 2], [2, 2],
+                 [0], [-1], ["a"], [[1]], [1.5], [True])
+
+
+def _hostile_gguf_value(rng: random.Random):
+    v = rng.choice(_HOSTILE_GGUF)
+    return list(v) if isinstance(v, list) else v
+
+
+class GGUFHparamsTarget(Target):
+    """What ``convert`` (GGUF -> HF) reads from the metadata before it writes anything: the
+    config mapping and layout (as ``Checkpoint.layout``), the converter's own hyper-parameters
+    (``hf_config_from_gguf``, ``_hparams``) and the tokenizer keys; one to three values replaced
+    by hostile ones of every GGUF type, or removed.  The header is parsed once (the bytes are
+    the ``gguf`` target's); the values are swapped in the parsed metadata."""
+
+    name = "gguf-hparams"
+    _EXTRA = [("qwen2.attention.key_length", "u32", HEAD_DIM), ("qwen2.attention.value_length", "u32", HEAD_DIM),
+              ("qwen2.rope.dimension_count", "u32", HEAD_DIM), ("qwen2.attention.sliding_window", "u32", 64),
+              ("qwen2.vocab_size", "u32", VOCAB), ("tokenizer.ggml.model", "str", "gpt2"),
+              ("tokenizer.ggml.bos_token_id", "u32", 1), ("tokenizer.ggml.eos_token_id", "u32", 2),
+              ("tokenizer.ggml.padding_token_id", "u32", 0), ("tokenizer.ggml.unknown_token_id", "u32", 0)]
+
+    def __init__(self, workdir):
+        super().__init__(workdir)
+        from ckpt_surgeon.arch.checked import GGUF_BOUNDS
+        from ckpt_surgeon.conversion.tokenizer import SPECIAL_KEYS
+        from ckpt_surgeon.formats.gguf import parse_header
+        data = gguf_bytes(qwen2_gguf_kvs(self._EXTRA), qwen2_gguf_tensors())
+        h = parse_header(data, "fuzz.gguf", len(data))
+        self.meta, self.tensors = h.metadata, h.tensors
+        self.keys = sorted(set(self.meta) | {f"qwen2.{s}" for s in GGUF_BOUNDS}
+                           | {f"tokenizer.ggml.{k}" for k in SPECIAL_KEYS.values()}
+                           | {"tokenizer.ggml.token_type_count", "tokenizer.ggml.scores", "tokenizer.ggml.merges",
+                              "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"})
+
+    def run(self, rng):
+        from ckpt_surgeon.arch.gguf_config import config_from_gguf
+        from ckpt_surgeon.arch.resolve import resolve
+        from ckpt_surgeon.conversion import names as N
+        from ckpt_surgeon.conversion.from_gguf import _hparams, hf_config_from_gguf
+        from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
+        meta = dict(self.meta)
+        for _ in range(rng.randint(1, 3)):
+            k = rng.choice(self.keys)
+            if rng.random() < 0.1:
+                meta.pop(k, None)
+            else:
+                meta[k] = _hostile_gguf_value(rng)
+        path = "fuzz.gguf"
+        arch = meta.get("general.architecture")
+        resolve(config_from_gguf(meta, self.tensors, path=path), self.tensors, naming="gguf", config_source=path,
+                gguf_arch=arch if isinstance(arch, str) else None, shapes=False)
+        spec = N.by_gguf_arch(arch if isinstance(arch, str) else None)
+        if spec is None:
+            return
+        hf_config_from_gguf(meta, spec, self.tensors, dtype="float32", tied=True, path=path)
+        _hparams(meta, spec.gguf_arch, path)
+        vocab = vocab_from_metadata(meta, path)
+        if vocab is not None:
+            hf_tokenizer_files(vocab, model_max_length=128, path=path)
+
+
+class ConfigHparamsTarget(Target):
+    """What ``convert`` (HF -> GGUF) reads from ``config.json``: every hyper-parameter checked as
+    written (``check_hparam_values``) and the GGUF hyper-parameters (``hparams_from_config``), for
+    a qwen2, a GPT-2, a Phi-3 and a Gemma-3 config (each family reads other spellings and
+    llama.cpp constants).  A value is set to a hostile JSON value, or the text is mutated and parsed
+    with the project's JSON reader.  transformers is not in the loop: its config classes would
+    stop some values first, and the converter must not rely on that."""
+
+    name = "config-hparams"
+    _CONFIGS = (
+        QWEN2_CONFIG,
+        {"model_type": "gpt2", "n_embd": HIDDEN, "n_head": HEADS, "n_layer": LAYERS, "n_positions": 128,
+         "n_inner": None, "layer_norm_epsilon": 1e-5, "vocab_size": VOCAB},
+        {"model_type": "phi3", "hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+         "num_hidden_layers": LAYERS, "intermediate_size": 32, "max_position_embeddings": 128,
+         "original_max_position_embeddings": 64, "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+         "rms_norm_eps": 1e-5, "sliding_window": 64},
+        {"model_type": "gemma3_text", "hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+         "num_hidden_layers": LAYERS, "intermediate_size": 32, "max_position_embeddings": 128, "head_dim": HEAD_DIM,
+         "rms_norm_eps": 1e-6, "query_pre_attn_scalar": HEAD_DIM, "layer_types": ["sliding_attention"] * LAYERS,
+         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    )
+
+    def __init__(self, workdir):
+        super().__init__(workdir)
+        from ckpt_surgeon.conversion import names as N
+        self.keys = sorted({k.split(".")[0] for ks in N.HF_HPARAM_KEYS.values() for k in ks}
+                           | {"model_type", "rope_scaling", "rotary_pct"})
+
+    def run(self, rng):
+        from ckpt_surgeon.conversion import names as N
+        from ckpt_surgeon.conversion.to_gguf import check_hparam_values, hparams_from_config
+        from ckpt_surgeon.errors import ConfigError
+        from ckpt_surgeon.formats.safe_input import loads_json
+        base = rng.choice(self._CONFIGS)
+        if rng.random() < 0.5:
+            text = mutate_json_text(json.dumps(base), rng)
+        else:                                            # a known key (or a nested rope key) set to a hostile value
+            d = json.loads(json.dumps(base))
+            k = rng.choice(self.keys)
+            inner = d.get("rope_parameters") if k == "rope_parameters" and rng.random() < 0.7 else None
+            if isinstance(inner, dict):
+                inner = inner.get(rng.choice(list(inner))) if all(isinstance(v, dict) for v in inner.values()) else inner
+                inner[rng.choice(("rope_theta", "partial_rotary_factor", "rope_type"))] = "HOSTILE"
+            else:
+                d[k] = "HOSTILE"
+            text = json.dumps(d).replace('"HOSTILE"', _hostile_json_text(rng))
+        cfg = loads_json(text.encode("utf-8", "surrogateescape"), path="config.json", error=ConfigError)
+        if not isinstance(cfg, dict):
+            return
+        check_hparam_values(cfg, "config.json")
+        mt = cfg.get("model_type")
+        spec = N.by_model_type(mt) if isinstance(mt, str) else None
+        if spec is not None:
+            hparams_from_config(cfg, spec, VOCAB, "config.json")
+
+
+TARGETS = {t.name: t for t in (SafetensorsTarget, IndexTarget, ConfigTarget, GGUFTarget, GGUFSplitTarget,
+                                GGUFHparamsTarget, ConfigHparamsTarget)}
 
 
 # --------------------------------------------------------------------------- driver

@@ -256,6 +256,103 @@ def test_gguf_tensor_with_a_zero_dimension(tmp_path):
                      "is not a model weight")
 
 
+# --------------------------------------------------------------------------- converter hyper-parameters
+
+def _gguf_with(tmp_path: Path, key: str, kind: str, value) -> Path:
+    """The fuzz seed GGUF (qwen2-shaped) with one metadata key set to ``value`` of GGUF type ``kind``."""
+    kvs = [kv for kv in fuzz.qwen2_gguf_kvs() if kv[0] != key] + [(key, kind, value)]
+    p = tmp_path / "m.gguf"
+    p.write_bytes(fuzz.gguf_bytes(kvs, fuzz.qwen2_gguf_tensors()))
+    return p
+
+
+_INT = "it must be an integer"
+_COUNT = "it must be between 1 and 16,777,216"
+
+
+@pytest.mark.parametrize("key,kind,value,says", [
+    ("qwen2.attention.head_count", "str", "4", f"is '4' (a string); {_INT}"),
+    ("qwen2.attention.head_count", "i32", -4, f"is -4; {_COUNT}"),
+    ("qwen2.attention.head_count_kv", "u64", 2 ** 64 - 1, f"is 18,446,744,073,709,551,615; {_COUNT}"),
+    ("qwen2.feed_forward_length", "i32", -1, f"is -1; {_COUNT}"),
+    ("qwen2.block_count", "bool", True, f"is True (a boolean); {_INT}"),
+    ("qwen2.context_length", "f32", 4.0, f"is 4.0 (a float); {_INT}"),
+    ("qwen2.attention.layer_norm_rms_epsilon", "f32", float("nan"),
+     "is nan (not a number); it must be a finite number between 0 and 1"),
+    ("qwen2.rope.freq_base", "f32", -1.0, "is -1; it must be a finite number above 0 and at most 3.40282e+38"),
+    ("qwen2.rope.freq_base", "str", "1e4", "is '1e4' (a string); it must be a finite number above 0 and at most "
+                                          "3.40282e+38"),
+    # read only by the converter's own hyper-parameters (_hparams) and its special-token ids
+    ("qwen2.attention.value_length", "str", "4", f"is '4' (a string); {_INT}"),
+    ("tokenizer.ggml.unknown_token_id", "i32s", [1, 2], f"is [1, 2] (a list); {_INT}"),
+])
+def test_convert_gguf_hyper_parameter_checked_where_read(tmp_path, key, kind, value, says):
+    p = _gguf_with(tmp_path, key, kind, value)
+    out = tmp_path / "hf"
+    _one_line_exit_2(_cli("convert", str(p), "-o", str(out)), f"{p}: GGUF metadata key '{key}' {says}")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]            # OUT not created
+
+
+def test_convert_gguf_per_layer_head_counts_that_differ(tmp_path):
+    p = _gguf_with(tmp_path, "qwen2.attention.head_count_kv", "i32s", [2, 1])
+    _one_line_exit_2(_cli("convert", str(p), "-o", str(tmp_path / "hf")),
+                     f"{p}: qwen2.attention.head_count_kv varies per layer ([2, 1] ...): not converted")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("intermediate_size", "4", f"is '4' (a string); {_INT}"),
+    ("num_key_value_heads", -2, f"is -2; {_COUNT}"),
+    ("rms_norm_eps", float("nan"), "is nan (not a number); it must be a finite number between 0 and 1"),
+    ("rms_norm_eps", -1e-6, "is -1e-06; it must be a finite number between 0 and 1"),
+    ("sliding_window", True, f"is True (a boolean); {_INT}"),
+    # llama.cpp stores counts as uint32: a context over 2**32 - 1 cannot be written
+    ("max_position_embeddings", 2 ** 40, "is 1,099,511,627,776; it must be between 1 and 4,294,967,295"),
+    ("partial_rotary_factor", 1.5, "is 1.5; it must be a finite number above 0 and at most 1"),
+    ("original_max_position_embeddings", [64], f"is [64] (a list); {_INT}"),
+])
+def test_convert_config_hyper_parameter_checked_where_read(tmp_path, key, value, says):
+    d = _folder(tmp_path, dict(fuzz.QWEN2_CONFIG, **{key: value}))
+    out = tmp_path / "m.gguf"
+    _one_line_exit_2(_cli("convert", str(d), "-o", str(out)), f"{d / 'config.json'}: {key} {says}")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m"] and not out.exists()
+
+
+def test_convert_config_value_transformers_cannot_build(tmp_path):
+    """A value no hyper-parameter check knows (an activation name) fails in transformers' model
+    build: one line naming config.json, not a KeyError traceback."""
+    d = _folder(tmp_path, dict(fuzz.QWEN2_CONFIG, hidden_act="4"))
+    _one_line_exit_2(_cli("convert", str(d), "-o", str(tmp_path / "m.gguf")),
+                     f"{d / 'config.json'}: transformers cannot build a model from this config (KeyError: '4')")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m"]
+
+
+def test_every_converter_hyper_parameter_has_bounds():
+    """A GGUF key added to the converters' table without a type and range would be read unchecked."""
+    from ckpt_surgeon.arch.checked import GGUF_BOUNDS
+    from ckpt_surgeon.conversion import names as N
+    from ckpt_surgeon.conversion.to_gguf import _hparam_bounds
+    assert set(N.GGUF_HPARAM_KEYS.values()) <= set(GGUF_BOUNDS)
+    assert [k for k in N.HF_HPARAM_KEYS if _hparam_bounds(k) is None] == [
+        "rope_local_theta", "tie", "layer_types", "query_pre_attn_scalar"]    # llama.cpp constants, compared
+
+
+def test_token_ids_and_prompts_files_nested_deep_or_with_huge_numbers(tmp_path):
+    """``verify --token-ids`` / ``--prompts`` JSON files get the shared parser's limits (they used
+    to end in RecursionError / ValueError tracebacks)."""
+    from ckpt_surgeon.verification.prompts import load_prompts, load_token_ids
+    deep, big = tmp_path / "deep.json", tmp_path / "big.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    big.write_text("[[" + "9" * 5000 + "]]")
+    for load, what in ((load_token_ids, "token ids file"), (load_prompts, "prompts file")):
+        with pytest.raises(CkptError) as e:
+            load(deep)
+        assert str(e.value) == f"{deep}: {what} nests JSON objects/arrays 100,000 deep (at most 128 levels are accepted)"
+        with pytest.raises(CkptError) as e:
+            load(big)
+        assert str(e.value) == f"{big}: {what} holds a number of 5,000 digits (at most 40 are accepted)"
+
+
 # --------------------------------------------------------------------------- leftovers of killed runs
 
 def _run_paused(args: list[str], stage: str, marker: Path) -> subprocess.Popen:
@@ -327,7 +424,8 @@ def test_stale_temps_of_every_writer_are_swept(tmp_path):
 # --------------------------------------------------------------------------- fuzzing
 
 @pytest.mark.parametrize("target,iterations", [("safetensors", 3000), ("gguf", 3000), ("index", 1000),
-                                               ("config", 1000), ("gguf-split", 1000)])
+                                               ("config", 1000), ("gguf-split", 1000), ("gguf-hparams", 3000),
+                                               ("config-hparams", 3000)])
 def test_fuzz_every_failure_is_typed(tmp_path, target, iterations):
     res = fuzz.run_target(target, iterations, seed=16, workdir=tmp_path)
     assert res["untyped"] == 0 and res["memory_errors"] == 0, res["failures"]

@@ -206,7 +206,7 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
             shape = shape[::-1]
         names[hname] = (gname, transform)
         shapes[hname] = shape
-    return _Side(ck, names, shapes, _hparams(ck.metadata, arch))
+    return _Side(ck, names, shapes, _hparams(ck.metadata, arch, ck.source))
 
 
 def _layer_of(name: str) -> int | None:

@@ -59,6 +59,29 @@ def default_prompts() -> list[str]:
     return list(SHORT_PROMPTS) + [long_context_prompt()]
 
 
+def read_text_file(p: Path, what: str) -> str:
+    """A user's UTF-8 text file (``what``: "prompts file" ...), or one CkptError line."""
+    if not p.is_file():
+        raise SourceNotFoundError(f"{what} not found", path=str(p))
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CkptError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+
+
+def parse_json_text(text: str, p: Path, what: str, bad) -> object:
+    """``json.loads`` with its syntax error reported as ``bad(e)``; a document past the nesting
+    or number limits gets the shared parser's message (:func:`~ckpt_surgeon.formats.safe_input.loads_json`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CkptError(bad(e), path=str(p)) from None
+    except (RecursionError, ValueError):
+        from ..formats.safe_input import loads_json
+        loads_json(text, path=str(p), error=CkptError, what=what)
+        raise
+
+
 def load_prompts(path: str | Path) -> list[str]:
     """Read ``--prompts FILE`` (``analyze --measure`` and ``verify``): a JSON list of strings,
     or else one prompt per non-empty line.
@@ -68,21 +91,10 @@ def load_prompts(path: str | Path) -> list[str]:
     non-string entries or an empty set.
     """
     p = Path(path)
-    if not p.is_file():
-        raise SourceNotFoundError("prompts file not found", path=str(p))
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise CkptError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+    text = read_text_file(p, "prompts file")
     if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CkptError(f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})", path=str(p)) from None
-        except (RecursionError, ValueError):    # nesting / number limits: the shared parser says which
-            from ..formats.safe_input import loads_json
-            loads_json(text, path=str(p), error=CkptError, what="prompts file")
-            raise
+        data = parse_json_text(text, p, "prompts file",
+                               lambda e: f"starts with '[' but is not valid JSON ({e.msg} at line {e.lineno})")
         if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
             raise CkptError("a JSON prompts file must hold a list of strings", path=str(p))
         prompts = [x for x in data if x.strip()]

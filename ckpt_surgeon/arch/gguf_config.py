@@ -15,10 +15,9 @@ class, LayerNorm epsilon key, bias switch) are fields of the registry's
 """
 from __future__ import annotations
 
-import math
-
 from ..errors import ConfigError
 from . import families as F
+from .checked import GGUF_BOUNDS, TOKEN_ID, Bounds, describe, gguf_hparam, gguf_value
 
 
 def _by_arch(attr: str) -> dict:
@@ -59,45 +58,21 @@ EPS_KEY_BY_ARCH = _by_arch("ln_eps_key")
 
 # Tokenizer keys (gguf-py Keys.Tokenizer) -> HF config keys.
 TOKENIZER_KEYS = (
-    ("tokenizer.ggml.bos_token_id", "bos_token_id"),
-    ("tokenizer.ggml.eos_token_id", "eos_token_id"),
-    ("tokenizer.ggml.padding_token_id", "pad_token_id"),
-    ("tokenizer.ggml.token_type_count", "type_vocab_size"),
+    ("tokenizer.ggml.bos_token_id", "bos_token_id", TOKEN_ID),
+    ("tokenizer.ggml.eos_token_id", "eos_token_id", TOKEN_ID),
+    ("tokenizer.ggml.padding_token_id", "pad_token_id", TOKEN_ID),
+    ("tokenizer.ggml.token_type_count", "type_vocab_size", Bounds("int", 0, 1 << 16)),
 )
 
 # GGUF rope scaling type -> transformers rope_type.
 ROPE_SCALING_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn", "longrope": "longrope"}
 
 
-_BOOL_KEYS = frozenset({"use_parallel_residual", "attention.causal"})
-
-
 def _uniform(value):
-    """Per-layer arrays (e.g. head_count_kv in some files) -> one value when all layers agree."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return None
+    """Per-layer arrays (e.g. head_count_kv in some files) -> one value (the largest when layers differ)."""
+    if isinstance(value, list):
         return value[0] if all(v == value[0] for v in value) else max(value)
     return value
-
-
-def _typed(metadata: dict, key: str, kind: str, path: str | None):
-    """``metadata[key]`` checked to be ``kind`` ("int" | "bool" | "float"; integer arrays, one per
-    layer, allowed for ints) before it is used: a string or a fraction where a count belongs is
-    one clear ConfigError, not a TypeError later."""
-    v = metadata.get(key)
-    if v is None:
-        return None
-    items = v if (kind == "int" and isinstance(v, (list, tuple))) else [v]
-    for x in items:
-        ok = (isinstance(x, bool) if kind == "bool" else
-              isinstance(x, int) and not isinstance(x, bool) if kind == "int" else
-              isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
-        if not ok:
-            shown = repr(x) if len(repr(x)) <= 40 else repr(x)[:36] + " ..."
-            want = {"int": "an integer", "bool": "a boolean", "float": "a finite number"}[kind]
-            raise ConfigError(f"GGUF metadata key '{key}' is {shown} ({type(x).__name__}); it must be {want}", path=path)
-    return _uniform(v)
 
 
 def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str | None = None) -> dict:
@@ -108,41 +83,37 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     cfg: dict = {"model_type": ARCH_MODEL_TYPE.get(arch, arch)}
     if arch in ARCH_HF_CLASS:
         cfg["architectures"] = [ARCH_HF_CLASS[arch]]
-    pre = f"{arch}."
     for suffix, key in ARCH_KEYS:
-        v = _typed(metadata, pre + suffix, "bool" if suffix in _BOOL_KEYS else "int", path)
+        v = _uniform(gguf_hparam(metadata, arch, suffix, path=path, per_layer=GGUF_BOUNDS[suffix].kind == "int"))
         if v is not None:
             cfg[key] = v
     if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     for suffix, key in EPS_KEYS:
-        v = _typed(metadata, pre + suffix, "float", path)
+        v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:
             cfg[EPS_KEY_BY_ARCH.get(arch, key) if key == "layer_norm_eps" else key] = float(v)
 
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    key_len = _typed(metadata, pre + "attention.key_length", "int", path)
+    key_len = gguf_hparam(metadata, arch, "attention.key_length", path=path)
     head_dim = key_len if key_len is not None else (hidden // heads if heads and hidden else None)
     if head_dim is not None:
         cfg["head_dim"] = int(head_dim)
 
-    theta = _typed(metadata, pre + "rope.freq_base", "float", path)
-    rope_dim = _typed(metadata, pre + "rope.dimension_count", "int", path)
+    theta = gguf_hparam(metadata, arch, "rope.freq_base", path=path)
+    rope_dim = gguf_hparam(metadata, arch, "rope.dimension_count", path=path)
     if theta is not None or rope_dim is not None:
         rp: dict = {"rope_type": "default", "rope_theta": float(theta) if theta is not None else 10000.0}
         cfg["rope_theta"] = rp["rope_theta"]
         if rope_dim is not None and head_dim:
             rp["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rope_dim / head_dim
-        stype = metadata.get(pre + "rope.scaling.type")
-        if stype is not None and not isinstance(stype, str):
-            raise ConfigError(f"GGUF metadata key '{pre}rope.scaling.type' is a {type(stype).__name__}; it must be a "
-                              "string", path=path)
-        factor = _typed(metadata, pre + "rope.scaling.factor", "float", path)
+        stype = gguf_hparam(metadata, arch, "rope.scaling.type", path=path)
+        factor = gguf_hparam(metadata, arch, "rope.scaling.factor", path=path)
         if stype is not None and stype != "none":
             rp["rope_type"] = ROPE_SCALING_TYPES.get(stype, stype)
             if factor is not None:
                 rp["factor"] = float(factor)
-            orig = _typed(metadata, pre + "rope.scaling.original_context_length", "int", path)
+            orig = gguf_hparam(metadata, arch, "rope.scaling.original_context_length", path=path)
             if orig is not None:
                 rp["original_max_position_embeddings"] = int(orig)
             cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
@@ -151,11 +122,14 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     if "vocab_size" not in cfg:
         toks = metadata.get("tokenizer.ggml.tokens")
         if toks is not None:
+            if isinstance(toks, str) or not hasattr(toks, "__len__"):
+                raise ConfigError(f"GGUF metadata key 'tokenizer.ggml.tokens' is {describe(toks)}; it must be a list "
+                                  "of strings", path=path)
             cfg["vocab_size"] = len(toks)
         elif "token_embd.weight" in tensors:
             cfg["vocab_size"] = int(tensors["token_embd.weight"].shape[0])
-    for mkey, key in TOKENIZER_KEYS:
-        v = _typed(metadata, mkey, "int", path)
+    for mkey, key, bounds in TOKENIZER_KEYS:
+        v = gguf_value(metadata, mkey, bounds, path=path)
         if v is not None:
             cfg[key] = v
     if tensors:

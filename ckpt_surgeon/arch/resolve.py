@@ -7,12 +7,12 @@ in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from . import families as F
+from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int
 from . import gguf_names as G
 
 
@@ -114,49 +114,6 @@ def _get(cfg: dict, keys, default=None):
         if k in cfg and cfg[k] is not None:
             return cfg[k]
     return default
-
-
-# Upper bounds for config integers, checked before anything loops over or allocates by them
-# (the largest public models: ~200 layers, hidden 16k-25k, 128 heads, 10M-token contexts).
-MAX_LAYERS = 100_000
-MAX_WIDTH = 1 << 24
-
-
-def _describe(v) -> str:
-    kind = {str: "a string", bool: "a boolean", list: "a list", dict: "an object", float: "a fraction"}.get(type(v), type(v).__name__)
-    shown = repr(v)
-    return f"{shown if len(shown) <= 40 else shown[:36] + ' ...'} ({kind})"
-
-
-def config_int(cfg: dict, keys, *, path: str | None, minimum: int, maximum: int, what: str = ""):
-    """The first of ``keys`` present in ``cfg`` as an integer in ``[minimum, maximum]`` (None if
-    absent); a string, boolean, list, fraction or out-of-range value is a ConfigError naming it."""
-    for k in keys:
-        v = cfg.get(k)
-        if v is None:
-            continue
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{k} is {_describe(v)}; it must be an integer{what}", path=path)
-        if not minimum <= v <= maximum:
-            raise ConfigError(f"{k} is {v:,}; it must be between {minimum:,} and {maximum:,}{what}", path=path)
-        return v
-    return None
-
-
-def config_float(cfg: dict, keys, *, path: str | None, positive: bool = False):
-    """The first of ``keys`` present as a finite number (None if absent); else a ConfigError."""
-    for k in keys:
-        v = cfg.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) \
-                or (positive and not v > 0):
-            raise ConfigError(f"{k} is {_describe(v)}; it must be a finite{' positive' if positive else ''} number",
-                              path=path)
-        return float(v)
-    return None
 
 
 def _rope_params(cfg: dict, path: str | None = None) -> dict:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..arch.checked import TOKEN_ID, gguf_hparam, gguf_value
 from ..errors import FormatError, UnsupportedError
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -39,14 +40,15 @@ _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_t
 _RAW_SAME = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 
 
-def _hparams(meta: dict, arch: str) -> dict:
-    """Canonical hyper-parameters present in the GGUF metadata (what the tensor transforms need)."""
+def _hparams(meta: dict, arch: str, path: str | None = None) -> dict:
+    """Canonical hyper-parameters present in the GGUF metadata (what the tensor transforms need),
+    each type- and range-checked where read (:data:`ckpt_surgeon.arch.checked.GGUF_BOUNDS`)."""
     hp = {}
     for key, suffix in N.GGUF_HPARAM_KEYS.items():
-        v = meta.get(f"{arch}.{suffix}")
-        if isinstance(v, (list, tuple)):   # per-layer arrays (head_count on some archs): all equal or refuse
+        v = gguf_hparam(meta, arch, suffix, path=path, per_layer=True)
+        if isinstance(v, list):   # per-layer arrays (head_count on some archs): all equal or refuse
             if len(set(v)) != 1:
-                raise UnsupportedError(f"{arch}.{suffix} varies per layer ({list(v)[:6]} ...): not converted")
+                raise UnsupportedError(f"{arch}.{suffix} varies per layer ({v[:6]} ...): not converted", path=path)
             v = v[0]
         if v is not None:
             hp[key] = v
@@ -76,7 +78,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     if emb is None:
         raise FormatError("no token_embd.weight tensor", path=path)
     base = config_from_gguf(meta, tensors, path=path)
-    hp = _hparams(meta, arch)
+    hp = _hparams(meta, arch, path)
     if hp.get("value_length") not in (None, base.get("head_dim")):
         raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
                                "not representable in this HF config", path=path)
@@ -92,15 +94,16 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         cfg[key] = value
     cfg.update(spec.hf_config_extra)
     for suffix, key in spec.hf_from_gguf.items():
-        v = meta.get(f"{arch}.{suffix}")
-        cfg[key] = int(v) if v is not None else cfg.get("max_position_embeddings")
+        v = gguf_hparam(meta, arch, suffix, path=path)
+        cfg[key] = v if v is not None else cfg.get("max_position_embeddings")
     cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
     if spec.rope:
         rp = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
-        if meta.get(f"{arch}.rope.freq_base") is None:
+        theta = hp.get("rope_theta")
+        if theta is None:
             warnings.append(f"{arch}.rope.freq_base is absent; llama.cpp runs this file with "
                             f"{_LLAMACPP_DEFAULT_THETA:g}, so that is written to config.json")
-        theta = float(meta.get(f"{arch}.rope.freq_base") or _LLAMACPP_DEFAULT_THETA)
+            theta = _LLAMACPP_DEFAULT_THETA
         rp["rope_theta"] = theta
         if rp.get("partial_rotary_factor") == 1.0:
             del rp["partial_rotary_factor"]
@@ -111,7 +114,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     else:
         for key in ("rope_parameters", "rope_theta", "partial_rotary_factor"):
             cfg.pop(key, None)
-    hp = dict(hp, head_dim=base.get("head_dim"), n_layer=int(meta[f"{arch}.block_count"]))
+    hp = dict(hp, head_dim=base.get("head_dim"))
     N.fixed_to_hf(spec, cfg, hp)
     if spec.bias_switch:
         cfg[spec.bias_switch] = spec.bias_probe in tensors
@@ -120,8 +123,8 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     for typ in ("bos", "eos", "pad", "unk"):
         # Written even when absent (null): family config classes have defaults (Phi-3's
         # pad_token_id 32000) that would point outside a smaller vocabulary.
-        v = meta.get(f"tokenizer.ggml.{SPECIAL_KEYS[typ]}")
-        cfg[f"{typ}_token_id"] = int(v) if v is not None and 0 <= int(v) < cfg["vocab_size"] else None
+        v = gguf_value(meta, f"tokenizer.ggml.{SPECIAL_KEYS[typ]}", TOKEN_ID, path=path)
+        cfg[f"{typ}_token_id"] = v if v is not None and v < cfg["vocab_size"] else None
     cfg["dtype"] = dtype
     cfg["torch_dtype"] = dtype    # transformers 4 spelling
     return dict(sorted(cfg.items())), warnings
@@ -211,7 +214,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
 
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))
-        hp = _hparams(meta, arch)
+        hp = _hparams(meta, arch, str(src))
 
         names = N.gguf_to_hf_names(spec)
         plan = []

@@ -44,6 +44,16 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
 
 
+def expected_tensors_or_error(config, *, path: str | None, what: str = "this config") -> dict[str, tuple[int, ...]]:
+    """:func:`expected_tensors`, with transformers' own failures on config values it cannot build
+    from (an unknown activation name, a negative size) as one ConfigError line."""
+    try:
+        return expected_tensors(config)
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"transformers cannot build a model from {what} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})", path=path) from None
+
+
 class ExpectedTensors:
     """A ``python -m ckpt_surgeon.conversion.model_check`` child.
 
@@ -101,11 +111,7 @@ class _InProcess:
         self._config = config
 
     def result(self) -> dict[str, tuple[int, ...]]:
-        try:
-            return expected_tensors(self._config)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"transformers cannot build a model from the converted config ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})", path=self.path) from None
+        return expected_tensors_or_error(self._config, path=self.path, what="the converted config")
 
     def kill(self) -> None:
         pass

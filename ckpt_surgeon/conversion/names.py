@@ -237,8 +237,9 @@ def gguf_to_hf_names(spec: ArchSpec) -> NameMap:
 # --- HF config reading --------------------------------------------------------------------
 
 
-def config_get(cfg: dict, keys: tuple[str, ...]):
-    """First present, non-None value among ``keys`` (dotted keys walk nested dicts)."""
+def config_find(cfg: dict, keys: tuple[str, ...], *, objects: bool = True) -> tuple[str, object] | None:
+    """(spelling, value) of the first present, non-None value among ``keys`` (dotted keys walk
+    nested dicts); ``objects=False`` passes over dict values."""
     for key in keys:
         cur = cfg
         for part in key.split("."):
@@ -247,9 +248,15 @@ def config_get(cfg: dict, keys: tuple[str, ...]):
             else:
                 cur = None
                 break
-        if cur is not None and not isinstance(cur, dict):
-            return cur
+        if cur is not None and (objects or not isinstance(cur, dict)):
+            return key, cur
     return None
+
+
+def config_get(cfg: dict, keys: tuple[str, ...]):
+    """First present, non-None value among ``keys`` (dotted keys walk nested dicts), dicts passed over."""
+    found = config_find(cfg, keys, objects=False)
+    return found[1] if found is not None else None
 
 
 # GGUF general.file_type per --dtype (gguf constants.py LlamaFileType) and the ggml tensor type
@@ -285,7 +292,8 @@ def fixed_expected(key: str, value, hp: dict):
 def fixed_from_hf(key: str, cfg: dict):
     """The HF config's own value for a llama.cpp constant (None when the config does not say)."""
     if key == "global_every":
-        return config_get(cfg, HF_HPARAM_KEYS["layer_types"]) and list(cfg["layer_types"])
+        v = config_get(cfg, HF_HPARAM_KEYS["layer_types"])
+        return list(v) if isinstance(v, (list, tuple)) else v     # anything else: compared, and refused
     v = config_get(cfg, HF_HPARAM_KEYS[key])
     return float(v) if isinstance(v, (int, float)) and key.endswith("theta") else v
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import hf_cache
 from ..progress import bar
@@ -63,6 +64,7 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
 def _load_hf_config(folder: Path, cfg_path: str | None):
     """The transformers config object (defaults filled in) and its plain dict."""
     import transformers
+    from huggingface_hub.errors import StrictDataclassError
     from ..quiet import quiet_transformers
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
@@ -70,54 +72,86 @@ def _load_hf_config(folder: Path, cfg_path: str | None):
     try:
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    except (ValueError, KeyError, OSError) as e:
-        raise ConfigError(f"transformers cannot read it ({str(e).splitlines()[0]})", path=cfg_path) from None
+    except (ValueError, KeyError, OSError, TypeError, StrictDataclassError) as e:
+        # transformers 5 validates field types (huggingface_hub's strict dataclasses): its message
+        # spans lines, joined here into the one line the CLI prints
+        raise ConfigError(f"transformers cannot read it ({' '.join(str(e).split())[:300]})", path=cfg_path) from None
     return config, config.to_dict()
 
 
+# Canonical hyper-parameters an HF config gives that have no GGUF key of their own.
+_HF_ONLY_BOUNDS = {"head_dim": COUNT, "partial_rotary": Bounds("float", 0, 1, above=True)}
+
+
+def _hparam_bounds(key: str) -> Bounds | None:
+    suffix = N.GGUF_HPARAM_KEYS.get(key)
+    return GGUF_BOUNDS[suffix] if suffix is not None else _HF_ONLY_BOUNDS.get(key)
+
+
+def hf_hparam(cfg: dict, key: str, path: str | None):
+    """The config value of canonical hyper-parameter ``key`` (its first spelling present, see
+    :data:`names.HF_HPARAM_KEYS`), type- and range-checked where read: the bounds of its GGUF key
+    (:data:`ckpt_surgeon.arch.checked.GGUF_BOUNDS`), integers also within the uint32 that
+    llama.cpp stores them in.  None when the config does not give it."""
+    found = N.config_find(cfg, N.HF_HPARAM_KEYS[key])
+    if found is None:
+        return None
+    spelling, v = found
+    bounds = _hparam_bounds(key)
+    return bounds.check(spelling, v, path=path, integral_floats=True,
+                        maximum=U32_MAX if bounds.kind == "int" else None)
+
+
+def check_hparam_values(cfg: dict, path: str | None) -> None:
+    """Every hyper-parameter the conversion reads, checked in the config as written (before
+    transformers builds a config object from it, which fails on such values with its own errors)."""
+    for key in N.HF_HPARAM_KEYS:
+        if _hparam_bounds(key) is not None:
+            hf_hparam(cfg, key, path)
+
+
 def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
-    """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict."""
+    """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
+    each checked where read (:func:`hf_hparam`)."""
     def get(key):
-        return N.config_get(cfg, N.HF_HPARAM_KEYS[key])
+        return hf_hparam(cfg, key, path)
 
     hp: dict = {}
     for key in ("n_embd", "n_layer", "n_head", "n_ctx"):
         v = get(key)
         if v is None:
             raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS[key])}", path=path)
-        hp[key] = int(v)
-    hp["n_head_kv"] = int(get("n_head_kv") or hp["n_head"])
-    head_dim = get("head_dim")
-    head_dim = int(head_dim) if head_dim else hp["n_embd"] // hp["n_head"]
+        hp[key] = v
+    hp["n_head_kv"] = get("n_head_kv") or hp["n_head"]
+    head_dim = get("head_dim") or hp["n_embd"] // hp["n_head"]
     n_ff = get("n_ff")
     if n_ff is None and spec.ff_default_mult:
         n_ff = spec.ff_default_mult * hp["n_embd"]
     if n_ff is None:
         raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS['n_ff'])}", path=path)
-    hp["n_ff"] = int(n_ff)
+    hp["n_ff"] = n_ff
     if spec.rope:
         theta = get("rope_theta")
         if theta is None:
             raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
                               "silently use 10000", path=path)
-        hp["rope_theta"] = float(theta)
+        hp["rope_theta"] = theta
         rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
         if rope_type not in (None, "default"):
             raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
-        partial = get("partial_rotary") or 1.0
-        hp["rotary_dim"] = int(head_dim * float(partial))
+        partial = get("partial_rotary")
+        hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
         hp["key_length"] = hp["value_length"] = head_dim
-    eps = get("rms_eps") if spec.norm == "rms" else get("ln_eps")
+    eps_key = "rms_eps" if spec.norm == "rms" else "ln_eps"
+    eps = get(eps_key)
     if eps is None:
         raise ConfigError("config gives no norm epsilon", path=path)
-    hp["rms_eps" if spec.norm == "rms" else "ln_eps"] = float(eps)
+    hp[eps_key] = eps
     hp["vocab_size"] = int(n_vocab)
-    sw = get("sliding_window")
-    if sw is not None:
-        hp["sliding_window"] = int(sw)
-    oc = get("orig_ctx")
-    if oc is not None:
-        hp["orig_ctx"] = int(oc)
+    for key in ("sliding_window", "orig_ctx"):
+        v = get(key)
+        if v is not None:
+            hp[key] = v
     hp["head_dim"] = head_dim
     for key, value in spec.llamacpp_fixed.items():
         want = N.fixed_expected(key, value, hp)
@@ -178,7 +212,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     import gguf
 
     from ..checkpoint import open_checkpoint
-    from .model_check import check_tensors, expected_tensors
+    from .model_check import check_tensors, expected_tensors_or_error
     from .tokenizer import hf_vocab
 
     from .dtypes import normalize_dtype
@@ -197,13 +231,14 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         ck.layout(shapes=False)
         folder = src if src.is_dir() else src.parent
         _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+        check_hparam_values(ck.config or {}, ck.config_path)
         config, cfg = _load_hf_config(folder, ck.config_path)
         spec = N.by_model_type(cfg.get("model_type"))
         if spec is None:
             raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                    f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
         # The checkpoint must be exactly the model transformers builds from its config.
-        expected = expected_tensors(config)
+        expected = expected_tensors_or_error(config, path=ck.config_path)
         got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
         check_tensors(expected, got, path=str(src), what=f"{type(config).__name__.replace('Config', '')} model")
 

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..arch.checked import TOKEN_ID, Bounds, describe, gguf_value
 from ..errors import ConfigError, FormatError, UnsupportedError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -177,14 +178,30 @@ SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_to
 _HF_SPECIAL_NAMES = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
 
 
-def _as_list(v) -> list | None:
-    """GGUF arrays arrive as lists, numpy arrays or the reader's lazy string arrays."""
+_ITEMS = {str: "strings", int: "integers", float: "numbers"}
+_FLAG, _TEXT = Bounds("bool"), Bounds("str")
+
+
+def _array(meta: dict, key: str, item: type, path: str | None) -> list | None:
+    """``meta[key]`` as a list of ``item`` values (None when absent).  GGUF arrays arrive as lists,
+    numpy arrays or the reader's lazy string arrays; anything else, or an item of another type
+    (a GGUF array of arrays, of strings where numbers belong), is one FormatError."""
+    v = meta.get(key)
     if v is None:
         return None
     if isinstance(v, (str, bytes)):
-        return [v]
-    tolist = getattr(v, "tolist", None)
-    return list(tolist()) if tolist is not None else list(v)
+        v = [v]
+    elif hasattr(v, "tolist"):
+        v = list(v.tolist())
+    elif isinstance(v, (list, tuple)):
+        v = list(v)
+    else:
+        raise FormatError(f"{key} is {describe(v)}; it must be an array of {_ITEMS[item]}", path=path)
+    want = (int, float) if item is float else item
+    bad = next((x for x in v if not isinstance(x, want) or isinstance(x, bool)), None)
+    if bad is not None:
+        raise FormatError(f"{key} holds {describe(bad)}; it must be an array of {_ITEMS[item]}", path=path)
+    return v
 
 
 def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None:
@@ -192,32 +209,37 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         return None
-    tokens = _as_list(meta.get("tokenizer.ggml.tokens"))
-    if not tokens or not all(isinstance(t, str) for t in tokens[:1]):
+    tokens = _array(meta, "tokenizer.ggml.tokens", str, path)
+    if not tokens:
         raise FormatError("tokenizer.ggml.tokens is missing, empty or not a string array", path=path)
-    types = _as_list(meta.get("tokenizer.ggml.token_type")) or [NORMAL] * len(tokens)
+    types = _array(meta, "tokenizer.ggml.token_type", int, path) or [NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise FormatError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens", path=path)
-    scores = _as_list(meta.get("tokenizer.ggml.scores"))
+    scores = _array(meta, "tokenizer.ggml.scores", float, path)
     if scores is not None and len(scores) != len(tokens):
         raise FormatError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens", path=path)
-    merges = _as_list(meta.get("tokenizer.ggml.merges"))
+    merges = _array(meta, "tokenizer.ggml.merges", str, path)
     specials = {}
     for typ, key in SPECIAL_KEYS.items():
-        v = meta.get(f"tokenizer.ggml.{key}")
+        v = gguf_value(meta, f"tokenizer.ggml.{key}", TOKEN_ID, path=path)
         if v is not None:
-            if not 0 <= int(v) < len(tokens):
+            if v >= len(tokens):
                 raise FormatError(f"tokenizer.ggml.{key} = {v} is outside the {len(tokens)}-token vocabulary", path=path)
-            specials[typ] = int(v)
+            specials[typ] = v
+    def flag(key):
+        return gguf_value(meta, key, _FLAG, path=path)
+
+    def text(key):
+        return gguf_value(meta, key, _TEXT, path=path)
+
     return GGUFVocab(
-        model=str(model), pre=meta.get("tokenizer.ggml.pre"), tokens=tuple(tokens),
-        token_types=tuple(int(t) for t in types),
+        model=text("tokenizer.ggml.model"), pre=text("tokenizer.ggml.pre"), tokens=tuple(tokens),
+        token_types=tuple(types),
         scores=tuple(float(s) for s in scores) if scores is not None else None,
         merges=tuple(merges) if merges is not None else None,
-        special_ids=specials, add_bos=meta.get("tokenizer.ggml.add_bos_token"),
-        add_eos=meta.get("tokenizer.ggml.add_eos_token"),
-        add_space_prefix=meta.get("tokenizer.ggml.add_space_prefix"),
-        chat_template=meta.get("tokenizer.chat_template"), lowercase=meta.get("tokenizer.ggml.normalizer.lowercase"))
+        special_ids=specials, add_bos=flag("tokenizer.ggml.add_bos_token"), add_eos=flag("tokenizer.ggml.add_eos_token"),
+        add_space_prefix=flag("tokenizer.ggml.add_space_prefix"), chat_template=text("tokenizer.chat_template"),
+        lowercase=flag("tokenizer.ggml.normalizer.lowercase"))
 
 
 # --- HF -> GGUF ---------------------------------------------------------------------------
@@ -241,11 +263,17 @@ def _token_content(entry) -> str | None:
 def _chat_template(folder: Path, tcfg: dict) -> str | None:
     ct = tcfg.get("chat_template")
     if ct is None and (folder / "chat_template.jinja").is_file():
-        ct = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        from ..formats.safe_input import MAX_JSON_FILE, read_regular
+        path = folder / "chat_template.jinja"
+        raw = read_regular(path, max_bytes=MAX_JSON_FILE, error=ConfigError)
+        try:
+            ct = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"is not UTF-8 text ({e.reason} at byte {e.start})", path=str(path)) from None
     if ct is None and (folder / "chat_template.json").is_file():
         ct = _read_json(folder / "chat_template.json").get("chat_template")
     if isinstance(ct, list):  # named templates: llama.cpp's tokenizer.chat_template is the default one
-        named = {t.get("name"): t.get("template") for t in ct if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in ct if isinstance(t, dict) and isinstance(t.get("name"), str)}
         ct = named.get("default") or next(iter(named.values()), None)
     return ct if isinstance(ct, str) else None
 

@@ -8,11 +8,11 @@ special tokens, and a repetitive prompt gives near-deterministic next tokens on 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..analysis.prompts import load_prompts  # noqa: F401  (one reader for --prompts FILE, shared)
-from ..errors import CkptError, SourceNotFoundError
+from ..analysis.prompts import parse_json_text, read_text_file
+from ..errors import CkptError
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
     "The attention layer projects every token into a query, a key and a value.",
@@ -39,15 +39,9 @@ def load_token_ids(path: str | Path) -> list[list[int]]:
     prompt; ids beyond the model's vocabulary are checked by ``verify`` against the config.
     """
     p = Path(path)
-    if not p.is_file():
-        raise SourceNotFoundError("token ids file not found", path=str(p))
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise CkptError(f"token ids file is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
-    except json.JSONDecodeError as e:
-        raise CkptError(f"is not valid JSON ({e.msg} at line {e.lineno}); expected a list of token ids or a list "
-                        "of such lists", path=str(p)) from None
+    text = read_text_file(p, "token ids file")
+    data = parse_json_text(text, p, "token ids file", lambda e: f"is not valid JSON ({e.msg} at line {e.lineno}); "
+                                                                "expected a list of token ids or a list of such lists")
     if isinstance(data, list) and data and all(_is_id(x) for x in data):
         data = [data]
     if not isinstance(data, list) or not data:
