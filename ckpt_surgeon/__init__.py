@@ -17,7 +17,7 @@ from ._lazy import lazy_exports
 # unimported until then); the CLI command of the same name is its twin.
 __getattr__, __dir__ = lazy_exports(globals(), {
     "inspect": ".analysis.inspect",          # ckpt-surgeon inspect
-    "analyze": ".analysis.redundancy",       # ckpt-surgeon analyze
+    "analyze": ".analysis.api",              # ckpt-surgeon analyze (static, and measured with measure=True)
     "open_checkpoint": ".checkpoint",        # any source, headers only
     "verify": ".verification.core",          # ckpt-surgeon verify
     "convert": ".conversion",                # ckpt-surgeon convert (direction from the source)

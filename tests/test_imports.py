@@ -77,8 +77,6 @@ LAYER_EXCEPTIONS = {
 KNOWN_CYCLES = {
     # resolve -> derive (derived layouts) -> probe -> derive (blocks, config) / resolve (rope params)
     frozenset({"arch.derive", "arch.probe", "arch.resolve"}),
-    # measure <-> redundancy (rope geometry, analyze entry point)
-    frozenset({"analysis.measure", "analysis.redundancy"}),
 }
 
 

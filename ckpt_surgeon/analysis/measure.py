@@ -37,7 +37,8 @@ import numpy as np
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none as _f
 from ..runtime import quiet_transformers, resolve_device
-from .redundancy import analyze_checkpoint, rope_geometry
+from ..arch.rope import rope_geometry
+from .redundancy import DEFAULT_EPSILON, analyze_checkpoint
 
 VARIANTS = ("all", "exact", "near")
 DEFAULT_MAX_TOKENS = 1024
@@ -337,7 +338,6 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
 
     from ..arch.layouts import qkv_row_index
     from .prompts import default_prompts
-    from .redundancy import DEFAULT_EPSILON
 
     dev = resolve_device(device)
     model, tok, is_lm = load_model(source, device=dev, dtype=dtype)

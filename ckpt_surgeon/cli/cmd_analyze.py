@@ -60,7 +60,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     """
     from dataclasses import replace
 
-    from ..analysis.redundancy import analyze
+    from ..analysis.api import analyze
     from ..errors import VerificationFailed
 
     check_report_path(output, force, (source, prompts_file))
