@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..arch.layouts import qkv_row_index
-from ..arch.resolve import ModelLayout, PositionEncoding
+from ..arch.resolve import LayoutSummary, ModelLayout, PositionEncoding
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..records import finite_or_none as _finite_or_none
 from .memory import memory_figures
@@ -85,19 +85,12 @@ class LayerReport:
 
 
 @dataclass(frozen=True)
-class InspectReport:
+class InspectReport(LayoutSummary):
+    """``ckpt-surgeon inspect`` (the layout's summary fields inherited from
+    :class:`~ckpt_surgeon.arch.resolve.LayoutSummary`)."""
+
     source: str
     format: str
-    architecture: str
-    family: str | None
-    num_layers: int
-    num_heads: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    hidden_size: int | None
-    position_encoding: PositionEncoding
-    qk_norm: bool
-    norm_placement: str | None
     fused_layout: str | None
     max_positions: int | None
     parameter_count: int
@@ -125,15 +118,15 @@ class InspectReport:
     def complete(self) -> bool:
         return not self.missing
 
+    @property
+    def position_encoding(self) -> PositionEncoding:
+        """``position`` under the name of its JSON key."""
+        return self.position
+
     def to_dict(self) -> dict:
         """The JSON contract: extend it, don't rename it."""
         return {
-            "source": self.source, "format": self.format,
-            "architecture": self.architecture, "family": self.family,
-            "num_layers": self.num_layers, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim, "hidden_size": self.hidden_size,
-            "position_encoding": self.position_encoding.to_dict(),
-            "pair_layout": self.position_encoding.pair_layout,
+            "source": self.source, "format": self.format, **self.summary_dict(),
             "qk_norm": self.qk_norm, "norm_placement": self.norm_placement,
             "fused_layout": self.fused_layout, "max_positions": self.max_positions,
             "parameter_count": self.parameter_count, "dtypes": dict(self.dtypes), "num_tensors": self.num_tensors,
@@ -302,10 +295,7 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
     file_metadata = dict(getattr(ck, "file_summary", None) or {})
     return InspectReport(
-        source=ck.source, format=ck.format, architecture=layout.architecture, family=layout.family,
-        num_layers=layout.num_layers, num_heads=h, num_kv_heads=kv, head_dim=d, hidden_size=layout.hidden_size,
-        position_encoding=layout.position, qk_norm=layout.qk_norm, norm_placement=layout.norm_placement,
-        fused_layout=layout.fused_layout, max_positions=layout.max_positions,
+        **layout.summary(), source=ck.source, format=ck.format, fused_layout=layout.fused_layout, max_positions=layout.max_positions,
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,

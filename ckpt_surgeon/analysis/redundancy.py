@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..arch.layouts import qkv_row_index
-from ..arch.resolve import LayerTensors, ModelLayout, PositionEncoding
+from ..arch.resolve import LayerTensors, LayoutSummary, ModelLayout
 from ..arch.rope import RopeGeometry, rope_geometry
 from ..errors import CkptError
 from ..records import finite_or_none as _f
@@ -638,22 +638,13 @@ def _norm_params(ck, layout: ModelLayout, lt: LayerTensors):
 
 
 @dataclass(frozen=True, eq=False)
-class AnalysisReport:
-    """``ckpt-surgeon analyze``: per-layer (and per kv head) key/value/query-bias verdicts."""
+class AnalysisReport(LayoutSummary):
+    """``ckpt-surgeon analyze``: per-layer (and per kv head) key/value/query-bias verdicts (the
+    layout's summary fields inherited from :class:`~ckpt_surgeon.arch.resolve.LayoutSummary`)."""
 
     source: str
     format: str
-    architecture: str
-    family: str | None
-    num_layers: int
-    num_heads: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    hidden_size: int | None
-    position: PositionEncoding
-    norm_placement: str | None
     input_norm: str | None
-    qk_norm: bool
     context: int | None
     context_source: str
     epsilon: float
@@ -689,10 +680,7 @@ class AnalysisReport:
         return out
 
     def to_dict(self) -> dict:
-        d = {"source": self.source, "format": self.format, "architecture": self.architecture, "family": self.family,
-             "num_layers": self.num_layers, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-             "head_dim": self.head_dim, "hidden_size": self.hidden_size, "position_encoding": self.position.to_dict(),
-             "pair_layout": self.position.pair_layout, "norm_placement": self.norm_placement,
+        d = {"source": self.source, "format": self.format, **self.summary_dict(), "norm_placement": self.norm_placement,
              "input_norm": self.input_norm, "qk_norm": self.qk_norm, "context": self.context,
              "context_source": self.context_source, "epsilon": self.epsilon, "attn_scale": _f(self.attn_scale),
              "rope": self.rope.to_dict() if self.rope else None, "class_counts": self.class_counts(),
@@ -827,11 +815,7 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         from .consumers import bias_consumers
         cons = bias_consumers(ck, layout, key_layers=layers, qkv_vectors=qkv_vectors)
     return AnalysisReport(
-        source=ck.source, format=ck.format, architecture=layout.architecture, family=layout.family,
-        num_layers=layout.num_layers, num_heads=layout.num_heads, num_kv_heads=layout.num_kv_heads,
-        head_dim=layout.head_dim, hidden_size=layout.hidden_size, position=layout.position,
-        norm_placement=layout.norm_placement, input_norm=layout.input_norm, qk_norm=layout.qk_norm,
-        context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
+        **layout.summary(), source=ck.source, format=ck.format, input_norm=layout.input_norm, context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
         notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
         facts=tuple(layout.facts()), derivation=layout.derivation())
 

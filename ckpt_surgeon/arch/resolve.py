@@ -8,7 +8,7 @@ in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 from . import families as F
@@ -56,11 +56,14 @@ class LayerTensors:
         return self.qkv_weight is not None or self.qkv_bias is not None
 
 
-@dataclass(frozen=True)
-class ModelLayout:
+@dataclass(frozen=True, kw_only=True)
+class LayoutSummary:
+    """What every view of a model states about its attention layout: the layout itself
+    (:class:`ModelLayout`) and the ``inspect`` and ``analyze`` reports built from it, which
+    inherit these fields (one record, not three copies of ten fields)."""
+
     architecture: str
     family: str | None
-    naming: str                     # hf | gguf
     num_layers: int
     num_heads: int | None
     num_kv_heads: int | None
@@ -69,6 +72,22 @@ class ModelLayout:
     position: PositionEncoding
     norm_placement: str | None
     qk_norm: bool
+
+    def summary(self) -> dict:
+        """These fields by name (a report is built as ``Report(**layout.summary(), ...)``)."""
+        return {f.name: getattr(self, f.name) for f in fields(LayoutSummary)}
+
+    def summary_dict(self) -> dict:
+        """The JSON both reports open with, after source and format (key order is the contract)."""
+        return {"architecture": self.architecture, "family": self.family, "num_layers": self.num_layers,
+                "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "hidden_size": self.hidden_size, "position_encoding": self.position.to_dict(),
+                "pair_layout": self.position.pair_layout}
+
+
+@dataclass(frozen=True)
+class ModelLayout(LayoutSummary):
+    naming: str                     # hf | gguf
     fused_layout: str | None        # concat | per_head | grouped (None: separate q/k/v)
     conv1d: bool
     qk_permuted: bool               # GGUF llama-arch rows are interleaved pairs
