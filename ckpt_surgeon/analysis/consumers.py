@@ -234,20 +234,10 @@ def _bias_row(tensor, role, layer, consumer, v, share, how) -> BiasConsumer:
                         float(v.mean()) if v.size else None, share, how)
 
 
-def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> ConsumerReport:
-    """Consumer and removable share of every bias of ``ck``.
-
-    ``key_layers``: the key analyzer's :class:`~.redundancy.LayerRedundancy` records (their
-    ``exact_fraction`` is the softmax share of each key bias); ``qkv_vectors``: ``layer ->
-    {"q", "k", "v", "k_tensor"}`` as :func:`.redundancy.layer_vectors` returns (read once there).
-    """
-    readers = stream_readers(layout, ck.config)
-    stream_consumer = readers.consumer
-    tensors = locate_stream_tensors(ck, layout)
-    tied = word_embedding_tied(ck, tensors)
+def _qkv_rows(layout: ModelLayout, key_layers, qkv_vectors) -> list:
+    """Rows of the attention's own q/k/v biases (softmax and attention-average consumers)."""
     by_k = {lr.layer: lr for lr in key_layers}
-    rows: list[BiasConsumer] = []
-    flags: list[str] = []
+    rows = []
     for lt in layout.layers:
         vecs = (qkv_vectors or {}).get(lt.layer) or {}
         for role in ("q", "k", "v"):
@@ -268,7 +258,15 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
                 how = ("attention rows sum to 1: folds exactly into the output bias (fold-bias --v), not removable "
                        "on its own" if lt.o_bias else "attention rows sum to 1, but no output bias to fold it into")
                 rows.append(_bias_row(name, "v", lt.layer, "attention-average", v, 0.0, how))
+    return rows
+
+
+def _stream_rows(ck, layout: ModelLayout, tensors, readers, tied: bool, flags: list) -> list:
+    """Rows of the tensors that write to or read from the residual stream (output, MLP and
+    embedding biases, embedding tables, the head's bias); ``flags`` gets mean-heavy biases."""
+    stream_consumer = readers.consumer
     n = layout.hidden_size
+    rows = []
     for t in tensors:
         if t.role in ("o", "mlp_out", "embed_norm") and t.bias:
             v = _vec(ck, t.bias)
@@ -303,6 +301,22 @@ def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> 
             if v is not None:
                 rows.append(_bias_row(t.bias, "head", None, "head", v, 0.0,
                                       "moves the logits (a constant over the vocabulary is invisible only to softmax)"))
+    return rows
+
+
+def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> ConsumerReport:
+    """Consumer and removable share of every bias of ``ck``.
+
+    ``key_layers``: the key analyzer's :class:`~.redundancy.LayerRedundancy` records (their
+    ``exact_fraction`` is the softmax share of each key bias); ``qkv_vectors``: ``layer ->
+    {"q", "k", "v", "k_tensor"}`` as :func:`.redundancy.layer_vectors` returns (read once there).
+    """
+    readers = stream_readers(layout, ck.config)
+    tensors = locate_stream_tensors(ck, layout)
+    tied = word_embedding_tied(ck, tensors)
+    flags: list[str] = []
+    rows: list[BiasConsumer] = _qkv_rows(layout, key_layers, qkv_vectors)
+    rows += _stream_rows(ck, layout, tensors, readers, tied, flags)
     order = ("q", "k", "v", "o", "mlp_in", "mlp_out", "embed_token", "embed_add", "embed_norm", "head")
     rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order.index(r.role)))
     return ConsumerReport(readers, tuple(rows), tuple(flags))

@@ -232,48 +232,70 @@ def _read_bias(ck: Checkpoint, name: str, missing: list):
     return ck.read(name)
 
 
+def _layer_biases(ck: Checkpoint, layout: ModelLayout, lt, missing: list, warnings: list) -> tuple[dict, object, int]:
+    """One layer's q/k/v bias statistics (a fused qkv bias split by the layout), its key-bias
+    vector (None where absent or unreadable) and its number of bias parameters."""
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    stats = {"q": None, "k": None, "v": None}
+    heads = {"q": h, "k": kv, "v": kv}
+    k_vec = None   # the key bias, for k_bias_redundancy (bias vector only: no weights read)
+    nbias = 0
+
+    def miss_stat(name):
+        return BiasStats(None, None, None, missing=True, tensor=name, reason=_PAST_END, dtype=ck.tensors[name].dtype)
+
+    if lt.qkv_bias:
+        info = ck.tensors[lt.qkv_bias]
+        nbias += info.numel
+        vec = _read_bias(ck, lt.qkv_bias, missing)
+        if vec is None:
+            stats = {r: miss_stat(lt.qkv_bias) for r in stats}
+        elif h and kv and d:
+            for role, part in zip(("q", "k", "v"), _split_fused_bias(vec, layout)):
+                stats[role] = bias_stats(part, heads[role], d, lt.qkv_bias, info.dtype)
+                if role == "k":
+                    k_vec = part
+        else:
+            warnings.append(f"layer {lt.layer}: fused bias {lt.qkv_bias} found but head counts are unknown; not split")
+    for role in ("q", "k", "v"):
+        name = getattr(lt, f"{role}_bias")
+        if not name:
+            continue
+        info = ck.tensors[name]
+        nbias += info.numel
+        vec = _read_bias(ck, name, missing)
+        stats[role] = miss_stat(name) if vec is None else bias_stats(vec, heads[role], d, name, info.dtype)
+        if role == "k":
+            k_vec = vec
+    return stats, k_vec, nbias
+
+
+def _parameter_counts(ck: Checkpoint, layout: ModelLayout) -> tuple[int, dict]:
+    """Parameters in all and per dtype (saved buffers such as causal masks not counted)."""
+    params, dtypes = 0, {}
+    mask_like = set(layout.buffers)
+    for name, info in ck.tensors.items():
+        if info.dtype in _NON_PARAM_DTYPES or name in mask_like:
+            continue
+        params += info.numel
+        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + info.numel
+    return params, dtypes
+
+
 def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     layout = ck.layout()
-    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
     missing: list = []
     warnings = list(ck.warnings)
     layer_reports = []
     bias_params = 0
-    miss_stat = lambda name: BiasStats(None, None, None, missing=True, tensor=name,  # noqa: E731
-                                       reason=_PAST_END,
-                                       dtype=ck.tensors[name].dtype)
     # Remote sources fetch everything read below in one batch (local readers ignore this): the
     # bias vectors only; q/k-norm weights are reported by presence, their values are not read.
     ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n])
     from .redundancy import inspect_summary, sink_layers
     sinks = sink_layers(ck.tensors)
     for lt in layout.layers:
-        stats = {"q": None, "k": None, "v": None}
-        heads = {"q": h, "k": kv, "v": kv}
-        k_vec = None   # the key bias, for k_bias_redundancy (bias vector only: no weights read)
-        if lt.qkv_bias:
-            info = ck.tensors[lt.qkv_bias]
-            bias_params += info.numel
-            vec = _read_bias(ck, lt.qkv_bias, missing)
-            if vec is None:
-                stats = {r: miss_stat(lt.qkv_bias) for r in stats}
-            elif h and kv and d:
-                for role, part in zip(("q", "k", "v"), _split_fused_bias(vec, layout)):
-                    stats[role] = bias_stats(part, heads[role], d, lt.qkv_bias, info.dtype)
-                    if role == "k":
-                        k_vec = part
-            else:
-                warnings.append(f"layer {lt.layer}: fused bias {lt.qkv_bias} found but head counts are unknown; not split")
-        for role in ("q", "k", "v"):
-            name = getattr(lt, f"{role}_bias")
-            if not name:
-                continue
-            info = ck.tensors[name]
-            bias_params += info.numel
-            vec = _read_bias(ck, name, missing)
-            stats[role] = miss_stat(name) if vec is None else bias_stats(vec, heads[role], d, name, info.dtype)
-            if role == "k":
-                k_vec = vec
+        stats, k_vec, nbias = _layer_biases(ck, layout, lt, missing, warnings)
+        bias_params += nbias
         for role, s in stats.items():
             if s is not None and s.nonfinite:
                 warnings.append(f"layer {lt.layer}: {role} bias ({s.tensor}) has {s.nonfinite} NaN/Inf value(s)")
@@ -285,17 +307,12 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     listed = {t for t, _ in missing}
     missing.extend((n, _PAST_END) for n, i in sorted(ck.tensors.items(), key=lambda kv: (kv[1].file, kv[1].start))
                    if i.missing and n not in listed)
-    params, dtypes = 0, {}
-    mask_like = set(layout.buffers)
-    for name, info in ck.tensors.items():
-        if info.dtype in _NON_PARAM_DTYPES or name in mask_like:
-            continue
-        params += info.numel
-        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + info.numel
+    params, dtypes = _parameter_counts(ck, layout)
     tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
     file_metadata = dict(getattr(ck, "file_summary", None) or {})
     return InspectReport(
-        **layout.summary(), source=ck.source, format=ck.format, fused_layout=layout.fused_layout, max_positions=layout.max_positions,
+        **layout.summary(), source=ck.source, format=ck.format, fused_layout=layout.fused_layout,
+        max_positions=layout.max_positions,
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,

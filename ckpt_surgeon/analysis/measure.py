@@ -34,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch.layouts import qkv_row_index
+from ..arch.rope import rope_geometry
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none as _f
 from ..runtime import quiet_transformers, resolve_device
-from ..arch.rope import rope_geometry
 from .redundancy import DEFAULT_EPSILON, analyze_checkpoint
 
 VARIANTS = ("all", "exact", "near")
@@ -325,28 +326,9 @@ def _variant_bound(lr, variant: str):
     return lr.bound            # the exact part adds 0, so exact + near == near
 
 
-def measure(source, *, context: int | None = None, epsilon: float | None = None, prompts=None,
-            device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
-            variants=VARIANTS) -> MeasuredReport:
-    """Load ``source`` with transformers and measure the effect of removing key-bias parts.
-
-    ``prompts``: list of strings (default :func:`~ckpt_surgeon.analysis.prompts.default_prompts`);
-    each is truncated to ``max_tokens`` (default 1024) and to the context ``L`` the bounds assume
-    (``context``, else the model's max positions).
-    """
-    import torch
-
-    from ..arch.layouts import qkv_row_index
-    from .prompts import default_prompts
-
-    dev = resolve_device(device)
-    model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
-    view = model_checkpoint(model, str(source))
-    layout = view.layout()
-    static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
-                                layout=layout, consumers=False)
-    # The loaded model must carry every key bias the checkpoint has (a loader that drops them
-    # would make every measurement describe a different model).
+def _check_key_biases_loaded(source, layout) -> None:
+    """The loaded model must carry every key bias the checkpoint has (a loader that drops them
+    would make every measurement describe a different model)."""
     from ..checkpoint import open_checkpoint
     with open_checkpoint(source) as src_ck:
         src_k = {lt.layer for lt in src_ck.layout().layers if lt.k_bias or lt.qkv_bias}
@@ -355,43 +337,44 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
         raise UnsupportedError(f"the model transformers loaded has no key bias in layer(s) {sorted(src_k - got_k)[:5]} "
                                "although the checkpoint has one; measuring it would describe a different model",
                                path=str(source))
-    rope = rope_geometry(layout, view.config)
-    scale_eff = static.attn_scale * (rope.attention_factor ** 2 if rope else 1.0)
-    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    prompts = list(default_prompts() if prompts is None else prompts)
+
+
+def _encode_prompts(tok, prompts, limit: int, dev) -> list:
+    """Token ids per prompt, truncated to ``limit``; prompts shorter than 2 tokens are dropped."""
     if not prompts:
         raise CkptError("measured mode needs at least one prompt")
-    # Prompts never exceed the context the bounds assume (--context L, else max positions).
-    limit = max_tokens or DEFAULT_MAX_TOKENS
-    if static.context:
-        limit = min(limit, int(static.context))
-    notes = []
     with quiet_transformers():
         encoded = [tok(p, return_tensors="pt")["input_ids"][:, :limit] for p in prompts]
     encoded = [e.to(dev) for e in encoded if e.shape[1] >= 2]
     if not encoded:
         raise CkptError("every prompt tokenizes to fewer than 2 tokens")
+    return encoded
 
-    # Which parameter rows each (layer, variant) zeroes.
-    fused_k = None
-    if layout.fused_layout and H and G and hd:
-        fused_k = qkv_row_index(layout.fused_layout, H, G, hd)[1]
-    params = dict(model.named_parameters())
 
-    def k_param(lt):
+class _KeyBiasRemover:
+    """``with remover({layer: dims}):`` zeroes those key-bias entries of the loaded model for the
+    duration (rows of a fused qkv bias mapped through the layout)."""
+
+    def __init__(self, model, layout):
+        H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+        self.layout = layout
+        self.fused_k = qkv_row_index(layout.fused_layout, H, G, hd)[1] if layout.fused_layout and H and G and hd else None
+        self.params = dict(model.named_parameters())
+
+    def _param(self, lt):
         if lt.k_bias:
-            return params[lt.k_bias], None
+            return self.params[lt.k_bias], None
         if lt.qkv_bias:
-            return params[lt.qkv_bias], fused_k
+            return self.params[lt.qkv_bias], self.fused_k
         return None, None
 
     @contextlib.contextmanager
-    def removed(targets):
-        """Zero the given key-bias entries ({layer: dims}) for the duration."""
+    def __call__(self, targets: dict):
+        import torch
         saved = []
         with torch.no_grad():
             for li, dims in targets.items():
-                p, rows = k_param(layout.layers[li])
+                p, rows = self._param(self.layout.layers[li])
                 if p is None or not dims:
                     continue
                 idx = torch.as_tensor(np.asarray(dims) if rows is None else rows[np.asarray(dims)], device=p.device)
@@ -404,99 +387,134 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
                 for p, idx, old in saved:
                     p[idx] = old
 
-    dims = {v: {lr.layer: _variant_dims(lr, v, hd) for lr in static.layers} for v in variants}
 
-    # Check the capture once: one softmax call per layer, shaped [.., T, T].
+def _check_capture(model, ids, num_layers: int) -> None:
+    """One softmax call per layer, shaped [.., T, T]: the capture sees every layer's logits."""
     rec: dict = {}
     with _capture_softmax(rec) as st:
-        _forward(model, encoded[0])
-    if st["i"] != layout.num_layers:
-        raise UnsupportedError(f"measured mode: expected one attention softmax per layer ({layout.num_layers}), "
+        _forward(model, ids)
+    if st["i"] != num_layers:
+        raise UnsupportedError(f"measured mode: expected one attention softmax per layer ({num_layers}), "
                                f"saw {st['i']} calls; this architecture computes attention differently")
 
-    # Observed |q~| via hooks on the projection modules (q rows of a fused output).
-    layers_out = []
-    for lr, lt in zip(static.layers, layout.layers):
-        if not lr.has_k_bias:
-            continue
-        # bound_observed: computable for rotary classes from the observed |q~|; 0 for exact parts.
-        obs0 = 0.0 if lr.k_class in ("exact", "partial", "rope") else None
-        acc = {v: {"logit": 0.0, "tv": 0.0, "obs": obs0, "lmax": 0.0} for v in variants}
-        q_abs = ratio = None
-        qname = lt.q_weight or lt.qkv_weight
-        for ids in encoded:
-            t = ids.shape[1]
-            cap: dict = {}
-            hook = None
-            if qname and lr.pairs is not None:
-                mod = _module(model, qname)
-                iq = None if lt.q_weight else qkv_row_index(layout.fused_layout or "concat", H, G, hd)[0]
 
-                def fn(_m, _inp, out, iq=iq):
-                    o = out[0] if isinstance(out, tuple) else out
-                    cap["q"] = o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1])
-                hook = mod.register_forward_hook(fn)
-            try:
-                l_ref = _layer_logits(model, ids, lt.layer)
-            finally:
-                if hook is not None:
-                    hook.remove()
-            # Masked keys enter softmax as logit + finfo(dtype).min (or -inf): far below -1e30.
-            allowed = l_ref > -1e30
-            noise = _noise(float(np.abs(np.where(allowed, l_ref, 0)).max()), dtype)
-            q_obs = None
-            if "q" in cap:
-                q = cap["q"] if iq is None else cap["q"][:, iq]
-                qh = q.reshape(t, H, hd)
-                q_obs = np.sqrt(qh[:, :, lr.pairs[:, 0]] ** 2 + qh[:, :, lr.pairs[:, 1]] ** 2)   # [T, H, P]
-                q_abs = max(q_abs or 0.0, float(q_obs.max()))
-                if lr.q_pair_bound is not None:
-                    ratio = max(ratio or 0.0, float((q_obs.max(0) / lr.q_pair_bound).max()))
-            # key span of every row: max - min allowed key index (same for all heads of a causal mask)
-            kidx = np.arange(t)
-            any_allowed = allowed.reshape(-1, t, t).any(0)
-            span = np.where(any_allowed, kidx[None, :], -1).max(1) - np.where(any_allowed, kidx[None, :], t).min(1)
-            for v in variants:
-                dv = dims[v][lt.layer]
-                if not dv:
-                    continue
-                with removed({lt.layer: dv}):
-                    l_c = _layer_logits(model, ids, lt.layer)
-                dev_, tv_ = _row_metrics(l_ref, l_c, allowed)
-                a = acc[v]
-                a["logit"], a["tv"], a["lmax"] = max(a["logit"], dev_), max(a["tv"], tv_), max(a["lmax"], noise)
-                if a["obs"] is not None and q_obs is not None and lr.pair_energy is not None:
-                    sel = np.zeros((G, lr.pairs.shape[0]), bool)
-                    for d in dv:
-                        g, w = divmod(d, hd)
-                        hit = np.flatnonzero((lr.pairs == w).any(1))
-                        sel[g, hit] = True
-                    b_pair = np.sqrt(lr.pair_energy)                           # [G, P]
-                    fac = np.minimum(2.0, rope.inv_freq[None, :] * np.maximum(span, 0)[:, None])   # [T, P]
-                    kv_of = np.arange(H) // (H // G)
-                    per = (q_obs * (b_pair * sel)[kv_of][None, :, :] * fac[:, None, :]).sum(-1) * scale_eff
-                    a["obs"] = max(a["obs"], float(per.max()))
-                elif lr.k_class in ("partial", "rope") and v != "exact":
-                    a["obs"] = None      # no observed |q~| (hook found nothing): no observed bound
-        vms = []
-        for v in variants:
-            dv = dims[v][lt.layer]
+@dataclass(frozen=True)
+class _Bench:
+    """What every layer's measurement shares: the model, its layout, the prompts' ids, the dims
+    each variant removes per layer, the remover and the bound's rope terms."""
+
+    model: object
+    layout: object
+    encoded: tuple
+    variants: tuple
+    dims: dict                      # variant -> {layer: dims}
+    remove: _KeyBiasRemover
+    rope: object
+    scale_eff: float
+    dtype: str
+
+
+def _layer_pass(b: _Bench, lr, lt, ids) -> tuple:
+    """Reference logits of layer ``lt`` for one prompt, and the observed ``|q~|`` per pair
+    (``[T, H, P]``, from a hook on the query projection; None when there is none)."""
+    import torch
+    H, G, hd = b.layout.num_heads, b.layout.num_kv_heads, b.layout.head_dim
+    t = ids.shape[1]
+    cap: dict = {}
+    hook = iq = None
+    qname = lt.q_weight or lt.qkv_weight
+    if qname and lr.pairs is not None:
+        mod = _module(b.model, qname)
+        iq = None if lt.q_weight else qkv_row_index(b.layout.fused_layout or "concat", H, G, hd)[0]
+
+        def fn(_m, _inp, out):
+            o = out[0] if isinstance(out, tuple) else out
+            cap["q"] = o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1])
+        hook = mod.register_forward_hook(fn)
+    try:
+        l_ref = _layer_logits(b.model, ids, lt.layer)
+    finally:
+        if hook is not None:
+            hook.remove()
+    q_obs = None
+    if "q" in cap:
+        q = cap["q"] if iq is None else cap["q"][:, iq]
+        qh = q.reshape(t, H, hd)
+        q_obs = np.sqrt(qh[:, :, lr.pairs[:, 0]] ** 2 + qh[:, :, lr.pairs[:, 1]] ** 2)   # [T, H, P]
+    return l_ref, q_obs
+
+
+def _observed_bound(b: _Bench, lr, dv: list, q_obs: np.ndarray, span: np.ndarray) -> float:
+    """The bound with the observed ``|q~|`` of this prompt in place of its static bound, for the
+    pairs the variant's dims ``dv`` touch and each row's real key span."""
+    H, G, hd = b.layout.num_heads, b.layout.num_kv_heads, b.layout.head_dim
+    sel = np.zeros((G, lr.pairs.shape[0]), bool)
+    for d in dv:
+        g, w = divmod(d, hd)
+        hit = np.flatnonzero((lr.pairs == w).any(1))
+        sel[g, hit] = True
+    b_pair = np.sqrt(lr.pair_energy)                           # [G, P]
+    fac = np.minimum(2.0, b.rope.inv_freq[None, :] * np.maximum(span, 0)[:, None])   # [T, P]
+    kv_of = np.arange(H) // (H // G)
+    per = (q_obs * (b_pair * sel)[kv_of][None, :, :] * fac[:, None, :]).sum(-1) * b.scale_eff
+    return float(per.max())
+
+
+def _measure_layer(b: _Bench, lr, lt) -> LayerMeasure:
+    """Layer ``lt``'s logits with each variant's part removed in this layer only, on every prompt."""
+    # bound_observed: computable for rotary classes from the observed |q~|; 0 for exact parts.
+    obs0 = 0.0 if lr.k_class in ("exact", "partial", "rope") else None
+    acc = {v: {"logit": 0.0, "tv": 0.0, "obs": obs0, "lmax": 0.0} for v in b.variants}
+    q_abs = ratio = None
+    for ids in b.encoded:
+        t = ids.shape[1]
+        l_ref, q_obs = _layer_pass(b, lr, lt, ids)
+        # Masked keys enter softmax as logit + finfo(dtype).min (or -inf): far below -1e30.
+        allowed = l_ref > -1e30
+        noise = _noise(float(np.abs(np.where(allowed, l_ref, 0)).max()), b.dtype)
+        if q_obs is not None:
+            q_abs = max(q_abs or 0.0, float(q_obs.max()))
+            if lr.q_pair_bound is not None:
+                ratio = max(ratio or 0.0, float((q_obs.max(0) / lr.q_pair_bound).max()))
+        # key span of every row: max - min allowed key index (same for all heads of a causal mask)
+        kidx = np.arange(t)
+        any_allowed = allowed.reshape(-1, t, t).any(0)
+        span = np.where(any_allowed, kidx[None, :], -1).max(1) - np.where(any_allowed, kidx[None, :], t).min(1)
+        for v in b.variants:
+            dv = b.dims[v][lt.layer]
             if not dv:
                 continue
-            a, b = acc[v], _variant_bound(lr, v)
-            vms.append(VariantMeasure(v, len(dv), a["logit"], a["tv"], b, a["obs"], a["lmax"],
-                                      None if b is None else bool(a["logit"] <= b + a["lmax"])))
-        layers_out.append(LayerMeasure(lt.layer, lr.k_class, q_abs, ratio, tuple(vms)))
+            with b.remove({lt.layer: dv}):
+                l_c = _layer_logits(b.model, ids, lt.layer)
+            dev_, tv_ = _row_metrics(l_ref, l_c, allowed)
+            a = acc[v]
+            a["logit"], a["tv"], a["lmax"] = max(a["logit"], dev_), max(a["tv"], tv_), max(a["lmax"], noise)
+            if a["obs"] is not None and q_obs is not None and lr.pair_energy is not None:
+                a["obs"] = max(a["obs"], _observed_bound(b, lr, dv, q_obs, span))
+            elif lr.k_class in ("partial", "rope") and v != "exact":
+                a["obs"] = None      # no observed |q~| (hook found nothing): no observed bound
+    vms = []
+    for v in b.variants:
+        dv = b.dims[v][lt.layer]
+        if not dv:
+            continue
+        a, bound = acc[v], _variant_bound(lr, v)
+        vms.append(VariantMeasure(v, len(dv), a["logit"], a["tv"], bound, a["obs"], a["lmax"],
+                                  None if bound is None else bool(a["logit"] <= bound + a["lmax"])))
+    return LayerMeasure(lt.layer, lr.k_class, q_abs, ratio, tuple(vms))
 
-    # Output level: every layer's part removed at once, real forward passes.
+
+def _measure_outputs(b: _Bench, is_lm: bool) -> list:
+    """Model outputs with each variant's part removed in every layer at once (real forward passes)."""
+    import torch
     outputs = []
-    refs = [_forward(model, ids) for ids in encoded]
-    for v in variants:
-        if not any(dims[v].values()):
+    refs = [_forward(b.model, ids) for ids in b.encoded]
+    for v in b.variants:
+        if not any(b.dims[v].values()):
             continue
         kls, agree, maxd, hid, hscale, npos = [], 0, 0.0, 0.0, 0.0, 0
-        with removed(dims[v]):
-            cands = [_forward(model, ids) for ids in encoded]
+        with b.remove(b.dims[v]):
+            cands = [_forward(b.model, ids) for ids in b.encoded]
         for r, c in zip(refs, cands):
             if is_lm:
                 lr_ = r.logits[0].to("cpu", torch.float64)
@@ -516,6 +534,41 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
             outputs.append(OutputMeasure(v, npos, float(k.max()), float(k.mean()), agree / npos, maxd))
         else:
             outputs.append(OutputMeasure(v, npos, None, None, None, None, hid, hscale))
+    return outputs
+
+
+def measure(source, *, context: int | None = None, epsilon: float | None = None, prompts=None,
+            device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
+            variants=VARIANTS) -> MeasuredReport:
+    """Load ``source`` with transformers and measure the effect of removing key-bias parts.
+
+    ``prompts``: list of strings (default :func:`~ckpt_surgeon.analysis.prompts.default_prompts`);
+    each is truncated to ``max_tokens`` (default 1024) and to the context ``L`` the bounds assume
+    (``context``, else the model's max positions).
+    """
+    from .prompts import default_prompts
+
+    dev = resolve_device(device)
+    model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
+    view = model_checkpoint(model, str(source))
+    layout = view.layout()
+    static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
+                                layout=layout, consumers=False)
+    _check_key_biases_loaded(source, layout)
+    rope = rope_geometry(layout, view.config)
+    # Prompts never exceed the context the bounds assume (--context L, else max positions).
+    limit = max_tokens or DEFAULT_MAX_TOKENS
+    if static.context:
+        limit = min(limit, int(static.context))
+    encoded = _encode_prompts(tok, list(default_prompts() if prompts is None else prompts), limit, dev)
+    # Which parameter rows each (layer, variant) zeroes.
+    dims = {v: {lr.layer: _variant_dims(lr, v, layout.head_dim) for lr in static.layers} for v in variants}
+    _check_capture(model, encoded[0], layout.num_layers)
+    bench = _Bench(model, layout, tuple(encoded), tuple(variants), dims, _KeyBiasRemover(model, layout), rope,
+                   static.attn_scale * (rope.attention_factor ** 2 if rope else 1.0), dtype)
+    layers_out = [_measure_layer(bench, lr, lt) for lr, lt in zip(static.layers, layout.layers) if lr.has_k_bias]
+    outputs = _measure_outputs(bench, is_lm)
+    notes = []
     if not is_lm:
         notes.append("no LM head: output compared on the last hidden state")
     notes.append("logit/tv: layer l's attention logits with the part removed in layer l only (identical inputs); "

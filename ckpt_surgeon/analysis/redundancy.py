@@ -371,87 +371,75 @@ def _fractions(e_exact, e_near, total):
     return ex, ne, max(0.0, 1.0 - ex - ne)
 
 
-def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | None, b_q: np.ndarray | None = None,
-                  b_v: np.ndarray | None = None, w_q: np.ndarray | None = None, gamma: np.ndarray | None = None,
-                  beta: np.ndarray | None = None, rope: RopeGeometry | None = None, scale: float = float("nan"),
-                  context: int | None = None, epsilon: float = DEFAULT_EPSILON, sinks: bool = False,
-                  weights_note: str | None = None, k_tensor: str | None = None) -> LayerRedundancy:
-    """Analyse one layer from its bias vectors (and ``W_q`` + norm when a bound needs them).
+def _query_bias(b_q: np.ndarray | None, H: int | None, hd: int | None, flags: list) -> QueryBias | None:
+    """Norms of the query bias (never redundant: it multiplies every key), whole and per head."""
+    if b_q is None:
+        return None
+    v = np.asarray(b_q, dtype=np.float64).reshape(-1)
+    per = tuple(np.sqrt((v.reshape(H, hd) ** 2).sum(1))) if (H and hd and v.size == H * hd) else None
+    if not np.all(np.isfinite(v)):
+        flags.append("nonfinite: the query bias has NaN/Inf values")
+    return QueryBias(float(np.sqrt((v ** 2).sum())), per)
 
-    Shapes: ``b_k``/``b_v`` ``[G*head_dim]``, ``b_q`` ``[H*head_dim]``, ``w_q`` ``[H*head_dim, D]``,
-    ``gamma``/``beta`` ``[D]`` (effective norm scale/shift).  ``w_q=None``: the bound is given only
-    where it needs no weights (0 when nothing rotated is removed), else None with ``weights_note``.
-    """
-    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    cls, reasons = classify(layout, lt, sinks=sinks)
-    flags = []
-    group = (H // G) if (H and G and H % G == 0) else 1
-    qb = vb = None
-    if b_q is not None:
-        v = np.asarray(b_q, dtype=np.float64).reshape(-1)
-        per = tuple(np.sqrt((v.reshape(H, hd) ** 2).sum(1))) if (H and hd and v.size == H * hd) else None
-        qb = QueryBias(float(np.sqrt((v ** 2).sum())), per)
-        if not np.all(np.isfinite(v)):
-            flags.append("nonfinite: the query bias has NaN/Inf values")
-    if b_v is not None:
-        v = np.asarray(b_v, dtype=np.float64).reshape(-1)
-        if not np.all(np.isfinite(v)):
-            flags.append("nonfinite: the value bias has NaN/Inf values")
-        derived = getattr(layout, "derived", None)
-        if derived is not None and lt.o_bias is not None:
-            from ..arch.derive import v_fold_verdict      # probed per block group (arch/probe.py)
-            vb = ValueBias(float(np.sqrt((v ** 2).sum())), *v_fold_verdict(derived, lt.group))
-        elif sinks:
-            vb = ValueBias(float(np.sqrt((v ** 2).sum())), False,
-                           "attention sinks: softmax rows do not sum to 1 over the keys, so W_o b_v is not a constant")
-        elif lt.o_bias is not None:
-            vb = ValueBias(float(np.sqrt((v ** 2).sum())), True,
-                           "exact: softmax rows sum to 1, fold as b_o' = b_o + W_o b_v")
-        elif lt.o_weight is not None:
-            vb = ValueBias(float(np.sqrt((v ** 2).sum())), False,
-                           "the architecture has no output-projection bias to fold W_o b_v into")
-        else:
-            vb = ValueBias(float(np.sqrt((v ** 2).sum())), None, "output projection not found")
-    base = dict(layer=lt.layer, k_class=cls, reasons=reasons, k_bias_tensor=k_tensor, epsilon=float(epsilon),
-                context=context, group=group, head_dim=hd, q_bias=qb, v_bias=vb)
-    if b_k is None:
-        return LayerRedundancy(k_bias_l2=None, exact_fraction=None, near_fraction=None, rest_fraction=None,
-                               bound=None, bound_all=None, bound_note=("no key bias" if k_tensor is None else weights_note),
-                               flags=tuple(flags), **base)
-    bk = np.asarray(b_k, dtype=np.float64).reshape(-1)
-    l2 = float(np.sqrt((bk ** 2).sum()))
-    if not np.all(np.isfinite(bk)):
-        flags.append("nonfinite: the key bias has NaN/Inf values")
-        return LayerRedundancy(k_bias_l2=None, exact_fraction=None, near_fraction=None, rest_fraction=None,
-                               bound=None, bound_all=None, bound_note="the key bias has NaN/Inf values",
-                               flags=tuple(flags), **base)
-    if cls == "exact":
-        ql2 = qb.l2 if qb else None
-        if (ql2 and l2 > SUSPICIOUS_K_RATIO * ql2) or (not ql2 and bk.size and math.sqrt(l2 ** 2 / bk.size) > SUSPICIOUS_K_RMS):
-            ref = f"||b_q|| = {ql2:.4g}" if ql2 else f"RMS {math.sqrt(l2 ** 2 / bk.size):.4g}"
-            flags.append(f"suspicious-k-bias: non-rotary model, the key bias gets no gradient and should sit at its "
-                         f"init (~0), yet ||b_k|| = {l2:.4g} ({ref}); a conversion error (shifted / mislabeled tensor)?")
-    if not (G and hd and bk.size == G * hd):
-        note = "head counts unknown: per-head split and bound unavailable"
-        ex = (1.0 if cls == "exact" else 0.0) if cls != "unknown" else None
-        return LayerRedundancy(k_bias_l2=l2, exact_fraction=ex, near_fraction=None if ex is None else 0.0,
-                               rest_fraction=None if ex is None else 1.0 - ex,
-                               bound=0.0 if cls == "exact" else None, bound_all=0.0 if cls == "exact" else None,
-                               bound_note=None if cls == "exact" else note, flags=tuple(flags), **base)
+
+def _value_bias(layout: ModelLayout, lt: LayerTensors, b_v: np.ndarray | None, sinks: bool,
+                flags: list) -> ValueBias | None:
+    """Whether ``W_o b_v`` folds into the output bias of this layer, and why."""
+    if b_v is None:
+        return None
+    v = np.asarray(b_v, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(v)):
+        flags.append("nonfinite: the value bias has NaN/Inf values")
+    l2 = float(np.sqrt((v ** 2).sum()))
+    derived = getattr(layout, "derived", None)
+    if derived is not None and lt.o_bias is not None:
+        from ..arch.derive import v_fold_verdict      # probed per block group (arch/probe.py)
+        return ValueBias(l2, *v_fold_verdict(derived, lt.group))
+    if sinks:
+        return ValueBias(l2, False, "attention sinks: softmax rows do not sum to 1 over the keys, so W_o b_v is not "
+                                    "a constant")
+    if lt.o_bias is not None:
+        return ValueBias(l2, True, "exact: softmax rows sum to 1, fold as b_o' = b_o + W_o b_v")
+    if lt.o_weight is not None:
+        return ValueBias(l2, False, "the architecture has no output-projection bias to fold W_o b_v into")
+    return ValueBias(l2, None, "output projection not found")
+
+
+def _suspicious_k_flag(bk: np.ndarray, l2: float, qb: QueryBias | None) -> str | None:
+    """A non-rotary key bias far from its init: it gets no gradient, so a large one points to a
+    conversion error (thresholds :data:`SUSPICIOUS_K_RATIO`, :data:`SUSPICIOUS_K_RMS`)."""
+    ql2 = qb.l2 if qb else None
+    if (ql2 and l2 > SUSPICIOUS_K_RATIO * ql2) or (not ql2 and bk.size and math.sqrt(l2 ** 2 / bk.size) > SUSPICIOUS_K_RMS):
+        ref = f"||b_q|| = {ql2:.4g}" if ql2 else f"RMS {math.sqrt(l2 ** 2 / bk.size):.4g}"
+        return (f"suspicious-k-bias: non-rotary model, the key bias gets no gradient and should sit at its "
+                f"init (~0), yet ||b_k|| = {l2:.4g} ({ref}); a conversion error (shifted / mislabeled tensor)?")
+    return None
+
+
+def _whole_class_layer(cls: str, reasons: tuple, bk: np.ndarray, l2: float, G: int, hd: int, group: int,
+                       flags: list, base: dict) -> LayerRedundancy:
+    """A class that applies to the whole key bias (exact, not-removable, unknown), per kv head."""
+    bh = bk.reshape(G, hd)
+    tot_h = (bh ** 2).sum(1)
+    e = {"exact": (1.0, 0.0, 0.0), "not-removable": (0.0, 0.0, 1.0), "unknown": (None, None, None)}[cls]
+    bnd = 0.0 if cls == "exact" else None
+    note = None if cls == "exact" else ("not removable: " + "; ".join(reasons) if cls == "not-removable"
+                                        else "class unknown")
+    heads = tuple(HeadRedundancy(g, tuple(range(g * group, (g + 1) * group)), float(math.sqrt(tot_h[g])), *e, bnd, bnd)
+                  for g in range(G))
+    return LayerRedundancy(k_bias_l2=l2, exact_fraction=e[0], near_fraction=e[1], rest_fraction=e[2],
+                           bound=bnd, bound_all=bnd, bound_note=note, heads=heads,
+                           exact_dims=tuple(range(bk.size)) if cls == "exact" else (), flags=tuple(flags), **base)
+
+
+def _rotary_layer(bk: np.ndarray, l2: float, *, H: int, G: int, hd: int, group: int, rope: RopeGeometry,
+                  w_q, gamma, beta, b_q, scale: float, context: int | None, epsilon: float,
+                  weights_note: str | None, flags: list, base: dict) -> LayerRedundancy:
+    """Partial / full rotary key bias: exact pass-through dims, near pairs (``w_j L < epsilon``),
+    and the bound for removing them from ``W_q`` (module doc)."""
     bh = bk.reshape(G, hd)
     tot_h = (bh ** 2).sum(1)
     heads_q = [tuple(range(g * group, (g + 1) * group)) for g in range(G)]
-    if cls in ("exact", "not-removable", "unknown"):
-        e = {"exact": (1.0, 0.0, 0.0), "not-removable": (0.0, 0.0, 1.0), "unknown": (None, None, None)}[cls]
-        bnd = 0.0 if cls == "exact" else None
-        note = None if cls == "exact" else ("not removable: " + "; ".join(reasons) if cls == "not-removable"
-                                            else "class unknown")
-        heads = tuple(HeadRedundancy(g, heads_q[g], float(math.sqrt(tot_h[g])), *e, bnd, bnd) for g in range(G))
-        return LayerRedundancy(k_bias_l2=l2, exact_fraction=e[0], near_fraction=e[1], rest_fraction=e[2],
-                               bound=bnd, bound_all=bnd, bound_note=note, heads=heads,
-                               exact_dims=tuple(range(bk.size)) if cls == "exact" else (), flags=tuple(flags), **base)
-    # partial / rope
-    assert rope is not None
     pairs, r = rope.pairs, rope.rotary_dim
     pass_dims = np.arange(r, hd)
     e_exact = (bh[:, pass_dims] ** 2).sum(1)
@@ -494,6 +482,55 @@ def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | No
         heads=tuple(heads), near_pairs=tuple(int(j) for j in np.flatnonzero(near)), exact_dims=exact_dims,
         pairs=pairs, inv_freq=rope.inv_freq, angles=angles, pair_energy=energy, q_pair_bound=q_hat,
         contributions=contrib, flags=tuple(flags), **base)
+
+
+def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | None, b_q: np.ndarray | None = None,
+                  b_v: np.ndarray | None = None, w_q: np.ndarray | None = None, gamma: np.ndarray | None = None,
+                  beta: np.ndarray | None = None, rope: RopeGeometry | None = None, scale: float = float("nan"),
+                  context: int | None = None, epsilon: float = DEFAULT_EPSILON, sinks: bool = False,
+                  weights_note: str | None = None, k_tensor: str | None = None) -> LayerRedundancy:
+    """Analyse one layer from its bias vectors (and ``W_q`` + norm when a bound needs them).
+
+    Shapes: ``b_k``/``b_v`` ``[G*head_dim]``, ``b_q`` ``[H*head_dim]``, ``w_q`` ``[H*head_dim, D]``,
+    ``gamma``/``beta`` ``[D]`` (effective norm scale/shift).  ``w_q=None``: the bound is given only
+    where it needs no weights (0 when nothing rotated is removed), else None with ``weights_note``.
+    """
+    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    cls, reasons = classify(layout, lt, sinks=sinks)
+    flags = []
+    group = (H // G) if (H and G and H % G == 0) else 1
+    qb = _query_bias(b_q, H, hd, flags)
+    vb = _value_bias(layout, lt, b_v, sinks, flags)
+    base = dict(layer=lt.layer, k_class=cls, reasons=reasons, k_bias_tensor=k_tensor, epsilon=float(epsilon),
+                context=context, group=group, head_dim=hd, q_bias=qb, v_bias=vb)
+    if b_k is None:
+        return LayerRedundancy(k_bias_l2=None, exact_fraction=None, near_fraction=None, rest_fraction=None,
+                               bound=None, bound_all=None, bound_note=("no key bias" if k_tensor is None else weights_note),
+                               flags=tuple(flags), **base)
+    bk = np.asarray(b_k, dtype=np.float64).reshape(-1)
+    l2 = float(np.sqrt((bk ** 2).sum()))
+    if not np.all(np.isfinite(bk)):
+        flags.append("nonfinite: the key bias has NaN/Inf values")
+        return LayerRedundancy(k_bias_l2=None, exact_fraction=None, near_fraction=None, rest_fraction=None,
+                               bound=None, bound_all=None, bound_note="the key bias has NaN/Inf values",
+                               flags=tuple(flags), **base)
+    if cls == "exact":
+        flag = _suspicious_k_flag(bk, l2, qb)
+        if flag:
+            flags.append(flag)
+    if not (G and hd and bk.size == G * hd):
+        note = "head counts unknown: per-head split and bound unavailable"
+        ex = (1.0 if cls == "exact" else 0.0) if cls != "unknown" else None
+        return LayerRedundancy(k_bias_l2=l2, exact_fraction=ex, near_fraction=None if ex is None else 0.0,
+                               rest_fraction=None if ex is None else 1.0 - ex,
+                               bound=0.0 if cls == "exact" else None, bound_all=0.0 if cls == "exact" else None,
+                               bound_note=None if cls == "exact" else note, flags=tuple(flags), **base)
+    if cls in ("exact", "not-removable", "unknown"):
+        return _whole_class_layer(cls, reasons, bk, l2, G, hd, group, flags, base)
+    assert rope is not None       # partial / rope
+    return _rotary_layer(bk, l2, H=H, G=G, hd=hd, group=group, rope=rope, w_q=w_q, gamma=gamma, beta=beta, b_q=b_q,
+                         scale=scale, context=context, epsilon=epsilon, weights_note=weights_note, flags=flags,
+                         base=base)
 
 
 # ----------------------------------------------------------------------------------------------
