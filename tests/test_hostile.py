@@ -195,7 +195,7 @@ _TOO_MANY = ("the config counts 3 layers, but layer 2 has no tensors (tensors ex
              "being layer 1): a truncated download, a missing shard or a wrong layer count")
 
 
-@pytest.mark.parametrize("command", ["inspect", "analyze", "fold-bias", "qkv", "convert", "verify"])
+@pytest.mark.parametrize("command", ["inspect", "analyze", "fold-bias", "qkv", "convert", "verify", "diff"])
 def test_more_layers_in_the_config_than_in_the_tensors(tiny, tmp_path, command):
     src = tmp_path / "gpt2"
     shutil.copytree(tiny("gpt2"), src)
@@ -207,7 +207,7 @@ def test_more_layers_in_the_config_than_in_the_tensors(tiny, tmp_path, command):
             "fold-bias": ["fold-bias", str(src), "-o", str(out), "--k", "--v"],
             "qkv": ["qkv", "split", str(src), "-o", str(out)],
             "convert": ["convert", str(src), "-o", str(out) + ".gguf"],
-            "verify": ["verify", str(src), str(src)]}[command]
+            "verify": ["verify", str(src), str(src)], "diff": ["diff", str(src), str(tiny("gpt2"))]}[command]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines()[-1] == f"error: {src / 'config.json'}: {_TOO_MANY}"

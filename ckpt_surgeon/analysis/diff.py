@@ -463,6 +463,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
                      progress=None) -> DiffReport:
     """Compare two open checkpoints (see the module docstring).  ``progress(nbytes)`` is called
     with the bytes read after each step."""
+    for ck in (a, b):
+        # config values checked and in agreement with the tensors, as in every command: "identical"
+        # about a checkpoint whose config contradicts its tensors would be a wrong verdict
+        ck.layout()
     mixed = (a.naming == "gguf") != (b.naming == "gguf")
     sa, sb = _side(a, mixed), _side(b, mixed)
     common = [n for n in sa.names if n in sb.names]
