@@ -11,7 +11,7 @@ import ckpt_surgeon
 
 # name -> the module that implements it (what the README and the CLI twins promise)
 IMPLEMENTED_IN = {
-    "inspect": "ckpt_surgeon.analysis.inspect", "analyze": "ckpt_surgeon.analysis.redundancy",
+    "inspect": "ckpt_surgeon.analysis.inspect", "analyze": "ckpt_surgeon.analysis.api",
     "open_checkpoint": "ckpt_surgeon.checkpoint", "verify": "ckpt_surgeon.verification.core",
     "convert": "ckpt_surgeon.conversion", "gguf_to_hf": "ckpt_surgeon.conversion.from_gguf",
     "hf_to_gguf": "ckpt_surgeon.conversion.to_gguf", "fold_bias": "ckpt_surgeon.surgery.fold",
