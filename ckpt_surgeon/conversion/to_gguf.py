@@ -1,23 +1,27 @@
 """HF folder (or .safetensors) -> GGUF that llama.cpp loads.
 
-Streaming, as llama.cpp's format allows: every tensor's name, type, shape and offset is known
-before any data is read (sizes follow from shape and type), so the header, the key-values and
-the tensor infos are written first and then the data one tensor at a time — memory stays
-bounded by the largest tensor, whatever the model size.  The file is written beside the
-destination and renamed into place at the end; afterwards it is re-parsed and every tensor's
-bytes are compared with what was written.
+Two phases.  :func:`plan_hf_to_gguf` checks the source and decides everything the file holds:
+every tensor's name, type, shape and size, and the key-values (:func:`gguf_kvs`).  Since sizes
+follow from shape and type, every offset is known before any data is read, so the header block
+is written first (:mod:`ckpt_surgeon.formats.gguf_write`, the one GGUF writing path, which
+fold-bias's GGUF -> GGUF writer uses too) and then the data, streamed in chunks of rows by a few
+threads (:mod:`.gguf_stream`): memory stays bounded by a few chunks, whatever the model size.
+The bytes are those gguf-py's ``GGUFWriter`` wrote for the same plan (same key order and types,
+32-byte alignment, zero padding after every tensor; ``tests/test_convert_stream.py``).  The
+file is written beside the destination and renamed into place at the end; before that it is
+re-parsed and every chunk's bytes are compared with what was written.
 
 What is written mirrors llama.cpp's ``convert_hf_to_gguf.py`` for these families: names from
 :mod:`.names`, llama-arch Q/K rows permuted (weights and biases), GPT-2 Conv1D weights
 transposed, 1-D tensors (norms, biases) stored F32, 2-D weights in the requested type
-(Q8_0 through gguf-py's ``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
+(Q8_0 through :func:`~ckpt_surgeon.formats.quantize.quantize_q8_0`, bytes equal to gguf-py's
+``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
 silently assumes 10000 when it is absent; Qwen2.5 needs 1e6), ``general.file_type``, and the
 vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
 """
 from __future__ import annotations
 
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -27,17 +31,19 @@ import numpy as np
 
 from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
+from ..formats import gguf_write as gw
 from ..formats import hf_cache
+from ..formats.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
 from . import _io
 from . import names as N
+from .gguf_stream import verify_chunks, write_tensor_data
 from .report import ConvertReport, TensorRecord
 
 # Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
 # causal-mask buffers `attn.bias` / `attn.masked_bias` in transformers < 4.x exports).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.masked_bias")
-_CHECK_CHUNK = 1 << 20     # bytes re-read per step when the written file is checked
 
 
 @dataclass(frozen=True)
@@ -179,21 +185,6 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
     return arr
 
 
-def _encode(arr: np.ndarray, ggml_type: str) -> np.ndarray:
-    """numpy array -> the exact bytes of one GGUF tensor (as a numpy array to ``tofile``)."""
-    if ggml_type == "F32":
-        return np.ascontiguousarray(arr, dtype=np.float32)
-    if ggml_type == "F16":
-        return np.ascontiguousarray(arr, dtype=np.float16)
-    if ggml_type == "BF16":
-        import ml_dtypes  # round-to-nearest-even, as torch's .to(torch.bfloat16)
-        return np.ascontiguousarray(arr.astype(np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
-    if ggml_type == "Q8_0":
-        import gguf
-        return gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
-    raise UnsupportedError(f"writing GGUF type {ggml_type} is not supported")
-
-
 def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
     ggml = N.DTYPES[dtype][1]
     if len(shape) < 2:
@@ -205,15 +196,112 @@ def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
     return ggml
 
 
+@dataclass(frozen=True)
+class GGUFPlan:
+    """Everything an HF -> GGUF conversion writes, decided before any tensor data is read."""
+
+    spec: N.ArchSpec
+    cfg: dict                    # the HF config as a dict (transformers' defaults filled in)
+    hp: dict                     # canonical hyper-parameters (names.GGUF_HPARAM_KEYS)
+    vocab: object                # tokenizer.GGUFVocab
+    tensors: tuple               # _Planned, in file order
+    kvs: tuple                   # formats.gguf_write.KV, in file order
+    warnings: tuple
+
+
+def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
+                    force: bool = False) -> GGUFPlan:
+    """Check the source and plan the file: names, types, shapes, sizes, key-values.  ``out``:
+    checked as a destination (absent unless ``force``, not an input) before the config is read."""
+    from .model_check import check_tensors, expected_tensors_or_error
+    from .tokenizer import hf_vocab
+
+    if ck.naming != "hf":
+        raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
+                               path=str(src))
+    # config values and layer count checked before any work; every shape is compared with the
+    # transformers model below, with that check's own message
+    ck.layout(shapes=False)
+    folder = src if src.is_dir() else src.parent
+    if out is not None:
+        _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+    check_hparam_values(ck.config or {}, ck.config_path)
+    config, cfg = _load_hf_config(folder, ck.config_path)
+    spec = N.by_model_type(cfg.get("model_type"))
+    if spec is None:
+        raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
+                               f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    # The checkpoint must be exactly the model transformers builds from its config.
+    expected = expected_tensors_or_error(config, path=ck.config_path)
+    got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
+    check_tensors(expected, got, path=str(src), what=f"{type(config).__name__.replace('Config', '')} model")
+
+    names = N.hf_to_gguf_names(spec)
+    absent = [N.template_regex(t) for t in spec.llamacpp_absent]
+    warnings: list[str] = []
+    plan: list[_Planned] = []
+    emb = None
+    for tname in sorted(got, key=_order_key):
+        hit = names.match(tname)
+        if hit is None:
+            raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
+                                   path=str(src), tensor=tname)
+        dst, rule = hit
+        if any(rx.match(dst) for rx in absent):
+            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                   "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
+        info = ck.tensors[tname]
+        shape = tuple(info.shape)
+        if rule.transform == "conv1d" and len(shape) == 2:
+            shape = (shape[1], shape[0])
+        if dst == "token_embd.weight":
+            emb = shape
+        gt = _weight_type(dtype, shape, tname, warnings)
+        plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+    if emb is None:
+        raise ConfigError("no token embedding tensor", path=str(src))
+    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+    vocab = hf_vocab(folder, emb[0], cfg)
+    # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
+    # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
+    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
+
+
+def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
+    """Write the planned file through a temp beside ``out``: the header block, then the tensor
+    data streamed chunk by chunk (:mod:`.gguf_stream`), reread, renamed into place."""
+    import gguf
+
+    slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan.tensors]
+    lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
+    staging = Staging(out, folder=False)
+    wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
+    try:
+        fd = os.open(staging.path, os.O_WRONLY)
+        try:
+            pwrite_all(fd, lay.head, 0)
+            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
+                                       labels=(str(src), str(out)), progress=wbar)
+            gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
+            os.ftruncate(fd, lay.end)
+        finally:
+            os.close(fd)
+        wbar.close()
+        if verify:
+            _verify_written(staging.path, out, plan, chunks)
+        staging.publish(replace=True)      # check_output refused an existing OUT without force
+    except BaseException:
+        wbar.close()
+        staging.discard()
+        raise
+
+
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
                       verify: bool = True, progress: bool | None = False) -> ConvertReport:
     """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`).  ``progress``: a
     bar over the bytes written on stderr (None: only when stderr is a terminal)."""
-    import gguf
-
     from ..checkpoint import open_checkpoint
-    from .model_check import check_tensors, expected_tensors_or_error
-    from .tokenizer import hf_vocab
 
     from .dtypes import normalize_dtype
 
@@ -223,94 +311,17 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     out = Path(out_path)
     ck = open_checkpoint(src)
     try:
-        if ck.naming != "hf":
-            raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
-                                   path=str(src))
-        # config values and layer count checked before any work; every shape is compared with the
-        # transformers model below, with that check's own message
-        ck.layout(shapes=False)
-        folder = src if src.is_dir() else src.parent
-        _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
-        check_hparam_values(ck.config or {}, ck.config_path)
-        config, cfg = _load_hf_config(folder, ck.config_path)
-        spec = N.by_model_type(cfg.get("model_type"))
-        if spec is None:
-            raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
-                                   f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
-        # The checkpoint must be exactly the model transformers builds from its config.
-        expected = expected_tensors_or_error(config, path=ck.config_path)
-        got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
-        check_tensors(expected, got, path=str(src), what=f"{type(config).__name__.replace('Config', '')} model")
-
-        names = N.hf_to_gguf_names(spec)
-        absent = [N.template_regex(t) for t in spec.llamacpp_absent]
-        warnings: list[str] = []
-        plan: list[_Planned] = []
-        emb = None
-        for tname in sorted(got, key=_order_key):
-            hit = names.match(tname)
-            if hit is None:
-                raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
-                                       path=str(src), tensor=tname)
-            dst, rule = hit
-            if any(rx.match(dst) for rx in absent):
-                raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
-                                       "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
-            info = ck.tensors[tname]
-            shape = tuple(info.shape)
-            if rule.transform == "conv1d" and len(shape) == 2:
-                shape = (shape[1], shape[0])
-            if dst == "token_embd.weight":
-                emb = shape
-            gt = _weight_type(dtype, shape, tname, warnings)
-            plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
-        if emb is None:
-            raise ConfigError("no token embedding tensor", path=str(src))
-        hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-        vocab = hf_vocab(folder, emb[0], cfg)
-
-        w = gguf.GGUFWriter(path=None, arch=spec.gguf_arch)
-        # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
-        # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-        _add_metadata(w, spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
-        for p in plan:
-            w.add_tensor_info(p.dst, p.shape, np.dtype(np.float32), p.nbytes,
-                              raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])
-        staging = Staging(out, folder=False)
-        tmp = staging.path
-        digests = {}
-        wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
-        try:
-            w.write_header_to_file(path=tmp)
-            w.write_kv_data_to_file()
-            w.write_ti_data_to_file()
-            for p in plan:
-                arr = _transform_to_gguf(ck.read(p.src), p.transform, hp, path=str(src), tensor=p.src)
-                data = _encode(arr, p.ggml_type)
-                if data.nbytes != p.nbytes:  # a bug here would corrupt every following offset
-                    raise FormatError(f"encoded {data.nbytes} bytes, planned {p.nbytes}", path=str(out), tensor=p.dst)
-                digests[p.dst] = hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).digest()
-                w.write_tensor_data(data)
-                wbar.update(p.nbytes)
-                del arr, data
-            wbar.close()
-            w.close()
-            if verify:
-                _verify_written(tmp, out, spec.gguf_arch, plan, digests)
-            staging.publish(replace=True)      # check_output refused an existing OUT without force
-        except BaseException:
-            wbar.close()
-            w.close()
-            staging.discard()
-            raise
+        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force)
+        _write_planned(ck, plan, src, out, verify=verify, progress=progress)
     finally:
         ck.close()
-    tied = not any(p.dst == "output.weight" for p in plan)
-    records = tuple(TensorRecord(p.src, p.dst, p.transform, p.src_dtype, p.ggml_type, p.shape) for p in plan)
+    spec, hp = plan.spec, plan.hp
+    tied = not any(p.dst == "output.weight" for p in plan.tensors)
+    records = tuple(TensorRecord(p.src, p.dst, p.transform, p.src_dtype, p.ggml_type, p.shape) for p in plan.tensors)
     written = {f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]}": v for k, v in hp.items() if k in N.GGUF_HPARAM_KEYS}
-    return ConvertReport("hf->gguf", str(src), str(out), spec.gguf_arch, cfg.get("model_type"), dtype, len(plan),
-                         out.stat().st_size, time.perf_counter() - t0, tied, vocab.model, records,
-                         tuple(warnings), written)
+    return ConvertReport("hf->gguf", str(src), str(out), spec.gguf_arch, plan.cfg.get("model_type"), dtype,
+                         len(plan.tensors), out.stat().st_size, time.perf_counter() - t0, tied, plan.vocab.model,
+                         records, plan.warnings, written)
 
 
 def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None) -> Path:
@@ -333,63 +344,52 @@ def _order_key(name: str):
     return (0 if "emb" in name or "wte" in name or "wpe" in name else 2, 0, name)
 
 
-def _add_metadata(w, spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> None:
+# vocabulary value kinds (tokenizer.GGUFVocab.key_values) -> GGUF value type, item type
+_KV_KINDS = {"str": (gw.VT.STRING, None), "u32": (gw.VT.UINT32, None), "bool": (gw.VT.BOOL, None),
+             "str[]": (gw.VT.ARRAY, gw.VT.STRING), "i32[]": (gw.VT.ARRAY, gw.VT.INT32),
+             "f32[]": (gw.VT.ARRAY, gw.VT.FLOAT32)}
+
+
+def gguf_kvs(spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> list[gw.KV]:
+    """The key-value pairs, in the order llama.cpp's converter writes them (gguf-py's
+    ``GGUFWriter``: ``general.architecture`` first), with gguf-py's types."""
     import gguf
-    w.add_name(name)
-    w.add_file_type(int(gguf.LlamaFileType[N.DTYPES[dtype][0]]))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    kvs = [gw.KV("general.architecture", gw.VT.STRING, spec.gguf_arch),
+           gw.KV("general.name", gw.VT.STRING, name),
+           gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[N.DTYPES[dtype][0]])),
+           gw.KV("general.quantization_version", gw.VT.UINT32, gguf.GGML_QUANT_VERSION)]
     for key in spec.hparams:
         if key not in hp:
             continue
         full = f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[key]}"
         if key in N.HPARAM_FLOATS:
-            w.add_float32(full, float(hp[key]))
+            kvs.append(gw.KV(full, gw.VT.FLOAT32, float(hp[key])))
         else:
-            w.add_uint32(full, int(hp[key]))
+            kvs.append(gw.KV(full, gw.VT.UINT32, int(hp[key])))
     for key, value, kind in vocab.key_values():
-        if kind == "str":
-            w.add_string(key, value)
-        elif kind == "u32":
-            w.add_uint32(key, value)
-        elif kind == "bool":
-            w.add_bool(key, value)
-        elif kind == "str[]":
-            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
-        elif kind == "i32[]":
-            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
-        elif kind == "f32[]":
-            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
+        vtype, item = _KV_KINDS[kind]
+        kvs.append(gw.KV(key, vtype, value, item))
+    return kvs
 
 
-def _verify_written(tmp: Path, out: Path, arch: str, plan: list, digests: dict) -> None:
+def _verify_written(tmp: Path, out: Path, plan: GGUFPlan, chunks) -> None:
     """Re-parse the file with our validated GGUF reader (every offset, size and alignment checked)
-    and compare every tensor's type, shape and bytes with what was planned and written."""
+    and compare every tensor's type and shape with the plan and its bytes with what was written."""
     from ..formats.gguf import GGUFFile
     try:
         g = GGUFFile(tmp)
     except CkptError as e:
         raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
-    fd = os.open(tmp, os.O_RDONLY)
     try:
         got = g.tensors
-        if len(got) != len(plan):
-            raise FormatError(f"wrote {len(got)} tensors, planned {len(plan)}", path=str(out))
-        for p in plan:
+        if len(got) != len(plan.tensors):
+            raise FormatError(f"wrote {len(got)} tensors, planned {len(plan.tensors)}", path=str(out))
+        for p in plan.tensors:
             info = got.get(p.dst)
             if info is None or info.missing or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
                 raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
-            h = hashlib.blake2b(digest_size=16)
-            pos = info.start
-            while pos < info.end:          # in chunks: the check's memory does not grow with the tensor
-                chunk = os.pread(fd, min(_CHECK_CHUNK, info.end - pos), pos)
-                if not chunk:
-                    break
-                h.update(chunk)
-                pos += len(chunk)
-            if h.digest() != digests[p.dst]:
-                raise FormatError("bytes read back differ from the bytes written", path=str(out), tensor=p.dst)
-        if g.metadata.get("general.architecture") != arch:
+        verify_chunks(tmp, chunks, got, label=str(out))
+        if g.metadata.get("general.architecture") != plan.spec.gguf_arch:
             raise FormatError("general.architecture did not survive writing", path=str(out))
     finally:
-        os.close(fd)
         g.close()

@@ -1,0 +1,189 @@
+"""Streaming the tensor data of a planned HF -> GGUF conversion, in bounded memory.
+
+The GGUF header (key-values, tensor infos, offsets) is known before any data is read
+(:mod:`ckpt_surgeon.formats.gguf_write`, the one GGUF writing path), so every tensor's bytes can
+go straight to their offset.  Each planned tensor is cut into chunks of whole rows (about
+:data:`CHUNK_ELEMS` values; Q/K row permutations cut on head boundaries, GPT-2's transposed
+Conv1D weights taken whole).  The main thread reads the chunks in file order (one sequential
+stream over the source); a small thread pool decodes, transforms, encodes, hashes and
+``pwrite``\\ s each chunk at its offset (numpy, hashlib and pwrite release the GIL, so the cores
+work in parallel).  At most ``2 x workers`` chunks are in flight, so memory stays bounded by a
+few chunks whatever the model size — never a whole tensor, except Conv1D weights.
+
+Every chunk's bytes are hashed when written; :func:`verify_chunks` rereads the file and
+compares (in parallel too).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from ..errors import FormatError
+from ..formats import safetensors as st
+from ..formats.quantize import encode_rows
+from ..formats.shard_io import pwrite_all
+
+__all__ = ["Chunk", "write_tensor_data", "verify_chunks", "CHUNK_ELEMS"]
+
+CHUNK_ELEMS = 1 << 21              # values per chunk: 8 MB as f32, the largest temporary
+_MAX_WORKERS = 4
+_RAW_DTYPES = ("F32", "F16", "BF16")   # read as stored bytes and decoded in the worker
+
+
+def _workers() -> int:
+    return max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
+
+
+def _digest(data) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Bytes written for one chunk of one tensor: ``[start, end)`` of the output file."""
+
+    tensor: str
+    start: int
+    end: int
+    digest: bytes
+
+
+def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
+    """(row start, row stop, heads in the chunk or 0, output bytes) over the source rows
+    (``shape``: the source tensor's) of planned tensor ``p``."""
+    rows = shape[0] if shape else 1
+    whole = [(0, rows, 0, p.nbytes)]
+    if len(shape) < 2 or p.transform == "conv1d":
+        return whole
+    cols = int(np.prod(shape[1:]))
+    per_row = p.nbytes // rows              # row-wise transforms keep the row count
+    if p.transform in ("perm_q", "perm_k"):
+        n_head = hp["n_head"] if p.transform == "perm_q" else hp["n_head_kv"]
+        if rows % n_head or (rows // n_head) % 2:
+            return whole                    # the transform refuses it, with the whole tensor's numbers
+        hd = rows // n_head
+        step = max(1, CHUNK_ELEMS // (hd * cols))          # heads per chunk
+        return [(h * hd, min(h + step, n_head) * hd, min(h + step, n_head) - h, (min(h + step, n_head) - h) * hd * per_row)
+                for h in range(0, n_head, step)]
+    step = max(1, CHUNK_ELEMS // max(1, cols))
+    return [(a, min(a + step, rows), 0, (min(a + step, rows) - a) * per_row) for a in range(0, rows, step)]
+
+
+class _Job:
+    """One chunk: its source (stored bytes or decoded values), where it goes, how to make it."""
+
+    __slots__ = ("p", "heads", "at", "nbytes", "src", "info")
+
+    def __init__(self, p, heads, at, nbytes, src, info):
+        self.p, self.heads, self.at, self.nbytes, self.src, self.info = p, heads, at, nbytes, src, info
+
+
+def _read(ck, p, a: int, b: int):
+    """Rows a:b of ``p``'s source in the main thread: the stored bytes for float safetensors
+    (decoded by the worker), else the decoded values."""
+    info = ck.tensors[p.src]
+    rows = info.shape[0] if info.shape else 1
+    if ck.format == "safetensors" and info.dtype in _RAW_DTYPES:
+        per_row = info.nbytes // max(rows, 1)
+        buf = np.empty((b - a) * per_row, np.uint8)
+        ck.read_rows_into(p.src, a, b, buf)
+        return buf, (replace(info, shape=(b - a,) + tuple(info.shape[1:])) if info.shape else info)
+    if (a, b) == (0, rows):
+        return ck.read(p.src), None
+    return ck.read_rows(p.src, a, b), None
+
+
+def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str]) -> Chunk:
+    p = job.p
+    arr = st.decode(job.src, job.info) if job.info is not None else job.src
+    job.src = None
+    if job.heads:       # a whole number of heads: permute within them, as over the whole tensor
+        hp = dict(hp, n_head=job.heads, n_head_kv=job.heads)
+    arr = transform(arr, p.transform, hp, path=labels[0], tensor=p.src)
+    data = encode_rows(arr, p.ggml_type)
+    del arr
+    if data.nbytes != job.nbytes:  # a bug here would corrupt every following offset
+        raise FormatError(f"encoded {data.nbytes} bytes, planned {job.nbytes}", path=labels[1], tensor=p.dst)
+    mv = memoryview(data).cast("B")
+    chunk = Chunk(p.dst, job.at, job.at + job.nbytes, _digest(mv))
+    pwrite_all(fd, mv, job.at)
+    return chunk
+
+
+def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable, *, labels: tuple[str, str],
+                      progress=None, workers: int | None = None) -> list[Chunk]:
+    """Write every planned tensor's data at its offset; returns the chunks written, in order.
+
+    ``transform(arr, kind, hp, path=, tensor=)``: HF values -> GGUF values (numpy order), applied
+    per chunk (row-wise transforms) or per tensor (``conv1d``).  ``labels``: (source, output) paths
+    for messages.  ``progress``: a bar (``update(n)``).
+    """
+    workers = workers or _workers()
+    done: list[Chunk] = []
+    pending: collections.deque = collections.deque()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-surgeon-gguf")
+
+    def collect_oldest():
+        c = pending.popleft().result()
+        done.append(c)
+        if progress is not None:
+            progress.update(c.end - c.start)
+
+    try:
+        for p, off in zip(plan, offsets):
+            at = off
+            for a, b, heads, nbytes in _row_ranges(p, tuple(ck.tensors[p.src].shape), hp):
+                src, info = _read(ck, p, a, b)
+                pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform, labels))
+                del src
+                at += nbytes
+                while len(pending) >= 2 * workers:
+                    collect_oldest()
+        while pending:
+            collect_oldest()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+    return done
+
+
+def _check_one(fd: int, c: Chunk) -> bool:
+    h = hashlib.blake2b(digest_size=16)
+    pos = c.start
+    while pos < c.end:
+        buf = os.pread(fd, min(c.end - pos, 16 << 20), pos)
+        if not buf:
+            return False
+        h.update(buf)
+        pos += len(buf)
+    return h.digest() == c.digest
+
+
+def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, workers: int | None = None) -> None:
+    """Reread the written file: the chunks of each tensor cover exactly its data range as parsed
+    back (``tensors``: name -> TensorInfo), and every chunk's bytes hash to what was written."""
+    span: dict[str, list[int]] = {}
+    for c in chunks:
+        lo_hi = span.setdefault(c.tensor, [c.start, c.start])
+        if c.start != lo_hi[1]:
+            raise FormatError("written chunks are not contiguous", path=label, tensor=c.tensor)
+        lo_hi[1] = c.end
+    for name, (lo, hi) in span.items():
+        info = tensors.get(name)
+        if info is None or (info.start, info.end) != (lo, hi):
+            raise FormatError("tensor data range differs from the plan after writing", path=label, tensor=name)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(max_workers=workers or _workers()) as pool:
+            for c, ok in zip(chunks, pool.map(lambda c: _check_one(fd, c), chunks)):
+                if not ok:
+                    raise FormatError("bytes read back differ from the bytes written", path=label, tensor=c.tensor)
+    finally:
+        os.close(fd)

@@ -1,0 +1,67 @@
+"""Encoding float rows as GGUF tensor bytes: F32, F16, BF16 and Q8_0.
+
+Q8_0 (ggml ``block_q8_0``: an f16 scale ``d`` then 32 int8 ``qs`` per block of 32 values) follows
+llama.cpp's reference ``quantize_row_q8_0_ref`` (``ggml-quants.c``): ``d = max|x| / 127``,
+``qs = roundf(x / d)`` with ``x * (1/d)`` and round-half-away-from-zero, ``d`` stored as f16.
+gguf-py's ``gguf.quants.quantize`` (what llama.cpp's ``convert_hf_to_gguf.py`` calls) computes
+the same thing in float32 numpy; this module performs the same float32 operations in the same
+order, so the bytes are identical (``tests/test_convert_stream.py`` checks it on random data and
+on zeros, tiny and subnormal values, exact halves, infinities and NaN), but on one chunk of rows
+at a time, into one preallocated output, with in-place temporaries: callers quantize a tensor in
+bounded memory, in several threads at once (numpy releases the GIL in these loops).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedError
+
+__all__ = ["quantize_q8_0", "encode_rows", "Q8_0_BLOCK", "Q8_0_BYTES"]
+
+Q8_0_BLOCK = 32
+Q8_0_BYTES = 34                  # 2-byte f16 scale + 32 int8
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """float32 values (any shape, last axis a multiple of 32) -> Q8_0 bytes, shape
+    ``x.shape[:-1] + (x.shape[-1] // 32 * 34,)``, uint8."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % Q8_0_BLOCK:
+        raise ValueError(f"Q8_0 needs rows that are whole blocks of {Q8_0_BLOCK} values, got shape {x.shape}")
+    blocks = x.reshape(-1, Q8_0_BLOCK)
+    out = np.empty((blocks.shape[0], Q8_0_BYTES), np.uint8)
+    a = np.abs(blocks)
+    d = a.max(axis=1, keepdims=True) / np.float32(127)          # gguf-py: abs(blocks).max(...) / 127
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+    v = np.multiply(blocks, inv, out=a)                          # x * (1/d); a is free again
+    # roundf (half away from zero) exactly as gguf-py's np_roundf:
+    # sign(v) * (floor|v| + floor(2 * (|v| - floor|v|)))
+    av = np.abs(v)
+    fl = np.floor(av)
+    np.subtract(av, fl, out=av)
+    np.multiply(av, np.float32(2), out=av)
+    np.floor(av, out=av)
+    np.add(fl, av, out=fl)
+    np.multiply(np.sign(v, out=av), fl, out=fl)
+    out[:, :2] = d.astype(np.float16).view(np.uint8)
+    out[:, 2:] = fl.astype(np.int8).view(np.uint8)
+    return out.reshape(x.shape[:-1] + (x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES,))
+
+
+def encode_rows(arr: np.ndarray, ggml_type: str) -> np.ndarray:
+    """Values -> a contiguous array whose bytes are the GGUF tensor data of type ``ggml_type``.
+
+    Floats are rounded once, to nearest even (numpy's f32/f16 casts; BF16 through ml_dtypes, as
+    torch's ``.to(torch.bfloat16)``).
+    """
+    if ggml_type == "F32":
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    if ggml_type == "F16":
+        return np.ascontiguousarray(arr, dtype=np.float16)
+    if ggml_type == "BF16":
+        import ml_dtypes
+        return np.ascontiguousarray(np.asarray(arr, dtype=np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
+    if ggml_type == "Q8_0":
+        return quantize_q8_0(arr)
+    raise UnsupportedError(f"writing GGUF type {ggml_type} is not supported")

@@ -1,0 +1,172 @@
+"""HF -> GGUF through the project's own streaming GGUF writer is byte-identical to gguf-py.
+
+The reference is built here, from the same plan (:func:`plan_hf_to_gguf`: names, types, shapes,
+hyper-parameters, vocabulary), the way llama.cpp's ``convert_hf_to_gguf.py`` writes a file:
+gguf-py's ``GGUFWriter`` with its named ``add_*`` calls (``general.architecture`` first, then
+name, file type, quantization version, hyper-parameters, vocabulary), whole tensors read,
+transformed and encoded with ``gguf.quants.quantize`` (F32 / F16 / BF16 / Q8_0), then
+``write_tensor_data``.  Ours must produce the same file, byte for byte, for every family the
+converter covers, at every output type, from f32 and bf16 sources, and with tensors cut into
+many chunks (so that chunk seams, head-aligned Q/K permutation chunks included, are exercised).
+
+Our Q8_0 quantizer is also compared with ``gguf.quants.quantize`` directly on random data and on
+the values where rounding is delicate.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert_variants import build_variant, with_dtype  # noqa: E402
+
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.conversion import gguf_stream
+from ckpt_surgeon.conversion import names as N
+from ckpt_surgeon.conversion.to_gguf import _transform_to_gguf, hf_to_gguf, plan_hf_to_gguf
+from ckpt_surgeon.formats.quantize import quantize_q8_0
+
+FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2",
+            "gemma3")
+GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+@pytest.fixture(scope="module")
+def family(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream-families")
+    cache: dict = {}
+
+    def get(name: str, dtype: str = "float32") -> Path:
+        if (name, dtype) not in cache:
+            base = build_variant(tiny, name, root / name)
+            cache[name, dtype] = with_dtype(base, dtype, root / f"{name}-{dtype}")
+        return cache[name, dtype]
+    return get
+
+
+def gguf_py_reference(src: Path, dtype: str, out: Path) -> bytes:
+    """The file gguf-py's GGUFWriter writes for our plan of ``src`` (see the module doc)."""
+    import gguf
+
+    ck = open_checkpoint(src)
+    try:
+        plan = plan_hf_to_gguf(ck, src, dtype, name="tiny")
+        spec, hp = plan.spec, plan.hp
+        w = gguf.GGUFWriter(path=None, arch=spec.gguf_arch)
+        w.add_name("tiny")
+        w.add_file_type(int(gguf.LlamaFileType[N.DTYPES[dtype][0]]))
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for key in spec.hparams:
+            if key in hp:
+                full = f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[key]}"
+                (w.add_float32 if key in N.HPARAM_FLOATS else w.add_uint32)(full, hp[key])
+        arrays = {"str[]": gguf.GGUFValueType.STRING, "i32[]": gguf.GGUFValueType.INT32,
+                  "f32[]": gguf.GGUFValueType.FLOAT32}
+        for key, value, kind in plan.vocab.key_values():
+            if kind in arrays:
+                w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=arrays[kind])
+            else:
+                {"str": w.add_string, "u32": w.add_uint32, "bool": w.add_bool}[kind](key, value)
+        for p in plan.tensors:
+            w.add_tensor_info(p.dst, p.shape, np.dtype(np.float32), p.nbytes,
+                              raw_dtype=gguf.GGMLQuantizationType[p.ggml_type])
+        w.write_header_to_file(path=out)
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for p in plan.tensors:
+            arr = _transform_to_gguf(ck.read(p.src), p.transform, hp)
+            w.write_tensor_data(gguf.quants.quantize(np.asarray(arr, dtype=np.float32),
+                                                     gguf.GGMLQuantizationType[p.ggml_type]))
+        w.close()
+    finally:
+        ck.close()
+    return out.read_bytes()
+
+
+def _first_difference(a: bytes, b: bytes) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"sizes {len(a)} / {len(b)}, first difference at byte {n}"
+
+
+@pytest.mark.parametrize("dtype", GGUF_DTYPES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_same_bytes_as_gguf_py(name, dtype, family, tmp_path):
+    src = family(name)
+    ours = hf_to_gguf(src, tmp_path / "ours.gguf", dtype=dtype, name="tiny").read_bytes()
+    ref = gguf_py_reference(src, dtype, tmp_path / "ref.gguf")
+    assert ours == ref, _first_difference(ours, ref)
+
+
+@pytest.mark.parametrize("name,dtype", [("qwen2", "f16"), ("llama_bias", "q8_0"), ("gpt2", "f16"),
+                                        ("phi3", "bf16"), ("llama", "f32")])
+def test_same_bytes_from_bf16_source_and_small_chunks(name, dtype, family, tmp_path, monkeypatch):
+    """A bf16-stored source (decoded by the workers from the stored bytes), and chunks of 256
+    values: every tensor is cut at many row and head boundaries (one head per chunk for Q/K)."""
+    src = family(name, "bfloat16")
+    ref = gguf_py_reference(src, dtype, tmp_path / "ref.gguf")
+    ours = hf_to_gguf(src, tmp_path / "ours.gguf", dtype=dtype, name="tiny").read_bytes()
+    assert ours == ref, _first_difference(ours, ref)
+    monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 256)
+    with open_checkpoint(src) as ck:
+        plan = plan_hf_to_gguf(ck, src, dtype)
+        q = next((p for p in plan.tensors if p.transform == "perm_q" and len(p.shape) == 2), None) or \
+            next(p for p in plan.tensors if p.dst == "token_embd.weight")
+        n_chunks = len(gguf_stream._row_ranges(q, tuple(ck.tensors[q.src].shape), plan.hp))
+    rows, cols = q.shape
+    # llama-arch Q rows are permuted within heads: one head (>= 256 values) per chunk; else 256 // cols rows
+    assert n_chunks == (plan.hp["n_head"] if q.transform == "perm_q" else -(-rows // (256 // cols))) > 1
+    small = hf_to_gguf(src, tmp_path / "small.gguf", dtype=dtype, name="tiny").read_bytes()
+    assert small == ref, _first_difference(small, ref)
+
+
+def _blocks(*rows) -> np.ndarray:
+    return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
+
+
+def _q8_0_cases() -> dict:
+    rng = np.random.default_rng(0)
+    halves = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)      # x * (1/d) lands on k + 0.5
+    halves[0] = 127.0                                                   # max |x| = 127: d = 1 exactly
+    tiny = np.full(32, 1e-30, np.float32) * rng.standard_normal(32).astype(np.float32)
+    sub = np.zeros(32, np.float32)
+    sub[::3] = np.float32(2.0 ** -149) * np.arange(1, 12, dtype=np.float32)   # subnormal amax: 1/d overflows
+    below_half = np.full(32, np.nextafter(np.float32(0.5), np.float32(0)), np.float32)
+    below_half[0] = 127.0
+    special = np.zeros((3, 32), np.float32)
+    special[0, 5], special[1, 7], special[2, 9] = np.inf, -np.inf, np.nan
+    return {
+        "normal": rng.standard_normal((64, 256)).astype(np.float32),
+        "scales": (rng.standard_normal((40, 64)) * np.logspace(-6, 6, 40)[:, None]).astype(np.float32),
+        "zeros": np.zeros((4, 64), np.float32),
+        "zeros-and-values": _blocks(np.r_[np.zeros(32), rng.standard_normal(32)]),
+        "tiny": tiny[None, :],
+        "subnormal": sub[None, :],
+        "exact-halves": np.stack([halves, -halves]),
+        "just-below-half": below_half[None, :],
+        "inf-nan": special,
+        "huge": (rng.standard_normal((2, 32)) * 1e38).astype(np.float32),   # |x| * (1/d) still finite
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_q8_0_cases()))
+def test_q8_0_bytes_equal_gguf_py(case):
+    import gguf
+    x = _q8_0_cases()[case]
+    with np.errstate(all="ignore"):          # inf / nan / overflow cases: the same warnings on both sides
+        ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+        ours = quantize_q8_0(x)
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype == np.uint8
+    assert ours.tobytes() == ref.tobytes()
+
+
+def test_q8_0_halves_round_away_from_zero():
+    """The exact-halves block really holds ties (else the case above would prove nothing)."""
+    x = _q8_0_cases()["exact-halves"]
+    q = quantize_q8_0(x).reshape(2, 34)
+    assert np.frombuffer(q[0, :2].tobytes(), np.float16)[0] == 1.0        # d = 127 / 127
+    got = q[0, 3:].view(np.int8)                                          # qs after the 127
+    want = np.where(x[0, 1:] > 0, np.floor(x[0, 1:]) + 1, np.ceil(x[0, 1:]) - 1)
+    assert np.array_equal(got, want.astype(np.int8))
