@@ -1,4 +1,25 @@
-"""Benchmark: GGUF -> HF folder, ours vs transformers, on SmolLM2-135M-Instruct Q4_1.
+"""Benchmark: HF -> GGUF (ours vs llama.cpp's convert_hf_to_gguf.py) and GGUF -> HF (ours vs transformers).
+
+HF -> GGUF (``--direction hf2gguf``, issue #12 item 4)
+----------------------------------------------------
+A Qwen2-shaped checkpoint (``make_qwen25_shape.py``, ``--shape``: ``7b`` = the 15.2 GB
+Qwen2.5-7B shape, ``0.5b``, or ``small`` = ~0.5 GB for smoke runs) gets a real Qwen2 tokenizer:
+llama.cpp's own ``models/ggml-vocab-qwen2.gguf`` rebuilt as ``tokenizer.json`` by our GGUF -> HF
+tokenizer code (llama.cpp's converter recognises it as ``qwen2`` by its hash, as it would the
+Hub's).  For each ``--dtypes`` entry (default ``f16,q8_0``) both converters run as whole fresh
+processes, interleaved:
+
+* ours: ``python -m ckpt_surgeon convert SRC -o OUT --dtype D --no-progress``;
+* reference: llama.cpp's ``convert_hf_to_gguf.py SRC --outtype D --outfile OUT`` from the
+  llama-cpp-python sdist of the installed version (``tests/llamacpp_src.py`` downloads it once
+  into the fixture cache), run with that sdist's own gguf-py on ``PYTHONPATH``.
+
+Printed: wall time of each, the ratio ours / reference (target <= 0.5), the peak RSS of each
+process tree (target for ours < 500 MB), and whether every tensor's bytes are identical in the
+two files (they must be).
+
+GGUF -> HF (``--direction gguf2hf``), on SmolLM2-135M-Instruct Q4_1
+----------------------------------------------------------------
 
 Both sides produce the same thing, an HF folder that ``from_pretrained`` loads (weights in
 float32, config, tokenizer files), and each runs as a whole fresh Python process so that
@@ -18,7 +39,8 @@ itself, plus ``psutil``'s sampled RSS of the process tree as a cross-check).  Th
 reference / ours.  Target: ratio >= 5.  Runs are repeated (``--repeat``) and the best of each side
 is compared, interleaving the two so that background load hits both alike.
 
-Usage: python benchmarks/bench_convert.py [--gguf PATH] [--repeat 2] [--keep DIR]
+Usage: python benchmarks/bench_convert.py [--direction both|hf2gguf|gguf2hf] [--shape small|0.5b|7b]
+           [--dtypes f16,q8_0] [--dir .bench/qwen2.5-<shape>-shape] [--gguf PATH] [--repeat 2] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -34,6 +56,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 OURS = r"""
 import json, resource, sys, time
@@ -72,12 +96,19 @@ def _default_gguf() -> Path:
 
 
 def _run(code: str, gguf: Path, out: Path) -> dict:
-    """One fresh process; wall time from spawn to exit and psutil-sampled peak RSS of the tree."""
+    """One fresh ``python -c code gguf out``; see :func:`_run_cmd`.  The child prints its own
+    inner time and peak RSS as its last line of JSON."""
+    res = _run_cmd([sys.executable, "-c", code, str(gguf), str(out)])
+    res.update(json.loads(res.pop("stdout").strip().splitlines()[-1]))
+    return res
+
+
+def _run_cmd(cmd: list[str], pythonpath: str = str(ROOT)) -> dict:
+    """One fresh process: wall time from spawn to exit and psutil-sampled peak RSS of its tree."""
     import psutil
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=pythonpath)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(gguf), str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     peak = [0]
 
     def sample():
@@ -96,19 +127,89 @@ def _run(code: str, gguf: Path, out: Path) -> dict:
     wall = time.perf_counter() - t0
     th.join()
     if proc.returncode != 0:
-        sys.exit(f"child failed ({proc.returncode}):\n{stderr[-3000:]}")
-    res = json.loads(stdout.strip().splitlines()[-1])
-    res["wall_s"] = wall
-    res["sampled_rss_mb"] = peak[0] / 2**20
-    return res
+        sys.exit(f"child failed ({proc.returncode}): {' '.join(cmd)}\n{stderr[-3000:]}")
+    return {"wall_s": wall, "sampled_rss_mb": peak[0] / 2**20, "stdout": stdout}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", type=Path, default=None)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--keep", type=Path, default=None, help="keep both outputs under this folder")
-    args = ap.parse_args()
+# ----------------------------------------------------------------------------- HF -> GGUF
+
+def _hf_source(shape: str, folder: Path, llamacpp: Path) -> Path:
+    """The Qwen2-shaped checkpoint with llama.cpp's qwen2 vocabulary as tokenizer.json."""
+    from benchmarks.make_qwen25_shape import make_qwen25_shape
+    from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
+    from ckpt_surgeon.formats.gguf import read_header
+
+    src = make_qwen25_shape(folder, shape=shape, quiet=False)
+    if not (src / "tokenizer.json").is_file():
+        vocab_file = llamacpp / "models" / "ggml-vocab-qwen2.gguf"
+        files = hf_tokenizer_files(vocab_from_metadata(read_header(vocab_file).metadata, str(vocab_file)),
+                                   path=str(vocab_file))
+        (src / "tokenizer_config.json").write_text(json.dumps(files.tokenizer_config, indent=2))
+        (src / "tokenizer.json").write_text(files.tokenizer_json)
+    return src
+
+
+def _tensor_digests(path: Path) -> dict:
+    import hashlib
+
+    from ckpt_surgeon.formats.gguf import read_header
+    h = read_header(path)
+    out = {}
+    with open(path, "rb") as f:
+        for name, info in h.tensors.items():
+            f.seek(info.start)
+            out[name] = (info.dtype, tuple(info.shape), hashlib.sha256(f.read(info.nbytes)).hexdigest())
+    return out
+
+
+def bench_hf_to_gguf(args) -> None:
+    from tests.llamacpp_src import llamacpp_source
+
+    llamacpp = llamacpp_source()
+    folder = args.dir or ROOT / ".bench" / f"qwen2.5-{args.shape}-shape"
+    src = _hf_source(args.shape, Path(folder), llamacpp)
+    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    work = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=src.parent))
+    sides = {
+        "ours": lambda d, out: ([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(out),
+                                 "--dtype", d, "--no-progress"], str(ROOT)),
+        "llama.cpp": lambda d, out: ([sys.executable, str(llamacpp / "convert_hf_to_gguf.py"), str(src),
+                                      "--outtype", d, "--outfile", str(out)], str(llamacpp / "gguf-py")),
+    }
+    print(f"source: {src} ({size / 1e9:.2f} GB bf16, shape {args.shape})", flush=True)
+    summary = []
+    try:
+        for dtype in args.dtypes.split(","):
+            best: dict = {}
+            for i in range(args.repeat):
+                for side, make in sides.items():
+                    out = work / f"{side}-{dtype}.gguf"
+                    cmd, pythonpath = make(dtype, out)
+                    os.sync()          # the previous run's dirty pages are not this run's cost
+                    r = _run_cmd(cmd, pythonpath)
+                    print(f"{dtype:5s} run {i + 1} {side:9s} wall {r['wall_s']:7.2f} s  peak RSS "
+                          f"{r['sampled_rss_mb']:7.0f} MB", flush=True)
+                    if side not in best or r["wall_s"] < best[side]["wall_s"]:
+                        best[side] = r
+            same = _tensor_digests(work / f"ours-{dtype}.gguf") == _tensor_digests(work / f"llama.cpp-{dtype}.gguf")
+            for side in sides:
+                (work / f"{side}-{dtype}.gguf").unlink()
+            summary.append((dtype, best, same))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    for dtype, best, same in summary:
+        ratio = best["ours"]["wall_s"] / best["llama.cpp"]["wall_s"]
+        rss = best["ours"]["sampled_rss_mb"]
+        print(f"HF -> GGUF {dtype}: ours {best['ours']['wall_s']:.2f} s / llama.cpp {best['llama.cpp']['wall_s']:.2f} s "
+              f"= {ratio:.2f}x (target <= 0.5: {'met' if ratio <= 0.5 else 'NOT met'}); peak RSS ours "
+              f"{rss:.0f} MB (target < 500: {'met' if rss < 500 else 'NOT met'}), llama.cpp "
+              f"{best['llama.cpp']['sampled_rss_mb']:.0f} MB; tensors byte-identical: {same}")
+
+
+# ----------------------------------------------------------------------------- GGUF -> HF
+
+def bench_gguf_to_hf(args) -> None:
     gguf = args.gguf or _default_gguf()
     work = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.keep.parent if args.keep else None))
     results = {"ours": [], "reference": []}
@@ -140,6 +241,24 @@ def main() -> None:
                     shutil.move(str(src), str(args.keep / side))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    from benchmarks.make_qwen25_shape import SHAPES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--direction", choices=("both", "hf2gguf", "gguf2hf"), default="both")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="7b", help="HF -> GGUF source geometry")
+    ap.add_argument("--dir", type=Path, default=None, help="HF -> GGUF source folder (made once)")
+    ap.add_argument("--dtypes", default="f16,q8_0", help="HF -> GGUF output types")
+    ap.add_argument("--gguf", type=Path, default=None, help="GGUF -> HF source (default: SmolLM2 Q4_1)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--keep", type=Path, default=None, help="GGUF -> HF: keep both outputs under this folder")
+    args = ap.parse_args()
+    if args.direction in ("both", "hf2gguf"):
+        bench_hf_to_gguf(args)
+    if args.direction in ("both", "gguf2hf"):
+        bench_gguf_to_hf(args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ Written in streaming fashion with a reused random block (bounded RAM).  With
 the kernel then skip them, which flatters copy baselines); the default writes
 real bytes so copy/read benchmarks measure real I/O.
 
-Usage: python benchmarks/make_qwen25_shape.py [--dir .bench/qwen2.5-7b-shape] [--sparse]
+``--shape`` picks the geometry: ``7b`` (the default, above), ``0.5b`` (Qwen2.5-0.5B: hidden 896,
+24 layers, 14 / 2 heads of 64, intermediate 4864, vocab 151936, tied embeddings, one shard,
+~0.99 GB) or ``small`` (the 0.5b geometry with 8 layers, ~0.51 GB: for smoke runs of the
+benchmarks on a shared machine).
+
+Usage: python benchmarks/make_qwen25_shape.py [--dir .bench/qwen2.5-7b-shape] [--shape 7b] [--sparse]
 """
 from __future__ import annotations
 
@@ -20,15 +25,36 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-H, L, NH, NKV, HD, FF, V = 3584, 28, 28, 4, 128, 18944, 152064
-NUM_SHARDS = 4
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    shards: int
+    tied: bool
+    max_pos: int
 
 
-def tensor_specs() -> list[tuple[str, tuple[int, ...]]]:
+SHAPES = {
+    "7b": Shape(3584, 28, 28, 4, 128, 18944, 152064, 4, False, 131072),
+    "0.5b": Shape(896, 24, 14, 2, 64, 4864, 151936, 1, True, 32768),
+    "small": Shape(896, 8, 14, 2, 64, 4864, 151936, 1, True, 32768),
+}
+
+
+def tensor_specs(shape: Shape = SHAPES["7b"]) -> list[tuple[str, tuple[int, ...]]]:
+    H, L, NH, NKV, HD, FF, V = (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn,
+                                shape.vocab)
     specs = [("model.embed_tokens.weight", (V, H))]
     for i in range(L):
         p = f"model.layers.{i}."
@@ -42,17 +68,20 @@ def tensor_specs() -> list[tuple[str, tuple[int, ...]]]:
             (p + "mlp.gate_proj.weight", (FF, H)), (p + "mlp.up_proj.weight", (FF, H)),
             (p + "mlp.down_proj.weight", (H, FF)),
         ]
-    specs += [("model.norm.weight", (H,)), ("lm_head.weight", (V, H))]
+    specs += [("model.norm.weight", (H,))]
+    if not shape.tied:
+        specs += [("lm_head.weight", (V, H))]
     return specs
 
 
-def config() -> dict:
+def config(shape: Shape = SHAPES["7b"]) -> dict:
     return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": H,
-        "intermediate_size": FF, "num_hidden_layers": L, "num_attention_heads": NH,
-        "num_key_value_heads": NKV, "max_position_embeddings": 131072, "max_window_layers": 28,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": V, "hidden_act": "silu",
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": shape.hidden,
+        "intermediate_size": shape.ffn, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "max_position_embeddings": shape.max_pos,
+        "max_window_layers": shape.layers, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "sliding_window": shape.max_pos, "tie_word_embeddings": shape.tied,
+        "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": shape.vocab, "hidden_act": "silu",
         "bos_token_id": 151643, "eos_token_id": 151643, "attention_dropout": 0.0, "initializer_range": 0.02,
         "use_cache": True, "rope_scaling": None, "transformers_version": "4.43.1",
     }
@@ -65,7 +94,7 @@ def _bf16(a: np.ndarray) -> bytes:
     return u.astype(np.uint16).tobytes()
 
 
-def _fill_value(name: str, shape, rng: np.random.Generator) -> bytes | None:
+def _fill_value(name: str, shape, rng: np.random.Generator, n_layers: int) -> bytes | None:
     """Small tensors get meaningful random values; big ones use the shared block (None)."""
     n = int(np.prod(shape))
     if name.endswith(".bias"):
@@ -73,7 +102,7 @@ def _fill_value(name: str, shape, rng: np.random.Generator) -> bytes | None:
         scale = 1.0
         if "k_proj" in name:
             # large in the first and last layers, median ~22 (in L2 over 512 values)
-            scale = {0: 600.0, L - 1: 900.0}.get(layer, 22.0) / np.sqrt(n)
+            scale = {0: 600.0, n_layers - 1: 900.0}.get(layer, 22.0) / np.sqrt(n)
         return _bf16(rng.standard_normal(n) * scale)
     if name.endswith("layernorm.weight") or name == "model.norm.weight":
         return _bf16(1.0 + 0.1 * rng.standard_normal(n))
@@ -81,7 +110,7 @@ def _fill_value(name: str, shape, rng: np.random.Generator) -> bytes | None:
 
 
 def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *, sparse: bool = False,
-                      quiet: bool = False) -> Path:
+                      quiet: bool = False, shape: str = "7b") -> Path:
     out = Path(out_dir)
     done = out / ".complete"
     if done.exists():
@@ -89,25 +118,26 @@ def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *,
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     block = _bf16(rng.standard_normal(1 << 24) * 0.02)  # 32 MB of bf16 reused for big tensors
-    specs = tensor_specs()
+    geo = SHAPES[shape]
+    specs = tensor_specs(geo)
     total = sum(int(np.prod(s)) * 2 for _, s in specs)
-    target = total / NUM_SHARDS
+    target = total / geo.shards
     shards, cur, size = [], [], 0
-    for name, shape in specs:
-        nb = int(np.prod(shape)) * 2
-        if cur and size + nb > target and len(shards) < NUM_SHARDS - 1:
+    for name, dims in specs:
+        nb = int(np.prod(dims)) * 2
+        if cur and size + nb > target and len(shards) < geo.shards - 1:
             shards.append(cur)
             cur, size = [], 0
-        cur.append((name, shape))
+        cur.append((name, dims))
         size += nb
     shards.append(cur)
     weight_map = {}
     for si, shard in enumerate(shards):
-        fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
+        fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
         header, off = {"__metadata__": {"format": "pt"}}, 0
-        for name, shape in shard:
-            nb = int(np.prod(shape)) * 2
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + nb]}
+        for name, dims in shard:
+            nb = int(np.prod(dims)) * 2
+            header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [off, off + nb]}
             off += nb
             weight_map[name] = fname
         hb = json.dumps(header, separators=(",", ":")).encode()
@@ -117,9 +147,9 @@ def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *,
             f.write(len(hb).to_bytes(8, "little"))
             f.write(hb)
             base = f.tell()
-            for name, shape in shard:
-                nb = int(np.prod(shape)) * 2
-                val = _fill_value(name, shape, rng)
+            for name, dims in shard:
+                nb = int(np.prod(dims)) * 2
+                val = _fill_value(name, dims, rng, geo.layers)
                 if val is not None:
                     f.write(val)
                 elif sparse:
@@ -134,9 +164,10 @@ def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *,
         os.replace(tmp, out / fname)
         if not quiet:
             print(f"wrote {fname} ({(base + off) / 1e9:.2f} GB)", file=sys.stderr)
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(config(), indent=2))
+    if len(shards) > 1:
+        (out / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out / "config.json").write_text(json.dumps(config(geo), indent=2))
     done.write_text("ok\n")
     return out
 
@@ -145,5 +176,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=".bench/qwen2.5-7b-shape")
     ap.add_argument("--sparse", action="store_true", help="leave big weights as file holes")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="7b", help="geometry (see the module doc)")
     a = ap.parse_args()
-    print(make_qwen25_shape(a.dir, sparse=a.sparse))
+    print(make_qwen25_shape(a.dir, sparse=a.sparse, shape=a.shape))

@@ -170,3 +170,22 @@ def test_q8_0_halves_round_away_from_zero():
     got = q[0, 3:].view(np.int8)                                          # qs after the 127
     want = np.where(x[0, 1:] > 0, np.floor(x[0, 1:]) + 1, np.ceil(x[0, 1:]) - 1)
     assert np.array_equal(got, want.astype(np.int8))
+
+
+def test_f16_bytes_equal_numpy():
+    """to_f16 (torch's vectorised cast for large arrays) rounds exactly as numpy's astype:
+    ties, subnormals, overflow to inf, signed zeros, NaNs with payloads."""
+    from ckpt_surgeon.formats.quantize import to_f16
+    rng = np.random.default_rng(1)
+    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    finite = f16[np.isfinite(f16)]
+    mid = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)   # exact halfway points
+    parts = [f16, mid, np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf)),
+             rng.standard_normal(1 << 17).astype(np.float32) * np.float32(1e-6),
+             np.array([65519.99, 65520.0, 1e5, -1e30, 0.0, -0.0, 2.0 ** -25, 2.0 ** -24, 3 * 2.0 ** -26], np.float32),
+             np.array([0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0x7F802000], np.uint32).view(np.float32)]
+    x = np.concatenate(parts)
+    assert x.size > 1 << 16           # large enough for the vectorised path
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    assert to_f16(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()

@@ -50,7 +50,7 @@ def command(source, out, dtype, force, name, fmt, progress):
     from ..conversion import convert
     from .render import to_json, to_table
 
-    report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress)
+    report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

@@ -52,12 +52,15 @@ def _gguf_in_folder(p: Path) -> Path | None:
 
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
-            progress: bool | None = False):
+            progress: bool | None = False, isolate: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
     an HF folder / ``.safetensors`` becomes the GGUF file ``out``.  ``progress``: a bar over
-    the bytes written on stderr (None: only when stderr is a terminal).
+    the bytes written on stderr (None: only when stderr is a terminal).  ``isolate`` (HF -> GGUF):
+    ask transformers about the folder in a short-lived child process, so that this process never
+    holds transformers, the tokenizer and the model classes (the CLI's choice; see
+    :func:`~.to_gguf.hf_to_gguf_report`).
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
@@ -75,4 +78,4 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",
                                path=os.fspath(out))
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
-                             progress=progress)
+                             progress=progress, isolate=isolate)

@@ -14,6 +14,7 @@ leaves with ``os._exit`` once its answer is written, skipping torch's interprete
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -62,12 +63,12 @@ class ExpectedTensors:
     ``{name: shape}`` answer, :meth:`kill` ends it when the conversion fails first.
     """
 
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, args: tuple = ()):
         self.path = path
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon.conversion.model_check"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon.conversion.model_check", *args],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, text=True)
         self._payload: str | None = None
@@ -75,7 +76,8 @@ class ExpectedTensors:
     def submit(self, config: dict) -> None:
         self._payload = json.dumps(config)
 
-    def result(self) -> dict[str, tuple[int, ...]]:
+    def answer(self, key: str, what: str) -> dict:
+        """The child's JSON answer, which must hold ``key``; else a ConfigError saying ``what`` failed."""
         if self._payload is None:
             raise RuntimeError("submit(config) first")
         out, err = self._proc.communicate(self._payload)
@@ -83,9 +85,13 @@ class ExpectedTensors:
             got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
         except json.JSONDecodeError:
             got = {}
-        if self._proc.returncode != 0 or "shapes" not in got:
+        if self._proc.returncode != 0 or key not in got:
             why = got.get("error") or (err.strip().splitlines() or ["no output"])[-1]
-            raise ConfigError(f"transformers cannot build a model from the converted config ({why})", path=self.path)
+            raise ConfigError(f"{what} ({why})", path=self.path)
+        return got
+
+    def result(self) -> dict[str, tuple[int, ...]]:
+        got = self.answer("shapes", "transformers cannot build a model from the converted config")
         return {k: tuple(v) for k, v in got["shapes"].items()}
 
     def kill(self) -> None:
@@ -117,13 +123,66 @@ class _InProcess:
         pass
 
 
+def _in_process() -> bool:
+    """torch and transformers' model machinery are imported here already: building a model in
+    this process is cheaper than starting a new one."""
+    return "transformers.modeling_utils" in sys.modules and "torch" in sys.modules
+
+
+def probe_folder(folder: str) -> dict:
+    """What transformers makes of an HF folder, as JSON-able data (one answer, so that a child
+    process can give all of it): ``config`` (``AutoConfig``'s ``to_dict()``, defaults filled in)
+    and ``config_class`` or ``config_error``; ``tokenizer_json`` (:func:`~.tokenizer.effective_tokenizer_json`); and
+    ``shapes`` (:func:`expected_tensors`) or ``shapes_error``."""
+    import transformers
+    from huggingface_hub.errors import StrictDataclassError
+
+    from .tokenizer import effective_tokenizer_json
+    try:
+        with quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, KeyError, OSError, TypeError, StrictDataclassError) as e:
+        # transformers 5 validates field types (huggingface_hub's strict dataclasses): its message
+        # spans lines, joined here into the one line the CLI prints
+        return {"config_error": " ".join(str(e).split())[:300]}
+    out: dict = {"config": config.to_dict(), "config_class": type(config).__name__,
+                 "tokenizer_json": effective_tokenizer_json(folder)}
+    # The tokenizer object is gone by now; collect it before the model classes are imported, so
+    # that their memory reuses its pages instead of adding to the peak.
+    gc.collect()
+    try:
+        out["shapes"] = {k: list(v) for k, v in expected_tensors(config).items()}
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:   # as expected_tensors_or_error
+        out["shapes_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return out
+
+
+def probe_folder_isolated(folder: str, path: str | None = None) -> dict:
+    """:func:`probe_folder` in a child process (the one :class:`ExpectedTensors` starts), unless
+    this process has imported torch and transformers already.
+
+    Why a child: transformers with torch is ~250 MB resident, a Qwen2 tokenizer built by
+    ``AutoTokenizer`` ~170 MB more and the model classes ~130 MB: all of it is needed for a few
+    seconds, to answer three questions, and a process that ends gives it all back, so the
+    converter that streams the tensors afterwards stays small.
+    """
+    if _in_process():
+        return probe_folder(folder)
+    child = ExpectedTensors(path, args=("--probe", str(folder)))
+    child._payload = ""
+    try:
+        return child.answer("probe", "transformers cannot read this folder")["probe"]
+    finally:
+        child.kill()
+
+
 def expected_tensors_in_subprocess(path: str | None = None):
     """Start building the model for a config that :meth:`submit` gives later.
 
     In a child process (see module docstring) unless this process has imported torch and
     transformers already, in which case building the model here is cheaper than a new process.
     """
-    if "transformers.modeling_utils" in sys.modules and "torch" in sys.modules:
+    if _in_process():
         return _InProcess(path)
     return ExpectedTensors(path)
 
@@ -199,7 +258,17 @@ def _import_transformers() -> None:
 
 
 def main() -> int:
-    """Child-process entry point: config JSON on stdin -> ``{"shapes": {name: shape}}`` on stdout."""
+    """Child-process entry point: config JSON on stdin -> ``{"shapes": {name: shape}}`` on stdout;
+    with ``--probe FOLDER``: ``{"probe": probe_folder(FOLDER)}``.  The probe imports the model
+    classes only after the tokenizer is built and gone (its peak memory is then the larger of
+    the two, not their sum); nothing is waiting for it meanwhile."""
+    if sys.argv[1:2] == ["--probe"]:
+        try:
+            print(json.dumps({"probe": probe_folder(sys.argv[2])}))
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+            print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}))
+            return 3
     try:
         # Import first, then wait for the config: the parent is reading its source meanwhile.
         _import_transformers()

@@ -67,22 +67,18 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
     return n // block * size
 
 
-def _load_hf_config(folder: Path, cfg_path: str | None):
-    """The transformers config object (defaults filled in) and its plain dict."""
-    import transformers
-    from huggingface_hub.errors import StrictDataclassError
-    from ..quiet import quiet_transformers
+def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
+    """transformers' view of the folder (config with defaults, effective tokenizer.json, the
+    model's tensor shapes): :func:`~.model_check.probe_folder`, with ``isolate`` in a short-lived
+    child process (:func:`~.model_check.probe_folder_isolated`)."""
+    from .model_check import probe_folder, probe_folder_isolated
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
                           path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
-    try:
-        with quiet_transformers():
-            config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    except (ValueError, KeyError, OSError, TypeError, StrictDataclassError) as e:
-        # transformers 5 validates field types (huggingface_hub's strict dataclasses): its message
-        # spans lines, joined here into the one line the CLI prints
-        raise ConfigError(f"transformers cannot read it ({' '.join(str(e).split())[:300]})", path=cfg_path) from None
-    return config, config.to_dict()
+    facts = probe_folder_isolated(str(folder), cfg_path) if isolate else probe_folder(str(folder))
+    if "config_error" in facts:
+        raise ConfigError(f"transformers cannot read it ({facts['config_error']})", path=cfg_path)
+    return facts
 
 
 # Canonical hyper-parameters an HF config gives that have no GGUF key of their own.
@@ -210,10 +206,11 @@ class GGUFPlan:
 
 
 def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
-                    force: bool = False) -> GGUFPlan:
+                    force: bool = False, isolate: bool = False) -> GGUFPlan:
     """Check the source and plan the file: names, types, shapes, sizes, key-values.  ``out``:
-    checked as a destination (absent unless ``force``, not an input) before the config is read."""
-    from .model_check import check_tensors, expected_tensors_or_error
+    checked as a destination (absent unless ``force``, not an input) before the config is read.
+    ``isolate``: see :func:`hf_to_gguf_report`."""
+    from .model_check import check_tensors
     from .tokenizer import hf_vocab
 
     if ck.naming != "hf":
@@ -226,15 +223,19 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if out is not None:
         _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
     check_hparam_values(ck.config or {}, ck.config_path)
-    config, cfg = _load_hf_config(folder, ck.config_path)
+    facts = _probe_hf_folder(folder, ck.config_path, isolate)
+    cfg = facts["config"]
     spec = N.by_model_type(cfg.get("model_type"))
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
-    expected = expected_tensors_or_error(config, path=ck.config_path)
+    if "shapes_error" in facts:
+        raise ConfigError(f"transformers cannot build a model from this config ({facts['shapes_error']})",
+                          path=ck.config_path)
+    expected = {k: tuple(v) for k, v in facts["shapes"].items()}
     got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
-    check_tensors(expected, got, path=str(src), what=f"{type(config).__name__.replace('Config', '')} model")
+    check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
 
     names = N.hf_to_gguf_names(spec)
     absent = [N.template_regex(t) for t in spec.llamacpp_absent]
@@ -261,7 +262,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-    vocab = hf_vocab(folder, emb[0], cfg)
+    vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
     kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
@@ -298,9 +299,16 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                      verify: bool = True, progress: bool | None = False) -> ConvertReport:
+                      verify: bool = True, progress: bool | None = False, isolate: bool = False) -> ConvertReport:
     """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`).  ``progress``: a
-    bar over the bytes written on stderr (None: only when stderr is a terminal)."""
+    bar over the bytes written on stderr (None: only when stderr is a terminal).
+
+    ``isolate``: ask transformers (config defaults, the tokenizer it runs, the model's tensor
+    shapes) in a short-lived child process, unless this process has imported torch and
+    transformers already.  The CLI does: transformers, a 150k-token tokenizer and the model
+    classes are ~450 MB resident for a few seconds, given back when the child ends, and this
+    process, which streams the tensors, never holds them.  Off (the default for library calls),
+    the same questions are answered here (cheaper when the caller has transformers loaded)."""
     from ..checkpoint import open_checkpoint
 
     from .dtypes import normalize_dtype
@@ -311,7 +319,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     out = Path(out_path)
     ck = open_checkpoint(src)
     try:
-        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force)
+        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate)
         _write_planned(ck, plan, src, out, verify=verify, progress=progress)
     finally:
         ck.close()

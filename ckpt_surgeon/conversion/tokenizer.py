@@ -323,14 +323,21 @@ def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
     return [sp.GetScore(i) for i in range(sp.vocab_size())]
 
 
-def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GGUFVocab:
-    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder."""
+def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
+             effective_json: str | None | bool = False) -> GGUFVocab:
+    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
+
+    ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
+    already (computed in another process, so that this one never imports transformers);
+    ``False``: computed here."""
     folder = Path(folder)
     tj_path = folder / "tokenizer.json"
     if not tj_path.is_file():
         raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
                           path=str(folder), hint="save the tokenizer with AutoTokenizer.save_pretrained(folder) first")
-    tj, how = _effective_tokenizer_json(folder, tj_path)
+    if effective_json is False:
+        effective_json = effective_tokenizer_json(folder)
+    tj = json.loads(effective_json) if effective_json else _read_json(tj_path)
     tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     model = tj.get("model") or {}
     if model.get("type") != "BPE":
@@ -415,14 +422,14 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None) -> GG
                      chat_template=_chat_template(folder, tcfg))
 
 
-def _effective_tokenizer_json(folder: Path, tj_path: Path) -> tuple[dict, str]:
-    """The tokenizer transformers actually runs for this folder, as tokenizer.json.
+def effective_tokenizer_json(folder: str | Path) -> str | None:
+    """The tokenizer transformers actually runs for this folder, as tokenizer.json text.
 
     transformers >= 5 picks a tokenizer class from config.json's model_type and some classes
     rebuild parts of the pipeline in code: ``Qwen2Tokenizer`` splits with the Qwen2 regex
     whatever tokenizer.json's pre_tokenizer says.  llama.cpp must split like the tokenizer users
     run, so the vocabulary, merges and pre-tokenizer are read from the loaded tokenizer's
-    backend; the file itself when transformers cannot load it.
+    backend; None (read the file itself) when transformers cannot load it.
     """
     try:
         from transformers import AutoTokenizer
@@ -431,10 +438,10 @@ def _effective_tokenizer_json(folder: Path, tj_path: Path) -> tuple[dict, str]:
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         backend = getattr(tok, "backend_tokenizer", None)
         if backend is not None:
-            return json.loads(backend.to_str()), "transformers"
+            return backend.to_str()
     except Exception:  # noqa: BLE001 - fall back to the file as written
         pass
-    return _read_json(tj_path), "file"
+    return None
 
 
 def _spm_scores(folder: Path, merges: list[str], tokens: list[str], types: list[int]) -> list[float]:

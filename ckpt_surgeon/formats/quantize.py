@@ -16,10 +16,11 @@ import numpy as np
 
 from ..errors import UnsupportedError
 
-__all__ = ["quantize_q8_0", "encode_rows", "Q8_0_BLOCK", "Q8_0_BYTES"]
+__all__ = ["quantize_q8_0", "encode_rows", "to_f16", "Q8_0_BLOCK", "Q8_0_BYTES"]
 
 Q8_0_BLOCK = 32
 Q8_0_BYTES = 34                  # 2-byte f16 scale + 32 int8
+_TORCH_MIN = 1 << 16             # values below which numpy's cast is as fast as a torch call
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
@@ -49,16 +50,42 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape[:-1] + (x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES,))
 
 
+def to_f16(arr: np.ndarray) -> np.ndarray:
+    """Values -> float16, round-to-nearest-even: numpy's ``astype(float16)`` bytes, faster.
+
+    numpy converts element by element in C (~0.3 GB/s per core here); torch's conversion is
+    vectorised (F16C / AVX), ~6-10x faster, and rounds every finite value the same way (IEEE
+    round-to-nearest-even, subnormals included: ``tests/test_convert_stream.py``).  NaNs are the
+    one difference (the hardware sets the quiet bit, numpy keeps the payload as is), so the few
+    NaN entries, if any, are redone by numpy.  Small arrays, and a machine without torch, use numpy.
+    """
+    arr = np.asarray(arr)
+    if arr.dtype == np.float16:
+        return np.ascontiguousarray(arr)
+    if arr.dtype != np.float32 or arr.size < _TORCH_MIN:
+        return np.ascontiguousarray(arr, dtype=np.float16)
+    try:
+        import torch
+    except ImportError:      # torch is a dependency; a broken install still converts, slower
+        return np.ascontiguousarray(arr, dtype=np.float16)
+    src = np.ascontiguousarray(arr)
+    out = torch.from_numpy(src).to(torch.float16).numpy()
+    nan = np.isnan(src)
+    if nan.any():
+        out[nan] = src[nan].astype(np.float16)
+    return out
+
+
 def encode_rows(arr: np.ndarray, ggml_type: str) -> np.ndarray:
     """Values -> a contiguous array whose bytes are the GGUF tensor data of type ``ggml_type``.
 
-    Floats are rounded once, to nearest even (numpy's f32/f16 casts; BF16 through ml_dtypes, as
-    torch's ``.to(torch.bfloat16)``).
+    Floats are rounded once, to nearest even (numpy's f32 cast, :func:`to_f16`; BF16 through
+    ml_dtypes, as torch's ``.to(torch.bfloat16)``).
     """
     if ggml_type == "F32":
         return np.ascontiguousarray(arr, dtype=np.float32)
     if ggml_type == "F16":
-        return np.ascontiguousarray(arr, dtype=np.float16)
+        return to_f16(arr)
     if ggml_type == "BF16":
         import ml_dtypes
         return np.ascontiguousarray(np.asarray(arr, dtype=np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
