@@ -189,3 +189,57 @@ def test_f16_bytes_equal_numpy():
     with np.errstate(all="ignore"):
         want = x.astype(np.float16)
     assert to_f16(x).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_bf16_bits_to_f16_equal_numpy():
+    """Every one of the 65536 bfloat16 bit patterns converts to numpy's float16 of its value."""
+    from ckpt_surgeon.formats.quantize import bf16_bits_to_f16
+    u = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(all="ignore"):
+        want = (u.astype(np.uint32) << 16).view(np.float32).astype(np.float16)
+    assert bf16_bits_to_f16(u).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_reread_check_catches_a_changed_byte_and_a_wrong_range(family, tmp_path, monkeypatch):
+    """The converter's own check (verify_chunks) on a real written file: intact passes; one byte
+    changed on disk, or a tensor whose chunks do not cover its data range, is a FormatError."""
+    import os
+
+    import gguf
+
+    from ckpt_surgeon.errors import FormatError
+    from ckpt_surgeon.formats import gguf_write as gw
+    from ckpt_surgeon.formats.gguf import GGUFFile
+    from ckpt_surgeon.formats.shard_io import pwrite_all
+
+    monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 512)        # several chunks per weight
+    src = family("llama_bias")
+    out = tmp_path / "m.gguf"
+    with open_checkpoint(src) as ck:
+        plan = plan_hf_to_gguf(ck, src, "q8_0")
+        slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan.tensors]
+        lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            pwrite_all(fd, lay.head, 0)
+            chunks = gguf_stream.write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
+                                                   labels=(str(src), str(out)))
+            gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
+        finally:
+            os.close(fd)
+    assert len(chunks) > len(plan.tensors)
+    with GGUFFile(out) as g:
+        tensors = dict(g.tensors)
+    gguf_stream.verify_chunks(out, chunks, tensors, label=str(out))
+    with pytest.raises(FormatError, match="data range differs"):
+        gguf_stream.verify_chunks(out, chunks[1:], tensors, label=str(out))        # first tensor's head missing
+    last = plan.tensors[-1].dst
+    with pytest.raises(FormatError, match="data range differs"):
+        gguf_stream.verify_chunks(out, [c for c in chunks if c.tensor != last], tensors, label=str(out))
+    victim = chunks[len(chunks) // 2]
+    data = bytearray(out.read_bytes())
+    data[victim.start + 3] ^= 0x40
+    out.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="bytes read back differ") as e:
+        gguf_stream.verify_chunks(out, chunks, tensors, label=str(out))
+    assert e.value.tensor == victim.tensor

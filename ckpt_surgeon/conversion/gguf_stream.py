@@ -6,18 +6,18 @@ go straight to their offset.  Each planned tensor is cut into chunks of whole ro
 :data:`CHUNK_ELEMS` values; Q/K row permutations cut on head boundaries, GPT-2's transposed
 Conv1D weights taken whole).  The main thread reads the chunks in file order (one sequential
 stream over the source); a small thread pool decodes, transforms, encodes, hashes and
-``pwrite``\\ s each chunk at its offset (numpy, hashlib and pwrite release the GIL, so the cores
+``pwrite``\\ s each chunk at its offset (numpy, zlib and pwrite release the GIL, so the cores
 work in parallel).  At most ``2 x workers`` chunks are in flight, so memory stays bounded by a
 few chunks whatever the model size — never a whole tensor, except Conv1D weights.
 
-Every chunk's bytes are hashed when written; :func:`verify_chunks` rereads the file and
-compares (in parallel too).
+Every chunk's bytes are checksummed (CRC-32) when written; :func:`verify_chunks` rereads the
+file and compares (in parallel too).
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import safetensors as st
-from ..formats.quantize import encode_rows
+from ..formats.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.shard_io import pwrite_all
 
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "CHUNK_ELEMS"]
@@ -34,14 +34,20 @@ __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "CHUNK_ELEMS"]
 CHUNK_ELEMS = 1 << 21              # values per chunk: 8 MB as f32, the largest temporary
 _MAX_WORKERS = 4
 _RAW_DTYPES = ("F32", "F16", "BF16")   # read as stored bytes and decoded in the worker
+# transforms that only move values (rows permuted, a transpose): BF16 -> F16 skips float32
+_MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
 
 
 def _workers() -> int:
     return max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
 
 
-def _digest(data) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
+def _digest(data, crc: int = 0) -> int:
+    # CRC-32 per chunk (a few MB): the check is against our own mistakes (an offset, a length, a
+    # chunk written over another) and I/O errors, not an adversary, and zlib's CRC runs several
+    # times faster than a cryptographic hash (it is on the critical path twice: when writing and
+    # when rereading), releasing the GIL like the rest of a worker's job.
+    return zlib.crc32(data, crc)
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Chunk:
     tensor: str
     start: int
     end: int
-    digest: bytes
+    digest: int                  # CRC-32 of the bytes
 
 
 def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
@@ -101,12 +107,16 @@ def _read(ck, p, a: int, b: int):
 
 def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str]) -> Chunk:
     p = job.p
-    arr = st.decode(job.src, job.info) if job.info is not None else job.src
+    bits = job.info is not None and job.info.dtype == "BF16" and p.ggml_type == "F16" and p.transform in _MOVES_ONLY
+    if bits:            # move the stored bfloat16 bits, convert them at the end (bf16_bits_to_f16)
+        arr = job.src.view(np.uint16).reshape(job.info.shape)
+    else:
+        arr = st.decode(job.src, job.info) if job.info is not None else job.src
     job.src = None
     if job.heads:       # a whole number of heads: permute within them, as over the whole tensor
         hp = dict(hp, n_head=job.heads, n_head_kv=job.heads)
     arr = transform(arr, p.transform, hp, path=labels[0], tensor=p.src)
-    data = encode_rows(arr, p.ggml_type)
+    data = bf16_bits_to_f16(arr) if bits else encode_rows(arr, p.ggml_type)
     del arr
     if data.nbytes != job.nbytes:  # a bug here would corrupt every following offset
         raise FormatError(f"encoded {data.nbytes} bytes, planned {job.nbytes}", path=labels[1], tensor=p.dst)
@@ -155,15 +165,14 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
 
 
 def _check_one(fd: int, c: Chunk) -> bool:
-    h = hashlib.blake2b(digest_size=16)
-    pos = c.start
+    crc, pos = 0, c.start
     while pos < c.end:
         buf = os.pread(fd, min(c.end - pos, 16 << 20), pos)
         if not buf:
             return False
-        h.update(buf)
+        crc = _digest(buf, crc)
         pos += len(buf)
-    return h.digest() == c.digest
+    return crc == c.digest
 
 
 def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, workers: int | None = None) -> None:
@@ -175,8 +184,8 @@ def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, worke
         if c.start != lo_hi[1]:
             raise FormatError("written chunks are not contiguous", path=label, tensor=c.tensor)
         lo_hi[1] = c.end
-    for name, (lo, hi) in span.items():
-        info = tensors.get(name)
+    for name in set(span) | set(tensors):
+        info, (lo, hi) = tensors.get(name), span.get(name, (None, None))
         if info is None or (info.start, info.end) != (lo, hi):
             raise FormatError("tensor data range differs from the plan after writing", path=label, tensor=name)
     fd = os.open(path, os.O_RDONLY)

@@ -278,6 +278,9 @@ def _chat_template(folder: Path, tcfg: dict) -> str | None:
     return ct if isinstance(ct, str) else None
 
 
+_SPACE_IN_MERGE = chr(ord(" ") + 256)      # U+0120
+
+
 def _merge_strings(merges: list, path: str) -> list[str]:
     out = []
     for m in merges:
@@ -286,7 +289,7 @@ def _merge_strings(merges: list, path: str) -> list[str]:
         elif isinstance(m, (list, tuple)) and len(m) == 2:
             # tokenizers >= 0.20 stores pairs; a space inside a piece is written as U+0120 + 256
             # offset, the way gguf-py's SpecialVocab encodes it for llama.cpp.
-            out.append(" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in m))
+            out.append(f"{m[0].replace(' ', _SPACE_IN_MERGE)} {m[1].replace(' ', _SPACE_IN_MERGE)}")
         else:
             raise FormatError(f"merge entry {m!r} is neither 'a b' nor [a, b]", path=path)
     return out

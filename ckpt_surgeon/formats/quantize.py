@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import UnsupportedError
 
-__all__ = ["quantize_q8_0", "encode_rows", "to_f16", "Q8_0_BLOCK", "Q8_0_BYTES"]
+__all__ = ["quantize_q8_0", "encode_rows", "to_f16", "bf16_bits_to_f16", "Q8_0_BLOCK", "Q8_0_BYTES"]
 
 Q8_0_BLOCK = 32
 Q8_0_BYTES = 34                  # 2-byte f16 scale + 32 int8
@@ -48,6 +48,27 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     out[:, :2] = d.astype(np.float16).view(np.uint8)
     out[:, 2:] = fl.astype(np.int8).view(np.uint8)
     return out.reshape(x.shape[:-1] + (x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES,))
+
+
+def bf16_bits_to_f16(u: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float16, exactly numpy's ``astype(float16)`` of the value.
+
+    No float arithmetic: a bfloat16 whose exponent lies in float16's normal range (2**-14 up to
+    65280, the largest bfloat16 below 65504) is exact in float16 (7 mantissa bits fit in 10), so
+    its bits are moved, not rounded: sign kept, exponent rebiased (127 -> 15: minus 112 << 7),
+    mantissa shifted up by 3.  The rest (zeros, values that become float16 subnormals or
+    overflow, inf, NaN: ~0.3% of typical weights) go through numpy's own cast.  Integer numpy
+    passes on 2-byte values: several times numpy's float32 -> float16 cast, without importing torch.
+    """
+    u = np.ascontiguousarray(u, dtype=np.uint16)
+    a = u & 0x7FFF
+    out = ((a - 0x3800) << 3) | (u & 0x8000)            # wraps for the others, fixed below
+    odd = np.flatnonzero((a < 0x3880) | (a > 0x477F))    # exponent outside [113, 142]
+    if odd.size:
+        vals = np.left_shift(u.reshape(-1)[odd], 16, dtype=np.uint32).view(np.float32)
+        with np.errstate(over="ignore"):
+            out.reshape(-1)[odd] = vals.astype(np.float16).view(np.uint16)
+    return out.view(np.float16)
 
 
 def to_f16(arr: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import WriteError
 from .safe_input import open_regular
 
-__all__ = ["STAGE_OBSERVERS", "stage", "copy_range", "pwrite_all", "hash_range", "copy_file", "fsync_file",
+__all__ = ["STAGE_OBSERVERS", "stage", "copy_range", "pwrite_all", "hash_range", "copy_file",
            "FdCache", "Precopy", "run_precopy", "write_computed"]
 
 CHUNK = 16 << 20                # userspace copy chunk when copy_file_range is unavailable
@@ -76,14 +76,6 @@ def hash_range(fd: int, start: int, end: int, h=None):
         h.update(buf)
         pos += len(buf)
     return h
-
-
-def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def copy_file(src: Path, dst: Path) -> None:

@@ -101,13 +101,13 @@ import numpy as np
 
 from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
 from ..progress import NO_BAR, bar
-from ..publish import Staging, sweep_stale
+from ..publish import Staging, fsync_path, sweep_stale
 from ..records import TensorInfo
 from . import gguf_write as gw
 from . import safetensors as st
 from .safe_input import loads_json, read_json
-from .shard_io import (STAGE_OBSERVERS, FdCache, Precopy, copy_file, copy_range, fsync_file, hash_range,
-                       pwrite_all, run_precopy, stage, write_computed)
+from .shard_io import (STAGE_OBSERVERS, FdCache, Precopy, copy_file, copy_range, hash_range, pwrite_all,
+                       run_precopy, stage, write_computed)
 from .write_cast import cast_to_dtype
 from .write_check import verify_gguf_file, verify_safetensors_shard
 from .write_layout import (INDEX_NAME, WEIGHT_SUFFIXES, Declared, Entry, Producer, ShardResult, WriteResult,
@@ -432,7 +432,7 @@ class CheckpointWriter:
                 results.append(self._write_shard(i, fname, ents, src_file, metadata_extra))
         self._bar = NO_BAR
         for fname, _, _ in shards:
-            fsync_file(self._shard_path(fname))
+            fsync_path(self._shard_path(fname))
         for name, pre in list(self._pre.items()):     # early copies no output shard used
             pre.done.wait()
             if os.path.exists(pre.dst):
