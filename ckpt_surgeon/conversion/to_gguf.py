@@ -205,6 +205,33 @@ class GGUFPlan:
     warnings: tuple
 
 
+def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list) -> tuple[list, tuple | None]:
+    """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file
+    order; and the token embedding's shape (None if there is none)."""
+    names = N.hf_to_gguf_names(spec)
+    absent = [N.template_regex(t) for t in spec.llamacpp_absent]
+    plan: list[_Planned] = []
+    emb = None
+    for tname in sorted(got, key=_order_key):
+        hit = names.match(tname)
+        if hit is None:
+            raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
+                                   path=str(src), tensor=tname)
+        dst, rule = hit
+        if any(rx.match(dst) for rx in absent):
+            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                   "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
+        info = ck.tensors[tname]
+        shape = tuple(info.shape)
+        if rule.transform == "conv1d" and len(shape) == 2:
+            shape = (shape[1], shape[0])
+        if dst == "token_embd.weight":
+            emb = shape
+        gt = _weight_type(dtype, shape, tname, warnings)
+        plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+    return plan, emb
+
+
 def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
                     force: bool = False, isolate: bool = False) -> GGUFPlan:
     """Check the source and plan the file: names, types, shapes, sizes, key-values.  ``out``:
@@ -237,28 +264,8 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
     check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
 
-    names = N.hf_to_gguf_names(spec)
-    absent = [N.template_regex(t) for t in spec.llamacpp_absent]
     warnings: list[str] = []
-    plan: list[_Planned] = []
-    emb = None
-    for tname in sorted(got, key=_order_key):
-        hit = names.match(tname)
-        if hit is None:
-            raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
-                                   path=str(src), tensor=tname)
-        dst, rule = hit
-        if any(rx.match(dst) for rx in absent):
-            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
-                                   "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
-        info = ck.tensors[tname]
-        shape = tuple(info.shape)
-        if rule.transform == "conv1d" and len(shape) == 2:
-            shape = (shape[1], shape[0])
-        if dst == "token_embd.weight":
-            emb = shape
-        gt = _weight_type(dtype, shape, tname, warnings)
-        plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+    plan, emb = _plan_tensors(ck, got, spec, dtype, src, warnings)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
