@@ -504,7 +504,7 @@ class CheckpointWriter:
 
     def _history(self, prior_raw) -> dict:
         """The ``ckpt_surgeon`` record: version, earlier operations (from ``prior_raw``) + ours."""
-        from .. import __version__
+        from ..version import __version__
         prior = recorded_operations(prior_raw) if isinstance(prior_raw, str) else []
         return {"version": __version__, "operations": prior + self._ops}
 
