@@ -124,6 +124,7 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "rope.scaling.original_context_length": POSITIONS,
     "vocab_size": Bounds("int", 1, MAX_VOCAB),
     "rope.freq_base": Bounds("float", 0, F32_MAX, above=True),
+    "rope.freq_base_swa": Bounds("float", 0, F32_MAX, above=True),
     "rope.scaling.factor": Bounds("float", 0, F32_MAX, above=True),
     "attention.layer_norm_rms_epsilon": EPSILON,
     "attention.layer_norm_epsilon": EPSILON,

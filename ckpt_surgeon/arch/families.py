@@ -108,6 +108,8 @@ class Conversion:
     no slot for (the file would not load).  ``llamacpp_fixed``: settings llama.cpp hard-codes for
     the architecture instead of reading them (canonical name -> value; "head_dim" means "equal to
     the head dim"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
+    ``hparam_unset``: canonical hyper-parameter -> the value written when the HF config leaves it
+    None (Phi-3's sliding_window 0, "to distinguish Phi-4"); GGUF -> HF reads that value back as None.
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -121,6 +123,7 @@ class Conversion:
     ff_default_mult: int | None = None
     llamacpp_absent: tuple = ()
     llamacpp_fixed: dict = field(default_factory=dict)
+    hparam_unset: dict = field(default_factory=dict)
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -157,8 +160,10 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
     return tuple(rows)
 
 
-_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rms_eps",
-                  "rotary_dim", "key_length", "value_length", "vocab_size")
+# rope_local_theta: the sliding-window layers' theta, written when the config has one
+# (TextModel.set_gguf_parameters: rope_parameters["sliding_attention"]["rope_theta"]).
+_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rope_local_theta",
+                  "rms_eps", "rotary_dim", "key_length", "value_length", "vocab_size")
 _SILU = {"hidden_act": "silu"}
 
 # One object for both families written as llama.cpp's llama architecture.
@@ -196,7 +201,9 @@ _GPT2_TENSORS = (
 )
 
 # Gemma3Model in convert_hf_to_gguf.py adds norm_shift = 1.0 to every *norm.weight (Gemma's
-# RMSNorm multiplies by 1 + w; llama.cpp multiplies by w).
+# RMSNorm multiplies by 1 + w; llama.cpp multiplies by w).  Its "remove OOV rows in token_embd"
+# is not mirrored: it keeps every token in the vocabulary, so a padded embedding trimmed that way
+# no longer loads in llama.cpp (tests/test_llamacpp_converter.py shows it).
 _GEMMA3_TENSORS = (
     ("model.embed_tokens.weight", "none"),
     ("model.norm.weight", "norm_shift"),
@@ -314,7 +321,8 @@ FAMILIES: tuple[Family, ...] = (
             "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},   # q/k/v: after `qkv split`
            fused_layout="concat", unfused_as=_PHI3_TO, hf_class="Phi3ForCausalLM", surgery_roles=_SPLIT_OUT,
            conversion=Conversion(
-               _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx",), hf_config_extra=_SILU,
+               _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx", "sliding_window"), hf_config_extra=_SILU,
+               hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
                hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
            residual_readers_centering=False),
     # residual readers: modeling_phi: the parallel block reads input_layernorm (nn.LayerNorm); final_layernorm feeds lm_head

@@ -149,3 +149,16 @@ def _family_gguf_roles(name: str) -> tuple:
         names = tuple(dict.fromkeys(n for n in names if n))
         out[role] = gname if not names else names[0] if len(names) == 1 else names
     return tuple(out.items())
+
+
+# Tensors llama.cpp's converter always stores F32, whatever --outtype (conversion/base.py
+# ``ModelBase.prepare_tensors``: "Some tensor types are always in float32", matching
+# ``llama_model_quantize_internal``): MoE routers, learned positions, token types.
+F32_TENSORS = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES")
+
+
+@functools.lru_cache(maxsize=None)
+def f32_tensor_templates() -> tuple:
+    """GGUF name templates (``{L}`` for the layer) of :data:`F32_TENSORS`, from ``TENSOR_NAMES``."""
+    c, _ = _tables()
+    return tuple(c.TENSOR_NAMES[c.MODEL_TENSOR[m]].replace("{bid}", "{L}") + ".weight" for m in F32_TENSORS)

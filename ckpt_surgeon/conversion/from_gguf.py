@@ -93,6 +93,10 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
                 continue
         cfg[key] = value
     cfg.update(spec.hf_config_extra)
+    for key, unset in spec.hparam_unset.items():      # the converter's "None" spelling
+        hf_key = N.HF_HPARAM_KEYS[key][0]
+        if cfg.get(hf_key, unset) == unset:
+            cfg[hf_key] = None
     for suffix, key in spec.hf_from_gguf.items():
         v = gguf_hparam(meta, arch, suffix, path=path)
         cfg[key] = v if v is not None else cfg.get("max_position_embeddings")

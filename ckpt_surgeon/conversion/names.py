@@ -73,6 +73,7 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "n_head": "attention.head_count",
     "n_head_kv": "attention.head_count_kv",
     "rope_theta": "rope.freq_base",
+    "rope_local_theta": "rope.freq_base_swa",
     "rms_eps": "attention.layer_norm_rms_epsilon",
     "ln_eps": "attention.layer_norm_epsilon",
     "rotary_dim": "rope.dimension_count",
@@ -83,7 +84,7 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "orig_ctx": "rope.scaling.original_context_length",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
-HPARAM_FLOATS = frozenset({"rope_theta", "rms_eps", "ln_eps"})
+HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps"})
 
 # HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
 # transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
@@ -130,6 +131,7 @@ class ArchSpec:
     bias_probe: str | None = None        # GGUF tensor whose presence sets bias_switch
     llamacpp_absent: tuple[str, ...] = ()  # GGUF names llama.cpp's graph has no slot for (file would not load)
     llamacpp_fixed: dict = field(default_factory=dict)
+    hparam_unset: dict = field(default_factory=dict)
     notes: str = ""
 
 
@@ -146,7 +148,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         hf_from_gguf=conv.hf_from_gguf, hf_config_extra=conv.hf_config_extra,
         ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
-        llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed, notes=conv.notes)
+        llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
+        hparam_unset=conv.hparam_unset, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

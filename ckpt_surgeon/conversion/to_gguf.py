@@ -136,6 +136,9 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
                               "silently use 10000", path=path)
         hp["rope_theta"] = theta
+        local = get("rope_local_theta")
+        if local is not None:
+            hp["rope_local_theta"] = local
         rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
         if rope_type not in (None, "default"):
             raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
@@ -153,6 +156,8 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         if v is not None:
             hp[key] = v
     hp["head_dim"] = head_dim
+    for key, value in spec.hparam_unset.items():
+        hp.setdefault(key, value)
     for key, value in spec.llamacpp_fixed.items():
         want = N.fixed_expected(key, value, hp)
         got = N.fixed_from_hf(key, cfg)
@@ -194,9 +199,15 @@ def _encode(arr: np.ndarray, ggml_type: str) -> np.ndarray:
     raise UnsupportedError(f"writing GGUF type {ggml_type} is not supported")
 
 
-def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
+def _weight_type(dtype: str, shape: tuple, name: str, dst: str, warnings: list) -> str:
+    """The ggml type llama.cpp's converter gives tensor ``dst`` (``ModelBase.prepare_tensors``):
+    F32 for 1-D tensors, ``*_norm.weight``, anything not named ``.weight`` and the always-F32
+    kinds (:func:`~ckpt_surgeon.arch.gguf_names.f32_tensor_templates`); else the --dtype type."""
+    from ..arch.gguf_names import f32_tensor_templates
     ggml = N.DTYPES[dtype][1]
-    if len(shape) < 2:
+    if len(shape) < 2 or dst.endswith("_norm.weight") or not dst.endswith(".weight"):
+        return "F32"
+    if any(N.template_regex(t).match(dst) for t in f32_tensor_templates()):
         return "F32"
     if ggml == "Q8_0" and shape[-1] % 32:
         # llama.cpp's converter falls back the same way for rows that are not whole Q8_0 blocks.
@@ -262,7 +273,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
                 shape = (shape[1], shape[0])
             if dst == "token_embd.weight":
                 emb = shape
-            gt = _weight_type(dtype, shape, tname, warnings)
+            gt = _weight_type(dtype, shape, tname, dst, warnings)
             plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
         if emb is None:
             raise ConfigError("no token embedding tensor", path=str(src))

@@ -1,0 +1,63 @@
+"""llama.cpp's own sources from the llama-cpp-python source distribution, fetched once.
+
+The sdist of the installed llama-cpp-python version (``pip download --no-binary :all:``) vendors
+llama.cpp; the tests need three parts of it:
+
+* ``models/ggml-vocab-*.gguf{,.inp,.out}``: tokenizer test vectors (tests/test_tokenizer_vectors.py);
+* ``convert_hf_to_gguf.py`` + its ``conversion/`` package + ``gguf-py/``: the reference HF -> GGUF
+  converter (tests/test_llamacpp_converter.py), run with *its own* gguf-py, not the installed one.
+
+They are extracted into the shared fixture cache (``$CKPT_SURGEON_FIXTURE_CACHE/llamacpp-src/
+llama-cpp-python-<version>/llama.cpp``), built atomically by :func:`tiny_cache.cached_build`, so
+the 77 MB download happens once per machine and version.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ckpt_surgeon import tiny_cache
+from fixtures.build_fixtures import fixture_base
+
+_VENDOR = "/vendor/llama.cpp/"
+# Paths under vendor/llama.cpp/ that are extracted (prefixes).
+_KEEP = ("models/ggml-vocab-", "convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/")
+
+
+def _extract(dest: Path) -> None:
+    version = importlib.metadata.version("llama-cpp-python")
+    sdist_dir = dest / "sdist"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+           f"llama-cpp-python=={version}", "-d", str(sdist_dir)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sdists = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
+    if r.returncode != 0 or not sdists:
+        pytest.fail(f"cannot download llama.cpp's sources (the llama-cpp-python sdist): `{' '.join(cmd)}` failed "
+                    f"(rc {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
+    out = dest / "llama.cpp"
+    with tarfile.open(sdists[0]) as tf:
+        for m in tf.getmembers():
+            if not m.isfile() or _VENDOR not in m.name:
+                continue
+            rel = m.name.split(_VENDOR, 1)[1]
+            if rel.startswith(_KEEP) and ".." not in rel.split("/"):
+                target = out / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tf.extractfile(m).read())
+    for sd in sdists:
+        sd.unlink()
+    sdist_dir.rmdir()
+    if not (out / "convert_hf_to_gguf.py").is_file() or not (out / "models").is_dir():
+        pytest.fail(f"{sdists[0].name} has no vendor/llama.cpp/convert_hf_to_gguf.py or models/")
+
+
+def llamacpp_source() -> Path:
+    """The extracted ``vendor/llama.cpp`` subset of the installed llama-cpp-python's sdist."""
+    version = importlib.metadata.version("llama-cpp-python")
+    final = fixture_base() / "llamacpp-src" / f"llama-cpp-python-{version}"
+    return tiny_cache.cached_build(final, _extract) / "llama.cpp"
