@@ -265,6 +265,33 @@ SPECS: dict[str, TinySpec] = {
         "Starcoder2ForCausalLM",
         {},
     ),
+    # MoE: 4 experts, 2 routed per token, expert FFN width 32 (a whole Q8_0 block); checkpoints
+    # store one tensor per expert (transformers 5 fuses them on load, splits them on save).
+    # Qwen2-MoE adds an always-on shared expert behind a sigmoid gate; q/k/v biases (qkv_bias).
+    "qwen2_moe": TinySpec(
+        "Qwen2MoeConfig",
+        {**_DECODER, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+         "shared_expert_intermediate_size": 64, "norm_topk_prob": False, "rope_parameters": _rope(10000.0)},
+        "Qwen2MoeForCausalLM",
+        {},
+    ),
+    # Qwen3-MoE: q/k RMSNorm per head, top-k weights renormalised (as the released models).
+    "qwen3_moe": TinySpec(
+        "Qwen3MoeConfig",
+        {**_DECODER, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+         "norm_topk_prob": True, "rope_parameters": _rope(10000.0)},
+        "Qwen3MoeForCausalLM",
+        {},
+    ),
+    # OLMoE: q/k RMSNorm over the whole projection, experts as wide as intermediate_size; MHA
+    # like the released model (llama.cpp's olmoe sizes k_norm by n_embd: no GQA).
+    "olmoe": TinySpec(
+        "OlmoeConfig",
+        {**_DECODER, "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False,
+         "rope_parameters": _rope(10000.0)},
+        "OlmoeForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

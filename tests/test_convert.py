@@ -75,26 +75,28 @@ def _arch_enum(gguf_arch: str):
 @pytest.mark.parametrize("spec", N.ARCHS, ids=lambda s: s.gguf_arch)
 def test_name_table_agrees_with_gguf_py(spec):
     """Every HF -> GGUF name in our table is what gguf-py's TensorNameMap (the table llama.cpp's
-    converter uses) gives for that architecture."""
+    converter uses) gives for that architecture (for an expert row: the name of the stacked
+    tensor llama.cpp's converter maps, without the expert index)."""
     import gguf
     tmap = gguf.get_tensor_name_map(_arch_enum(spec.gguf_arch), 3)
     for rule in spec.tensors:
         for layer in ("0", "2"):
-            hf = rule.hf.replace("{L}", layer)
+            hf = rule.hf.replace("{L}", layer).replace(".{E}", "")
             ours = rule.gguf.replace("{L}", layer)
             assert tmap.get_name(hf, try_suffixes=(".weight", ".bias")) == ours, (spec.gguf_arch, hf)
     # and both directions of our map are inverse to each other
     fwd, back = N.hf_to_gguf_names(spec), N.gguf_to_hf_names(spec)
     for rule in spec.tensors:
-        hf = rule.hf.replace("{L}", "7")
+        hf = rule.hf.replace("{L}", "7").replace("{E}", "3")
         g, _ = fwd.match(hf)
-        assert back.match(g)[0] == hf
+        assert back.match(g)[0] == hf.replace(".3.", ".{E}.") if rule.experts else hf
+        assert fwd.expert(hf) == (3 if rule.experts else None)
 
 
 # --- round trips ----------------------------------------------------------------------------
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
-                       "gpt2")
+                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -189,6 +191,41 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
     t1, t2 = AutoTokenizer.from_pretrained(hf1), AutoTokenizer.from_pretrained(hf2)
     assert t1.get_vocab() == t2.get_vocab()
     assert t1.encode(MULTILINGUAL) == t2.encode(MULTILINGUAL)
+
+
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe")
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_moe_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_path):
+    """Stacked experts (ffn_*_exps, [n_expert, ...]) unstack into one HF tensor per expert and
+    stack back: GGUF (ours, or quantized by llama.cpp from ours) -> HF f32 -> GGUF f32 -> HF f32
+    gives byte-identical HF folders, and from an f32 GGUF the second GGUF is byte-identical to
+    the first, tensor for tensor, metadata included (bar general.name)."""
+    from gguf_util import llama_quantize
+    src = family_dir(family)
+    f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    g0 = {"f32": f32, "q8_0": None, "llama.cpp:Q4_0": None}[qtype]
+    if qtype == "q8_0":
+        g0 = hf_to_gguf(src, tmp_path / "q8.gguf", dtype="q8_0", name="tiny")
+    elif qtype.startswith("llama.cpp:"):
+        g0 = llama_quantize(f32, tmp_path / "q4.gguf", qtype.split(":")[1])
+    hf1 = gguf_to_hf(g0, tmp_path / "hf1")
+    g1 = hf_to_gguf(hf1, tmp_path / "g1.gguf", dtype="f32", name="tiny")
+    hf2 = gguf_to_hf(g1, tmp_path / "hf2")
+    a, b = hf_tensor_bytes(hf1), hf_tensor_bytes(hf2)
+    assert sorted(a) == sorted(b) and any(".experts.3." in n for n in a)
+    for name in a:
+        assert a[name] == b[name], name
+    assert read_json(hf1 / "config.json") == read_json(hf2 / "config.json")
+    if qtype == "f32":
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        with open_checkpoint(g0) as x, open_checkpoint(g1) as y:
+            assert sorted(x.tensors) == sorted(y.tensors)
+            for name in x.tensors:
+                assert x.read_raw(name) == y.read_raw(name), name
+            assert dict(x.metadata) == dict(y.metadata)
 
 
 def test_gguf_to_hf_matches_reference_writer_and_original(family_dir, tmp_path):

@@ -35,7 +35,8 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 # Every family convert supports, as the llama.cpp-runnable variants tests/test_llamacpp.py uses
 # (gpt2 with the Hub's config spelling: llama.cpp's GPT2Model needs n_ctx; phi3 as Phi-4 declares
 # its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model).
-FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3")
+FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
+            "qwen2_moe", "qwen3_moe", "olmoe")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {

@@ -89,7 +89,7 @@ class Family:
 
 
 # Per-tensor transforms HF -> GGUF (inverses GGUF -> HF), see ckpt_surgeon.conversion.names.
-TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift")
+TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row")
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ class Conversion:
     ``hf_config_extra`` (fixed entries) adjust it.  ``ff_default_mult``: n_ff = mult * n_embd when
     the HF config leaves it None (GPT-2).  ``llamacpp_absent``: GGUF names llama.cpp's graph has
     no slot for (the file would not load).  ``llamacpp_fixed``: settings llama.cpp hard-codes for
-    the architecture instead of reading them (canonical name -> value; "head_dim" means "equal to
-    the head dim"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
+    the architecture instead of reading them (canonical name -> value; "head_dim" / "n_head" mean "equal to
+    the head dim / query head count"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
     ``hparam_unset``: canonical hyper-parameter -> the value written when the HF config leaves it
     None (Phi-3's sliding_window 0, "to distinguish Phi-4"); GGUF -> HF reads that value back as None.
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
@@ -136,7 +136,24 @@ def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
     return rows
 
 
-def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
+_DENSE_MLP = (*_wb("model.layers.{L}.mlp.gate_proj"), *_wb("model.layers.{L}.mlp.up_proj"),
+              *_wb("model.layers.{L}.mlp.down_proj"))
+
+
+def _moe_mlp(block: str, names: tuple = ("gate_proj", "up_proj", "down_proj"), shared: bool = False) -> tuple:
+    """A sparse MoE block (modeling_qwen2_moe / modeling_qwen3_moe / modeling_olmoe / modeling_mixtral
+    checkpoints): the router ``{block}.gate`` and per-expert gate / up / down projections, one
+    HF tensor per expert (``{E}``) that llama.cpp stacks into ``ffn_*_exps``; with ``shared``,
+    Qwen2-MoE's always-on shared expert and its sigmoid gate (``ffn_*_shexp``, ``ffn_gate_inp_shexp``)."""
+    p = f"model.layers.{{L}}.{block}"
+    rows = [(f"{p}.gate.weight", "none")] + [(f"{p}.experts.{{E}}.{n}.weight", "none") for n in names]
+    if shared:
+        rows += [(f"{p}.shared_expert.{n}.weight", "none") for n in ("gate_proj", "up_proj", "down_proj")]
+        rows.append((f"{p}.shared_expert_gate.weight", "row"))
+    return tuple(rows)
+
+
+def _llama_like_tensors(perm: bool, qk_norm: bool = False, mlp: tuple = _DENSE_MLP) -> tuple:
     """Llama-style decoder (modeling_llama / modeling_qwen2 / modeling_qwen3 / modeling_mistral);
     llama.cpp's ``LlamaModel.modify_tensors`` permutes Q/K rows (``LlamaModel.permute``)."""
     pq, pk = ("perm_q", "perm_k") if perm else ("none", "none")
@@ -150,9 +167,7 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
         *_wb("model.layers.{L}.self_attn.v_proj"),
         *_wb("model.layers.{L}.self_attn.o_proj"),
         ("model.layers.{L}.post_attention_layernorm.weight", "none"),
-        *_wb("model.layers.{L}.mlp.gate_proj"),
-        *_wb("model.layers.{L}.mlp.up_proj"),
-        *_wb("model.layers.{L}.mlp.down_proj"),
+        *mlp,
     ]
     if qk_norm:
         rows += [("model.layers.{L}.self_attn.q_norm.weight", "none"),
@@ -165,6 +180,9 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
 _LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rope_local_theta",
                   "rms_eps", "rotary_dim", "key_length", "value_length", "vocab_size")
 _SILU = {"hidden_act": "silu"}
+# MoE keys (TextModel.set_gguf_parameters: expert_count / expert_used_count; Qwen2MoeModel: the
+# expert and shared-expert FFN widths)
+_MOE_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
 
 # One object for both families written as llama.cpp's llama architecture.
 _LLAMA_CONVERSION = Conversion(
@@ -392,6 +410,35 @@ FAMILIES: tuple[Family, ...] = (
                 "the output head reads the residual stream without a final LayerNorm (_remove_final_layer_norm)"),
                ("do_layer_norm_before", False,
                 "post-norm OPT: the first attention reads the summed embeddings without a norm"))),
+    # --- MoE decoders: llama-style attention, a routed expert FFN per layer.  llama.cpp hard-codes
+    # whether the top-k routing weights are renormalised (build_moe_ffn's norm_w: false in
+    # src/models/qwen2moe.cpp and olmoe.cpp, true in qwen3moe.cpp and llama.cpp's Mixtral path).
+    # residual readers: modeling_qwen2_moe: Qwen2MoeRMSNorm everywhere
+    Family("qwen2_moe", ("qwen2_moe",), ("qwen2moe",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="qkv_bias", hf_class="Qwen2MoeForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, mlp=_moe_mlp("mlp", shared=True)),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_fixed={"norm_topk_prob": False}),
+           residual_readers_centering=False),
+    # residual readers: modeling_qwen3_moe: Qwen3MoeRMSNorm everywhere
+    Family("qwen3_moe", ("qwen3_moe",), ("qwen3moe",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+           fused_layout="concat", attention_bias_key="attention_bias", hf_class="Qwen3MoeForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True, mlp=_moe_mlp("mlp")),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",),
+                                 llamacpp_fixed={"norm_topk_prob": True}),
+           residual_readers_centering=False),
+    # modeling_olmoe: q_norm / k_norm over the whole projection (not per head), pre-norm layers.
+    # residual readers: modeling_olmoe: OlmoeRMSNorm everywhere
+    Family("olmoe", ("olmoe",), ("olmoe",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
+           attention_bias_key="attention_bias", hf_class="OlmoeForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True, mlp=_moe_mlp("mlp")),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",),
+                                 # src/models/olmoe.cpp: attn_k_norm is n_embd wide, so no GQA
+                                 llamacpp_fixed={"norm_topk_prob": False, "n_head_kv": "n_head"}),
+           residual_readers_centering=False),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",

@@ -48,6 +48,10 @@ ARCH_KEYS = (
     ("vocab_size", "vocab_size"),
     ("use_parallel_residual", "use_parallel_residual"),
     ("attention.causal", "is_causal"),
+    ("expert_count", "num_experts"),                # Mixtral spells it num_local_experts (hf_rename)
+    ("expert_used_count", "num_experts_per_tok"),
+    ("expert_feed_forward_length", "moe_intermediate_size"),
+    ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
 )
 
 # Norm epsilon: GGUF key suffix -> HF key.  RMSNorm models use rms_norm_eps; LayerNorm

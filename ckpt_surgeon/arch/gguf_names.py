@@ -96,8 +96,10 @@ def _name_map(gguf_arch: str):
 def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
     """The GGUF name template gguf-py's ``TensorNameMap`` gives an HF tensor template of
     ``gguf_arch`` (``model.layers.{L}.self_attn.q_proj.weight`` -> ``blk.{L}.attn_q.weight``),
-    or None when gguf-py does not know the name."""
+    or None when gguf-py does not know the name.  An expert template (``...experts.{E}.up_proj``)
+    is named as the stacked tensor llama.cpp's converter maps (``...experts.up_proj``)."""
     c, _ = _tables()
+    hf_template = hf_template.replace(".{E}", "")
     tmap = _name_map(gguf_arch)
     if tmap is None:
         return None

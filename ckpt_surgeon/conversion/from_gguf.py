@@ -146,6 +146,8 @@ def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarra
         return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
     if transform == "norm_shift":
         return arr.astype(np.float64) - 1.0
+    if transform == "row" and arr.ndim == 1:
+        return arr[None, :]
     return arr
 
 
@@ -233,7 +235,17 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
             shape = tuple(info.shape)
             if rule.transform == "conv1d" and len(shape) == 2:
                 shape = (shape[1], shape[0])
-            plan.append((gname, hname, rule.transform, shape, info.dtype))
+            if rule.transform == "row" and len(shape) == 1:
+                shape = (1,) + shape
+            if rule.experts:      # one GGUF tensor [n_expert, ...] -> one HF tensor per expert
+                if len(shape) < 2:
+                    raise FormatError(f"expert tensor has shape {list(shape)}; expected [experts, ...]",
+                                      path=str(src), tensor=gname)
+                stack = _ExpertStack(ck, gname, rule.transform, shape[0])
+                plan.extend((gname, hname.replace("{E}", str(e)), rule.transform, shape[1:], info.dtype, (stack, e))
+                            for e in range(shape[0]))
+            else:
+                plan.append((gname, hname, rule.transform, shape, info.dtype, None))
 
         # The model check runs in a child while the tensors are written; the writer waits for it
         # just before publishing (all shards written, fsync'd and verified by then), so a failed
@@ -244,9 +256,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                              before_publish=gate.wait, progress=progress)
         child.submit(config)
         gate.start(lambda: check_tensors(
-            child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),
+            child.result(), {h: s for _, h, _, s, _, _ in plan}, path=str(src),
             what=f"{spec.hf_architecture} built from this file's metadata",
-            source_names={h: g for g, h, _, _, _ in plan}))
+            source_names={h: g for g, h, _, _, _, _ in plan}))
         try:
             tok_files = None
             vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
@@ -257,8 +269,11 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
 
             records = []
             with w:
-                for gname, hname, transform, shape, gdtype in plan:
-                    if transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
+                for gname, hname, transform, shape, gdtype, expert in plan:
+                    if expert is not None:
+                        w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
+                              shape=shape)
+                    elif transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
                         w.copy(gname, as_name=hname)
                     else:
                         w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
@@ -336,6 +351,26 @@ def _producer(ck, gname: str, transform: str, hp: dict, st_dtype: str):
     def make():
         return _encode_hf(_transform_to_hf(ck.read(gname), transform, hp), st_dtype)
     return make
+
+
+class _ExpertStack:
+    """One stacked GGUF expert tensor read (dequantized) once for its ``n`` per-expert HF tensors,
+    and dropped when the last of them has been produced (memory: one GGUF tensor, as for any other)."""
+
+    def __init__(self, ck, gname: str, transform: str, n: int):
+        self._ck, self._gname, self._transform, self._left = ck, gname, transform, n
+        self._arr = None
+
+    def producer(self, e: int, hp: dict, st_dtype: str):
+        def make():
+            if self._arr is None:
+                self._arr = self._ck.read(self._gname)
+            part = _encode_hf(_transform_to_hf(self._arr[e], self._transform, hp), st_dtype)
+            self._left -= 1
+            if self._left == 0:
+                self._arr = None
+            return part
+        return make
 
 
 def _encode_hf(arr: np.ndarray, st_dtype: str) -> bytes:

@@ -26,6 +26,10 @@ Transforms (applied HF -> GGUF; their inverses GGUF -> HF):
     2-D weight transposed (GPT-2 ``Conv1D`` keeps ``[in, out]``, GGUF wants ``[out, in]``).
 ``norm_shift``
     ``+1`` (Gemma stores ``w``, llama.cpp wants ``1 + w``).
+``row``
+    an HF ``[1, n]`` weight (Qwen2-MoE ``shared_expert_gate``): written 2-D as llama.cpp's converter
+    writes it; read back 2-D also from files llama.cpp re-wrote 1-D (its quantizer drops
+    trailing ggml dims of size 1).
 """
 from __future__ import annotations
 
@@ -42,11 +46,17 @@ TRANSFORMS = F.TRANSFORMS
 
 @dataclass(frozen=True)
 class TensorRule:
-    """One HF name pattern <-> one GGUF name pattern.  ``{L}`` is the layer index."""
+    """One HF name pattern <-> one GGUF name pattern.  ``{L}`` is the layer index; ``{E}`` (HF
+    side only) an expert index: the HF tensors of every expert are one GGUF tensor, stacked on a
+    new leading axis in expert order (llama.cpp ``Qwen2MoeModel.modify_tensors``: ``torch.stack``)."""
 
     hf: str
     gguf: str
     transform: str = "none"
+
+    @property
+    def experts(self) -> bool:
+        return "{E}" in self.hf
 
 
 def _tensor_rules(gguf_arch: str, rows: tuple) -> tuple[TensorRule, ...]:
@@ -82,6 +92,10 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "sliding_window": "attention.sliding_window",
     "vocab_size": "vocab_size",
     "orig_ctx": "rope.scaling.original_context_length",
+    "n_expert": "expert_count",
+    "n_expert_used": "expert_used_count",
+    "n_ff_exp": "expert_feed_forward_length",
+    "n_ff_shexp": "expert_shared_feed_forward_length",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
 HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps"})
@@ -108,7 +122,14 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "tie": ("tie_word_embeddings",),
     "layer_types": ("layer_types",),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "n_expert": ("num_experts", "num_local_experts"),
+    "n_expert_used": ("num_experts_per_tok",),
+    "n_ff_exp": ("moe_intermediate_size",),
+    "n_ff_shexp": ("shared_expert_intermediate_size",),
+    "norm_topk_prob": ("norm_topk_prob",),
 }
+# Hyper-parameters written only when the config has them (MoE sizes).
+OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
 
 
 @dataclass(frozen=True)
@@ -194,8 +215,12 @@ def supported_model_types() -> list[str]:
 
 
 def template_regex(template: str) -> re.Pattern:
-    """``blk.{L}.attn_q.weight`` -> a regex whose group 1 is the layer index."""
-    return re.compile("^" + re.escape(template).replace(re.escape("{L}"), r"(\d+)") + "$")
+    """``blk.{L}.attn_q.weight`` -> a regex with the layer index as group ``L`` (and an expert
+    index ``{E}`` as group ``E``)."""
+    rx = re.escape(template)
+    for key in ("L", "E"):
+        rx = rx.replace(re.escape("{" + key + "}"), rf"(?P<{key}>\d+)")
+    return re.compile("^" + rx + "$")
 
 
 @dataclass(frozen=True)
@@ -206,14 +231,23 @@ class NameMap:
     to_gguf: bool
 
     def match(self, name: str) -> tuple[str, TensorRule] | None:
-        """``name`` -> (name on the other side, rule), or None when no rule matches."""
+        """``name`` -> (name on the other side, rule), or None when no rule matches.  An expert
+        row's HF name keeps ``{E}`` (GGUF -> HF: one per expert); see :meth:`expert`."""
         for rule, rx in _compiled(self.rules, self.to_gguf):
             m = rx.match(name)
             if m:
                 target = rule.gguf if self.to_gguf else rule.hf
-                if m.groups():
-                    target = target.replace("{L}", m.group(1))
+                if "L" in m.groupdict():
+                    target = target.replace("{L}", m.group("L"))
                 return target, rule
+        return None
+
+    def expert(self, name: str) -> int | None:
+        """The expert index in an HF ``name`` of an expert row (HF -> GGUF), else None."""
+        for rule, rx in _compiled(self.rules, self.to_gguf):
+            m = rx.match(name)
+            if m:
+                return int(m.group("E")) if "E" in m.groupdict() else None
         return None
 
 
@@ -285,8 +319,8 @@ def _layer_types(n_layer: int, every: int) -> list[str]:
 
 def fixed_expected(key: str, value, hp: dict):
     """The HF config value that a llama.cpp constant stands for (compared with the HF config)."""
-    if value == "head_dim":
-        return hp["head_dim"]
+    if value in ("head_dim", "n_head"):
+        return hp[value]
     if key == "global_every":
         return _layer_types(hp["n_layer"], int(value))
     return value
@@ -318,3 +352,6 @@ def fixed_to_hf(spec: ArchSpec, cfg: dict, hp: dict) -> None:
         cfg["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": theta},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         cfg["rope_local_base_freq"] = local
+    for key, value in fixed.items():
+        if key not in ("global_every", "query_pre_attn_scalar", "rope_local_theta"):
+            cfg[HF_HPARAM_KEYS[key][0]] = fixed_expected(key, value, hp)

@@ -49,6 +49,38 @@ class _Planned:
     ggml_type: str
     nbytes: int
     src_dtype: str
+    stacked: tuple = ()     # expert rows: the HF tensors stacked (in expert order) into this one
+
+
+def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
+    """``(GGUF name, rule, HF names)`` per GGUF tensor, in source order: one HF name each, or every
+    expert's (ordered by expert index, which must run 0..n-1) for an expert row."""
+    out: dict[str, tuple] = {}
+    experts: dict[str, dict[int, str]] = {}
+    for tname in tnames:
+        hit = names.match(tname)
+        if hit is None:
+            raise UnsupportedError(f"no GGUF name for this tensor in the {arch} mapping", path=path, tensor=tname)
+        dst, rule = hit
+        if any(rx.match(dst) for rx in absent):
+            raise UnsupportedError(f"llama.cpp's {arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                   "file would not load ('wrong number of tensors')", path=path, tensor=tname)
+        out.setdefault(dst, (dst, rule, (tname,)))
+        if rule.experts:
+            experts.setdefault(dst, {})[names.expert(tname)] = tname
+    for dst, by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            missing = sorted(set(range(max(by_index) + 1)) - set(by_index))
+            raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
+        out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
+    return list(out.values())
+
+
+def _read_planned(ck, p: _Planned) -> np.ndarray:
+    """The HF tensor of a planned GGUF tensor (experts stacked on a new leading axis)."""
+    if p.stacked:
+        return np.stack([ck.read(t) for t in p.stacked])
+    return ck.read(p.src)
 
 
 def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
@@ -156,6 +188,10 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         if v is not None:
             hp[key] = v
     hp["head_dim"] = head_dim
+    for key in N.OPTIONAL_HPARAMS:
+        v = get(key)
+        if v is not None:
+            hp[key] = int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
     for key, value in spec.llamacpp_fixed.items():
@@ -258,23 +294,24 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         warnings: list[str] = []
         plan: list[_Planned] = []
         emb = None
-        for tname in sorted(got, key=_order_key):
-            hit = names.match(tname)
-            if hit is None:
-                raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
-                                       path=str(src), tensor=tname)
-            dst, rule = hit
-            if any(rx.match(dst) for rx in absent):
-                raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
-                                       "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
-            info = ck.tensors[tname]
+        for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
+            info = ck.tensors[tnames[0]]
             shape = tuple(info.shape)
             if rule.transform == "conv1d" and len(shape) == 2:
                 shape = (shape[1], shape[0])
+            if rule.experts:
+                odd = next((t for t in tnames if tuple(ck.tensors[t].shape) != tuple(info.shape)), None)
+                if odd is not None:
+                    raise ConfigError(f"expert shapes differ ({list(ck.tensors[odd].shape)} vs {list(info.shape)} "
+                                      f"of {tnames[0]}); they cannot be stacked", path=str(src), tensor=odd)
+                shape = (len(tnames),) + shape
             if dst == "token_embd.weight":
                 emb = shape
-            gt = _weight_type(dtype, shape, tname, dst, warnings)
-            plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+            gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
+            label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
+                if rule.experts else tnames[0]
+            plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
+                                 tnames if rule.experts else ()))
         if emb is None:
             raise ConfigError("no token embedding tensor", path=str(src))
         hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
@@ -296,7 +333,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             for p in plan:
-                arr = _transform_to_gguf(ck.read(p.src), p.transform, hp, path=str(src), tensor=p.src)
+                arr = _transform_to_gguf(_read_planned(ck, p), p.transform, hp, path=str(src), tensor=p.src)
                 data = _encode(arr, p.ggml_type)
                 if data.nbytes != p.nbytes:  # a bug here would corrupt every following offset
                     raise FormatError(f"encoded {data.nbytes} bytes, planned {p.nbytes}", path=str(out), tensor=p.dst)
