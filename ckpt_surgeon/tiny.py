@@ -292,6 +292,14 @@ SPECS: dict[str, TinySpec] = {
         "OlmoeForCausalLM",
         {},
     ),
+    # Mixtral: experts w1 / w3 / w2 (gate / up / down) under block_sparse_moe, as wide as intermediate_size.
+    "mixtral": TinySpec(
+        "MixtralConfig",
+        {**_DECODER, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+         "rope_parameters": _rope(10000.0)},
+        "MixtralForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

@@ -96,7 +96,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 # --- round trips ----------------------------------------------------------------------------
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
-                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe")
+                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -193,7 +193,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
     assert t1.encode(MULTILINGUAL) == t2.encode(MULTILINGUAL)
 
 
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])

@@ -110,6 +110,9 @@ class Conversion:
     the head dim / query head count"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
     ``hparam_unset``: canonical hyper-parameter -> the value written when the HF config leaves it
     None (Phi-3's sliding_window 0, "to distinguish Phi-4"); GGUF -> HF reads that value back as None.
+    ``gguf_when``: for a family written as another family's architecture with tensors of its own
+    (Mixtral as llama), the ``{arch}.<key>`` whose presence makes a GGUF of that arch read back as
+    this family (``expert_count``).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -124,6 +127,7 @@ class Conversion:
     llamacpp_absent: tuple = ()
     llamacpp_fixed: dict = field(default_factory=dict)
     hparam_unset: dict = field(default_factory=dict)
+    gguf_when: str | None = None          # metadata key suffix that selects this family reading gguf_arch back
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -438,6 +442,16 @@ FAMILIES: tuple[Family, ...] = (
                                  llamacpp_absent=("blk.{L}.attn_output.bias",),
                                  # src/models/olmoe.cpp: attn_k_norm is n_embd wide, so no GQA
                                  llamacpp_fixed={"norm_topk_prob": False, "n_head_kv": "n_head"}),
+           residual_readers_centering=False),
+    # Mixtral: llama.cpp's LlamaModel writes it as llama (Q/K permuted) with stacked experts; the
+    # top-k weights are always renormalised, as llama.cpp's llama graph does (norm_w true).
+    # residual readers: modeling_mixtral: MixtralRMSNorm everywhere
+    Family("mixtral", ("mixtral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
+           hf_class="MixtralForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               _llama_like_tensors(perm=True, mlp=_moe_mlp("block_sparse_moe", ("w1", "w3", "w2"))),
+               _LLAMA_HPARAMS + _MOE_HPARAMS, gguf_arch="llama", gguf_when="expert_count", hf_config_extra=_SILU,
+               hf_rename={"num_experts": "num_local_experts"}),
            residual_readers_centering=False),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",

@@ -206,7 +206,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                                    "ending in .gguf", path=str(src))
         meta = ck.metadata
         arch = ck.gguf_arch or meta.get("general.architecture")
-        spec = N.by_gguf_arch(arch)
+        spec = N.by_gguf_arch(arch, meta)
         if spec is None:
             raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
                                    f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))

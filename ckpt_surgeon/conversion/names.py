@@ -153,6 +153,7 @@ class ArchSpec:
     llamacpp_absent: tuple[str, ...] = ()  # GGUF names llama.cpp's graph has no slot for (file would not load)
     llamacpp_fixed: dict = field(default_factory=dict)
     hparam_unset: dict = field(default_factory=dict)
+    gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
     notes: str = ""
 
 
@@ -170,32 +171,41 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
-        hparam_unset=conv.hparam_unset, notes=conv.notes)
+        hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
     groups: dict[str, list] = {}
+    variants = []
     for fam in F.FAMILIES:
         if fam.conversion is None:
             continue
         target = fam.conversion.gguf_arch or (fam.gguf_archs[0] if fam.gguf_archs else None)
         if target is None:
             raise ValueError(f"registry: family {fam.name} converts but names no GGUF architecture")
+        if fam.conversion.gguf_when:      # its own tensor table, chosen by a metadata key (Mixtral)
+            variants.append(_spec(target, [fam]))
+            continue
         groups.setdefault(target, []).append(fam)
     # the family that reads the architecture back (by_gguf_arch) owns its spec
     for target, fams in groups.items():
         owner = F.by_gguf_arch(target)
         if owner in fams:
             fams.sort(key=lambda f: f is not owner)
-    return tuple(_spec(target, fams) for target, fams in groups.items())
+    return tuple(_spec(target, fams) for target, fams in groups.items()) + tuple(variants)
 
 
 ARCHS: tuple[ArchSpec, ...] = _archs()
 
 
-def by_gguf_arch(arch: str | None) -> ArchSpec | None:
+def by_gguf_arch(arch: str | None, metadata: dict | None = None) -> ArchSpec | None:
+    """The spec that reads GGUF architecture ``arch`` back: a variant whose ``gguf_when`` key the
+    ``metadata`` has (a llama file with ``llama.expert_count`` is Mixtral), else the arch's own."""
     for a in ARCHS:
-        if a.gguf_arch == arch:
+        if a.gguf_arch == arch and a.gguf_when and metadata is not None and f"{arch}.{a.gguf_when}" in metadata:
+            return a
+    for a in ARCHS:
+        if a.gguf_arch == arch and not a.gguf_when:
             return a
     return None
 
