@@ -409,6 +409,33 @@ def test_unknown_pre_tokenizer_is_refused(family_dir, tmp_path):
 
 # --- errors: one clear message, nothing written, inputs untouched -------------------------------
 
+def test_moe_routing_llama_cpp_cannot_run_is_refused(family_dir, tmp_path):
+    """llama.cpp renormalises Qwen3-MoE's top-k weights whatever the file says; a config that
+    does not is refused with the reason, nothing written, the input untouched."""
+    src = tmp_path / "m"
+    shutil.copytree(family_dir("qwen3_moe"), src)
+    cfg = read_json(src / "config.json")
+    cfg["norm_topk_prob"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    before = _files_hash(src)
+    with pytest.raises(UnsupportedError, match="llama.cpp's qwen3moe assumes norm_topk_prob = True"):
+        hf_to_gguf(src, tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists() and _files_hash(src) == before
+
+
+def test_moe_gguf_missing_expert_dimension_is_an_error(family_dir, tmp_path):
+    """A GGUF whose expert tensor is not [n_expert, ...] (here: one expert's matrix) is one clear
+    error naming the tensor; nothing is written."""
+    from gguf_util import rewrite_gguf
+    g = hf_to_gguf(family_dir("olmoe"), tmp_path / "m.gguf", dtype="f32", name="tiny")
+    bad = rewrite_gguf(g, tmp_path / "bad.gguf",
+                       tensors=lambda n, a: a[0] if n == "blk.1.ffn_up_exps.weight" else a)
+    with pytest.raises(CkptError) as e:
+        gguf_to_hf(bad, tmp_path / "hf")
+    assert "blk.1.ffn_up_exps.weight" in str(e.value)
+    assert not (tmp_path / "hf").exists()
+
+
 def test_missing_tensor_in_hf_is_an_error(family_dir, tmp_path):
     from safetensors.numpy import load_file, save_file
     src = tmp_path / "m"
