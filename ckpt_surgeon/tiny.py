@@ -300,6 +300,14 @@ SPECS: dict[str, TinySpec] = {
         "MixtralForCausalLM",
         {},
     ),
+    # Granite: llama with multipliers on attention scores, embeddings, residual branches and logits.
+    "granite": TinySpec(
+        "GraniteConfig",
+        {**_DECODER, "attention_multiplier": 0.2, "embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+         "logits_scaling": 2.0, "rope_parameters": _rope(10000.0)},
+        "GraniteForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

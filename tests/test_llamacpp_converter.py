@@ -36,7 +36,7 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 # (gpt2 with the Hub's config spelling: llama.cpp's GPT2Model needs n_ctx; phi3 as Phi-4 declares
 # its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model).
 FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
-            "qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
+            "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {

@@ -50,6 +50,7 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "qwen3_moe": 0,
     "olmoe": 0,
     "mixtral": 0,
+    "granite": 0,
 }
 QKV_BIAS_MODULES = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value"}
 N_LAYERS = 2

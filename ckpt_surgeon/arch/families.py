@@ -246,6 +246,41 @@ _GEMMA3_TENSORS = (
 )
 
 
+# modeling_starcoder2: LayerNorms with biases, c_fc / c_proj MLP, biases on every linear (use_bias).
+_STARCODER2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    *_wb("model.norm"),
+    ("lm_head.weight", "none"),
+    *_wb("model.layers.{L}.input_layernorm"),
+    *_wb("model.layers.{L}.self_attn.q_proj"),
+    *_wb("model.layers.{L}.self_attn.k_proj"),
+    *_wb("model.layers.{L}.self_attn.v_proj"),
+    *_wb("model.layers.{L}.self_attn.o_proj"),
+    *_wb("model.layers.{L}.post_attention_layernorm"),
+    *_wb("model.layers.{L}.mlp.c_fc"),
+    *_wb("model.layers.{L}.mlp.c_proj"),
+)
+
+# modeling_olmo2: no input norm; q/k RMSNorm over the whole projection, norms after attention and MLP.
+_OLMO2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "none"),
+    ("lm_head.weight", "none"),
+    *_wb("model.layers.{L}.self_attn.q_proj"),
+    *_wb("model.layers.{L}.self_attn.k_proj"),
+    *_wb("model.layers.{L}.self_attn.v_proj"),
+    *_wb("model.layers.{L}.self_attn.o_proj"),
+    ("model.layers.{L}.self_attn.q_norm.weight", "none"),
+    ("model.layers.{L}.self_attn.k_norm.weight", "none"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "none"),
+    ("model.layers.{L}.post_feedforward_layernorm.weight", "none"),
+    *_DENSE_MLP,
+)
+
+# Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
+_GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
+
+
 @dataclass(frozen=True)
 class ArchRewrite:
     """A family written as another transformers architecture after a layout change.
@@ -330,12 +365,17 @@ FAMILIES: tuple[Family, ...] = (
            {r: m for r, m in _QKNORM_ROLES.items() if r != "attn_norm"}, qk_norm=True, norm_placement="post",
            fused_layout="concat",
            attention_bias_key="attention_bias", input_norm=None, hf_class="Olmo2ForCausalLM", surgery_roles=_FUSE_OUT,
+           # src/models/olmo2.cpp: q/k/v biases optional (create_tensor_qkv), no attn_output bias
+           conversion=Conversion(_OLMO2_TENSORS, _LLAMA_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",)),
            residual_readers_centering=False),
     # residual readers: modeling_starcoder2: nn.LayerNorm input/post_attention_layernorm, model.norm
     Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
            input_norm="layer", fused_layout="concat",
            bias_switch_extra=("mlp.c_fc", "mlp.c_proj"),   # modeling_starcoder2: bias=config.use_bias
            hf_class="Starcoder2ForCausalLM", ln_eps_key="norm_epsilon", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_STARCODER2_TENSORS, _LLAMA_HPARAMS + ("ln_eps",),
+                                 hf_config_extra={"hidden_act": "gelu_pytorch_tanh"}),
            residual_readers_centering=True),
     # residual readers: modeling_phi3: Phi3RMSNorm everywhere
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
@@ -452,6 +492,15 @@ FAMILIES: tuple[Family, ...] = (
                _llama_like_tensors(perm=True, mlp=_moe_mlp("block_sparse_moe", ("w1", "w3", "w2"))),
                _LLAMA_HPARAMS + _MOE_HPARAMS, gguf_arch="llama", gguf_when="expert_count", hf_config_extra=_SILU,
                hf_rename={"num_experts": "num_local_experts"}),
+           residual_readers_centering=False),
+    # Granite: llama with four multipliers (attention, embedding, residual, logits); llama.cpp's
+    # GraniteModel is a LlamaModel (Q/K permuted) and ignores head_dim.
+    # residual readers: modeling_granite: GraniteRMSNorm everywhere
+    Family("granite", ("granite",), ("granite",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True,
+           fused_layout="concat", attention_bias_key="attention_bias", hf_class="GraniteForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=True), _LLAMA_HPARAMS + _GRANITE_HPARAMS,
+                                 hf_config_extra=_SILU),
            residual_readers_centering=False),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",

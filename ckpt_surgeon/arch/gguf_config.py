@@ -54,6 +54,14 @@ ARCH_KEYS = (
     ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
 )
 
+# Float multipliers: "{arch}.<suffix>" -> HF key (Granite's names; Cohere renames logits_scaling).
+FLOAT_KEYS = (
+    ("attention.scale", "attention_multiplier"),
+    ("embedding_scale", "embedding_multiplier"),
+    ("residual_scale", "residual_multiplier"),
+    ("logit_scale", "logits_scaling"),
+)
+
 # Norm epsilon: GGUF key suffix -> HF key.  RMSNorm models use rms_norm_eps; LayerNorm
 # models spell it per family (GPT-2/BLOOM/Falcon: layer_norm_epsilon; StarCoder2: norm_epsilon).
 EPS_KEYS = (("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
@@ -93,6 +101,10 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
             cfg[key] = v
     if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    for suffix, key in FLOAT_KEYS:
+        v = _typed(metadata, pre + suffix, "float", path)
+        if v is not None:
+            cfg[key] = float(v)
     for suffix, key in EPS_KEYS:
         v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:

@@ -96,9 +96,14 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "n_expert_used": "expert_used_count",
     "n_ff_exp": "expert_feed_forward_length",
     "n_ff_shexp": "expert_shared_feed_forward_length",
+    "attention_scale": "attention.scale",
+    "embedding_scale": "embedding_scale",
+    "residual_scale": "residual_scale",
+    "logit_scale": "logit_scale",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
-HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps"})
+HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps", "attention_scale",
+                           "embedding_scale", "residual_scale", "logit_scale"})
 
 # HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
 # transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
@@ -127,9 +132,14 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "n_ff_exp": ("moe_intermediate_size",),
     "n_ff_shexp": ("shared_expert_intermediate_size",),
     "norm_topk_prob": ("norm_topk_prob",),
+    "attention_scale": ("attention_multiplier",),
+    "embedding_scale": ("embedding_multiplier",),
+    "residual_scale": ("residual_multiplier",),
+    "logit_scale": ("logits_scaling", "logit_scale"),
 }
-# Hyper-parameters written only when the config has them (MoE sizes).
-OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
+# Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers).
+OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",
+                    "residual_scale", "logit_scale")
 
 
 @dataclass(frozen=True)

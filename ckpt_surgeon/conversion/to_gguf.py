@@ -191,7 +191,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
     for key in N.OPTIONAL_HPARAMS:
         v = get(key)
         if v is not None:
-            hp[key] = int(v)
+            hp[key] = float(v) if key in N.HPARAM_FLOATS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
     for key, value in spec.llamacpp_fixed.items():
