@@ -44,6 +44,8 @@ VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # llama.cpp's phi2 is MHA (Phi2Model writes head_count_kv = head_count), as Phi-2 is
+    "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
     # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
     "olmo2": ("olmo2", {"attention_bias": False}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
@@ -60,7 +62,7 @@ CONFIG_VARIANTS = {
 }
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
-                     "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite")
+                     "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

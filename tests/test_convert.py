@@ -96,7 +96,8 @@ def test_name_table_agrees_with_gguf_py(spec):
 # --- round trips ----------------------------------------------------------------------------
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
-                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite")
+                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
+                       "phi", "gpt_neox")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -195,7 +196,8 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
-GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite")
+GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
+                            "gpt_neox")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -295,11 +297,14 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
     if arch != "gpt2":
         theta = cfg["rope_parameters"].get("rope_theta") or cfg["rope_parameters"]["full_attention"]["rope_theta"]
         assert meta[f"{arch}.rope.freq_base"] == pytest.approx(theta)   # written even when it is 10000
-        assert meta[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
+        # llama.cpp reads a missing head_count_kv as head_count (GPT-NeoX files have none)
+        assert meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]) == \
+            cfg.get("num_key_value_heads", cfg["num_attention_heads"])
         if "rms_norm_eps" in cfg:
             assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
-        else:   # LayerNorm families (StarCoder2: norm_epsilon)
-            assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(cfg["norm_epsilon"])
+        else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps
+            eps = cfg.get("norm_epsilon", cfg.get("layer_norm_eps"))
+            assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(eps)
     else:
         assert meta["gpt2.attention.layer_norm_epsilon"] == pytest.approx(cfg["layer_norm_epsilon"])
     assert ("output.weight" in tensors) == (not cfg.get("tie_word_embeddings", arch == "gpt2"))

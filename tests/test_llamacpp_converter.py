@@ -35,8 +35,15 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 # Every family convert supports, as the llama.cpp-runnable variants tests/test_llamacpp.py uses
 # (gpt2 with the Hub's config spelling: llama.cpp's GPT2Model needs n_ctx; phi3 as Phi-4 declares
 # its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model).
+
+# Families the reference converter cannot convert here, and the error it stops with (asserted, so
+# a llama.cpp that fixes it makes the test fail and the family move to FAMILIES).  GPT-NeoX:
+# GPTNeoXModel reads hparams["rotary_pct"], but its load_hparams takes AutoConfig(...).to_dict(),
+# which under transformers 5 holds the value in rope_parameters only (also for Pythia's own
+# config.json, which spells rotary_pct).  Ours converts it (tests/test_llamacpp.py runs the file).
+REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'"}
 FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
-            "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite")
+            "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {
@@ -52,9 +59,11 @@ EXEMPT = {
 
 # Keys we write with a different value than the reference, and why.
 EXEMPT_VALUE = {
-    # GPT2Model.set_gguf_parameters writes 4 * n_embd whatever n_inner says (128 in the fixture);
-    # llama.cpp's gpt2 graph sizes the FFN from the tensors, so its value is only a wrong label
+    # GPT2Model / Phi2Model.set_gguf_parameters write 4 * n_embd whatever n_inner /
+    # intermediate_size say (128 in the fixtures); llama.cpp checks ffn_up's shape against this
+    # key, so its file does not load (asserted below) and ours, with the real width, does
     "gpt2.feed_forward_length",
+    "phi2.feed_forward_length",
 }
 
 # Tensors whose bytes we write differently, and why.  Gemma3Model.modify_tensors drops the
@@ -86,16 +95,25 @@ def _folder_key(folder: Path) -> str:
 
 def _reference(folder: Path, family: str) -> Path:
     """llama.cpp's outputs for ``folder``: a cached folder of ``<outtype>.gguf`` files."""
-    root = llamacpp_source()
-
     def build(tmp: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
-        r = subprocess.run([sys.executable, str(_RUNNER), str(root), str(folder), str(tmp), _pre_tokenizer(folder),
-                            *OUTTYPES], capture_output=True, text=True, env=env)
+        r = _run_reference(folder, tmp, OUTTYPES)
         if r.returncode != 0:
             pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed on {family}: {r.stderr.strip()[-1500:]}")
 
     return tiny_cache.cached_build(fixture_base() / "llamacpp-ref" / f"{family}-{_folder_key(folder)}", build)
+
+
+def _run_reference(folder: Path, out: Path, outtypes) -> subprocess.CompletedProcess:
+    root = llamacpp_source()
+    env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
+    return subprocess.run([sys.executable, str(_RUNNER), str(root), str(folder), str(out), _pre_tokenizer(folder),
+                           *outtypes], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("family", sorted(REFERENCE_FAILS))
+def test_reference_converter_fails_where_documented(family, family_src, tmp_path):
+    r = _run_reference(family_src(family), tmp_path, ("f32",))
+    assert r.returncode != 0 and REFERENCE_FAILS[family] in r.stderr, r.stderr[-1500:]
 
 
 @pytest.fixture(scope="module")

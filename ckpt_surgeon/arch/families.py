@@ -89,7 +89,7 @@ class Family:
 
 
 # Per-tensor transforms HF -> GGUF (inverses GGUF -> HF), see ckpt_surgeon.conversion.names.
-TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row")
+TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row", "qkv_per_head", "qkv_grouped")
 
 
 @dataclass(frozen=True)
@@ -277,6 +277,34 @@ _OLMO2_TENSORS = (
     *_DENSE_MLP,
 )
 
+# modeling_phi (Phi-2): parallel block, one LayerNorm, q/k/v/dense and fc1/fc2 all biased, biased lm_head.
+_PHI2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    *_wb("model.final_layernorm"),
+    *_wb("lm_head"),
+    *_wb("model.layers.{L}.input_layernorm"),
+    *_wb("model.layers.{L}.self_attn.q_proj"),
+    *_wb("model.layers.{L}.self_attn.k_proj"),
+    *_wb("model.layers.{L}.self_attn.v_proj"),
+    *_wb("model.layers.{L}.self_attn.dense"),
+    *_wb("model.layers.{L}.mlp.fc1"),
+    *_wb("model.layers.{L}.mlp.fc2"),
+)
+
+# modeling_gpt_neox: per-head interleaved query_key_value, which llama.cpp's GPTNeoXModel reorders
+# to [Q; K; V] (weights and biases).
+_GPT_NEOX_TENSORS = (
+    ("gpt_neox.embed_in.weight", "none"),
+    *_wb("gpt_neox.final_layer_norm"),
+    ("embed_out.weight", "none"),
+    *_wb("gpt_neox.layers.{L}.input_layernorm"),
+    *_wb("gpt_neox.layers.{L}.post_attention_layernorm"),
+    *_wb("gpt_neox.layers.{L}.attention.query_key_value", "qkv_per_head"),
+    *_wb("gpt_neox.layers.{L}.attention.dense"),
+    *_wb("gpt_neox.layers.{L}.mlp.dense_h_to_4h"),
+    *_wb("gpt_neox.layers.{L}.mlp.dense_4h_to_h"),
+)
+
 # Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
 _GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
 
@@ -392,6 +420,10 @@ FAMILIES: tuple[Family, ...] = (
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
             "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
            input_norm="layer", hf_class="PhiForCausalLM",
+           # Phi2Model.set_gguf_parameters writes head_count_kv = head_count: MHA only (as Phi-2 is)
+           conversion=Conversion(_PHI2_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv",
+                                                 "rope_theta", "ln_eps", "rotary_dim", "vocab_size"),
+                                 hf_config_extra={"hidden_act": "gelu_new"}, llamacpp_fixed={"n_head_kv": "n_head"}),
            bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant",
            residual_readers_centering=True),
     # q/k/v roles of fused families name where `qkv split` writes the parts (no transformers module
@@ -415,6 +447,9 @@ FAMILIES: tuple[Family, ...] = (
            {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm",
             "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj"},
            fused_layout="per_head", input_norm="layer", hf_class="GPTNeoXForCausalLM", surgery_roles=_SPLIT_OUT,
+           conversion=Conversion(_GPT_NEOX_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "rope_theta",
+                                                     "rotary_dim", "parallel_residual", "ln_eps", "vocab_size"),
+                                 hf_config_extra={"hidden_act": "gelu"}),
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",

@@ -148,6 +148,9 @@ def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarra
         return arr.astype(np.float64) - 1.0
     if transform == "row" and arr.ndim == 1:
         return arr[None, :]
+    if transform in ("qkv_per_head", "qkv_grouped"):
+        from ..arch.layouts import concat_index
+        return arr[np.argsort(concat_index(transform[4:], cfg_hp["n_head"], cfg_hp["n_head_kv"], arr.shape[0]))]
     return arr
 
 

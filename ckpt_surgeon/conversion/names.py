@@ -100,8 +100,10 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "embedding_scale": "embedding_scale",
     "residual_scale": "residual_scale",
     "logit_scale": "logit_scale",
+    "parallel_residual": "use_parallel_residual",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
+HPARAM_BOOLS = frozenset({"parallel_residual"})
 HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps", "attention_scale",
                            "embedding_scale", "residual_scale", "logit_scale"})
 
@@ -136,10 +138,11 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "embedding_scale": ("embedding_multiplier",),
     "residual_scale": ("residual_multiplier",),
     "logit_scale": ("logits_scaling", "logit_scale"),
+    "parallel_residual": ("use_parallel_residual",),
 }
 # Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers).
 OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",
-                    "residual_scale", "logit_scale")
+                    "residual_scale", "logit_scale", "parallel_residual")
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
     for key in N.OPTIONAL_HPARAMS:
         v = get(key)
         if v is not None:
-            hp[key] = float(v) if key in N.HPARAM_FLOATS else int(v)
+            hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
     for key, value in spec.llamacpp_fixed.items():
@@ -217,6 +217,9 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
         return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
     if transform == "norm_shift":
         return (arr.astype(np.float64) + 1.0).astype(np.float32)
+    if transform in ("qkv_per_head", "qkv_grouped"):
+        from ..arch.layouts import concat_index
+        return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
     return arr
 
 
@@ -392,6 +395,8 @@ def _add_metadata(w, spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -
         full = f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[key]}"
         if key in N.HPARAM_FLOATS:
             w.add_float32(full, float(hp[key]))
+        elif key in N.HPARAM_BOOLS:
+            w.add_bool(full, bool(hp[key]))
         else:
             w.add_uint32(full, int(hp[key]))
     for key, value, kind in vocab.key_values():
