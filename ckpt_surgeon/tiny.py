@@ -308,6 +308,15 @@ SPECS: dict[str, TinySpec] = {
         "GraniteForCausalLM",
         {},
     ),
+    # Command-R: parallel block under one bias-free LayerNorm, interleaved rotary pairs, tied
+    # embeddings, logits scaled by logit_scale.
+    "cohere": TinySpec(
+        "CohereConfig",
+        {**_DECODER, "logit_scale": 0.25, "use_qk_norm": False, "tie_word_embeddings": True,
+         "rope_parameters": _rope(10000.0)},
+        "CohereForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

@@ -112,7 +112,8 @@ class Conversion:
     None (Phi-3's sliding_window 0, "to distinguish Phi-4"); GGUF -> HF reads that value back as None.
     ``gguf_when``: for a family written as another family's architecture with tensors of its own
     (Mixtral as llama), the ``{arch}.<key>`` whose presence makes a GGUF of that arch read back as
-    this family (``expert_count``).
+    this family (``expert_count``).  ``gguf_strings``: fixed string keys the reference writes
+    (Command-R's ``rope.scaling.type = none``).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -128,6 +129,7 @@ class Conversion:
     llamacpp_fixed: dict = field(default_factory=dict)
     hparam_unset: dict = field(default_factory=dict)
     gguf_when: str | None = None          # metadata key suffix that selects this family reading gguf_arch back
+    gguf_strings: dict = field(default_factory=dict)   # fixed "{arch}.<suffix>" string keys written HF -> GGUF
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -537,6 +539,20 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(_llama_like_tensors(perm=True), _LLAMA_HPARAMS + _GRANITE_HPARAMS,
                                  hf_config_extra=_SILU),
            residual_readers_centering=False),
+    # Command-R (modeling_cohere): parallel attention + MLP from one CohereLayerNorm (no bias), rotary
+    # pairs interleaved natively (llama.cpp's command-r rotates (2i, 2i+1): no permutation), tied
+    # embeddings, logits scaled by logit_scale.  residual readers: CohereLayerNorm (centering) everywhere.
+    Family("cohere", ("cohere",), ("command-r",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="attention_bias", input_norm="layer", hf_class="CohereForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               (("model.embed_tokens.weight", "none"), ("model.norm.weight", "none"),
+                ("model.layers.{L}.input_layernorm.weight", "none"),
+                *_wb("model.layers.{L}.self_attn.q_proj"), *_wb("model.layers.{L}.self_attn.k_proj"),
+                *_wb("model.layers.{L}.self_attn.v_proj"), *_wb("model.layers.{L}.self_attn.o_proj"), *_DENSE_MLP),
+               _LLAMA_HPARAMS + ("ln_eps", "logit_scale"), hf_config_extra=_SILU,
+               hf_rename={"logits_scaling": "logit_scale"}, gguf_strings={"rope.scaling.type": "none"}),
+           residual_readers_centering=None),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",

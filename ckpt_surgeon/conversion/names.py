@@ -166,6 +166,7 @@ class ArchSpec:
     llamacpp_absent: tuple[str, ...] = ()  # GGUF names llama.cpp's graph has no slot for (file would not load)
     llamacpp_fixed: dict = field(default_factory=dict)
     hparam_unset: dict = field(default_factory=dict)
+    gguf_strings: dict = field(default_factory=dict)    # fixed "{arch}.<suffix>" string keys written
     gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
     notes: str = ""
 
@@ -184,7 +185,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
-        hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when, notes=conv.notes)
+        hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
+        gguf_strings=conv.gguf_strings, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

@@ -399,6 +399,8 @@ def _add_metadata(w, spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -
             w.add_bool(full, bool(hp[key]))
         else:
             w.add_uint32(full, int(hp[key]))
+    for suffix, value in spec.gguf_strings.items():
+        w.add_string(f"{spec.gguf_arch}.{suffix}", value)
     for key, value, kind in vocab.key_values():
         if kind == "str":
             w.add_string(key, value)
