@@ -317,6 +317,14 @@ SPECS: dict[str, TinySpec] = {
         "CohereForCausalLM",
         {},
     ),
+    # StableLM 2: LayerNorms with biases, a quarter of each head rotated, q/k/v biases.
+    "stablelm": TinySpec(
+        "StableLmConfig",
+        {**_DECODER, "use_qkv_bias": True, "qk_layernorm": False, "use_parallel_residual": False,
+         "rope_parameters": _rope(10000.0, partial_rotary_factor=0.25)},
+        "StableLmForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

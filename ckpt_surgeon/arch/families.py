@@ -50,6 +50,9 @@ class Family:
     fused_layout_rules: tuple = ()
     conv1d: bool = False                  # GPT-2 Conv1D: weights stored [in, out]
     gguf_qk_permuted: bool = False        # llama.cpp converter permutes Q/K rows (interleaved pairs)
+    # rotary pairing of the HF checkpoint itself: rotate_half (i, i + d/2) or interleaved (2i, 2i+1),
+    # e.g. modeling_cohere's rotate_half works on interleaved pairs
+    rope_pairs: str = "rotate_half"
     # config keys (checked in order; first present wins).  None entries are skipped.
     position_rules: tuple = ()            # (config key, value, position type) overrides
     attention_bias_key: str | None = None  # switch that turns q/k/v(/o) biases on
@@ -543,6 +546,7 @@ FAMILIES: tuple[Family, ...] = (
     # pairs interleaved natively (llama.cpp's command-r rotates (2i, 2i+1): no permutation), tied
     # embeddings, logits scaled by logit_scale.  residual readers: CohereLayerNorm (centering) everywhere.
     Family("cohere", ("cohere",), ("command-r",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           rope_pairs="interleaved",
            attention_bias_key="attention_bias", input_norm="layer", hf_class="CohereForCausalLM",
            surgery_roles=_FUSE_OUT,
            conversion=Conversion(
@@ -553,6 +557,21 @@ FAMILIES: tuple[Family, ...] = (
                _LLAMA_HPARAMS + ("ln_eps", "logit_scale"), hf_config_extra=_SILU,
                hf_rename={"logits_scaling": "logit_scale"}, gguf_strings={"rope.scaling.type": "none"}),
            residual_readers_centering=None),
+    # StableLM (modeling_stablelm): LayerNorms with biases, partial rotary, optional q/k/v biases
+    # (use_qkv_bias), sequential or parallel residual (use_parallel_residual).  The per-head
+    # q/k LayerNorms of qk_layernorm models are not converted (no row: such a model is refused).
+    # residual readers: nn.LayerNorm input/post_attention_layernorm and model.norm
+    Family("stablelm", ("stablelm",), ("stablelm",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="use_qkv_bias", input_norm="layer", hf_class="StableLmForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               (("model.embed_tokens.weight", "none"), *_wb("model.norm"), ("lm_head.weight", "none"),
+                *_wb("model.layers.{L}.input_layernorm"),
+                *_wb("model.layers.{L}.self_attn.q_proj"), *_wb("model.layers.{L}.self_attn.k_proj"),
+                *_wb("model.layers.{L}.self_attn.v_proj"), *_wb("model.layers.{L}.self_attn.o_proj", bias=False),
+                *_wb("model.layers.{L}.post_attention_layernorm"), *_DENSE_MLP),
+               _LLAMA_HPARAMS + ("ln_eps", "parallel_residual"), hf_config_extra=_SILU),
+           residual_readers_centering=True),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
