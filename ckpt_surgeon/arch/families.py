@@ -116,7 +116,9 @@ class Conversion:
     ``gguf_when``: for a family written as another family's architecture with tensors of its own
     (Mixtral as llama), the ``{arch}.<key>`` whose presence makes a GGUF of that arch read back as
     this family (``expert_count``).  ``gguf_strings``: fixed string keys the reference writes
-    (Command-R's ``rope.scaling.type = none``).
+    (Command-R's ``rope.scaling.type = none``).  ``hparam_fallback``: what the reference writes
+    for a hyper-parameter the config does not have (BLOOM's context length: ``seq_length`` or else
+    the embedding width, ``BloomModel.set_gguf_parameters``).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -133,6 +135,7 @@ class Conversion:
     hparam_unset: dict = field(default_factory=dict)
     gguf_when: str | None = None          # metadata key suffix that selects this family reading gguf_arch back
     gguf_strings: dict = field(default_factory=dict)   # fixed "{arch}.<suffix>" string keys written HF -> GGUF
+    hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when the config lacks it
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -310,6 +313,21 @@ _GPT_NEOX_TENSORS = (
     *_wb("gpt_neox.layers.{L}.mlp.dense_4h_to_h"),
 )
 
+# modeling_bloom: embedding LayerNorm, per-head interleaved query_key_value (reordered to [Q; K; V]
+# by llama.cpp's BloomModel), biases everywhere, ALiBi, tied head.
+_BLOOM_TENSORS = (
+    ("transformer.word_embeddings.weight", "none"),
+    *_wb("transformer.word_embeddings_layernorm"),
+    *_wb("transformer.ln_f"),
+    ("lm_head.weight", "none"),
+    *_wb("transformer.h.{L}.input_layernorm"),
+    *_wb("transformer.h.{L}.self_attention.query_key_value", "qkv_per_head"),
+    *_wb("transformer.h.{L}.self_attention.dense"),
+    *_wb("transformer.h.{L}.post_attention_layernorm"),
+    *_wb("transformer.h.{L}.mlp.dense_h_to_4h"),
+    *_wb("transformer.h.{L}.mlp.dense_4h_to_h"),
+)
+
 # Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
 _GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
 
@@ -462,6 +480,11 @@ FAMILIES: tuple[Family, ...] = (
             "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj"},
            position="alibi", fused_layout="per_head", input_norm="layer",
            hf_class="BloomForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
+           conversion=Conversion(
+               _BLOOM_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "ln_eps", "vocab_size"),
+               ff_default_mult=4, hparam_fallback={"n_ctx": "n_embd"},
+               hf_rename={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "num_key_value_heads": None,
+                          "head_dim": None, "intermediate_size": None, "max_position_embeddings": None}),     # BLOOM is MHA: head_count_kv = head_count, as BloomModel writes it
            residual_readers_centering=True),
     # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",

@@ -97,14 +97,18 @@ def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
     """The GGUF name template gguf-py's ``TensorNameMap`` gives an HF tensor template of
     ``gguf_arch`` (``model.layers.{L}.self_attn.q_proj.weight`` -> ``blk.{L}.attn_q.weight``),
     or None when gguf-py does not know the name.  An expert template (``...experts.{E}.up_proj``)
-    is named as the stacked tensor llama.cpp's converter maps (``...experts.up_proj``)."""
+    is named as the stacked tensor llama.cpp's converter maps (``...experts.up_proj``).  A name
+    gguf-py lists only without its ``transformer.`` prefix is found too (llama.cpp's
+    ``BloomModel.modify_tensors`` strips it: ``word_embeddings_layernorm``)."""
     c, _ = _tables()
     hf_template = hf_template.replace(".{E}", "")
     tmap = _name_map(gguf_arch)
     if tmap is None:
         return None
     # Block 1 of a 2-block map: a name with the layer index in it maps through the block table.
-    hit = tmap.get_type_and_name(hf_template.replace("{L}", "1"), try_suffixes=(".weight", ".bias"))
+    hit = None
+    for cand in (hf_template, hf_template.removeprefix("transformer.")):
+        hit = hit or tmap.get_type_and_name(cand.replace("{L}", "1"), try_suffixes=(".weight", ".bias"))
     if hit is None:
         return None
     ttype, name = hit

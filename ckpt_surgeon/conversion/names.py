@@ -167,6 +167,7 @@ class ArchSpec:
     llamacpp_fixed: dict = field(default_factory=dict)
     hparam_unset: dict = field(default_factory=dict)
     gguf_strings: dict = field(default_factory=dict)    # fixed "{arch}.<suffix>" string keys written
+    hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when absent
     gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
     notes: str = ""
 
@@ -186,7 +187,7 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
-        gguf_strings=conv.gguf_strings, notes=conv.notes)
+        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

@@ -151,6 +151,8 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
     hp: dict = {}
     for key in ("n_embd", "n_layer", "n_head", "n_ctx"):
         v = get(key)
+        if v is None and key in spec.hparam_fallback:
+            v = hp[spec.hparam_fallback[key]]
         if v is None:
             raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS[key])}", path=path)
         hp[key] = v
