@@ -148,6 +148,12 @@ def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
     return rows
 
 
+def _qkvo(layer: str, o: str = "o_proj", pq: str = "none", pk: str = "none", o_bias: bool = True) -> tuple:
+    """``{layer}.q_proj`` / ``k_proj`` / ``v_proj`` / ``{o}`` rows, weights and (optional) biases."""
+    return (*_wb(f"{layer}.q_proj", pq), *_wb(f"{layer}.k_proj", pk), *_wb(f"{layer}.v_proj"),
+            *_wb(f"{layer}.{o}", bias=o_bias))
+
+
 _DENSE_MLP = (*_wb("model.layers.{L}.mlp.gate_proj"), *_wb("model.layers.{L}.mlp.up_proj"),
               *_wb("model.layers.{L}.mlp.down_proj"))
 
@@ -174,10 +180,7 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False, mlp: tuple = _DENSE_M
         ("model.norm.weight", "none"),
         ("lm_head.weight", "none"),
         ("model.layers.{L}.input_layernorm.weight", "none"),
-        *_wb("model.layers.{L}.self_attn.q_proj", pq),
-        *_wb("model.layers.{L}.self_attn.k_proj", pk),
-        *_wb("model.layers.{L}.self_attn.v_proj"),
-        *_wb("model.layers.{L}.self_attn.o_proj"),
+        *_qkvo("model.layers.{L}.self_attn", pq=pq, pk=pk),
         ("model.layers.{L}.post_attention_layernorm.weight", "none"),
         *mlp,
     ]
@@ -239,18 +242,13 @@ _GEMMA3_TENSORS = (
     ("model.norm.weight", "norm_shift"),
     ("lm_head.weight", "none"),
     ("model.layers.{L}.input_layernorm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.self_attn.q_proj"),
-    *_wb("model.layers.{L}.self_attn.k_proj"),
-    *_wb("model.layers.{L}.self_attn.v_proj"),
-    *_wb("model.layers.{L}.self_attn.o_proj"),
+    *_qkvo("model.layers.{L}.self_attn"),
     ("model.layers.{L}.self_attn.q_norm.weight", "norm_shift"),
     ("model.layers.{L}.self_attn.k_norm.weight", "norm_shift"),
     ("model.layers.{L}.post_attention_layernorm.weight", "norm_shift"),
     ("model.layers.{L}.pre_feedforward_layernorm.weight", "norm_shift"),
     ("model.layers.{L}.post_feedforward_layernorm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.mlp.gate_proj"),
-    *_wb("model.layers.{L}.mlp.up_proj"),
-    *_wb("model.layers.{L}.mlp.down_proj"),
+    *_DENSE_MLP,
 )
 
 
@@ -260,10 +258,7 @@ _STARCODER2_TENSORS = (
     *_wb("model.norm"),
     ("lm_head.weight", "none"),
     *_wb("model.layers.{L}.input_layernorm"),
-    *_wb("model.layers.{L}.self_attn.q_proj"),
-    *_wb("model.layers.{L}.self_attn.k_proj"),
-    *_wb("model.layers.{L}.self_attn.v_proj"),
-    *_wb("model.layers.{L}.self_attn.o_proj"),
+    *_qkvo("model.layers.{L}.self_attn"),
     *_wb("model.layers.{L}.post_attention_layernorm"),
     *_wb("model.layers.{L}.mlp.c_fc"),
     *_wb("model.layers.{L}.mlp.c_proj"),
@@ -274,10 +269,7 @@ _OLMO2_TENSORS = (
     ("model.embed_tokens.weight", "none"),
     ("model.norm.weight", "none"),
     ("lm_head.weight", "none"),
-    *_wb("model.layers.{L}.self_attn.q_proj"),
-    *_wb("model.layers.{L}.self_attn.k_proj"),
-    *_wb("model.layers.{L}.self_attn.v_proj"),
-    *_wb("model.layers.{L}.self_attn.o_proj"),
+    *_qkvo("model.layers.{L}.self_attn"),
     ("model.layers.{L}.self_attn.q_norm.weight", "none"),
     ("model.layers.{L}.self_attn.k_norm.weight", "none"),
     ("model.layers.{L}.post_attention_layernorm.weight", "none"),
@@ -291,10 +283,7 @@ _PHI2_TENSORS = (
     *_wb("model.final_layernorm"),
     *_wb("lm_head"),
     *_wb("model.layers.{L}.input_layernorm"),
-    *_wb("model.layers.{L}.self_attn.q_proj"),
-    *_wb("model.layers.{L}.self_attn.k_proj"),
-    *_wb("model.layers.{L}.self_attn.v_proj"),
-    *_wb("model.layers.{L}.self_attn.dense"),
+    *_qkvo("model.layers.{L}.self_attn", o="dense"),
     *_wb("model.layers.{L}.mlp.fc1"),
     *_wb("model.layers.{L}.mlp.fc2"),
 )
@@ -575,8 +564,7 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(
                (("model.embed_tokens.weight", "none"), ("model.norm.weight", "none"),
                 ("model.layers.{L}.input_layernorm.weight", "none"),
-                *_wb("model.layers.{L}.self_attn.q_proj"), *_wb("model.layers.{L}.self_attn.k_proj"),
-                *_wb("model.layers.{L}.self_attn.v_proj"), *_wb("model.layers.{L}.self_attn.o_proj"), *_DENSE_MLP),
+                *_qkvo("model.layers.{L}.self_attn"), *_DENSE_MLP),
                _LLAMA_HPARAMS + ("ln_eps", "logit_scale"), hf_config_extra=_SILU,
                hf_rename={"logits_scaling": "logit_scale"}, gguf_strings={"rope.scaling.type": "none"}),
            residual_readers_centering=None),
@@ -590,8 +578,7 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(
                (("model.embed_tokens.weight", "none"), *_wb("model.norm"), ("lm_head.weight", "none"),
                 *_wb("model.layers.{L}.input_layernorm"),
-                *_wb("model.layers.{L}.self_attn.q_proj"), *_wb("model.layers.{L}.self_attn.k_proj"),
-                *_wb("model.layers.{L}.self_attn.v_proj"), *_wb("model.layers.{L}.self_attn.o_proj", bias=False),
+                *_qkvo("model.layers.{L}.self_attn", o_bias=False),
                 *_wb("model.layers.{L}.post_attention_layernorm"), *_DENSE_MLP),
                _LLAMA_HPARAMS + ("ln_eps", "parallel_residual"), hf_config_extra=_SILU),
            residual_readers_centering=True),
