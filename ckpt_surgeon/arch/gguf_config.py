@@ -102,7 +102,7 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     for suffix, key in FLOAT_KEYS:
-        v = _typed(metadata, pre + suffix, "float", path)
+        v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:
             cfg[key] = float(v)
     for suffix, key in EPS_KEYS:
