@@ -265,6 +265,66 @@ SPECS: dict[str, TinySpec] = {
         "Starcoder2ForCausalLM",
         {},
     ),
+    # MoE: 4 experts, 2 routed per token, expert FFN width 32 (a whole Q8_0 block); checkpoints
+    # store one tensor per expert (transformers 5 fuses them on load, splits them on save).
+    # Qwen2-MoE adds an always-on shared expert behind a sigmoid gate; q/k/v biases (qkv_bias).
+    "qwen2_moe": TinySpec(
+        "Qwen2MoeConfig",
+        {**_DECODER, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+         "shared_expert_intermediate_size": 64, "norm_topk_prob": False, "rope_parameters": _rope(10000.0)},
+        "Qwen2MoeForCausalLM",
+        {},
+    ),
+    # Qwen3-MoE: q/k RMSNorm per head, top-k weights renormalised (as the released models).
+    "qwen3_moe": TinySpec(
+        "Qwen3MoeConfig",
+        {**_DECODER, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+         "norm_topk_prob": True, "rope_parameters": _rope(10000.0)},
+        "Qwen3MoeForCausalLM",
+        {},
+    ),
+    # OLMoE: q/k RMSNorm over the whole projection, experts as wide as intermediate_size; MHA
+    # like the released model (llama.cpp's olmoe sizes k_norm by n_embd: no GQA).
+    "olmoe": TinySpec(
+        "OlmoeConfig",
+        {**_DECODER, "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False,
+         "rope_parameters": _rope(10000.0)},
+        "OlmoeForCausalLM",
+        {},
+    ),
+    # Mixtral: experts w1 / w3 / w2 (gate / up / down) under block_sparse_moe, as wide as intermediate_size.
+    "mixtral": TinySpec(
+        "MixtralConfig",
+        {**_DECODER, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+         "rope_parameters": _rope(10000.0)},
+        "MixtralForCausalLM",
+        {},
+    ),
+    # Granite: llama with multipliers on attention scores, embeddings, residual branches and logits.
+    "granite": TinySpec(
+        "GraniteConfig",
+        {**_DECODER, "attention_multiplier": 0.2, "embedding_multiplier": 4.0, "residual_multiplier": 0.5,
+         "logits_scaling": 2.0, "rope_parameters": _rope(10000.0)},
+        "GraniteForCausalLM",
+        {},
+    ),
+    # Command-R: parallel block under one bias-free LayerNorm, interleaved rotary pairs, tied
+    # embeddings, logits scaled by logit_scale.
+    "cohere": TinySpec(
+        "CohereConfig",
+        {**_DECODER, "logit_scale": 0.25, "use_qk_norm": False, "tie_word_embeddings": True,
+         "rope_parameters": _rope(10000.0)},
+        "CohereForCausalLM",
+        {},
+    ),
+    # StableLM 2: LayerNorms with biases, a quarter of each head rotated, q/k/v biases.
+    "stablelm": TinySpec(
+        "StableLmConfig",
+        {**_DECODER, "use_qkv_bias": True, "qk_layernorm": False, "use_parallel_residual": False,
+         "rope_parameters": _rope(10000.0, partial_rotary_factor=0.25)},
+        "StableLmForCausalLM",
+        {},
+    ),
     # OLMo2: q/k RMSNorm over the whole projection (not per head); biases enabled on purpose.
     "olmo2": TinySpec(
         "Olmo2Config",

@@ -44,11 +44,26 @@ VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # llama.cpp's phi2 is MHA (Phi2Model writes head_count_kv = head_count), as Phi-2 is
+    "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
+    # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
+    "olmo2": ("olmo2", {"attention_bias": False}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
+# name -> (fixture, {json file: entries added to it}): the same weights with files spelled as Hub
+# checkpoints spell them.  gpt2_hub: Hub GPT-2 configs carry n_ctx (= n_positions), which
+# llama.cpp's GPT2Model reads and transformers 5's GPT2Config no longer saves.  phi3_bpe: Phi-4's
+# layout (phi3 architecture, byte-level BPE declared as GPT2Tokenizer), the tokenizer llama.cpp's
+# Phi3MiniModel reads from tokenizer.json instead of a SentencePiece tokenizer.model.
+CONFIG_VARIANTS = {
+    "gpt2_hub": ("gpt2", {"config.json": {"n_ctx": 256}}),
+    "phi3_bpe": ("phi3", {"tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
+}
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
-LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3")
+LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
+                     "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
+                     "cohere", "stablelm", "bloom")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 
@@ -61,6 +76,8 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 
 def build_variant(tiny, name: str, out: Path, *, seed: int = 0) -> Path:
     """The model for family ``name``: the fixture itself, or the variant described above."""
+    if name in CONFIG_VARIANTS:
+        return _config_variant(tiny, name, Path(out))
     if name not in VARIANTS:
         return tiny(name)
     import torch
@@ -87,6 +104,21 @@ def build_variant(tiny, name: str, out: Path, *, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     copy_tokenizer(base, tmp)
+    tmp.rename(out)
+    return out
+
+
+def _config_variant(tiny, name: str, out: Path) -> Path:
+    base_name, edits = CONFIG_VARIANTS[name]
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(tiny(base_name), tmp)
+    for fname, entries in edits.items():
+        data = read_json(tmp / fname)
+        data.update(entries)
+        (tmp / fname).write_text(json.dumps(data, indent=2) + "\n")
     tmp.rename(out)
     return out
 

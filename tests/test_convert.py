@@ -75,26 +75,32 @@ def _arch_enum(gguf_arch: str):
 @pytest.mark.parametrize("spec", N.ARCHS, ids=lambda s: s.gguf_arch)
 def test_name_table_agrees_with_gguf_py(spec):
     """Every HF -> GGUF name in our table is what gguf-py's TensorNameMap (the table llama.cpp's
-    converter uses) gives for that architecture."""
+    converter uses) gives for that architecture (for an expert row: the name of the stacked
+    tensor llama.cpp's converter maps, without the expert index)."""
     import gguf
     tmap = gguf.get_tensor_name_map(_arch_enum(spec.gguf_arch), 3)
     for rule in spec.tensors:
         for layer in ("0", "2"):
-            hf = rule.hf.replace("{L}", layer)
+            hf = rule.hf.replace("{L}", layer).replace(".{E}", "")
             ours = rule.gguf.replace("{L}", layer)
-            assert tmap.get_name(hf, try_suffixes=(".weight", ".bias")) == ours, (spec.gguf_arch, hf)
+            # BloomModel strips "transformer." before asking the map (gguf-py lists both for the rest)
+            got = tmap.get_name(hf, try_suffixes=(".weight", ".bias")) or \
+                tmap.get_name(hf.removeprefix("transformer."), try_suffixes=(".weight", ".bias"))
+            assert got == ours, (spec.gguf_arch, hf)
     # and both directions of our map are inverse to each other
     fwd, back = N.hf_to_gguf_names(spec), N.gguf_to_hf_names(spec)
     for rule in spec.tensors:
-        hf = rule.hf.replace("{L}", "7")
+        hf = rule.hf.replace("{L}", "7").replace("{E}", "3")
         g, _ = fwd.match(hf)
-        assert back.match(g)[0] == hf
+        assert back.match(g)[0] == hf.replace(".3.", ".{E}.") if rule.experts else hf
+        assert fwd.expert(hf) == (3 if rule.experts else None)
 
 
 # --- round trips ----------------------------------------------------------------------------
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
-                       "gpt2")
+                       "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
+                       "phi", "gpt_neox", "cohere", "stablelm", "bloom")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -191,6 +197,45 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
     assert t1.encode(MULTILINGUAL) == t2.encode(MULTILINGUAL)
 
 
+# Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
+# stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
+GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
+                            "gpt_neox", "cohere", "stablelm", "bloom")
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
+@pytest.mark.parametrize("family", GGUF_ROUND_TRIP_FAMILIES)
+def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_path):
+    """Stacked experts (ffn_*_exps, [n_expert, ...]) unstack into one HF tensor per expert and
+    stack back, and every other tensor maps one to one: GGUF (ours, or quantized by llama.cpp from ours) -> HF f32 -> GGUF f32 -> HF f32
+    gives byte-identical HF folders, and from an f32 GGUF the second GGUF is byte-identical to
+    the first, tensor for tensor, metadata included (bar general.name)."""
+    from gguf_util import llama_quantize
+    src = family_dir(family)
+    f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    g0 = {"f32": f32, "q8_0": None, "llama.cpp:Q4_0": None}[qtype]
+    if qtype == "q8_0":
+        g0 = hf_to_gguf(src, tmp_path / "q8.gguf", dtype="q8_0", name="tiny")
+    elif qtype.startswith("llama.cpp:"):
+        g0 = llama_quantize(f32, tmp_path / "q4.gguf", qtype.split(":")[1])
+    hf1 = gguf_to_hf(g0, tmp_path / "hf1")
+    g1 = hf_to_gguf(hf1, tmp_path / "g1.gguf", dtype="f32", name="tiny")
+    hf2 = gguf_to_hf(g1, tmp_path / "hf2")
+    a, b = hf_tensor_bytes(hf1), hf_tensor_bytes(hf2)
+    assert sorted(a) == sorted(b)
+    assert any(".experts.3." in n for n in a) == (family in GGUF_ROUND_TRIP_FAMILIES[:4])   # the MoE ones
+    for name in a:
+        assert a[name] == b[name], name
+    assert read_json(hf1 / "config.json") == read_json(hf2 / "config.json")
+    if qtype == "f32":
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        with open_checkpoint(g0) as x, open_checkpoint(g1) as y:
+            assert sorted(x.tensors) == sorted(y.tensors)
+            for name in x.tensors:
+                assert x.read_raw(name) == y.read_raw(name), name
+            assert dict(x.metadata) == dict(y.metadata)
+
+
 def test_gguf_to_hf_matches_reference_writer_and_original(family_dir, tmp_path):
     """A GGUF written by the independent reference writer (tests/gguf_util.py: gguf-py names,
     its own llama permutation and Conv1D transpose) converts back to the original tensors."""
@@ -252,13 +297,20 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
     assert meta["tokenizer.ggml.model"] == "gpt2"
     assert meta["tokenizer.ggml.pre"] == ("qwen2" if cfg["model_type"] == "qwen2" else "gpt-2")
     assert meta[f"{arch}.embedding_length"] == cfg.get("hidden_size", cfg.get("n_embd"))
-    if arch != "gpt2":
+    if arch not in ("gpt2", "bloom"):      # learned positions / ALiBi: no rope
         theta = cfg["rope_parameters"].get("rope_theta") or cfg["rope_parameters"]["full_attention"]["rope_theta"]
         assert meta[f"{arch}.rope.freq_base"] == pytest.approx(theta)   # written even when it is 10000
-        assert meta[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
-        assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
+        # llama.cpp reads a missing head_count_kv as head_count (GPT-NeoX files have none)
+        assert meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]) == \
+            cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        if "rms_norm_eps" in cfg:
+            assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
+        else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps
+            eps = cfg.get("norm_epsilon", cfg.get("layer_norm_eps"))
+            assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(eps)
     else:
-        assert meta["gpt2.attention.layer_norm_epsilon"] == pytest.approx(cfg["layer_norm_epsilon"])
+        assert f"{arch}.rope.freq_base" not in meta
+        assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(cfg["layer_norm_epsilon"])
     assert ("output.weight" in tensors) == (not cfg.get("tie_word_embeddings", arch == "gpt2"))
     assert meta["tokenizer.ggml.eos_token_id"] == cfg["eos_token_id"]
     assert meta["tokenizer.chat_template"] == (family_dir(family) / "chat_template.jinja").read_text()
@@ -371,6 +423,33 @@ def test_unknown_pre_tokenizer_is_refused(family_dir, tmp_path):
 
 
 # --- errors: one clear message, nothing written, inputs untouched -------------------------------
+
+def test_moe_routing_llama_cpp_cannot_run_is_refused(family_dir, tmp_path):
+    """llama.cpp renormalises Qwen3-MoE's top-k weights whatever the file says; a config that
+    does not is refused with the reason, nothing written, the input untouched."""
+    src = tmp_path / "m"
+    shutil.copytree(family_dir("qwen3_moe"), src)
+    cfg = read_json(src / "config.json")
+    cfg["norm_topk_prob"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    before = _files_hash(src)
+    with pytest.raises(UnsupportedError, match="llama.cpp's qwen3moe assumes norm_topk_prob = True"):
+        hf_to_gguf(src, tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists() and _files_hash(src) == before
+
+
+def test_moe_gguf_missing_expert_dimension_is_an_error(family_dir, tmp_path):
+    """A GGUF whose expert tensor is not [n_expert, ...] (here: one expert's matrix) is one clear
+    error naming the tensor; nothing is written."""
+    from gguf_util import rewrite_gguf
+    g = hf_to_gguf(family_dir("olmoe"), tmp_path / "m.gguf", dtype="f32", name="tiny")
+    bad = rewrite_gguf(g, tmp_path / "bad.gguf",
+                       tensors=lambda n, a: a[0] if n == "blk.1.ffn_up_exps.weight" else a)
+    with pytest.raises(CkptError) as e:
+        gguf_to_hf(bad, tmp_path / "hf")
+    assert "blk.1.ffn_up_exps.weight" in str(e.value)
+    assert not (tmp_path / "hf").exists()
+
 
 def test_missing_tensor_in_hf_is_an_error(family_dir, tmp_path):
     from safetensors.numpy import load_file, save_file

@@ -53,6 +53,15 @@ def _rel(a: np.ndarray, ref: np.ndarray) -> float:
 # f32 (observed 1.4e-3 from position 0 on, where attention is trivial): its own bounds.
 BOUNDS = {"f32": 1e-3, "f16": 2e-3, "bf16": 1.5e-2, "q8_0": 4e-2}
 GEMMA3_BOUNDS = {"f32": 3e-3, "f16": 6e-3, "bf16": 4e-2, "q8_0": 1.5e-1}
+# MoE: a token whose top-k expert scores nearly tie picks another expert once the weights are
+# rounded, and that expert's whole output replaces the other's: one position jumps while the
+# rest keep the dense bounds.  Measured on qwen3_moe: bf16 0.031 at 1 of 192 positions (median
+# 0.0024), and transformers itself, on the same bf16-rounded weights, jumps 0.025 at that position;
+# q8_0 0.046 at 1 position (transformers on the q8_0 weights: 0.040).  So for the rounded types
+# BOUNDS hold at all but MOE_JUMPS positions, and those stay within MOE_MAX.
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
+MOE_JUMPS = 2
+MOE_MAX = {"bf16": 6e-2, "q8_0": 1e-1}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +85,11 @@ def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
             assert vocab_only.tokenize(MULTILINGUAL.encode(), add_bos=False, special=True) == ids
             vocab_only.close()
         got = _llama_logits(g, ids, ref.shape[1])
+        if family in MOE_FAMILIES and dtype in MOE_MAX:
+            per_pos = np.abs(got - ref).max(-1) / np.abs(ref).max()
+            assert int(np.sum(per_pos > bound)) <= MOE_JUMPS and per_pos.max() <= MOE_MAX[dtype], \
+                (dtype, np.sort(per_pos)[-4:])
+            continue
         assert _rel(got, ref) <= bound, (dtype, _rel(got, ref))
 
 

@@ -46,6 +46,13 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "starcoder2": 128,
     "olmo2": 128,
     "opt": 192,
+    "qwen2_moe": 128,
+    "qwen3_moe": 0,
+    "olmoe": 0,
+    "mixtral": 0,
+    "granite": 0,
+    "cohere": 0,
+    "stablelm": 128,
 }
 QKV_BIAS_MODULES = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value"}
 N_LAYERS = 2

@@ -6,7 +6,7 @@ tokenizer gives them (``.gguf.out``, one line of space-separated ids per text). 
 ``tests/test-tokenizer-0.cpp`` reads them into a map keyed by text (duplicates collapse) and
 tokenizes with ``add_special = false`` and ``parse_special = false``: no BOS/EOS, and control-token
 text is plain text.  The files come from the llama-cpp-python source distribution of the installed
-version, downloaded once with pip into the fixture cache.
+version, downloaded once with pip into the fixture cache (tests/llamacpp_src.py).
 
 For every vocabulary we rebuild ``tokenizer.json`` exactly as ``convert`` GGUF -> HF does
 (:func:`vocab_from_metadata` + :func:`hf_tokenizer_files`), encode every text with
@@ -16,19 +16,15 @@ docs/tokenizers.md.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
-from ckpt_surgeon import tiny_cache
+from llamacpp_src import llamacpp_source
+
 from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
 from ckpt_surgeon.formats.gguf import read_header
-from fixtures.build_fixtures import fixture_base
 
 SEP = "\n__ggml_vocab_test__\n"
 
@@ -52,31 +48,9 @@ EXPECTED: dict[str, tuple[int, int]] = {
 }
 
 
-def _download_vocabs(dest: Path) -> None:
-    version = importlib.metadata.version("llama-cpp-python")
-    sdist_dir = dest / "sdist"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-           f"llama-cpp-python=={version}", "-d", str(sdist_dir)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    sdists = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
-    if r.returncode != 0 or not sdists:
-        pytest.fail(f"cannot download llama.cpp's tokenizer test vectors: `{' '.join(cmd)}` failed "
-                    f"(rc {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
-    out = dest / "models"
-    out.mkdir()
-    with tarfile.open(sdists[0]) as tf:
-        for m in tf.getmembers():
-            name = m.name.rsplit("/", 1)[-1]
-            if m.isfile() and "/vendor/llama.cpp/models/" in m.name and name.startswith("ggml-vocab-"):
-                (out / name).write_bytes(tf.extractfile(m).read())
-    sdists[0].unlink()
-
-
 @pytest.fixture(scope="session")
 def vocab_dir() -> Path:
-    version = importlib.metadata.version("llama-cpp-python")
-    final = fixture_base() / "llamacpp-vocab" / f"llama-cpp-python-{version}"
-    return tiny_cache.cached_build(final, _download_vocabs) / "models"
+    return llamacpp_source() / "models"
 
 
 def read_vectors(gguf: Path) -> dict[str, list[int]]:

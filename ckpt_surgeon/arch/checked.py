@@ -124,12 +124,22 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "rope.scaling.original_context_length": POSITIONS,
     "vocab_size": Bounds("int", 1, MAX_VOCAB),
     "rope.freq_base": Bounds("float", 0, F32_MAX, above=True),
+    "rope.freq_base_swa": Bounds("float", 0, F32_MAX, above=True),
     "rope.scaling.factor": Bounds("float", 0, F32_MAX, above=True),
     "attention.layer_norm_rms_epsilon": EPSILON,
     "attention.layer_norm_epsilon": EPSILON,
     "use_parallel_residual": Bounds("bool"),
     "attention.causal": Bounds("bool"),
     "rope.scaling.type": Bounds("str"),
+    # MoE (expert_used_count <= expert_count is for transformers to judge) and Granite / Command-R scales
+    "expert_count": COUNT,
+    "expert_used_count": COUNT,
+    "expert_feed_forward_length": COUNT,
+    "expert_shared_feed_forward_length": COUNT,
+    "attention.scale": POSITIVE,
+    "embedding_scale": POSITIVE,
+    "residual_scale": POSITIVE,
+    "logit_scale": POSITIVE,
 }
 TOKEN_ID = Bounds("int", 0, 2 ** 64 - 1)  # tokenizer.ggml.*_token_id (compared with the vocabulary where used)
 

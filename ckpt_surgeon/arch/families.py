@@ -50,6 +50,9 @@ class Family:
     fused_layout_rules: tuple = ()
     conv1d: bool = False                  # GPT-2 Conv1D: weights stored [in, out]
     gguf_qk_permuted: bool = False        # llama.cpp converter permutes Q/K rows (interleaved pairs)
+    # rotary pairing of the HF checkpoint itself: rotate_half (i, i + d/2) or interleaved (2i, 2i+1),
+    # e.g. modeling_cohere's rotate_half works on interleaved pairs
+    rope_pairs: str = "rotate_half"
     # config keys (checked in order; first present wins).  None entries are skipped.
     position_rules: tuple = ()            # (config key, value, position type) overrides
     attention_bias_key: str | None = None  # switch that turns q/k/v(/o) biases on
@@ -89,7 +92,7 @@ class Family:
 
 
 # Per-tensor transforms HF -> GGUF (inverses GGUF -> HF), see ckpt_surgeon.conversion.names.
-TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift")
+TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row", "qkv_per_head", "qkv_grouped")
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,16 @@ class Conversion:
     ``hf_config_extra`` (fixed entries) adjust it.  ``ff_default_mult``: n_ff = mult * n_embd when
     the HF config leaves it None (GPT-2).  ``llamacpp_absent``: GGUF names llama.cpp's graph has
     no slot for (the file would not load).  ``llamacpp_fixed``: settings llama.cpp hard-codes for
-    the architecture instead of reading them (canonical name -> value; "head_dim" means "equal to
-    the head dim"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
+    the architecture instead of reading them (canonical name -> value; "head_dim" / "n_head" mean "equal to
+    the head dim / query head count"): HF -> GGUF refuses a config that differs, GGUF -> HF writes them.
+    ``hparam_unset``: canonical hyper-parameter -> the value written when the HF config leaves it
+    None (Phi-3's sliding_window 0, "to distinguish Phi-4"); GGUF -> HF reads that value back as None.
+    ``gguf_when``: for a family written as another family's architecture with tensors of its own
+    (Mixtral as llama), the ``{arch}.<key>`` whose presence makes a GGUF of that arch read back as
+    this family (``expert_count``).  ``gguf_strings``: fixed string keys the reference writes
+    (Command-R's ``rope.scaling.type = none``).  ``hparam_fallback``: what the reference writes
+    for a hyper-parameter the config does not have (BLOOM's context length: ``seq_length`` or else
+    the embedding width, ``BloomModel.set_gguf_parameters``).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -121,6 +132,10 @@ class Conversion:
     ff_default_mult: int | None = None
     llamacpp_absent: tuple = ()
     llamacpp_fixed: dict = field(default_factory=dict)
+    hparam_unset: dict = field(default_factory=dict)
+    gguf_when: str | None = None          # metadata key suffix that selects this family reading gguf_arch back
+    gguf_strings: dict = field(default_factory=dict)   # fixed "{arch}.<suffix>" string keys written HF -> GGUF
+    hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when the config lacks it
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -133,7 +148,30 @@ def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
     return rows
 
 
-def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
+def _qkvo(layer: str, o: str = "o_proj", pq: str = "none", pk: str = "none", o_bias: bool = True) -> tuple:
+    """``{layer}.q_proj`` / ``k_proj`` / ``v_proj`` / ``{o}`` rows, weights and (optional) biases."""
+    return (*_wb(f"{layer}.q_proj", pq), *_wb(f"{layer}.k_proj", pk), *_wb(f"{layer}.v_proj"),
+            *_wb(f"{layer}.{o}", bias=o_bias))
+
+
+_DENSE_MLP = (*_wb("model.layers.{L}.mlp.gate_proj"), *_wb("model.layers.{L}.mlp.up_proj"),
+              *_wb("model.layers.{L}.mlp.down_proj"))
+
+
+def _moe_mlp(block: str, names: tuple = ("gate_proj", "up_proj", "down_proj"), shared: bool = False) -> tuple:
+    """A sparse MoE block (modeling_qwen2_moe / modeling_qwen3_moe / modeling_olmoe / modeling_mixtral
+    checkpoints): the router ``{block}.gate`` and per-expert gate / up / down projections, one
+    HF tensor per expert (``{E}``) that llama.cpp stacks into ``ffn_*_exps``; with ``shared``,
+    Qwen2-MoE's always-on shared expert and its sigmoid gate (``ffn_*_shexp``, ``ffn_gate_inp_shexp``)."""
+    p = f"model.layers.{{L}}.{block}"
+    rows = [(f"{p}.gate.weight", "none")] + [(f"{p}.experts.{{E}}.{n}.weight", "none") for n in names]
+    if shared:
+        rows += [(f"{p}.shared_expert.{n}.weight", "none") for n in ("gate_proj", "up_proj", "down_proj")]
+        rows.append((f"{p}.shared_expert_gate.weight", "row"))
+    return tuple(rows)
+
+
+def _llama_like_tensors(perm: bool, qk_norm: bool = False, mlp: tuple = _DENSE_MLP) -> tuple:
     """Llama-style decoder (modeling_llama / modeling_qwen2 / modeling_qwen3 / modeling_mistral);
     llama.cpp's ``LlamaModel.modify_tensors`` permutes Q/K rows (``LlamaModel.permute``)."""
     pq, pk = ("perm_q", "perm_k") if perm else ("none", "none")
@@ -142,14 +180,9 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
         ("model.norm.weight", "none"),
         ("lm_head.weight", "none"),
         ("model.layers.{L}.input_layernorm.weight", "none"),
-        *_wb("model.layers.{L}.self_attn.q_proj", pq),
-        *_wb("model.layers.{L}.self_attn.k_proj", pk),
-        *_wb("model.layers.{L}.self_attn.v_proj"),
-        *_wb("model.layers.{L}.self_attn.o_proj"),
+        *_qkvo("model.layers.{L}.self_attn", pq=pq, pk=pk),
         ("model.layers.{L}.post_attention_layernorm.weight", "none"),
-        *_wb("model.layers.{L}.mlp.gate_proj"),
-        *_wb("model.layers.{L}.mlp.up_proj"),
-        *_wb("model.layers.{L}.mlp.down_proj"),
+        *mlp,
     ]
     if qk_norm:
         rows += [("model.layers.{L}.self_attn.q_norm.weight", "none"),
@@ -157,9 +190,14 @@ def _llama_like_tensors(perm: bool, qk_norm: bool = False) -> tuple:
     return tuple(rows)
 
 
-_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rms_eps",
-                  "rotary_dim", "key_length", "value_length", "vocab_size")
+# rope_local_theta: the sliding-window layers' theta, written when the config has one
+# (TextModel.set_gguf_parameters: rope_parameters["sliding_attention"]["rope_theta"]).
+_LLAMA_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rope_local_theta",
+                  "rms_eps", "rotary_dim", "key_length", "value_length", "vocab_size")
 _SILU = {"hidden_act": "silu"}
+# MoE keys (TextModel.set_gguf_parameters: expert_count / expert_used_count; Qwen2MoeModel: the
+# expert and shared-expert FFN widths)
+_MOE_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
 
 # One object for both families written as llama.cpp's llama architecture.
 _LLAMA_CONVERSION = Conversion(
@@ -196,25 +234,91 @@ _GPT2_TENSORS = (
 )
 
 # Gemma3Model in convert_hf_to_gguf.py adds norm_shift = 1.0 to every *norm.weight (Gemma's
-# RMSNorm multiplies by 1 + w; llama.cpp multiplies by w).
+# RMSNorm multiplies by 1 + w; llama.cpp multiplies by w).  Its "remove OOV rows in token_embd"
+# is not mirrored: it keeps every token in the vocabulary, so a padded embedding trimmed that way
+# no longer loads in llama.cpp (tests/test_llamacpp_converter.py shows it).
 _GEMMA3_TENSORS = (
     ("model.embed_tokens.weight", "none"),
     ("model.norm.weight", "norm_shift"),
     ("lm_head.weight", "none"),
     ("model.layers.{L}.input_layernorm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.self_attn.q_proj"),
-    *_wb("model.layers.{L}.self_attn.k_proj"),
-    *_wb("model.layers.{L}.self_attn.v_proj"),
-    *_wb("model.layers.{L}.self_attn.o_proj"),
+    *_qkvo("model.layers.{L}.self_attn"),
     ("model.layers.{L}.self_attn.q_norm.weight", "norm_shift"),
     ("model.layers.{L}.self_attn.k_norm.weight", "norm_shift"),
     ("model.layers.{L}.post_attention_layernorm.weight", "norm_shift"),
     ("model.layers.{L}.pre_feedforward_layernorm.weight", "norm_shift"),
     ("model.layers.{L}.post_feedforward_layernorm.weight", "norm_shift"),
-    *_wb("model.layers.{L}.mlp.gate_proj"),
-    *_wb("model.layers.{L}.mlp.up_proj"),
-    *_wb("model.layers.{L}.mlp.down_proj"),
+    *_DENSE_MLP,
 )
+
+
+# modeling_starcoder2: LayerNorms with biases, c_fc / c_proj MLP, biases on every linear (use_bias).
+_STARCODER2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    *_wb("model.norm"),
+    ("lm_head.weight", "none"),
+    *_wb("model.layers.{L}.input_layernorm"),
+    *_qkvo("model.layers.{L}.self_attn"),
+    *_wb("model.layers.{L}.post_attention_layernorm"),
+    *_wb("model.layers.{L}.mlp.c_fc"),
+    *_wb("model.layers.{L}.mlp.c_proj"),
+)
+
+# modeling_olmo2: no input norm; q/k RMSNorm over the whole projection, norms after attention and MLP.
+_OLMO2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "none"),
+    ("lm_head.weight", "none"),
+    *_qkvo("model.layers.{L}.self_attn"),
+    ("model.layers.{L}.self_attn.q_norm.weight", "none"),
+    ("model.layers.{L}.self_attn.k_norm.weight", "none"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "none"),
+    ("model.layers.{L}.post_feedforward_layernorm.weight", "none"),
+    *_DENSE_MLP,
+)
+
+# modeling_phi (Phi-2): parallel block, one LayerNorm, q/k/v/dense and fc1/fc2 all biased, biased lm_head.
+_PHI2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    *_wb("model.final_layernorm"),
+    *_wb("lm_head"),
+    *_wb("model.layers.{L}.input_layernorm"),
+    *_qkvo("model.layers.{L}.self_attn", o="dense"),
+    *_wb("model.layers.{L}.mlp.fc1"),
+    *_wb("model.layers.{L}.mlp.fc2"),
+)
+
+# modeling_gpt_neox: per-head interleaved query_key_value, which llama.cpp's GPTNeoXModel reorders
+# to [Q; K; V] (weights and biases).
+_GPT_NEOX_TENSORS = (
+    ("gpt_neox.embed_in.weight", "none"),
+    *_wb("gpt_neox.final_layer_norm"),
+    ("embed_out.weight", "none"),
+    *_wb("gpt_neox.layers.{L}.input_layernorm"),
+    *_wb("gpt_neox.layers.{L}.post_attention_layernorm"),
+    *_wb("gpt_neox.layers.{L}.attention.query_key_value", "qkv_per_head"),
+    *_wb("gpt_neox.layers.{L}.attention.dense"),
+    *_wb("gpt_neox.layers.{L}.mlp.dense_h_to_4h"),
+    *_wb("gpt_neox.layers.{L}.mlp.dense_4h_to_h"),
+)
+
+# modeling_bloom: embedding LayerNorm, per-head interleaved query_key_value (reordered to [Q; K; V]
+# by llama.cpp's BloomModel), biases everywhere, ALiBi, tied head.
+_BLOOM_TENSORS = (
+    ("transformer.word_embeddings.weight", "none"),
+    *_wb("transformer.word_embeddings_layernorm"),
+    *_wb("transformer.ln_f"),
+    ("lm_head.weight", "none"),
+    *_wb("transformer.h.{L}.input_layernorm"),
+    *_wb("transformer.h.{L}.self_attention.query_key_value", "qkv_per_head"),
+    *_wb("transformer.h.{L}.self_attention.dense"),
+    *_wb("transformer.h.{L}.post_attention_layernorm"),
+    *_wb("transformer.h.{L}.mlp.dense_h_to_4h"),
+    *_wb("transformer.h.{L}.mlp.dense_4h_to_h"),
+)
+
+# Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
+_GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
 
 
 @dataclass(frozen=True)
@@ -301,12 +405,17 @@ FAMILIES: tuple[Family, ...] = (
            {r: m for r, m in _QKNORM_ROLES.items() if r != "attn_norm"}, qk_norm=True, norm_placement="post",
            fused_layout="concat",
            attention_bias_key="attention_bias", input_norm=None, hf_class="Olmo2ForCausalLM", surgery_roles=_FUSE_OUT,
+           # src/models/olmo2.cpp: q/k/v biases optional (create_tensor_qkv), no attn_output bias
+           conversion=Conversion(_OLMO2_TENSORS, _LLAMA_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",)),
            residual_readers_centering=False),
     # residual readers: modeling_starcoder2: nn.LayerNorm input/post_attention_layernorm, model.norm
     Family("starcoder2", ("starcoder2",), ("starcoder2",), "layers.{L}.", _LLAMA_ROLES, attention_bias_key="use_bias",
            input_norm="layer", fused_layout="concat",
            bias_switch_extra=("mlp.c_fc", "mlp.c_proj"),   # modeling_starcoder2: bias=config.use_bias
            hf_class="Starcoder2ForCausalLM", ln_eps_key="norm_epsilon", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_STARCODER2_TENSORS, _LLAMA_HPARAMS + ("ln_eps",),
+                                 hf_config_extra={"hidden_act": "gelu_pytorch_tanh"}),
            residual_readers_centering=True),
     # residual readers: modeling_phi3: Phi3RMSNorm everywhere
     Family("phi3", ("phi3",), ("phi3",), "layers.{L}.",
@@ -314,7 +423,8 @@ FAMILIES: tuple[Family, ...] = (
             "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},   # q/k/v: after `qkv split`
            fused_layout="concat", unfused_as=_PHI3_TO, hf_class="Phi3ForCausalLM", surgery_roles=_SPLIT_OUT,
            conversion=Conversion(
-               _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx",), hf_config_extra=_SILU,
+               _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx", "sliding_window"), hf_config_extra=_SILU,
+               hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
                hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
            residual_readers_centering=False),
     # residual readers: modeling_phi: the parallel block reads input_layernorm (nn.LayerNorm); final_layernorm feeds lm_head
@@ -322,6 +432,10 @@ FAMILIES: tuple[Family, ...] = (
            {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.dense",
             "q_norm": "self_attn.q_layernorm", "k_norm": "self_attn.k_layernorm", "attn_norm": "input_layernorm"},
            input_norm="layer", hf_class="PhiForCausalLM",
+           # Phi2Model.set_gguf_parameters writes head_count_kv = head_count: MHA only (as Phi-2 is)
+           conversion=Conversion(_PHI2_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv",
+                                                 "rope_theta", "ln_eps", "rotary_dim", "vocab_size"),
+                                 hf_config_extra={"hidden_act": "gelu_new"}, llamacpp_fixed={"n_head_kv": "n_head"}),
            bias_note="Phi-2 rotates only partial_rotary_factor of each head; the rest of the key bias is exactly redundant",
            residual_readers_centering=True),
     # q/k/v roles of fused families name where `qkv split` writes the parts (no transformers module
@@ -345,6 +459,9 @@ FAMILIES: tuple[Family, ...] = (
            {"qkv": "attention.query_key_value", "o": "attention.dense", "attn_norm": "input_layernorm",
             "q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj"},
            fused_layout="per_head", input_norm="layer", hf_class="GPTNeoXForCausalLM", surgery_roles=_SPLIT_OUT,
+           conversion=Conversion(_GPT_NEOX_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "rope_theta",
+                                                     "rotary_dim", "parallel_residual", "ln_eps", "vocab_size"),
+                                 hf_config_extra={"hidden_act": "gelu"}),
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
@@ -352,6 +469,11 @@ FAMILIES: tuple[Family, ...] = (
             "q": "self_attention.q_proj", "k": "self_attention.k_proj", "v": "self_attention.v_proj"},
            position="alibi", fused_layout="per_head", input_norm="layer",
            hf_class="BloomForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
+           conversion=Conversion(
+               _BLOOM_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "ln_eps", "vocab_size"),
+               ff_default_mult=4, hparam_fallback={"n_ctx": "n_embd"},
+               hf_rename={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "num_key_value_heads": None,
+                          "head_dim": None, "intermediate_size": None, "max_position_embeddings": None}),     # BLOOM is MHA: head_count_kv = head_count, as BloomModel writes it
            residual_readers_centering=True),
     # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
@@ -384,6 +506,82 @@ FAMILIES: tuple[Family, ...] = (
                 "the output head reads the residual stream without a final LayerNorm (_remove_final_layer_norm)"),
                ("do_layer_norm_before", False,
                 "post-norm OPT: the first attention reads the summed embeddings without a norm"))),
+    # --- MoE decoders: llama-style attention, a routed expert FFN per layer.  llama.cpp hard-codes
+    # whether the top-k routing weights are renormalised (build_moe_ffn's norm_w: false in
+    # src/models/qwen2moe.cpp and olmoe.cpp, true in qwen3moe.cpp and llama.cpp's Mixtral path).
+    # residual readers: modeling_qwen2_moe: Qwen2MoeRMSNorm everywhere
+    Family("qwen2_moe", ("qwen2_moe",), ("qwen2moe",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="qkv_bias", hf_class="Qwen2MoeForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, mlp=_moe_mlp("mlp", shared=True)),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_fixed={"norm_topk_prob": False}),
+           residual_readers_centering=False),
+    # residual readers: modeling_qwen3_moe: Qwen3MoeRMSNorm everywhere
+    Family("qwen3_moe", ("qwen3_moe",), ("qwen3moe",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True,
+           fused_layout="concat", attention_bias_key="attention_bias", hf_class="Qwen3MoeForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True, mlp=_moe_mlp("mlp")),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",),
+                                 llamacpp_fixed={"norm_topk_prob": True}),
+           residual_readers_centering=False),
+    # modeling_olmoe: q_norm / k_norm over the whole projection (not per head), pre-norm layers.
+    # residual readers: modeling_olmoe: OlmoeRMSNorm everywhere
+    Family("olmoe", ("olmoe",), ("olmoe",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
+           attention_bias_key="attention_bias", hf_class="OlmoeForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True, mlp=_moe_mlp("mlp")),
+                                 _LLAMA_HPARAMS + _MOE_HPARAMS, hf_config_extra=_SILU,
+                                 llamacpp_absent=("blk.{L}.attn_output.bias",),
+                                 # src/models/olmoe.cpp: attn_k_norm is n_embd wide, so no GQA
+                                 llamacpp_fixed={"norm_topk_prob": False, "n_head_kv": "n_head"}),
+           residual_readers_centering=False),
+    # Mixtral: llama.cpp's LlamaModel writes it as llama (Q/K permuted) with stacked experts; the
+    # top-k weights are always renormalised, as llama.cpp's llama graph does (norm_w true).
+    # residual readers: modeling_mixtral: MixtralRMSNorm everywhere
+    Family("mixtral", ("mixtral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
+           hf_class="MixtralForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               _llama_like_tensors(perm=True, mlp=_moe_mlp("block_sparse_moe", ("w1", "w3", "w2"))),
+               _LLAMA_HPARAMS + _MOE_HPARAMS, gguf_arch="llama", gguf_when="expert_count", hf_config_extra=_SILU,
+               hf_rename={"num_experts": "num_local_experts"}),
+           residual_readers_centering=False),
+    # Granite: llama with four multipliers (attention, embedding, residual, logits); llama.cpp's
+    # GraniteModel is a LlamaModel (Q/K permuted) and ignores head_dim.
+    # residual readers: modeling_granite: GraniteRMSNorm everywhere
+    Family("granite", ("granite",), ("granite",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True,
+           fused_layout="concat", attention_bias_key="attention_bias", hf_class="GraniteForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(_llama_like_tensors(perm=True), _LLAMA_HPARAMS + _GRANITE_HPARAMS,
+                                 hf_config_extra=_SILU),
+           residual_readers_centering=False),
+    # Command-R (modeling_cohere): parallel attention + MLP from one CohereLayerNorm (no bias), rotary
+    # pairs interleaved natively (llama.cpp's command-r rotates (2i, 2i+1): no permutation), tied
+    # embeddings, logits scaled by logit_scale.  residual readers: CohereLayerNorm (centering) everywhere.
+    Family("cohere", ("cohere",), ("command-r",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           rope_pairs="interleaved",
+           attention_bias_key="attention_bias", input_norm="layer", hf_class="CohereForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               (("model.embed_tokens.weight", "none"), ("model.norm.weight", "none"),
+                ("model.layers.{L}.input_layernorm.weight", "none"),
+                *_qkvo("model.layers.{L}.self_attn"), *_DENSE_MLP),
+               _LLAMA_HPARAMS + ("ln_eps", "logit_scale"), hf_config_extra=_SILU,
+               hf_rename={"logits_scaling": "logit_scale"}, gguf_strings={"rope.scaling.type": "none"}),
+           residual_readers_centering=None),
+    # StableLM (modeling_stablelm): LayerNorms with biases, partial rotary, optional q/k/v biases
+    # (use_qkv_bias), sequential or parallel residual (use_parallel_residual).  The per-head
+    # q/k LayerNorms of qk_layernorm models are not converted (no row: such a model is refused).
+    # residual readers: nn.LayerNorm input/post_attention_layernorm and model.norm
+    Family("stablelm", ("stablelm",), ("stablelm",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="use_qkv_bias", input_norm="layer", hf_class="StableLmForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               (("model.embed_tokens.weight", "none"), *_wb("model.norm"), ("lm_head.weight", "none"),
+                *_wb("model.layers.{L}.input_layernorm"),
+                *_qkvo("model.layers.{L}.self_attn", o_bias=False),
+                *_wb("model.layers.{L}.post_attention_layernorm"), *_DENSE_MLP),
+               _LLAMA_HPARAMS + ("ln_eps", "parallel_residual"), hf_config_extra=_SILU),
+           residual_readers_centering=True),
     # residual readers: modeling_bert: post-LN, sublayer output + residual feeds LayerNorm; embeddings sum too
     Family("bert", ("bert",), ("bert",), "layer.{L}.",
            {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",

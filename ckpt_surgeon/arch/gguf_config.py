@@ -48,6 +48,18 @@ ARCH_KEYS = (
     ("vocab_size", "vocab_size"),
     ("use_parallel_residual", "use_parallel_residual"),
     ("attention.causal", "is_causal"),
+    ("expert_count", "num_experts"),                # Mixtral spells it num_local_experts (hf_rename)
+    ("expert_used_count", "num_experts_per_tok"),
+    ("expert_feed_forward_length", "moe_intermediate_size"),
+    ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+)
+
+# Float multipliers: "{arch}.<suffix>" -> HF key (Granite's names; Cohere renames logits_scaling).
+FLOAT_KEYS = (
+    ("attention.scale", "attention_multiplier"),
+    ("embedding_scale", "embedding_multiplier"),
+    ("residual_scale", "residual_multiplier"),
+    ("logit_scale", "logits_scaling"),
 )
 
 # Norm epsilon: GGUF key suffix -> HF key.  RMSNorm models use rms_norm_eps; LayerNorm
@@ -89,6 +101,10 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
             cfg[key] = v
     if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    for suffix, key in FLOAT_KEYS:
+        v = gguf_hparam(metadata, arch, suffix, path=path)
+        if v is not None:
+            cfg[key] = float(v)
     for suffix, key in EPS_KEYS:
         v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:

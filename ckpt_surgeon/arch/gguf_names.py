@@ -96,13 +96,19 @@ def _name_map(gguf_arch: str):
 def gguf_tensor_name(gguf_arch: str, hf_template: str) -> str | None:
     """The GGUF name template gguf-py's ``TensorNameMap`` gives an HF tensor template of
     ``gguf_arch`` (``model.layers.{L}.self_attn.q_proj.weight`` -> ``blk.{L}.attn_q.weight``),
-    or None when gguf-py does not know the name."""
+    or None when gguf-py does not know the name.  An expert template (``...experts.{E}.up_proj``)
+    is named as the stacked tensor llama.cpp's converter maps (``...experts.up_proj``).  A name
+    gguf-py lists only without its ``transformer.`` prefix is found too (llama.cpp's
+    ``BloomModel.modify_tensors`` strips it: ``word_embeddings_layernorm``)."""
     c, _ = _tables()
+    hf_template = hf_template.replace(".{E}", "")
     tmap = _name_map(gguf_arch)
     if tmap is None:
         return None
     # Block 1 of a 2-block map: a name with the layer index in it maps through the block table.
-    hit = tmap.get_type_and_name(hf_template.replace("{L}", "1"), try_suffixes=(".weight", ".bias"))
+    hit = None
+    for cand in (hf_template, hf_template.removeprefix("transformer.")):
+        hit = hit or tmap.get_type_and_name(cand.replace("{L}", "1"), try_suffixes=(".weight", ".bias"))
     if hit is None:
         return None
     ttype, name = hit
@@ -149,3 +155,16 @@ def _family_gguf_roles(name: str) -> tuple:
         names = tuple(dict.fromkeys(n for n in names if n))
         out[role] = gname if not names else names[0] if len(names) == 1 else names
     return tuple(out.items())
+
+
+# Tensors llama.cpp's converter always stores F32, whatever --outtype (conversion/base.py
+# ``ModelBase.prepare_tensors``: "Some tensor types are always in float32", matching
+# ``llama_model_quantize_internal``): MoE routers, learned positions, token types.
+F32_TENSORS = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES")
+
+
+@functools.lru_cache(maxsize=None)
+def f32_tensor_templates() -> tuple:
+    """GGUF name templates (``{L}`` for the layer) of :data:`F32_TENSORS`, from ``TENSOR_NAMES``."""
+    c, _ = _tables()
+    return tuple(c.TENSOR_NAMES[c.MODEL_TENSOR[m]].replace("{bid}", "{L}") + ".weight" for m in F32_TENSORS)

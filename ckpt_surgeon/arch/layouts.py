@@ -48,6 +48,16 @@ def qkv_row_index(layout: str, n_heads: int, n_kv_heads: int, head_dim: int) -> 
     raise ValueError(f"unknown fused layout {layout!r} (known: {', '.join(LAYOUTS)})")
 
 
+def concat_index(layout: str, n_heads: int, n_kv_heads: int, rows: int) -> np.ndarray:
+    """Row index ``idx`` with ``concat_rows = fused_rows[idx]``: a fused QKV in ``layout`` reordered
+    to ``[Q; K; V]``, the order llama.cpp's converter writes ``attn_qkv`` in (``GPTNeoXModel`` /
+    ``BloomModel`` / ``FalconModel.modify_tensors``).  Its inverse is ``np.argsort(idx)``."""
+    head_dim = rows // (n_heads + 2 * n_kv_heads)
+    if head_dim * (n_heads + 2 * n_kv_heads) != rows:
+        raise ValueError(f"{rows} fused rows do not split into {n_heads} + 2 x {n_kv_heads} heads")
+    return np.concatenate(qkv_row_index(layout, n_heads, n_kv_heads, head_dim))
+
+
 def fused_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
     return (n_heads + 2 * n_kv_heads) * head_dim
 

@@ -187,7 +187,8 @@ def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str
     rotary_dim = int(head_dim * min(max(rp["partial"], 0.0), 1.0)) if head_dim else None
     if cfg.get("rotary_dim"):
         rotary_dim = config_int(cfg, ("rotary_dim",), path=path, minimum=0, maximum=MAX_WIDTH)
-    return PositionEncoding("rope", rotary_dim, rp["theta"], "interleaved" if permuted else "rotate_half")
+    interleaved = permuted or (fam is not None and fam.rope_pairs == "interleaved")
+    return PositionEncoding("rope", rotary_dim, rp["theta"], "interleaved" if interleaved else "rotate_half")
 
 
 def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_source: str | None = None,

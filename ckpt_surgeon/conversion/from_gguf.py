@@ -93,6 +93,10 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
                 continue
         cfg[key] = value
     cfg.update(spec.hf_config_extra)
+    for key, unset in spec.hparam_unset.items():      # the converter's "None" spelling
+        hf_key = N.HF_HPARAM_KEYS[key][0]
+        if cfg.get(hf_key, unset) == unset:
+            cfg[hf_key] = None
     for suffix, key in spec.hf_from_gguf.items():
         v = gguf_hparam(meta, arch, suffix, path=path)
         cfg[key] = v if v is not None else cfg.get("max_position_embeddings")
@@ -142,6 +146,11 @@ def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarra
         return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
     if transform == "norm_shift":
         return arr.astype(np.float64) - 1.0
+    if transform == "row" and arr.ndim == 1:
+        return arr[None, :]
+    if transform in ("qkv_per_head", "qkv_grouped"):
+        from ..arch.layouts import concat_index
+        return arr[np.argsort(concat_index(transform[4:], cfg_hp["n_head"], cfg_hp["n_head_kv"], arr.shape[0]))]
     return arr
 
 
@@ -200,7 +209,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                                    "ending in .gguf", path=str(src))
         meta = ck.metadata
         arch = ck.gguf_arch or meta.get("general.architecture")
-        spec = N.by_gguf_arch(arch)
+        spec = N.by_gguf_arch(arch, meta)
         if spec is None:
             raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
                                    f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))
@@ -229,7 +238,17 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
             shape = tuple(info.shape)
             if rule.transform == "conv1d" and len(shape) == 2:
                 shape = (shape[1], shape[0])
-            plan.append((gname, hname, rule.transform, shape, info.dtype))
+            if rule.transform == "row" and len(shape) == 1:
+                shape = (1,) + shape
+            if rule.experts:      # one GGUF tensor [n_expert, ...] -> one HF tensor per expert
+                if len(shape) < 2:
+                    raise FormatError(f"expert tensor has shape {list(shape)}; expected [experts, ...]",
+                                      path=str(src), tensor=gname)
+                stack = _ExpertStack(ck, gname, rule.transform, shape[0])
+                plan.extend((gname, hname.replace("{E}", str(e)), rule.transform, shape[1:], info.dtype, (stack, e))
+                            for e in range(shape[0]))
+            else:
+                plan.append((gname, hname, rule.transform, shape, info.dtype, None))
 
         # The model check runs in a child while the tensors are written; the writer waits for it
         # just before publishing (all shards written, fsync'd and verified by then), so a failed
@@ -240,9 +259,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
                              before_publish=gate.wait, progress=progress)
         child.submit(config)
         gate.start(lambda: check_tensors(
-            child.result(), {h: s for _, h, _, s, _ in plan}, path=str(src),
+            child.result(), {h: s for _, h, _, s, _, _ in plan}, path=str(src),
             what=f"{spec.hf_architecture} built from this file's metadata",
-            source_names={h: g for g, h, _, _, _ in plan}))
+            source_names={h: g for g, h, _, _, _, _ in plan}))
         try:
             tok_files = None
             vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
@@ -253,8 +272,11 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
 
             records = []
             with w:
-                for gname, hname, transform, shape, gdtype in plan:
-                    if transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
+                for gname, hname, transform, shape, gdtype, expert in plan:
+                    if expert is not None:
+                        w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
+                              shape=shape)
+                    elif transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
                         w.copy(gname, as_name=hname)
                     else:
                         w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
@@ -332,6 +354,26 @@ def _producer(ck, gname: str, transform: str, hp: dict, st_dtype: str):
     def make():
         return _encode_hf(_transform_to_hf(ck.read(gname), transform, hp), st_dtype)
     return make
+
+
+class _ExpertStack:
+    """One stacked GGUF expert tensor read (dequantized) once for its ``n`` per-expert HF tensors,
+    and dropped when the last of them has been produced (memory: one GGUF tensor, as for any other)."""
+
+    def __init__(self, ck, gname: str, transform: str, n: int):
+        self._ck, self._gname, self._transform, self._left = ck, gname, transform, n
+        self._arr = None
+
+    def producer(self, e: int, hp: dict, st_dtype: str):
+        def make():
+            if self._arr is None:
+                self._arr = self._ck.read(self._gname)
+            part = _encode_hf(_transform_to_hf(self._arr[e], self._transform, hp), st_dtype)
+            self._left -= 1
+            if self._left == 0:
+                self._arr = None
+            return part
+        return make
 
 
 def _encode_hf(arr: np.ndarray, st_dtype: str) -> bytes:

@@ -36,6 +36,10 @@ _MAX_WORKERS = 4
 _RAW_DTYPES = ("F32", "F16", "BF16")   # read as stored bytes and decoded in the worker
 # transforms that only move values (rows permuted, a transpose): BF16 -> F16 skips float32
 _MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
+# transforms that act row by row (a chunk of rows is transformed alone); perm_q / perm_k act
+# within heads (chunks are cut on head boundaries); any other (conv1d's transpose, the fused-QKV
+# reorders of BLOOM / GPT-NeoX) moves rows across the whole tensor, which is then taken whole
+_ROW_LOCAL = ("none", "norm_shift")
 
 
 def _workers() -> int:
@@ -65,7 +69,7 @@ def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
     (``shape``: the source tensor's) of planned tensor ``p``."""
     rows = shape[0] if shape else 1
     whole = [(0, rows, 0, p.nbytes)]
-    if len(shape) < 2 or p.transform == "conv1d":
+    if len(shape) < 2 or p.transform not in _ROW_LOCAL + ("perm_q", "perm_k"):
         return whole
     cols = int(np.prod(shape[1:]))
     per_row = p.nbytes // rows              # row-wise transforms keep the row count
@@ -79,6 +83,17 @@ def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
                 for h in range(0, n_head, step)]
     step = max(1, CHUNK_ELEMS // max(1, cols))
     return [(a, min(a + step, rows), 0, (min(a + step, rows) - a) * per_row) for a in range(0, rows, step)]
+
+
+def _parts(p) -> tuple:
+    """A stacked expert tensor (``p.stacked``: the HF tensors in expert order) is written expert
+    after expert: stacking on a new leading axis concatenates their bytes, in every type (a Q8_0
+    block never crosses a row).  Any other planned tensor is its own single part."""
+    stacked = getattr(p, "stacked", ())
+    if not stacked:
+        return (p,)
+    n = len(stacked)
+    return tuple(replace(p, src=t, stacked=(), shape=tuple(p.shape[1:]), nbytes=p.nbytes // n) for t in stacked)
 
 
 class _Job:
@@ -146,15 +161,17 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
             progress.update(c.end - c.start)
 
     try:
-        for p, off in zip(plan, offsets):
+        for planned, off in zip(plan, offsets):
             at = off
-            for a, b, heads, nbytes in _row_ranges(p, tuple(ck.tensors[p.src].shape), hp):
-                src, info = _read(ck, p, a, b)
-                pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform, labels))
-                del src
-                at += nbytes
-                while len(pending) >= 2 * workers:
-                    collect_oldest()
+            for p in _parts(planned):
+                for a, b, heads, nbytes in _row_ranges(p, tuple(ck.tensors[p.src].shape), hp):
+                    src, info = _read(ck, p, a, b)
+                    pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform,
+                                               labels))
+                    del src
+                    at += nbytes
+                    while len(pending) >= 2 * workers:
+                        collect_oldest()
         while pending:
             collect_oldest()
     finally:

@@ -29,7 +29,11 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
 
     ``config`` is a ``PretrainedConfig`` or a dict with ``model_type``.  Parameters shared by
     tying (``lm_head.weight`` when ``tie_word_embeddings``) are listed once, under the first
-    name (``named_parameters()``'s de-duplication); persistent buffers are included.
+    name (``named_parameters()``'s de-duplication); persistent buffers are included.  Names are
+    the ones a checkpoint stores: transformers 5 fuses some weights when it loads (MoE experts
+    into one ``experts.gate_up_proj``) and splits them back when it saves
+    (``core_model_loading.revert_weight_conversion``, which ``save_pretrained`` calls); the
+    same reversal is applied here, on the meta tensors.
     """
     import torch
     import transformers
@@ -40,9 +44,12 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     with quiet_transformers(), torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
+    from transformers.core_model_loading import revert_weight_conversion
+
     unique = {n for n, _ in model.named_parameters()}
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
-    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
+    state = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
 
 
 def expected_tensors_or_error(config, *, path: str | None, what: str = "this config") -> dict[str, tuple[int, ...]]:

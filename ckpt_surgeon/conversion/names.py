@@ -26,6 +26,10 @@ Transforms (applied HF -> GGUF; their inverses GGUF -> HF):
     2-D weight transposed (GPT-2 ``Conv1D`` keeps ``[in, out]``, GGUF wants ``[out, in]``).
 ``norm_shift``
     ``+1`` (Gemma stores ``w``, llama.cpp wants ``1 + w``).
+``row``
+    an HF ``[1, n]`` weight (Qwen2-MoE ``shared_expert_gate``): written 2-D as llama.cpp's converter
+    writes it; read back 2-D also from files llama.cpp re-wrote 1-D (its quantizer drops
+    trailing ggml dims of size 1).
 """
 from __future__ import annotations
 
@@ -42,11 +46,17 @@ TRANSFORMS = F.TRANSFORMS
 
 @dataclass(frozen=True)
 class TensorRule:
-    """One HF name pattern <-> one GGUF name pattern.  ``{L}`` is the layer index."""
+    """One HF name pattern <-> one GGUF name pattern.  ``{L}`` is the layer index; ``{E}`` (HF
+    side only) an expert index: the HF tensors of every expert are one GGUF tensor, stacked on a
+    new leading axis in expert order (llama.cpp ``Qwen2MoeModel.modify_tensors``: ``torch.stack``)."""
 
     hf: str
     gguf: str
     transform: str = "none"
+
+    @property
+    def experts(self) -> bool:
+        return "{E}" in self.hf
 
 
 def _tensor_rules(gguf_arch: str, rows: tuple) -> tuple[TensorRule, ...]:
@@ -73,6 +83,7 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "n_head": "attention.head_count",
     "n_head_kv": "attention.head_count_kv",
     "rope_theta": "rope.freq_base",
+    "rope_local_theta": "rope.freq_base_swa",
     "rms_eps": "attention.layer_norm_rms_epsilon",
     "ln_eps": "attention.layer_norm_epsilon",
     "rotary_dim": "rope.dimension_count",
@@ -81,9 +92,20 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "sliding_window": "attention.sliding_window",
     "vocab_size": "vocab_size",
     "orig_ctx": "rope.scaling.original_context_length",
+    "n_expert": "expert_count",
+    "n_expert_used": "expert_used_count",
+    "n_ff_exp": "expert_feed_forward_length",
+    "n_ff_shexp": "expert_shared_feed_forward_length",
+    "attention_scale": "attention.scale",
+    "embedding_scale": "embedding_scale",
+    "residual_scale": "residual_scale",
+    "logit_scale": "logit_scale",
+    "parallel_residual": "use_parallel_residual",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
-HPARAM_FLOATS = frozenset({"rope_theta", "rms_eps", "ln_eps"})
+HPARAM_BOOLS = frozenset({"parallel_residual"})
+HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps", "attention_scale",
+                           "embedding_scale", "residual_scale", "logit_scale"})
 
 # HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
 # transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
@@ -107,7 +129,20 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "tie": ("tie_word_embeddings",),
     "layer_types": ("layer_types",),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "n_expert": ("num_experts", "num_local_experts"),
+    "n_expert_used": ("num_experts_per_tok",),
+    "n_ff_exp": ("moe_intermediate_size",),
+    "n_ff_shexp": ("shared_expert_intermediate_size",),
+    "norm_topk_prob": ("norm_topk_prob",),
+    "attention_scale": ("attention_multiplier",),
+    "embedding_scale": ("embedding_multiplier",),
+    "residual_scale": ("residual_multiplier",),
+    "logit_scale": ("logits_scaling", "logit_scale"),
+    "parallel_residual": ("use_parallel_residual",),
 }
+# Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers).
+OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",
+                    "residual_scale", "logit_scale", "parallel_residual")
 
 
 @dataclass(frozen=True)
@@ -130,6 +165,10 @@ class ArchSpec:
     bias_probe: str | None = None        # GGUF tensor whose presence sets bias_switch
     llamacpp_absent: tuple[str, ...] = ()  # GGUF names llama.cpp's graph has no slot for (file would not load)
     llamacpp_fixed: dict = field(default_factory=dict)
+    hparam_unset: dict = field(default_factory=dict)
+    gguf_strings: dict = field(default_factory=dict)    # fixed "{arch}.<suffix>" string keys written
+    hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when absent
+    gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
     notes: str = ""
 
 
@@ -146,32 +185,43 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         hf_from_gguf=conv.hf_from_gguf, hf_config_extra=conv.hf_config_extra,
         ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
-        llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed, notes=conv.notes)
+        llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
+        hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
+        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
     groups: dict[str, list] = {}
+    variants = []
     for fam in F.FAMILIES:
         if fam.conversion is None:
             continue
         target = fam.conversion.gguf_arch or (fam.gguf_archs[0] if fam.gguf_archs else None)
         if target is None:
             raise ValueError(f"registry: family {fam.name} converts but names no GGUF architecture")
+        if fam.conversion.gguf_when:      # its own tensor table, chosen by a metadata key (Mixtral)
+            variants.append(_spec(target, [fam]))
+            continue
         groups.setdefault(target, []).append(fam)
     # the family that reads the architecture back (by_gguf_arch) owns its spec
     for target, fams in groups.items():
         owner = F.by_gguf_arch(target)
         if owner in fams:
             fams.sort(key=lambda f: f is not owner)
-    return tuple(_spec(target, fams) for target, fams in groups.items())
+    return tuple(_spec(target, fams) for target, fams in groups.items()) + tuple(variants)
 
 
 ARCHS: tuple[ArchSpec, ...] = _archs()
 
 
-def by_gguf_arch(arch: str | None) -> ArchSpec | None:
+def by_gguf_arch(arch: str | None, metadata: dict | None = None) -> ArchSpec | None:
+    """The spec that reads GGUF architecture ``arch`` back: a variant whose ``gguf_when`` key the
+    ``metadata`` has (a llama file with ``llama.expert_count`` is Mixtral), else the arch's own."""
     for a in ARCHS:
-        if a.gguf_arch == arch:
+        if a.gguf_arch == arch and a.gguf_when and metadata is not None and f"{arch}.{a.gguf_when}" in metadata:
+            return a
+    for a in ARCHS:
+        if a.gguf_arch == arch and not a.gguf_when:
             return a
     return None
 
@@ -191,8 +241,12 @@ def supported_model_types() -> list[str]:
 
 
 def template_regex(template: str) -> re.Pattern:
-    """``blk.{L}.attn_q.weight`` -> a regex whose group 1 is the layer index."""
-    return re.compile("^" + re.escape(template).replace(re.escape("{L}"), r"(\d+)") + "$")
+    """``blk.{L}.attn_q.weight`` -> a regex with the layer index as group ``L`` (and an expert
+    index ``{E}`` as group ``E``)."""
+    rx = re.escape(template)
+    for key in ("L", "E"):
+        rx = rx.replace(re.escape("{" + key + "}"), rf"(?P<{key}>\d+)")
+    return re.compile("^" + rx + "$")
 
 
 @dataclass(frozen=True)
@@ -203,14 +257,23 @@ class NameMap:
     to_gguf: bool
 
     def match(self, name: str) -> tuple[str, TensorRule] | None:
-        """``name`` -> (name on the other side, rule), or None when no rule matches."""
+        """``name`` -> (name on the other side, rule), or None when no rule matches.  An expert
+        row's HF name keeps ``{E}`` (GGUF -> HF: one per expert); see :meth:`expert`."""
         for rule, rx in _compiled(self.rules, self.to_gguf):
             m = rx.match(name)
             if m:
                 target = rule.gguf if self.to_gguf else rule.hf
-                if m.groups():
-                    target = target.replace("{L}", m.group(1))
+                if "L" in m.groupdict():
+                    target = target.replace("{L}", m.group("L"))
                 return target, rule
+        return None
+
+    def expert(self, name: str) -> int | None:
+        """The expert index in an HF ``name`` of an expert row (HF -> GGUF), else None."""
+        for rule, rx in _compiled(self.rules, self.to_gguf):
+            m = rx.match(name)
+            if m:
+                return int(m.group("E")) if "E" in m.groupdict() else None
         return None
 
 
@@ -282,8 +345,8 @@ def _layer_types(n_layer: int, every: int) -> list[str]:
 
 def fixed_expected(key: str, value, hp: dict):
     """The HF config value that a llama.cpp constant stands for (compared with the HF config)."""
-    if value == "head_dim":
-        return hp["head_dim"]
+    if value in ("head_dim", "n_head"):
+        return hp[value]
     if key == "global_every":
         return _layer_types(hp["n_layer"], int(value))
     return value
@@ -315,3 +378,6 @@ def fixed_to_hf(spec: ArchSpec, cfg: dict, hp: dict) -> None:
         cfg["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": theta},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         cfg["rope_local_base_freq"] = local
+    for key, value in fixed.items():
+        if key not in ("global_every", "query_pre_attn_scalar", "rope_local_theta"):
+            cfg[HF_HPARAM_KEYS[key][0]] = fixed_expected(key, value, hp)

@@ -55,6 +55,31 @@ class _Planned:
     ggml_type: str
     nbytes: int
     src_dtype: str
+    stacked: tuple = ()     # expert rows: the HF tensors stacked (in expert order) into this one
+
+
+def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
+    """``(GGUF name, rule, HF names)`` per GGUF tensor, in source order: one HF name each, or every
+    expert's (ordered by expert index, which must run 0..n-1) for an expert row."""
+    out: dict[str, tuple] = {}
+    experts: dict[str, dict[int, str]] = {}
+    for tname in tnames:
+        hit = names.match(tname)
+        if hit is None:
+            raise UnsupportedError(f"no GGUF name for this tensor in the {arch} mapping", path=path, tensor=tname)
+        dst, rule = hit
+        if any(rx.match(dst) for rx in absent):
+            raise UnsupportedError(f"llama.cpp's {arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                   "file would not load ('wrong number of tensors')", path=path, tensor=tname)
+        out.setdefault(dst, (dst, rule, (tname,)))
+        if rule.experts:
+            experts.setdefault(dst, {})[names.expert(tname)] = tname
+    for dst, by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            missing = sorted(set(range(max(by_index) + 1)) - set(by_index))
+            raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
+        out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
+    return list(out.values())
 
 
 def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
@@ -121,6 +146,8 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
     hp: dict = {}
     for key in ("n_embd", "n_layer", "n_head", "n_ctx"):
         v = get(key)
+        if v is None and key in spec.hparam_fallback:
+            v = hp[spec.hparam_fallback[key]]
         if v is None:
             raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS[key])}", path=path)
         hp[key] = v
@@ -138,6 +165,9 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
                               "silently use 10000", path=path)
         hp["rope_theta"] = theta
+        local = get("rope_local_theta")
+        if local is not None:
+            hp["rope_local_theta"] = local
         rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
         if rope_type not in (None, "default"):
             raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
@@ -155,6 +185,12 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         if v is not None:
             hp[key] = v
     hp["head_dim"] = head_dim
+    for key in N.OPTIONAL_HPARAMS:
+        v = get(key)
+        if v is not None:
+            hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
+    for key, value in spec.hparam_unset.items():
+        hp.setdefault(key, value)
     for key, value in spec.llamacpp_fixed.items():
         want = N.fixed_expected(key, value, hp)
         got = N.fixed_from_hf(key, cfg)
@@ -178,12 +214,17 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
         return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
     if transform == "norm_shift":
         return (arr.astype(np.float64) + 1.0).astype(np.float32)
+    if transform in ("qkv_per_head", "qkv_grouped"):
+        from ..arch.layouts import concat_index
+        return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
     return arr
 
 
 def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
     ggml = N.DTYPES[dtype][1]
-    if len(shape) < 2:
+    if len(shape) < 2 or dst.endswith("_norm.weight") or not dst.endswith(".weight"):
+        return "F32"
+    if any(N.template_regex(t).match(dst) for t in f32_tensor_templates()):
         return "F32"
     if ggml == "Q8_0" and shape[-1] % 32:
         # llama.cpp's converter falls back the same way for rows that are not whole Q8_0 blocks.
@@ -205,6 +246,30 @@ class GGUFPlan:
     warnings: tuple
 
 
+def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
+    """``(GGUF name, rule, HF names)`` per GGUF tensor, in source order: one HF name each, or every
+    expert's (ordered by expert index, which must run 0..n-1) for an expert row."""
+    out: dict[str, tuple] = {}
+    experts: dict[str, dict[int, str]] = {}
+    for tname in tnames:
+        hit = names.match(tname)
+        if hit is None:
+            raise UnsupportedError(f"no GGUF name for this tensor in the {arch} mapping", path=path, tensor=tname)
+        dst, rule = hit
+        if any(rx.match(dst) for rx in absent):
+            raise UnsupportedError(f"llama.cpp's {arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
+                                   "file would not load ('wrong number of tensors')", path=path, tensor=tname)
+        out.setdefault(dst, (dst, rule, (tname,)))
+        if rule.experts:
+            experts.setdefault(dst, {})[names.expert(tname)] = tname
+    for dst, by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            missing = sorted(set(range(max(by_index) + 1)) - set(by_index))
+            raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
+        out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
+    return list(out.values())
+
+
 def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list) -> tuple[list, tuple | None]:
     """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file
     order; and the token embedding's shape (None if there is none)."""
@@ -212,23 +277,24 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
     absent = [N.template_regex(t) for t in spec.llamacpp_absent]
     plan: list[_Planned] = []
     emb = None
-    for tname in sorted(got, key=_order_key):
-        hit = names.match(tname)
-        if hit is None:
-            raise UnsupportedError(f"no GGUF name for this tensor in the {spec.gguf_arch} mapping",
-                                   path=str(src), tensor=tname)
-        dst, rule = hit
-        if any(rx.match(dst) for rx in absent):
-            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
-                                   "file would not load ('wrong number of tensors')", path=str(src), tensor=tname)
-        info = ck.tensors[tname]
+    for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
+        info = ck.tensors[tnames[0]]
         shape = tuple(info.shape)
         if rule.transform == "conv1d" and len(shape) == 2:
             shape = (shape[1], shape[0])
+        if rule.experts:
+            odd = next((t for t in tnames if tuple(ck.tensors[t].shape) != tuple(info.shape)), None)
+            if odd is not None:
+                raise ConfigError(f"expert shapes differ ({list(ck.tensors[odd].shape)} vs {list(info.shape)} "
+                                  f"of {tnames[0]}); they cannot be stacked", path=str(src), tensor=odd)
+            shape = (len(tnames),) + shape
         if dst == "token_embd.weight":
             emb = shape
-        gt = _weight_type(dtype, shape, tname, warnings)
-        plan.append(_Planned(tname, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype))
+        gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
+        label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
+            if rule.experts else tnames[0]
+        plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
+                             tnames if rule.experts else ()))
     return plan, emb
 
 
@@ -379,8 +445,12 @@ def gguf_kvs(spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> list[g
         full = f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[key]}"
         if key in N.HPARAM_FLOATS:
             kvs.append(gw.KV(full, gw.VT.FLOAT32, float(hp[key])))
+        elif key in N.HPARAM_BOOLS:
+            kvs.append(gw.KV(full, gw.VT.BOOL, bool(hp[key])))
         else:
             kvs.append(gw.KV(full, gw.VT.UINT32, int(hp[key])))
+    for suffix, value in spec.gguf_strings.items():
+        kvs.append(gw.KV(f"{spec.gguf_arch}.{suffix}", gw.VT.STRING, value))
     for key, value, kind in vocab.key_values():
         vtype, item = _KV_KINDS[kind]
         kvs.append(gw.KV(key, vtype, value, item))

@@ -1,0 +1,166 @@
+"""Differential test: our HF -> GGUF against llama.cpp's own ``convert_hf_to_gguf.py``.
+
+For each family's tiny model and each of llama.cpp's ``--outtype`` f32 / f16 / bf16 / q8_0, both
+converters write a GGUF of the same folder, and:
+
+* the tensor sets are equal, and every tensor has the same name, ggml type, shape and bytes;
+* our metadata is a superset of the reference's: every key it writes, we write with the same
+  value, except the provenance labels in :data:`EXEMPT`.
+
+The reference converter comes from the installed llama-cpp-python's sdist (tests/llamacpp_src.py)
+and runs in a subprocess with its own gguf-py (tests/llamacpp_ref_convert.py).  Its outputs are
+cached in the fixture cache, keyed by the model folder's bytes, the llama-cpp-python version and
+the runner script, so a warm run only converts with ours.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convert_variants import build_variant, gguf_metadata, read_json
+from llamacpp_src import llamacpp_source
+
+from ckpt_surgeon import tiny_cache
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.conversion import hf_to_gguf
+from fixtures.build_fixtures import fixture_base
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+# Every family convert supports, as the llama.cpp-runnable variants tests/test_llamacpp.py uses
+# (gpt2 with the Hub's config spelling: llama.cpp's GPT2Model needs n_ctx; phi3 as Phi-4 declares
+# its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model).
+
+# Families the reference converter cannot convert here, and the error it stops with (asserted, so
+# a llama.cpp that fixes it makes the test fail and the family move to FAMILIES).  GPT-NeoX:
+# GPTNeoXModel reads hparams["rotary_pct"], but its load_hparams takes AutoConfig(...).to_dict(),
+# which under transformers 5 holds the value in rope_parameters only (also for Pythia's own
+# config.json, which spells rotary_pct).  Ours converts it (tests/test_llamacpp.py runs the file).
+REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'"}
+FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
+            "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
+            "stablelm", "bloom")
+
+# Metadata the reference writes that we do not match, and why (nothing else may differ):
+EXEMPT = {
+    # derived by its converter from the folder name (`Qwen2 A898F6Bb9Ad9`); ours is the --name
+    # option / the folder name: a label, read by llama.cpp only for the Phi-3 tokenizer check,
+    # which both satisfy for real Phi-3 folders
+    "general.name",
+    "general.basename",     # the folder name split into base / finetune / size by regexes
+    "general.finetune",
+    "general.size_label",   # a parameter count rounded for display ("132K")
+    "general.type",         # "model" (vs "adapter"); llama.cpp's loader does not read it
+}
+
+# Keys we write with a different value than the reference, and why.
+EXEMPT_VALUE = {
+    # GPT2Model / Phi2Model.set_gguf_parameters write 4 * n_embd whatever n_inner /
+    # intermediate_size say (128 in the fixtures); llama.cpp checks ffn_up's shape against this
+    # key, so its file does not load (asserted below) and ours, with the real width, does
+    "gpt2.feed_forward_length",
+    "phi2.feed_forward_length",
+}
+
+# Tensors whose bytes we write differently, and why.  Gemma3Model.modify_tensors drops the
+# embedding rows past len(vocab) + len(added_tokens) of tokenizer.json but keeps a token per
+# config vocab_size row, so on a padded vocabulary (448 rows, 423 tokens here) its own file does
+# not load: llama.cpp refuses "token_embd.weight has wrong shape" (asserted below).  Ours keeps
+# every row; the rows it has in common with the reference are byte-identical.
+TENSOR_PREFIX_ONLY = {("gemma3", "token_embd.weight")}
+
+_RUNNER = Path(__file__).with_name("llamacpp_ref_convert.py")
+
+
+def _pre_tokenizer(folder: Path) -> str:
+    """The pre-tokenizer transformers runs for this folder, which llama.cpp's converter would
+    recognise by its hash on the real checkpoints: Qwen2Tokenizer's split for model_type qwen2,
+    the byte-level GPT-2 split of the fixtures' tokenizer.json otherwise."""
+    return "qwen2" if read_json(folder / "config.json")["model_type"] == "qwen2" else "gpt-2"
+
+
+def _folder_key(folder: Path) -> str:
+    h = hashlib.sha256()
+    h.update(importlib.metadata.version("llama-cpp-python").encode())
+    h.update(_RUNNER.read_bytes())
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _reference(folder: Path, family: str) -> Path:
+    """llama.cpp's outputs for ``folder``: a cached folder of ``<outtype>.gguf`` files."""
+    def build(tmp: Path) -> None:
+        r = _run_reference(folder, tmp, OUTTYPES)
+        if r.returncode != 0:
+            pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed on {family}: {r.stderr.strip()[-1500:]}")
+
+    return tiny_cache.cached_build(fixture_base() / "llamacpp-ref" / f"{family}-{_folder_key(folder)}", build)
+
+
+def _run_reference(folder: Path, out: Path, outtypes) -> subprocess.CompletedProcess:
+    root = llamacpp_source()
+    env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
+    return subprocess.run([sys.executable, str(_RUNNER), str(root), str(folder), str(out), _pre_tokenizer(folder),
+                           *outtypes], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("family", sorted(REFERENCE_FAILS))
+def test_reference_converter_fails_where_documented(family, family_src, tmp_path):
+    r = _run_reference(family_src(family), tmp_path, ("f32",))
+    assert r.returncode != 0 and REFERENCE_FAILS[family] in r.stderr, r.stderr[-1500:]
+
+
+@pytest.fixture(scope="module")
+def family_src(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref-families")
+    return lambda name: build_variant(tiny, name, root / name)
+
+
+def _tensors(path: Path) -> dict:
+    with open_checkpoint(path) as ck:
+        return {n: (i.dtype, tuple(i.shape), ck.read_raw(n)) for n, i in ck.tensors.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_to_gguf_is_identical_to_llama_cpp_converter(family, family_src, tmp_path):
+    src = family_src(family)
+    ref_dir = _reference(src, family)
+    for outtype in OUTTYPES:
+        ref = ref_dir / f"{outtype}.gguf"
+        ours = hf_to_gguf(src, tmp_path / f"{outtype}.gguf", dtype=outtype, name="tiny")
+        a, b = _tensors(ours), _tensors(ref)
+        assert sorted(a) == sorted(b), (outtype, sorted(set(a) ^ set(b)))
+        for name in b:
+            if (family, name) in TENSOR_PREFIX_ONLY:
+                assert a[name][0] == b[name][0] and a[name][1][1:] == b[name][1][1:], (outtype, name)
+                assert a[name][1][0] > b[name][1][0] and a[name][2][: len(b[name][2])] == b[name][2], (outtype, name)
+                if outtype == "f32":
+                    _assert_llama_cpp_refuses(ref, "token_embd.weight")
+                continue
+            assert a[name][:2] == b[name][:2], (outtype, name, a[name][:2], b[name][:2])
+            assert a[name][2] == b[name][2], (outtype, name, "bytes differ")
+        meta_a, _ = gguf_metadata(ours)
+        meta_b, _ = gguf_metadata(ref)
+        for key, value in meta_b.items():
+            if key in EXEMPT:
+                continue
+            assert key in meta_a, (outtype, f"we do not write {key} = {value!r:.80}")
+            if key not in EXEMPT_VALUE:
+                assert meta_a[key] == value, (outtype, key, meta_a[key], value)
+
+
+def _assert_llama_cpp_refuses(path: Path, tensor: str) -> None:
+    """llama.cpp cannot load ``path`` and says ``tensor`` has the wrong shape (in a child: the
+    message is on the native stderr)."""
+    code = ("import sys, llama_cpp\n"
+            "try:\n    llama_cpp.Llama(model_path=sys.argv[1], n_ctx=32, verbose=True)\n"
+            "except ValueError:\n    sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert r.returncode == 3 and f"tensor '{tensor}' has wrong shape" in r.stderr, r.stderr[-600:]
