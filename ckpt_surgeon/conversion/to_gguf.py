@@ -220,7 +220,11 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
     return arr
 
 
-def _weight_type(dtype: str, shape: tuple, name: str, warnings: list) -> str:
+def _weight_type(dtype: str, shape: tuple, name: str, dst: str, warnings: list) -> str:
+    """The ggml type llama.cpp's converter gives tensor ``dst`` (``ModelBase.prepare_tensors``):
+    F32 for 1-D tensors, ``*_norm.weight``, anything not named ``.weight`` and the always-F32
+    kinds (:func:`~ckpt_surgeon.arch.gguf_names.f32_tensor_templates`); else the --dtype type."""
+    from ..arch.gguf_names import f32_tensor_templates
     ggml = N.DTYPES[dtype][1]
     if len(shape) < 2 or dst.endswith("_norm.weight") or not dst.endswith(".weight"):
         return "F32"
