@@ -334,7 +334,7 @@ def test_every_converter_hyper_parameter_has_bounds():
     from ckpt_surgeon.conversion.to_gguf import _hparam_bounds
     assert set(N.GGUF_HPARAM_KEYS.values()) <= set(GGUF_BOUNDS)
     assert [k for k in N.HF_HPARAM_KEYS if _hparam_bounds(k) is None] == [
-        "rope_local_theta", "tie", "layer_types", "query_pre_attn_scalar"]    # llama.cpp constants, compared
+        "tie", "layer_types", "query_pre_attn_scalar", "norm_topk_prob"]    # llama.cpp constants, compared
 
 
 def test_token_ids_and_prompts_files_nested_deep_or_with_huge_numbers(tmp_path):
