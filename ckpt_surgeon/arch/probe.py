@@ -17,6 +17,12 @@ max|logits|`` compares a modified instance with the original:
   the logits exactly when i is a value row.  The layout (``concat`` / ``per_head`` /
   ``grouped``, :mod:`ckpt_surgeon.arch.layouts`) whose value rows are those rows is taken; any
   exact key claim made with it is then checked by the removal probe above.
+* **gated query** (a q projection of ``2 x heads x head_dim`` rows, query + output gate): with
+  the rows a candidate layout calls the query zeroed (weights and bias), q = 0 after any q-norm
+  and rotary, every logit is 0 and the attention is uniform, so perturbing ``W_k`` must leave the
+  logits invariant; zeroing gate rows instead leaves the keys visible.  The candidate
+  (:data:`~ckpt_surgeon.arch.layouts.GATE_LAYOUTS`) that passes, and only that one, is taken;
+  none or several: ``unknown`` (the analysis then reads no query vectors).
 * **value-bias fold**: ``b_o += W_o b_v`` (GQA-expanded, computed through the output module
   itself so its weight orientation does not matter) and ``b_v = 0`` in every block of the group
   must leave ``r < INVARIANT_TOL``.
@@ -32,8 +38,8 @@ import re
 
 import numpy as np
 
-from .derive import Block, Fact, GroupFacts, module_path, read_blocks
-from .layouts import LAYOUTS, qkv_row_index
+from .derive import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
+from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
@@ -42,9 +48,9 @@ PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 10
 _BIAS_STD = 0.5
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
-                         r"num_decoder_layers|num_encoder_layers)$")
+                         r"num_decoder_layers|num_encoder_layers|depth|num_blocks)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|"
-                        r"decoder_attention_heads)$")
+                        r"decoder_attention_heads|attention_heads)$")
 _KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_head_kv|multi_query_group_num)$")
 _HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim)$")
 _FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$|"
@@ -52,9 +58,16 @@ _FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_s
 # MLA (DeepSeek-V2/V3) latent and per-part head sizes
 _MLA_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
              "index_head_dim": 16, "index_n_heads": 2}
-_SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim)$")
+_SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim|mamba_headdim)$")
 _SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads)$")
 _SSM_STATE = re.compile(r"^(mamba_d_state|ssm_state_size|state_size|d_state)$")
+# linear-attention mixers (Qwen3-Next gated delta rule, Kimi-Linear, OLMo-hybrid): per-head sizes and head
+# counts of the linear part; value heads stay a multiple of key heads
+_LINEAR_DIM = re.compile(r"^(linear_key_head_dim|linear_value_head_dim|linear_head_dim)$")
+_LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads")
+# sub-configs of a composite model that hold the language model (shrunk like the top level, with
+# their own head counts); every other ``*_config`` (vision, audio, VQ ...) keeps at most 2 layers
+_TEXT_SUB = re.compile(r"^(text_config|llm_config|language_config|decoder_config|text_encoder_config)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts|moe_k|top_k|num_experts_per_token)$")
 
@@ -120,6 +133,26 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         out["head_dim"] = hd
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
+    new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    if heads and hidden and new_hidden != hidden:
+        expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
+            out["mamba_d_ssm"] = expand * new_hidden
+        if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
+            out["attention_hidden_size"] = max(1, cfg["attention_hidden_size"] * new_hidden // hidden)
+            if isinstance(cfg.get("attention_head_dim"), int):
+                out["attention_head_dim"] = out["attention_hidden_size"] // h2
+    if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
+        nk = cfg[_LINEAR_HEADS[0]]
+        out[_LINEAR_HEADS[0]] = min(nk, 2)
+        out[_LINEAR_HEADS[1]] = min(nk, 2) * max(1, min(cfg[_LINEAR_HEADS[1]] // max(nk, 1), 2))
+    for k, v in cfg.items():
+        if heads and _LINEAR_DIM.match(k) and isinstance(v, int):
+            out[k] = min(v, 16)
+        elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
+            text = bool(_TEXT_SUB.match(k))
+            out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
+                                   head_dim=head_dim, vocab=vocab, ff=ff)
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     n_vocab = out.get("vocab_size")
@@ -128,6 +161,18 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             if k.endswith("token_id") and isinstance(v, int) and v >= n_vocab:
                 out[k] = n_vocab - 1
     return out
+
+
+def _has_layers_or_heads(d: dict) -> bool:
+    return any(_LAYER_KEYS.match(k) or _HEAD_KEYS.match(k) for k in d)
+
+
+def config_heads(cfg: dict) -> tuple:
+    """(H, kv) of a config dict (defaults: 4 heads, kv = H)."""
+    def first(rx):
+        return next((v for k, v in cfg.items() if rx.match(k) and isinstance(v, int) and not isinstance(v, bool)), None)
+    h = first(_HEAD_KEYS) or 4
+    return h, first(_KV_KEYS) or h
 
 
 def layers_needed(blocks) -> int:
@@ -249,18 +294,24 @@ class _Instance:
     def module(self, b: Block, role: str):
         return self.model.get_submodule(module_path(b.path, b.role(role)))
 
-    def edit(self, changes) -> float:
-        """Apply ``[(tensor, new value)]``, measure ``rel``, restore."""
+    @contextlib.contextmanager
+    def patched(self, changes):
+        """Inside: ``[(tensor, new value)]`` applied; restored on exit."""
         saved = [(t, t.detach().clone()) for t, _ in changes]
         try:
             with self.torch.no_grad():
                 for t, v in changes:
                     t.copy_(v)
-            return self.rel()
+            yield
         finally:
             with self.torch.no_grad():
                 for t, v in saved:
                     t.copy_(v)
+
+    def edit(self, changes) -> float:
+        """Apply ``[(tensor, new value)]``, measure ``rel``, restore."""
+        with self.patched(changes):
+            return self.rel()
 
 
 def _zero_rows(t, rows):
@@ -308,6 +359,43 @@ def _fused_layout(inst: _Instance, b: Block) -> tuple[str | None, str]:
     return first[0], f"value rows probed ({len(v_rows)} rows) fit the {first[0]!r} layout"
 
 
+def _shaken(inst: _Instance, w, rows, conv: bool, gen):
+    """``W_k`` with N(0, 1/fan_in) added to ``rows``: with transformers' small init the attention is
+    nearly uniform and scaling W_k barely shows; a unit-scale perturbation of the keys does."""
+    v = w.detach().clone()
+    noise = inst.torch.randn(v.shape, generator=gen, dtype=v.dtype) / (v.shape[0] if conv else v.shape[1]) ** 0.5
+    if conv:
+        v[:, list(rows)] += noise[:, list(rows)]
+    else:
+        v[list(rows)] += noise[list(rows)]
+    return v
+
+
+def _gate_layout(inst: _Instance, b: Block) -> tuple[str | None, str]:
+    """Which rows of a gated q projection are the query (see the module docstring)."""
+    h, kv, d = b.heads
+    q, k = inst.module(b, "q"), inst.module(b, "k")
+    shake = [(k.weight, _shaken(inst, k.weight, range(kv * d), False, inst.torch.Generator().manual_seed(11)))]
+    control = inst.edit(shake)
+    if control <= SENSITIVE_TOL:
+        return None, f"probe control: perturbing W_k moved the logits by only {control:.2g}; the query rows are unknown"
+    passed, seen = [], []
+    for layout in GATE_LAYOUTS:
+        rows = query_row_index(layout, h, d)
+        zero = [(t, _zero_rows(t, rows)) for t in (q.weight, q.bias) if t is not None]
+        with inst.patched(zero):
+            ref = inst.run()
+            with inst.patched(shake):
+                r = float((inst.run() - ref).abs().max()) / inst.scale
+        seen.append(f"{layout}: {r:.2g}")
+        if r < INVARIANT_TOL:
+            passed.append(layout)
+    if len(passed) != 1 and not (len(passed) == 2 and h == 1):     # one head: both layouts are the same rows
+        return None, f"no single layout zeroes the whole query (W_k perturbation with those rows zeroed: {', '.join(seen)})"
+    return passed[0], (f"with the {passed[0]!r} query rows zeroed the logits ignore W_k ({', '.join(seen)}; control "
+                       f"{control:.2g}): those rows are the query, the others the output gate")
+
+
 def _k_rows(b: Block, layout: str | None):
     h, kv, d = b.heads
     if b.role("k"):
@@ -335,18 +423,7 @@ def _probe_k(inst, blocks, layout, pos, head_dim_kept) -> tuple[str, tuple, tupl
     conv = b0.conv1d
 
     gen = inst.torch.Generator().manual_seed(7)
-
-    def shaken(w, r):
-        # W_k += N(0, 1/fan_in): with transformers' small init the attention is nearly uniform and
-        # scaling W_k barely shows; a unit-scale perturbation of the keys does
-        v = w.detach().clone()
-        noise = inst.torch.randn(v.shape, generator=gen, dtype=v.dtype) / (v.shape[0] if conv else v.shape[1]) ** 0.5
-        if conv:
-            v[:, list(r)] += noise[:, list(r)]
-        else:
-            v[list(r)] += noise[list(r)]
-        return v
-    control = inst.edit([(w, shaken(w, r)) for w, r in zip(weights, rows)])
+    control = inst.edit([(w, _shaken(inst, w, r, conv, gen)) for w, r in zip(weights, rows)])
     if control <= SENSITIVE_TOL:
         return "invisible", (f"probe control: perturbing W_k moved the logits by only {control:.2g}; the probe cannot "
                              "see this attention, so nothing is claimed",), (), ()
@@ -418,15 +495,19 @@ def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> Group
     members = [b for b in pblocks if b.group == g and b.heads]
     if not members:
         return GroupFacts(g, k, "unknown", ("the shrunken probe instance has no block of this group",))
-    facts, layout = [], None
+    facts, layout, gate = [], None, None
     if members[0].role("qkv"):
         layout, how = _fused_layout(inst, members[0])
         facts.append(Fact("fused_layout", layout, "probed", how))
+    if members[0].q_gate:
+        gate, how = _gate_layout(inst, members[0])
+        facts.append(Fact("q_gate_layout", gate, "probed", how))
+        gate = gate or "unknown"
     kept = members[0].heads[2] == heads[2]
     cls, reasons, pass_dims, kf = _probe_k(inst, members, layout, pos, kept)
     vf, vfact = _probe_v(inst, members, layout)
     facts += list(kf) + ([vfact] if vfact else [])
-    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts))
+    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts), gate)
 
 
 def _seq2seq_class(model_type: str, klass):
@@ -489,7 +570,9 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
             except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
                 gf = GroupFacts(g, k, "unknown", (_failure(e),))
         if gf.k_class == "invisible":
-            gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown"})
+            tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
+                      "pass never runs",) if _TOWER.search(g) else ())
+            gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown", "reasons": tower + tuple(gf.reasons)})
         out.append(gf)
     return tuple(out)
 
