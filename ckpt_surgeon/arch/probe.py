@@ -59,7 +59,7 @@ _FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_s
 _MLA_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
              "index_head_dim": 16, "index_n_heads": 2}
 _SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim|mamba_headdim)$")
-_SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads)$")
+_SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads|n_mamba_heads)$")
 _SSM_STATE = re.compile(r"^(mamba_d_state|ssm_state_size|state_size|d_state)$")
 # linear-attention mixers (Qwen3-Next gated delta rule, Kimi-Linear, OLMo-hybrid): per-head sizes and head
 # counts of the linear part; value heads stay a multiple of key heads
@@ -175,18 +175,18 @@ def config_heads(cfg: dict) -> tuple:
     return h, first(_KV_KEYS) or h
 
 
-def layers_needed(blocks) -> int:
-    """Enough layers that the first block of every group still exists."""
+def layers_needed(blocks, per_group: int = 1) -> int:
+    """Enough layers that the first ``per_group`` blocks of every group still exist."""
     from .derive import _LAYER
-    need = 1
-    firsts: dict = {}
+    idx: dict = {}
     for b in blocks:
         m = _LAYER.match(b.path)
         if m and b.kind != "none":
-            firsts[b.group] = min(firsts.get(b.group, 1 << 30), int(m.group(2)))
-    for i in firsts.values():
-        need = max(need, i + 1)
-    return max(need, 2)
+            idx.setdefault(b.group, set()).add(int(m.group(2)))
+    need = 2
+    for found in idx.values():
+        need = max(need, sorted(found)[:per_group][-1] + 1)
+    return need
 
 
 @contextlib.contextmanager
@@ -539,7 +539,11 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
     if not heads:
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
     inst = err = used = None
-    for small in shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096):
+    # a model sharing one block's weights with a later one (Zamba) needs two blocks of the group
+    cands = shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096)
+    cands += [c for c in shrink_candidates(cfg, layers=layers_needed(blocks, 2), heads=heads[:2], vocab=4096)[:1]
+              if c not in cands]
+    for small in cands:
         try:
             inst = _Instance(small, klass)
             pblocks, _ = read_blocks(inst.model, inst.conf)
