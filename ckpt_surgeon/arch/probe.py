@@ -44,6 +44,7 @@ from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
 SEQ_LEN = 12
+MAX_TOWER_TOKENS = 1024          # image patches of a tower probe (float64 attention is quadratic in them)
 PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
 
@@ -271,6 +272,31 @@ def first_output(out):
     return out[0] if t is None else t
 
 
+def tower_input(root, group: str):
+    """(module, inputs) that run the vision tower holding ``group`` (a module path, ``{L}`` for
+    the layer index) on seeded random float64 pixels, or None: the deepest module above the group
+    whose forward takes ``pixel_values`` and whose config gives ``image_size`` / ``num_channels`` /
+    ``patch_size``, at most ``MAX_TOWER_TOKENS`` patches."""
+    import inspect
+
+    import torch
+    parts = group.split(".{L}")[0].split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            mod = root.get_submodule(".".join(parts[:i]))
+        except AttributeError:
+            continue
+        c = getattr(mod, "config", None)
+        size, ch, patch = (getattr(c, k, None) for k in ("image_size", "num_channels", "patch_size"))
+        if not all(isinstance(x, int) and x > 0 for x in (size, ch, patch)):
+            continue
+        if "pixel_values" not in inspect.signature(mod.forward).parameters or (size // patch) ** 2 > MAX_TOWER_TOKENS:
+            continue
+        g = torch.Generator().manual_seed(3)
+        return mod, {"pixel_values": torch.randn((1, ch, size, size), generator=g, dtype=torch.float64)}
+    return None
+
+
 class _Instance:
     """A float64 random instance with a baseline forward pass and cheap trial edits."""
 
@@ -278,6 +304,7 @@ class _Instance:
         import torch
         self.torch = torch
         self.conf, self.model = random_instance(cfg, klass, seed=seed, max_params=PROBE_MAX_PARAMS)
+        self.root = self.model       # module paths are relative to it; ``model`` is what ``run`` calls
         conf = self.conf
         self.inputs = model_inputs(conf, seed)
         self.base = self.run()
@@ -292,7 +319,22 @@ class _Instance:
         return float((self.run() - self.base).abs().max()) / self.scale
 
     def module(self, b: Block, role: str):
-        return self.model.get_submodule(module_path(b.path, b.role(role)))
+        return self.root.get_submodule(module_path(b.path, b.role(role)))
+
+    def tower(self, group: str) -> "_Instance | None":
+        """The same instance, run through the vision tower holding ``group`` on random pixels
+        (a token-id forward never runs it), or None (see :func:`tower_input`)."""
+        found = tower_input(self.root, group)
+        if found is None:
+            return None
+        view = object.__new__(_Instance)
+        view.torch, view.root = self.torch, self.root
+        view.model, view.inputs = found
+        view.conf = getattr(view.model, "config", None)
+        view.base = view.run()
+        view.scale = float(view.base.abs().max()) or 1.0
+        return view
+
 
     @contextlib.contextmanager
     def patched(self, changes):
@@ -486,6 +528,11 @@ def _probe_v(inst, blocks, layout) -> tuple[bool | None, Fact | None]:
             return None, Fact("v_fold", None, "derived", f"the output projection ({type(o).__name__}) is not a plain linear map")
         delta = (y1 - y0)[0]
         changes += [(o.bias, o.bias.detach() + delta), (vb, _zero_rows(vb, vrows))]
+    # control: b_v alone zeroed must show, else invariance would be vacuous (a block the forward never runs)
+    control = inst.edit(changes[1::2])
+    if control <= SENSITIVE_TOL:
+        return None, Fact("v_fold", None, "probed", f"probe control: zeroing b_v moved the logits by only {control:.2g}; "
+                                                    "nothing is claimed")
     r = inst.edit(changes)
     ok = r < INVARIANT_TOL
     return ok, Fact("v_fold", ok, "probed", f"b_o += W_o b_v, b_v = 0 in every block: relative logit change {r:.3g}")
@@ -573,6 +620,17 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
                     gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
             except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
                 gf = GroupFacts(g, k, "unknown", (_failure(e),))
+        if gf.k_class == "invisible" and _TOWER.search(g):
+            try:
+                view = inst.tower(g)
+                gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
+                if gf2.k_class != "invisible" and view is not None:
+                    note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
+                                "a token-id forward never runs this vision-tower block; probed through the tower on "
+                                "random pixels")
+                    gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
+            except Exception as e:   # noqa: BLE001 - as above
+                gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
         if gf.k_class == "invisible":
             tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
                       "pass never runs",) if _TOWER.search(g) else ())

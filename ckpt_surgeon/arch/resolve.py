@@ -224,6 +224,10 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         fam = F.by_architectures(cfg.get("architectures"))
 
     where = config_source
+    if isinstance(cfg.get("text_config"), dict) and _get(cfg, F.CONFIG_KEYS["num_heads"]) is None:
+        # a multimodal checkpoint of a registry family (Gemma3ForConditionalGeneration): the language
+        # model's sizes live in text_config
+        cfg = {**cfg["text_config"], "model_type": model_type, "architectures": cfg.get("architectures")}
     n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     if n_kv is None and n_heads is not None:
