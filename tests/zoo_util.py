@@ -11,7 +11,8 @@ EXACT_RTOL = 1e-10
 
 
 def logits64(folder) -> "torch.Tensor":
-    """Logits (or the first output) of the checkpoint in ``folder``, float64, fixed inputs."""
+    """Logits (or the first output) of the checkpoint in ``folder``, float64, fixed inputs, flattened;
+    then the outputs of any vision tower on fixed pixels (see ``_towers``)."""
     import torch
     import transformers
 
@@ -24,7 +25,24 @@ def logits64(folder) -> "torch.Tensor":
     with quiet_transformers():
         model = klass.from_pretrained(folder, config=conf, dtype=torch.float64).eval()
     with torch.no_grad(), float64_softmax():
-        return first_output(model(**model_inputs(conf))).detach()
+        out = [first_output(model(**model_inputs(conf))).detach().reshape(-1)]
+        out += [first_output(mod(**inputs)).detach().reshape(-1) for mod, inputs in _towers(model)]
+    return torch.cat(out)
+
+
+def _towers(model) -> list:
+    """Vision towers a token-id forward never runs (arch.probe.tower_input), so that claims about
+    their blocks are judged too: their outputs on fixed pixels join the logits."""
+    from ckpt_surgeon.arch.derive import _TOWER, read_blocks
+    from ckpt_surgeon.arch.probe import tower_input
+    blocks, _ = read_blocks(model, model.config)
+    found = {}
+    for b in blocks:
+        if b.kind != "none" and _TOWER.search(b.group):
+            hit = tower_input(model, b.group)
+            if hit is not None:
+                found.setdefault(id(hit[0]), hit)
+    return list(found.values())
 
 
 def rel_change(a, b) -> float:

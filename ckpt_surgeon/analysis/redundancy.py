@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..arch.layouts import qkv_row_index
+from ..arch.layouts import GATE_LAYOUTS, query_row_index, qkv_row_index
 from ..arch.resolve import LayerTensors, LayoutSummary, ModelLayout
 from ..arch.rope import RopeGeometry, rope_geometry
 from ..errors import CkptError
@@ -635,7 +635,16 @@ def layer_vectors(ck, layout: ModelLayout, lt: LayerTensors) -> dict:
         name = getattr(lt, f"{role}_bias")
         if name:
             out[role] = _vec(ck, name)
+    if lt.q_bias and layout.q_gate and out["q"] is not None:
+        out["q"] = _query_part(layout, out["q"])
     return out
+
+
+def _query_part(layout: ModelLayout, rows: np.ndarray) -> np.ndarray | None:
+    """The query rows of a gated q projection (query + output gate); None while unknown."""
+    if layout.q_gate not in GATE_LAYOUTS:
+        return None
+    return rows[query_row_index(layout.q_gate, layout.num_heads, layout.head_dim)]
 
 
 def q_weight(ck, layout: ModelLayout, lt: LayerTensors) -> np.ndarray | None:
@@ -652,6 +661,8 @@ def q_weight(ck, layout: ModelLayout, lt: LayerTensors) -> np.ndarray | None:
     if not lt.q_weight:
         iq, _, _ = qkv_row_index(layout.fused_layout or "concat", layout.num_heads, layout.num_kv_heads, layout.head_dim)
         w = w[iq]
+    elif layout.q_gate:
+        w = _query_part(layout, w)
     return w
 
 

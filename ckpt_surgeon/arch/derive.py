@@ -37,7 +37,7 @@ from pathlib import Path
 from ..userdirs import user_cache
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 # Direct-child names of an attention module, per role (transformers 5 modeling files).
 _Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear")
@@ -53,6 +53,8 @@ _NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|ssm|retention|gla|
 _ATTN_CLASS = re.compile(r"Attention$")
 _CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
 _LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
+# towers of a multimodal model (the language model's heads are the layout's, see main_heads)
+_TOWER = re.compile(r"vision|visual|image|img|audio|speech|vq|patch", re.I)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Block:
     klass: str = ""          # module class name
     qk_norm: bool = False
     sinks: bool = False
+    q_gate: bool = False     # q projection has 2 x heads x head_dim rows: query + output gate (Qwen3-Next)
 
     def role(self, name: str) -> str | None:
         return dict(self.roles).get(name)
@@ -98,6 +101,7 @@ class GroupFacts:
     fused_layout: str | None = None
     v_foldable: bool | None = None
     facts: tuple = ()        # Fact records
+    q_gate: str | None = None   # gated q projection: which rows are the query (layouts.GATE_LAYOUTS) or "unknown"
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,11 @@ def config_object(cfg: dict):
             setattr(conf, attr, "eager")
         except Exception:   # noqa: BLE001 - some configs validate the setter; eager is only a preference
             pass
+    try:   # no key/value cache in our one-shot forwards: hybrid caches (Bamba, Kimi-Linear) refuse a
+        # mask over linear-attention layers ("`get_seq_length` can only be called on Attention layers")
+        conf.use_cache = False
+    except Exception:   # noqa: BLE001 - as above
+        pass
     if hasattr(conf, "attention_softmax_in_fp32"):
         conf.attention_softmax_in_fp32 = False     # GPT-BigCode: keep a float64 probe in float64
     return conf
@@ -247,20 +256,29 @@ def _int_attr(obj, names) -> int | None:
 
 
 def _heads(mod, conf, q_rows: int | None, k_rows: int | None, fused_rows: int | None) -> tuple:
-    """(H, kv, head_dim) from the attention module's own attributes and projection shapes."""
+    """(H, kv, head_dim) from the attention module's own attributes and projection shapes.
+
+    A separate q projection may have ``2 x H x head_dim`` rows when the module itself declares
+    ``head_dim``: the query and an output gate (modeling_qwen3_next ``Qwen3NextAttention``:
+    ``q_proj`` out = heads x head_dim x 2, split per head by ``torch.chunk``).  Which rows are
+    the query is left to the probe (:func:`ckpt_surgeon.arch.probe._gate_layout`)."""
     h = _int_attr(mod, ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attn_heads", "heads"))
-    h = h or _int_attr(conf, ("num_attention_heads",))
+    # transformers 5 attention modules read head counts from their own (sub-)config: a composite
+    # model's language model has them in text_config, not in the top-level config
+    h = h or _int_attr(getattr(mod, "config", None), ("num_attention_heads",)) or _int_attr(conf, ("num_attention_heads",))
     hd = _int_attr(mod, ("head_dim", "attention_head_size", "head_size", "d_head", "dim_head"))
     if not h:
         return ()
     if fused_rows is None:
+        declared = bool(hd)
         if not hd and q_rows and q_rows % h == 0:
             hd = q_rows // h
-        if not hd or q_rows != h * hd or not k_rows or k_rows % hd:
+        if not hd or q_rows not in (h * hd, 2 * h * hd if declared else None) or not k_rows or k_rows % hd:
             return ()
         return (h, k_rows // hd, hd)
     if not hd:
-        hd = _int_attr(conf, ("head_dim",)) or (_int_attr(conf, ("hidden_size",)) or 0) // h or None
+        own = getattr(mod, "config", None) or conf
+        hd = _int_attr(own, ("head_dim",)) or (_int_attr(own, ("hidden_size",)) or 0) // h or None
     if not hd or fused_rows % hd:
         return ()
     rest = fused_rows // hd - h
@@ -336,7 +354,8 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
         m = _LAYER.match(path)
         group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
         kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
-        blocks.append(Block(path, group, kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks))
+        q_gate = bool(q and hs and _out_rows(kids[q]) == 2 * hs[0] * hs[2])
+        blocks.append(Block(path, group, kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks, q_gate))
     # attention modules whose projections are not q/k/v (MLA: DeepSeek-V2/V3 keys come from a
     # low-rank latent, kv_a_proj_with_mqa / kv_b_proj, with a decoupled rope part): attention
     # all the same, with no key bias to analyse
@@ -465,7 +484,7 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
     blocks, notes = read_blocks(model, conf)
     pos, pos_how = static_position(model)
     attn = [b for b in blocks if b.kind != "none"]
-    heads = next((b.heads for b in attn if b.heads), ())
+    heads = main_heads(attn)
     facts = [Fact("model_class", type(model).__name__, "derived", "meta-device instance of the config's class"),
              Fact("position", pos, "derived", pos_how),
              Fact("attention_blocks", len(attn), "derived", "modules with q/k/v or fused qkv projections"),
@@ -495,6 +514,14 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
     if use_cache and probe:
         _cache_store(path, arch)
     return arch
+
+
+def main_heads(attn) -> tuple:
+    """(H, kv, head_dim) of the layout: the first attention block outside a vision / audio tower
+    (the language model, which the text-only probe runs), else the first with head counts."""
+    with_heads = [b for b in attn if b.heads]
+    text = [b for b in with_heads if not _TOWER.search(b.path)]
+    return (text or with_heads or [Block("", "", "none")])[0].heads
 
 
 def _groups(blocks) -> list[tuple[str, str]]:
@@ -573,9 +600,10 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
             expected += [f"{base}.weight", f"{base}.bias"]
     names = _align(expected, tensors)
     layers, notes, other = [], list(arch.notes), []
+    gated = next((b.q_gate for b in arch.blocks if b.kind != "none" and b.heads == heads), False)
     for i, b in enumerate(arch.blocks):
         d = {"layer": i, "block": b.path, "group": b.group, "kind": b.kind}
-        if b.kind != "none" and b.heads and b.heads != heads:
+        if b.kind != "none" and b.heads and (b.heads != heads or b.q_gate != gated):
             other.append(b.path)
         elif b.kind != "none":
             for role, rel in b.roles:
@@ -584,8 +612,13 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
                 d[f"{role}_bias"] = names.get(f"{base}.bias")
         layers.append(LayerTensors(**d))
     if other:
-        notes.append(f"{len(other)} attention block(s) have other head counts than {heads} and are not analysed: "
-                     + ", ".join(other[:3]))
+        notes.append(f"{len(other)} attention block(s) have other head counts than {heads} (or another q-gate "
+                     "layout) and are not analysed: " + ", ".join(other[:3]))
+    q_gate = None
+    if gated:   # one query-row layout for the model: the one the probe established, else "unknown"
+        seen = {g.q_gate for g in arch.groups if g.kind != "none" and any(b.group == g.group and b.q_gate
+                                                                          for b in arch.blocks)}
+        q_gate = seen.pop() if len(seen) == 1 and None not in seen else "unknown"
     partial = [g for g in arch.groups if g.k_class == "partial" and g.pass_dims]
     rotary_dim = partial[0].pass_dims[0] if partial else arch.rotary_dim
     if arch.position == "rope":
@@ -606,5 +639,6 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
         norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=fused,
         conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
-        notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch)
+        notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch,
+        q_gate=q_gate)
 

@@ -58,6 +58,24 @@ def concat_index(layout: str, n_heads: int, n_kv_heads: int, rows: int) -> np.nd
     return np.concatenate(qkv_row_index(layout, n_heads, n_kv_heads, head_dim))
 
 
+# A q projection that also carries an output gate (2 x heads x head_dim rows; the attention output
+# is multiplied by sigmoid(gate) before o_proj).  ``per_head`` ``[h, 2, d]``: per head the query,
+# then its gate: modeling_qwen3_next ``Qwen3NextAttention.forward``
+# ``q_proj(x).view(..., -1, head_dim * 2)`` then ``torch.chunk(.., 2, dim=-1)``.  ``halves``
+# ``[2, h, d]``: every query row, then every gate row.
+GATE_LAYOUTS = ("per_head", "halves")
+
+
+def query_row_index(gate_layout: str, n_heads: int, head_dim: int) -> np.ndarray:
+    """Rows of the query (head-major, ``n_heads*head_dim``) inside a gated q projection."""
+    h, d = n_heads, head_dim
+    if gate_layout == "per_head":
+        return np.arange(h * 2 * d).reshape(h, 2, d)[:, 0].reshape(-1)
+    if gate_layout == "halves":
+        return np.arange(h * d)
+    raise ValueError(f"unknown gated-query layout {gate_layout!r} (known: {', '.join(GATE_LAYOUTS)})")
+
+
 def fused_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
     return (n_heads + 2 * n_kv_heads) * head_dim
 

@@ -17,6 +17,12 @@ max|logits|`` compares a modified instance with the original:
   the logits exactly when i is a value row.  The layout (``concat`` / ``per_head`` /
   ``grouped``, :mod:`ckpt_surgeon.arch.layouts`) whose value rows are those rows is taken; any
   exact key claim made with it is then checked by the removal probe above.
+* **gated query** (a q projection of ``2 x heads x head_dim`` rows, query + output gate): with
+  the rows a candidate layout calls the query zeroed (weights and bias), q = 0 after any q-norm
+  and rotary, every logit is 0 and the attention is uniform, so perturbing ``W_k`` must leave the
+  logits invariant; zeroing gate rows instead leaves the keys visible.  The candidate
+  (:data:`~ckpt_surgeon.arch.layouts.GATE_LAYOUTS`) that passes, and only that one, is taken;
+  none or several: ``unknown`` (the analysis then reads no query vectors).
 * **value-bias fold**: ``b_o += W_o b_v`` (GQA-expanded, computed through the output module
   itself so its weight orientation does not matter) and ``b_v = 0`` in every block of the group
   must leave ``r < INVARIANT_TOL``.
@@ -32,29 +38,37 @@ import re
 
 import numpy as np
 
-from .derive import Block, Fact, GroupFacts, module_path, read_blocks
-from .layouts import LAYOUTS, qkv_row_index
+from .derive import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
+from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
 SEQ_LEN = 12
+MAX_TOWER_TOKENS = 1024          # image patches of a tower probe (float64 attention is quadratic in them)
 PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
-                         r"num_decoder_layers|num_encoder_layers)$")
+                         r"num_decoder_layers|num_encoder_layers|depth|num_blocks)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|"
-                        r"decoder_attention_heads)$")
+                        r"decoder_attention_heads|attention_heads)$")
 _KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_head_kv|multi_query_group_num)$")
-_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|emb_dim|lru_width)$")
 _FF_KEYS = re.compile(r"(intermediate_size|ffn_dim|^n_inner$|^d_ff$|ffn_hidden_size|intermediate_dim|^d_inner$|"
                       r"^hidden_dim$)")
 # MLA (DeepSeek-V2/V3) latent and per-part head sizes
 _MLA_KEYS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
              "index_head_dim": 16, "index_n_heads": 2}
-_SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim)$")
-_SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads)$")
+_SSM_HEAD_DIM = re.compile(r"^(mamba_d_head|mamba_head_dim|ssm_head_dim|mamba_headdim)$")
+_SSM_HEADS = re.compile(r"^(mamba_n_heads|mamba_num_heads|ssm_num_heads|n_mamba_heads)$")
 _SSM_STATE = re.compile(r"^(mamba_d_state|ssm_state_size|state_size|d_state)$")
+# linear-attention mixers (Qwen3-Next gated delta rule, Kimi-Linear, OLMo-hybrid): per-head sizes and head
+# counts of the linear part; value heads stay a multiple of key heads
+_LINEAR_DIM = re.compile(r"^(linear_key_head_dim|linear_value_head_dim|linear_head_dim)$")
+_LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads")
+# sub-configs of a composite model that hold the language model (shrunk like the top level, with
+# their own head counts); every other ``*_config`` (vision, audio, VQ ...) keeps at most 2 layers
+_TEXT_SUB = re.compile(r"^(text_config|llm_config|language_config|decoder_config|text_encoder_config)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts|moe_k|top_k|num_experts_per_token)$")
 
@@ -120,6 +134,26 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         out["head_dim"] = hd
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
+    new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    if heads and hidden and new_hidden != hidden:
+        expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
+            out["mamba_d_ssm"] = expand * new_hidden
+        if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
+            out["attention_hidden_size"] = max(1, cfg["attention_hidden_size"] * new_hidden // hidden)
+            if isinstance(cfg.get("attention_head_dim"), int):
+                out["attention_head_dim"] = out["attention_hidden_size"] // h2
+    if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
+        nk = cfg[_LINEAR_HEADS[0]]
+        out[_LINEAR_HEADS[0]] = min(nk, 2)
+        out[_LINEAR_HEADS[1]] = min(nk, 2) * max(1, min(cfg[_LINEAR_HEADS[1]] // max(nk, 1), 2))
+    for k, v in cfg.items():
+        if heads and _LINEAR_DIM.match(k) and isinstance(v, int):
+            out[k] = min(v, 16)
+        elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
+            text = bool(_TEXT_SUB.match(k))
+            out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
+                                   head_dim=head_dim, vocab=vocab, ff=ff)
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     n_vocab = out.get("vocab_size")
@@ -130,18 +164,30 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     return out
 
 
-def layers_needed(blocks) -> int:
-    """Enough layers that the first block of every group still exists."""
+def _has_layers_or_heads(d: dict) -> bool:
+    return any(_LAYER_KEYS.match(k) or _HEAD_KEYS.match(k) for k in d)
+
+
+def config_heads(cfg: dict) -> tuple:
+    """(H, kv) of a config dict (defaults: 4 heads, kv = H)."""
+    def first(rx):
+        return next((v for k, v in cfg.items() if rx.match(k) and isinstance(v, int) and not isinstance(v, bool)), None)
+    h = first(_HEAD_KEYS) or 4
+    return h, first(_KV_KEYS) or h
+
+
+def layers_needed(blocks, per_group: int = 1) -> int:
+    """Enough layers that the first ``per_group`` blocks of every group still exist."""
     from .derive import _LAYER
-    need = 1
-    firsts: dict = {}
+    idx: dict = {}
     for b in blocks:
         m = _LAYER.match(b.path)
         if m and b.kind != "none":
-            firsts[b.group] = min(firsts.get(b.group, 1 << 30), int(m.group(2)))
-    for i in firsts.values():
-        need = max(need, i + 1)
-    return max(need, 2)
+            idx.setdefault(b.group, set()).add(int(m.group(2)))
+    need = 2
+    for found in idx.values():
+        need = max(need, sorted(found)[:per_group][-1] + 1)
+    return need
 
 
 @contextlib.contextmanager
@@ -226,6 +272,31 @@ def first_output(out):
     return out[0] if t is None else t
 
 
+def tower_input(root, group: str):
+    """(module, inputs) that run the vision tower holding ``group`` (a module path, ``{L}`` for
+    the layer index) on seeded random float64 pixels, or None: the deepest module above the group
+    whose forward takes ``pixel_values`` and whose config gives ``image_size`` / ``num_channels`` /
+    ``patch_size``, at most ``MAX_TOWER_TOKENS`` patches."""
+    import inspect
+
+    import torch
+    parts = group.split(".{L}")[0].split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            mod = root.get_submodule(".".join(parts[:i]))
+        except AttributeError:
+            continue
+        c = getattr(mod, "config", None)
+        size, ch, patch = (getattr(c, k, None) for k in ("image_size", "num_channels", "patch_size"))
+        if not all(isinstance(x, int) and x > 0 for x in (size, ch, patch)):
+            continue
+        if "pixel_values" not in inspect.signature(mod.forward).parameters or (size // patch) ** 2 > MAX_TOWER_TOKENS:
+            continue
+        g = torch.Generator().manual_seed(3)
+        return mod, {"pixel_values": torch.randn((1, ch, size, size), generator=g, dtype=torch.float64)}
+    return None
+
+
 class _Instance:
     """A float64 random instance with a baseline forward pass and cheap trial edits."""
 
@@ -233,6 +304,7 @@ class _Instance:
         import torch
         self.torch = torch
         self.conf, self.model = random_instance(cfg, klass, seed=seed, max_params=PROBE_MAX_PARAMS)
+        self.root = self.model       # module paths are relative to it; ``model`` is what ``run`` calls
         conf = self.conf
         self.inputs = model_inputs(conf, seed)
         self.base = self.run()
@@ -247,20 +319,41 @@ class _Instance:
         return float((self.run() - self.base).abs().max()) / self.scale
 
     def module(self, b: Block, role: str):
-        return self.model.get_submodule(module_path(b.path, b.role(role)))
+        return self.root.get_submodule(module_path(b.path, b.role(role)))
 
-    def edit(self, changes) -> float:
-        """Apply ``[(tensor, new value)]``, measure ``rel``, restore."""
+    def tower(self, group: str) -> "_Instance | None":
+        """The same instance, run through the vision tower holding ``group`` on random pixels
+        (a token-id forward never runs it), or None (see :func:`tower_input`)."""
+        found = tower_input(self.root, group)
+        if found is None:
+            return None
+        view = object.__new__(_Instance)
+        view.torch, view.root = self.torch, self.root
+        view.model, view.inputs = found
+        view.conf = getattr(view.model, "config", None)
+        view.base = view.run()
+        view.scale = float(view.base.abs().max()) or 1.0
+        return view
+
+
+    @contextlib.contextmanager
+    def patched(self, changes):
+        """Inside: ``[(tensor, new value)]`` applied; restored on exit."""
         saved = [(t, t.detach().clone()) for t, _ in changes]
         try:
             with self.torch.no_grad():
                 for t, v in changes:
                     t.copy_(v)
-            return self.rel()
+            yield
         finally:
             with self.torch.no_grad():
                 for t, v in saved:
                     t.copy_(v)
+
+    def edit(self, changes) -> float:
+        """Apply ``[(tensor, new value)]``, measure ``rel``, restore."""
+        with self.patched(changes):
+            return self.rel()
 
 
 def _zero_rows(t, rows):
@@ -308,6 +401,43 @@ def _fused_layout(inst: _Instance, b: Block) -> tuple[str | None, str]:
     return first[0], f"value rows probed ({len(v_rows)} rows) fit the {first[0]!r} layout"
 
 
+def _shaken(inst: _Instance, w, rows, conv: bool, gen):
+    """``W_k`` with N(0, 1/fan_in) added to ``rows``: with transformers' small init the attention is
+    nearly uniform and scaling W_k barely shows; a unit-scale perturbation of the keys does."""
+    v = w.detach().clone()
+    noise = inst.torch.randn(v.shape, generator=gen, dtype=v.dtype) / (v.shape[0] if conv else v.shape[1]) ** 0.5
+    if conv:
+        v[:, list(rows)] += noise[:, list(rows)]
+    else:
+        v[list(rows)] += noise[list(rows)]
+    return v
+
+
+def _gate_layout(inst: _Instance, b: Block) -> tuple[str | None, str]:
+    """Which rows of a gated q projection are the query (see the module docstring)."""
+    h, kv, d = b.heads
+    q, k = inst.module(b, "q"), inst.module(b, "k")
+    shake = [(k.weight, _shaken(inst, k.weight, range(kv * d), False, inst.torch.Generator().manual_seed(11)))]
+    control = inst.edit(shake)
+    if control <= SENSITIVE_TOL:
+        return None, f"probe control: perturbing W_k moved the logits by only {control:.2g}; the query rows are unknown"
+    passed, seen = [], []
+    for layout in GATE_LAYOUTS:
+        rows = query_row_index(layout, h, d)
+        zero = [(t, _zero_rows(t, rows)) for t in (q.weight, q.bias) if t is not None]
+        with inst.patched(zero):
+            ref = inst.run()
+            with inst.patched(shake):
+                r = float((inst.run() - ref).abs().max()) / inst.scale
+        seen.append(f"{layout}: {r:.2g}")
+        if r < INVARIANT_TOL:
+            passed.append(layout)
+    if len(passed) != 1 and not (len(passed) == 2 and h == 1):     # one head: both layouts are the same rows
+        return None, f"no single layout zeroes the whole query (W_k perturbation with those rows zeroed: {', '.join(seen)})"
+    return passed[0], (f"with the {passed[0]!r} query rows zeroed the logits ignore W_k ({', '.join(seen)}; control "
+                       f"{control:.2g}): those rows are the query, the others the output gate")
+
+
 def _k_rows(b: Block, layout: str | None):
     h, kv, d = b.heads
     if b.role("k"):
@@ -335,18 +465,7 @@ def _probe_k(inst, blocks, layout, pos, head_dim_kept) -> tuple[str, tuple, tupl
     conv = b0.conv1d
 
     gen = inst.torch.Generator().manual_seed(7)
-
-    def shaken(w, r):
-        # W_k += N(0, 1/fan_in): with transformers' small init the attention is nearly uniform and
-        # scaling W_k barely shows; a unit-scale perturbation of the keys does
-        v = w.detach().clone()
-        noise = inst.torch.randn(v.shape, generator=gen, dtype=v.dtype) / (v.shape[0] if conv else v.shape[1]) ** 0.5
-        if conv:
-            v[:, list(r)] += noise[:, list(r)]
-        else:
-            v[list(r)] += noise[list(r)]
-        return v
-    control = inst.edit([(w, shaken(w, r)) for w, r in zip(weights, rows)])
+    control = inst.edit([(w, _shaken(inst, w, r, conv, gen)) for w, r in zip(weights, rows)])
     if control <= SENSITIVE_TOL:
         return "invisible", (f"probe control: perturbing W_k moved the logits by only {control:.2g}; the probe cannot "
                              "see this attention, so nothing is claimed",), (), ()
@@ -409,6 +528,11 @@ def _probe_v(inst, blocks, layout) -> tuple[bool | None, Fact | None]:
             return None, Fact("v_fold", None, "derived", f"the output projection ({type(o).__name__}) is not a plain linear map")
         delta = (y1 - y0)[0]
         changes += [(o.bias, o.bias.detach() + delta), (vb, _zero_rows(vb, vrows))]
+    # control: b_v alone zeroed must show, else invariance would be vacuous (a block the forward never runs)
+    control = inst.edit(changes[1::2])
+    if control <= SENSITIVE_TOL:
+        return None, Fact("v_fold", None, "probed", f"probe control: zeroing b_v moved the logits by only {control:.2g}; "
+                                                    "nothing is claimed")
     r = inst.edit(changes)
     ok = r < INVARIANT_TOL
     return ok, Fact("v_fold", ok, "probed", f"b_o += W_o b_v, b_v = 0 in every block: relative logit change {r:.3g}")
@@ -418,15 +542,19 @@ def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> Group
     members = [b for b in pblocks if b.group == g and b.heads]
     if not members:
         return GroupFacts(g, k, "unknown", ("the shrunken probe instance has no block of this group",))
-    facts, layout = [], None
+    facts, layout, gate = [], None, None
     if members[0].role("qkv"):
         layout, how = _fused_layout(inst, members[0])
         facts.append(Fact("fused_layout", layout, "probed", how))
+    if members[0].q_gate:
+        gate, how = _gate_layout(inst, members[0])
+        facts.append(Fact("q_gate_layout", gate, "probed", how))
+        gate = gate or "unknown"
     kept = members[0].heads[2] == heads[2]
     cls, reasons, pass_dims, kf = _probe_k(inst, members, layout, pos, kept)
     vf, vfact = _probe_v(inst, members, layout)
     facts += list(kf) + ([vfact] if vfact else [])
-    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts))
+    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts), gate)
 
 
 def _seq2seq_class(model_type: str, klass):
@@ -458,7 +586,11 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
     if not heads:
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
     inst = err = used = None
-    for small in shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096):
+    # a model sharing one block's weights with a later one (Zamba) needs two blocks of the group
+    cands = shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096)
+    cands += [c for c in shrink_candidates(cfg, layers=layers_needed(blocks, 2), heads=heads[:2], vocab=4096)[:1]
+              if c not in cands]
+    for small in cands:
         try:
             inst = _Instance(small, klass)
             pblocks, _ = read_blocks(inst.model, inst.conf)
@@ -488,8 +620,21 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
                     gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
             except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
                 gf = GroupFacts(g, k, "unknown", (_failure(e),))
+        if gf.k_class == "invisible" and _TOWER.search(g):
+            try:
+                view = inst.tower(g)
+                gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
+                if gf2.k_class != "invisible" and view is not None:
+                    note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
+                                "a token-id forward never runs this vision-tower block; probed through the tower on "
+                                "random pixels")
+                    gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
+            except Exception as e:   # noqa: BLE001 - as above
+                gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
         if gf.k_class == "invisible":
-            gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown"})
+            tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
+                      "pass never runs",) if _TOWER.search(g) else ())
+            gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown", "reasons": tower + tuple(gf.reasons)})
         out.append(gf)
     return tuple(out)
 

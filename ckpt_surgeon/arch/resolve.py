@@ -101,6 +101,8 @@ class ModelLayout(LayoutSummary):
     norm_weight_offset: float = 0.0  # effective gamma = stored weight + offset (Gemma HF files)
     buffers: tuple = ()             # tensors that are saved buffers, not parameters (registry ``buffers``)
     derived: object | None = None   # arch.derive.DerivedArch when the registry has no family
+    q_gate: str | None = None       # q projection = query + output gate (2 x heads x head_dim rows): which rows
+    #                                 are the query (layouts.GATE_LAYOUTS), "unknown" if not established
 
     def facts(self) -> list[dict]:
         """Every fact the analysis uses and how it was established (registry | derived | probed)."""
@@ -122,7 +124,8 @@ class ModelLayout(LayoutSummary):
         return {"model_class": d.model_class, "transformers_version": d.transformers_version, "cached": d.cached,
                 "seconds": d.seconds,
                 "groups": [{"group": g.group, "kind": g.kind, "k_class": g.k_class, "fused_layout": g.fused_layout,
-                            "v_foldable": g.v_foldable, "reasons": list(g.reasons)} for g in d.groups],
+                            "v_foldable": g.v_foldable, "q_gate": g.q_gate, "reasons": list(g.reasons)}
+                           for g in d.groups],
                 "blocks": [{"layer": lt.layer, "block": lt.block, "kind": lt.kind,
                             "k_class": groups[lt.group].k_class if lt.group in groups else None}
                            for lt in self.layers]}
@@ -205,18 +208,27 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         fam = F.by_gguf_arch(gguf_arch)
         arch_name = gguf_arch or "unknown"
     else:
-        fam = F.by_model_type(model_type) or F.by_architectures(cfg.get("architectures"))
+        fam = F.by_model_type(model_type)
         arch_name = model_type or (cfg.get("architectures") or ["unknown"])[0]
 
     if fam is None and naming == "hf" and model_type:
-        # the one seam to arch/derive.py: transformers' own module tree + float64 probes
+        # the one seam to arch/derive.py: transformers' own module tree + float64 probes.  A
+        # model_type transformers implements is authoritative: the class-name prefix fallback
+        # below would take Qwen3NextForCausalLM for qwen3 and Qwen2MoeForCausalLM for qwen2
         from .derive import derived_layout
         derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name)
         if derived is not None:
             check_shapes(derived, tensors)
             return derived
+    if fam is None and naming == "hf":
+        # no model_type, or one transformers does not implement (remote code): the class name
+        fam = F.by_architectures(cfg.get("architectures"))
 
     where = config_source
+    if isinstance(cfg.get("text_config"), dict) and _get(cfg, F.CONFIG_KEYS["num_heads"]) is None:
+        # a multimodal checkpoint of a registry family (Gemma3ForConditionalGeneration): the language
+        # model's sizes live in text_config
+        cfg = {**cfg["text_config"], "model_type": model_type, "architectures": cfg.get("architectures")}
     n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     if n_kv is None and n_heads is not None:
@@ -391,7 +403,7 @@ def expected_rows(layout: ModelLayout) -> dict:
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
     if not (h and kv and d):
         return {}
-    return {"q": h * d, "k": kv * d, "v": kv * d, "qkv": (h + 2 * kv) * d}
+    return {"q": (2 if layout.q_gate else 1) * h * d, "k": kv * d, "v": kv * d, "qkv": (h + 2 * kv) * d}
 
 
 def check_shapes(layout: ModelLayout, tensors: dict) -> None:
@@ -410,7 +422,8 @@ def check_shapes(layout: ModelLayout, tensors: dict) -> None:
                 axis = -1 if (layout.conv1d and kind == "weight") else 0
                 got = shape[axis] if shape else None
                 if got != rows[role]:
-                    what = {"q": f"{layout.num_heads} heads", "k": f"{layout.num_kv_heads} kv heads",
+                    what = {"q": f"{layout.num_heads} heads" + (" x 2 (query + gate)" if layout.q_gate else ""),
+                            "k": f"{layout.num_kv_heads} kv heads",
                             "v": f"{layout.num_kv_heads} kv heads",
                             "qkv": f"{layout.num_heads} heads + 2 x {layout.num_kv_heads} kv heads"}[role]
                     raise ConfigError(
@@ -427,7 +440,7 @@ def _check_widths(layout: ModelLayout, lt: LayerTensors, tensors: dict, rows: di
     hidden, conv = layout.hidden_size, layout.conv1d
     checks = [(getattr(lt, f"{r}_weight"), 0 if conv else 1, hidden, "hidden_size") for r in ("q", "k", "v", "qkv")]
     checks += [(lt.o_weight, 1 if conv else 0, hidden, "hidden_size"),
-               (lt.o_weight, 0 if conv else 1, rows["q"], "heads x head_dim")]
+               (lt.o_weight, 0 if conv else 1, layout.num_heads * layout.head_dim, "heads x head_dim")]
     for name, axis, want, what in checks:
         shape = tensors[name].shape if name is not None else ()
         if len(shape) == 2 and shape[axis] != want:
