@@ -64,19 +64,33 @@ def _download_vocabs(dest: Path) -> None:
                     f"(rc {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
     out = dest / "models"
     out.mkdir()
+    (dest / "src").mkdir()
     with tarfile.open(sdists[0]) as tf:
         for m in tf.getmembers():
             name = m.name.rsplit("/", 1)[-1]
             if m.isfile() and "/vendor/llama.cpp/models/" in m.name and name.startswith("ggml-vocab-"):
                 (out / name).write_bytes(tf.extractfile(m).read())
+            elif m.isfile() and m.name.endswith("/vendor/llama.cpp/src/llama-vocab.cpp"):
+                # llama.cpp's pre-tokenizer table, which test_tokenizer_table.py holds ours to
+                (dest / "src" / name).write_bytes(tf.extractfile(m).read())
     sdists[0].unlink()
+
+
+def _llamacpp_files() -> Path:
+    version = importlib.metadata.version("llama-cpp-python")
+    final = fixture_base() / "llamacpp-vocab" / f"llama-cpp-python-{version}-vocab-src"
+    return tiny_cache.cached_build(final, _download_vocabs)
 
 
 @pytest.fixture(scope="session")
 def vocab_dir() -> Path:
-    version = importlib.metadata.version("llama-cpp-python")
-    final = fixture_base() / "llamacpp-vocab" / f"llama-cpp-python-{version}"
-    return tiny_cache.cached_build(final, _download_vocabs) / "models"
+    return _llamacpp_files() / "models"
+
+
+@pytest.fixture(scope="session")
+def llama_vocab_cpp() -> Path:
+    """src/llama-vocab.cpp of the llama.cpp inside the installed llama-cpp-python."""
+    return _llamacpp_files() / "src" / "llama-vocab.cpp"
 
 
 def read_vectors(gguf: Path) -> dict[str, list[int]]:
