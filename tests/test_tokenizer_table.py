@@ -173,7 +173,8 @@ def test_table_check_sees_a_change(llama_vocab_cpp):
 
 # Texts beyond llama.cpp's own test inputs, aimed at the regex families of the table: digit
 # grouping, Han / kana / hangul runs, cased words, combining marks, capital contractions,
-# chameleon's image and sentinel tokens, whitespace runs, non-ASCII spaces.
+# chameleon's image and sentinel tokens, whitespace runs, non-ASCII spaces, code points without
+# a Unicode category.
 EXTRA_TEXTS = (
     "1234567 and 12345678 and 123abc4567 and ٣٤٥٦٧ and 1,000,000.50",
     "ÖL ÄÖü Straße ſtop it'S it'Ll WE'RE HELLO World mIxEd CamelCase",
@@ -183,6 +184,7 @@ EXTRA_TEXTS = (
     "e\u0301te\u0301 नमस्ते สวัสดี ব্যাকরণ",
     "path/to/file.py: x+=1; y=$z^2 | a~b `code` <tag> @user #hash",
     "a" * 40 + " " + "9" * 20 + " " + "\n" * 5 + "!" * 7,
+    "it'\u017f ok x \u0378\u0378 y \u0378! a\U000E0001b helloWorld",   # long s, unassigned, tag char
 )
 
 # name -> texts on which llama.cpp and the rebuilt tokenizer are known to differ (each listed in
@@ -257,7 +259,27 @@ json.dump(out, sys.stdout)
 """
 
 
-def _texts(vocab_dir: Path) -> list[str]:
+class LlamaCppRun:
+    """llama.cpp tokenizing ``texts`` with each of ``files`` in a child process (started at once,
+    so the caller's own work overlaps it).  ``result()``: name -> {"plain": ids per text without
+    special tokens, "special": ids of texts[0] with them}, None where llama.cpp refused the file."""
+
+    def __init__(self, files: dict[str, Path], texts: list[str], log: Path):
+        self.log = log
+        with open(log, "w") as err:    # a file: llama.cpp's chatter must not fill a pipe nobody reads yet
+            self.child = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=err, text=True)
+        self.child.stdin.write(json.dumps({"files": {n: str(f) for n, f in files.items()}, "texts": texts}))
+        self.child.stdin.close()
+
+    def result(self) -> dict:
+        out = self.child.stdout.read()
+        assert self.child.wait() == 0, f"llama.cpp failed: {self.log.read_text(errors='replace')[-2000:]}"
+        return json.loads(out)
+
+
+def all_test_texts(vocab_dir: Path) -> list[str]:
+    """Every text of every shipped .gguf.inp, plus EXTRA_TEXTS."""
     texts = set(EXTRA_TEXTS)
     for inp in vocab_dir.glob("*.gguf.inp"):
         texts.update(inp.read_text(encoding="utf-8").split(SEP))
@@ -272,7 +294,7 @@ def _base_file(p) -> tuple[str, dict[str, str]]:
 
 
 def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
-    texts = _texts(vocab_dir)
+    texts = all_test_texts(vocab_dir)
     assert len(texts) > 50
     tmp = tmp_path_factory.mktemp("pre-names")
     bases = {b: (vocab_dir / f"ggml-vocab-{b}.gguf").read_bytes() for b in ("gpt-2", "gemma-4")}
@@ -281,12 +303,7 @@ def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
         base, values = _base_file(p)
         files[p.name] = tmp / f"{p.name}.gguf"
         files[p.name].write_bytes(with_strings(bases[base], values))
-    log = tmp / "llama-cpp.log"          # a file: llama.cpp's chatter must not fill a pipe nobody reads yet
-    with open(log, "w") as err:
-        child = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=err, text=True)
-    child.stdin.write(json.dumps({"files": {n: str(f) for n, f in files.items()}, "texts": texts}))
-    child.stdin.close()
+    child = LlamaCppRun(files, texts, tmp / "llama-cpp.log")
 
     # Ours, while llama.cpp runs: each base file read once, the name set in its vocabulary as
     # in the rewritten file.  Names whose table rows are equal but for the name rebuild the
@@ -305,9 +322,7 @@ def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
             tok = Tokenizer.from_str(rebuilt.tokenizer_json)
             built[row] = ([tok.encode(t, add_special_tokens=False).ids for t in texts], tok.encode(texts[0]).ids)
         ours[p.name] = built[row]
-    out = child.stdout.read()
-    assert child.wait() == 0, f"llama.cpp failed: {log.read_text(errors='replace')[-2000:]}"
-    theirs = json.loads(out)
+    theirs = child.result()
 
     report, differ = {}, {}
     for p in PRE_TOKENIZERS:

@@ -359,6 +359,8 @@ class GGUFVocab:
     add_space_prefix: bool | None = None
     chat_template: str | None = None
     lowercase: bool | None = None                # tokenizer.ggml.normalizer.lowercase (bert)
+    remove_extra_whitespaces: bool | None = None  # t5 (UGM)
+    precompiled_charsmap: bytes | None = None     # t5 (UGM): SentencePiece's normalisation table
 
     def key_values(self) -> list[tuple[str, object, str]]:
         """(key, value, kind) with kind one of str | u32 | bool | str[] | i32[] | f32[]."""
@@ -455,7 +457,23 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
         merges=tuple(merges) if merges is not None else None,
         special_ids=specials, add_bos=flag("tokenizer.ggml.add_bos_token"), add_eos=flag("tokenizer.ggml.add_eos_token"),
         add_space_prefix=flag("tokenizer.ggml.add_space_prefix"), chat_template=text("tokenizer.chat_template"),
-        lowercase=flag("tokenizer.ggml.normalizer.lowercase"))
+        lowercase=flag("tokenizer.ggml.normalizer.lowercase"),
+        remove_extra_whitespaces=flag("tokenizer.ggml.remove_extra_whitespaces"),
+        precompiled_charsmap=_charsmap(meta, path))
+
+
+def _charsmap(meta: dict, path: str | None) -> bytes | None:
+    """``tokenizer.ggml.precompiled_charsmap``: a GGUF u8 / i8 array, as bytes."""
+    key = "tokenizer.ggml.precompiled_charsmap"
+    v = meta.get(key)
+    if isinstance(v, bytes):
+        return v
+    items = _array(meta, key, int, path)
+    if items is None:
+        return None
+    if any(not -128 <= b <= 255 for b in items):
+        raise FormatError(f"{key} holds a value outside a byte's range", path=path)
+    return bytes(b & 0xFF for b in items)
 
 
 # --- HF -> GGUF ---------------------------------------------------------------------------
@@ -815,6 +833,46 @@ def _wordpiece(v: GGUFVocab, tokens: list[str], types: list[int]):
     return tok
 
 
+def _unigram(v: GGUFVocab, tokens: list[str]):
+    """``t5`` vocabularies (llama.cpp ``llm_tokenizer_ugm``, SentencePiece's unigram model).
+
+    The same Viterbi search over the token scores (unknown code points scored ``min - 10`` and
+    runs of them fused into one unknown token, as SentencePiece and tokenizers' ``Unigram`` both
+    do) after the same normalisation: SentencePiece's precompiled charsmap when the file has one,
+    then with ``remove_extra_whitespaces`` spaces trimmed and collapsed and one put before the
+    text, else one put before it with ``add_space_prefix`` (off by default for UGM) unless the text
+    is blank, and every space spelled ``▁``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers
+
+    scores = v.scores if v.scores is not None else (0.0,) * len(tokens)
+    unk = v.special_ids.get("unk", 2)            # llama.cpp's default for t5
+    tok = Tokenizer(models.Unigram([(t, float(s)) for t, s in zip(tokens, scores)],
+                                   unk_id=unk if unk < len(tokens) else None, byte_fallback=False))
+    norms = []
+    if v.precompiled_charsmap:
+        charsmap = normalizers.Precompiled(v.precompiled_charsmap)
+        # tokenizers' Precompiled looks a whole grapheme cluster up and takes the entry of its
+        # first character: "\r\n" becomes one space where SentencePiece and llama.cpp, matching
+        # code point by code point, make two.  Mapping "\r" first splits that cluster.
+        cr = charsmap.normalize_str("\r")
+        if cr != "\r":
+            norms.append(normalizers.Replace("\r", cr))
+        norms.append(charsmap)
+    prefix = bool(v.remove_extra_whitespaces) or bool(v.add_space_prefix)
+    if v.remove_extra_whitespaces:
+        # only " " counts as a space here, as in llama.cpp (after the charsmap mapped the others)
+        norms += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex(r"\A | \z"), "")]
+    if prefix:
+        # llama.cpp puts the space before the first non-space character: none in a blank text
+        norms.append(normalizers.Replace(Regex(r"\A(?= *[^ ])"), " "))
+    norms.append(normalizers.Replace(" ", "▁"))
+    tok.normalizer = normalizers.Sequence(norms)
+    decs = [decoders.Replace("▁", " ")] + ([decoders.Strip(" ", 1, 0)] if prefix else [])
+    tok.decoder = decoders.Sequence(decs)
+    return tok
+
+
 @dataclass(frozen=True)
 class HFTokenizerFiles:
     """The text of the files written into the HF folder."""
@@ -885,9 +943,12 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
         tok.decoder = decoders.Sequence(decs)
     elif v.model == "bert":
         tok = _wordpiece(v, tokens, types)
+    elif v.model == "t5":
+        tok = _unigram(v, tokens)
     else:
         raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE), 'llama' "
-                               "(SentencePiece BPE), 'gemma4' / 'whitespace' (raw UTF-8 BPE) and 'bert' (WordPiece) vocabularies are rebuilt", path=path)
+                               "(SentencePiece BPE), 'gemma4' / 'whitespace' (raw UTF-8 BPE), 'bert' (WordPiece) and 't5' (unigram) "
+                               "vocabularies are rebuilt", path=path)
 
     specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
@@ -905,7 +966,7 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
                                                                or (pre is not None and pre.add_bos))
     if pre is not None and pre.type == "GEMMA4":
         add_bos = True
-    add_eos = bool(v.add_eos)
+    add_eos = bool(v.add_eos) if v.add_eos is not None else v.model == "t5"   # llama.cpp: UGM adds EOS
     single, pair, sp = "$A", "$A $B", []
     if add_bos and bos is not None:
         single, pair = f"{bos} {single}", f"{bos} $A {bos} $B"
