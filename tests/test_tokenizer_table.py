@@ -187,6 +187,10 @@ EXTRA_TEXTS = (
     "it'\u017f ok x \u0378\u0378 y \u0378! a\U000E0001b helloWorld",   # long s, unassigned, tag char
 )
 
+# Texts with control-token text in them (gpt-2's, gemma-4's and T5's), tokenized with llama.cpp's
+# parse_special: the token, not its spelling.
+SPECIAL_TEXTS = ("Hi<|endoftext|>there <|endoftext|>\n", "<bos>x<eos> <start_of_turn>user\n", "x</s>y <pad>")
+
 # name -> texts on which llama.cpp and the rebuilt tokenizer are known to differ (each listed in
 # docs/tokenizers.md with the reason); every other name must match on every text.
 KNOWN_DIFFERENCES: dict[str, int] = {}
@@ -236,12 +240,13 @@ _LLAMA_CPP_CHILD = r"""
 import json, sys
 import llama_cpp
 llama_cpp.llama_backend_init()
+SPECIAL_TEXTS = %r
 jobs = json.load(sys.stdin)
 out = {}
-def tokenize(vocab, text, add_special):
+def tokenize(vocab, text, add_special, parse_special=False):
     b = text.encode()
     buf = (llama_cpp.llama_token * (len(b) + 8))()
-    n = llama_cpp.llama_tokenize(vocab, b, len(b), buf, len(buf), add_special, False)
+    n = llama_cpp.llama_tokenize(vocab, b, len(b), buf, len(buf), add_special, parse_special)
     assert n >= 0, (text, n)
     return list(buf[:n])
 for name, path in jobs["files"].items():
@@ -253,7 +258,8 @@ for name, path in jobs["files"].items():
         continue
     vocab = llama_cpp.llama_model_get_vocab(model)
     out[name] = {"plain": [tokenize(vocab, t, False) for t in jobs["texts"]],
-                 "special": tokenize(vocab, jobs["texts"][0], True)}
+                 "special": tokenize(vocab, jobs["texts"][0], True),
+                 "parsed": [tokenize(vocab, t, False, True) for t in SPECIAL_TEXTS]}
     llama_cpp.llama_model_free(model)
 json.dump(out, sys.stdout)
 """
@@ -262,12 +268,13 @@ json.dump(out, sys.stdout)
 class LlamaCppRun:
     """llama.cpp tokenizing ``texts`` with each of ``files`` in a child process (started at once,
     so the caller's own work overlaps it).  ``result()``: name -> {"plain": ids per text without
-    special tokens, "special": ids of texts[0] with them}, None where llama.cpp refused the file."""
+    special tokens, "special": ids of texts[0] with them, "parsed": ids of SPECIAL_TEXTS with
+    special-token text read as those tokens}, None where llama.cpp refused the file."""
 
     def __init__(self, files: dict[str, Path], texts: list[str], log: Path):
         self.log = log
         with open(log, "w") as err:    # a file: llama.cpp's chatter must not fill a pipe nobody reads yet
-            self.child = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD], stdin=subprocess.PIPE,
+            self.child = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD % (SPECIAL_TEXTS,)], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=err, text=True)
         self.child.stdin.write(json.dumps({"files": {n: str(f) for n, f in files.items()}, "texts": texts}))
         self.child.stdin.close()
@@ -309,8 +316,8 @@ def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
     # in the rewritten file.  Names whose table rows are equal but for the name rebuild the
     # same tokenizer (the name is only looked up), so each distinct row is built once.
     vocabs = {b: vocab_from_metadata(read_header(vocab_dir / f"ggml-vocab-{b}.gguf").metadata) for b in bases}
-    ours: dict[str, tuple[list[list[int]], list[int]]] = {}
-    built: dict[PreTokenizer, tuple[list[list[int]], list[int]]] = {}
+    ours: dict[str, tuple] = {}
+    built: dict[PreTokenizer, tuple] = {}
     for p in PRE_TOKENIZERS:
         row = dataclasses.replace(p, name="")
         if row not in built:
@@ -320,19 +327,22 @@ def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
             rebuilt = hf_tokenizer_files(vocab, path=str(files[p.name]))
             assert rebuilt.warnings == (), (p.name, rebuilt.warnings)
             tok = Tokenizer.from_str(rebuilt.tokenizer_json)
-            built[row] = ([tok.encode(t, add_special_tokens=False).ids for t in texts], tok.encode(texts[0]).ids)
+            built[row] = ([tok.encode(t, add_special_tokens=False).ids for t in texts], tok.encode(texts[0]).ids,
+                          [tok.encode(t, add_special_tokens=False).ids for t in SPECIAL_TEXTS])
         ours[p.name] = built[row]
     theirs = child.result()
 
     report, differ = {}, {}
     for p in PRE_TOKENIZERS:
         assert theirs[p.name] is not None, f"llama.cpp did not load {files[p.name]}"
-        plain, special = ours[p.name]
+        plain, special, parsed = ours[p.name]
         bad = [t for t, a, b in zip(texts, theirs[p.name]["plain"], plain) if a != b]
         report[p.name] = len(texts) - len(bad)
         if bad:
             differ[p.name] = [t[:40] for t in bad]
         # with add_special: BOS where llama.cpp adds one (add_bos defaults per name)
         assert theirs[p.name]["special"] == special, (p.name, theirs[p.name]["special"][:3], special[:3])
+        # control-token text read as the token (llama.cpp parse_special; tokenizers' added tokens)
+        assert theirs[p.name]["parsed"] == parsed, p.name
     expected = {p.name: len(texts) - KNOWN_DIFFERENCES.get(p.name, 0) for p in PRE_TOKENIZERS}
     assert report == expected, f"texts that differ from llama.cpp: {differ}"
