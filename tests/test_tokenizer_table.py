@@ -26,7 +26,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from ckpt_surgeon.conversion.tokenizer import (PRE_TOKENIZERS, PRE_TYPE_REGEXES, PreTokenizer,
-                                               hf_tokenizer_files, vocab_from_metadata)
+                                               hf_tokenizer_files, pre_by_name, pre_name_for,
+                                               vocab_from_metadata)
 from ckpt_surgeon.formats.gguf import read_header
 from test_tokenizer_vectors import SEP, llama_vocab_cpp, vocab_dir  # noqa: F401 - session fixtures
 
@@ -346,3 +347,35 @@ def test_every_pre_name_tokenizes_like_llama_cpp(vocab_dir, tmp_path_factory):
         assert theirs[p.name]["parsed"] == parsed, p.name
     expected = {p.name: len(texts) - KNOWN_DIFFERENCES.get(p.name, 0) for p in PRE_TOKENIZERS}
     assert report == expected, f"texts that differ from llama.cpp: {differ}"
+
+
+# --- HF -> GGUF: the name a tokenizer.json pre-tokenizer gets --------------------------------
+
+def test_every_rebuilt_pre_tokenizer_maps_back_to_a_name_that_splits_alike():
+    for p in PRE_TOKENIZERS:
+        if not p.byte_encode:
+            continue          # raw UTF-8 types: their tokenizer.json is refused HF -> GGUF
+        name = pre_name_for(p.pre_tokenizer, ignore_merges=p.ignore_merges)
+        back = pre_by_name(name)
+        assert (back.regexes, back.ignore_merges) == (p.regexes, p.ignore_merges), (p.name, name)
+
+
+def test_tokenizer_json_originals_are_recognised():
+    """The spellings models ship (tokenizer.json's case-insensitive contractions, GPT-2's
+    ByteLevel regex, SmolLM's Digits) get the names convert_hf_to_gguf.py gives them."""
+    def split(regex):
+        return {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    contractions = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+    llama3 = contractions + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    qwen2 = llama3.replace(r"\p{N}{1,3}", r"\p{N}")
+    assert pre_name_for(split(llama3), ignore_merges=True) == "llama-bpe"
+    assert pre_name_for(split(llama3), ignore_merges=False) == "dbrx"       # same split, no ignore_merges
+    assert pre_name_for(split(qwen2), ignore_merges=False) == "qwen2"
+    assert pre_name_for({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                         "use_regex": True}) == "gpt-2"
+    assert pre_name_for({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}) == "smollm"
+    assert pre_name_for(split(r"\p{L}+")) is None

@@ -1,7 +1,8 @@
 """GGUF -> HF for ``tokenizer.ggml.model`` = ``t5`` (UGM, SentencePiece unigram) against llama.cpp.
 
 llama.cpp ships no UGM test vocabulary, so one is made here: a SentencePiece unigram model is
-trained (the sentencepiece library, on llama.cpp's test texts and this README) and written as a
+trained (the sentencepiece library, on llama.cpp's test texts and the words of its GPT-2 test
+vocabulary, both fixed by the llama-cpp-python version, so the models are too) and written as a
 vocab-only GGUF with exactly the keys ``convert_hf_to_gguf.py``'s T5 model writes (t5.py
 ``set_vocab``: tokens, scores, types from the SentencePiece model, ``add_space_prefix`` =
 ``add_dummy_prefix``, ``remove_extra_whitespaces``, the precompiled charsmap, special ids).  The
@@ -18,12 +19,10 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Tokenizer
 
-from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
+from ckpt_surgeon.conversion.tokenizer import _bytes_to_unicode, hf_tokenizer_files, vocab_from_metadata
 from ckpt_surgeon.formats.gguf import read_header
 from test_tokenizer_table import SPECIAL_TEXTS, LlamaCppRun, all_test_texts
 from test_tokenizer_vectors import vocab_dir  # noqa: F401 - session fixture
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 # (normalization rule, remove_extra_whitespaces, add_dummy_prefix): T5's own settings first, then
 # each whitespace rule on its own, and a charsmap that keeps control characters (nfkc_cf).
@@ -34,7 +33,7 @@ CONFIGS = {
     "merge-only": ("nfkc_cf", True, False),
 }
 # texts whose best tokenizations tie (measured; each the same pieces in another order)
-TIES = {"t5-like": 1, "no-normalizer": 0, "prefix-only": 0, "merge-only": 0}
+TIES = {"t5-like": 0, "no-normalizer": 0, "prefix-only": 0, "merge-only": 0}
 BLANK_AND_SPACED = ("", " ", "   ", "  leading and   inner   spaces  ", "tab\there\nnew", "ﬁne ① Ｆｕｌｌ é e\u0301")
 
 _UNKNOWN, _CONTROL, _UNUSED, _BYTE, _NORMAL = 2, 3, 5, 6, 1
@@ -79,12 +78,24 @@ def write_t5_gguf(path: Path, corpus: list[str], rule: str, merge: bool, prefix:
     w.close()
 
 
+def _gpt2_words(vocab_dir: Path) -> list[str]:
+    """The text of ggml-vocab-gpt-2.gguf's first 20000 tokens, twelve to a line."""
+    decode = {c: b for b, c in _bytes_to_unicode().items()}
+    words = []
+    for t in read_header(vocab_dir / "ggml-vocab-gpt-2.gguf").metadata["tokenizer.ggml.tokens"]:
+        try:
+            words.append(bytes(decode[c] for c in t).decode("utf-8").strip())
+        except (KeyError, UnicodeDecodeError):
+            continue
+    words = [w for w in words if w][:20000]
+    return [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
+
+
 @pytest.fixture(scope="module")
 def ugm_runs(vocab_dir, tmp_path_factory):
     texts = all_test_texts(vocab_dir)
     texts = list(dict.fromkeys([texts[0], *BLANK_AND_SPACED, *texts[1:]]))
-    corpus = [line for t in texts for line in t.splitlines() if line.strip()]
-    corpus += README.read_text(encoding="utf-8").splitlines()
+    corpus = [line for t in texts for line in t.splitlines() if line.strip()] + _gpt2_words(vocab_dir)
     tmp = tmp_path_factory.mktemp("ugm")
     files = {}
     for name, (rule, merge, prefix) in CONFIGS.items():

@@ -47,6 +47,9 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 #   writes them.  :func:`_oniguruma` turns one into the regex tokenizers' Oniguruma must run to
 #   split the same way.
 
+# llama.cpp's adaptation of tokenizer.json's (?i:'s|'t|...) (std::regex has no inline flags).  The
+# adapted spelling is the one run here too: it is what llama.cpp does, and Oniguruma's (?i:...)
+# would also fold Unicode case ("it'ſ" -> "'ſ" joined) where llama.cpp does not.
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
