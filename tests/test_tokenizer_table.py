@@ -178,7 +178,7 @@ def test_table_check_sees_a_change(llama_vocab_cpp):
 # a Unicode category.
 EXTRA_TEXTS = (
     "1234567 and 12345678 and 123abc4567 and ٣٤٥٦٧ and 1,000,000.50",
-    "ÖL ÄÖü Straße ſtop it'S it'Ll WE'RE HELLO World mIxEd CamelCase",
+    "ÖL ÄÖü Straße ſtop it'S it'Ll WE'RE HELLO World mIxEd CamelCase YouTube iPhone JavaScript McDonald",
     "中文字符和日本語のテキスト 한국어 ｶﾀｶﾅ ㄅㄆ 𠀀𠀁 「引用」、句読点。",
     "Hello   world\n\n\t x \u00a0nbsp\u3000ideographic  \r\n end  ",
     "<sentinel:12> IMGIMGABZ IMGIMGABCDEFZ    four  two\ttab",
