@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from ckpt_surgeon.conversion.tokenizer import _bytes_to_unicode, hf_tokenizer_files, vocab_from_metadata
 from ckpt_surgeon.formats.gguf import read_header
-from test_tokenizer_table import SPECIAL_TEXTS, LlamaCppRun, all_test_texts
+from test_tokenizer_table import EXTRA_TEXTS, SPECIAL_TEXTS, LlamaCppRun, all_test_texts
 from test_tokenizer_vectors import vocab_dir  # noqa: F401 - session fixture
 
 # (normalization rule, remove_extra_whitespaces, add_dummy_prefix): T5's own settings first, then
@@ -95,7 +95,9 @@ def _gpt2_words(vocab_dir: Path) -> list[str]:
 def ugm_runs(vocab_dir, tmp_path_factory):
     texts = all_test_texts(vocab_dir)
     texts = list(dict.fromkeys([texts[0], *BLANK_AND_SPACED, *texts[1:]]))
-    corpus = [line for t in texts for line in t.splitlines() if line.strip()] + _gpt2_words(vocab_dir)
+    # trained on llama.cpp's texts only (not on EXTRA_TEXTS, which the other tests may extend)
+    corpus = [line for t in texts if t not in EXTRA_TEXTS for line in t.splitlines() if line.strip()]
+    corpus += _gpt2_words(vocab_dir)
     tmp = tmp_path_factory.mktemp("ugm")
     files = {}
     for name, (rule, merge, prefix) in CONFIGS.items():
