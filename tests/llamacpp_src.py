@@ -5,7 +5,8 @@ llama.cpp; the tests need three parts of it:
 
 * ``models/ggml-vocab-*.gguf{,.inp,.out}``: tokenizer test vectors (tests/test_tokenizer_vectors.py);
 * ``convert_hf_to_gguf.py`` + its ``conversion/`` package + ``gguf-py/``: the reference HF -> GGUF
-  converter (tests/test_llamacpp_converter.py), run with *its own* gguf-py, not the installed one.
+  converter (tests/test_llamacpp_converter.py), run with *its own* gguf-py, not the installed one;
+* ``src/llama-vocab.cpp``: llama.cpp's pre-tokenizer table (tests/test_tokenizer_table.py).
 
 They are extracted into the shared fixture cache (``$CKPT_SURGEON_FIXTURE_CACHE/llamacpp-src/
 llama-cpp-python-<version>/llama.cpp``), built atomically by :func:`tiny_cache.cached_build`, so
@@ -26,7 +27,7 @@ from fixtures.build_fixtures import fixture_base
 
 _VENDOR = "/vendor/llama.cpp/"
 # Paths under vendor/llama.cpp/ that are extracted (prefixes).
-_KEEP = ("models/ggml-vocab-", "convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/")
+_KEEP = ("models/ggml-vocab-", "convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/", "src/llama-vocab.cpp")
 
 
 def _extract(dest: Path) -> None:
@@ -52,12 +53,13 @@ def _extract(dest: Path) -> None:
     for sd in sdists:
         sd.unlink()
     sdist_dir.rmdir()
-    if not (out / "convert_hf_to_gguf.py").is_file() or not (out / "models").is_dir():
-        pytest.fail(f"{sdists[0].name} has no vendor/llama.cpp/convert_hf_to_gguf.py or models/")
+    if not (out / "convert_hf_to_gguf.py").is_file() or not (out / "models").is_dir() \
+            or not (out / "src" / "llama-vocab.cpp").is_file():
+        pytest.fail(f"{sdists[0].name} has no vendor/llama.cpp/convert_hf_to_gguf.py, models/ or src/llama-vocab.cpp")
 
 
 def llamacpp_source() -> Path:
     """The extracted ``vendor/llama.cpp`` subset of the installed llama-cpp-python's sdist."""
     version = importlib.metadata.version("llama-cpp-python")
-    final = fixture_base() / "llamacpp-src" / f"llama-cpp-python-{version}"
+    final = fixture_base() / "llamacpp-src" / f"llama-cpp-python-{version}-v2"    # v2: + llama-vocab.cpp
     return tiny_cache.cached_build(final, _extract) / "llama.cpp"

@@ -53,6 +53,13 @@ def vocab_dir() -> Path:
     return llamacpp_source() / "models"
 
 
+@pytest.fixture(scope="session")
+def llama_vocab_cpp() -> Path:
+    """src/llama-vocab.cpp of the llama.cpp inside the installed llama-cpp-python (its
+    pre-tokenizer table, which tests/test_tokenizer_table.py holds ours to)."""
+    return llamacpp_source() / "src" / "llama-vocab.cpp"
+
+
 def read_vectors(gguf: Path) -> dict[str, list[int]]:
     """Text -> expected ids, read as test-tokenizer-0.cpp reads them."""
     raw = Path(f"{gguf}.inp").read_text(encoding="utf-8")
