@@ -567,7 +567,10 @@ FAMILIES: tuple[Family, ...] = (
                 *_qkvo("model.layers.{L}.self_attn"), *_DENSE_MLP),
                _LLAMA_HPARAMS + ("ln_eps", "logit_scale"), hf_config_extra=_SILU,
                hf_rename={"logits_scaling": "logit_scale"}, gguf_strings={"rope.scaling.type": "none"}),
-           residual_readers_centering=None),
+           # CohereLayerNorm subtracts the mean (in float32, whatever the model dtype): a c·1 shift of
+           # every residual-writing bias changes a float64 model's logits by ~1e-7 relative, the
+           # norm's own float32 rounding (measured on a 2-layer model with attention_bias=True)
+           residual_readers_centering=True),
     # StableLM (modeling_stablelm): LayerNorms with biases, partial rotary, optional q/k/v biases
     # (use_qkv_bias), sequential or parallel residual (use_parallel_residual).  The per-head
     # q/k LayerNorms of qk_layernorm models are not converted (no row: such a model is refused).
