@@ -38,7 +38,7 @@ import re
 
 import numpy as np
 
-from .derive import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
+from .modtree import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 
 INVARIANT_TOL = 1e-11
@@ -178,7 +178,7 @@ def config_heads(cfg: dict) -> tuple:
 
 def layers_needed(blocks, per_group: int = 1) -> int:
     """Enough layers that the first ``per_group`` blocks of every group still exist."""
-    from .derive import _LAYER
+    from .modtree import _LAYER
     idx: dict = {}
     for b in blocks:
         m = _LAYER.match(b.path)
@@ -237,7 +237,7 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
     import torch
 
     from ..quiet import quiet_transformers
-    from .derive import config_object
+    from .modtree import config_object
     conf = config_object(cfg)
     n = meta_params(klass, conf)
     if n > max_params:

@@ -8,156 +8,22 @@ in :mod:`ckpt_surgeon.arch.families`; there is no per-model branching here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 from . import families as F
 from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int
 from . import gguf_names as G
-
-
-@dataclass(frozen=True)
-class PositionEncoding:
-    type: str                      # rope | absolute | alibi | none | unknown (not declared anywhere)
-    rotary_dim: int | None = None
-    theta: float | None = None
-    pair_layout: str | None = None  # rotate_half | interleaved (rope only)
-
-    def to_dict(self) -> dict:
-        return {"type": self.type, "rotary_dim": self.rotary_dim, "theta": self.theta}
-
-
-@dataclass(frozen=True)
-class LayerTensors:
-    """Tensor names per role for one layer (None where absent)."""
-
-    layer: int
-    q_weight: str | None = None
-    q_bias: str | None = None
-    k_weight: str | None = None
-    k_bias: str | None = None
-    v_weight: str | None = None
-    v_bias: str | None = None
-    qkv_weight: str | None = None
-    qkv_bias: str | None = None
-    o_weight: str | None = None
-    o_bias: str | None = None
-    q_norm: str | None = None
-    k_norm: str | None = None
-    attn_norm: str | None = None        # weight of the norm that feeds the projections (pre-norm)
-    attn_norm_bias: str | None = None   # its bias (LayerNorm beta), if any
-    # derived layouts (arch/derive.py): one record per attention block, so several per model layer
-    block: str | None = None            # transformers module path of this attention block
-    group: str | None = None            # the path with the layer index as {L} (blocks sharing facts)
-    kind: str | None = None             # self | cross | none (a layer without softmax attention)
-
-    @property
-    def fused(self) -> bool:
-        return self.qkv_weight is not None or self.qkv_bias is not None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayoutSummary:
-    """What every view of a model states about its attention layout: the layout itself
-    (:class:`ModelLayout`) and the ``inspect`` and ``analyze`` reports built from it, which
-    inherit these fields (one record, not three copies of ten fields)."""
-
-    architecture: str
-    family: str | None
-    num_layers: int
-    num_heads: int | None
-    num_kv_heads: int | None
-    head_dim: int | None
-    hidden_size: int | None
-    position: PositionEncoding
-    norm_placement: str | None
-    qk_norm: bool
-
-    def summary(self) -> dict:
-        """These fields by name (a report is built as ``Report(**layout.summary(), ...)``)."""
-        return {f.name: getattr(self, f.name) for f in fields(LayoutSummary)}
-
-    def summary_dict(self) -> dict:
-        """The JSON both reports open with, after source and format (key order is the contract)."""
-        return {"architecture": self.architecture, "family": self.family, "num_layers": self.num_layers,
-                "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                "hidden_size": self.hidden_size, "position_encoding": self.position.to_dict(),
-                "pair_layout": self.position.pair_layout}
-
-
-@dataclass(frozen=True)
-class ModelLayout(LayoutSummary):
-    naming: str                     # hf | gguf
-    fused_layout: str | None        # concat | per_head | grouped (None: separate q/k/v)
-    conv1d: bool
-    qk_permuted: bool               # GGUF llama-arch rows are interleaved pairs
-    max_positions: int | None
-    softcap: float | None
-    layers: tuple = ()
-    notes: tuple = ()               # human notes (registry bias_note, skipped items)
-    skipped: tuple = ()             # tensors with attention-like names we could not place
-    config_source: str | None = None
-    input_norm: str | None = None   # rms | layer | None: kind of the attn_norm tensors (registry)
-    norm_weight_offset: float = 0.0  # effective gamma = stored weight + offset (Gemma HF files)
-    buffers: tuple = ()             # tensors that are saved buffers, not parameters (registry ``buffers``)
-    derived: object | None = None   # arch.derive.DerivedArch when the registry has no family
-    q_gate: str | None = None       # q projection = query + output gate (2 x heads x head_dim rows): which rows
-    #                                 are the query (layouts.GATE_LAYOUTS), "unknown" if not established
-
-    def facts(self) -> list[dict]:
-        """Every fact the analysis uses and how it was established (registry | derived | probed)."""
-        if self.derived is not None:
-            return self.derived.all_facts()
-        if self.family is None:
-            return []
-        return [{"name": "position", "value": self.position.type, "how": "registry", "detail": self.family},
-                {"name": "qk_norm", "value": self.qk_norm, "how": "registry", "detail": self.family},
-                {"name": "fused_layout", "value": self.fused_layout, "how": "registry", "detail": self.family},
-                {"name": "softcap", "value": self.softcap, "how": "registry", "detail": self.family}]
-
-    def derivation(self) -> dict | None:
-        """Per block (JSON): module path, kind and the key-bias class of its group (derived layouts)."""
-        d = self.derived
-        if d is None:
-            return None
-        groups = {g.group: g for g in d.groups}
-        return {"model_class": d.model_class, "transformers_version": d.transformers_version, "cached": d.cached,
-                "seconds": d.seconds,
-                "groups": [{"group": g.group, "kind": g.kind, "k_class": g.k_class, "fused_layout": g.fused_layout,
-                            "v_foldable": g.v_foldable, "q_gate": g.q_gate, "reasons": list(g.reasons)}
-                           for g in d.groups],
-                "blocks": [{"layer": lt.layer, "block": lt.block, "kind": lt.kind,
-                            "k_class": groups[lt.group].k_class if lt.group in groups else None}
-                           for lt in self.layers]}
-
-
-def _get(cfg: dict, keys, default=None):
-    for k in keys:
-        if k in cfg and cfg[k] is not None:
-            return cfg[k]
-    return default
-
-
-def _rope_params(cfg: dict, path: str | None = None) -> dict:
-    """Rope settings from either spelling.
-
-    transformers >= 5 writes ``rope_parameters`` ({rope_theta, partial_rotary_factor,
-    rope_type}); Gemma 3 nests one dict per layer type.  Hub-era configs keep
-    top-level ``rope_theta`` / ``rotary_pct`` / ``partial_rotary_factor`` / ``rope_scaling``.
-    """
-    rp = cfg.get("rope_parameters") or {}
-    if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
-        rp = rp.get("full_attention") or next(iter(rp.values()))
-    out = {}
-    rp = rp if isinstance(rp, dict) else {}
-    theta = config_float(rp, ("rope_theta",), path=path, positive=True)
-    out["theta"] = theta if theta is not None else config_float(cfg, F.CONFIG_KEYS["rope_theta"], path=path,
-                                                                positive=True) or 10000.0
-    prf = config_float(rp, ("partial_rotary_factor",), path=path)
-    if prf is None:
-        prf = config_float(cfg, F.CONFIG_KEYS["partial_rotary"], path=path)
-    out["partial"] = 1.0 if prf is None else prf     # clamped to [0, 1] where it is used
-    return out
+# the layout records live below this module (arch/derive builds them too); re-exported here
+from .model_layout import (  # noqa: F401
+    LayerTensors,
+    LayoutSummary,
+    ModelLayout,
+    PositionEncoding,
+    _get,
+    _is_mask_buffer,
+    _looks_attention_bias,
+    _rope_params,
+)
 
 
 def _role_regex(layer: str, module, *, prefixed: bool = True, suffix: str = r"\.(weight|bias)") -> re.Pattern:
@@ -361,24 +227,12 @@ def _check_layers_present(n_layers: int, present: set, where: str | None) -> Non
                       "or a wrong layer count", path=where)
 
 
-_ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv)")
-
-
-def _looks_attention_bias(name: str) -> bool:
-    return name.endswith(".bias") and bool(_ATTN_WORDS.search(name))
-
-
 def _buffers(fam: F.Family | None, tensors: dict) -> tuple:
     """Tensors the family declares as saved buffers (GPT-2's causal masks), by layer pattern."""
     if fam is None or not fam.buffers:
         return ()
     rx = _role_regex(fam.layer, fam.buffers, suffix="")
     return tuple(sorted(n for n in tensors if rx.match(n)))
-
-
-def _is_mask_buffer(name: str) -> bool:
-    # GPT-2's attn.bias / attn.masked_bias are causal-mask buffers, not learned biases.
-    return name.endswith(("attn.bias", "attn.masked_bias")) and ".c_attn." not in name
 
 
 def _generic_match(tensors: dict):
