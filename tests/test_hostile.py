@@ -94,6 +94,14 @@ def test_num_attention_heads_as_a_string(tmp_path):
                      f"{d / 'config.json'}: num_attention_heads is '4' (a string); it must be an integer")
 
 
+def test_model_type_as_a_list(tmp_path):
+    """Found by the config fuzz target once model_type took precedence over the class name:
+    a list reached transformers' config mapping (TypeError: unhashable type)."""
+    d = _folder(tmp_path, dict(fuzz.QWEN2_CONFIG, model_type=["F32"]))
+    _one_line_exit_2(_cli("inspect", str(d)),
+                     f"{d / 'config.json'}: model_type is ['F32'] (a list); it must be a string")
+
+
 def test_lone_surrogate_tensor_name_in_fold_bias(tmp_path):
     p = _header_file(tmp_path / "a.safetensors", b'{"a\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}')
     out = tmp_path / "out"

@@ -11,7 +11,7 @@ import re
 
 from ..errors import ConfigError
 from . import families as F
-from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int
+from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int, describe
 from . import gguf_names as G
 # the layout records live below this module (arch/derive builds them too); re-exported here
 from .model_layout import (  # noqa: F401
@@ -70,6 +70,8 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     with heads, kv heads, head_dim and hidden_size (:func:`check_shapes`)."""
     cfg = dict(config or {})
     model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"model_type is {describe(model_type)}; it must be a string", path=config_source)
     if naming == "gguf":
         fam = F.by_gguf_arch(gguf_arch)
         arch_name = gguf_arch or "unknown"
