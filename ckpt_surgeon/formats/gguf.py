@@ -311,14 +311,8 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
-    """Parse and validate a GGUF header from ``buf`` (the file, or a prefix of it).
-
-    ``file_size`` is the size of the whole file.  If ``buf`` is a prefix and the header
-    runs past it, :class:`NeedMoreBytes` is raised (remote readers fetch more and retry).
-    """
-    path = os.fspath(path)
-    p = _Parser(buf, path, file_size)
+def _parse_preamble(p: _Parser, buf, path: str, file_size: int) -> tuple[int, int, int]:
+    """Magic, version and the two counts -> ``(version, n_tensors, n_kv)``."""
     if file_size < 4 or p.avail < 4:
         if p.avail < min(4, file_size):
             raise NeedMoreBytes(4)
@@ -340,7 +334,11 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
         raise FormatError(
             f"header declares {n_tensors:,} tensors and {n_kv:,} key-value pairs, which need at least "
             f"{_FIXED + need:,} bytes, but the file has {file_size:,} (corrupt count or truncated file)", path=path)
+    return version, n_tensors, n_kv
 
+
+def _parse_metadata(p: _Parser, path: str, n_kv: int) -> tuple[dict, dict]:
+    """The ``n_kv`` key-value pairs -> ``(metadata, fields)``."""
     metadata, fields = {}, {}
     for i in range(n_kv):
         p.where = f"the metadata, key-value pair {i + 1} of {n_kv}"
@@ -359,7 +357,11 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
             val = p.value(vtype, f"value of '{key}'")
             fields[key] = GGUFField(key, VALUE_TYPES[vtype][0], offset=start)
         metadata[key] = val
+    return metadata, fields
 
+
+def _checked_alignment(metadata: dict, fields: dict, path: str) -> int:
+    """``general.alignment`` (a power-of-two UINT32) or the default."""
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in metadata:
         f = fields["general.alignment"]
@@ -368,7 +370,11 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
             raise FormatError(f"general.alignment must be a UINT32, not {f.type}", path=path)
         if alignment == 0 or alignment & (alignment - 1):
             raise FormatError(f"general.alignment {alignment} is not a power of two", path=path)
+    return alignment
 
+
+def _parse_tensor_table(p: _Parser, buf, path: str, n_tensors: int) -> list:
+    """The tensor-info table -> ``[(name, ne, type_id, offset), ...]`` in file order."""
     infos = []
     names: dict[str, int] = {}
     for i in range(n_tensors):
@@ -388,9 +394,12 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
         type_id = p.u32(f"type of '{name}'")
         offset = p.u64(f"data offset of '{name}'")
         infos.append((name, ne, type_id, offset))
-    header_end = p.pos
-    data_start = _align(header_end, alignment)
+    return infos
 
+
+def _tensor_records(infos: list, path: str, file_size: int, data_start: int,
+                    alignment: int) -> tuple[dict, dict, list, list]:
+    """Validate each table entry -> ``(tensors, type_ids, warnings, spans)``; spans are the known-size byte ranges."""
     tensors, type_ids, warnings, spans = {}, {}, [], []
     for name, ne, type_id, offset in infos:
         numel = 1
@@ -423,7 +432,12 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
         tensors[name] = TensorInfo(name=name, dtype=dtype, shape=tuple(int(d) for d in reversed(ne)), file=path,
                                    start=start, end=end, missing=end > file_size, quantized=quant)
         type_ids[name] = type_id
+    return tensors, type_ids, warnings, spans
 
+
+def _missing_bytes(spans: list, tensors: dict, warnings: list, path: str, file_size: int,
+                   header_end: int, data_start: int) -> int:
+    """Refuse overlapping data ranges; count the bytes missing past the end (a warning names them)."""
     spans.sort()
     prev_end, prev_name = 0, None
     for start, end, name in spans:
@@ -440,6 +454,25 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
         cut = [n for n, t in sorted(tensors.items(), key=lambda kv: kv[1].start) if t.missing]
         warnings.append(f"file is truncated: {missing_bytes:,} bytes of tensor data are missing; {len(cut)} of "
                         f"{len(tensors)} tensor(s) lie past the end of the file (first '{cut[0]}')")
+    return missing_bytes
+
+
+def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
+    """Parse and validate a GGUF header from ``buf`` (the file, or a prefix of it).
+
+    ``file_size`` is the size of the whole file.  If ``buf`` is a prefix and the header
+    runs past it, :class:`NeedMoreBytes` is raised (remote readers fetch more and retry).
+    """
+    path = os.fspath(path)
+    p = _Parser(buf, path, file_size)
+    version, n_tensors, n_kv = _parse_preamble(p, buf, path, file_size)
+    metadata, fields = _parse_metadata(p, path, n_kv)
+    alignment = _checked_alignment(metadata, fields, path)
+    infos = _parse_tensor_table(p, buf, path, n_tensors)
+    header_end = p.pos
+    data_start = _align(header_end, alignment)
+    tensors, type_ids, warnings, spans = _tensor_records(infos, path, file_size, data_start, alignment)
+    missing_bytes = _missing_bytes(spans, tensors, warnings, path, file_size, header_end, data_start)
     return GGUFHeader(path=path, version=version, file_size=file_size, alignment=alignment, tensor_count=n_tensors,
                       kv_count=n_kv, metadata=metadata, fields=fields, tensors=tensors, ggml_type_ids=type_ids,
                       header_end=header_end, data_start=data_start, missing_bytes=missing_bytes,

@@ -312,11 +312,7 @@ class HubClient:
                 if r.history and not direct:
                     with self._lock:
                         self._direct[filename] = str(r.url)
-                a, b, total[0] = _parse_content_range(r.headers.get("Content-Range"))
-                want_end = end if end is None or total[0] is None else min(end, total[0])
-                if a != pos or (want_end is not None and b is not None and b + 1 != want_end):
-                    raise HubError(f"asked for {rng} and the server sent "
-                                   f"{r.headers.get('Content-Range') or 'no Content-Range'}", path=self.label(filename))
+                b, total[0] = self._checked_content_range(r, filename, pos, end, rng)
                 for chunk in r.iter_bytes():
                     got.extend(chunk)
                     self._count(0, len(chunk))
@@ -329,6 +325,17 @@ class HubClient:
         return self._retrying(
             attempt, lambda: "fetching the file" if whole_ok else f"fetching bytes {start}-{'' if end is None else end - 1}",
             filename)
+
+    def _checked_content_range(self, r, filename: str, pos: int, end: int | None,
+                               rng: str) -> tuple[int | None, int | None]:
+        """A 206 answer's Content-Range must start at ``pos`` and end where ``rng`` asked (or at
+        the end of the file) -> (its last byte, the file size)."""
+        a, b, total = _parse_content_range(r.headers.get("Content-Range"))
+        want_end = end if end is None or total is None else min(end, total)
+        if a != pos or (want_end is not None and b is not None and b + 1 != want_end):
+            raise HubError(f"asked for {rng} and the server sent "
+                           f"{r.headers.get('Content-Range') or 'no Content-Range'}", path=self.label(filename))
+        return b, total
 
     def _whole_file_answer(self, r, filename, start, end, store, whole_ok):
         """A 200 to a Range request: refuse, or stream the whole file into the cache and slice it."""

@@ -74,24 +74,8 @@ def _json_type(v) -> str:
             type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHeader:
-    """Validate ``head`` (the first 8 + N bytes of a file of ``file_size`` bytes).
-
-    Shared by the local reader and the hub reader (which gets the same bytes by HTTP range).
-    """
-    if file_size < 8:
-        raise FormatError(f"file is too small to be safetensors ({file_size} bytes; the 8-byte header length is missing)", path=path)
-    n = int.from_bytes(head[:8], "little")
-    if n > MAX_HEADER_SIZE:
-        raise FormatError(f"header length {n} exceeds the {MAX_HEADER_SIZE // 1_000_000} MB limit: not a safetensors file or corrupted", path=path)
-    if 8 + n > file_size:
-        raise FormatError(f"header length {n} runs past the end of the file ({file_size} bytes): file truncated or not safetensors", path=path)
-    raw = head[8:8 + n]
-    if len(raw) < n:
-        raise FormatError(f"header needs {n} bytes but only {len(raw)} were read", path=path)
-    obj = loads_json(raw, path=path, error=FormatError, max_bytes=MAX_HEADER_SIZE, what="header", duplicates_tensor=True)
-    if not isinstance(obj, dict):
-        raise FormatError(f"header is JSON but not an object (got {type(obj).__name__})", path=path)
+def _checked_metadata(obj: dict, path: str) -> dict:
+    """Pop and validate ``__metadata__`` from the parsed header object (a map of strings to strings)."""
     metadata = obj.pop("__metadata__", None)
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict):
@@ -102,40 +86,44 @@ def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHea
         if not isinstance(v, str):
             raise FormatError(f"__metadata__ value of {_short(k)} is a {_json_type(v)}; the safetensors format "
                               "allows only strings", path=path)
-    data_start = 8 + n
-    data_len = file_size - data_start
-    entries = []
-    for name, ent in obj.items():
-        if not isinstance(ent, dict) or not {"dtype", "shape", "data_offsets"} <= set(ent):
-            raise FormatError("header entry lacks dtype/shape/data_offsets", path=path, tensor=name)
-        dtype, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-            raise FormatError(f"unknown dtype {_short(dtype)} (known: {', '.join(DTYPE_BITS)})", path=path, tensor=name)
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise FormatError(f"shape {_short(shape)} is not a list of non-negative integers", path=path, tensor=name)
-        if (not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
-            raise FormatError(f"data_offsets {_short(offs)} is not a pair of non-negative integers", path=path, tensor=name)
-        b, e = offs
-        if e < b:
-            raise FormatError(f"data_offsets [{b}, {e}] end before they begin", path=path, tensor=name)
-        # Python ints are exact; the product stops growing once it exceeds what the offsets hold
-        # (a shape of 100,000 huge dimensions would otherwise cost quadratic time), never allocated.
-        numel, cap = (0 if 0 in shape else 1), max((e - b) * 8, 1 << 256)
-        for d in shape:
-            numel *= d
-            if numel > cap:
-                break
-        try:
-            need = dtype_nbytes(dtype, numel) if numel <= cap else None
-        except ValueError as err:
-            raise FormatError(str(err), path=path, tensor=name) from None
-        if need != e - b:
-            needs = f"{need}" if need is not None else f"more than {e - b}"
-            raise FormatError(f"size mismatch: shape {_short(shape)} of {dtype} needs {needs} bytes but data_offsets [{b}, {e}] "
-                              f"hold {e - b}", path=path, tensor=name)
-        entries.append((b, e, name, dtype, tuple(shape)))
-    entries.sort()
+    return metadata
+
+
+def _checked_entry(path: str, name: str, ent) -> tuple:
+    """Validate one tensor entry of the header -> ``(begin, end, name, dtype, shape)`` (offsets data-relative)."""
+    if not isinstance(ent, dict) or not {"dtype", "shape", "data_offsets"} <= set(ent):
+        raise FormatError("header entry lacks dtype/shape/data_offsets", path=path, tensor=name)
+    dtype, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise FormatError(f"unknown dtype {_short(dtype)} (known: {', '.join(DTYPE_BITS)})", path=path, tensor=name)
+    if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise FormatError(f"shape {_short(shape)} is not a list of non-negative integers", path=path, tensor=name)
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
+        raise FormatError(f"data_offsets {_short(offs)} is not a pair of non-negative integers", path=path, tensor=name)
+    b, e = offs
+    if e < b:
+        raise FormatError(f"data_offsets [{b}, {e}] end before they begin", path=path, tensor=name)
+    # Python ints are exact; the product stops growing once it exceeds what the offsets hold
+    # (a shape of 100,000 huge dimensions would otherwise cost quadratic time), never allocated.
+    numel, cap = (0 if 0 in shape else 1), max((e - b) * 8, 1 << 256)
+    for d in shape:
+        numel *= d
+        if numel > cap:
+            break
+    try:
+        need = dtype_nbytes(dtype, numel) if numel <= cap else None
+    except ValueError as err:
+        raise FormatError(str(err), path=path, tensor=name) from None
+    if need != e - b:
+        needs = f"{need}" if need is not None else f"more than {e - b}"
+        raise FormatError(f"size mismatch: shape {_short(shape)} of {dtype} needs {needs} bytes but data_offsets [{b}, {e}] "
+                          f"hold {e - b}", path=path, tensor=name)
+    return (b, e, name, dtype, tuple(shape))
+
+
+def _check_coverage(path: str, entries: list, data_len: int) -> None:
+    """The sorted entries must tile the data section exactly: no overlap, no gap, no shortfall, no excess."""
     pos = 0
     prev = None
     for b, e, name, _, _ in entries:
@@ -155,6 +143,32 @@ def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHea
     if pos < data_len:
         raise FormatError(f"{data_len - pos} bytes after the last tensor are not covered by the header: offsets must cover the data exactly",
                           path=path)
+
+
+def parse_header_bytes(path: str, head: bytes, file_size: int) -> SafetensorsHeader:
+    """Validate ``head`` (the first 8 + N bytes of a file of ``file_size`` bytes).
+
+    Shared by the local reader and the hub reader (which gets the same bytes by HTTP range).
+    """
+    if file_size < 8:
+        raise FormatError(f"file is too small to be safetensors ({file_size} bytes; the 8-byte header length is missing)", path=path)
+    n = int.from_bytes(head[:8], "little")
+    if n > MAX_HEADER_SIZE:
+        raise FormatError(f"header length {n} exceeds the {MAX_HEADER_SIZE // 1_000_000} MB limit: not a safetensors file or corrupted", path=path)
+    if 8 + n > file_size:
+        raise FormatError(f"header length {n} runs past the end of the file ({file_size} bytes): file truncated or not safetensors", path=path)
+    raw = head[8:8 + n]
+    if len(raw) < n:
+        raise FormatError(f"header needs {n} bytes but only {len(raw)} were read", path=path)
+    obj = loads_json(raw, path=path, error=FormatError, max_bytes=MAX_HEADER_SIZE, what="header", duplicates_tensor=True)
+    if not isinstance(obj, dict):
+        raise FormatError(f"header is JSON but not an object (got {type(obj).__name__})", path=path)
+    metadata = _checked_metadata(obj, path)
+    data_start = 8 + n
+    data_len = file_size - data_start
+    entries = [_checked_entry(path, name, ent) for name, ent in obj.items()]
+    entries.sort()
+    _check_coverage(path, entries, data_len)
     tensors = {}
     for b, e, name, dtype, shape in entries:
         tensors[name] = TensorInfo(name=name, dtype=dtype, shape=shape, file=path,
