@@ -414,6 +414,16 @@ def spec_fingerprint(name: str, *, seed: int = 0) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
+def _require_transformers_5(version: str) -> None:
+    """transformers 4 would silently ignore `rope_parameters` (theta 1e6 -> 10000, GPT-NeoX's
+    partial rotary -> its default): refuse rather than build a subtly different model."""
+    if int(version.split(".")[0]) < 5:
+        raise RuntimeError(
+            f"ckpt_surgeon.tiny needs transformers>=5 (its specs use the v5 `rope_parameters` "
+            f"spelling); found transformers {version}. Upgrade: pip install -U transformers"
+        )
+
+
 def build_tiny(name: str, out_dir: str | Path, *, seed: int = 0) -> Path:
     """Build the tiny random model ``name`` and save it as a Hugging Face folder in ``out_dir``.
 
@@ -432,14 +442,7 @@ def build_tiny(name: str, out_dir: str | Path, *, seed: int = 0) -> Path:
     import transformers
 
     spec = _spec(name)
-    major = int(transformers.__version__.split(".")[0])
-    if major < 5:
-        # transformers 4 would silently ignore `rope_parameters` (theta 1e6 -> 10000, GPT-NeoX's
-        # partial rotary -> its default): refuse rather than build a subtly different model.
-        raise RuntimeError(
-            f"ckpt_surgeon.tiny needs transformers>=5 (its specs use the v5 `rope_parameters` "
-            f"spelling); found transformers {transformers.__version__}. Upgrade: pip install -U transformers"
-        )
+    _require_transformers_5(transformers.__version__)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

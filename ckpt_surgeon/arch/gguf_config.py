@@ -116,6 +116,15 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     if head_dim is not None:
         cfg["head_dim"] = int(head_dim)
 
+    _rope_keys(cfg, metadata, arch, head_dim, path)
+    _vocab_keys(cfg, metadata, tensors, path)
+    if tensors:
+        _tensor_keys(cfg, arch, tensors)
+    return cfg
+
+
+def _rope_keys(cfg: dict, metadata: dict, arch: str | None, head_dim, path: str | None) -> None:
+    """rope_theta, partial_rotary_factor, rope_scaling and rope_parameters into ``cfg``."""
     theta = gguf_hparam(metadata, arch, "rope.freq_base", path=path)
     rope_dim = gguf_hparam(metadata, arch, "rope.dimension_count", path=path)
     if theta is not None or rope_dim is not None:
@@ -135,6 +144,9 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
             cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
         cfg["rope_parameters"] = rp
 
+
+def _vocab_keys(cfg: dict, metadata: dict, tensors: dict, path: str | None) -> None:
+    """vocab_size (token list, else the embedding's rows) and the tokenizer's special ids into ``cfg``."""
     if "vocab_size" not in cfg:
         toks = metadata.get("tokenizer.ggml.tokens")
         if toks is not None:
@@ -148,11 +160,13 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
         v = gguf_value(metadata, mkey, bounds, path=path)
         if v is not None:
             cfg[key] = v
-    if tensors:
-        cfg["tie_word_embeddings"] = "output.weight" not in tensors
-        fam = F.by_gguf_arch(arch)
-        if fam and fam.attention_bias_key:
-            cfg[fam.attention_bias_key] = any(
-                n.startswith("blk.") and n.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias"))
-                for n in tensors)
-    return cfg
+
+
+def _tensor_keys(cfg: dict, arch: str | None, tensors: dict) -> None:
+    """What the tensor names say: tied embeddings, attention biases."""
+    cfg["tie_word_embeddings"] = "output.weight" not in tensors
+    fam = F.by_gguf_arch(arch)
+    if fam and fam.attention_bias_key:
+        cfg[fam.attention_bias_key] = any(
+            n.startswith("blk.") and n.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias"))
+            for n in tensors)

@@ -252,43 +252,69 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
     modules = dict(model.named_modules())
     blocks, notes, skipped = [], [], []
     for path, mod in modules.items():
-        kids = {n: c for n, c in mod.named_children() if _is_linear(c)}
-        if not kids:
-            continue
-        q = next((n for n in _Q if n in kids), None)
-        k = next((n for n in _K if n in kids), None)
-        v = next((n for n in _V if n in kids), None)
-        fused = next((n for n in _FUSED if n in kids), None)
-        if not ((q and k and v) or (fused and not (q or k or v))):
-            continue
-        klass = type(mod).__name__
-        if _NOT_SOFTMAX.search(klass):
-            skipped.append(f"{path} ({klass})")
-            continue
-        if q:
-            roles = {"q": q, "k": k, "v": v}
-            hs = _heads(mod, conf, _out_rows(kids[q]), _out_rows(kids[k]), None)
-        else:
-            roles = {"qkv": fused}
-            hs = _heads(mod, conf, None, None, _out_rows(kids[fused]))
-        parent_path = path.rsplit(".", 1)[0] if "." in path else ""
-        parent = (parent_path, modules[parent_path]) if parent_path in modules and parent_path else None
-        if hs:
-            o = _find_o(path, mod, parent, hs[0] * hs[2], set(roles.values()))
-            if o:
-                roles["o"] = o
-        conv = any(type(kids[r]).__name__ == "Conv1D" for r in roles.values() if r in kids)
-        qk_norm = any(_QK_NORM.match(n) for n, _ in mod.named_children())
-        sinks = any(n.split(".")[-1] == "sinks" for n, _ in mod.named_parameters(recurse=False))
-        m = _LAYER.match(path)
-        group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
-        kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
-        q_gate = bool(q and hs and _out_rows(kids[q]) == 2 * hs[0] * hs[2])
-        blocks.append(Block(path, group, kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks, q_gate))
-    # attention modules whose projections are not q/k/v (MLA: DeepSeek-V2/V3 keys come from a
-    # low-rank latent, kv_a_proj_with_mqa / kv_b_proj, with a decoupled rope part): attention
-    # all the same, with no key bias to analyse
-    found = [b.path for b in blocks]
+        block = _qkv_block(path, mod, modules, conf, skipped)
+        if block is not None:
+            blocks.append(block)
+    others = _latent_attention(modules, [b.path for b in blocks])
+    for path, klass in others:
+        blocks.append(Block(path, _group_of(path), "self", (), (), False, klass))
+    if others:
+        notes.append(f"{len(others)} attention module(s) have no q/k/v projections (e.g. MLA's latent keys: "
+                     f"{others[0][1]}); they have no key bias to analyse")
+    blocks += _attentionless_layers(modules, blocks, conf)
+    if skipped:
+        notes.append(f"{len(skipped)} mixer(s) are not softmax attention and are reported as 'no attention': "
+                     + ", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
+    blocks.sort(key=_block_order)
+    return tuple(blocks), tuple(notes)
+
+
+def _group_of(path: str) -> str:
+    """A block's group: its path with the layer index replaced by {L}."""
+    m = _LAYER.match(path)
+    return f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
+
+
+def _qkv_block(path: str, mod, modules: dict, conf, skipped: list) -> Block | None:
+    """The attention block ``mod`` is when it holds q/k/v (or fused qkv) projections; a mixer that is
+    not softmax attention goes to ``skipped``."""
+    kids = {n: c for n, c in mod.named_children() if _is_linear(c)}
+    if not kids:
+        return None
+    q = next((n for n in _Q if n in kids), None)
+    k = next((n for n in _K if n in kids), None)
+    v = next((n for n in _V if n in kids), None)
+    fused = next((n for n in _FUSED if n in kids), None)
+    if not ((q and k and v) or (fused and not (q or k or v))):
+        return None
+    klass = type(mod).__name__
+    if _NOT_SOFTMAX.search(klass):
+        skipped.append(f"{path} ({klass})")
+        return None
+    if q:
+        roles = {"q": q, "k": k, "v": v}
+        hs = _heads(mod, conf, _out_rows(kids[q]), _out_rows(kids[k]), None)
+    else:
+        roles = {"qkv": fused}
+        hs = _heads(mod, conf, None, None, _out_rows(kids[fused]))
+    parent_path = path.rsplit(".", 1)[0] if "." in path else ""
+    parent = (parent_path, modules[parent_path]) if parent_path in modules and parent_path else None
+    if hs:
+        o = _find_o(path, mod, parent, hs[0] * hs[2], set(roles.values()))
+        if o:
+            roles["o"] = o
+    conv = any(type(kids[r]).__name__ == "Conv1D" for r in roles.values() if r in kids)
+    qk_norm = any(_QK_NORM.match(n) for n, _ in mod.named_children())
+    sinks = any(n.split(".")[-1] == "sinks" for n, _ in mod.named_parameters(recurse=False))
+    kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
+    q_gate = bool(q and hs and _out_rows(kids[q]) == 2 * hs[0] * hs[2])
+    return Block(path, _group_of(path), kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks, q_gate)
+
+
+def _latent_attention(modules: dict, found: list[str]) -> list[tuple[str, str]]:
+    """(path, class) of attention modules whose projections are not q/k/v (MLA: DeepSeek-V2/V3 keys
+    come from a low-rank latent, kv_a_proj_with_mqa / kv_b_proj, with a decoupled rope part):
+    attention all the same, with no key bias to analyse."""
     others = []
     for path, mod in modules.items():
         klass = type(mod).__name__
@@ -300,14 +326,12 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
         if not any(_is_linear(c) for c in mod.modules()):
             continue
         others.append((path, klass))
-    for path, klass in others:
-        m = _LAYER.match(path)
-        group = f"{m.group(1)}.{{L}}" + (f".{m.group(3)}" if m.group(3) else "") if m else path
-        blocks.append(Block(path, group, "self", (), (), False, klass))
-    if others:
-        notes.append(f"{len(others)} attention module(s) have no q/k/v projections (e.g. MLA's latent keys: "
-                     f"{others[0][1]}); they have no key bias to analyse")
-    # layers of a layer list that hold no attention block ("no attention": Mamba, linear attention)
+    return others
+
+
+def _attentionless_layers(modules: dict, blocks: list, conf) -> list[Block]:
+    """A "none" block for every layer of a layer list that holds no attention block (Mamba, linear
+    attention)."""
     stacks = {}
     for b in blocks:
         m = _LAYER.match(b.path)
@@ -319,17 +343,14 @@ def read_blocks(model, conf) -> tuple[tuple, tuple]:
             if type(mod).__name__ == "ModuleList" and n_layers and len(mod) == n_layers:
                 stacks[path] = set()
                 break
+    out = []
     for stack, have in stacks.items():
         n = len(modules.get(stack, ()) or ())
         for i in range(n):
             if i not in have:
-                blocks.append(Block(f"{stack}.{i}", f"{stack}.{{L}}", "none",
-                                    klass=type(modules[stack][i]).__name__))
-    if skipped:
-        notes.append(f"{len(skipped)} mixer(s) are not softmax attention and are reported as 'no attention': "
-                     + ", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
-    blocks.sort(key=_block_order)
-    return tuple(blocks), tuple(notes)
+                out.append(Block(f"{stack}.{i}", f"{stack}.{{L}}", "none",
+                                 klass=type(modules[stack][i]).__name__))
+    return out
 
 
 def _block_order(b: Block):

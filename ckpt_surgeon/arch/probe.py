@@ -107,42 +107,15 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
                 out[k] = v[:layers]
             continue
-        if _LAYER_KEYS.match(k):
-            out[k] = min(v, layers)
-        elif heads and _HEAD_KEYS.match(k):
-            out[k] = h2
-        elif heads and _KV_KEYS.match(k):
-            out[k] = kv2
-        elif heads and _HIDDEN_KEYS.match(k) and hd:
-            out[k] = h2 * hd
-        elif ff and _FF_KEYS.search(k):
-            out[k] = ff
-        elif heads and _SSM_HEAD_DIM.match(k):
-            out[k] = 16
-        elif heads and _SSM_HEADS.match(k) and hd:
-            expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
-            out[k] = max(1, expand * h2 * hd // 16)      # Mamba-2: heads x head size = expand x hidden
-        elif _SSM_STATE.match(k):
-            out[k] = min(v, 16)
-        elif heads and k in _MLA_KEYS:
-            out[k] = min(v, _MLA_KEYS[k])
-        elif _EXPERT_KEYS.match(k):
-            out[k] = min(v, 4)
-        elif _TOPK_KEYS.match(k):
-            out[k] = min(v, 2)
+        new = _shrunk_int(cfg, k, v, layers=layers, heads=heads, h2=h2, kv2=kv2, hd=hd, ff=ff)
+        if new is not None:
+            out[k] = new
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
-    new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    if heads and hidden and new_hidden != hidden:
-        expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
-        if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
-            out["mamba_d_ssm"] = expand * new_hidden
-        if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
-            out["attention_hidden_size"] = max(1, cfg["attention_hidden_size"] * new_hidden // hidden)
-            if isinstance(cfg.get("attention_head_dim"), int):
-                out["attention_head_dim"] = out["attention_hidden_size"] // h2
+    if heads and hidden:
+        _follow_hidden(cfg, out, hidden, h2)
     if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
         nk = cfg[_LINEAR_HEADS[0]]
         out[_LINEAR_HEADS[0]] = min(nk, 2)
@@ -154,6 +127,53 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             text = bool(_TEXT_SUB.match(k))
             out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
                                    head_dim=head_dim, vocab=vocab, ff=ff)
+    _shrink_vocab(cfg, out, vocab)
+    return out
+
+
+def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: int, hd, ff) -> int | None:
+    """The smaller value of the integer config key ``k`` (None: it stays)."""
+    if _LAYER_KEYS.match(k):
+        return min(v, layers)
+    if heads and _HEAD_KEYS.match(k):
+        return h2
+    if heads and _KV_KEYS.match(k):
+        return kv2
+    if heads and _HIDDEN_KEYS.match(k) and hd:
+        return h2 * hd
+    if ff and _FF_KEYS.search(k):
+        return ff
+    if heads and _SSM_HEAD_DIM.match(k):
+        return 16
+    if heads and _SSM_HEADS.match(k) and hd:
+        expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        return max(1, expand * h2 * hd // 16)      # Mamba-2: heads x head size = expand x hidden
+    if _SSM_STATE.match(k):
+        return min(v, 16)
+    if heads and k in _MLA_KEYS:
+        return min(v, _MLA_KEYS[k])
+    if _EXPERT_KEYS.match(k):
+        return min(v, 4)
+    if _TOPK_KEYS.match(k):
+        return min(v, 2)
+    return None
+
+
+def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
+    """Widths defined as multiples of the hidden size follow its new value in ``out``."""
+    new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    if new_hidden != hidden:
+        expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
+            out["mamba_d_ssm"] = expand * new_hidden
+        if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
+            out["attention_hidden_size"] = max(1, cfg["attention_hidden_size"] * new_hidden // hidden)
+            if isinstance(cfg.get("attention_head_dim"), int):
+                out["attention_head_dim"] = out["attention_hidden_size"] // h2
+
+
+def _shrink_vocab(cfg: dict, out: dict, vocab: int | None) -> None:
+    """The vocabulary cut to ``vocab``; token ids clamped to index the (possibly smaller) embedding."""
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     n_vocab = out.get("vocab_size")
@@ -161,7 +181,6 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         for k, v in cfg.items():      # token ids must index the (possibly smaller) embedding
             if k.endswith("token_id") and isinstance(v, int) and v >= n_vocab:
                 out[k] = n_vocab - 1
-    return out
 
 
 def _has_layers_or_heads(d: dict) -> bool:
@@ -585,19 +604,7 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
         return tuple(out)
     if not heads:
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
-    inst = err = used = None
-    # a model sharing one block's weights with a later one (Zamba) needs two blocks of the group
-    cands = shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096)
-    cands += [c for c in shrink_candidates(cfg, layers=layers_needed(blocks, 2), heads=heads[:2], vocab=4096)[:1]
-              if c not in cands]
-    for small in cands:
-        try:
-            inst = _Instance(small, klass)
-            pblocks, _ = read_blocks(inst.model, inst.conf)
-            used = small
-            break
-        except Exception as e:   # noqa: BLE001 - any build/forward failure: try a milder shrink
-            inst, err = None, e
+    inst, pblocks, used, err = _small_instance(cfg, klass, blocks, heads)
     if inst is None:    # nothing is claimed, and the report says why
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", (_failure(err),)) for g, k in attn.items())
     alt = None
@@ -621,22 +628,47 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
             except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
                 gf = GroupFacts(g, k, "unknown", (_failure(e),))
         if gf.k_class == "invisible" and _TOWER.search(g):
-            try:
-                view = inst.tower(g)
-                gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
-                if gf2.k_class != "invisible" and view is not None:
-                    note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
-                                "a token-id forward never runs this vision-tower block; probed through the tower on "
-                                "random pixels")
-                    gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
-            except Exception as e:   # noqa: BLE001 - as above
-                gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
+            gf = _probe_through_tower(inst, pblocks, g, k, pos, heads, gf)
         if gf.k_class == "invisible":
             tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
                       "pass never runs",) if _TOWER.search(g) else ())
             gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown", "reasons": tower + tuple(gf.reasons)})
         out.append(gf)
     return tuple(out)
+
+
+def _small_instance(cfg: dict, klass, blocks, heads: tuple) -> tuple:
+    """The smallest shrunk model that builds and reads: (instance, its blocks, its config, None), else
+    (None, None, None, the last failure)."""
+    err = None
+    # a model sharing one block's weights with a later one (Zamba) needs two blocks of the group
+    cands = shrink_candidates(cfg, layers=layers_needed(blocks), heads=heads[:2], vocab=4096)
+    cands += [c for c in shrink_candidates(cfg, layers=layers_needed(blocks, 2), heads=heads[:2], vocab=4096)[:1]
+              if c not in cands]
+    for small in cands:
+        try:
+            inst = _Instance(small, klass)
+            pblocks, _ = read_blocks(inst.model, inst.conf)
+            return inst, pblocks, small, None
+        except Exception as e:   # noqa: BLE001 - any build/forward failure: try a milder shrink
+            err = e
+    return None, None, None, err
+
+
+def _probe_through_tower(inst, pblocks, g: str, k: str, pos: str, heads: tuple, gf):
+    """A vision-tower block a token-id forward never runs, probed through the tower on random pixels
+    (``gf`` unchanged when that sees nothing either)."""
+    try:
+        view = inst.tower(g)
+        gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
+        if gf2.k_class != "invisible" and view is not None:
+            note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
+                        "a token-id forward never runs this vision-tower block; probed through the tower on "
+                        "random pixels")
+            gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
+    except Exception as e:   # noqa: BLE001 - a probe that cannot run claims nothing (and says why)
+        gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
+    return gf
 
 
 def _failure(e: Exception) -> str:

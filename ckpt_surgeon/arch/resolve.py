@@ -93,89 +93,13 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         fam = F.by_architectures(cfg.get("architectures"))
 
     where = config_source
-    if isinstance(cfg.get("text_config"), dict) and _get(cfg, F.CONFIG_KEYS["num_heads"]) is None:
-        # a multimodal checkpoint of a registry family (Gemma3ForConditionalGeneration): the language
-        # model's sizes live in text_config
-        cfg = {**cfg["text_config"], "model_type": model_type, "architectures": cfg.get("architectures")}
-    n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
-    n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
-    if n_kv is None and n_heads is not None:
-        n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
-    for conds, value in (fam.kv_heads_rules if fam else ()):
-        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
-            n_kv = value
-    hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
-    head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
-    if head_dim is None and hidden and n_heads:
-        head_dim = hidden // n_heads
+    cfg, (n_heads, n_kv, hidden, head_dim) = _head_sizes(cfg, fam, where)
     permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
     position = _position(fam, cfg, head_dim, naming, permuted, where)
-
-    # Match tensor names to roles.
-    if naming == "gguf":
-        # gguf-py's names (TENSOR_NAMES, and TensorNameMap for the family's own modules)
-        layer_pat, role_map = G.GGUF_LAYER, G.family_gguf_roles(fam)
-    elif fam:
-        layer_pat, role_map = fam.layer, dict(fam.roles)
-    else:
-        layer_pat, role_map = None, {}
-    found: dict[int, dict] = {}
-    placed = set()
-    if layer_pat:
-        # one regex per (role, alternative); an earlier alternative wins when a layer has both
-        regs = [(role, rank, _role_regex(layer_pat, mod, prefixed=naming != "gguf"))
-                for role, mods in role_map.items()
-                for rank, mod in enumerate((mods,) if isinstance(mods, str) else mods)]
-        ranks: dict = {}
-        for name in tensors:
-            for role, rank, rx in regs:
-                m = rx.match(name)
-                if m:
-                    key = (int(m.group(1)), f"{role}_{m.group(2)}")
-                    if rank < ranks.get(key, len(regs)):
-                        found.setdefault(key[0], {})[key[1]] = name
-                        ranks[key] = rank
-                    placed.add(name)
-                    break
-    else:
-        found, placed = _generic_match(tensors)
-
-    notes = []
-    if fam and fam.bias_note:
-        notes.append(fam.bias_note)
-    if fam is None:
-        how = "gguf-py's tensor names" if naming == "gguf" else "name only"
-        notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by {how}; "
-                     "position encoding, per-head statistics and redundancy classes are unknown")
-    buffers = _buffers(fam, tensors) if naming == "hf" else ()
-    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
-                           and n not in buffers and not _is_mask_buffer(n)))
-    if skipped:
-        notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
-                     + (" ..." if len(skipped) > 5 else ""))
-
-    n_layers = config_int(cfg, F.CONFIG_KEYS["num_layers"], path=where, minimum=0, maximum=MAX_LAYERS)
-    if n_layers is None:
-        n_layers = (max(found) + 1) if found else 0
-    if found and max(found) >= n_layers:
-        raise ConfigError(f"num_hidden_layers={n_layers} but tensors exist for layer {max(found)}",
-                          path=config_source, tensor=next(iter(found[max(found)].values())))
-    if found and not partial:
-        _check_layers_present(n_layers, _layer_indices(tensors, layer_pat) if layer_pat else set(found), where)
-
-    layers = []
-    for i in range(n_layers):
-        d = found.get(i, {})
-        layers.append(LayerTensors(
-            layer=i,
-            q_weight=d.get("q_weight"), q_bias=d.get("q_bias"),
-            k_weight=d.get("k_weight"), k_bias=d.get("k_bias"),
-            v_weight=d.get("v_weight"), v_bias=d.get("v_bias"),
-            qkv_weight=d.get("qkv_weight"), qkv_bias=d.get("qkv_bias"),
-            o_weight=d.get("o_weight"), o_bias=d.get("o_bias"),
-            q_norm=d.get("q_norm_weight"), k_norm=d.get("k_norm_weight"),
-            attn_norm=d.get("attn_norm_weight"), attn_norm_bias=d.get("attn_norm_bias"),
-        ))
+    layer_pat, found, placed = _match_roles(fam, naming, tensors)
+    notes, buffers, skipped = _resolve_notes(fam, naming, arch_name, tensors, placed)
+    n_layers = _layer_count(cfg, found, tensors, layer_pat, partial, where)
+    layers = _layer_records(n_layers, found)
     qk_norm = bool(fam and fam.qk_norm) or any(lt.q_norm or lt.k_norm for lt in layers)
     fused_layout = None
     if any(lt.fused for lt in layers):
@@ -196,6 +120,107 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         check_shapes(layout, tensors)
     _check_consistent(layout, where)   # after the shapes: a shape error names the tensor
     return layout
+
+
+def _head_sizes(cfg: dict, fam, where: str | None) -> tuple[dict, tuple]:
+    """The attention sizes, checked: (the config they were read from, (heads, kv heads, hidden, head_dim))."""
+    if isinstance(cfg.get("text_config"), dict) and _get(cfg, F.CONFIG_KEYS["num_heads"]) is None:
+        # a multimodal checkpoint of a registry family (Gemma3ForConditionalGeneration): the language
+        # model's sizes live in text_config
+        cfg = {**cfg["text_config"], "model_type": cfg.get("model_type"), "architectures": cfg.get("architectures")}
+    n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
+    n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
+    if n_kv is None and n_heads is not None:
+        n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
+    for conds, value in (fam.kv_heads_rules if fam else ()):
+        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
+            n_kv = value
+    hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
+    head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
+    if head_dim is None and hidden and n_heads:
+        head_dim = hidden // n_heads
+    return cfg, (n_heads, n_kv, hidden, head_dim)
+
+
+def _match_roles(fam, naming: str, tensors: dict) -> tuple:
+    """Match tensor names to roles: (layer pattern or None, {layer: {role: name}}, names placed)."""
+    if naming == "gguf":
+        # gguf-py's names (TENSOR_NAMES, and TensorNameMap for the family's own modules)
+        layer_pat, role_map = G.GGUF_LAYER, G.family_gguf_roles(fam)
+    elif fam:
+        layer_pat, role_map = fam.layer, dict(fam.roles)
+    else:
+        layer_pat, role_map = None, {}
+    if not layer_pat:
+        found, placed = _generic_match(tensors)
+        return layer_pat, found, placed
+    found: dict[int, dict] = {}
+    placed = set()
+    # one regex per (role, alternative); an earlier alternative wins when a layer has both
+    regs = [(role, rank, _role_regex(layer_pat, mod, prefixed=naming != "gguf"))
+            for role, mods in role_map.items()
+            for rank, mod in enumerate((mods,) if isinstance(mods, str) else mods)]
+    ranks: dict = {}
+    for name in tensors:
+        for role, rank, rx in regs:
+            m = rx.match(name)
+            if m:
+                key = (int(m.group(1)), f"{role}_{m.group(2)}")
+                if rank < ranks.get(key, len(regs)):
+                    found.setdefault(key[0], {})[key[1]] = name
+                    ranks[key] = rank
+                placed.add(name)
+                break
+    return layer_pat, found, placed
+
+
+def _resolve_notes(fam, naming: str, arch_name: str, tensors: dict, placed: set) -> tuple:
+    """(notes, buffers, attention-like biases left unplaced) for the layout."""
+    notes = []
+    if fam and fam.bias_note:
+        notes.append(fam.bias_note)
+    if fam is None:
+        how = "gguf-py's tensor names" if naming == "gguf" else "name only"
+        notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by {how}; "
+                     "position encoding, per-head statistics and redundancy classes are unknown")
+    buffers = _buffers(fam, tensors) if naming == "hf" else ()
+    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
+                           and n not in buffers and not _is_mask_buffer(n)))
+    if skipped:
+        notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
+                     + (" ..." if len(skipped) > 5 else ""))
+    return notes, buffers, skipped
+
+
+def _layer_count(cfg: dict, found: dict, tensors: dict, layer_pat, partial: bool, where: str | None) -> int:
+    """The layer count, checked both ways against the layers the tensors hold."""
+    n_layers = config_int(cfg, F.CONFIG_KEYS["num_layers"], path=where, minimum=0, maximum=MAX_LAYERS)
+    if n_layers is None:
+        n_layers = (max(found) + 1) if found else 0
+    if found and max(found) >= n_layers:
+        raise ConfigError(f"num_hidden_layers={n_layers} but tensors exist for layer {max(found)}",
+                          path=where, tensor=next(iter(found[max(found)].values())))
+    if found and not partial:
+        _check_layers_present(n_layers, _layer_indices(tensors, layer_pat) if layer_pat else set(found), where)
+    return n_layers
+
+
+def _layer_records(n_layers: int, found: dict) -> list[LayerTensors]:
+    """One LayerTensors per layer from the matched {role: name} maps."""
+    layers = []
+    for i in range(n_layers):
+        d = found.get(i, {})
+        layers.append(LayerTensors(
+            layer=i,
+            q_weight=d.get("q_weight"), q_bias=d.get("q_bias"),
+            k_weight=d.get("k_weight"), k_bias=d.get("k_bias"),
+            v_weight=d.get("v_weight"), v_bias=d.get("v_bias"),
+            qkv_weight=d.get("qkv_weight"), qkv_bias=d.get("qkv_bias"),
+            o_weight=d.get("o_weight"), o_bias=d.get("o_bias"),
+            q_norm=d.get("q_norm_weight"), k_norm=d.get("k_norm_weight"),
+            attn_norm=d.get("attn_norm_weight"), attn_norm_bias=d.get("attn_norm_bias"),
+        ))
+    return layers
 
 
 def _check_consistent(layout: ModelLayout, where: str | None) -> None:

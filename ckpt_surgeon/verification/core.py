@@ -71,9 +71,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     """
     t0 = time.perf_counter()
     dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
+    overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
-    thresholds_for(thresholds or "float32", max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
-                   require_greedy=require_greedy)
+    thresholds_for(thresholds or "float32", **overrides)
 
     import torch
 
@@ -84,35 +84,27 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
-        ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
-        cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
-                       revision=candidate_revision)
-        kind = _comparable_kind(ref, cand)
-        for pm in (ref, cand):
-            if pm.converted_from_gguf:
-                notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
-                             "by ckpt_surgeon.conversion (removed at the end)")
-        thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
-        thr = thresholds_for(thr_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1,
-                             require_greedy=require_greedy)
-        if thr_dtype == "quantized":
-            notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
-                         "pass explicit thresholds for a quantized candidate")
+        ref, cand, kind = _prepare_pair(reference, candidate, work, dtype, progress, revision, candidate_revision, notes)
+        thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
 
         tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, max_new_tokens, notes)
         gen_config = _generation_config(ref, tok, max_new_tokens) if kind.generates and max_new_tokens else None
 
-        mode, why = _choose_mode(ref, cand, dtype, dev, device_map, sequential, torch)
-        notes.append(f"{mode}: {why}")
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
                    progress=progress, seed=seed, torch=torch)
         load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-        schedule = _run_parallel if mode == "parallel" else _run_sequential
-        pairs = schedule(ref, cand, run, load, work)
+        mode, pairs = _schedule(ref, cand, run, load, work, sequential, notes)
         results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
         del pairs     # the suspended generators hold the models
         _free(torch)
 
+    return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=device_map, dtype=dtype,
+                   mode=mode, max_new_tokens=max_new_tokens, notes=notes, warnings=warnings, t0=t0, torch=torch)
+
+
+def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_map, dtype, mode, max_new_tokens,
+            notes, warnings, t0, torch) -> VerifyReport:
+    """Aggregate the per-prompt results, judge them and build the report."""
     metrics = aggregate(results, kind)
     failures = judge(metrics, thr, kind, results)
     return VerifyReport(
@@ -122,6 +114,38 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
         notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
         environment=_environment(dev, torch))
+
+
+def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revision, candidate_revision,
+                  notes: list[str]):
+    """Both models made loadable (GGUF converted into ``work``): (ref, cand, their common kind)."""
+    ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
+    cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
+                   revision=candidate_revision)
+    kind = _comparable_kind(ref, cand)
+    for pm in (ref, cand):
+        if pm.converted_from_gguf:
+            notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
+                         "by ckpt_surgeon.conversion (removed at the end)")
+    return ref, cand, kind
+
+
+def _pick_thresholds(thresholds: str | None, dtype: str, ref, cand, notes: list[str], **overrides):
+    """The thresholds to judge by: the named row, else the coarsest of ``dtype`` and both storage dtypes."""
+    thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
+    thr = thresholds_for(thr_dtype, **overrides)
+    if thr_dtype == "quantized":
+        notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
+                     "pass explicit thresholds for a quantized candidate")
+    return thr
+
+
+def _schedule(ref, cand, run: dict, load: dict, work: Path, sequential, notes: list[str]):
+    """Pick parallel or sequential mode and start it: (mode, the reference/candidate output pairs)."""
+    mode, why = _choose_mode(ref, cand, load["dtype"], run["device"], run["device_map"], sequential, run["torch"])
+    notes.append(f"{mode}: {why}")
+    schedule = _run_parallel if mode == "parallel" else _run_sequential
+    return mode, schedule(ref, cand, run, load, work)
 
 
 def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
