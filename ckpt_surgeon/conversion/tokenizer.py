@@ -563,14 +563,8 @@ def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
     return [sp.GetScore(i) for i in range(sp.vocab_size())]
 
 
-def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
-             effective_json: str | None | bool = False) -> GGUFVocab:
-    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
-
-    ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
-    already (computed in another process, so that this one never imports transformers);
-    ``False``: computed here."""
-    folder = Path(folder)
+def _vocab_sources(folder: Path, effective_json: str | None | bool) -> tuple[Path, dict, dict]:
+    """tokenizer.json's path, its effective content and tokenizer_config.json (``{}`` when absent)."""
     tj_path = folder / "tokenizer.json"
     if not tj_path.is_file():
         raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
@@ -579,14 +573,11 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
         effective_json = effective_tokenizer_json(folder)
     tj = json.loads(effective_json) if effective_json else _read_json(tj_path)
     tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    model = tj.get("model") or {}
-    if model.get("type") != "BPE":
-        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
-                               "vocabularies convert to GGUF here", path=str(tj_path))
-    vocab: dict = dict(model.get("vocab") or {})
-    added = tj.get("added_tokens") or []
-    for a in added:
-        vocab.setdefault(a["content"], a["id"])
+    return tj_path, tj, tcfg
+
+
+def _ids_to_tokens(vocab: dict, n_vocab: int, tj_path: Path) -> dict[int, str]:
+    """Invert ``vocab``; colliding ids and ids past the embedding's rows are errors."""
     id_to_tok: dict[int, str] = {}
     for tok, i in vocab.items():
         if i in id_to_tok and id_to_tok[i] != tok:
@@ -596,17 +587,12 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
     if top > n_vocab:
         raise ConfigError(f"the tokenizer has ids up to {top - 1} but the model's embedding has only {n_vocab} rows",
                           path=str(tj_path))
-    spm = bool(model.get("byte_fallback"))
-    kind = "llama" if spm else "gpt2"
+    return id_to_tok
 
-    special_added = {a["content"]: bool(a.get("special")) for a in added}
-    specials_by_name = {}
-    for typ in _HF_SPECIAL_NAMES:
-        content = _token_content(tcfg.get(f"{typ}_token"))
-        if content is not None and content in vocab:
-            specials_by_name[typ] = content
-    unk = model.get("unk_token") if isinstance(model.get("unk_token"), str) else specials_by_name.get("unk")
 
+def _tokens_and_types(id_to_tok: dict[int, str], n_vocab: int, unk, special_added: dict[str, bool],
+                      spm: bool) -> tuple[list[str], list[int]]:
+    """One token string and GGUF token type per embedding row (``[PADi]``/UNUSED for holes)."""
     tokens, types = [], []
     for i in range(n_vocab):
         tok = id_to_tok.get(i)
@@ -625,24 +611,23 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
         else:
             types.append(NORMAL)
         tokens.append(tok)
+    return tokens, types
 
-    merges = _merge_strings(model.get("merges") or [], str(tj_path))
-    scores = None
-    pre = None
-    add_space_prefix = None
-    if spm:
-        scores = _spm_scores(folder, merges, tokens, types)
-        add_space_prefix = _spm_adds_prefix(tj)
-        pre = "default"
-    else:
-        pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
-        if pre is None:
-            raise UnsupportedError(
-                "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "
-                f"({json.dumps(tj.get('pre_tokenizer'))[:160]}); llama.cpp would split text differently",
-                path=str(tj_path), hint=f"known: {', '.join(p.name for p in PRE_TOKENIZERS)}")
 
-    # Special ids: tokenizer_config names them; config.json / generation_config.json fill gaps.
+def _gpt2_pre_name(tj: dict, model: dict, tj_path: Path) -> str:
+    """llama.cpp's name for a byte-level tokenizer's pre_tokenizer; unknown ones are refused."""
+    pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
+    if pre is None:
+        raise UnsupportedError(
+            "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "
+            f"({json.dumps(tj.get('pre_tokenizer'))[:160]}); llama.cpp would split text differently",
+            path=str(tj_path), hint=f"known: {', '.join(p.name for p in PRE_TOKENIZERS)}")
+    return pre
+
+
+def _special_ids(folder: Path, vocab: dict, specials_by_name: dict, config: dict | None,
+                 n_vocab: int) -> dict[str, int]:
+    """Special ids: tokenizer_config names them; config.json / generation_config.json fill gaps."""
     ids = {typ: vocab[c] for typ, c in specials_by_name.items()}
     cfgs = [config or {}]
     if (folder / "generation_config.json").is_file():
@@ -654,6 +639,50 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
                 v = v[0] if v else None
             if typ not in ids and isinstance(v, int) and 0 <= v < n_vocab:
                 ids[typ] = v
+    return ids
+
+
+def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
+             effective_json: str | None | bool = False) -> GGUFVocab:
+    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
+
+    ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
+    already (computed in another process, so that this one never imports transformers);
+    ``False``: computed here."""
+    folder = Path(folder)
+    tj_path, tj, tcfg = _vocab_sources(folder, effective_json)
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
+                               "vocabularies convert to GGUF here", path=str(tj_path))
+    vocab: dict = dict(model.get("vocab") or {})
+    added = tj.get("added_tokens") or []
+    for a in added:
+        vocab.setdefault(a["content"], a["id"])
+    id_to_tok = _ids_to_tokens(vocab, n_vocab, tj_path)
+    spm = bool(model.get("byte_fallback"))
+    kind = "llama" if spm else "gpt2"
+
+    special_added = {a["content"]: bool(a.get("special")) for a in added}
+    specials_by_name = {}
+    for typ in _HF_SPECIAL_NAMES:
+        content = _token_content(tcfg.get(f"{typ}_token"))
+        if content is not None and content in vocab:
+            specials_by_name[typ] = content
+    unk = model.get("unk_token") if isinstance(model.get("unk_token"), str) else specials_by_name.get("unk")
+    tokens, types = _tokens_and_types(id_to_tok, n_vocab, unk, special_added, spm)
+
+    merges = _merge_strings(model.get("merges") or [], str(tj_path))
+    scores = None
+    add_space_prefix = None
+    if spm:
+        scores = _spm_scores(folder, merges, tokens, types)
+        add_space_prefix = _spm_adds_prefix(tj)
+        pre = "default"
+    else:
+        pre = _gpt2_pre_name(tj, model, tj_path)
+
+    ids = _special_ids(folder, vocab, specials_by_name, config, n_vocab)
     add_bos, add_eos = _add_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
     return GGUFVocab(model=kind, pre=pre, tokens=tuple(tokens), token_types=tuple(types),
                      scores=tuple(scores) if scores is not None else None,
