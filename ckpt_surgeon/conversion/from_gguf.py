@@ -56,6 +56,49 @@ def _hparams(meta: dict, arch: str, path: str | None = None) -> dict:
     return hp
 
 
+def _required_inputs(meta: dict, arch: str, tensors: dict, path: str | None):
+    """The metadata keys every config needs, checked; returns the token embedding's tensor info."""
+    for suffix in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+                   "context_length"):
+        if meta.get(f"{arch}.{suffix}") is None:
+            raise FormatError(f"metadata key {arch}.{suffix} is missing", path=path)
+    emb = tensors.get("token_embd.weight")
+    if emb is None:
+        raise FormatError("no token_embd.weight tensor", path=path)
+    return emb
+
+
+def _set_rope(cfg: dict, spec: N.ArchSpec, hp: dict, arch: str, warnings: list[str]) -> None:
+    """RoPE keys of ``cfg`` (llama.cpp's default theta when the file has none); removed for non-RoPE families."""
+    if spec.rope:
+        rp = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
+        theta = hp.get("rope_theta")
+        if theta is None:
+            warnings.append(f"{arch}.rope.freq_base is absent; llama.cpp runs this file with "
+                            f"{_LLAMACPP_DEFAULT_THETA:g}, so that is written to config.json")
+            theta = _LLAMACPP_DEFAULT_THETA
+        rp["rope_theta"] = theta
+        if rp.get("partial_rotary_factor") == 1.0:
+            del rp["partial_rotary_factor"]
+            cfg.pop("partial_rotary_factor", None)
+        # transformers >= 5 reads rope_parameters; transformers 4 and other tools read rope_theta.
+        cfg["rope_parameters"] = rp
+        cfg["rope_theta"] = theta
+    else:
+        for key in ("rope_parameters", "rope_theta", "partial_rotary_factor"):
+            cfg.pop(key, None)
+
+
+def _set_special_ids(cfg: dict, meta: dict, path: str | None) -> None:
+    """bos/eos/pad/unk token ids from the tokenizer metadata (null when absent or past the vocabulary)."""
+    from .tokenizer import SPECIAL_KEYS
+    for typ in ("bos", "eos", "pad", "unk"):
+        # Written even when absent (null): family config classes have defaults (Phi-3's
+        # pad_token_id 32000) that would point outside a smaller vocabulary.
+        v = gguf_value(meta, f"tokenizer.ggml.{SPECIAL_KEYS[typ]}", TOKEN_ID, path=path)
+        cfg[f"{typ}_token_id"] = v if v is not None and v < cfg["vocab_size"] else None
+
+
 def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: str, tied: bool,
                         path: str | None = None) -> tuple[dict, list[str]]:
     """``config.json`` contents for a GGUF (metadata + tensor table), and warnings.
@@ -70,13 +113,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
 
     arch = spec.gguf_arch
     warnings: list[str] = []
-    for suffix in ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
-                   "context_length"):
-        if meta.get(f"{arch}.{suffix}") is None:
-            raise FormatError(f"metadata key {arch}.{suffix} is missing", path=path)
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise FormatError("no token_embd.weight tensor", path=path)
+    emb = _required_inputs(meta, arch, tensors, path)
     base = config_from_gguf(meta, tensors, path=path)
     hp = _hparams(meta, arch, path)
     if hp.get("value_length") not in (None, base.get("head_dim")):
@@ -101,34 +138,13 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         v = gguf_hparam(meta, arch, suffix, path=path)
         cfg[key] = v if v is not None else cfg.get("max_position_embeddings")
     cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
-    if spec.rope:
-        rp = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
-        theta = hp.get("rope_theta")
-        if theta is None:
-            warnings.append(f"{arch}.rope.freq_base is absent; llama.cpp runs this file with "
-                            f"{_LLAMACPP_DEFAULT_THETA:g}, so that is written to config.json")
-            theta = _LLAMACPP_DEFAULT_THETA
-        rp["rope_theta"] = theta
-        if rp.get("partial_rotary_factor") == 1.0:
-            del rp["partial_rotary_factor"]
-            cfg.pop("partial_rotary_factor", None)
-        # transformers >= 5 reads rope_parameters; transformers 4 and other tools read rope_theta.
-        cfg["rope_parameters"] = rp
-        cfg["rope_theta"] = theta
-    else:
-        for key in ("rope_parameters", "rope_theta", "partial_rotary_factor"):
-            cfg.pop(key, None)
+    _set_rope(cfg, spec, hp, arch, warnings)
     hp = dict(hp, head_dim=base.get("head_dim"))
     N.fixed_to_hf(spec, cfg, hp)
     if spec.bias_switch:
         cfg[spec.bias_switch] = spec.bias_probe in tensors
     cfg["tie_word_embeddings"] = bool(tied)
-    from .tokenizer import SPECIAL_KEYS
-    for typ in ("bos", "eos", "pad", "unk"):
-        # Written even when absent (null): family config classes have defaults (Phi-3's
-        # pad_token_id 32000) that would point outside a smaller vocabulary.
-        v = gguf_value(meta, f"tokenizer.ggml.{SPECIAL_KEYS[typ]}", TOKEN_ID, path=path)
-        cfg[f"{typ}_token_id"] = v if v is not None and v < cfg["vocab_size"] else None
+    _set_special_ids(cfg, meta, path)
     cfg["dtype"] = dtype
     cfg["torch_dtype"] = dtype    # transformers 4 spelling
     return dict(sorted(cfg.items())), warnings
@@ -172,6 +188,110 @@ def _same_bytes(ck, a: str, b: str) -> bool:
     return ck.read_raw(a) == ck.read_raw(b)
 
 
+def _source_arch(ck, src: Path) -> tuple[dict, str, N.ArchSpec]:
+    """The GGUF's metadata, architecture and arch row, after the checks that need no tensor data."""
+    if ck.naming != "gguf":
+        raise UnsupportedError("is not a GGUF file; to convert an HF model to GGUF give an output path "
+                               "ending in .gguf", path=str(src))
+    meta = ck.metadata
+    arch = ck.gguf_arch or meta.get("general.architecture")
+    spec = N.by_gguf_arch(arch, meta)
+    if spec is None:
+        raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
+                               f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))
+    missing = [t.name for t in ck.tensors.values() if t.missing]
+    if missing:
+        raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
+                          path=str(src), tensor=missing[0])
+    # config values and layer count checked before any work; every shape is compared with the
+    # transformers model below, with that check's own message
+    ck.layout(shapes=False)
+    return meta, arch, spec
+
+
+def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path) -> list[tuple]:
+    """(gguf name, HF name, transform, HF shape, GGUF dtype, expert slot or None) per output tensor."""
+    names = N.gguf_to_hf_names(spec)
+    plan = []
+    for gname, info in ck.tensors.items():
+        if tied and gname == "output.weight":
+            continue       # byte-identical duplicate of token_embd (tied): the HF model shares it
+        hit = names.match(gname)
+        if hit is None:
+            raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
+                                   "would silently lack it)", path=str(src), tensor=gname)
+        hname, rule = hit
+        shape = tuple(info.shape)
+        if rule.transform == "conv1d" and len(shape) == 2:
+            shape = (shape[1], shape[0])
+        if rule.transform == "row" and len(shape) == 1:
+            shape = (1,) + shape
+        if rule.experts:      # one GGUF tensor [n_expert, ...] -> one HF tensor per expert
+            if len(shape) < 2:
+                raise FormatError(f"expert tensor has shape {list(shape)}; expected [experts, ...]",
+                                  path=str(src), tensor=gname)
+            stack = _ExpertStack(ck, gname, rule.transform, shape[0])
+            plan.extend((gname, hname.replace("{E}", str(e)), rule.transform, shape[1:], info.dtype, (stack, e))
+                        for e in range(shape[0]))
+        else:
+            plan.append((gname, hname, rule.transform, shape, info.dtype, None))
+    return plan
+
+
+def _write_hf(w, ck, plan: list[tuple], gate, hp: dict, st_dtype: str) -> list[TensorRecord]:
+    """Queue every planned tensor on the open writer ``w`` (raw copies where the bytes are the same)."""
+    records = []
+    for gname, hname, transform, shape, gdtype, expert in plan:
+        if expert is not None:
+            w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
+                  shape=shape)
+        elif transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
+            w.copy(gname, as_name=hname)
+        else:
+            w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
+                  shape=shape)
+        records.append(TensorRecord(gname, hname, transform, gdtype, st_dtype, shape))
+    return records
+
+
+def _open_source(src: Path, dtype: str, child):
+    """(normalized dtype, safetensors dtype, open checkpoint); the model-check ``child`` is killed on failure."""
+    try:
+        from ..checkpoint import open_checkpoint
+
+        from .dtypes import normalize_dtype
+
+        dtype = normalize_dtype(dtype, to_gguf=False)
+        st_dtype = N.HF_DTYPES[dtype]
+        ck = open_checkpoint(src)
+    except BaseException:
+        if child is not None:
+            child.kill()
+        raise
+    return dtype, st_dtype, ck
+
+
+def _tokenizer_files(meta: dict, config: dict, tokenizer: bool, src: Path, warnings: list[str]):
+    """(GGUF vocabulary, rebuilt HF tokenizer files), both None when the file has none or ``tokenizer`` is off."""
+    from .tokenizer import hf_tokenizer_files, vocab_from_metadata
+
+    tok_files = None
+    vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
+    if vocab is not None:
+        tok_files = hf_tokenizer_files(vocab, model_max_length=config.get("max_position_embeddings")
+                                       or config.get("n_positions"), path=str(src))
+        warnings.extend(tok_files.warnings)
+    return vocab, tok_files
+
+
+def _add_tokenizer_files(w, tok_files) -> None:
+    """tokenizer.json, tokenizer_config.json and (when it names special ids) generation_config.json."""
+    w.add_file("tokenizer.json", tok_files.tokenizer_json)
+    w.add_file("tokenizer_config.json", _json(tok_files.tokenizer_config))
+    if tok_files.special_ids:
+        w.add_file("generation_config.json", _json(dict(tok_files.special_ids)))
+
+
 def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, *,
                       max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: bool = True,
                       progress: bool | None = False) -> ConvertReport:
@@ -189,66 +309,15 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     # child process starts on them first thing, before even this function's own imports, gets
     # the config once it is known, and gates the output (see _Gate).
     child = expected_tensors_in_subprocess(str(src)) if _looks_gguf(src) else None
+    dtype, st_dtype, ck = _open_source(src, dtype, child)
     try:
-        from ..checkpoint import open_checkpoint
         from ..formats.writer import CheckpointWriter
-        from .tokenizer import hf_tokenizer_files, vocab_from_metadata
 
-        from .dtypes import normalize_dtype
-
-        dtype = normalize_dtype(dtype, to_gguf=False)
-        st_dtype = N.HF_DTYPES[dtype]
-        ck = open_checkpoint(src)
-    except BaseException:
-        if child is not None:
-            child.kill()
-        raise
-    try:
-        if ck.naming != "gguf":
-            raise UnsupportedError("is not a GGUF file; to convert an HF model to GGUF give an output path "
-                                   "ending in .gguf", path=str(src))
-        meta = ck.metadata
-        arch = ck.gguf_arch or meta.get("general.architecture")
-        spec = N.by_gguf_arch(arch, meta)
-        if spec is None:
-            raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
-                                   f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))
-        missing = [t.name for t in ck.tensors.values() if t.missing]
-        if missing:
-            raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
-                              path=str(src), tensor=missing[0])
-        # config values and layer count checked before any work; every shape is compared with the
-        # transformers model below, with that check's own message
-        ck.layout(shapes=False)
-
+        meta, arch, spec = _source_arch(ck, src)
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))
         hp = _hparams(meta, arch, str(src))
-
-        names = N.gguf_to_hf_names(spec)
-        plan = []
-        for gname, info in ck.tensors.items():
-            if tied and gname == "output.weight":
-                continue       # byte-identical duplicate of token_embd (tied): the HF model shares it
-            hit = names.match(gname)
-            if hit is None:
-                raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
-                                       "would silently lack it)", path=str(src), tensor=gname)
-            hname, rule = hit
-            shape = tuple(info.shape)
-            if rule.transform == "conv1d" and len(shape) == 2:
-                shape = (shape[1], shape[0])
-            if rule.transform == "row" and len(shape) == 1:
-                shape = (1,) + shape
-            if rule.experts:      # one GGUF tensor [n_expert, ...] -> one HF tensor per expert
-                if len(shape) < 2:
-                    raise FormatError(f"expert tensor has shape {list(shape)}; expected [experts, ...]",
-                                      path=str(src), tensor=gname)
-                stack = _ExpertStack(ck, gname, rule.transform, shape[0])
-                plan.extend((gname, hname.replace("{E}", str(e)), rule.transform, shape[1:], info.dtype, (stack, e))
-                            for e in range(shape[0]))
-            else:
-                plan.append((gname, hname, rule.transform, shape, info.dtype, None))
+        plan = _tensor_plan(ck, spec, arch, tied, src)
 
         # The model check runs in a child while the tensors are written; the writer waits for it
         # just before publishing (all shards written, fsync'd and verified by then), so a failed
@@ -263,31 +332,12 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
             what=f"{spec.hf_architecture} built from this file's metadata",
             source_names={h: g for g, h, _, _, _, _ in plan}))
         try:
-            tok_files = None
-            vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
-            if vocab is not None:
-                tok_files = hf_tokenizer_files(vocab, model_max_length=config.get("max_position_embeddings")
-                                               or config.get("n_positions"), path=str(src))
-                warnings.extend(tok_files.warnings)
-
-            records = []
+            vocab, tok_files = _tokenizer_files(meta, config, tokenizer, src, warnings)
             with w:
-                for gname, hname, transform, shape, gdtype, expert in plan:
-                    if expert is not None:
-                        w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
-                              shape=shape)
-                    elif transform == "none" and _RAW_SAME.get(gdtype) == st_dtype:
-                        w.copy(gname, as_name=hname)
-                    else:
-                        w.put(hname, gate.wrap(_producer(ck, gname, transform, hp, st_dtype)), dtype=st_dtype,
-                              shape=shape)
-                    records.append(TensorRecord(gname, hname, transform, gdtype, st_dtype, shape))
+                records = _write_hf(w, ck, plan, gate, hp, st_dtype)
                 w.set_config(config)
                 if tok_files is not None:
-                    w.add_file("tokenizer.json", tok_files.tokenizer_json)
-                    w.add_file("tokenizer_config.json", _json(tok_files.tokenizer_config))
-                    if tok_files.special_ids:
-                        w.add_file("generation_config.json", _json(dict(tok_files.special_ids)))
+                    _add_tokenizer_files(w, tok_files)
                 w.record("convert", {"from": "gguf", "source": src.name, "arch": arch, "dtype": dtype})
         except BaseException:
             gate.abandon()

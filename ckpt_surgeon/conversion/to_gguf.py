@@ -137,6 +137,35 @@ def check_hparam_values(cfg: dict, path: str | None) -> None:
             hf_hparam(cfg, key, path)
 
 
+def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
+    """RoPE hyper-parameters into ``hp``; a missing theta or a scaled RoPE is refused."""
+    theta = hf_hparam(cfg, "rope_theta", path)
+    if theta is None:
+        raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
+                          "silently use 10000", path=path)
+    hp["rope_theta"] = theta
+    local = hf_hparam(cfg, "rope_local_theta", path)
+    if local is not None:
+        hp["rope_local_theta"] = local
+    rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
+    if rope_type not in (None, "default"):
+        raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
+    partial = hf_hparam(cfg, "partial_rotary", path)
+    hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
+    hp["key_length"] = hp["value_length"] = head_dim
+
+
+def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
+    """Settings llama.cpp hard-codes for the family must match the config's."""
+    for key, value in spec.llamacpp_fixed.items():
+        want = N.fixed_expected(key, value, hp)
+        got = N.fixed_from_hf(key, cfg)
+        if got != want:
+            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} assumes {key} = {want} (it is not stored in the "
+                                   f"file), but this config has {got}; llama.cpp would run a different model",
+                                   path=path)
+
+
 def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
     """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
     each checked where read (:func:`hf_hparam`)."""
@@ -160,20 +189,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS['n_ff'])}", path=path)
     hp["n_ff"] = n_ff
     if spec.rope:
-        theta = get("rope_theta")
-        if theta is None:
-            raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
-                              "silently use 10000", path=path)
-        hp["rope_theta"] = theta
-        local = get("rope_local_theta")
-        if local is not None:
-            hp["rope_local_theta"] = local
-        rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
-        if rope_type not in (None, "default"):
-            raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
-        partial = get("partial_rotary")
-        hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
-        hp["key_length"] = hp["value_length"] = head_dim
+        _rope_hparams(cfg, hp, head_dim, path)
     eps_key = "rms_eps" if spec.norm == "rms" else "ln_eps"
     eps = get(eps_key)
     if eps is None:
@@ -191,13 +207,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
-    for key, value in spec.llamacpp_fixed.items():
-        want = N.fixed_expected(key, value, hp)
-        got = N.fixed_from_hf(key, cfg)
-        if got != want:
-            raise UnsupportedError(f"llama.cpp's {spec.gguf_arch} assumes {key} = {want} (it is not stored in the "
-                                   f"file), but this config has {got}; llama.cpp would run a different model",
-                                   path=path)
+    _check_llamacpp_fixed(cfg, spec, hp, path)
     return hp
 
 

@@ -563,14 +563,8 @@ def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
     return [sp.GetScore(i) for i in range(sp.vocab_size())]
 
 
-def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
-             effective_json: str | None | bool = False) -> GGUFVocab:
-    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
-
-    ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
-    already (computed in another process, so that this one never imports transformers);
-    ``False``: computed here."""
-    folder = Path(folder)
+def _vocab_sources(folder: Path, effective_json: str | None | bool) -> tuple[Path, dict, dict]:
+    """tokenizer.json's path, its effective content and tokenizer_config.json (``{}`` when absent)."""
     tj_path = folder / "tokenizer.json"
     if not tj_path.is_file():
         raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
@@ -579,14 +573,11 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
         effective_json = effective_tokenizer_json(folder)
     tj = json.loads(effective_json) if effective_json else _read_json(tj_path)
     tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    model = tj.get("model") or {}
-    if model.get("type") != "BPE":
-        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
-                               "vocabularies convert to GGUF here", path=str(tj_path))
-    vocab: dict = dict(model.get("vocab") or {})
-    added = tj.get("added_tokens") or []
-    for a in added:
-        vocab.setdefault(a["content"], a["id"])
+    return tj_path, tj, tcfg
+
+
+def _ids_to_tokens(vocab: dict, n_vocab: int, tj_path: Path) -> dict[int, str]:
+    """Invert ``vocab``; colliding ids and ids past the embedding's rows are errors."""
     id_to_tok: dict[int, str] = {}
     for tok, i in vocab.items():
         if i in id_to_tok and id_to_tok[i] != tok:
@@ -596,17 +587,12 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
     if top > n_vocab:
         raise ConfigError(f"the tokenizer has ids up to {top - 1} but the model's embedding has only {n_vocab} rows",
                           path=str(tj_path))
-    spm = bool(model.get("byte_fallback"))
-    kind = "llama" if spm else "gpt2"
+    return id_to_tok
 
-    special_added = {a["content"]: bool(a.get("special")) for a in added}
-    specials_by_name = {}
-    for typ in _HF_SPECIAL_NAMES:
-        content = _token_content(tcfg.get(f"{typ}_token"))
-        if content is not None and content in vocab:
-            specials_by_name[typ] = content
-    unk = model.get("unk_token") if isinstance(model.get("unk_token"), str) else specials_by_name.get("unk")
 
+def _tokens_and_types(id_to_tok: dict[int, str], n_vocab: int, unk, special_added: dict[str, bool],
+                      spm: bool) -> tuple[list[str], list[int]]:
+    """One token string and GGUF token type per embedding row (``[PADi]``/UNUSED for holes)."""
     tokens, types = [], []
     for i in range(n_vocab):
         tok = id_to_tok.get(i)
@@ -625,24 +611,23 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
         else:
             types.append(NORMAL)
         tokens.append(tok)
+    return tokens, types
 
-    merges = _merge_strings(model.get("merges") or [], str(tj_path))
-    scores = None
-    pre = None
-    add_space_prefix = None
-    if spm:
-        scores = _spm_scores(folder, merges, tokens, types)
-        add_space_prefix = _spm_adds_prefix(tj)
-        pre = "default"
-    else:
-        pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
-        if pre is None:
-            raise UnsupportedError(
-                "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "
-                f"({json.dumps(tj.get('pre_tokenizer'))[:160]}); llama.cpp would split text differently",
-                path=str(tj_path), hint=f"known: {', '.join(p.name for p in PRE_TOKENIZERS)}")
 
-    # Special ids: tokenizer_config names them; config.json / generation_config.json fill gaps.
+def _gpt2_pre_name(tj: dict, model: dict, tj_path: Path) -> str:
+    """llama.cpp's name for a byte-level tokenizer's pre_tokenizer; unknown ones are refused."""
+    pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
+    if pre is None:
+        raise UnsupportedError(
+            "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "
+            f"({json.dumps(tj.get('pre_tokenizer'))[:160]}); llama.cpp would split text differently",
+            path=str(tj_path), hint=f"known: {', '.join(p.name for p in PRE_TOKENIZERS)}")
+    return pre
+
+
+def _special_ids(folder: Path, vocab: dict, specials_by_name: dict, config: dict | None,
+                 n_vocab: int) -> dict[str, int]:
+    """Special ids: tokenizer_config names them; config.json / generation_config.json fill gaps."""
     ids = {typ: vocab[c] for typ, c in specials_by_name.items()}
     cfgs = [config or {}]
     if (folder / "generation_config.json").is_file():
@@ -654,6 +639,50 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
                 v = v[0] if v else None
             if typ not in ids and isinstance(v, int) and 0 <= v < n_vocab:
                 ids[typ] = v
+    return ids
+
+
+def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
+             effective_json: str | None | bool = False) -> GGUFVocab:
+    """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
+
+    ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
+    already (computed in another process, so that this one never imports transformers);
+    ``False``: computed here."""
+    folder = Path(folder)
+    tj_path, tj, tcfg = _vocab_sources(folder, effective_json)
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
+                               "vocabularies convert to GGUF here", path=str(tj_path))
+    vocab: dict = dict(model.get("vocab") or {})
+    added = tj.get("added_tokens") or []
+    for a in added:
+        vocab.setdefault(a["content"], a["id"])
+    id_to_tok = _ids_to_tokens(vocab, n_vocab, tj_path)
+    spm = bool(model.get("byte_fallback"))
+    kind = "llama" if spm else "gpt2"
+
+    special_added = {a["content"]: bool(a.get("special")) for a in added}
+    specials_by_name = {}
+    for typ in _HF_SPECIAL_NAMES:
+        content = _token_content(tcfg.get(f"{typ}_token"))
+        if content is not None and content in vocab:
+            specials_by_name[typ] = content
+    unk = model.get("unk_token") if isinstance(model.get("unk_token"), str) else specials_by_name.get("unk")
+    tokens, types = _tokens_and_types(id_to_tok, n_vocab, unk, special_added, spm)
+
+    merges = _merge_strings(model.get("merges") or [], str(tj_path))
+    scores = None
+    add_space_prefix = None
+    if spm:
+        scores = _spm_scores(folder, merges, tokens, types)
+        add_space_prefix = _spm_adds_prefix(tj)
+        pre = "default"
+    else:
+        pre = _gpt2_pre_name(tj, model, tj_path)
+
+    ids = _special_ids(folder, vocab, specials_by_name, config, n_vocab)
     add_bos, add_eos = _add_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
     return GGUFVocab(model=kind, pre=pre, tokens=tuple(tokens), token_types=tuple(types),
                      scores=tuple(scores) if scores is not None else None,
@@ -886,90 +915,94 @@ class HFTokenizerFiles:
     warnings: tuple[str, ...] = ()
 
 
-def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, path: str | None = None) -> HFTokenizerFiles:
-    """Rebuild ``tokenizer.json`` + ``tokenizer_config.json`` from a GGUF vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+def _rebuild_pre(v: GGUFVocab, warnings: list[str]):
+    """The pre-tokenizer llama.cpp uses for a gpt2/gemma4/whitespace vocabulary (None for others)."""
+    if v.model not in ("gpt2", "gemma4", "whitespace"):
+        return None
+    # llama.cpp: a gemma4 model always uses the gemma4 pre type; a gpt2 one without a name
+    # the "default" regexes (with a loud warning), and an unknown name does not load at all.
+    pre = pre_by_name("gemma4" if v.model == "gemma4" else (v.pre or "default"))
+    if v.model != "gemma4" and not v.pre:
+        warnings.append("tokenizer.ggml.pre is missing: llama.cpp splits such a file with its 'default' "
+                        "regexes, and so does the rebuilt tokenizer")
+    if pre is None:
+        warnings.append(f"tokenizer.ggml.pre={v.pre!r} is not in llama.cpp's table (llama.cpp refuses to load "
+                        "the file); using GPT-2's split")
+        pre = pre_by_name("gpt-2")
+    return pre
 
-    warnings = []
-    n = _kept_ids(v)
-    tokens = list(v.tokens[:n])
-    types = list(v.token_types[:n])
-    pre = None
-    if v.model in ("gpt2", "gemma4", "whitespace"):
-        # llama.cpp: a gemma4 model always uses the gemma4 pre type; a gpt2 one without a name
-        # the "default" regexes (with a loud warning), and an unknown name does not load at all.
-        pre = pre_by_name("gemma4" if v.model == "gemma4" else (v.pre or "default"))
-        if v.model != "gemma4" and not v.pre:
-            warnings.append("tokenizer.ggml.pre is missing: llama.cpp splits such a file with its 'default' "
-                            "regexes, and so does the rebuilt tokenizer")
-        if pre is None:
-            warnings.append(f"tokenizer.ggml.pre={v.pre!r} is not in llama.cpp's table (llama.cpp refuses to load "
-                            "the file); using GPT-2's split")
-            pre = pre_by_name("gpt-2")
-    if pre is not None and not pre.byte_encode:
-        tok = _raw_bpe(v, tokens, pre, path)
-    elif v.model == "gpt2":
-        spelling = _bytes_to_unicode()
-        alphabet = set(spelling.values())
-        # Control tokens are stored as raw text; the BPE vocabulary wants them byte-level spelled
-        # (transformers integrations/gguf byte_level_tokenizer does the same).  Normal tokens
-        # outside the byte alphabet (command-r's raw "\u200d") are ones llama.cpp's BPE never
-        # produces, and user-defined ones (mpt's runs of spaces) llama.cpp matches in the raw
-        # text before BPE: both keep their stored spelling, so they cannot shadow the byte-level
-        # token with the same bytes.
-        vocab_tokens = [t if set(t) <= alphabet or ty != CONTROL else "".join(spelling[b] for b in t.encode("utf-8"))
-                        for t, ty in zip(tokens, types)]
-        vocab = {t: i for i, t in enumerate(vocab_tokens)}
-        if len(vocab) != len(vocab_tokens):
-            vocab = {}
-            for i, t in enumerate(vocab_tokens):
-                vocab.setdefault(t, i)
-        merges = _merge_pairs(v, path)
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
-        _set_pre_tokenizer(tok, pre)
-        tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
-    elif v.model == "llama":
+
+def _byte_level_bpe(v: GGUFVocab, tokens: list[str], types: list[int], pre, path: str | None):
+    """A byte-level BPE tokenizer (``gpt2``) from the GGUF vocabulary."""
+    from tokenizers import Tokenizer, decoders, models
+
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    # Control tokens are stored as raw text; the BPE vocabulary wants them byte-level spelled
+    # (transformers integrations/gguf byte_level_tokenizer does the same).  Normal tokens
+    # outside the byte alphabet (command-r's raw "\u200d") are ones llama.cpp's BPE never
+    # produces, and user-defined ones (mpt's runs of spaces) llama.cpp matches in the raw
+    # text before BPE: both keep their stored spelling, so they cannot shadow the byte-level
+    # token with the same bytes.
+    vocab_tokens = [t if set(t) <= alphabet or ty != CONTROL else "".join(spelling[b] for b in t.encode("utf-8"))
+                    for t, ty in zip(tokens, types)]
+    vocab = {t: i for i, t in enumerate(vocab_tokens)}
+    if len(vocab) != len(vocab_tokens):
         vocab = {}
-        for i, t in enumerate(tokens):
+        for i, t in enumerate(vocab_tokens):
             vocab.setdefault(t, i)
-        scores = {t: (v.scores[i] if v.scores else -float(i)) for i, t in enumerate(tokens)}
-        normal = {t: i for t, i in vocab.items() if types[i] in (NORMAL, UNKNOWN)}
-        merges = _spm_merges(normal, scores)
-        unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-        prefix = v.add_space_prefix if v.add_space_prefix is not None else True
-        norms = ([normalizers.Prepend("▁")] if prefix else []) + [normalizers.Replace(" ", "▁")]
-        tok.normalizer = normalizers.Sequence(norms)
-        decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        if prefix:
-            decs.append(decoders.Strip(" ", 1, 0))
-        tok.decoder = decoders.Sequence(decs)
-    elif v.model == "bert":
-        tok = _wordpiece(v, tokens, types)
-    elif v.model == "t5":
-        tok = _unigram(v, tokens)
-    else:
-        raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE), 'llama' "
-                               "(SentencePiece BPE), 'gemma4' / 'whitespace' (raw UTF-8 BPE), 'bert' (WordPiece) and 't5' (unigram) "
-                               "vocabularies are rebuilt", path=path)
+    merges = _merge_pairs(v, path)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
+    _set_pre_tokenizer(tok, pre)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    return tok
 
-    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    if specials:
-        tok.add_special_tokens(specials)
-    if user:
-        tok.add_tokens(user)
 
-    names = {typ: tokens[i] for typ, i in v.special_ids.items() if i < n}
+def _spm_bpe(v: GGUFVocab, tokens: list[str], types: list[int]):
+    """A SentencePiece-style BPE tokenizer (``llama``) with byte fallback from the GGUF vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    scores = {t: (v.scores[i] if v.scores else -float(i)) for i, t in enumerate(tokens)}
+    normal = {t: i for t, i in vocab.items() if types[i] in (NORMAL, UNKNOWN)}
+    merges = _spm_merges(normal, scores)
+    unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    prefix = v.add_space_prefix if v.add_space_prefix is not None else True
+    norms = ([normalizers.Prepend("▁")] if prefix else []) + [normalizers.Replace(" ", "▁")]
+    tok.normalizer = normalizers.Sequence(norms)
+    decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        decs.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(decs)
+    return tok
+
+
+def _rebuild_model(v: GGUFVocab, tokens: list[str], types: list[int], pre, path: str | None):
+    """The tokenizers ``Tokenizer`` for the vocabulary's model kind, before added tokens."""
+    if pre is not None and not pre.byte_encode:
+        return _raw_bpe(v, tokens, pre, path)
+    if v.model == "gpt2":
+        return _byte_level_bpe(v, tokens, types, pre, path)
+    if v.model == "llama":
+        return _spm_bpe(v, tokens, types)
+    if v.model == "bert":
+        return _wordpiece(v, tokens, types)
+    if v.model == "t5":
+        return _unigram(v, tokens)
+    raise UnsupportedError(f"tokenizer.ggml.model={v.model!r}: only 'gpt2' (byte-level BPE), 'llama' "
+                           "(SentencePiece BPE), 'gemma4' / 'whitespace' (raw UTF-8 BPE), 'bert' (WordPiece) and 't5' (unigram) "
+                           "vocabularies are rebuilt", path=path)
+
+
+def _set_post_processor(tok, v: GGUFVocab, tokens: list[str], names: dict[str, str],
+                        add_bos: bool, add_eos: bool) -> None:
+    """BOS/EOS (or BERT's [CLS] ... [SEP]) templates as llama.cpp adds them."""
+    from tokenizers import processors
+
     bos, eos = names.get("bos"), names.get("eos")
-    # llama.cpp: add_bos defaults on for SPM and WPM and for the BPE pre names that set it
-    # (Llama 3, tekken, chameleon); the file's tokenizer.ggml.add_bos_token overrides; the gemma4
-    # pre type forces it on.
-    add_bos = bool(v.add_bos) if v.add_bos is not None else (v.model in ("llama", "bert")
-                                                               or (pre is not None and pre.add_bos))
-    if pre is not None and pre.type == "GEMMA4":
-        add_bos = True
-    add_eos = bool(v.add_eos) if v.add_eos is not None else v.model == "t5"   # llama.cpp: UGM adds EOS
     single, pair, sp = "$A", "$A $B", []
     if add_bos and bos is not None:
         single, pair = f"{bos} {single}", f"{bos} $A {bos} $B"
@@ -987,6 +1020,36 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
         tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=sorted(set(sp)))
     elif v.model == "gpt2":
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
+
+
+def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, path: str | None = None) -> HFTokenizerFiles:
+    """Rebuild ``tokenizer.json`` + ``tokenizer_config.json`` from a GGUF vocabulary."""
+    from tokenizers import AddedToken
+
+    warnings = []
+    n = _kept_ids(v)
+    tokens = list(v.tokens[:n])
+    types = list(v.token_types[:n])
+    pre = _rebuild_pre(v, warnings)
+    tok = _rebuild_model(v, tokens, types, pre, path)
+
+    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if specials:
+        tok.add_special_tokens(specials)
+    if user:
+        tok.add_tokens(user)
+
+    names = {typ: tokens[i] for typ, i in v.special_ids.items() if i < n}
+    # llama.cpp: add_bos defaults on for SPM and WPM and for the BPE pre names that set it
+    # (Llama 3, tekken, chameleon); the file's tokenizer.ggml.add_bos_token overrides; the gemma4
+    # pre type forces it on.
+    add_bos = bool(v.add_bos) if v.add_bos is not None else (v.model in ("llama", "bert")
+                                                               or (pre is not None and pre.add_bos))
+    if pre is not None and pre.type == "GEMMA4":
+        add_bos = True
+    add_eos = bool(v.add_eos) if v.add_eos is not None else v.model == "t5"   # llama.cpp: UGM adds EOS
+    _set_post_processor(tok, v, tokens, names, add_bos, add_eos)
 
     tcfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                   "add_bos_token": add_bos, "add_eos_token": add_eos}
