@@ -138,13 +138,17 @@ def test_real_model_f16_bf16_gguf_top1_agreement(dtype, smol_bf16, tmp_path):
     """bf16 source -> f16 / bf16 GGUF: llama.cpp's top-1 agrees with transformers (on the
     source, computed in float32) at >= 99% of 128 teacher-forced positions for f16 (observed 100%).
 
-    bf16: the weights are the source's own bf16 values, but llama.cpp also rounds the
-    *activations* to bf16 inside its matmuls (8 significant bits, 2^-9 relative per rounding,
-    over 30 layers): observed max |delta logit| 0.24 and two flipped positions of 128 (llama.cpp
-    0.3.36), both near-ties whose reference top-2 margins are 0.031 and 0.026 logits (median
-    margin 1.01).  So bf16 asserts what that rounding allows: >= 126/128 agreement, the logit
-    error within 0.3, and every flip a near-tie (reference margin < 0.05), i.e. no flip where
-    the model was decided."""
+    bf16: the weights are the source's own bf16 values (the f32 GGUF of the same source is within
+    0.04 of transformers), but llama.cpp also rounds the *activations* to bf16 inside its matmuls
+    (8 significant bits, 2^-9 relative per rounding, over 30 layers). How much that moves the
+    logits depends on the CPU's kernel: max |delta logit| 0.24 on one machine, 0.40 on an
+    AVX512-BF16 one (llama.cpp 0.3.36, both), i.e. 3-6% of the logits' spread (std 7.2), with a
+    mean |delta| of 0.036 (0.5% of it); one or two flipped positions of 128, each a near-tie
+    (reference top-2 margins 0.026-0.031, median margin 1.01).  So bf16 asserts what that rounding
+    allows, scaled by the logits' spread rather than tied to one machine's figure: mean |delta|
+    within 2% of std (a mis-laid weight moves logits by a sizeable fraction of std), max within
+    15%, >= 126/128 agreement, and every flip a near-tie (reference margin < 0.05), i.e. no flip
+    where the model was decided."""
     got, ref = _teacher_forced(smol_bf16, hf_to_gguf(smol_bf16, tmp_path / f"smol.{dtype}.gguf", dtype=dtype))
     agree = got.argmax(-1) == ref.argmax(-1)
     if dtype == "f16":
@@ -154,7 +158,9 @@ def test_real_model_f16_bf16_gguf_top1_agreement(dtype, smol_bf16, tmp_path):
     top2 = np.sort(r, axis=-1)[:, -2:]
     margins = (top2[:, 1] - top2[:, 0])[~agree.reshape(-1)]
     assert int((~agree).sum()) <= 2, margins
-    assert float(np.abs(got - ref).max()) <= 0.3
+    delta, spread = np.abs(got - ref), float(ref.std())
+    assert float(delta.mean()) <= 0.02 * spread, (float(delta.mean()), spread)
+    assert float(delta.max()) <= 0.15 * spread, (float(delta.max()), spread)
     assert np.all(margins < 0.05), margins
 
 

@@ -260,30 +260,6 @@ class GGUFPlan:
     warnings: tuple
 
 
-def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
-    """``(GGUF name, rule, HF names)`` per GGUF tensor, in source order: one HF name each, or every
-    expert's (ordered by expert index, which must run 0..n-1) for an expert row."""
-    out: dict[str, tuple] = {}
-    experts: dict[str, dict[int, str]] = {}
-    for tname in tnames:
-        hit = names.match(tname)
-        if hit is None:
-            raise UnsupportedError(f"no GGUF name for this tensor in the {arch} mapping", path=path, tensor=tname)
-        dst, rule = hit
-        if any(rx.match(dst) for rx in absent):
-            raise UnsupportedError(f"llama.cpp's {arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
-                                   "file would not load ('wrong number of tensors')", path=path, tensor=tname)
-        out.setdefault(dst, (dst, rule, (tname,)))
-        if rule.experts:
-            experts.setdefault(dst, {})[names.expert(tname)] = tname
-    for dst, by_index in experts.items():
-        if sorted(by_index) != list(range(len(by_index))):
-            missing = sorted(set(range(max(by_index) + 1)) - set(by_index))
-            raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
-        out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
-    return list(out.values())
-
-
 def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list) -> tuple[list, tuple | None]:
     """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file
     order; and the token embedding's shape (None if there is none)."""
