@@ -12,6 +12,7 @@ share lives here:
   ``attention_bias=False``) and so would run a different model;
 * :data:`TOKENIZER_FILES` / :func:`has_tokenizer`: whether a folder carries a tokenizer;
 * :func:`load_pretrained`: ``from_pretrained`` with eager attention, quiet, as one typed error;
+* :func:`load_tokenizer`: the tokenizer of a folder, Hub id or ``tokenizer.json``, as one typed error;
 * :func:`quiet_transformers` (from :mod:`ckpt_surgeon.quiet`, where the lower layers import it):
   transformers' logs and bars off while the library loads or saves.
 
@@ -26,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .errors import CkptError, UnsupportedError
+from .errors import CkptError, ConfigError, UnsupportedError
 from .quiet import quiet_transformers
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -109,3 +110,19 @@ def load_pretrained(cls, folder: str | os.PathLike, *, dtype: str, path: str, **
             return cls.from_pretrained(folder, attn_implementation="eager", dtype=tdtype, **kw)
     except LOAD_ERRORS as e:
         raise UnsupportedError(f"transformers could not load it: {first_line(e)}", path=path) from None
+
+
+def load_tokenizer(source: str | os.PathLike, *, path: str, local_files_only: bool = True,
+                   error: type[CkptError] = ConfigError, why: str = "tokenizer could not be loaded"):
+    """``AutoTokenizer`` for a folder or Hub id (``local_files_only=False``: the Hub is asked,
+    honouring HF_TOKEN / HF_HUB_OFFLINE), or a fast tokenizer for one ``tokenizer.json`` file;
+    what transformers raises becomes ``error("<why>: <its first line>")``."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    try:
+        with quiet_transformers():
+            if Path(source).is_file():
+                return PreTrainedTokenizerFast(tokenizer_file=os.fspath(source))
+            return AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=local_files_only)
+    except LOAD_ERRORS as e:
+        raise error(f"{why}: {first_line(e)}", path=path) from None
+

@@ -15,8 +15,9 @@ serialization, so a transformers upgrade gets fresh folders instead of silently 
 ones.
 
 Why atomic: several processes (pytest workers, a notebook kernel) may ask for the same model
-at once, and a build can be killed half-way.  Each build goes into a private temp dir beside
-the destination and is moved into place with one ``os.replace``: a folder at the final path is
+at once, and a build can be killed half-way.  Each build goes into a :class:`publish.Staging`
+folder beside the destination (locked while its builder lives, so a killed build's temp is swept
+by the next build of the same model) and is renamed into place: a folder at the final path is
 always complete.  The loser of a race throws its copy away and uses the winner's (identical)
 one, as huggingface_hub's download path writes ``.incomplete`` and then renames.
 """
@@ -24,16 +25,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
+from .errors import OutputExistsError
+from .publish import Staging
 from .userdirs import user_cache
 
 ENV_VAR = "CKPT_SURGEON_FIXTURE_CACHE"
-# Temp build dirs older than this are from killed builds and are swept on the next build.
-_STALE_TMP_S = 3600.0
 
 
 def default_base() -> Path:
@@ -57,34 +55,17 @@ def tiny_path(name: str, *, seed: int = 0, base: str | os.PathLike | None = None
 
 
 def cached_build(final: Path, build) -> Path:
-    """``final`` if it exists, else ``build(tmp)`` into a private temp dir beside it, moved into
-    place with one ``os.replace``: a folder at ``final`` is always complete, and the loser of a
-    race between processes throws its copy away and uses the winner's (identical) one."""
+    """``final`` if it exists, else ``build(tmp)`` into a staging folder beside it, published with
+    one rename: a folder at ``final`` is always complete, and the loser of a race between processes
+    throws its copy away and uses the winner's (identical) one."""
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_stale_tmp(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared, keep it readable
-    try:
-        build(tmp)
+    with Staging(final, folder=True) as staged:
+        build(staged.path)
         try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process finished first (replacing a non-empty dir fails): use theirs.
-            if not final.is_dir():
+            staged.publish(replace=False)
+        except (OutputExistsError, OSError):
+            if not final.is_dir():      # another process finished first: use theirs
                 raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def _sweep_stale_tmp(parent: Path) -> None:
-    now = time.time()
-    for entry in parent.glob(".tmp-*"):
-        try:
-            if now - entry.stat().st_mtime > _STALE_TMP_S:
-                shutil.rmtree(entry, ignore_errors=True)
-        except OSError:
-            pass  # swept by a concurrent process

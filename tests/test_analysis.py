@@ -304,6 +304,7 @@ def test_hub_era_rope_spelling_reads_the_same(tiny, tmp_path):
     cfg.update(rotary_pct=0.25, rotary_emb_base=10000)
     (folder / "config.json").write_text(json.dumps(cfg))
     a, b = analyze(tiny("gpt_neox")), analyze(folder)
+    assert len(a.layers) == len(b.layers) == 2
     assert [x.exact_fraction for x in a.layers] == [x.exact_fraction for x in b.layers]
     assert [x.bound_all for x in a.layers] == pytest.approx([x.bound_all for x in b.layers], rel=1e-12)
 
@@ -340,6 +341,7 @@ def test_gguf_file_analysis_equals_the_hf_folder(tiny, tmp_path):
     gguf = hf_to_gguf(tiny("llama_bias"), tmp_path / "m.gguf", dtype="f32")
     a, b = analyze(tiny("llama_bias"), epsilon=1.0), analyze(gguf, epsilon=1.0)
     assert b.format == "gguf" and b.position.pair_layout == "interleaved"
+    assert len(a.layers) == len(b.layers) == 2
     for x, y in zip(a.layers, b.layers):
         assert y.k_class == x.k_class == "rope"
         assert y.near_fraction == pytest.approx(x.near_fraction, rel=1e-12)
@@ -466,6 +468,7 @@ def test_inspect_json_carries_k_bias_redundancy(tiny, name):
     assert res.exit_code == 0, res.output
     layers = json.loads(res.output)["layers"]
     rep = analyze(tiny(name))
+    assert len(layers) == len(rep.layers) == 2
     for d, lr in zip(layers, rep.layers):
         red = d["k_bias_redundancy"]
         if not lr.has_k_bias:
@@ -551,6 +554,7 @@ def test_hub_repo_analysis_equals_the_local_folder(tiny, tmp_path, monkeypatch):
         remote = analyze("owner/tiny", epsilon=1.0)
     local = analyze(folder, epsilon=1.0)
     assert remote.format == "hub-safetensors"
+    assert len(local.layers) == len(remote.layers) == 2
     for x, y in zip(local.layers, remote.layers):
         assert (y.k_class, y.near_pairs) == (x.k_class, x.near_pairs)
         assert y.near_fraction == x.near_fraction and y.bound == x.bound and y.bound_all == x.bound_all

@@ -46,10 +46,7 @@ WRITER_ROLES = ("o", "mlp_out", "embed_add", "embed_token", "embed_norm")
 
 
 def family_record(layout: ModelLayout) -> F.Family | None:
-    for fam in F.FAMILIES:
-        if fam.name == layout.family:
-            return fam
-    return None
+    return F.by_name(layout.family)
 
 
 @dataclass(frozen=True)

@@ -205,12 +205,8 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     is_lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     cls = transformers.AutoModelForCausalLM if is_lm else transformers.AutoModel
     model = runtime.load_pretrained(cls, folder, dtype=dtype, path=str(source))
-    try:
-        with quiet_transformers():
-            tok = transformers.AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UnsupportedError(f"measured mode needs a tokenizer beside the model ({str(e).splitlines()[0]})",
-                               path=str(folder)) from None
+    tok = runtime.load_tokenizer(folder, path=str(folder), error=UnsupportedError,
+                                 why="measured mode needs a tokenizer beside the model")
     model.eval()
     model.to(device)
     return model, tok, is_lm

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import CkptError
+from ..formats.safe_input import read_json
+from ..publish import write_file_atomic
 from ..userdirs import user_cache
 # re-exported too: tests and fixtures import the module-tree reader from here
 from .modtree import (  # noqa: F401
@@ -55,6 +57,7 @@ from .modtree import (  # noqa: F401
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
 CACHE_VERSION = 2
+_CACHE_MAX_BYTES = 16 << 20    # a derived record is a few KB; a larger file is not ours
 
 
 @dataclass(frozen=True)
@@ -115,18 +118,17 @@ def _cache_path(cfg: dict, version: str) -> Path:
 
 def _cache_load(path: Path) -> DerivedArch | None:
     try:
-        return DerivedArch.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None     # absent or from another ckpt-surgeon version: derive again
+        # the same size and depth limits as every JSON we read: the cache is a file on disk too
+        return DerivedArch.from_dict(read_json(path, max_bytes=_CACHE_MAX_BYTES, what="derived-architecture cache"))
+    except (CkptError, OSError, ValueError, TypeError, KeyError):
+        return None     # absent, corrupt or from another ckpt-surgeon version: derive again
 
 
 def _cache_store(path: Path, arch: DerivedArch) -> None:
-    """Atomic (temp file beside it + os.replace): concurrent runs never read half a record."""
+    """Atomic (publish: temp beside it, fsync, rename): concurrent runs never read half a record."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(arch.to_dict(), default=str))
-        os.replace(tmp, path)
+        write_file_atomic(path, json.dumps(arch.to_dict(), default=str).encode())
     except OSError:
         pass            # a read-only cache only costs the next run the derivation again
 

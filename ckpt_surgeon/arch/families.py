@@ -625,6 +625,14 @@ CONFIG_KEYS = {
 }
 
 
+def by_name(name: str | None) -> Family | None:
+    """The registry record whose ``name`` is ``name`` (a layout's ``family``), None if none is."""
+    for fam in FAMILIES:
+        if fam.name == name:
+            return fam
+    return None
+
+
 def by_model_type(model_type: str | None) -> Family | None:
     for fam in FAMILIES:
         if model_type in fam.model_types:

@@ -142,7 +142,7 @@ def family_gguf_roles(fam: F.Family | None) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _family_gguf_roles(name: str) -> tuple:
-    fam = next(f for f in F.FAMILIES if f.name == name)
+    fam = F.by_name(name)
     generic = gguf_roles()
     arch = fam.gguf_archs[0]
     out = {}

@@ -76,10 +76,7 @@ class FoldLayer:
 
 
 def family_of(layout) -> F.Family | None:
-    for fam in F.FAMILIES:
-        if fam.name == layout.family:
-            return fam
-    return None
+    return F.by_name(layout.family)
 
 
 def bias_rows(layout, lt, role: str) -> tuple[str, np.ndarray] | None:

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError
 from ..runtime import quiet_transformers, resolve_device
-from .loading import TORCH_DTYPES, PreparedModel, load_model, load_tokenizer, prepare
+from ..runtime import load_tokenizer
+from .loading import TORCH_DTYPES, PreparedModel, load_model, prepare
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
 from .report import PromptResult, VerifyReport, aggregate, judge

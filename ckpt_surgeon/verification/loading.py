@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
-from ..runtime import LOAD_ERRORS, first_line, gguf_to_folder, has_tokenizer, load_pretrained, quiet_transformers
+from ..runtime import gguf_to_folder, has_tokenizer, load_pretrained
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
 
@@ -167,14 +167,3 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
     return model
 
 
-def load_tokenizer(source: str | os.PathLike, *, path: str, local_files_only: bool = True):
-    """``AutoTokenizer`` for a folder or Hub id (``local_files_only=False``: the Hub is asked,
-    honouring HF_TOKEN / HF_HUB_OFFLINE), or a fast tokenizer for one ``tokenizer.json`` file."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    try:
-        with quiet_transformers():
-            if Path(source).is_file():
-                return PreTrainedTokenizerFast(tokenizer_file=os.fspath(source))
-            return AutoTokenizer.from_pretrained(os.fspath(source), local_files_only=local_files_only)
-    except LOAD_ERRORS as e:
-        raise ConfigError(f"tokenizer could not be loaded: {first_line(e)}", path=path) from None
