@@ -91,6 +91,7 @@ import collections
 import errno
 import hashlib
 import json
+import contextlib
 import os
 import threading
 import time
@@ -283,7 +284,7 @@ class CheckpointWriter:
         if self.single_file and len(files) != 1:
             return False
         names = [self.out.name] if self.single_file else [os.path.basename(f) for f in files]
-        try:
+        with self._cleanup_on_failure():
             self._sweep_stale()
             _check_space(self.out.parent, sum(os.path.getsize(f) for f in files) + PRECOPY_RESERVE * len(files))
             self._make_tmp()
@@ -291,12 +292,6 @@ class CheckpointWriter:
                 hdr = st.read_header(f)
                 self._pre[name] = Precopy(src=f, dst=str(self._shard_path(name)), data_start=hdr.data_start + PRECOPY_RESERVE,
                                           src_data_start=hdr.data_start, length=hdr.file_size - hdr.data_start)
-        except OSError as e:
-            self._cleanup()
-            raise _os_error(e, self.out) from None
-        except BaseException:
-            self._cleanup()
-            raise
         # One shard per thread: the in-kernel copy is CPU-bound (page cache to page cache), so on a
         # 2-core machine two concurrent copies take ~0.6x the time of one after the other.
         queue = collections.deque(self._pre.values())
@@ -384,7 +379,7 @@ class CheckpointWriter:
         if self._committed:
             return self.result
         t0 = time.perf_counter()
-        try:
+        with self._cleanup_on_failure():
             self._sweep_stale()
             shards = self._layout()
             total = self._prepare(shards)
@@ -401,12 +396,6 @@ class CheckpointWriter:
             if self.before_publish is not None:
                 self.before_publish()
             self._rename_into_place()
-        except OSError as e:
-            self._cleanup()
-            raise _os_error(e, self.out) from None
-        except BaseException:
-            self._cleanup()
-            raise
         self._committed = True
         self._pre_threads = []
         self.result = self._result(shards, results, files_copied, skipped, hash_hex, scope, check_full, t0)
@@ -688,6 +677,18 @@ class CheckpointWriter:
         # fsync'd and renamed by the publish module; a single-file OUT is the one file in the temp dir
         self._staging.publish(replace=self.force, member=self.out.name if self.single_file else None)
         self._staging, self._tmp = None, None
+
+    @contextlib.contextmanager
+    def _cleanup_on_failure(self):
+        """Any failure inside removes the temp output; an OSError becomes one WriteError naming OUT."""
+        try:
+            yield
+        except OSError as e:
+            self._cleanup()
+            raise _os_error(e, self.out) from None
+        except BaseException:
+            self._cleanup()
+            raise
 
     def _cleanup(self) -> None:
         self._stop_precopy()
