@@ -296,11 +296,22 @@ class IndexTarget(_FolderTarget):
 
 
 class ConfigTarget(_FolderTarget):
+    """``inspect`` and ``analyze`` (static path: bias bounds, rope geometry, attention scale) of a
+    folder whose config.json is mutated, or has one known key (or one field of a rope-scaling
+    dict) set to a hostile value."""
+
     name = "config"
     sharded = False
     _KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
              "rope_theta", "max_position_embeddings", "partial_rotary_factor", "model_type", "rope_parameters",
-             "rotary_dim")
+             "rotary_dim", "kv_lora_rank", "qk_rope_head_dim", "sliding_window", "layer_types",
+             "query_pre_attn_scalar", "attention_multiplier", "original_max_position_embeddings", "rope_scaling")
+    # rope-scaling dicts whose every field the readers use (arch/rope.py), one field made hostile
+    _ROPE = ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 1.0,
+              "mscale_all_dim": 0.7},
+             {"rope_type": "longrope", "short_factor": [1.0] * (HEAD_DIM // 2),
+              "long_factor": [2.0] * (HEAD_DIM // 2), "original_max_position_embeddings": 32},
+             {"rope_type": "linear", "factor": 2.0})
 
     def run(self, rng):
         if rng.random() < 0.5:
@@ -308,10 +319,24 @@ class ConfigTarget(_FolderTarget):
         else:                                            # a known key set to a hostile value
             d = dict(QWEN2_CONFIG)
             k = rng.choice(self._KEYS)
-            text = json.dumps(d)[:-1] + f', "{k}": {_hostile_json_text(rng)}' + "}"
-            text = text.replace(f'"{k}": {json.dumps(d[k])}, ', "", 1) if k in d else text
+            if k in ("rope_scaling", "rope_parameters") and rng.random() < 0.7:
+                rope = dict(rng.choice(self._ROPE))
+                rope[rng.choice([f for f in rope if f != "rope_type"] + ["rope_theta", "attention_factor"])] = "HOSTILE"
+                value = json.dumps(rope).replace('"HOSTILE"', _hostile_json_text(rng))
+            else:
+                value = _hostile_json_text(rng)
+            text = json.dumps({x: v for x, v in d.items() if x != k})[:-1] + f', "{k}": {value}' + "}"
         self.write("config.json", text)
-        self.open_and_inspect()
+        self.open_inspect_analyze()
+
+    def open_inspect_analyze(self) -> None:
+        from ckpt_surgeon.analysis.inspect import inspect_checkpoint
+        from ckpt_surgeon.analysis.redundancy import analyze_checkpoint
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        with open_checkpoint(self.dir) as ck:
+            layout = ck.layout()
+            inspect_checkpoint(ck)
+            analyze_checkpoint(ck, layout=layout)
 
 
 class GGUFTarget(Target):

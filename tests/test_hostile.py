@@ -102,6 +102,54 @@ def test_model_type_as_a_list(tmp_path):
                      f"{d / 'config.json'}: model_type is ['F32'] (a list); it must be a string")
 
 
+_POS = "it must be a finite positive number"
+_F32 = "it must be a finite number above 0 and at most 3.40282e+38"
+
+
+@pytest.mark.parametrize("command,extra,says", [
+    # inspect's KV-cache figures (analysis/memory.py)
+    ("inspect", {"kv_lora_rank": "x"}, "kv_lora_rank is 'x' (a string); it must be an integer"),
+    ("inspect", {"kv_lora_rank": 8, "qk_rope_head_dim": [4]}, "qk_rope_head_dim is [4] (a list); it must be an integer"),
+    ("inspect", {"sliding_window": [4]}, "sliding_window is [4] (a list); it must be an integer"),
+    ("inspect", {"sliding_window": -1}, "sliding_window is -1; it must be between 0 and 1,099,511,627,776"),
+    # the attention scale (analysis/redundancy.py)
+    ("analyze", {"query_pre_attn_scalar": "x"}, f"query_pre_attn_scalar is 'x' (a string); {_F32}"),
+    ("analyze", {"attention_multiplier": 1e308}, f"attention_multiplier is 1e+308; {_F32}"),   # overflowed to inf
+    # rope scaling, both spellings (arch/rope.py)
+    ("analyze", {"rope_scaling": {"rope_type": "yarn", "factor": "x"}}, f"rope_scaling.factor is 'x' (a string); {_F32}"),
+    ("inspect", {"rope_scaling": {"rope_type": "yarn", "factor": 4, "attention_factor": 1e300}},
+     f"rope_scaling.attention_factor is 1e+300; {_F32}"),
+    ("analyze", {"rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": -1, "mscale_all_dim": 1}},
+     "rope_scaling.mscale is -1; it must be a finite number between 0 and 3.40282e+38"),
+    ("analyze", {"rope_scaling": {"rope_type": "longrope", "short_factor": ["a"], "long_factor": [1, 1]}},
+     "rope_scaling.short_factor is ['a'] (a list); it must be a list of finite positive numbers"),
+    ("analyze", {"rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 1}},
+     "rope_scaling.original_max_position_embeddings is 1; it must be between 2 and 1,099,511,627,776"),
+    ("analyze", {"rope_parameters": {"full_attention": {"rope_theta": 1e4},
+                                     "sliding_attention": {"rope_theta": "1e4"}}},
+     f"rope_parameters.sliding_attention.rope_theta is '1e4' (a string); {_POS}"),
+    # architectures (read as class names by every command)
+    ("analyze", {"architectures": "Qwen2ForCausalLM"},
+     "architectures is 'Qwen2ForCausalLM' (a string); it must be a list of class names (strings)"),
+])
+def test_config_value_read_by_inspect_or_analyze_is_checked(tmp_path, command, extra, says):
+    """Values only inspect's memory figures or analyze's bound read (they used to end in a
+    ValueError / TypeError traceback from ``int()`` / ``float()``)."""
+    d = _folder(tmp_path, dict(fuzz.QWEN2_CONFIG, **extra))
+    _one_line_exit_2(_cli(command, str(d)), f"{d / 'config.json'}: {says}")
+
+
+def test_rope_scaling_values_that_are_valid_still_analyze(tmp_path):
+    for i, rope in enumerate(({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                               "mscale": 1.0, "mscale_all_dim": 0.7},
+                              {"rope_type": "longrope", "short_factor": [1.0, 1.0], "long_factor": [2, 3],
+                               "original_max_position_embeddings": 32})):
+        d = _folder(tmp_path, dict(fuzz.QWEN2_CONFIG, rope_scaling=rope, sliding_window=64), name=f"m{i}")
+        r = CliRunner().invoke(cli, ["analyze", str(d), "--format", "json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["rope"]["rope_type"] == rope["rope_type"]
+
+
 def test_lone_surrogate_tensor_name_in_fold_bias(tmp_path):
     p = _header_file(tmp_path / "a.safetensors", b'{"a\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}')
     out = tmp_path / "out"
