@@ -373,14 +373,39 @@ class GGUFSplitTarget(Target):
             p.write_bytes(b)
         self.dirty: int | None = None
 
+    # part counts for names and split.count values: the limit (99,999: 5 digits), past it, u32/u64 ends
+    _COUNTS = (1, 2, 3, 65_535, 99_999, 100_000, 2 ** 32 - 1, 2 ** 64 - 1)
+
     def run(self, rng):
         from ckpt_surgeon.checkpoint import open_checkpoint
+        if rng.random() < 0.25:
+            self.run_renamed(rng)
+            return
         i = rng.randrange(2)
         if self.dirty is not None and self.dirty != i:      # one damaged part at a time
             self.paths[self.dirty].write_bytes(self.parts[self.dirty])
         self.paths[i].write_bytes(mutate_bytes(self.parts[i], rng))
         self.dirty = i
         with open_checkpoint(self.paths[0]) as ck:
+            ck.layout()
+
+    def run_renamed(self, rng):
+        """Part 1 under a name ``-of-NNNNN`` with another part count (5 digits or more), its
+        split.count set to that count, another one or left at 2, in a type gguf-split writes or not."""
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        t = qwen2_gguf_tensors()
+        n_name = rng.choice(self._COUNTS)
+        count = rng.choice((n_name, n_name, 2, *self._COUNTS))
+        kind = rng.choice([k for k, hi in (("u16", 2 ** 16), ("u16", 2 ** 16), ("u32", 2 ** 32), ("u32", 2 ** 32),
+                                            ("i32", 2 ** 31), ("u64", 2 ** 64)) if count < hi])
+        kvs = qwen2_gguf_kvs([("split.no", "u16", 0), ("split.count", kind, count),
+                              ("split.tensors.count", "i32", len(t))])
+        p = self.dir / "renamed" / f"m-00001-of-{n_name:05d}.gguf"
+        p.parent.mkdir(exist_ok=True)
+        for old in p.parent.iterdir():
+            old.unlink()
+        p.write_bytes(gguf_bytes(kvs, dict(list(t.items())[: len(t) // 2])))
+        with open_checkpoint(p) as ck:
             ck.layout()
 
 

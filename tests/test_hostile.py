@@ -300,6 +300,38 @@ def test_hidden_size_doubled_and_zero_heads_on_llama(tiny, tmp_path):
         f"error: {src / 'config.json'}: num_attention_heads is 0; it must be between 1 and 16,777,216")
 
 
+def _split_part(tmp_path: Path, name: str, kind: str, count: int) -> Path:
+    p = tmp_path / name
+    p.write_bytes(fuzz.gguf_bytes(fuzz.qwen2_gguf_kvs([("split.no", "u16", 0), ("split.count", kind, count)]),
+                                  fuzz.qwen2_gguf_tensors()))
+    return p
+
+
+@pytest.mark.parametrize("kind,count,says", [
+    # a 4-billion-name list of parts used to be built before any part was looked for
+    ("u32", 2 ** 32 - 1, "split.count is 4,294,967,295, over the 99,999 parts a split GGUF can have (part numbers "
+                         "in names are 5 digits)"),
+    ("u64", 2 ** 64 - 1, "metadata key 'split.count' must be an unsigned integer of at most 32 bits (gguf-split "
+                         "writes UINT16), not UINT64"),
+    ("i32", 3, "metadata key 'split.count' must be an unsigned integer of at most 32 bits (gguf-split writes "
+               "UINT16), not INT32"),
+])
+def test_split_count_out_of_range_or_of_the_wrong_type(tmp_path, kind, count, says):
+    p = _split_part(tmp_path, f"m-00001-of-{count:05d}.gguf", kind, count)
+    _one_line_exit_2(_cli("inspect", str(p)), f"{p}: {says}")
+
+
+def test_split_count_at_the_limit_and_names_with_six_digit_counts(tmp_path):
+    p = _split_part(tmp_path, "m-00001-of-99999.gguf", "u32", 99_999)
+    _one_line_exit_2(_cli("inspect", str(p)),
+                     f"{tmp_path / 'm-00002-of-99999.gguf'}: split part missing (expected beside {p.name})")
+    # gguf-split never writes a 6-digit part count: such a name is an ordinary GGUF's, whatever it says
+    from ckpt_surgeon.formats.gguf import group_gguf_names, parse_split_name
+    big = "m-00001-of-" + "9" * 200 + ".gguf"
+    assert parse_split_name(big) is None and parse_split_name("m-00001-of-100000.gguf") is None
+    assert group_gguf_names([big, "m-00001-of-00002.gguf"]) == [("m-00001-of-00002.gguf",), (big,)]
+
+
 def test_gguf_tensor_with_a_zero_dimension(tmp_path):
     t = fuzz.qwen2_gguf_tensors()
     blob = fuzz.gguf_bytes(fuzz.qwen2_gguf_kvs(), t)
