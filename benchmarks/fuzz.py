@@ -559,36 +559,39 @@ def run_target(name: str, iterations: int, seed: int, workdir: Path, max_seconds
     rng = random.Random(seed)
     counts = {"ok": 0, "typed": 0, "untyped": 0, "memory_errors": 0, "over_time": 0, "hung": 0}
     worst, failures = 0.0, []
-    if hard_limit:
-        signal.signal(signal.SIGALRM, _alarm)
-    for i in range(iterations):
-        t0 = time.perf_counter()
-        if hard_limit:
-            signal.setitimer(signal.ITIMER_REAL, hard_limit)
-        try:
-            target.run(rng)
-            counts["ok"] += 1
-        except _Hung:
-            counts["hung"] += 1
-            failures.append((i, "hung", f"interrupted after {hard_limit} s"))
-        except CkptError:
-            counts["typed"] += 1
-        except MemoryError:
-            counts["memory_errors"] += 1
-            failures.append((i, "MemoryError", ""))
-        except Exception as e:  # noqa: BLE001 - the point: anything untyped is a finding
-            counts["untyped"] += 1
-            if len(failures) < 10:
-                failures.append((i, type(e).__name__, str(e)[:200]))
-        finally:
+    previous = signal.signal(signal.SIGALRM, _alarm) if hard_limit else None
+    try:
+        for i in range(iterations):
+            t0 = time.perf_counter()
             if hard_limit:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        dt = time.perf_counter() - t0
-        worst = max(worst, dt)
-        if dt > max_seconds:
-            counts["over_time"] += 1
-            if len(failures) < 10:
-                failures.append((i, "over_time", f"{dt:.2f} s"))
+                signal.setitimer(signal.ITIMER_REAL, hard_limit)
+            try:
+                target.run(rng)
+                counts["ok"] += 1
+            except _Hung:
+                counts["hung"] += 1
+                failures.append((i, "hung", f"interrupted after {hard_limit} s"))
+            except CkptError:
+                counts["typed"] += 1
+            except MemoryError:
+                counts["memory_errors"] += 1
+                failures.append((i, "MemoryError", ""))
+            except Exception as e:  # noqa: BLE001 - the point: anything untyped is a finding
+                counts["untyped"] += 1
+                if len(failures) < 10:
+                    failures.append((i, type(e).__name__, str(e)[:200]))
+            finally:
+                if hard_limit:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            dt = time.perf_counter() - t0
+            worst = max(worst, dt)
+            if dt > max_seconds:
+                counts["over_time"] += 1
+                if len(failures) < 10:
+                    failures.append((i, "over_time", f"{dt:.2f} s"))
+    finally:
+        if hard_limit:
+            signal.signal(signal.SIGALRM, previous)     # the caller's own (pytest runs this in its process)
     return {"target": name, "iterations": iterations, **counts, "max_iteration_s": round(worst, 4),
             "failures": failures}
 
