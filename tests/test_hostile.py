@@ -441,6 +441,46 @@ def test_token_ids_and_prompts_files_nested_deep_or_with_huge_numbers(tmp_path):
         assert str(e.value) == f"{big}: {what} holds a number of 5,000 digits (at most 40 are accepted)"
 
 
+def test_prompts_file_over_the_size_limit_or_a_fifo(tmp_path):
+    """``--prompts`` / ``--token-ids`` files are read through safe_input: a regular file of at most
+    16 MiB (it was read whole, whatever its size; a FIFO blocked)."""
+    from ckpt_surgeon.analysis.prompts import MAX_TEXT_FILE
+    d = _folder(tmp_path)
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_TEXT_FILE + 1)                     # sparse: no 16 MiB written
+    _one_line_exit_2(_cli("analyze", str(d), "--measure", "--prompts", str(big)),
+                     f"{big}: prompts file is 16,777,217 bytes, over the 16,777,216-byte limit for this kind of file")
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    _one_line_exit_2(_cli("verify", str(d), str(d), "--token-ids", str(fifo), timeout=60),
+                     f"{fifo}: token ids file is a FIFO (named pipe), not a regular file; only regular files are read")
+
+
+def test_hub_cache_files_corrupt_or_hostile_are_a_cache_miss(tmp_path):
+    """files.json / meta.json / refs in the Hub cache are parsed with safe_input's limits; a
+    100k-deep, 10,000-digit, non-object or FIFO entry is a miss (fetched again), not a RecursionError."""
+    from ckpt_surgeon.formats.hub_cache import RepoCache
+    sha = "a" * 40
+    cache = RepoCache(tmp_path, "owner/name")
+    store_dir = cache.dir / sha / "files" / "model.safetensors"
+    store_dir.mkdir(parents=True)
+    (cache.dir / "refs").mkdir()
+    for bad in ("[" * 100_000 + "]" * 100_000, "[" + "9" * 10_000 + "]", "[1, 2]", "{", "FIFO"):
+        for f in (cache.dir / sha / "files.json", store_dir / "meta.json", cache.dir / "refs" / "main"):
+            f.unlink(missing_ok=True)
+            if bad == "FIFO":
+                os.mkfifo(f)
+            else:
+                f.write_text(bad)
+        assert cache.listing(sha) is None
+        assert cache.store(sha, "model.safetensors").meta == {}
+        assert cache.ref("main") is None
+    (cache.dir / sha / "files.json").unlink()
+    cache.set_listing(sha, ["config.json"])
+    assert cache.listing(sha) == ["config.json"]
+
+
 # --------------------------------------------------------------------------- leftovers of killed runs
 
 def _run_paused(args: list[str], stage: str, marker: Path) -> subprocess.Popen:
