@@ -159,6 +159,20 @@ def test_lone_surrogate_tensor_name_in_fold_bias(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["a.safetensors"]      # nothing written
 
 
+@pytest.mark.parametrize("flag", [[], ["--allow-truncated"]])
+def test_truncated_safetensors_is_refused_with_or_without_allow_truncated(tmp_path, flag):
+    """--allow-truncated is GGUF's (README, --help): a safetensors file whose data is shorter than
+    its header promises fails header validation, one line, exit 2, either way."""
+    d = _folder(tmp_path)
+    p = d / "model.safetensors"
+    os.truncate(p, p.stat().st_size - 10)
+    _one_line_exit_2(_cli("inspect", str(p), *flag),
+                     f"{p}: file is truncated: the header promises 8640 bytes of data but only 8630 are present "
+                     "(10 bytes missing; 1 tensor(s) affected, first 'model.layers.1.input_layernorm.weight')")
+    r = CliRunner().invoke(cli, ["inspect", "--help"])
+    assert "A truncated safetensors file is refused either way" in " ".join(r.output.split())
+
+
 def test_gguf_string_length_2_pow_63(tmp_path):
     blob = fuzz.gguf_bytes(fuzz.qwen2_gguf_kvs(), fuzz.qwen2_gguf_tensors())
     # the length prefix of token 't1' inside tokenizer.ggml.tokens (the vectorised string-array pass)
