@@ -510,20 +510,23 @@ def _run_paused(args: list[str], stage: str, marker: Path) -> subprocess.Popen:
     return p
 
 
-@pytest.mark.parametrize("command", ["fold-bias", "convert"])
+@pytest.mark.parametrize("command", ["fold-bias", "convert", "convert-to-gguf"])
 def test_killed_runs_leave_nothing_after_the_next_run(tiny, tmp_path, command):
     """SIGKILL at several points (once left unreaped: a zombie owner), then one normal run to the
     same OUT: OUT is complete and nothing else is left beside it."""
+    out = tmp_path / "work" / "out"
     if command == "convert":
         from tests.gguf_util import write_gguf
         (tmp_path / "src").mkdir()
         src = write_gguf(tiny("qwen2"), tmp_path / "src" / "q.gguf")
         stages = ["temp-created", "shard-written:0", "before-rename"]
+    elif command == "convert-to-gguf":                # HF folder -> one GGUF file (conversion/to_gguf.py)
+        command, src, out = "convert", tiny("qwen2"), tmp_path / "work" / "out.gguf"
+        stages = ["temp-created", "header-written", "shard-written:0", "before-rename"]
     else:
         src = tmp_path / "src"
         shutil.copytree(tiny("gpt2"), src)
         stages = ["temp-created", "data-copied:0", "shard-written:0", "before-rename"]
-    out = tmp_path / "work" / "out"
     out.parent.mkdir()
     args = [command, str(src), "-o", str(out)] + (["--k", "--v"] if command == "fold-bias" else [])
     zombie = None
@@ -537,11 +540,18 @@ def test_killed_runs_leave_nothing_after_the_next_run(tiny, tmp_path, command):
     assert not out.exists()
     left = sorted(x.name for x in out.parent.iterdir())
     # each killed run already swept its dead predecessor's temp; the last one's (a zombie) is left
-    assert len(left) == 1 and left[0].startswith(f".out.ckpt-surgeon-{zombie.pid}-"), left
+    assert len(left) == 1 and left[0].startswith(f".{out.name}.ckpt-surgeon-{zombie.pid}-"), left
     r = _cli(*args, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert sorted(x.name for x in out.parent.iterdir()) == ["out"]
+    assert sorted(x.name for x in out.parent.iterdir()) == [out.name]
     zombie.wait()
+    if out.suffix == ".gguf":                         # a correct OUT: reference bytes, tensors readable
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        ref = tmp_path / "ref.gguf"
+        assert _cli("convert", str(src), "-o", str(ref), timeout=300).returncode == 0
+        assert out.read_bytes() == ref.read_bytes()
+        with open_checkpoint(out) as ck:
+            assert ck.layout().num_layers > 0 and all(ck.read(n).size for n in ck.tensors)
 
 
 def test_stale_temps_of_every_writer_are_swept(tmp_path):
