@@ -296,11 +296,22 @@ class IndexTarget(_FolderTarget):
 
 
 class ConfigTarget(_FolderTarget):
+    """``inspect`` and ``analyze`` (static path: bias bounds, rope geometry, attention scale) of a
+    folder whose config.json is mutated, or has one known key (or one field of a rope-scaling
+    dict) set to a hostile value."""
+
     name = "config"
     sharded = False
     _KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
              "rope_theta", "max_position_embeddings", "partial_rotary_factor", "model_type", "rope_parameters",
-             "rotary_dim")
+             "rotary_dim", "kv_lora_rank", "qk_rope_head_dim", "sliding_window", "layer_types",
+             "query_pre_attn_scalar", "attention_multiplier", "original_max_position_embeddings", "rope_scaling")
+    # rope-scaling dicts whose every field the readers use (arch/rope.py), one field made hostile
+    _ROPE = ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 1.0,
+              "mscale_all_dim": 0.7},
+             {"rope_type": "longrope", "short_factor": [1.0] * (HEAD_DIM // 2),
+              "long_factor": [2.0] * (HEAD_DIM // 2), "original_max_position_embeddings": 32},
+             {"rope_type": "linear", "factor": 2.0})
 
     def run(self, rng):
         if rng.random() < 0.5:
@@ -308,10 +319,24 @@ class ConfigTarget(_FolderTarget):
         else:                                            # a known key set to a hostile value
             d = dict(QWEN2_CONFIG)
             k = rng.choice(self._KEYS)
-            text = json.dumps(d)[:-1] + f', "{k}": {_hostile_json_text(rng)}' + "}"
-            text = text.replace(f'"{k}": {json.dumps(d[k])}, ', "", 1) if k in d else text
+            if k in ("rope_scaling", "rope_parameters") and rng.random() < 0.7:
+                rope = dict(rng.choice(self._ROPE))
+                rope[rng.choice([f for f in rope if f != "rope_type"] + ["rope_theta", "attention_factor"])] = "HOSTILE"
+                value = json.dumps(rope).replace('"HOSTILE"', _hostile_json_text(rng))
+            else:
+                value = _hostile_json_text(rng)
+            text = json.dumps({x: v for x, v in d.items() if x != k})[:-1] + f', "{k}": {value}' + "}"
         self.write("config.json", text)
-        self.open_and_inspect()
+        self.open_inspect_analyze()
+
+    def open_inspect_analyze(self) -> None:
+        from ckpt_surgeon.analysis.inspect import inspect_checkpoint
+        from ckpt_surgeon.analysis.redundancy import analyze_checkpoint
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        with open_checkpoint(self.dir) as ck:
+            layout = ck.layout()
+            inspect_checkpoint(ck)
+            analyze_checkpoint(ck, layout=layout)
 
 
 class GGUFTarget(Target):
@@ -348,14 +373,39 @@ class GGUFSplitTarget(Target):
             p.write_bytes(b)
         self.dirty: int | None = None
 
+    # part counts for names and split.count values: the limit (99,999: 5 digits), past it, u32/u64 ends
+    _COUNTS = (1, 2, 3, 65_535, 99_999, 100_000, 2 ** 32 - 1, 2 ** 64 - 1)
+
     def run(self, rng):
         from ckpt_surgeon.checkpoint import open_checkpoint
+        if rng.random() < 0.25:
+            self.run_renamed(rng)
+            return
         i = rng.randrange(2)
         if self.dirty is not None and self.dirty != i:      # one damaged part at a time
             self.paths[self.dirty].write_bytes(self.parts[self.dirty])
         self.paths[i].write_bytes(mutate_bytes(self.parts[i], rng))
         self.dirty = i
         with open_checkpoint(self.paths[0]) as ck:
+            ck.layout()
+
+    def run_renamed(self, rng):
+        """Part 1 under a name ``-of-NNNNN`` with another part count (5 digits or more), its
+        split.count set to that count, another one or left at 2, in a type gguf-split writes or not."""
+        from ckpt_surgeon.checkpoint import open_checkpoint
+        t = qwen2_gguf_tensors()
+        n_name = rng.choice(self._COUNTS)
+        count = rng.choice((n_name, n_name, 2, *self._COUNTS))
+        kind = rng.choice([k for k, hi in (("u16", 2 ** 16), ("u16", 2 ** 16), ("u32", 2 ** 32), ("u32", 2 ** 32),
+                                            ("i32", 2 ** 31), ("u64", 2 ** 64)) if count < hi])
+        kvs = qwen2_gguf_kvs([("split.no", "u16", 0), ("split.count", kind, count),
+                              ("split.tensors.count", "i32", len(t))])
+        p = self.dir / "renamed" / f"m-00001-of-{n_name:05d}.gguf"
+        p.parent.mkdir(exist_ok=True)
+        for old in p.parent.iterdir():
+            old.unlink()
+        p.write_bytes(gguf_bytes(kvs, dict(list(t.items())[: len(t) // 2])))
+        with open_checkpoint(p) as ck:
             ck.layout()
 
 
@@ -509,36 +559,39 @@ def run_target(name: str, iterations: int, seed: int, workdir: Path, max_seconds
     rng = random.Random(seed)
     counts = {"ok": 0, "typed": 0, "untyped": 0, "memory_errors": 0, "over_time": 0, "hung": 0}
     worst, failures = 0.0, []
-    if hard_limit:
-        signal.signal(signal.SIGALRM, _alarm)
-    for i in range(iterations):
-        t0 = time.perf_counter()
-        if hard_limit:
-            signal.setitimer(signal.ITIMER_REAL, hard_limit)
-        try:
-            target.run(rng)
-            counts["ok"] += 1
-        except _Hung:
-            counts["hung"] += 1
-            failures.append((i, "hung", f"interrupted after {hard_limit} s"))
-        except CkptError:
-            counts["typed"] += 1
-        except MemoryError:
-            counts["memory_errors"] += 1
-            failures.append((i, "MemoryError", ""))
-        except Exception as e:  # noqa: BLE001 - the point: anything untyped is a finding
-            counts["untyped"] += 1
-            if len(failures) < 10:
-                failures.append((i, type(e).__name__, str(e)[:200]))
-        finally:
+    previous = signal.signal(signal.SIGALRM, _alarm) if hard_limit else None
+    try:
+        for i in range(iterations):
+            t0 = time.perf_counter()
             if hard_limit:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        dt = time.perf_counter() - t0
-        worst = max(worst, dt)
-        if dt > max_seconds:
-            counts["over_time"] += 1
-            if len(failures) < 10:
-                failures.append((i, "over_time", f"{dt:.2f} s"))
+                signal.setitimer(signal.ITIMER_REAL, hard_limit)
+            try:
+                target.run(rng)
+                counts["ok"] += 1
+            except _Hung:
+                counts["hung"] += 1
+                failures.append((i, "hung", f"interrupted after {hard_limit} s"))
+            except CkptError:
+                counts["typed"] += 1
+            except MemoryError:
+                counts["memory_errors"] += 1
+                failures.append((i, "MemoryError", ""))
+            except Exception as e:  # noqa: BLE001 - the point: anything untyped is a finding
+                counts["untyped"] += 1
+                if len(failures) < 10:
+                    failures.append((i, type(e).__name__, str(e)[:200]))
+            finally:
+                if hard_limit:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            dt = time.perf_counter() - t0
+            worst = max(worst, dt)
+            if dt > max_seconds:
+                counts["over_time"] += 1
+                if len(failures) < 10:
+                    failures.append((i, "over_time", f"{dt:.2f} s"))
+    finally:
+        if hard_limit:
+            signal.signal(signal.SIGALRM, previous)     # the caller's own (pytest runs this in its process)
     return {"target": name, "iterations": iterations, **counts, "max_iteration_s": round(worst, 4),
             "failures": failures}
 

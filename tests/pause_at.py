@@ -1,7 +1,8 @@
 """Run a command that pauses at a named writer stage, so a test can SIGKILL it there.
 
 The pause lives here, on the test side: the writer only calls its ``STAGE_OBSERVERS`` at each
-stage (``temp-created``, ``data-copied:<i>``, ``shard-written:<i>``, ``before-rename``).  With
+stage (``temp-created``, ``data-copied:<i>``, ``shard-written:<i>``, ``before-rename``; the HF -> GGUF
+converter also ``header-written``).  With
 ``CKPT_SURGEON_PAUSE_AT`` naming a stage, this launcher registers an observer that writes
 ``CKPT_SURGEON_PAUSE_FILE`` (pid and stage) and sleeps there, then runs the command.
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arch.checked import MAX_POSITIONS, MAX_WIDTH, config_int
+
 TOKENS = 1000
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32}
 
@@ -62,15 +64,18 @@ def memory_figures(tensors: dict, config: dict | None, layout) -> MemoryFigures:
         weight[info.dtype] = weight.get(info.dtype, 0) + info.nbytes
     cfg = dict(config or {})
     n_layers = layout.num_layers
-    if cfg.get("kv_lora_rank"):
-        per_layer = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+    where = layout.config_source
+    # config.json values are untrusted: type and range checked where read (arch/checked.py)
+    rank = config_int(cfg, ("kv_lora_rank",), path=where, minimum=0, maximum=MAX_WIDTH)
+    if rank:
+        per_layer = rank + (config_int(cfg, ("qk_rope_head_dim",), path=where, minimum=0, maximum=MAX_WIDTH) or 0)
         elements = n_layers * per_layer * TOKENS
         note = "MLA: compressed latent + rotary key per token"
     elif layout.num_kv_heads and layout.head_dim and n_layers:
-        window = cfg.get("sliding_window")
+        window = config_int(cfg, ("sliding_window",), path=where, minimum=0, maximum=MAX_POSITIONS)
         sliding = _sliding_layers(cfg, n_layers)
         per_token = 2 * layout.num_kv_heads * layout.head_dim
-        elements = sum(per_token * (min(TOKENS, int(window)) if s and window else TOKENS) for s in sliding)
+        elements = sum(per_token * (min(TOKENS, window) if s and window else TOKENS) for s in sliding)
         n_swa = sum(sliding)
         note = f"{n_swa} sliding-window layer(s) keep at most {window} tokens" if n_swa else None
     else:

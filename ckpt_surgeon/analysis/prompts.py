@@ -9,6 +9,7 @@ deterministically, no file or network access.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..errors import CkptError, SourceNotFoundError
@@ -59,14 +60,23 @@ def default_prompts() -> list[str]:
     return list(SHORT_PROMPTS) + [long_context_prompt()]
 
 
+# Prompts / token-id files are tokenized and run through two models: 16 MiB of text is already
+# millions of tokens.  A larger file (or /dev/zero) is refused before it is read.
+MAX_TEXT_FILE = 16 << 20
+
+
 def read_text_file(p: Path, what: str) -> str:
-    """A user's UTF-8 text file (``what``: "prompts file" ...), or one CkptError line."""
-    if not p.is_file():
+    """A user's UTF-8 text file (``what``: "prompts file" ...), or one CkptError line: a regular file
+    (a FIFO would block, a device never end) of at most :data:`MAX_TEXT_FILE` bytes."""
+    from ..formats.safe_input import read_regular
+    if not os.path.exists(p):
         raise SourceNotFoundError(f"{what} not found", path=str(p))
+    raw = read_regular(p, max_bytes=MAX_TEXT_FILE, error=CkptError, what=what)
     try:
-        return p.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CkptError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})", path=str(p)) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")    # universal newlines, as Path.read_text
 
 
 def parse_json_text(text: str, p: Path, what: str, bad) -> object:

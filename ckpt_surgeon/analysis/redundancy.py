@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..arch.checked import F32_MAX, config_float
 from ..arch.layouts import GATE_LAYOUTS, query_row_index, qkv_row_index
 from ..arch.resolve import LayerTensors, LayoutSummary, ModelLayout
 from ..arch.rope import RopeGeometry, rope_geometry
@@ -199,10 +200,15 @@ def attention_scale(layout: ModelLayout, config: dict | None) -> float:
     """Logit scale ``s``: ``query_pre_attn_scalar ** -0.5`` (Gemma), ``attention_multiplier``
     (Granite), no scaling when GPT-2's ``scale_attn_weights`` is off, else ``head_dim ** -0.5``."""
     cfg = dict(config or {})
-    if cfg.get("query_pre_attn_scalar"):
-        return float(cfg["query_pre_attn_scalar"]) ** -0.5
-    if cfg.get("attention_multiplier"):
-        return float(cfg["attention_multiplier"])
+    # untrusted values, checked where read (arch/checked.py); at most float32's largest, as
+    # llama.cpp stores them (a 1e308 multiplier would overflow the bound to inf)
+    where = layout.config_source
+    qpas = config_float(cfg, ("query_pre_attn_scalar",), path=where, positive=True, maximum=F32_MAX)
+    if qpas is not None:
+        return qpas ** -0.5
+    mult = config_float(cfg, ("attention_multiplier",), path=where, positive=True, maximum=F32_MAX)
+    if mult is not None:
+        return mult
     if cfg.get("scale_attn_weights") is False:
         return 1.0
     return float(layout.head_dim) ** -0.5 if layout.head_dim else float("nan")

@@ -73,6 +73,8 @@ class Bounds:
             return "a finite positive number"
         if lo is None and hi is None:
             return "a finite number"
+        if hi is None:
+            return f"a finite number {'above' if self.above else 'of at least'} {lo:g}"
         if self.above:
             return f"a finite number above {lo:g}" + (f" and at most {hi:g}" if hi is not None else "")
         return f"a finite number between {lo:g} and {hi:g}"
@@ -175,10 +177,11 @@ def config_int(cfg: dict, keys, *, path: str | None, minimum: int, maximum: int,
     return None
 
 
-def config_float(cfg: dict, keys, *, path: str | None, positive: bool = False):
-    """The first of ``keys`` present as a finite number (None if absent); else a ConfigError."""
+def config_float(cfg: dict, keys, *, path: str | None, positive: bool = False, maximum: float | None = None):
+    """The first of ``keys`` present as a finite number (None if absent), at most ``maximum``
+    when given; else a ConfigError."""
     for k in keys:
         v = cfg.get(k)
         if v is not None:
-            return (POSITIVE if positive else Bounds("float")).check(k, v, path=path)
+            return (POSITIVE if positive else Bounds("float")).check(k, v, path=path, maximum=maximum)
     return None

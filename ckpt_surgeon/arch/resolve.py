@@ -72,6 +72,10 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ConfigError(f"model_type is {describe(model_type)}; it must be a string", path=config_source)
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"architectures is {describe(archs)}; it must be a list of class names (strings)",
+                          path=config_source)
     if naming == "gguf":
         fam = F.by_gguf_arch(gguf_arch)
         arch_name = gguf_arch or "unknown"

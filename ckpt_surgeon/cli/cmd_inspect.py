@@ -11,7 +11,8 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
 @source_options
 @output_options
 @click.option("--allow-truncated", is_flag=True,
-              help="Exit 0 for a truncated file (only the structure is wanted); by default it is exit code 2.")
+              help="Exit 0 for a GGUF truncated in its tensor data (only the structure is wanted); by default it is "
+                   "exit code 2.  A truncated safetensors file is refused either way (one line, exit code 2).")
 def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force,
             allow_truncated):
     """Summarise SOURCE and its per-layer attention q/k/v biases.
@@ -30,9 +31,12 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     opens the whole set (the other parts are found beside it by name, or in the
     same Hub repo); a missing or inconsistent part is an error (exit code 2).
 
-    Truncated files: the structure is still shown (the JSON lists every
+    Truncated GGUF files: the structure is still shown (the JSON lists every
     tensor past the end under "missing"), then exit code 2 names the missing
-    bytes and tensors; --allow-truncated exits 0 instead.
+    bytes and tensors; --allow-truncated exits 0 instead.  A safetensors file
+    whose data is shorter than its header promises is refused, as the
+    safetensors library refuses it (one line naming the missing bytes and the
+    first tensor cut, exit code 2, with or without --allow-truncated).
     """
     from ..analysis.inspect import inspect
     from ..errors import TruncatedError

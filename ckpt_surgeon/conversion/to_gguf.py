@@ -33,7 +33,7 @@ from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
-from ..formats.shard_io import pwrite_all
+from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
 from . import _io
@@ -344,16 +344,20 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
     try:
         fd = os.open(staging.path, os.O_WRONLY)
         try:
+            stage("temp-created")          # the writer's stages (formats/writer.py): the crash tests pause here
             pwrite_all(fd, lay.head, 0)
+            stage("header-written")        # a partial file: header, no tensor data yet
             chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
                                        labels=(str(src), str(out)), progress=wbar)
             gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
             os.ftruncate(fd, lay.end)
         finally:
             os.close(fd)
+        stage("shard-written:0")
         wbar.close()
         if verify:
             _verify_written(staging.path, out, plan, chunks)
+        stage("before-rename")
         staging.publish(replace=True)      # check_output refused an existing OUT without force
     except BaseException:
         wbar.close()

@@ -602,7 +602,13 @@ SPLIT_NO = "split.no"                        # u16: this part's index, 0-based
 SPLIT_COUNT = "split.count"                  # u16: number of parts
 SPLIT_TENSORS_COUNT = "split.tensors.count"  # i32: tensors over all parts
 _INT_VALUE_TYPES = frozenset({"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"})
-_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5,})-of-(?P<count>\d{5,})\.gguf$")
+# split.no / split.count: gguf-split writes UINT16 (gguf-py ``Keys.Split``, llama.cpp reads them
+# into a uint16_t); a UINT8 or UINT32 is accepted, a signed or 64-bit type is not.
+_SPLIT_INDEX_TYPES = frozenset({"UINT8", "UINT16", "UINT32"})
+# Part numbers in names are 5 digits ("%05d"): at most 99,999 parts.  Checked before any list of
+# part names is built (a split.count of 2**32 - 1 would be a 4-billion-name list).
+MAX_SPLIT_PARTS = 99_999
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 def split_part_name(prefix: str, no: int, count: int) -> str:
@@ -667,10 +673,16 @@ def split_keys(header: GGUFHeader) -> SplitKeys | None:
             if ftype not in _INT_VALUE_TYPES:
                 raise FormatError(f"metadata key '{key}' must be an integer (gguf-split writes "
                                   f"{'INT32' if key == SPLIT_TENSORS_COUNT else 'UINT16'}), not {ftype}", path=path)
+            if key != SPLIT_TENSORS_COUNT and ftype not in _SPLIT_INDEX_TYPES:
+                raise FormatError(f"metadata key '{key}' must be an unsigned integer of at most 32 bits (gguf-split "
+                                  f"writes UINT16), not {ftype}", path=path)
             vals[key] = int(md[key])
     count = vals[SPLIT_COUNT]
     if count <= 1:
         return None
+    if count > MAX_SPLIT_PARTS:
+        raise FormatError(f"split.count is {count:,}, over the {MAX_SPLIT_PARTS:,} parts a split GGUF can have "
+                          "(part numbers in names are 5 digits)", path=path)
     no = vals.get(SPLIT_NO)
     if no is None:
         raise FormatError(f"split.count is {count} but the split.no key is missing (every part of a split GGUF "

@@ -16,12 +16,30 @@ import threading
 from pathlib import Path
 from urllib.parse import quote
 
+from ..errors import CkptError
 from ..publish import write_file_atomic
 from .hub_settings import FULL_SHA
+from .safe_input import read_json, read_regular
 
 logger = logging.getLogger("ckpt_surgeon.formats.hub")   # one logger for the Hub (messages as before the split)
 
 _MEMORY_CHUNK = 1 << 20            # fetched chunks up to this size are also kept in memory
+
+
+# Cache files are read like any untrusted input (formats/safe_input.py: regular files only, JSON
+# with size / depth / number limits); one that is missing, corrupt or hostile is a cache miss:
+# it is fetched again and rewritten.
+_MAX_REF = 4096
+_MAX_META = 1 << 20
+_MAX_LISTING = 64 << 20            # a repo listing (the largest Hub repos list ~100k files)
+
+
+def _cached_json(path: Path, max_bytes: int):
+    """Parsed JSON of a cache file, or None (missing, unreadable, not JSON, past the limits)."""
+    try:
+        return read_json(path, max_bytes=max_bytes, require_object=False)
+    except (CkptError, OSError):
+        return None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -52,8 +70,8 @@ class RepoCache:
 
     def ref(self, revision: str) -> str | None:
         try:
-            sha = (self.dir / "refs" / quote(revision, safe="")).read_text().strip()
-        except OSError:
+            sha = read_regular(self.dir / "refs" / quote(revision, safe=""), max_bytes=_MAX_REF).decode().strip()
+        except (CkptError, OSError, UnicodeDecodeError):
             return None
         return sha if FULL_SHA.match(sha) else None
 
@@ -62,10 +80,7 @@ class RepoCache:
             self._write(self.dir / "refs" / quote(revision, safe=""), sha.encode())
 
     def listing(self, sha: str) -> list[str] | None:
-        try:
-            files = json.loads((self.dir / sha / "files.json").read_text())
-        except (OSError, ValueError):
-            return None
+        files = _cached_json(self.dir / sha / "files.json", _MAX_LISTING)
         return files if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
 
     def set_listing(self, sha: str, files: list[str]) -> None:
@@ -86,11 +101,8 @@ class RangeStore:
         self.dir = folder
         self._lock = threading.Lock()
         self._chunks: list[tuple[int, int, object]] = []   # (start, end, bytes | Path)
-        self.meta: dict = {}
-        try:
-            self.meta = json.loads((folder / "meta.json").read_text())
-        except (OSError, ValueError):
-            self.meta = {}
+        meta = _cached_json(folder / "meta.json", _MAX_META)
+        self.meta: dict = meta if isinstance(meta, dict) else {}
         try:
             names = os.listdir(folder)
         except OSError:

@@ -82,7 +82,7 @@ Atomicity
 
 Stages: the writer calls every function in :data:`STAGE_OBSERVERS` with the name of each stage
 it reaches (``temp-created``, ``data-copied:<i>``, ``shard-written:<i>``, ``before-rename``;
-i = shard index).  Nothing is registered by default; the crash tests register one that pauses
+i = shard index; the HF -> GGUF converter calls the same, plus ``header-written``).  Nothing is registered by default; the crash tests register one that pauses
 there so they can SIGKILL the process at a known point (``tests/pause_at.py``).
 """
 from __future__ import annotations
