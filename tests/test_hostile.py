@@ -493,6 +493,15 @@ def test_hub_cache_files_corrupt_or_hostile_are_a_cache_miss(tmp_path):
     (cache.dir / sha / "files.json").unlink()
     cache.set_listing(sha, ["config.json"])
     assert cache.listing(sha) == ["config.json"]
+    # values of the right JSON shape but the wrong type or range are dropped, not used
+    meta = store_dir / "meta.json"
+    meta.unlink()
+    for bad in ({"size": "12"}, {"size": -1}, {"size": 1 << 60}, {"size": True}, {"header_len": 1.5}, {"full": 1}):
+        meta.write_text(json.dumps(dict(bad, etag="x")))
+        assert cache.store(sha, "model.safetensors").meta == {"etag": "x"}, bad
+        meta.unlink()
+    meta.write_text(json.dumps({"size": 1234, "header_len": 80, "full": False}))
+    assert cache.store(sha, "model.safetensors").meta == {"size": 1234, "header_len": 80, "full": False}
 
 
 # --------------------------------------------------------------------------- leftovers of killed runs

@@ -93,6 +93,25 @@ class RepoCache:
 _CHUNK = re.compile(r"^(\d+)-(\d+)\.bin$")
 
 
+_MAX_FILE_SIZE = 1 << 50       # 1 PiB: no remote file is larger; a larger "size" is not ours
+
+
+def _checked_meta(meta) -> dict:
+    """meta.json as written by :meth:`RangeStore.set_meta`, with every value the readers use
+    type- and range-checked: a size or header length that is not a whole number in range is
+    dropped (so that file's ranges are fetched again), as a corrupt cache file is a cache miss."""
+    if not isinstance(meta, dict):
+        return {}
+    out = dict(meta)
+    for key in ("size", "header_len"):
+        v = out.get(key)
+        if key in out and not (type(v) is int and 0 <= v <= _MAX_FILE_SIZE):
+            del out[key]
+    if "full" in out and type(out["full"]) is not bool:
+        del out["full"]
+    return out
+
+
 class RangeStore:
     """Fetched byte ranges of one remote file at one commit (memory + disk), plus its size."""
 
@@ -101,8 +120,7 @@ class RangeStore:
         self.dir = folder
         self._lock = threading.Lock()
         self._chunks: list[tuple[int, int, object]] = []   # (start, end, bytes | Path)
-        meta = _cached_json(folder / "meta.json", _MAX_META)
-        self.meta: dict = meta if isinstance(meta, dict) else {}
+        self.meta: dict = _checked_meta(_cached_json(folder / "meta.json", _MAX_META))
         try:
             names = os.listdir(folder)
         except OSError:
