@@ -44,6 +44,13 @@ VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # Gemma 2 as released: no attention biases (llama.cpp's gemma2 has no attn_output bias slot);
+    # norm weights ~ N(0, 0.3) make a wrong 1 + w shift visible
+    "gemma2": ("gemma2", {"attention_bias": False}, 0.3),
+    # the same with caps small enough that cap * tanh(x / cap) bends every logit and attention score
+    # (the released 50 / 30 barely touch a tiny random model's values): llama.cpp must apply both
+    "gemma2_softcap": ("gemma2", {"attention_bias": False, "initializer_range": 0.04, "attn_logit_softcapping": 1.0,
+                                  "final_logit_softcapping": 2.0}, 0.3),
     # llama.cpp's phi2 is MHA (Phi2Model writes head_count_kv = head_count), as Phi-2 is
     "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
     # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
@@ -63,7 +70,7 @@ CONFIG_VARIANTS = {
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
-                     "cohere", "stablelm", "bloom")
+                     "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 
