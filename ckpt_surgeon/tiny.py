@@ -140,6 +140,27 @@ SPECS: dict[str, TinySpec] = {
         "Gemma3ForCausalLM",
         {},
     ),
+    # Gemma2: norms before and after attention and MLP (stored as w, applied as 1 + w), no q/k
+    # norm, sliding and full layers alternating (window 8), attention logits soft-capped at 50 and
+    # final logits at 30 (the released models' values), query_pre_attn_scalar = head_dim as in the
+    # real checkpoints, tied embeddings; attention_bias on so the analysis has biases to judge.
+    "gemma2": TinySpec(
+        "Gemma2Config",
+        {
+            **_DECODER,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "attention_bias": True,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": True,
+            "rope_parameters": _rope(10000.0),
+        },
+        "Gemma2ForCausalLM",
+        {},
+    ),
     # Fused [Q; K; V] rows in qkv_proj, no biases anywhere in Phi3.
     "phi3": TinySpec(
         "Phi3Config",

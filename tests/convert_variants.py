@@ -44,6 +44,13 @@ VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # Gemma 2 as released: no attention biases (llama.cpp's gemma2 has no attn_output bias slot);
+    # norm weights ~ N(0, 0.3) make a wrong 1 + w shift visible
+    "gemma2": ("gemma2", {"attention_bias": False}, 0.3),
+    # the same with caps small enough that cap * tanh(x / cap) bends every logit and attention score
+    # (the released 50 / 30 barely touch a tiny random model's values): llama.cpp must apply both
+    "gemma2_softcap": ("gemma2", {"attention_bias": False, "initializer_range": 0.04, "attn_logit_softcapping": 1.0,
+                                  "final_logit_softcapping": 2.0}, 0.3),
     # llama.cpp's phi2 is MHA (Phi2Model writes head_count_kv = head_count), as Phi-2 is
     "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
     # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
@@ -63,7 +70,7 @@ CONFIG_VARIANTS = {
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
-                     "cohere", "stablelm", "bloom")
+                     "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 
@@ -78,6 +85,8 @@ def build_variant(tiny, name: str, out: Path, *, seed: int = 0) -> Path:
     """The model for family ``name``: the fixture itself, or the variant described above."""
     if name in CONFIG_VARIANTS:
         return _config_variant(tiny, name, Path(out))
+    if name in TOKENIZER_VARIANTS:
+        return TOKENIZER_VARIANTS[name](tiny, Path(out))
     if name not in VARIANTS:
         return tiny(name)
     import torch
@@ -181,6 +190,60 @@ def spm_llama(tiny, out: Path) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def spm_gemma2(tiny, out: Path) -> Path:
+    """The ``gemma2`` variant with a SentencePiece tokenizer as Gemma ships one (``tokenizer.model``,
+    BPE with byte fallback, no dummy prefix, ids pad 0 / eos 1 / bos 2 / unk 3 / mask 4), which llama.cpp's
+    ``Gemma2Model.set_vocab`` requires (``_set_vocab_sentencepiece``: no tokenizer.json path).
+
+    Trained with the ``sentencepiece`` library on the fixtures' corpus; ``tokenizer.json`` is
+    transformers' own conversion (``GemmaTokenizer.from_pretrained`` on the folder holding
+    ``tokenizer.model``), so nothing in it comes from the code under test.
+    """
+    import sentencepiece as spm
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GemmaTokenizer
+
+    from ckpt_surgeon.tiny import _CORPUS
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    work = out.with_name(out.name + ".work")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "spm").mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(work / "sp"), vocab_size=700, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
+        eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", control_symbols=["<mask>"], add_dummy_prefix=False, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+        hard_vocab_limit=False, minloglevel=2)
+    shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
+    tok = GemmaTokenizer.from_pretrained(work / "spm")
+    base = build_variant(tiny, "gemma2", out.with_name(out.name + ".base"))
+    cfg = AutoConfig.from_pretrained(base)
+    cfg.vocab_size = (len(tok) + 63) // 64 * 64
+    cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id = 0, 1, 2
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(torch.randn(p.shape, generator=gen) * VARIANTS["gemma2"][2])
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.copy(work / "sp.model", tmp / "tokenizer.model")
+    shutil.rmtree(work, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+# name -> builder: variants whose tokenizer is rebuilt (so the vocabulary size changes too).
+TOKENIZER_VARIANTS = {"gemma2_spm": spm_gemma2}
 
 
 def hf_tensor_bytes(folder: Path) -> dict:

@@ -118,11 +118,12 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
         assert a[name] == b[name], name
 
 
-def test_gemma3_round_trip_exact_except_one_rounding_in_norms(family_dir, tmp_path):
+@pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1)])
+def test_gemma_round_trip_exact_except_one_rounding_in_norms(family, norms, family_dir, tmp_path):
     """Gemma stores norms as w and applies 1 + w; llama.cpp's file holds 1 + w (in F32).  The
     round trip is exact for every other tensor; a norm weight can move by the one rounding
     of 1 + w to float32 (|error| <= ulp(1 + w) / 2, i.e. <= 2**-24 * (1 + |w|))."""
-    src = family_dir("gemma3")
+    src = family_dir(family)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
     out = gguf_to_hf(g, tmp_path / "back")
     a, b = hf_tensor_bytes(src), hf_tensor_bytes(out)
@@ -136,7 +137,7 @@ def test_gemma3_round_trip_exact_except_one_rounding_in_norms(family_dir, tmp_pa
             shifted += 1
         else:
             assert b[name] == (dt, shape, raw), name
-    assert shifted == 6 * 6 + 1   # 6 norms per layer + the final one
+    assert shifted == norms   # every norm of every layer (6 in Gemma 3, 4 in Gemma 2) + the final one
 
 
 _QTYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "llama.cpp:Q4_0", "llama.cpp:Q5_1")
@@ -200,7 +201,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
-                            "gpt_neox", "cohere", "stablelm", "bloom")
+                            "gpt_neox", "cohere", "stablelm", "bloom", "gemma2")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -536,6 +537,23 @@ def test_llama_cpp_unloadable_models_are_refused(tiny, family_dir, tmp_path):
         hf_to_gguf(tiny("gemma3"), tmp_path / "g3.gguf")
     with pytest.raises(UnsupportedError, match=r"assumes global_every = \['sliding_attention', 'sliding_attention'\]"):
         hf_to_gguf(family_dir("gemma3_alternating"), tmp_path / "g3.gguf")   # [sliding, full]
+    assert not list(tmp_path.iterdir())
+    # gemma2: o_proj bias; no soft-capping value (llama.cpp would cap at its default 50 / 30);
+    # a layer pattern other than llama.cpp's set_swa_pattern(2)
+    with pytest.raises(UnsupportedError, match="o_proj.bias.*no attn_output.bias"):
+        hf_to_gguf(tiny("gemma2"), tmp_path / "g2.gguf")
+    for key, value, message in (("final_logit_softcapping", None, "config gives no final_logit_softcapping"),
+                                ("attn_logit_softcapping", None, "config gives no attn_logit_softcapping"),
+                                ("layer_types", ["full_attention"] * 2,
+                                 r"assumes global_every = \['sliding_attention', 'full_attention'\]")):
+        src = tmp_path / "src"
+        shutil.copytree(family_dir("gemma2"), src)
+        cfg = read_json(src / "config.json")
+        cfg[key] = value
+        (src / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(UnsupportedError, match=message):
+            hf_to_gguf(src, tmp_path / "g2.gguf")
+        shutil.rmtree(src)
     assert not list(tmp_path.iterdir())
 
 

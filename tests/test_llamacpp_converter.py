@@ -34,7 +34,8 @@ from fixtures.build_fixtures import fixture_base
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 # Every family convert supports, as the llama.cpp-runnable variants tests/test_llamacpp.py uses
 # (gpt2 with the Hub's config spelling: llama.cpp's GPT2Model needs n_ctx; phi3 as Phi-4 declares
-# its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model).
+# its BPE tokenizer: the reference reads a Phi-3 vocabulary only from a SentencePiece tokenizer.model;
+# gemma2 with a SentencePiece tokenizer.model, the only vocabulary Gemma2Model.set_vocab reads).
 
 # Families the reference converter cannot convert here, and the error it stops with (asserted, so
 # a llama.cpp that fixes it makes the test fail and the family move to FAMILIES).  GPT-NeoX:
@@ -44,7 +45,7 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'"}
 FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
-            "stablelm", "bloom")
+            "stablelm", "bloom", "gemma2_spm")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {

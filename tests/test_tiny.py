@@ -34,6 +34,7 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "mistral": 0,
     "qwen3": 128,
     "gemma3": 128,
+    "gemma2": 128,
     "phi3": 0,
     "phi": 128,
     "gpt2": 192,

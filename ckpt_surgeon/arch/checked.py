@@ -142,6 +142,9 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "embedding_scale": POSITIVE,
     "residual_scale": POSITIVE,
     "logit_scale": POSITIVE,
+    # Gemma 2: cap * tanh(x / cap) on attention scores and final logits (llama.cpp divides by the cap)
+    "attn_logit_softcapping": POSITIVE,
+    "final_logit_softcapping": POSITIVE,
 }
 TOKEN_ID = Bounds("int", 0, 2 ** 64 - 1)  # tokenizer.ggml.*_token_id (compared with the vocabulary where used)
 

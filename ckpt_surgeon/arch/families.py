@@ -21,7 +21,7 @@ architecture (gguf-py ``constants.py`` ``MODEL_TENSOR`` / ``TENSOR_NAMES``), der
 :mod:`ckpt_surgeon.arch.gguf_names`.
 
 Sources per family (transformers 5 modeling files): modeling_qwen2, modeling_llama,
-modeling_mistral, modeling_qwen3, modeling_gemma3, modeling_phi3, modeling_phi,
+modeling_mistral, modeling_qwen3, modeling_gemma2, modeling_gemma3, modeling_phi3, modeling_phi,
 modeling_gpt2, modeling_gpt_neox, modeling_bloom, modeling_falcon, modeling_bert,
 modeling_starcoder2, modeling_olmo2; conversion rows: llama.cpp ``convert_hf_to_gguf.py``.
 """
@@ -119,6 +119,8 @@ class Conversion:
     (Command-R's ``rope.scaling.type = none``).  ``hparam_fallback``: what the reference writes
     for a hyper-parameter the config does not have (BLOOM's context length: ``seq_length`` or else
     the embedding width, ``BloomModel.set_gguf_parameters``).
+    ``hparam_required``: hyper-parameters the config must give (llama.cpp's graph applies them
+    unconditionally and defaults them when the file lacks them: Gemma 2's soft-capping values).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
     """
@@ -136,6 +138,7 @@ class Conversion:
     gguf_when: str | None = None          # metadata key suffix that selects this family reading gguf_arch back
     gguf_strings: dict = field(default_factory=dict)   # fixed "{arch}.<suffix>" string keys written HF -> GGUF
     hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when the config lacks it
+    hparam_required: tuple = ()           # hyper-parameters the config must give (no llama.cpp default is the model's)
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
 
@@ -251,6 +254,20 @@ _GEMMA3_TENSORS = (
     *_DENSE_MLP,
 )
 
+# Gemma2Model in convert_hf_to_gguf.py (conversion/gemma.py): every *norm.weight + 1 (Gemma2RMSNorm
+# multiplies by 1 + w), lm_head skipped (tied: llama.cpp's gemma2 reads token_embd as the head),
+# no q/k norm; post_attention_layernorm is attn_post_norm, pre/post_feedforward_layernorm
+# ffn_norm / ffn_post_norm (gguf-py TensorNameMap for MODEL_ARCH.GEMMA2).
+_GEMMA2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "norm_shift"),
+    ("model.layers.{L}.input_layernorm.weight", "norm_shift"),
+    *_qkvo("model.layers.{L}.self_attn"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "norm_shift"),
+    ("model.layers.{L}.pre_feedforward_layernorm.weight", "norm_shift"),
+    ("model.layers.{L}.post_feedforward_layernorm.weight", "norm_shift"),
+    *_DENSE_MLP,
+)
 
 # modeling_starcoder2: LayerNorms with biases, c_fc / c_proj MLP, biases on every linear (use_bias).
 _STARCODER2_TENSORS = (
@@ -398,6 +415,24 @@ FAMILIES: tuple[Family, ...] = (
                llamacpp_fixed={"rope_local_theta": 10000.0, "global_every": 6, "query_pre_attn_scalar": "head_dim"},
                llamacpp_absent=("blk.{L}.attn_output.bias",), model_types=("gemma3_text",),
                notes="norm weights are stored as 1 + w (Gemma3RMSNorm multiplies by 1 + w)"),
+           residual_readers_centering=False),
+    # Gemma 2 (modeling_gemma2): Gemma2RMSNorm x * (1 + w) before and after attention and MLP, no
+    # q/k norm, attention and final logits soft-capped (cap * tanh(x / cap)), sliding and full layers
+    # alternating, embeddings scaled by sqrt(hidden), tied head.  llama.cpp (llama-model.cpp
+    # LLM_ARCH_GEMMA2): set_swa_pattern(2) (layer i slides iff (i + 1) % 2 != 0), attention scaled by
+    # 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim; the 27B exception is not handled), soft-capping
+    # always applied with defaults 50 / 30 when the file has no value.
+    # residual readers: modeling_gemma2: Gemma2RMSNorm everywhere
+    Family("gemma2", ("gemma2",), ("gemma2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="attention_bias", softcap_key="attn_logit_softcapping", norm_weight_offset=1.0,
+           hf_class="Gemma2ForCausalLM", surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               _GEMMA2_TENSORS, _LLAMA_HPARAMS + ("sliding_window", "attn_softcap", "final_softcap"),
+               hf_config_extra={"hidden_activation": "gelu_pytorch_tanh"},
+               llamacpp_fixed={"global_every": 2, "query_pre_attn_scalar": "head_dim"},
+               llamacpp_absent=("blk.{L}.attn_output.bias",),
+               hparam_required=("attn_softcap", "final_softcap"),
+               notes="norm weights are stored as 1 + w (Gemma2RMSNorm multiplies by 1 + w)"),
            residual_readers_centering=False),
     # modeling_olmo2: post-norm only (post_attention_layernorm / post_feedforward_layernorm), so no attn_norm role.
     # residual readers: modeling_olmo2: attention reads the raw stream; Olmo2RMSNorm after each sublayer

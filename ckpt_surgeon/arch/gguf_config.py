@@ -54,12 +54,15 @@ ARCH_KEYS = (
     ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
 )
 
-# Float multipliers: "{arch}.<suffix>" -> HF key (Granite's names; Cohere renames logits_scaling).
+# Float multipliers: "{arch}.<suffix>" -> HF key (Granite's names; Cohere renames logits_scaling;
+# Gemma 2's soft-capping values).
 FLOAT_KEYS = (
     ("attention.scale", "attention_multiplier"),
     ("embedding_scale", "embedding_multiplier"),
     ("residual_scale", "residual_multiplier"),
     ("logit_scale", "logits_scaling"),
+    ("attn_logit_softcapping", "attn_logit_softcapping"),
+    ("final_logit_softcapping", "final_logit_softcapping"),
 )
 
 # Norm epsilon: GGUF key suffix -> HF key.  RMSNorm models use rms_norm_eps; LayerNorm

@@ -101,11 +101,13 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "residual_scale": "residual_scale",
     "logit_scale": "logit_scale",
     "parallel_residual": "use_parallel_residual",
+    "attn_softcap": "attn_logit_softcapping",
+    "final_softcap": "final_logit_softcapping",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
 HPARAM_BOOLS = frozenset({"parallel_residual"})
 HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps", "attention_scale",
-                           "embedding_scale", "residual_scale", "logit_scale"})
+                           "embedding_scale", "residual_scale", "logit_scale", "attn_softcap", "final_softcap"})
 
 # HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
 # transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
@@ -139,10 +141,13 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "residual_scale": ("residual_multiplier",),
     "logit_scale": ("logits_scaling", "logit_scale"),
     "parallel_residual": ("use_parallel_residual",),
+    "attn_softcap": ("attn_logit_softcapping",),
+    "final_softcap": ("final_logit_softcapping",),
 }
-# Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers).
+# Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers,
+# Gemma 2's soft-capping; an arch's ``hparam_required`` refuses a config without them).
 OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",
-                    "residual_scale", "logit_scale", "parallel_residual")
+                    "residual_scale", "logit_scale", "parallel_residual", "attn_softcap", "final_softcap")
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ class ArchSpec:
     hparam_unset: dict = field(default_factory=dict)
     gguf_strings: dict = field(default_factory=dict)    # fixed "{arch}.<suffix>" string keys written
     hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when absent
+    hparam_required: tuple = ()          # hyper-parameters the config must give
     gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
     notes: str = ""
 
@@ -187,7 +193,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
-        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, notes=conv.notes)
+        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback,
+        hparam_required=conv.hparam_required, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

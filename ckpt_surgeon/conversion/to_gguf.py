@@ -207,6 +207,11 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
+    for key in spec.hparam_required:
+        if key not in hp:
+            raise UnsupportedError(f"config gives no {' / '.join(N.HF_HPARAM_KEYS[key])}; llama.cpp's {spec.gguf_arch} "
+                                   "applies it anyway (with its own default), so it would run a different model",
+                                   path=path)
     _check_llamacpp_fixed(cfg, spec, hp, path)
     return hp
 

@@ -717,7 +717,9 @@ def _spm_scores(folder: Path, merges: list[str], tokens: list[str], types: list[
     if (folder / "tokenizer.model").is_file():
         exact = _spm_scores_from_model(folder / "tokenizer.model", len(tokens))
         if exact is not None:
-            return exact + [0.0] * (len(tokens) - len(exact))
+            # rows past the SentencePiece model scored as llama.cpp's _create_vocab_sentencepiece
+            # does: an added token -1000, a [PAD{i}] row -10000
+            return exact + [-10000.0 if types[i] == UNUSED else -1000.0 for i in range(len(exact), len(tokens))]
     # llama.cpp picks the pair with the highest score; tokenizers picks the lowest merge rank.
     # score = -rank of the first merge that produces the token makes the two orders agree.
     rank: dict[str, int] = {}
