@@ -625,6 +625,16 @@ CONFIG_KEYS = {
 }
 
 
+def kv_heads(rules: tuple, cfg: dict, default):
+    """A config's kv head count: ``default`` (what it says) unless one of a family's
+    ``kv_heads_rules`` holds (modeling_falcon: ``multi_query`` without ``new_decoder_architecture``
+    is one kv head, whatever ``num_kv_heads`` says)."""
+    for conds, value in rules:
+        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
+            default = value
+    return default
+
+
 def by_model_type(model_type: str | None) -> Family | None:
     for fam in FAMILIES:
         if model_type in fam.model_types:
