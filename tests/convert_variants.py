@@ -48,6 +48,11 @@ VARIANTS = {
     "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
     # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
     "olmo2": ("olmo2", {"attention_bias": False}, 0.0),
+    # llama.cpp's falcon graph has no linear biases (the fixture has bias=True) and the fixture's
+    # ffn_hidden_size 128 is not the 4 * hidden that FalconModel writes; Falcon-40B's layout
+    "falcon_nobias": ("falcon", {"bias": False, "ffn_hidden_size": 256}, 0.0),
+    # Falcon-7B's layout: multi_query (one kv head, [Q; K; V]), one input_layernorm
+    "falcon_mq_nobias": ("falcon_mq", {"bias": False, "ffn_hidden_size": 256}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
@@ -63,7 +68,7 @@ CONFIG_VARIANTS = {
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
-                     "cohere", "stablelm", "bloom")
+                     "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 
