@@ -107,7 +107,8 @@ def test_name_table_agrees_with_gguf_py(spec):
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
-                       "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias")
+                       "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
+                       "falcon_11b", "falcon_mha")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -207,7 +208,8 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
-                            "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias")
+                            "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias", "falcon_11b",
+                            "falcon_mha")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
