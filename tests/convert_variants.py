@@ -55,6 +55,15 @@ VARIANTS = {
     "phi": ("phi", {"num_key_value_heads": 4}, 0.0),
     # llama.cpp's olmo2 has no attn_output bias slot (real OLMo 2 has no attention biases)
     "olmo2": ("olmo2", {"attention_bias": False}, 0.0),
+    # llama.cpp's falcon graph has no linear biases (the fixture has bias=True) and the fixture's
+    # ffn_hidden_size 128 is not the 4 * hidden that FalconModel writes; Falcon-40B's layout
+    "falcon_nobias": ("falcon", {"bias": False, "ffn_hidden_size": 256}, 0.0),
+    # Falcon-7B's layout: multi_query (one kv head, [Q; K; V]), one input_layernorm
+    "falcon_mq_nobias": ("falcon_mq", {"bias": False, "ffn_hidden_size": 256}, 0.0),
+    # Falcon2-11B's layout: new decoder, GQA, one input_layernorm (num_ln_in_parallel_attn 1)
+    "falcon_11b": ("falcon", {"bias": False, "ffn_hidden_size": 256, "num_ln_in_parallel_attn": 1}, 0.0),
+    # the old MHA layout (per-head [h, 3, d], as Falcon-RW), parallel as llama.cpp runs it
+    "falcon_mha": ("falcon_old", {"bias": False, "ffn_hidden_size": 256, "parallel_attn": True}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
@@ -70,7 +79,8 @@ CONFIG_VARIANTS = {
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
-                     "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm")
+                     "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
+                     "falcon_mq_nobias", "falcon_11b", "falcon_mha")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

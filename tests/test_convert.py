@@ -87,20 +87,28 @@ def test_name_table_agrees_with_gguf_py(spec):
             got = tmap.get_name(hf, try_suffixes=(".weight", ".bias")) or \
                 tmap.get_name(hf.removeprefix("transformer."), try_suffixes=(".weight", ".bias"))
             assert got == ours, (spec.gguf_arch, hf)
-    # and both directions of our map are inverse to each other
+            if rule.hf_alt:     # Falcon's input_layernorm: the same GGUF name as ln_mlp
+                assert tmap.get_name(rule.hf_alt.replace("{L}", layer).removeprefix("transformer."),
+                                     try_suffixes=(".weight", ".bias")) == ours, (spec.gguf_arch, rule.hf_alt)
+    # and both directions of our map are inverse to each other, for either spelling of a module
     fwd, back = N.hf_to_gguf_names(spec), N.gguf_to_hf_names(spec)
+    alt = N.gguf_to_hf_names(spec, dict([spec.hf_alt_when])) if spec.hf_alt_when else back
     for rule in spec.tensors:
         hf = rule.hf.replace("{L}", "7").replace("{E}", "3")
         g, _ = fwd.match(hf)
         assert back.match(g)[0] == hf.replace(".3.", ".{E}.") if rule.experts else hf
         assert fwd.expert(hf) == (3 if rule.experts else None)
+        if rule.hf_alt:
+            hf_alt = rule.hf_alt.replace("{L}", "7")
+            assert fwd.match(hf_alt)[0] == g and alt.match(g)[0] == hf_alt
 
 
 # --- round trips ----------------------------------------------------------------------------
 
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
-                       "phi", "gpt_neox", "cohere", "stablelm", "bloom")
+                       "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
+                       "falcon_11b", "falcon_mha")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -201,7 +209,8 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
-                            "gpt_neox", "cohere", "stablelm", "bloom", "gemma2")
+                            "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
+                            "falcon_11b", "falcon_mha")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -302,12 +311,14 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
         theta = cfg["rope_parameters"].get("rope_theta") or cfg["rope_parameters"]["full_attention"]["rope_theta"]
         assert meta[f"{arch}.rope.freq_base"] == pytest.approx(theta)   # written even when it is 10000
         # llama.cpp reads a missing head_count_kv as head_count (GPT-NeoX files have none)
+        # (Falcon: num_kv_heads, and one kv head for multi_query without new_decoder_architecture)
+        kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
         assert meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]) == \
-            cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+            N.kv_heads(N.by_model_type(cfg["model_type"]), cfg, kv)
         if "rms_norm_eps" in cfg:
             assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
-        else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps
-            eps = cfg.get("norm_epsilon", cfg.get("layer_norm_eps"))
+        else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps, Falcon
+            eps = cfg.get("norm_epsilon", cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon")))
             assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(eps)
     else:
         assert f"{arch}.rope.freq_base" not in meta
@@ -555,6 +566,38 @@ def test_llama_cpp_unloadable_models_are_refused(tiny, family_dir, tmp_path):
             hf_to_gguf(src, tmp_path / "g2.gguf")
         shutil.rmtree(src)
     assert not list(tmp_path.iterdir())
+
+
+_FALCON_REFUSED = "{key} = {got} is not converted ({why}); only {key} = {want} is"
+
+
+@pytest.mark.parametrize("base,edit,why", [
+    ("falcon", None, "llama.cpp's falcon graph has no bias on attn_qkv, attn_output, ffn_up or ffn_down, so the file "
+                     "would not load"),
+    ("falcon_mq_nobias", {"parallel_attn": False}, "llama.cpp's falcon graph always runs attention and MLP in "
+                                                   "parallel on the same input; it would run a different model"),
+    ("falcon_nobias", {"alibi": True}, "llama.cpp's falcon graph applies RoPE, not ALiBi; it would run a different "
+                                       "model"),
+    ("falcon_nobias", {"activation": "relu"}, "llama.cpp's falcon graph hard-codes a GELU MLP; it would run a "
+                                              "different model"),
+])
+def test_falcon_settings_llama_cpp_cannot_run_are_refused(base, edit, why, tiny, family_dir, tmp_path):
+    """Falcon settings no GGUF key stores and llama.cpp's falcon graph runs one way only: refused
+    by their config key, before the tensors they add (biases, post_attention_layernorm) are looked
+    at.  ``falcon`` is the fixture itself (bias=True, real bias tensors)."""
+    src = tiny(base) if edit is None else tmp_path / "src"
+    if edit is not None:
+        shutil.copytree(family_dir(base), src)
+        cfg = read_json(src / "config.json")
+        cfg.update(edit)
+        (src / "config.json").write_text(json.dumps(cfg))
+    key, value = next(iter((edit or {"bias": True}).items()))
+    want = {"bias": False, "parallel_attn": True, "alibi": False, "activation": "gelu"}[key]
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "f.gguf")
+    assert str(e.value) == f"{src / 'config.json'}: " + _FALCON_REFUSED.format(key=key, got=repr(value), why=why,
+                                                                              want=repr(want))
+    assert not (tmp_path / "f.gguf").exists()
 
 
 def test_unsupported_architecture_and_dtype(tiny, gguf_of, tmp_path):

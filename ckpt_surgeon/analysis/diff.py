@@ -196,7 +196,9 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
                                f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
                                "with another GGUF instead", path=ck.source)
-    table = N.gguf_to_hf_names(spec)
+    hp = _hparams(ck.metadata, arch, ck.source)
+    # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
+    table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))
     names, shapes = {}, {}
     for gname, info in ck.tensors.items():
         hit = table.match(gname)
@@ -206,7 +208,7 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
             shape = shape[::-1]
         names[hname] = (gname, transform)
         shapes[hname] = shape
-    return _Side(ck, names, shapes, _hparams(ck.metadata, arch, ck.source))
+    return _Side(ck, names, shapes, hp)
 
 
 def _layer_of(name: str) -> int | None:

@@ -133,6 +133,7 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "use_parallel_residual": Bounds("bool"),
     "attention.causal": Bounds("bool"),
     "rope.scaling.type": Bounds("str"),
+    "tensor_data_layout": Bounds("str"),         # Falcon's "jploski" (FalconModel.set_gguf_parameters)
     # MoE (expert_used_count <= expert_count is for transformers to judge) and Granite / Command-R scales
     "expert_count": COUNT,
     "expert_used_count": COUNT,

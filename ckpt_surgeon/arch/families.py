@@ -123,6 +123,16 @@ class Conversion:
     unconditionally and defaults them when the file lacks them: Gemma 2's soft-capping values).
     ``model_types``: the family's model types this conversion applies to (default: all; Gemma 3's
     multimodal ``gemma3`` config is not a text model).
+    ``llamacpp_needs``: ``(HF config key, value, why)``: llama.cpp's graph runs only that value of a
+    setting that no GGUF key stores (Falcon's ``bias``, ``parallel_attn``, ``alibi``): HF -> GGUF
+    refuses a config with another value, naming the key, before any tensor is looked at; GGUF -> HF
+    writes the value.  ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
+    whose condition holds adds its entries to the config; a condition is ``{}`` (always),
+    ``{"tensor": GGUF name}`` (the file holds it) or ``{hyper-parameter: value}`` (a value or
+    ``"n_head"``, as in ``llamacpp_fixed``) -- which of Falcon's layouts a file is.  A tensor row
+    may carry a third item, the module's HF spelling in configs where ``hf_alt_when = (key, value)``
+    holds (Falcon's ``input_layernorm`` where new-decoder files have ``ln_mlp``; both are llama.cpp's
+    ``attn_norm``): HF -> GGUF reads either spelling, GGUF -> HF writes the one the config builds.
     """
 
     tensors: tuple
@@ -141,6 +151,9 @@ class Conversion:
     hparam_required: tuple = ()           # hyper-parameters the config must give (no llama.cpp default is the model's)
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
+    llamacpp_needs: tuple = ()            # (HF config key, the value llama.cpp runs, why): others refused
+    hf_config_cases: tuple = ()           # (condition, HF config entries): the first that holds (GGUF -> HF)
+    hf_alt_when: tuple | None = None      # (HF config key, value): tensor rows use their alternative spelling
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -334,6 +347,47 @@ _BLOOM_TENSORS = (
     *_wb("transformer.h.{L}.mlp.dense_4h_to_h"),
 )
 
+# modeling_falcon (FalconModel.modify_tensors in llama.cpp's converter): the fused query_key_value
+# grouped per kv head [kv, q_per_kv + 2, d] (also the 7B multi-query [Q; K; V] with kv = 1 and the
+# per-head [h, 3, d] with kv = h), reordered to [Q; K; V]; LayerNorms with biases; no linear biases
+# (llama.cpp's falcon graph has no slot for them).  New-decoder files have ln_attn (-> attn_norm_2,
+# read by attention) and ln_mlp (-> attn_norm, read by the MLP); the others one input_layernorm.
+_FALCON_LN = "transformer.h.{L}.input_layernorm"
+_FALCON_TENSORS = (
+    ("transformer.word_embeddings.weight", "none"),
+    *_wb("transformer.ln_f"),
+    ("lm_head.weight", "none"),
+    *_wb("transformer.h.{L}.ln_attn"),
+    ("transformer.h.{L}.ln_mlp.weight", "none", f"{_FALCON_LN}.weight"),
+    ("transformer.h.{L}.ln_mlp.bias", "none", f"{_FALCON_LN}.bias"),
+    ("transformer.h.{L}.self_attention.query_key_value.weight", "qkv_grouped"),
+    ("transformer.h.{L}.self_attention.dense.weight", "none"),
+    ("transformer.h.{L}.mlp.dense_h_to_4h.weight", "none"),
+    ("transformer.h.{L}.mlp.dense_4h_to_h.weight", "none"),
+)
+# GGUF -> HF: which FalconConfig a file is.  attn_norm_2 only in new-decoder files (Falcon-40B/180B);
+# else one kv head is Falcon-7B's multi_query, kv = heads the old MHA layout, anything else a
+# new-decoder model with one norm (Falcon2-11B: num_ln_in_parallel_attn 1).  modeling_falcon builds
+# input_layernorm for num_ln_in_parallel_attn 1 in both architectures.
+_FALCON_CASES = (
+    ({"tensor": "blk.0.attn_norm_2.weight"},
+     {"new_decoder_architecture": True, "multi_query": False, "num_ln_in_parallel_attn": 2}),
+    ({"n_head_kv": 1}, {"new_decoder_architecture": False, "multi_query": True, "num_ln_in_parallel_attn": 1}),
+    ({"n_head_kv": "n_head"},
+     {"new_decoder_architecture": False, "multi_query": False, "num_ln_in_parallel_attn": 1}),
+    ({}, {"new_decoder_architecture": True, "multi_query": False, "num_ln_in_parallel_attn": 1}),
+)
+# llama.cpp src/models/falcon.cpp: RoPE (NEOX), GELU MLP without biases, attention and MLP added
+# to the same input (parallel); none of these is a GGUF key.
+_FALCON_NEEDS = (
+    ("bias", False, "llama.cpp's falcon graph has no bias on attn_qkv, attn_output, ffn_up or ffn_down, "
+                    "so the file would not load"),
+    ("parallel_attn", True, "llama.cpp's falcon graph always runs attention and MLP in parallel on the same "
+                            "input; it would run a different model"),
+    ("alibi", False, "llama.cpp's falcon graph applies RoPE, not ALiBi; it would run a different model"),
+    ("activation", "gelu", "llama.cpp's falcon graph hard-codes a GELU MLP; it would run a different model"),
+)
+
 # Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
 _GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
 
@@ -524,6 +578,17 @@ FAMILIES: tuple[Family, ...] = (
            kv_heads_rules=(({"multi_query": True, "new_decoder_architecture": False}, 1),),
            bias_switch_extra=("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),   # modeling_falcon: bias=config.bias
            hf_class="FalconForCausalLM", ln_eps_key="layer_norm_epsilon", surgery_roles=_SPLIT_OUT,
+           # FalconModel.set_gguf_parameters writes context_length 2048 and feed_forward_length
+           # 4 * hidden whatever the config says; we write the config's values (the same for
+           # Falcon-7B/40B; llama.cpp sizes ffn_up from the key)
+           conversion=Conversion(
+               _FALCON_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "ln_eps",
+                                 "vocab_size"),
+               ff_default_mult=4, gguf_strings={"tensor_data_layout": "jploski"},
+               hf_rename={"num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size",
+                          "head_dim": None},
+               llamacpp_needs=_FALCON_NEEDS, hf_config_cases=_FALCON_CASES,
+               hf_alt_when=("num_ln_in_parallel_attn", 1)),
            residual_readers_centering=True),
     # residual readers: modeling_opt: self_attn_layer_norm / final_layer_norm per layer and the
     # decoder's final_layer_norm (nn.LayerNorm) read the pre-LN stream; the (tied) head reads the last.
@@ -666,6 +731,16 @@ def by_name(name: str | None) -> Family | None:
         if fam.name == name:
             return fam
     return None
+
+
+def kv_heads(rules: tuple, cfg: dict, default):
+    """A config's kv head count: ``default`` (what it says) unless one of a family's
+    ``kv_heads_rules`` holds (modeling_falcon: ``multi_query`` without ``new_decoder_architecture``
+    is one kv head, whatever ``num_kv_heads`` says)."""
+    for conds, value in rules:
+        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
+            default = value
+    return default
 
 
 def by_model_type(model_type: str | None) -> Family | None:

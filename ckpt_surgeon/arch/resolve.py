@@ -136,9 +136,7 @@ def _head_sizes(cfg: dict, fam, where: str | None) -> tuple[dict, tuple]:
     n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     if n_kv is None and n_heads is not None:
         n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
-    for conds, value in (fam.kv_heads_rules if fam else ()):
-        if all(bool(cfg.get(k)) == v for k, v in conds.items()):
-            n_kv = value
+    n_kv = F.kv_heads(fam.kv_heads_rules if fam else (), cfg, n_kv)
     hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
     head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
     if head_dim is None and hidden and n_heads:

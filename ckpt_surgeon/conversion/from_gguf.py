@@ -130,6 +130,8 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
                 continue
         cfg[key] = value
     cfg.update(spec.hf_config_extra)
+    cfg.update({key: value for key, value, _ in spec.llamacpp_needs})
+    cfg.update(N.hf_config_case(spec, hp, tensors))
     for key, unset in spec.hparam_unset.items():      # the converter's "None" spelling
         hf_key = N.HF_HPARAM_KEYS[key][0]
         if cfg.get(hf_key, unset) == unset:
@@ -209,9 +211,10 @@ def _source_arch(ck, src: Path) -> tuple[dict, str, N.ArchSpec]:
     return meta, arch, spec
 
 
-def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path) -> list[tuple]:
-    """(gguf name, HF name, transform, HF shape, GGUF dtype, expert slot or None) per output tensor."""
-    names = N.gguf_to_hf_names(spec)
+def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config: dict) -> list[tuple]:
+    """(gguf name, HF name, transform, HF shape, GGUF dtype, expert slot or None) per output tensor,
+    HF names as the model ``config`` describes spells them."""
+    names = N.gguf_to_hf_names(spec, config)
     plan = []
     for gname, info in ck.tensors.items():
         if tied and gname == "output.weight":
@@ -317,7 +320,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))
         hp = _hparams(meta, arch, str(src))
-        plan = _tensor_plan(ck, spec, arch, tied, src)
+        plan = _tensor_plan(ck, spec, arch, tied, src, config)
 
         # The model check runs in a child while the tensors are written; the writer waits for it
         # just before publishing (all shards written, fsync'd and verified by then), so a failed

@@ -53,6 +53,7 @@ class TensorRule:
     hf: str
     gguf: str
     transform: str = "none"
+    hf_alt: str | None = None    # the HF spelling where the arch's ``hf_alt_when`` holds (same GGUF name)
 
     @property
     def experts(self) -> bool:
@@ -61,13 +62,16 @@ class TensorRule:
 
 def _tensor_rules(gguf_arch: str, rows: tuple) -> tuple[TensorRule, ...]:
     out = []
-    for hf, transform in rows:
+    for hf, transform, *alt in rows:
         if transform not in TRANSFORMS:
             raise ValueError(f"registry: unknown transform {transform!r} for {hf}")
         g = gguf_tensor_name(gguf_arch, hf)
         if g is None:
             raise ValueError(f"registry: gguf-py's TensorNameMap has no {gguf_arch} name for {hf}")
-        out.append(TensorRule(hf, g, transform))
+        for a in alt:
+            if gguf_tensor_name(gguf_arch, a) != g:
+                raise ValueError(f"registry: {a} (the alternative of {hf}) is not {g} in gguf-py's TensorNameMap")
+        out.append(TensorRule(hf, g, transform, alt[0] if alt else None))
     return tuple(out)
 
 
@@ -175,6 +179,10 @@ class ArchSpec:
     hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when absent
     hparam_required: tuple = ()          # hyper-parameters the config must give
     gguf_when: str | None = None         # read back as this spec when "{arch}.<gguf_when>" is in the metadata
+    kv_heads_rules: tuple = ()           # the family's (conditions, kv head count) rules (Falcon multi_query)
+    llamacpp_needs: tuple = ()           # (HF config key, value llama.cpp runs, why)
+    hf_config_cases: tuple = ()          # (condition, HF config entries), the first that holds (GGUF -> HF)
+    hf_alt_when: tuple | None = None     # (HF config key, value): tensor rows use their hf_alt spelling
     notes: str = ""
 
 
@@ -193,7 +201,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
-        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback,
+        gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, kv_heads_rules=fam.kv_heads_rules,
+        llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
         hparam_required=conv.hparam_required, notes=conv.notes)
 
 
@@ -262,6 +271,7 @@ class NameMap:
 
     rules: tuple[TensorRule, ...]
     to_gguf: bool
+    alt: bool = False     # GGUF -> HF: write each rule's hf_alt spelling where it has one
 
     def match(self, name: str) -> tuple[str, TensorRule] | None:
         """``name`` -> (name on the other side, rule), or None when no rule matches.  An expert
@@ -269,7 +279,7 @@ class NameMap:
         for rule, rx in _compiled(self.rules, self.to_gguf):
             m = rx.match(name)
             if m:
-                target = rule.gguf if self.to_gguf else rule.hf
+                target = rule.gguf if self.to_gguf else (rule.hf_alt or rule.hf) if self.alt else rule.hf
                 if "L" in m.groupdict():
                     target = target.replace("{L}", m.group("L"))
                 return target, rule
@@ -292,6 +302,8 @@ def _compiled(rules: tuple[TensorRule, ...], to_gguf: bool):
     got = _CACHE.get(key)
     if got is None:
         got = [(r, template_regex(r.hf if to_gguf else r.gguf)) for r in rules]
+        # HF -> GGUF reads a module under either of its spellings
+        got += [(r, template_regex(r.hf_alt)) for r in rules if to_gguf and r.hf_alt]
         _CACHE[key] = got
     return got
 
@@ -300,8 +312,31 @@ def hf_to_gguf_names(spec: ArchSpec) -> NameMap:
     return NameMap(spec.tensors, True)
 
 
-def gguf_to_hf_names(spec: ArchSpec) -> NameMap:
-    return NameMap(spec.tensors, False)
+def gguf_to_hf_names(spec: ArchSpec, cfg: dict | None = None) -> NameMap:
+    """GGUF -> HF names for the HF config ``cfg`` will be (its ``hf_alt_when`` picks the spelling)."""
+    when = spec.hf_alt_when
+    return NameMap(spec.tensors, False, alt=when is not None and cfg is not None and cfg.get(when[0]) == when[1])
+
+
+def kv_heads(spec: ArchSpec, cfg: dict, default: int) -> int:
+    """The kv head count of an HF config (:func:`ckpt_surgeon.arch.families.kv_heads`)."""
+    return F.kv_heads(spec.kv_heads_rules, cfg, default)
+
+
+def _case_holds(cond: dict, hp: dict, tensors) -> bool:
+    for key, value in cond.items():
+        if key == "tensor":
+            if value not in tensors:
+                return False
+        elif hp.get(key) != (hp.get(value) if value == "n_head" else value):
+            return False
+    return True
+
+
+def hf_config_case(spec: ArchSpec, hp: dict, tensors) -> dict:
+    """The HF config entries of the first ``hf_config_cases`` row whose condition holds for a GGUF's
+    hyper-parameters and tensor names (``{}`` when none does)."""
+    return next((dict(entries) for cond, entries in spec.hf_config_cases if _case_holds(cond, hp, tensors)), {})
 
 
 # --- HF config reading --------------------------------------------------------------------

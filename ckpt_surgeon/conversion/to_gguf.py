@@ -166,6 +166,15 @@ def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> N
                                    path=path)
 
 
+def _check_llamacpp_needs(cfg: dict, spec: N.ArchSpec, path: str) -> None:
+    """Settings llama.cpp's graph runs one way only (no GGUF key stores them): another value is
+    refused by its config key, before the tensors it adds or drops are looked at."""
+    for key, value, why in spec.llamacpp_needs:
+        got = cfg.get(key)
+        if got != value:
+            raise UnsupportedError(f"{key} = {got!r} is not converted ({why}); only {key} = {value!r} is", path=path)
+
+
 def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
     """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
     each checked where read (:func:`hf_hparam`)."""
@@ -180,7 +189,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         if v is None:
             raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS[key])}", path=path)
         hp[key] = v
-    hp["n_head_kv"] = get("n_head_kv") or hp["n_head"]
+    hp["n_head_kv"] = N.kv_heads(spec, cfg, get("n_head_kv") or hp["n_head"])
     head_dim = get("head_dim") or hp["n_embd"] // hp["n_head"]
     n_ff = get("n_ff")
     if n_ff is None and spec.ff_default_mult:
@@ -317,6 +326,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    _check_llamacpp_needs(cfg, spec, ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
         raise ConfigError(f"transformers cannot build a model from this config ({facts['shapes_error']})",
