@@ -304,8 +304,11 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
     assert meta["general.file_type"] == 0
     # transformers 5 runs Qwen2Tokenizer (the Qwen2 split regex, whatever tokenizer.json says) for
     # model_type qwen2, the file's GPT-2 ByteLevel split for the others: llama.cpp must do the same.
-    assert meta["tokenizer.ggml.model"] == "gpt2"
-    assert meta["tokenizer.ggml.pre"] == ("qwen2" if cfg["model_type"] == "qwen2" else "gpt-2")
+    if (family_dir(family) / "tokenizer.model").is_file():     # a SentencePiece variant (gemma2_spm)
+        assert meta["tokenizer.ggml.model"] == "llama" and meta.get("tokenizer.ggml.pre", "default") == "default"
+    else:
+        assert meta["tokenizer.ggml.model"] == "gpt2"
+        assert meta["tokenizer.ggml.pre"] == ("qwen2" if cfg["model_type"] == "qwen2" else "gpt-2")
     assert meta[f"{arch}.embedding_length"] == cfg.get("hidden_size", cfg.get("n_embd"))
     if arch not in ("gpt2", "bloom"):      # learned positions / ALiBi: no rope
         theta = cfg["rope_parameters"].get("rope_theta") or cfg["rope_parameters"]["full_attention"]["rope_theta"]
@@ -325,7 +328,8 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
         assert meta[f"{arch}.attention.layer_norm_epsilon"] == pytest.approx(cfg["layer_norm_epsilon"])
     assert ("output.weight" in tensors) == (not cfg.get("tie_word_embeddings", arch == "gpt2"))
     assert meta["tokenizer.ggml.eos_token_id"] == cfg["eos_token_id"]
-    assert meta["tokenizer.chat_template"] == (family_dir(family) / "chat_template.jinja").read_text()
+    template = family_dir(family) / "chat_template.jinja"
+    assert meta.get("tokenizer.chat_template") == (template.read_text() if template.is_file() else None)
 
 
 def test_rope_theta_1e6_survives_both_ways(gguf_of, tmp_path):
