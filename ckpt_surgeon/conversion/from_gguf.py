@@ -130,7 +130,11 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
                 continue
         cfg[key] = value
     cfg.update(spec.hf_config_extra)
-    cfg.update({key: value for key, value, _ in spec.llamacpp_needs})
+    for key, value, why, *_ in spec.llamacpp_needs:
+        if cfg.get(key, value) != value:      # a needed value the metadata also states (Phi-MoE's expert count)
+            raise UnsupportedError(f"{key} = {cfg[key]!r} in this file is not converted ({why}); only {key} = "
+                                   f"{value!r} is", path=path)
+        cfg[key] = value
     cfg.update(N.hf_config_case(spec, hp, tensors))
     for key, unset in spec.hparam_unset.items():      # the converter's "None" spelling
         hf_key = N.HF_HPARAM_KEYS[key][0]

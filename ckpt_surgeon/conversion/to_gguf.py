@@ -147,9 +147,9 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
     local = hf_hparam(cfg, "rope_local_theta", path)
     if local is not None:
         hp["rope_local_theta"] = local
-    rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
-    if rope_type not in (None, "default"):
-        raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
+    found = N.config_find(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
+    if found is not None and found[1] != "default":
+        raise UnsupportedError(f"{found[0]} = {found[1]!r}: rope scaling is not converted (only plain RoPE)", path=path)
     partial = hf_hparam(cfg, "partial_rotary", path)
     hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
     hp["key_length"] = hp["value_length"] = head_dim
@@ -169,8 +169,8 @@ def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> N
 def _check_llamacpp_needs(cfg: dict, spec: N.ArchSpec, path: str) -> None:
     """Settings llama.cpp's graph runs one way only (no GGUF key stores them): another value is
     refused by its config key, before the tensors it adds or drops are looked at."""
-    for key, value, why in spec.llamacpp_needs:
-        got = cfg.get(key)
+    for key, value, why, *absent in spec.llamacpp_needs:
+        got = cfg.get(key, *absent)     # a 4th item: what the model class assumes when the key is absent
         if got != value:
             raise UnsupportedError(f"{key} = {got!r} is not converted ({why}); only {key} = {value!r} is", path=path)
 
