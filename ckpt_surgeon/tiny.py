@@ -321,6 +321,16 @@ SPECS: dict[str, TinySpec] = {
         "MixtralForCausalLM",
         {},
     ),
+    # Phi-3.5-MoE: nn.LayerNorm (weights and biases) everywhere, q/k/v/o and lm_head biases (as
+    # released), experts w1 / w3 / w2 under block_sparse_moe, top-2 "sparsemixer" routing;
+    # original_max_position_embeddings as Phi-3 configs carry it (llama.cpp's converter reads it).
+    "phimoe": TinySpec(
+        "PhimoeConfig",
+        {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2, "attention_bias": True, "lm_head_bias": True,
+         "original_max_position_embeddings": 256, "rope_parameters": _rope(10000.0)},
+        "PhimoeForCausalLM",
+        {},
+    ),
     # Granite: llama with multipliers on attention scores, embeddings, residual branches and logits.
     "granite": TinySpec(
         "GraniteConfig",

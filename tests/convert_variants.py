@@ -75,12 +75,17 @@ VARIANTS = {
 CONFIG_VARIANTS = {
     "gpt2_hub": ("gpt2", {"config.json": {"n_ctx": 256}}),
     "phi3_bpe": ("phi3", {"tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
+    # phimoe_hub: Phi-3.5-MoE's config.json names its class PhiMoEForCausalLM (the name llama.cpp's
+    # PhiMoeModel registers; transformers 5 saves PhimoeForCausalLM), and the tokenizer declared as
+    # BPE as for phi3_bpe (PhiMoeModel is a Phi3MiniModel)
+    "phimoe_hub": ("phimoe", {"config.json": {"architectures": ["PhiMoEForCausalLM"]},
+                              "tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
 }
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
-                     "falcon_mq_nobias", "falcon_11b", "falcon_mha")
+                     "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

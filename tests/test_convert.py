@@ -108,7 +108,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
-                       "falcon_11b", "falcon_mha")
+                       "falcon_11b", "falcon_mha", "phimoe")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -210,7 +210,8 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
-                            "falcon_11b", "falcon_mha")
+                            "falcon_11b", "falcon_mha", "phimoe")
+MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -233,7 +234,7 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     hf2 = gguf_to_hf(g1, tmp_path / "hf2")
     a, b = hf_tensor_bytes(hf1), hf_tensor_bytes(hf2)
     assert sorted(a) == sorted(b)
-    assert any(".experts.3." in n for n in a) == (family in GGUF_ROUND_TRIP_FAMILIES[:4])   # the MoE ones
+    assert any(".experts.3." in n for n in a) == (family in MOE_ROUND_TRIP_FAMILIES)
     for name in a:
         assert a[name] == b[name], name
     assert read_json(hf1 / "config.json") == read_json(hf2 / "config.json")
@@ -604,6 +605,48 @@ def test_falcon_settings_llama_cpp_cannot_run_are_refused(base, edit, why, tiny,
     assert not (tmp_path / "f.gguf").exists()
 
 
+# Phi-3.5-MoE-instruct's own rope_scaling (config.json as published: 64 factors each, here 8 for
+# head_dim 16; long_mscale / short_mscale multiply cos and sin in modeling_phimoe)
+_PHIMOE_LONGROPE = {"type": "longrope", "long_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                    "short_factor": [1.0] * 8, "long_mscale": 1.243163121016122, "short_mscale": 1.243163121016122,
+                    "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"attention_bias": False}, "attention_bias = False is not converted (llama.cpp's phimoe graph requires "
+                                "attn_q/k/v/output biases, so the file would not load); only attention_bias = True is"),
+    ({"lm_head_bias": False}, "lm_head_bias = False is not converted (llama.cpp's phimoe graph requires an "
+                              "output.bias tensor, so the file would not load); only lm_head_bias = True is"),
+    ({"lm_head_bias": None}, "lm_head_bias = False is not converted (llama.cpp's phimoe graph requires an "
+                             "output.bias tensor, so the file would not load); only lm_head_bias = True is"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings = True is not converted (llama.cpp's phimoe graph requires "
+                                    "its own output.weight, so the file would not load); only "
+                                    "tie_word_embeddings = False is"),
+    ({"num_experts_per_tok": 1}, "num_experts_per_tok = 1 is not converted (modeling_phimoe's sparsemixer always "
+                                 "routes to 2 experts, llama.cpp to num_experts_per_tok); only num_experts_per_tok = 2 "
+                                 "is"),
+    ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": _PHIMOE_LONGROPE},
+     "rope_parameters.rope_type = 'longrope': rope scaling is not converted (only plain RoPE)"),   # as transformers reads it
+])
+def test_phimoe_settings_llama_cpp_cannot_run_are_refused(edit, message, family_dir, tmp_path):
+    """Phi-3.5-MoE configs llama.cpp's phimoe graph cannot load or would run differently are
+    refused in one line naming the config key (``None``: the key absent, read as the model class
+    reads it); nothing is written, the input is untouched.  The published Phi-3.5-MoE-instruct
+    uses longrope (docs/convert.md: why it is not converted)."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("phimoe"), src)
+    cfg = read_json(src / "config.json")
+    cfg.update({k: v for k, v in edit.items() if v is not None})
+    for k in [k for k, v in edit.items() if v is None]:
+        cfg.pop(k)
+    (src / "config.json").write_text(json.dumps(cfg))
+    before = _files_hash(src)
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "p.gguf")
+    assert str(e.value) == f"{src / 'config.json'}: {message}"
+    assert not (tmp_path / "p.gguf").exists() and _files_hash(src) == before
+
+
 def test_unsupported_architecture_and_dtype(tiny, gguf_of, tmp_path):
     with pytest.raises(UnsupportedError, match="model_type 'bert' has no GGUF mapping"):
         hf_to_gguf(tiny("bert"), tmp_path / "b.gguf")
@@ -756,3 +799,17 @@ def test_gguf_source_needs_a_folder_output_and_a_gguf_folder_converts(smollm_ggu
     (folder / "other.gguf").write_bytes(Path(smollm_gguf).read_bytes()[:4096])
     res = CliRunner().invoke(cli, ["convert", str(folder), "-o", str(tmp_path / "hf2")])
     assert res.exit_code == 2 and "folder holds 2 GGUF models" in res.stderr
+
+
+def test_phimoe_gguf_with_another_expert_count_is_refused(family_dir, tmp_path):
+    """GGUF -> HF: a phimoe file routing to 1 expert (phimoe.expert_used_count) cannot become a
+    transformers Phimoe model, whose sparsemixer always routes to 2: one line, nothing written."""
+    from gguf_util import rewrite_gguf
+    g = hf_to_gguf(family_dir("phimoe"), tmp_path / "m.gguf", dtype="f32", name="tiny")
+    bad = rewrite_gguf(g, tmp_path / "bad.gguf", set_kv={"phimoe.expert_used_count": 1})
+    with pytest.raises(UnsupportedError) as e:
+        gguf_to_hf(bad, tmp_path / "hf")
+    assert str(e.value) == (f"{bad}: num_experts_per_tok = 1 in this file is not converted (modeling_phimoe's "
+                            "sparsemixer always routes to 2 experts, llama.cpp to num_experts_per_tok); only "
+                            "num_experts_per_tok = 2 is")
+    assert not (tmp_path / "hf").exists()

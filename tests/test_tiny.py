@@ -54,6 +54,7 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "granite": 0,
     "cohere": 0,
     "stablelm": 128,
+    "phimoe": 128,
 }
 QKV_BIAS_MODULES = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value", "query", "key", "value"}
 N_LAYERS = 2

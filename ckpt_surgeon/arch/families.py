@@ -126,13 +126,17 @@ class Conversion:
     ``llamacpp_needs``: ``(HF config key, value, why)``: llama.cpp's graph runs only that value of a
     setting that no GGUF key stores (Falcon's ``bias``, ``parallel_attn``, ``alibi``): HF -> GGUF
     refuses a config with another value, naming the key, before any tensor is looked at; GGUF -> HF
-    writes the value.  ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
+    writes the value.  An optional fourth item is the value the model class assumes when the
+    config omits the key (Phi-3.5-MoE's ``tie_word_embeddings``: False).  ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
     whose condition holds adds its entries to the config; a condition is ``{}`` (always),
     ``{"tensor": GGUF name}`` (the file holds it) or ``{hyper-parameter: value}`` (a value or
     ``"n_head"``, as in ``llamacpp_fixed``) -- which of Falcon's layouts a file is.  A tensor row
     may carry a third item, the module's HF spelling in configs where ``hf_alt_when = (key, value)``
     holds (Falcon's ``input_layernorm`` where new-decoder files have ``ln_mlp``; both are llama.cpp's
     ``attn_norm``): HF -> GGUF reads either spelling, GGUF -> HF writes the one the config builds.
+    ``eps_norm``: the epsilon key llama.cpp reads when it is not the one the HF norm kind implies
+    (Phi-3.5-MoE: ``nn.LayerNorm`` built from ``rms_norm_eps``, written as
+    ``attention.layer_norm_rms_epsilon`` by ``Phi3MiniModel.set_gguf_parameters``).
     """
 
     tensors: tuple
@@ -154,6 +158,7 @@ class Conversion:
     llamacpp_needs: tuple = ()            # (HF config key, the value llama.cpp runs, why): others refused
     hf_config_cases: tuple = ()           # (condition, HF config entries): the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None      # (HF config key, value): tensor rows use their alternative spelling
+    eps_norm: str | None = None           # "rms" | "layer": which epsilon key is written (default: input_norm's)
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -379,6 +384,20 @@ _FALCON_CASES = (
 )
 # llama.cpp src/models/falcon.cpp: RoPE (NEOX), GELU MLP without biases, attention and MLP added
 # to the same input (parallel); none of these is a GGUF key.
+# llama-model.cpp LLM_ARCH_PHIMOE creates attn_q/k/v/output biases, output.bias and output.weight
+# as required tensors (measured: a file without any of them fails to load), and modeling_phimoe's
+# sparsemixer routes to exactly 2 experts whatever num_experts_per_tok says, while llama.cpp routes
+# to expert_used_count: another count would run a different model in each.
+_PHIMOE_NEEDS = (
+    ("attention_bias", True, "llama.cpp's phimoe graph requires attn_q/k/v/output biases, so the file would not "
+                             "load"),
+    ("lm_head_bias", True, "llama.cpp's phimoe graph requires an output.bias tensor, so the file would not load",
+     False),
+    ("tie_word_embeddings", False, "llama.cpp's phimoe graph requires its own output.weight, so the file would not "
+                                   "load", False),
+    ("num_experts_per_tok", 2, "modeling_phimoe's sparsemixer always routes to 2 experts, llama.cpp to "
+                               "num_experts_per_tok"),
+)
 _FALCON_NEEDS = (
     ("bias", False, "llama.cpp's falcon graph has no bias on attn_qkv, attn_output, ffn_up or ffn_down, "
                     "so the file would not load"),
@@ -645,6 +664,27 @@ FAMILIES: tuple[Family, ...] = (
                _LLAMA_HPARAMS + _MOE_HPARAMS, gguf_arch="llama", gguf_when="expert_count", hf_config_extra=_SILU,
                hf_rename={"num_experts": "num_local_experts"}),
            residual_readers_centering=False),
+    # Phi-3.5-MoE (modeling_phimoe; llama.cpp's PhiMoeModel, a Phi3MiniModel with stacked experts):
+    # separate q/k/v (not Phi-3's qkv_proj), not permuted; nn.LayerNorm with biases everywhere (eps
+    # from rms_norm_eps, written as the rms epsilon); lm_head bias; block_sparse_moe gate + w1/w3/w2.
+    # llama.cpp's phimoe graph is its phi3 graph (src/models/phi3.cpp): LLM_NORM_RMS plus the norm
+    # biases (no mean subtraction) and softmax top-k renormalised routing where transformers runs
+    # sparsemixer: the file is llama.cpp's, the logits are not transformers' (docs/convert.md).
+    # residual readers: modeling_phimoe: nn.LayerNorm input/post_attention_layernorm and model.norm
+    Family("phimoe", ("phimoe",), ("phimoe",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
+           attention_bias_key="attention_bias", input_norm="layer", hf_class="PhimoeForCausalLM",
+           surgery_roles=_FUSE_OUT,
+           conversion=Conversion(
+               (("model.embed_tokens.weight", "none"), *_wb("model.norm"), *_wb("lm_head"),
+                *_wb("model.layers.{L}.input_layernorm"), *_qkvo("model.layers.{L}.self_attn"),
+                *_wb("model.layers.{L}.post_attention_layernorm"),
+                *_moe_mlp("block_sparse_moe", ("w1", "w3", "w2"))),
+               _LLAMA_HPARAMS + ("orig_ctx", "sliding_window", "n_expert", "n_expert_used"),
+               hf_config_extra=_SILU, hf_rename={"num_experts": "num_local_experts"}, eps_norm="rms",
+               hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
+               hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"},
+               llamacpp_needs=_PHIMOE_NEEDS),
+           residual_readers_centering=True),
     # Granite: llama with four multipliers (attention, embedding, residual, logits); llama.cpp's
     # GraniteModel is a LlamaModel (Q/K permuted) and ignores head_dim.
     # residual readers: modeling_granite: GraniteRMSNorm everywhere

@@ -197,7 +197,7 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         gguf_arch, tuple(mt for f in fams for mt in (f.conversion.model_types or f.model_types)), fam.hf_class,
         _tensor_rules(gguf_arch, conv.tensors), conv.hparams, hf_rename=conv.hf_rename,
         hf_from_gguf=conv.hf_from_gguf, hf_config_extra=conv.hf_config_extra,
-        ff_default_mult=conv.ff_default_mult, norm="layer" if fam.input_norm == "layer" else "rms",
+        ff_default_mult=conv.ff_default_mult, norm=conv.eps_norm or ("layer" if fam.input_norm == "layer" else "rms"),
         rope=fam.position == "rope", bias_switch=fam.attention_bias_key, bias_probe=probe,
         llamacpp_absent=conv.llamacpp_absent, llamacpp_fixed=conv.llamacpp_fixed,
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
