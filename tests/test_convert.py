@@ -813,3 +813,16 @@ def test_phimoe_gguf_with_another_expert_count_is_refused(family_dir, tmp_path):
                             "sparsemixer always routes to 2 experts, llama.cpp to num_experts_per_tok); only "
                             "num_experts_per_tok = 2 is")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_family_llama_cpp_runs_differently_is_warned_both_ways(family_dir, tmp_path):
+    """Phi-3.5-MoE: the GGUF is llama.cpp's own file, but llama.cpp's phimoe graph is not
+    transformers' (tests/test_llamacpp.py measures it), so both directions say so in the report;
+    a family llama.cpp runs as transformers does gets no such warning."""
+    from ckpt_surgeon.conversion import hf_to_gguf_report
+    to = hf_to_gguf_report(family_dir("phimoe"), tmp_path / "p.gguf", dtype="f32")
+    back = gguf_to_hf_report(tmp_path / "p.gguf", tmp_path / "hf")
+    for rep in (to, back):
+        assert [w for w in rep.warnings if "phi3 graph" in w and "not transformers'" in w], rep.warnings
+    plain = hf_to_gguf_report(family_dir("qwen2"), tmp_path / "q.gguf", dtype="f32")
+    assert not [w for w in plain.warnings if "graph" in w], plain.warnings

@@ -153,6 +153,7 @@ class Conversion:
     gguf_strings: dict = field(default_factory=dict)   # fixed "{arch}.<suffix>" string keys written HF -> GGUF
     hparam_fallback: dict = field(default_factory=dict)  # hyper-parameter -> the one it copies when the config lacks it
     hparam_required: tuple = ()           # hyper-parameters the config must give (no llama.cpp default is the model's)
+    llamacpp_differs: str = ""            # llama.cpp's graph computes another function: warned in both directions
     notes: str = ""
     model_types: tuple | None = None      # which of the family's model types convert (default: all)
     llamacpp_needs: tuple = ()            # (HF config key, the value llama.cpp runs, why): others refused
@@ -683,7 +684,11 @@ FAMILIES: tuple[Family, ...] = (
                hf_config_extra=_SILU, hf_rename={"num_experts": "num_local_experts"}, eps_norm="rms",
                hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
                hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"},
-               llamacpp_needs=_PHIMOE_NEEDS),
+               llamacpp_needs=_PHIMOE_NEEDS,
+               llamacpp_differs="llama.cpp runs phimoe with its phi3 graph: RMS norm plus the LayerNorm bias (no mean "
+                                "subtraction) and softmax top-2 routing where transformers runs LayerNorm and "
+                                "sparsemixer, so its logits are not transformers' (4.8e-2 relative on a tiny model; "
+                                "docs/convert.md)"),
            residual_readers_centering=True),
     # Granite: llama with four multipliers (attention, embedding, residual, logits); llama.cpp's
     # GraniteModel is a LlamaModel (Q/K permuted) and ignores head_dim.

@@ -112,7 +112,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     from ..arch.gguf_config import config_from_gguf
 
     arch = spec.gguf_arch
-    warnings: list[str] = []
+    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
     emb = _required_inputs(meta, arch, tensors, path)
     base = config_from_gguf(meta, tensors, path=path)
     hp = _hparams(meta, arch, path)

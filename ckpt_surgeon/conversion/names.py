@@ -183,6 +183,7 @@ class ArchSpec:
     llamacpp_needs: tuple = ()           # (HF config key, value llama.cpp runs, why)
     hf_config_cases: tuple = ()          # (condition, HF config entries), the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None     # (HF config key, value): tensor rows use their hf_alt spelling
+    llamacpp_differs: str = ""           # llama.cpp's graph computes another function (warned both ways)
     notes: str = ""
 
 
@@ -203,7 +204,7 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
         gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, kv_heads_rules=fam.kv_heads_rules,
         llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
-        hparam_required=conv.hparam_required, notes=conv.notes)
+        hparam_required=conv.hparam_required, llamacpp_differs=conv.llamacpp_differs, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

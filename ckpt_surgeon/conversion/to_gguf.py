@@ -335,7 +335,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
     check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
 
-    warnings: list[str] = []
+    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
     plan, emb = _plan_tensors(ck, got, spec, dtype, src, warnings)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
