@@ -70,6 +70,9 @@ _LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads")
 # their own head counts); every other ``*_config`` (vision, audio, VQ ...) keeps at most 2 layers
 _TEXT_SUB = re.compile(r"^(text_config|llm_config|language_config|decoder_config|text_encoder_config)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
+# head counts a modeling file needs a multiple of: modeling_codegen.py CodeGenAttention splits the fused
+# qkv into ``mp_num = 4`` (hard-coded) groups of n_head // 4 heads
+_MIN_HEADS = {"codegen": 4}
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts|moe_k|top_k|num_experts_per_token)$")
 
 
@@ -96,12 +99,15 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     h, kv = heads or (0, 0)
     kv2 = max(1, min(kv, 2))
     h2 = kv2 * max(1, min(h // max(kv, 1), 2))
-    hd = head_dim
-    if hd is None:
-        hd = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    min_h = _MIN_HEADS.get(cfg.get("model_type"), 0)
+    if heads and h2 < min_h <= h and h % min_h == 0:
+        h2 = min_h
+        kv2 = h2 if kv == h else kv2
     hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    if hd is None and hidden and h:
-        hd = hidden // h
+    old_hd = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    if old_hd is None and hidden and h:
+        old_hd = hidden // h
+    hd = head_dim if head_dim is not None else old_hd
     for k, v in cfg.items():
         if not isinstance(v, int) or isinstance(v, bool):
             if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
@@ -112,6 +118,10 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = new
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
+    if heads and hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
+        # partial rotary given in dims (GPT-J, CodeGen: the first rotary_dim dims of each head rotate): the
+        # same fraction of the new head, even, at least 2
+        out["rotary_dim"] = max(2, cfg["rotary_dim"] * hd // old_hd // 2 * 2)
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
     if heads and hidden:
