@@ -228,10 +228,23 @@ def float64_softmax():
     float64 probe that request is a *downcast* that adds ~1e-8 of rounding noise and would hide
     an exact invariance.  Inside this context a float32 request on a float64 input is dropped;
     every other call is untouched.
+
+    Likewise ``torch.full((), torch.finfo(x.dtype).min)`` without a dtype (modeling_xglm
+    ``XGLMAttention`` clamping the masked weights) is a float32 tensor, and float64's min does not
+    fit one: such a call (no dtype, a finite fill beyond float32's range) gets float64 instead of
+    raising.  Every call float32 can hold is untouched.
     """
     import torch
     nnf = torch.nn.functional
     orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
+    orig_full = torch.full
+    f32_max = torch.finfo(torch.float32).max
+
+    def full(size, fill_value, *args, **kwargs):
+        if (not args and kwargs.get("dtype") is None and kwargs.get("out") is None and isinstance(fill_value, float)
+                and f32_max < abs(fill_value) < float("inf")):
+            kwargs["dtype"] = torch.float64
+        return orig_full(size, fill_value, *args, **kwargs)
 
     def keep(x, dtype):
         return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
@@ -244,11 +257,11 @@ def float64_softmax():
 
     def m(self, dim, dtype=None):
         return orig_m(self, dim, dtype=keep(self, dtype))
-    nnf.softmax, torch.softmax, torch.Tensor.softmax = f, t, m
+    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full = f, t, m, full
     try:
         yield
     finally:
-        nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
+        nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full = orig_f, orig_t, orig_m, orig_full
 
 
 def meta_params(klass, conf) -> int:
