@@ -137,6 +137,9 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             text = bool(_TEXT_SUB.match(k))
             out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
                                    head_dim=head_dim, vocab=vocab, ff=ff)
+        elif isinstance(v, dict) and k.endswith("_config") and ff:
+            # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
+            out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
     _shrink_vocab(cfg, out, vocab)
     return out
 
