@@ -175,7 +175,17 @@ def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: 
 def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
     """Widths defined as multiples of the hidden size follow its new value in ``out``."""
     new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    if new_hidden != hidden:
+    if new_hidden != hidden and isinstance(new_hidden, int):
+        # a factorised embedding width (ALBERT, ELECTRA, MobileBERT, SqueezeBERT): the same fraction of the
+        # new hidden size (MobileBERT's LM head is hidden - embedding_size wide; SqueezeBERT needs them equal)
+        if isinstance(cfg.get("embedding_size"), int) and 0 < cfg["embedding_size"] <= hidden:
+            out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
+        # MobileBERT: the attention runs on the bottleneck (configuration_mobilebert: true_hidden_size =
+        # intra_bottleneck_size when use_bottleneck), so it holds the heads
+        if cfg.get("use_bottleneck") and isinstance(cfg.get("intra_bottleneck_size"), int):
+            out["intra_bottleneck_size"] = new_hidden      # h2 heads x the new head size, as hidden
+        if isinstance(cfg.get("true_hidden_size"), int):   # MobileBERT's derived width, saved in to_dict()
+            out["true_hidden_size"] = new_hidden
         expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
         if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
             out["mamba_d_ssm"] = expand * new_hidden
