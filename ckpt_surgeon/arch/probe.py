@@ -96,6 +96,12 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     """
     out = dict(cfg)
     old_layers = next((v for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
+    sub_layers = layers
+    # configuration_dory.py to_dict(): every decoder layer saved as two layer_types entries (attention, "mlp")
+    # and every layer count doubled (the config halves them back): ``layers`` counts decoder layers
+    per = 2 if isinstance(cfg.get("layer_types"), list) and "mlp" in cfg["layer_types"] else 1
+    sections = _sections(cfg, old_layers)
+    layers = max(layers, len(sections)) * per      # one layer per section at least
     h, kv = heads or (0, 0)
     kv2 = max(1, min(kv, 2))
     h2 = kv2 * max(1, min(h // max(kv, 1), 2))
@@ -135,13 +141,34 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = min(v, 16)
         elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
             text = bool(_TEXT_SUB.match(k))
-            out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
+            out[k] = shrink_config(v, layers=sub_layers if text else min(sub_layers, 2), heads=config_heads(v) if heads else None,
                                    head_dim=head_dim, vocab=vocab, ff=ff)
         elif isinstance(v, dict) and k.endswith("_config") and ff:
             # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
             out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
+    _split_sections(cfg, out, sections, per)
     _shrink_vocab(cfg, out, vocab)
     return out
+
+
+def _sections(cfg: dict, old_layers) -> list:
+    """Keys of consecutive sections' layer counts that add up to the layer count (Dory: n_input_layers +
+    n_recurrent_layers + n_output_layers = num_hidden_layers, checked by its config), else []."""
+    parts = [k for k, v in cfg.items() if type(v) is int and k.endswith("_layers") and not _LAYER_KEYS.match(k)]
+    if len(parts) < 2 or not old_layers or sum(cfg[k] for k in parts) != old_layers:
+        return []
+    return parts
+
+
+def _split_sections(cfg: dict, out: dict, parts: list, per: int) -> None:
+    """The sections re-split over the new layer count: one layer (``per`` entries) each, the rest to the
+    largest section."""
+    new_total = next((out[k] for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
+    if not parts or new_total == sum(cfg[k] for k in parts):
+        return
+    for k in parts:
+        out[k] = per
+    out[max(parts, key=lambda k: cfg[k])] += (new_total // per - len(parts)) * per
 
 
 def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: int, hd, ff) -> int | None:
