@@ -132,6 +132,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
     if heads and hidden:
         _follow_hidden(cfg, out, hidden, h2)
+    if heads:
+        _prefixed_heads(cfg, out, hd, head_dim)
     if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
         nk = cfg[_LINEAR_HEADS[0]]
         out[_LINEAR_HEADS[0]] = min(nk, 2)
@@ -141,8 +143,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = min(v, 16)
         elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
             text = bool(_TEXT_SUB.match(k))
-            out[k] = shrink_config(v, layers=sub_layers if text else min(sub_layers, 2), heads=config_heads(v) if heads else None,
-                                   head_dim=head_dim, vocab=vocab, ff=ff)
+            out[k] = shrink_config(v, layers=sub_layers if text else min(sub_layers, 2),
+                                   heads=config_heads(v) if heads else None, head_dim=head_dim, vocab=vocab, ff=ff)
         elif isinstance(v, dict) and k.endswith("_config") and ff:
             # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
             out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
@@ -207,6 +209,9 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
         # new hidden size (MobileBERT's LM head is hidden - embedding_size wide; SqueezeBERT needs them equal)
         if isinstance(cfg.get("embedding_size"), int) and 0 < cfg["embedding_size"] <= hidden:
             out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
+        for k, v in cfg.items():     # side embeddings (RoCBert shape / pronunciation, LUKE entities, Qwen4 per-layer)
+            if (k.endswith("_embed_dim") or k.endswith("_emb_size")) and type(v) is int and v > new_hidden:
+                out[k] = max(min(8, new_hidden), v * new_hidden // hidden)
         # MobileBERT: the attention runs on the bottleneck (configuration_mobilebert: true_hidden_size =
         # intra_bottleneck_size when use_bottleneck), so it holds the heads
         if cfg.get("use_bottleneck") and isinstance(cfg.get("intra_bottleneck_size"), int):
@@ -222,10 +227,31 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
                 out["attention_head_dim"] = out["attention_hidden_size"] // h2
 
 
+def _prefixed_heads(cfg: dict, out: dict, hd, head_dim) -> None:
+    """Head counts of a second attention kind under a prefix (Inkling-2 ``swa_num_attention_heads``,
+    ``swa_num_key_value_heads``, ``swa_head_dim``: the sliding-window layers' own heads) shrunk like the
+    main ones: up to 2 kv heads x 2 query heads per kv head, the same head size."""
+    for hk in [k for k in cfg if k.endswith("_num_attention_heads") and k != "num_attention_heads"]:
+        pre = hk[: -len("num_attention_heads")]
+        h, kv = cfg[hk], cfg.get(pre + "num_key_value_heads")
+        if type(h) is not int or (kv is not None and type(kv) is not int):
+            continue
+        kv = kv or h
+        kv2 = max(1, min(kv, 2))
+        out[hk] = kv2 * max(1, min(h // max(kv, 1), 2))
+        if pre + "num_key_value_heads" in cfg:
+            out[pre + "num_key_value_heads"] = kv2
+        if type(cfg.get(pre + "head_dim")) is int and head_dim is not None and hd:
+            out[pre + "head_dim"] = hd
+
+
 def _shrink_vocab(cfg: dict, out: dict, vocab: int | None) -> None:
     """The vocabulary cut to ``vocab``; token ids clamped to index the (possibly smaller) embedding."""
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
+    for k, v in cfg.items():      # other vocabularies (Inkling-2's unpadded LM head, LUKE entities, RoCBert shapes)
+        if vocab is not None and k.endswith("vocab_size") and k != "vocab_size" and type(v) is int and v > vocab:
+            out[k] = vocab
     n_vocab = out.get("vocab_size")
     if isinstance(n_vocab, int) and n_vocab > 0:
         for k, v in cfg.items():      # token ids must index the (possibly smaller) embedding
@@ -273,11 +299,17 @@ def float64_softmax():
     ``XGLMAttention`` clamping the masked weights) is a float32 tensor, and float64's min does not
     fit one: such a call (no dtype, a finite fill beyond float32's range) gets float64 instead of
     raising.  Every call float32 can hold is untouched.
+
+    And a float32 operand of ``F.linear`` next to a float64 one (a modeling file's fp32 guard that
+    downcasts on a float64 model: modeling_inkling2 ``Inkling2TopKRouter`` routes ``hidden.float()``
+    through its weight, modeling_mra runs its attention in ``.float()`` and feeds the result to a
+    Linear) is promoted to float64, as torch promotes elementwise ops, instead of raising; calls with
+    one dtype are untouched.
     """
     import torch
     nnf = torch.nn.functional
     orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
-    orig_full = torch.full
+    orig_full, orig_linear = torch.full, nnf.linear
     f32_max = torch.finfo(torch.float32).max
 
     def full(size, fill_value, *args, **kwargs):
@@ -285,6 +317,12 @@ def float64_softmax():
                 and f32_max < abs(fill_value) < float("inf")):
             kwargs["dtype"] = torch.float64
         return orig_full(size, fill_value, *args, **kwargs)
+
+    def linear(input, weight, bias=None):   # noqa: A002
+        if input.dtype != weight.dtype and {input.dtype, weight.dtype} == {torch.float32, torch.float64}:
+            input, weight = input.double(), weight.double()
+            bias = bias.double() if bias is not None else None
+        return orig_linear(input, weight, bias)
 
     def keep(x, dtype):
         return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
@@ -297,11 +335,12 @@ def float64_softmax():
 
     def m(self, dim, dtype=None):
         return orig_m(self, dim, dtype=keep(self, dtype))
-    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full = f, t, m, full
+    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full, nnf.linear = f, t, m, full, linear
     try:
         yield
     finally:
-        nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full = orig_f, orig_t, orig_m, orig_full
+        nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
+        torch.full, nnf.linear = orig_full, orig_linear
 
 
 def meta_params(klass, conf) -> int:
