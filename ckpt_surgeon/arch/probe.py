@@ -110,7 +110,7 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         h2 = min_h
         kv2 = h2 if kv == h else kv2
     hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    old_hd = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    old_hd = next((cfg[k] for k in ("head_dim", "d_head") if type(cfg.get(k)) is int), None)
     if old_hd is None and hidden and h:
         old_hd = hidden // h
     hd = head_dim if head_dim is not None else old_hd
@@ -124,6 +124,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = new
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
+    if heads and type(cfg.get("d_head")) is int and hd:     # XLNet: d_head = d_model // n_head, checked
+        out["d_head"] = hd
     if heads and hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
         # partial rotary given in dims (GPT-J, CodeGen: the first rotary_dim dims of each head rotate): the
         # same fraction of the new head, even, at least 2
