@@ -132,6 +132,9 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         out["rotary_dim"] = max(2, cfg["rotary_dim"] * hd // old_hd // 2 * 2)
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
+    if heads and type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
+            "qk_nope_head_dim", "qk_rope_head_dim")):      # MLA: the derived query/key head size, saved by to_dict()
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
     if heads and hidden:
         _follow_hidden(cfg, out, hidden, h2)
     if heads:
@@ -200,6 +203,10 @@ def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: 
         return min(v, 4)
     if _TOPK_KEYS.match(k):
         return min(v, 2)
+    if k in ("n_group", "num_expert_group"):     # group-limited routing: 2 groups of 2 of the 4 experts
+        return min(v, 2)
+    if k == "topk_group":
+        return min(v, 1)
     return None
 
 
