@@ -153,8 +153,34 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         elif isinstance(v, dict) and k.endswith("_config") and ff:
             # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
             out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
+    if isinstance(cfg.get("per_layer_config"), dict):
+        out["per_layer_config"] = _per_layer(cfg["per_layer_config"], sub_layers, heads, head_dim, vocab, ff,
+                                             (old_hd, hd))
     _split_sections(cfg, out, sections, per)
     _shrink_vocab(cfg, out, vocab)
+    return out
+
+
+def _per_layer(plc: dict, layers: int, heads, head_dim, vocab, ff, hds: tuple) -> dict:
+    """A ``per_layer_config`` (Gemma-4, dots3: layer index -> that layer's overrides, the config checks
+    the indices exist): the layers kept, their overrides shrunk like the config (own head counts; a head
+    size override keeps its ratio to the main one, so those layers still differ: Gemma-4's full layers)."""
+    old_hd, hd = hds
+    out = {}
+    for key, sub in plc.items():
+        try:
+            if int(key) >= layers:
+                continue
+        except (TypeError, ValueError):
+            pass
+        if isinstance(sub, dict):
+            own = config_heads(sub) if any(_HEAD_KEYS.match(k) for k in sub) else heads
+            small = shrink_config(sub, layers=layers, heads=own if heads else None, head_dim=head_dim, vocab=vocab,
+                                  ff=ff)
+            if heads and type(sub.get("head_dim")) is int and old_hd and hd:
+                small["head_dim"] = max(2, sub["head_dim"] * hd // old_hd)
+            sub = small
+        out[key] = sub
     return out
 
 
@@ -258,8 +284,8 @@ def _shrink_vocab(cfg: dict, out: dict, vocab: int | None) -> None:
     """The vocabulary cut to ``vocab``; token ids clamped to index the (possibly smaller) embedding."""
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
-    for k, v in cfg.items():      # other vocabularies (Inkling-2's unpadded LM head, LUKE entities, RoCBert shapes)
-        if vocab is not None and k.endswith("vocab_size") and k != "vocab_size" and type(v) is int and v > vocab:
+    for k, v in cfg.items():      # other vocabularies (Inkling-2's unpadded LM head, LUKE entities, Gemma per-layer)
+        if vocab is not None and "vocab_size" in k and k != "vocab_size" and type(v) is int and v > vocab:
             out[k] = vocab
     n_vocab = out.get("vocab_size")
     if isinstance(n_vocab, int) and n_vocab > 0:
