@@ -118,6 +118,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         if not isinstance(v, int) or isinstance(v, bool):
             if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
                 out[k] = v[:layers]
+                if ff and _FF_KEYS.search(k) and all(type(x) is int for x in v):   # per-layer widths (Gemma-3n)
+                    out[k] = [ff] * len(out[k])
             continue
         new = _shrunk_int(cfg, k, v, layers=layers, heads=heads, h2=h2, kv2=kv2, hd=hd, ff=ff)
         if new is not None:
