@@ -80,9 +80,24 @@ def shrink_candidates(cfg: dict, *, layers: int, heads: tuple, head_dim: int | N
                       vocab: int | None = None) -> list[dict]:
     """Smaller configs, most aggressive first: some architectures tie sizes together (Bamba /
     Mamba heads x head size = expand x hidden), so the caller takes the first that builds."""
-    return [shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab),
-            shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab, ff=None),
-            shrink_config(cfg, layers=layers, heads=None, vocab=vocab, ff=None)]
+    first = shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab)
+    out = [first, shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab, ff=None)]
+    kinds = _every_kind(cfg, first)
+    if kinds is not None:
+        out.append(kinds)
+    return out + [shrink_config(cfg, layers=layers, heads=None, vocab=vocab, ff=None)]
+
+
+def _every_kind(cfg: dict, small: dict) -> dict | None:
+    """``small`` with ``layer_types`` ending in the kinds its cut lost (NeoMME's config requires a
+    full_attention layer; the first layers are all sliding), or None when nothing was lost."""
+    old, new = cfg.get("layer_types"), small.get("layer_types")
+    if not (isinstance(old, list) and isinstance(new, list)) or old == new or not new:
+        return None
+    lost = [t for t in dict.fromkeys(old) if t not in new]
+    if not lost or len(lost) >= len(new):
+        return None
+    return dict(small, layer_types=new[: len(new) - len(lost)] + lost)
 
 
 def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int | None = None,
