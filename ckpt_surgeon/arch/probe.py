@@ -261,6 +261,8 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
         # new hidden size (MobileBERT's LM head is hidden - embedding_size wide; SqueezeBERT needs them equal)
         if isinstance(cfg.get("embedding_size"), int) and 0 < cfg["embedding_size"] <= hidden:
             out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
+        if cfg.get("embedding_dim") == hidden:     # xLSTM: embedding_dim is the model width too
+            out["embedding_dim"] = new_hidden
         for k, v in cfg.items():     # side embeddings (RoCBert shape / pronunciation, LUKE entities, Qwen4 per-layer)
             if (k.endswith("_embed_dim") or k.endswith("_emb_size")) and type(v) is int and v > new_hidden:
                 out[k] = max(min(8, new_hidden), v * new_hidden // hidden)
@@ -271,6 +273,12 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
         if isinstance(cfg.get("true_hidden_size"), int):   # MobileBERT's derived width, saved in to_dict()
             out["true_hidden_size"] = new_hidden
         expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        if (all(type(cfg.get(k)) is int for k in ("num_heads", "head_dim", "expand")) and type(out.get("head_dim")) is int
+                and cfg["num_heads"] * cfg["head_dim"] == cfg["expand"] * hidden):
+            # Mamba-2: SSM heads x head size = expand x hidden (checked by Mamba2Config); groups divide the heads
+            out["num_heads"] = max(1, expand * new_hidden // out["head_dim"])
+            if type(cfg.get("n_groups")) is int and out["num_heads"] % cfg["n_groups"]:
+                out["n_groups"] = 1
         if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
             out["mamba_d_ssm"] = expand * new_hidden
         if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
