@@ -125,7 +125,7 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         h2 = min_h
         kv2 = h2 if kv == h else kv2
     hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    old_hd = next((cfg[k] for k in ("head_dim", "d_head") if type(cfg.get(k)) is int), None)
+    old_hd = next((cfg[k] for k in ("head_dim", "d_head", "attention_head_size") if type(cfg.get(k)) is int), None)
     if old_hd is None and hidden and h:
         old_hd = hidden // h
     hd = head_dim if head_dim is not None else old_hd
@@ -141,8 +141,9 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = new
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
-    if heads and type(cfg.get("d_head")) is int and hd:     # XLNet: d_head = d_model // n_head, checked
-        out["d_head"] = hd
+    for k in ("d_head", "attention_head_size"):     # XLNet (d_head = d_model // n_head, checked), Reformer
+        if heads and type(cfg.get(k)) is int and hd:
+            out[k] = hd
     if heads and hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
         # partial rotary given in dims (GPT-J, CodeGen: the first rotary_dim dims of each head rotate): the
         # same fraction of the new head, even, at least 2
@@ -263,6 +264,10 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
             out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
         if cfg.get("embedding_dim") == hidden:     # xLSTM: embedding_dim is the model width too
             out["embedding_dim"] = new_hidden
+        axial = cfg.get("axial_pos_embds_dim")      # Reformer: the axial position embedding parts add up to hidden
+        if isinstance(axial, list) and all(type(x) is int for x in axial) and sum(axial) == hidden:
+            parts = [max(1, x * new_hidden // hidden) for x in axial]
+            out["axial_pos_embds_dim"] = parts[:-1] + [new_hidden - sum(parts[:-1])]
         for k, v in cfg.items():     # side embeddings (RoCBert shape / pronunciation, LUKE entities, Qwen4 per-layer)
             if (k.endswith("_embed_dim") or k.endswith("_emb_size")) and type(v) is int and v > new_hidden:
                 out[k] = max(min(8, new_hidden), v * new_hidden // hidden)
