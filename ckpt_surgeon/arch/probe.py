@@ -171,6 +171,12 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         elif isinstance(v, dict) and k.endswith("_config") and ff:
             # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
             out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
+    for k, v in out.items():      # BLT: encoder/decoder hidden_size_global = global_config's hidden_size
+        if isinstance(v, dict) and k.endswith("_config") and k in cfg and v is not cfg[k]:
+            for kk in list(v):
+                other = out.get(kk[len("hidden_size_"):] + "_config") if kk.startswith("hidden_size_") else None
+                if isinstance(other, dict) and type(other.get("hidden_size")) is int and type(v[kk]) is int:
+                    v[kk] = other["hidden_size"]
     if isinstance(cfg.get("per_layer_config"), dict):
         out["per_layer_config"] = _per_layer(cfg["per_layer_config"], sub_layers, heads, head_dim, vocab, ff,
                                              (old_hd, hd))
@@ -315,7 +321,8 @@ def _shrink_vocab(cfg: dict, out: dict, vocab: int | None) -> None:
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
     for k, v in cfg.items():      # other vocabularies (Inkling-2's unpadded LM head, LUKE entities, Gemma per-layer)
-        if vocab is not None and "vocab_size" in k and k != "vocab_size" and type(v) is int and v > vocab:
+        if (vocab is not None and ("vocab_size" in k or k.endswith("_vocab")) and k != "vocab_size" and type(v) is int
+                and v > vocab):       # (BLT: encoder_hash_byte_group_vocab)
             out[k] = vocab
     n_vocab = out.get("vocab_size")
     if isinstance(n_vocab, int) and n_vocab > 0:
