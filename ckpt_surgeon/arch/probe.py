@@ -70,6 +70,9 @@ _LINEAR_HEADS = ("linear_num_key_heads", "linear_num_value_heads")
 # their own head counts); every other ``*_config`` (vision, audio, VQ ...) keeps at most 2 layers
 _TEXT_SUB = re.compile(r"^(text_config|llm_config|language_config|decoder_config|text_encoder_config)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
+# head counts a modeling file needs a multiple of: modeling_codegen.py CodeGenAttention splits the fused
+# qkv into ``mp_num = 4`` (hard-coded) groups of n_head // 4 heads
+_MIN_HEADS = {"codegen": 4}
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|num_selected_experts|moe_k|top_k|num_experts_per_token)$")
 
 
@@ -77,9 +80,24 @@ def shrink_candidates(cfg: dict, *, layers: int, heads: tuple, head_dim: int | N
                       vocab: int | None = None) -> list[dict]:
     """Smaller configs, most aggressive first: some architectures tie sizes together (Bamba /
     Mamba heads x head size = expand x hidden), so the caller takes the first that builds."""
-    return [shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab),
-            shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab, ff=None),
-            shrink_config(cfg, layers=layers, heads=None, vocab=vocab, ff=None)]
+    first = shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab)
+    out = [first, shrink_config(cfg, layers=layers, heads=heads, head_dim=head_dim, vocab=vocab, ff=None)]
+    kinds = _every_kind(cfg, first)
+    if kinds is not None:
+        out.append(kinds)
+    return out + [shrink_config(cfg, layers=layers, heads=None, vocab=vocab, ff=None)]
+
+
+def _every_kind(cfg: dict, small: dict) -> dict | None:
+    """``small`` with ``layer_types`` ending in the kinds its cut lost (NeoMME's config requires a
+    full_attention layer; the first layers are all sliding), or None when nothing was lost."""
+    old, new = cfg.get("layer_types"), small.get("layer_types")
+    if not (isinstance(old, list) and isinstance(new, list)) or old == new or not new:
+        return None
+    lost = [t for t in dict.fromkeys(old) if t not in new]
+    if not lost or len(lost) >= len(new):
+        return None
+    return dict(small, layer_types=new[: len(new) - len(lost)] + lost)
 
 
 def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int | None = None,
@@ -93,29 +111,52 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     """
     out = dict(cfg)
     old_layers = next((v for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
+    sub_layers = layers
+    # configuration_dory.py to_dict(): every decoder layer saved as two layer_types entries (attention, "mlp")
+    # and every layer count doubled (the config halves them back): ``layers`` counts decoder layers
+    per = 2 if isinstance(cfg.get("layer_types"), list) and "mlp" in cfg["layer_types"] else 1
+    sections = _sections(cfg, old_layers)
+    layers = max(layers, len(sections)) * per      # one layer per section at least
     h, kv = heads or (0, 0)
     kv2 = max(1, min(kv, 2))
     h2 = kv2 * max(1, min(h // max(kv, 1), 2))
-    hd = head_dim
-    if hd is None:
-        hd = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else None
+    min_h = _MIN_HEADS.get(cfg.get("model_type"), 0)
+    if heads and h2 < min_h <= h and h % min_h == 0:
+        h2 = min_h
+        kv2 = h2 if kv == h else kv2
     hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    if hd is None and hidden and h:
-        hd = hidden // h
+    old_hd = next((cfg[k] for k in ("head_dim", "d_head", "attention_head_size") if type(cfg.get(k)) is int), None)
+    if old_hd is None and hidden and h:
+        old_hd = hidden // h
+    hd = head_dim if head_dim is not None else old_hd
     for k, v in cfg.items():
         if not isinstance(v, int) or isinstance(v, bool):
             if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
                 out[k] = v[:layers]
+                if ff and _FF_KEYS.search(k) and all(type(x) is int for x in v):   # per-layer widths (Gemma-3n)
+                    out[k] = [ff] * len(out[k])
             continue
         new = _shrunk_int(cfg, k, v, layers=layers, heads=heads, h2=h2, kv2=kv2, hd=hd, ff=ff)
         if new is not None:
             out[k] = new
     if heads and "head_dim" in cfg and hd:
         out["head_dim"] = hd
+    for k in ("d_head", "attention_head_size"):     # XLNet (d_head = d_model // n_head, checked), Reformer
+        if heads and type(cfg.get(k)) is int and hd:
+            out[k] = hd
+    if heads and hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
+        # partial rotary given in dims (GPT-J, CodeGen: the first rotary_dim dims of each head rotate): the
+        # same fraction of the new head, even, at least 2
+        out["rotary_dim"] = max(2, cfg["rotary_dim"] * hd // old_hd // 2 * 2)
     if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
+    if heads and type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
+            "qk_nope_head_dim", "qk_rope_head_dim")):      # MLA: the derived query/key head size, saved by to_dict()
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
     if heads and hidden:
         _follow_hidden(cfg, out, hidden, h2)
+    if heads:
+        _prefixed_heads(cfg, out, hd, head_dim)
     if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
         nk = cfg[_LINEAR_HEADS[0]]
         out[_LINEAR_HEADS[0]] = min(nk, 2)
@@ -125,10 +166,66 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
             out[k] = min(v, 16)
         elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
             text = bool(_TEXT_SUB.match(k))
-            out[k] = shrink_config(v, layers=layers if text else min(layers, 2), heads=config_heads(v) if heads else None,
-                                   head_dim=head_dim, vocab=vocab, ff=ff)
+            out[k] = shrink_config(v, layers=sub_layers if text else min(sub_layers, 2),
+                                   heads=config_heads(v) if heads else None, head_dim=head_dim, vocab=vocab, ff=ff)
+        elif isinstance(v, dict) and k.endswith("_config") and ff:
+            # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
+            out[k] = {kk: ff if _FF_KEYS.search(kk) and type(vv) is int else vv for kk, vv in v.items()}
+    for k, v in out.items():      # BLT: encoder/decoder hidden_size_global = global_config's hidden_size
+        if isinstance(v, dict) and k.endswith("_config") and k in cfg and v is not cfg[k]:
+            for kk in list(v):
+                other = out.get(kk[len("hidden_size_"):] + "_config") if kk.startswith("hidden_size_") else None
+                if isinstance(other, dict) and type(other.get("hidden_size")) is int and type(v[kk]) is int:
+                    v[kk] = other["hidden_size"]
+    if isinstance(cfg.get("per_layer_config"), dict):
+        out["per_layer_config"] = _per_layer(cfg["per_layer_config"], sub_layers, heads, head_dim, vocab, ff,
+                                             (old_hd, hd))
+    _split_sections(cfg, out, sections, per)
     _shrink_vocab(cfg, out, vocab)
     return out
+
+
+def _per_layer(plc: dict, layers: int, heads, head_dim, vocab, ff, hds: tuple) -> dict:
+    """A ``per_layer_config`` (Gemma-4, dots3: layer index -> that layer's overrides, the config checks
+    the indices exist): the layers kept, their overrides shrunk like the config (own head counts; a head
+    size override keeps its ratio to the main one, so those layers still differ: Gemma-4's full layers)."""
+    old_hd, hd = hds
+    out = {}
+    for key, sub in plc.items():
+        try:
+            if int(key) >= layers:
+                continue
+        except (TypeError, ValueError):
+            pass
+        if isinstance(sub, dict):
+            own = config_heads(sub) if any(_HEAD_KEYS.match(k) for k in sub) else heads
+            small = shrink_config(sub, layers=layers, heads=own if heads else None, head_dim=head_dim, vocab=vocab,
+                                  ff=ff)
+            if heads and type(sub.get("head_dim")) is int and old_hd and hd:
+                small["head_dim"] = max(2, sub["head_dim"] * hd // old_hd)
+            sub = small
+        out[key] = sub
+    return out
+
+
+def _sections(cfg: dict, old_layers) -> list:
+    """Keys of consecutive sections' layer counts that add up to the layer count (Dory: n_input_layers +
+    n_recurrent_layers + n_output_layers = num_hidden_layers, checked by its config), else []."""
+    parts = [k for k, v in cfg.items() if type(v) is int and k.endswith("_layers") and not _LAYER_KEYS.match(k)]
+    if len(parts) < 2 or not old_layers or sum(cfg[k] for k in parts) != old_layers:
+        return []
+    return parts
+
+
+def _split_sections(cfg: dict, out: dict, parts: list, per: int) -> None:
+    """The sections re-split over the new layer count: one layer (``per`` entries) each, the rest to the
+    largest section."""
+    new_total = next((out[k] for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
+    if not parts or new_total == sum(cfg[k] for k in parts):
+        return
+    for k in parts:
+        out[k] = per
+    out[max(parts, key=lambda k: cfg[k])] += (new_total // per - len(parts)) * per
 
 
 def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: int, hd, ff) -> int | None:
@@ -156,14 +253,43 @@ def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: 
         return min(v, 4)
     if _TOPK_KEYS.match(k):
         return min(v, 2)
+    if k in ("n_group", "num_expert_group"):     # group-limited routing: 2 groups of 2 of the 4 experts
+        return min(v, 2)
+    if k == "topk_group":
+        return min(v, 1)
     return None
 
 
 def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
     """Widths defined as multiples of the hidden size follow its new value in ``out``."""
     new_hidden = next((v for k, v in out.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
-    if new_hidden != hidden:
+    if new_hidden != hidden and isinstance(new_hidden, int):
+        # a factorised embedding width (ALBERT, ELECTRA, MobileBERT, SqueezeBERT): the same fraction of the
+        # new hidden size (MobileBERT's LM head is hidden - embedding_size wide; SqueezeBERT needs them equal)
+        if isinstance(cfg.get("embedding_size"), int) and 0 < cfg["embedding_size"] <= hidden:
+            out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
+        if cfg.get("embedding_dim") == hidden:     # xLSTM: embedding_dim is the model width too
+            out["embedding_dim"] = new_hidden
+        axial = cfg.get("axial_pos_embds_dim")      # Reformer: the axial position embedding parts add up to hidden
+        if isinstance(axial, list) and all(type(x) is int for x in axial) and sum(axial) == hidden:
+            parts = [max(1, x * new_hidden // hidden) for x in axial]
+            out["axial_pos_embds_dim"] = parts[:-1] + [new_hidden - sum(parts[:-1])]
+        for k, v in cfg.items():     # side embeddings (RoCBert shape / pronunciation, LUKE entities, Qwen4 per-layer)
+            if (k.endswith("_embed_dim") or k.endswith("_emb_size")) and type(v) is int and v > new_hidden:
+                out[k] = max(min(8, new_hidden), v * new_hidden // hidden)
+        # MobileBERT: the attention runs on the bottleneck (configuration_mobilebert: true_hidden_size =
+        # intra_bottleneck_size when use_bottleneck), so it holds the heads
+        if cfg.get("use_bottleneck") and isinstance(cfg.get("intra_bottleneck_size"), int):
+            out["intra_bottleneck_size"] = new_hidden      # h2 heads x the new head size, as hidden
+        if isinstance(cfg.get("true_hidden_size"), int):   # MobileBERT's derived width, saved in to_dict()
+            out["true_hidden_size"] = new_hidden
         expand = next((cfg[x] for x in ("mamba_expand", "expand", "ssm_expand") if isinstance(cfg.get(x), int)), 2)
+        if (all(type(cfg.get(k)) is int for k in ("num_heads", "head_dim", "expand")) and type(out.get("head_dim")) is int
+                and cfg["num_heads"] * cfg["head_dim"] == cfg["expand"] * hidden):
+            # Mamba-2: SSM heads x head size = expand x hidden (checked by Mamba2Config); groups divide the heads
+            out["num_heads"] = max(1, expand * new_hidden // out["head_dim"])
+            if type(cfg.get("n_groups")) is int and out["num_heads"] % cfg["n_groups"]:
+                out["n_groups"] = 1
         if isinstance(cfg.get("mamba_d_ssm"), int):      # Falcon-H1: the SSM width is expand x hidden
             out["mamba_d_ssm"] = expand * new_hidden
         if isinstance(cfg.get("attention_hidden_size"), int):   # Zamba / RWKV: a multiple of hidden
@@ -172,10 +298,32 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
                 out["attention_head_dim"] = out["attention_hidden_size"] // h2
 
 
+def _prefixed_heads(cfg: dict, out: dict, hd, head_dim) -> None:
+    """Head counts of a second attention kind under a prefix (Inkling-2 ``swa_num_attention_heads``,
+    ``swa_num_key_value_heads``, ``swa_head_dim``: the sliding-window layers' own heads) shrunk like the
+    main ones: up to 2 kv heads x 2 query heads per kv head, the same head size."""
+    for hk in [k for k in cfg if k.endswith("_num_attention_heads") and k != "num_attention_heads"]:
+        pre = hk[: -len("num_attention_heads")]
+        h, kv = cfg[hk], cfg.get(pre + "num_key_value_heads")
+        if type(h) is not int or (kv is not None and type(kv) is not int):
+            continue
+        kv = kv or h
+        kv2 = max(1, min(kv, 2))
+        out[hk] = kv2 * max(1, min(h // max(kv, 1), 2))
+        if pre + "num_key_value_heads" in cfg:
+            out[pre + "num_key_value_heads"] = kv2
+        if type(cfg.get(pre + "head_dim")) is int and head_dim is not None and hd:
+            out[pre + "head_dim"] = hd
+
+
 def _shrink_vocab(cfg: dict, out: dict, vocab: int | None) -> None:
     """The vocabulary cut to ``vocab``; token ids clamped to index the (possibly smaller) embedding."""
     if vocab is not None and isinstance(cfg.get("vocab_size"), int) and cfg["vocab_size"] > vocab:
         out["vocab_size"] = vocab
+    for k, v in cfg.items():      # other vocabularies (Inkling-2's unpadded LM head, LUKE entities, Gemma per-layer)
+        if (vocab is not None and ("vocab_size" in k or k.endswith("_vocab")) and k != "vocab_size" and type(v) is int
+                and v > vocab):       # (BLT: encoder_hash_byte_group_vocab)
+            out[k] = vocab
     n_vocab = out.get("vocab_size")
     if isinstance(n_vocab, int) and n_vocab > 0:
         for k, v in cfg.items():      # token ids must index the (possibly smaller) embedding
@@ -218,10 +366,35 @@ def float64_softmax():
     float64 probe that request is a *downcast* that adds ~1e-8 of rounding noise and would hide
     an exact invariance.  Inside this context a float32 request on a float64 input is dropped;
     every other call is untouched.
+
+    Likewise ``torch.full((), torch.finfo(x.dtype).min)`` without a dtype (modeling_xglm
+    ``XGLMAttention`` clamping the masked weights) is a float32 tensor, and float64's min does not
+    fit one: such a call (no dtype, a finite fill beyond float32's range) gets float64 instead of
+    raising.  Every call float32 can hold is untouched.
+
+    And a float32 operand of ``F.linear`` next to a float64 one (a modeling file's fp32 guard that
+    downcasts on a float64 model: modeling_inkling2 ``Inkling2TopKRouter`` routes ``hidden.float()``
+    through its weight, modeling_mra runs its attention in ``.float()`` and feeds the result to a
+    Linear) is promoted to float64, as torch promotes elementwise ops, instead of raising; calls with
+    one dtype are untouched.
     """
     import torch
     nnf = torch.nn.functional
     orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
+    orig_full, orig_linear = torch.full, nnf.linear
+    f32_max = torch.finfo(torch.float32).max
+
+    def full(size, fill_value, *args, **kwargs):
+        if (not args and kwargs.get("dtype") is None and kwargs.get("out") is None and isinstance(fill_value, float)
+                and f32_max < abs(fill_value) < float("inf")):
+            kwargs["dtype"] = torch.float64
+        return orig_full(size, fill_value, *args, **kwargs)
+
+    def linear(input, weight, bias=None):   # noqa: A002
+        if input.dtype != weight.dtype and {input.dtype, weight.dtype} == {torch.float32, torch.float64}:
+            input, weight = input.double(), weight.double()
+            bias = bias.double() if bias is not None else None
+        return orig_linear(input, weight, bias)
 
     def keep(x, dtype):
         return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
@@ -234,11 +407,12 @@ def float64_softmax():
 
     def m(self, dim, dtype=None):
         return orig_m(self, dim, dtype=keep(self, dtype))
-    nnf.softmax, torch.softmax, torch.Tensor.softmax = f, t, m
+    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full, nnf.linear = f, t, m, full, linear
     try:
         yield
     finally:
         nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
+        torch.full, nnf.linear = orig_full, orig_linear
 
 
 def meta_params(klass, conf) -> int:
