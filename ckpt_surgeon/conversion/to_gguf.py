@@ -216,6 +216,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
+    _sum_hparams(cfg, spec, hp, path)
     for key in spec.hparam_required:
         if key not in hp:
             raise UnsupportedError(f"config gives no {' / '.join(N.HF_HPARAM_KEYS[key])}; llama.cpp's {spec.gguf_arch} "
@@ -223,6 +224,22 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
                                    path=path)
     _check_llamacpp_fixed(cfg, spec, hp, path)
     return hp
+
+
+def _sum_hparams(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
+    """Hyper-parameters that are sums of HF config keys (``hparam_sums``: DeepSeek-V2's MLA widths),
+    the keys themselves kept in ``hp`` for the tensor transforms; then the fixed ``gguf_values``."""
+    for key, parts in spec.hparam_sums.items():
+        vals = []
+        for part in parts:
+            v = COUNT.check(part, cfg.get(part), path=path, integral_floats=True, maximum=U32_MAX) \
+                if cfg.get(part) is not None else None
+            if v is None:
+                raise ConfigError(f"config gives no {part}", path=path)
+            hp[part] = int(v)
+            vals.append(int(v))
+        hp[key] = sum(vals)
+    hp.update(spec.gguf_values)
 
 
 def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:
@@ -241,6 +258,9 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
     if transform in ("qkv_per_head", "qkv_grouped"):
         from ..arch.layouts import concat_index
         return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
+    if ":" in transform:          # one part of a Split row (.splits)
+        from .splits import split_part
+        return split_part(transform, arr, hp, path=path, tensor=tensor)
     return arr
 
 
@@ -274,13 +294,25 @@ class GGUFPlan:
     warnings: tuple
 
 
-def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list) -> tuple[list, tuple | None]:
-    """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file
-    order; and the token embedding's shape (None if there is none)."""
+def _embedding_shape(got: dict, spec: N.ArchSpec) -> tuple | None:
+    """The shape of the HF tensor that becomes ``token_embd.weight`` (None if there is none)."""
+    names = N.hf_to_gguf_names(spec)
+    for tname, shape in got.items():
+        hit = names.match(tname)
+        if hit is not None and hit[0] == "token_embd.weight":
+            return tuple(shape)
+    return None
+
+
+def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list, hp: dict | None) -> list:
+    """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file order
+    (a Split row's parts one after the other, each made from the whole HF tensor; left out while
+    ``hp`` is None, a first pass that only checks names and shapes)."""
+    from .splits import part_shape
+
     names = N.hf_to_gguf_names(spec)
     absent = [N.template_regex(t) for t in spec.llamacpp_absent]
     plan: list[_Planned] = []
-    emb = None
     for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
         info = ck.tensors[tnames[0]]
         shape = tuple(info.shape)
@@ -292,14 +324,23 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                 raise ConfigError(f"expert shapes differ ({list(ck.tensors[odd].shape)} vs {list(info.shape)} "
                                   f"of {tnames[0]}); they cannot be stacked", path=str(src), tensor=odd)
             shape = (len(tnames),) + shape
-        if dst == "token_embd.weight":
-            emb = shape
+        if rule.split and hp is None:
+            continue
+        if rule.split:
+            layer = N.template_regex(rule.gguf).match(dst).groupdict().get("L")
+            for i, part in enumerate(rule.parts):
+                pdst = part.replace("{L}", layer) if layer is not None else part
+                pshape = part_shape(rule.part_transform(i), shape, hp)
+                gt = _weight_type(dtype, pshape, tnames[0], pdst, warnings)
+                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, _ggml_nbytes(gt, pshape),
+                                     info.dtype))
+            continue
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
         plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
                              tnames if rule.experts else ()))
-    return plan, emb
+    return plan
 
 
 def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
@@ -336,10 +377,12 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
 
     warnings: list[str] = []
-    plan, emb = _plan_tensors(ck, got, spec, dtype, src, warnings)
+    _plan_tensors(ck, got, spec, dtype, src, [], None)   # names and shapes judged before the config values
+    emb = _embedding_shape(got, spec)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+    plan = _plan_tensors(ck, got, spec, dtype, src, warnings, hp)
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
