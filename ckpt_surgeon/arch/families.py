@@ -65,6 +65,13 @@ class Family:
     # HF stores gamma - offset for this family's RMSNorm (modeling_gemma3: x * (1 + w)); GGUF
     # files store the full gamma (llama.cpp's converter adds the 1).
     norm_weight_offset: float = 0.0
+    # Multi-head latent attention (MLA, modeling_deepseek_v2): keys and values are expanded from a
+    # compressed latent, so there is no key or value projection and the query / output widths are
+    # not heads x head_dim (q: heads x (qk_nope + qk_rope), o: heads x v_head_dim).  The roles here
+    # serve conversion and localisation only: on HF files the attention layout for analysis is the
+    # one derived from transformers' module tree (arch/derive.py, as for an architecture outside the
+    # registry), and no shape check applies the heads x head_dim rule to q or o.
+    latent_attention: bool = False
     # --- surgery data (ckpt_surgeon/surgery) ---
     # modules (under the layer prefix) besides the attention roles whose ``.bias`` exists only when
     # ``attention_bias_key`` is true (fold-bias --delete may drop them all, never some)
@@ -710,7 +717,7 @@ FAMILIES: tuple[Family, ...] = (
     # residual readers: modeling_deepseek_v2: DeepseekV2RMSNorm everywhere
     Family("deepseek_v2", ("deepseek_v2",), ("deepseek2",), "layers.{L}.",
            {"q": "self_attn.q_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm"},
-           rope_pairs="interleaved", hf_class="DeepseekV2ForCausalLM",
+           rope_pairs="interleaved", hf_class="DeepseekV2ForCausalLM", latent_attention=True,
            bias_note="MLA: keys and values are expanded from a compressed latent (kv_b_proj) with a decoupled "
                      "rotary key; there is no key projection and no key bias",
            conversion=Conversion(
