@@ -117,11 +117,10 @@ ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_b
 @pytest.mark.parametrize("family", ROUND_TRIP_FAMILIES)
 def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path):
     """HF (f32/f16/bf16) -> GGUF (same dtype) -> HF: every tensor byte-identical, same names,
-    shapes and dtypes (norms and biases pass through F32 in the GGUF, which holds every
-    f16/bf16 value exactly)."""
-    if family == "deepseek_v2" and dtype != "float32":
-        pytest.xfail("DeepseekV2TopkRouter keeps its weight float32 in a float16/bfloat16 checkpoint; GGUF -> HF "
-                     "writes every tensor in the one --dtype (known limitation)")
+    shapes and dtypes (norms, biases and MoE routers pass through F32 in the GGUF, which holds
+    every f16/bf16 value exactly).  A tensor transformers keeps float32 in a half-precision model
+    (DeepSeek-V2's router, ``_keep_in_fp32_modules_strict``) is F32 in the source, stays F32 in the
+    GGUF and comes back F32: the registry's ``hf_float32`` rows must name exactly those."""
     src = family_dir(family, dtype)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype=DTYPES[dtype], name="tiny")
     out = gguf_to_hf(g, tmp_path / "back", dtype=dtype)
@@ -129,6 +128,12 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
     assert sorted(a) == sorted(b)
     for name in a:
         assert a[name] == b[name], name
+    if dtype != "float32":      # what transformers saved in float32 is what the registry keeps float32
+        spec = N.by_model_type(read_json(src / "config.json")["model_type"])
+        keep = [N.template_regex(t) for t in spec.hf_float32]
+        saved32 = {n for n, (dt, _, _) in a.items() if dt == "F32"}
+        assert saved32 == {n for n in a if any(rx.match(n) for rx in keep)}
+        assert bool(saved32) == (family == "deepseek_v2")
 
 
 @pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1)])

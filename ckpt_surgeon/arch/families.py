@@ -151,6 +151,8 @@ class Conversion:
     key_length = kv_lora_rank + qk_rope_head_dim); GGUF -> HF solves them back.  ``gguf_values``:
     hyper-parameters the reference writes with a fixed value (DeepSeek-V2's head_count_kv 1: MLA as
     MQA).  A tensor row may be a :class:`Split` (one HF tensor, several GGUF tensors).
+    ``hf_float32``: HF tensors transformers keeps float32 in half-precision models (DeepSeek-V2's
+    router), written F32 by GGUF -> HF at any ``--dtype``.
     ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
     whose condition holds adds its entries to the config; a condition is ``{}`` (always),
     ``{"tensor": GGUF name}`` (the file holds it) or ``{hyper-parameter: value}`` (a value or
@@ -179,6 +181,10 @@ class Conversion:
     llamacpp_needs: tuple = ()            # (HF config key, the value llama.cpp runs, why): others refused
     hf_config_cases: tuple = ()           # (condition, HF config entries): the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None      # (HF config key, value): tensor rows use their alternative spelling
+    # HF tensor templates transformers keeps float32 in a float16 / bfloat16 model (the model class's
+    # ``_keep_in_fp32_modules(_strict)``; tests/test_convert.py checks them against what it saves):
+    # GGUF -> HF writes them F32 whatever --dtype, so that HF -> GGUF -> HF gives back its bytes
+    hf_float32: tuple = ()
     hparam_sums: dict = field(default_factory=dict)    # hyper-parameter -> HF keys it is the sum of (MLA widths)
     gguf_values: dict = field(default_factory=dict)    # hyper-parameter -> value written whatever the config
 
@@ -722,6 +728,9 @@ FAMILIES: tuple[Family, ...] = (
                      "rotary key; there is no key projection and no key bias",
            conversion=Conversion(
                _DEEPSEEK2_TENSORS, _DEEPSEEK2_HPARAMS, hparam_sums=_DEEPSEEK2_SUMS, gguf_values={"n_head_kv": 1},
+               # modeling_deepseek_v2: _keep_in_fp32_modules_strict = ["gate.weight"] (DeepseekV2TopkRouter
+               # creates its weight float32 and routes in float32)
+               hf_float32=("model.layers.{L}.mlp.gate.weight",),
                hf_config_extra=_SILU, hf_rename={"num_experts": "n_routed_experts", "head_dim": None,
                                                   # the rotary width is qk_rope_head_dim itself
                                                   "partial_rotary_factor": None},

@@ -292,10 +292,13 @@ def _split_plan(ck, names, rule, gname: str, hname: str, src: Path) -> tuple | N
     return (gname, hname, f"join:{rule.split}", shape, ck.tensors[gname].dtype, (_Join(ck, pnames, rule.split), None))
 
 
-def _write_hf(w, ck, plan: list[tuple], gate, hp: dict, st_dtype: str) -> list[TensorRecord]:
-    """Queue every planned tensor on the open writer ``w`` (raw copies where the bytes are the same)."""
+def _write_hf(w, ck, plan: list[tuple], gate, hp: dict, dtype: str, spec: N.ArchSpec) -> list[TensorRecord]:
+    """Queue every planned tensor on the open writer ``w`` (raw copies where the bytes are the same),
+    in ``dtype``, or F32 for the tensors transformers keeps float32 (``spec.hf_float32``)."""
     records = []
+    keep32 = [N.template_regex(t) for t in spec.hf_float32]
     for gname, hname, transform, shape, gdtype, expert in plan:
+        st_dtype = "F32" if any(rx.match(hname) for rx in keep32) else dtype
         if expert is not None:
             w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
                   shape=shape)
@@ -388,7 +391,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         try:
             vocab, tok_files = _tokenizer_files(meta, config, tokenizer, src, warnings)
             with w:
-                records = _write_hf(w, ck, plan, gate, hp, st_dtype)
+                records = _write_hf(w, ck, plan, gate, hp, st_dtype, spec)
                 w.set_config(config)
                 if tok_files is not None:
                     _add_tokenizer_files(w, tok_files)

@@ -221,6 +221,7 @@ class ArchSpec:
     llamacpp_needs: tuple = ()           # (HF config key, value llama.cpp runs, why)
     hf_config_cases: tuple = ()          # (condition, HF config entries), the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None     # (HF config key, value): tensor rows use their hf_alt spelling
+    hf_float32: tuple = ()               # HF tensor templates kept float32 at any HF dtype (GGUF -> HF)
     hparam_sums: dict = field(default_factory=dict)   # hyper-parameter -> HF keys it is the sum of
     gguf_values: dict = field(default_factory=dict)   # hyper-parameter -> value written whatever the config
     notes: str = ""
@@ -244,7 +245,7 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, kv_heads_rules=fam.kv_heads_rules,
         llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
         hparam_required=conv.hparam_required, hparam_sums=conv.hparam_sums, gguf_values=conv.gguf_values,
-        notes=conv.notes)
+        hf_float32=conv.hf_float32, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
