@@ -769,3 +769,20 @@ def test_gguf_source_needs_a_folder_output_and_a_gguf_folder_converts(smollm_ggu
     (folder / "other.gguf").write_bytes(Path(smollm_gguf).read_bytes()[:4096])
     res = CliRunner().invoke(cli, ["convert", str(folder), "-o", str(tmp_path / "hf2")])
     assert res.exit_code == 2 and "folder holds 2 GGUF models" in res.stderr
+
+
+@pytest.mark.parametrize("family", ["qwen2", "deepseek_v2"])
+@pytest.mark.parametrize("key", ["rope_parameters.rope_type", "rope_scaling.type", "rope_scaling.rope_type"])
+def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_path):
+    """A scaled RoPE (DeepSeek-V2 as released: ``rope_scaling.type`` yarn) is refused naming the key
+    the config spells it with, before anything is written."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir(family), src)
+    cfg = read_json(src / "config.json")
+    outer, inner = key.split(".")
+    cfg[outer] = dict(cfg.get(outer) or {}, **{inner: "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "r.gguf")
+    assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only plain RoPE: rope_type 'default')"
+    assert not (tmp_path / "r.gguf").exists()

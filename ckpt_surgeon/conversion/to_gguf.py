@@ -138,7 +138,8 @@ def check_hparam_values(cfg: dict, path: str | None) -> None:
 
 
 def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
-    """RoPE hyper-parameters into ``hp``; a missing theta or a scaled RoPE is refused."""
+    """RoPE hyper-parameters into ``hp``; a missing theta is refused (a scaled RoPE was, by
+    :func:`_check_rope_scaling`)."""
     theta = hf_hparam(cfg, "rope_theta", path)
     if theta is None:
         raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
@@ -147,12 +148,24 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
     local = hf_hparam(cfg, "rope_local_theta", path)
     if local is not None:
         hp["rope_local_theta"] = local
-    rope_type = N.config_get(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
-    if rope_type not in (None, "default"):
-        raise UnsupportedError(f"rope scaling type {rope_type!r} is not converted (only plain RoPE)", path=path)
     partial = hf_hparam(cfg, "partial_rotary", path)
     hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
     hp["key_length"] = hp["value_length"] = head_dim
+
+
+_ROPE_TYPE_KEYS = ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type")
+
+
+def _check_rope_scaling(raw: dict, cfg: dict, path: str) -> None:
+    """A scaled RoPE (yarn, linear, ...) is refused, named by the key the config file spells it with
+    (``raw``: config.json as written; transformers rewrites ``rope_scaling`` into ``rope_parameters``
+    in ``cfg``), as every refused setting is.  Every spelling is checked, in both."""
+    for conf in (raw, cfg):
+        for key in _ROPE_TYPE_KEYS:
+            rope_type = N.config_get(conf, (key,))
+            if rope_type not in (None, "default"):
+                raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only plain RoPE: rope_type "
+                                       "'default')", path=path)
 
 
 def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
@@ -367,6 +380,8 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    if spec.rope:
+        _check_rope_scaling(ck.config or {}, cfg, ck.config_path)
     _check_llamacpp_needs(cfg, spec, ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
