@@ -786,3 +786,14 @@ def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_p
         hf_to_gguf(src, tmp_path / "r.gguf")
     assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only plain RoPE: rope_type 'default')"
     assert not (tmp_path / "r.gguf").exists()
+
+
+def test_q8_0_fallback_is_one_warning_per_hf_tensor(family_dir, tmp_path):
+    """A Split row's parts (DeepSeek-V2's kv_b_proj -> attn_k_b, attn_v_b: rows of 16, not whole
+    Q8_0 blocks) fall back to F16 with one warning for their one HF tensor, naming the parts."""
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf_report
+    rep = hf_to_gguf_report(family_dir("deepseek_v2"), tmp_path / "q.gguf", dtype="q8_0", name="tiny")
+    kv_b = [w for w in rep.warnings if "kv_b_proj" in w]
+    assert kv_b == [f"model.layers.{i}.self_attn.kv_b_proj.weight: row size 16 of blk.{i}.attn_k_b.weight, "
+                    f"blk.{i}.attn_v_b.weight is not a multiple of 32; stored F16 instead of Q8_0" for i in (0, 1)]
+    assert len(rep.warnings) == len(set(rep.warnings))

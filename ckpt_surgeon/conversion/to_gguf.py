@@ -341,12 +341,20 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
             continue
         if rule.split:
             layer = N.template_regex(rule.gguf).match(dst).groupdict().get("L")
+            fell = []       # parts stored F16 instead of Q8_0: one warning for their one HF tensor
             for i, part in enumerate(rule.parts):
                 pdst = part.replace("{L}", layer) if layer is not None else part
                 pshape = part_shape(rule.part_transform(i), shape, hp)
-                gt = _weight_type(dtype, pshape, tnames[0], pdst, warnings)
+                scratch: list = []
+                gt = _weight_type(dtype, pshape, tnames[0], pdst, scratch)
+                if scratch:
+                    fell.append((pdst, pshape[-1]))
                 plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, _ggml_nbytes(gt, pshape),
                                      info.dtype))
+            if fell:
+                sizes = "/".join(dict.fromkeys(str(r) for _, r in fell))
+                warnings.append(f"{tnames[0]}: row size {sizes} of {', '.join(p for p, _ in fell)} is not a multiple "
+                                "of 32; stored F16 instead of Q8_0")
             continue
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
