@@ -331,6 +331,20 @@ SPECS: dict[str, TinySpec] = {
         "PhimoeForCausalLM",
         {},
     ),
+    # DeepSeek-V2 (V2-Lite's layout): MLA attention with no query LoRA (plain q_proj), the kv
+    # latent (kv_lora_rank 16) expanded per head by kv_b_proj, decoupled RoPE on 8 dims of a
+    # 16 + 8 query/key head, values 16 wide; one leading dense layer (first_k_dense_replace), then
+    # an MoE layer of 4 routed experts (softmax, greedy top-2, not renormalised) plus 1 shared expert.
+    "deepseek_v2": TinySpec(
+        "DeepseekV2Config",
+        {**_DECODER, "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16,
+         "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
+         "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+         "moe_intermediate_size": 32, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+         "norm_topk_prob": False, "routed_scaling_factor": 1.0, "rope_parameters": _rope(10000.0)},
+        "DeepseekV2ForCausalLM",
+        {},
+    ),
     # Granite: llama with multipliers on attention scores, embeddings, residual branches and logits.
     "granite": TinySpec(
         "GraniteConfig",

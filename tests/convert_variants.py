@@ -64,6 +64,9 @@ VARIANTS = {
     "falcon_11b": ("falcon", {"bias": False, "ffn_hidden_size": 256, "num_ln_in_parallel_attn": 1}, 0.0),
     # the old MHA layout (per-head [h, 3, d], as Falcon-RW), parallel as llama.cpp runs it
     "falcon_mha": ("falcon_old", {"bias": False, "ffn_hidden_size": 256, "parallel_attn": True}, 0.0),
+    # llama.cpp (0.3.36) tells DeepSeek-V2-Lite (no query LoRA) by its 27 layers (llama-model.cpp
+    # is_lite = n_layer == 27) and otherwise requires attention.q_lora_rank: V2-Lite's depth
+    "deepseek_v2_lite": ("deepseek_v2", {"num_hidden_layers": 27}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
@@ -85,7 +88,7 @@ CONFIG_VARIANTS = {
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
-                     "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe")
+                     "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

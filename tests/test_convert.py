@@ -81,6 +81,8 @@ def test_name_table_agrees_with_gguf_py(spec):
     tmap = gguf.get_tensor_name_map(_arch_enum(spec.gguf_arch), 3)
     for rule in spec.tensors:
         for layer in ("0", "2"):
+            if rule.split:      # each part is named by gguf-py under the spelling the registry gives it
+                continue
             hf = rule.hf.replace("{L}", layer).replace(".{E}", "")
             ours = rule.gguf.replace("{L}", layer)
             # BloomModel strips "transformer." before asking the map (gguf-py lists both for the rest)
@@ -108,15 +110,17 @@ def test_name_table_agrees_with_gguf_py(spec):
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
-                       "falcon_11b", "falcon_mha", "phimoe")
+                       "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("family", ROUND_TRIP_FAMILIES)
 def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path):
     """HF (f32/f16/bf16) -> GGUF (same dtype) -> HF: every tensor byte-identical, same names,
-    shapes and dtypes (norms and biases pass through F32 in the GGUF, which holds every
-    f16/bf16 value exactly)."""
+    shapes and dtypes (norms, biases and MoE routers pass through F32 in the GGUF, which holds
+    every f16/bf16 value exactly).  A tensor transformers keeps float32 in a half-precision model
+    (DeepSeek-V2's router, ``_keep_in_fp32_modules_strict``) is F32 in the source, stays F32 in the
+    GGUF and comes back F32: the registry's ``hf_float32`` rows must name exactly those."""
     src = family_dir(family, dtype)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype=DTYPES[dtype], name="tiny")
     out = gguf_to_hf(g, tmp_path / "back", dtype=dtype)
@@ -124,6 +128,12 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
     assert sorted(a) == sorted(b)
     for name in a:
         assert a[name] == b[name], name
+    if dtype != "float32":      # what transformers saved in float32 is what the registry keeps float32
+        spec = N.by_model_type(read_json(src / "config.json")["model_type"])
+        keep = [N.template_regex(t) for t in spec.hf_float32]
+        saved32 = {n for n, (dt, _, _) in a.items() if dt == "F32"}
+        assert saved32 == {n for n in a if any(rx.match(n) for rx in keep)}
+        assert bool(saved32) == (family == "deepseek_v2")
 
 
 @pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1)])
@@ -210,8 +220,8 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
-                            "falcon_11b", "falcon_mha", "phimoe")
-MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe")
+                            "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
+MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -222,6 +232,8 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     gives byte-identical HF folders, and from an f32 GGUF the second GGUF is byte-identical to
     the first, tensor for tensor, metadata included (bar general.name)."""
     from gguf_util import llama_quantize
+    if family == "deepseek_v2" and qtype.startswith("llama.cpp:"):
+        pytest.skip("llama.cpp 0.3.36 loads a deepseek2 file without attention.q_lora_rank only at 27 layers")
     src = family_dir(family)
     f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
     g0 = {"f32": f32, "q8_0": None, "llama.cpp:Q4_0": None}[qtype]
@@ -317,8 +329,9 @@ def test_gguf_metadata_llama_cpp_needs(family, gguf_of, family_dir):
         # llama.cpp reads a missing head_count_kv as head_count (GPT-NeoX files have none)
         # (Falcon: num_kv_heads, and one kv head for multi_query without new_decoder_architecture)
         kv = cfg.get("num_key_value_heads", cfg.get("num_kv_heads", cfg["num_attention_heads"]))
+        spec = N.by_model_type(cfg["model_type"])
         assert meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]) == \
-            N.kv_heads(N.by_model_type(cfg["model_type"]), cfg, kv)
+            spec.gguf_values.get("n_head_kv", N.kv_heads(spec, cfg, kv))
         if "rms_norm_eps" in cfg:
             assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
         else:   # LayerNorm families: StarCoder2 norm_epsilon, Phi-2 / GPT-NeoX layer_norm_eps, Falcon
@@ -826,3 +839,31 @@ def test_a_family_llama_cpp_runs_differently_is_warned_both_ways(family_dir, tmp
         assert [w for w in rep.warnings if "phi3 graph" in w and "not transformers'" in w], rep.warnings
     plain = hf_to_gguf_report(family_dir("qwen2"), tmp_path / "q.gguf", dtype="f32")
     assert not [w for w in plain.warnings if "graph" in w], plain.warnings
+
+
+@pytest.mark.parametrize("family", ["qwen2", "deepseek_v2"])
+@pytest.mark.parametrize("key", ["rope_parameters.rope_type", "rope_scaling.type", "rope_scaling.rope_type"])
+def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_path):
+    """A scaled RoPE (DeepSeek-V2 as released: ``rope_scaling.type`` yarn) is refused naming the key
+    the config spells it with, before anything is written."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir(family), src)
+    cfg = read_json(src / "config.json")
+    outer, inner = key.split(".")
+    cfg[outer] = dict(cfg.get(outer) or {}, **{inner: "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "r.gguf")
+    assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only plain RoPE: rope_type 'default')"
+    assert not (tmp_path / "r.gguf").exists()
+
+
+def test_q8_0_fallback_is_one_warning_per_hf_tensor(family_dir, tmp_path):
+    """A Split row's parts (DeepSeek-V2's kv_b_proj -> attn_k_b, attn_v_b: rows of 16, not whole
+    Q8_0 blocks) fall back to F16 with one warning for their one HF tensor, naming the parts."""
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf_report
+    rep = hf_to_gguf_report(family_dir("deepseek_v2"), tmp_path / "q.gguf", dtype="q8_0", name="tiny")
+    kv_b = [w for w in rep.warnings if "kv_b_proj" in w]
+    assert kv_b == [f"model.layers.{i}.self_attn.kv_b_proj.weight: row size 16 of blk.{i}.attn_k_b.weight, "
+                    f"blk.{i}.attn_v_b.weight is not a multiple of 32; stored F16 instead of Q8_0" for i in (0, 1)]
+    assert len(rep.warnings) == len(set(rep.warnings))

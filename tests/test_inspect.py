@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from ckpt_surgeon import inspect
+from ckpt_surgeon.arch import families as F
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.tiny import tiny_names
 
@@ -70,7 +71,11 @@ def test_inspect_matches_config_and_tensors(tiny, name):
     rep = inspect(folder)
     assert rep.family == FAMILY_OF.get(name, name if name != "gemma3" else "gemma3")
     assert rep.num_layers == 2 and len(rep.layers) == 2
-    assert rep.num_heads == 4 and rep.head_dim == 16
+    if F.by_name(rep.family).latent_attention:
+        # MLA: the layout is derived from transformers, whose attention has no q/k/v heads to count
+        assert rep.num_heads is None and rep.head_dim is None and rep.layers_with_qkv_bias == 0
+    else:
+        assert rep.num_heads == 4 and rep.head_dim == 16
     state = _state(folder)
     assert rep.parameter_count == sum(t.numel() for t in state.values() if t.is_floating_point())
     for lr in rep.layers:
@@ -150,6 +155,35 @@ def test_json_contract(tiny):
     json.dumps(d, allow_nan=False)
     df = inspect(tiny("qwen2")).to_frame()
     assert list(df["layer"]) == [0, 1] and (df["k_bias_l2"] > 0).all()
+
+
+def test_latent_attention_family_is_read_like_before_its_registry_row(tiny, tmp_path):
+    """DeepSeek-V2 (MLA) is a registry family for conversion, but its attention layout for analysis is
+    derived from transformers (``latent_attention``): inspect / analyze say what they said before
+    the registry row (no q/k/v heads, RoPE, no key bias) and name the family; its GGUF (head_count_kv
+    1, key_length kv_lora + rope: no heads x head_dim rule for q or o) is read too; fold-bias refuses."""
+    from ckpt_surgeon.analysis.redundancy import analyze
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf
+    folder = tiny("deepseek_v2")
+    assert F.by_name("deepseek_v2").latent_attention
+    for src in (folder, hf_to_gguf(folder, tmp_path / "m.gguf", dtype="f32", name="tiny")):
+        rep = inspect(src)
+        assert rep.family == "deepseek_v2" and rep.num_layers == 2 and rep.layers_with_qkv_bias == 0
+        assert rep.position_encoding.type == "rope"
+        assert any("no key bias" in n for n in rep.notes)
+        a = analyze(src)
+        assert all(lay.k_bias_tensor is None and lay.bound_note == "no key bias" for lay in a.layers), a.layers
+        res = CliRunner().invoke(cli, ["analyze", str(src), "--format", "json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["family"] == "deepseek_v2"
+        assert out["bias_consumers"]["residual_readers"]["consumer"] == "rmsnorm"
+        res = CliRunner().invoke(cli, ["fold-bias", str(src), "-o", str(tmp_path / f"f{src.suffix}"), "--k"])
+        assert res.exit_code == 2 and not (tmp_path / f"f{src.suffix}").exists(), res.output
+    hf, gg = inspect(folder), inspect(tmp_path / "m.gguf")
+    assert hf.num_heads is None and "latent attention" in hf.notes[0]
+    assert (gg.num_heads, gg.num_kv_heads, gg.head_dim) == (4, 1, 24)   # llama.cpp's MQA view of MLA
+    assert gg.position_encoding.rotary_dim == 8 and gg.position_encoding.pair_layout == "interleaved"
 
 
 def test_unknown_architecture_is_reported_by_name(tiny, tmp_path):

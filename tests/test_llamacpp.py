@@ -93,7 +93,7 @@ SOFTCAP_BOUNDS = {"f32": 1e-3, "f16": 4e-3, "bf16": 3e-2, "q8_0": 1e-1}
 # 0.0024), and transformers itself, on the same bf16-rounded weights, jumps 0.025 at that position;
 # q8_0 0.046 at 1 position (transformers on the q8_0 weights: 0.040).  So for the rounded types
 # BOUNDS hold at all but MOE_JUMPS positions, and those stay within MOE_MAX.
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2_lite")
 MOE_JUMPS = 2
 MOE_MAX = {"bf16": 6e-2, "q8_0": 1e-1}
 

@@ -51,6 +51,7 @@ QKV_BIAS_NUMEL_PER_LAYER = {
     "qwen3_moe": 0,
     "olmoe": 0,
     "mixtral": 0,
+    "deepseek_v2": 0,
     "granite": 0,
     "cohere": 0,
     "stablelm": 128,

@@ -146,6 +146,17 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     # Gemma 2: cap * tanh(x / cap) on attention scores and final logits (llama.cpp divides by the cap)
     "attn_logit_softcapping": POSITIVE,
     "final_logit_softcapping": POSITIVE,
+    # DeepSeek-V2 (DeepseekV2Model.set_gguf_parameters): MLA widths, dense lead, shared experts, routing
+    "leading_dense_block_count": Bounds("int", 0, MAX_LAYERS),
+    "attention.kv_lora_rank": COUNT,
+    "attention.q_lora_rank": COUNT,
+    "attention.key_length_mla": COUNT,
+    "attention.value_length_mla": COUNT,
+    "expert_shared_count": Bounds("int", 0, MAX_WIDTH),
+    "expert_weights_scale": POSITIVE,
+    "expert_weights_norm": Bounds("bool"),
+    "expert_group_count": COUNT,
+    "expert_group_used_count": COUNT,
 }
 TOKEN_ID = Bounds("int", 0, 2 ** 64 - 1)  # tokenizer.ggml.*_token_id (compared with the vocabulary where used)
 

@@ -259,9 +259,12 @@ def v_fold_verdict(arch: DerivedArch, group: str | None) -> tuple[bool, str]:
                    g.v_foldable is False else "not established by the probe")
 
 
-def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch_name: str = "unknown"):
+def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch_name: str = "unknown",
+                   family=None):
     """A :class:`~ckpt_surgeon.arch.resolve.ModelLayout` for an architecture outside the registry,
-    or None when transformers does not implement it (the caller then falls back to names)."""
+    or None when transformers does not implement it (the caller then falls back to names).
+    ``family``: the registry record of a family that leaves its attention layout to this
+    derivation (``latent_attention``): the layout is tagged with it and carries its note."""
     from .model_layout import LayerTensors, ModelLayout, PositionEncoding, _rope_params
     try:
         arch = derive(cfg)
@@ -302,14 +305,18 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
         position = PositionEncoding(arch.position)
     fused = next((g.fused_layout for g in arch.groups if g.fused_layout), None)
     placed = {n for lt in layers for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
-    notes.insert(0, f"architecture {arch_name!r} is not in the registry: its attention layout was derived from "
+    how = (f"architecture {arch_name!r} is not in the registry" if family is None else
+           f"registry family {family.name!r} has latent attention")
+    notes.insert(0, f"{how}: its attention layout was derived from "
                     f"transformers {arch.transformers_version} ({arch.model_class}) and its key/value-bias facts "
                     f"probed in float64" + (" (cached)" if arch.cached else f" ({arch.seconds:.1f} s)"))
+    if family is not None and family.bias_note:
+        notes.insert(1, family.bias_note)
     from .model_layout import _get, _looks_attention_bias, _is_mask_buffer
     from . import families as F
     skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n) and not _is_mask_buffer(n)))
     return ModelLayout(
-        architecture=arch_name, family=None, naming="hf", num_layers=len(layers), num_heads=heads[0],
+        architecture=arch_name, family=family.name if family is not None else None, naming="hf", num_layers=len(layers), num_heads=heads[0],
         num_kv_heads=heads[1], head_dim=heads[2], hidden_size=arch.hidden_size, position=position,
         norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=fused,
         conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,

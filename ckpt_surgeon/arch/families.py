@@ -65,6 +65,13 @@ class Family:
     # HF stores gamma - offset for this family's RMSNorm (modeling_gemma3: x * (1 + w)); GGUF
     # files store the full gamma (llama.cpp's converter adds the 1).
     norm_weight_offset: float = 0.0
+    # Multi-head latent attention (MLA, modeling_deepseek_v2): keys and values are expanded from a
+    # compressed latent, so there is no key or value projection and the query / output widths are
+    # not heads x head_dim (q: heads x (qk_nope + qk_rope), o: heads x v_head_dim).  The roles here
+    # serve conversion and localisation only: on HF files the attention layout for analysis is the
+    # one derived from transformers' module tree (arch/derive.py, as for an architecture outside the
+    # registry), and no shape check applies the heads x head_dim rule to q or o.
+    latent_attention: bool = False
     # --- surgery data (ckpt_surgeon/surgery) ---
     # modules (under the layer prefix) besides the attention roles whose ``.bias`` exists only when
     # ``attention_bias_key`` is true (fold-bias --delete may drop them all, never some)
@@ -93,6 +100,20 @@ class Family:
 
 # Per-tensor transforms HF -> GGUF (inverses GGUF -> HF), see ckpt_surgeon.conversion.names.
 TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row", "qkv_per_head", "qkv_grouped")
+# One HF tensor written as several GGUF tensors (joined back GGUF -> HF), see
+# ckpt_surgeon.conversion.splits: kind -> number of parts.
+SPLIT_KINDS = {"mla_kv_b": 2}
+
+
+@dataclass(frozen=True)
+class Split:
+    """A conversion row whose one HF tensor ``hf`` becomes ``len(parts)`` GGUF tensors.  ``parts``:
+    the HF spellings llama.cpp's converter gives the pieces before naming them (gguf-py's
+    ``TensorNameMap`` names each), in the order ``kind``'s split function returns them."""
+
+    hf: str
+    kind: str
+    parts: tuple
 
 
 @dataclass(frozen=True)
@@ -127,7 +148,13 @@ class Conversion:
     setting that no GGUF key stores (Falcon's ``bias``, ``parallel_attn``, ``alibi``): HF -> GGUF
     refuses a config with another value, naming the key, before any tensor is looked at; GGUF -> HF
     writes the value.  An optional fourth item is the value the model class assumes when the
-    config omits the key (Phi-3.5-MoE's ``tie_word_embeddings``: False).  ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
+    config omits the key (Phi-3.5-MoE's ``tie_word_embeddings``: False).  ``hparam_sums``: hyper-parameters that are sums of HF config keys (DeepSeek-V2's
+    key_length = kv_lora_rank + qk_rope_head_dim); GGUF -> HF solves them back.  ``gguf_values``:
+    hyper-parameters the reference writes with a fixed value (DeepSeek-V2's head_count_kv 1: MLA as
+    MQA).  A tensor row may be a :class:`Split` (one HF tensor, several GGUF tensors).
+    ``hf_float32``: HF tensors transformers keeps float32 in half-precision models (DeepSeek-V2's
+    router), written F32 by GGUF -> HF at any ``--dtype``.
+    ``hf_config_cases``: ``(condition, entries)`` rows for GGUF -> HF, the first
     whose condition holds adds its entries to the config; a condition is ``{}`` (always),
     ``{"tensor": GGUF name}`` (the file holds it) or ``{hyper-parameter: value}`` (a value or
     ``"n_head"``, as in ``llamacpp_fixed``) -- which of Falcon's layouts a file is.  A tensor row
@@ -160,6 +187,12 @@ class Conversion:
     hf_config_cases: tuple = ()           # (condition, HF config entries): the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None      # (HF config key, value): tensor rows use their alternative spelling
     eps_norm: str | None = None           # "rms" | "layer": which epsilon key is written (default: input_norm's)
+    # HF tensor templates transformers keeps float32 in a float16 / bfloat16 model (the model class's
+    # ``_keep_in_fp32_modules(_strict)``; tests/test_convert.py checks them against what it saves):
+    # GGUF -> HF writes them F32 whatever --dtype, so that HF -> GGUF -> HF gives back its bytes
+    hf_float32: tuple = ()
+    hparam_sums: dict = field(default_factory=dict)    # hyper-parameter -> HF keys it is the sum of (MLA widths)
+    gguf_values: dict = field(default_factory=dict)    # hyper-parameter -> value written whatever the config
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -408,6 +441,54 @@ _FALCON_NEEDS = (
     ("activation", "gelu", "llama.cpp's falcon graph hard-codes a GELU MLP; it would run a different model"),
 )
 
+# DeepSeek-V2 (modeling_deepseek_v2 checkpoints; llama.cpp conversion/deepseek.py DeepseekV2Model).
+# MLA: without a query LoRA (V2-Lite) q_proj is plain attn_q; kv_a_proj_with_mqa makes the kv latent
+# plus the shared rotary key (attn_kv_a_mqa), kv_a_layernorm normalises the latent; kv_b_proj
+# [h * (nope + v), kv_lora] is split per head into attn_k_b [h, kv_lora, nope] (transposed, for
+# llama.cpp's absorbed MLA) and attn_v_b [h, v, kv_lora].  Leading dense layers (first_k_dense_replace)
+# keep a dense MLP; the others route over experts plus always-on shared experts (no shared gate).
+_DSV2_ATTN = "model.layers.{L}.self_attn"
+_DEEPSEEK2_TENSORS = (
+    ("model.embed_tokens.weight", "none"),
+    ("model.norm.weight", "none"),
+    ("lm_head.weight", "none"),
+    ("model.layers.{L}.input_layernorm.weight", "none"),
+    ("model.layers.{L}.post_attention_layernorm.weight", "none"),
+    (f"{_DSV2_ATTN}.q_proj.weight", "none"),
+    (f"{_DSV2_ATTN}.q_a_proj.weight", "none"),
+    (f"{_DSV2_ATTN}.q_a_layernorm.weight", "none"),
+    (f"{_DSV2_ATTN}.q_b_proj.weight", "none"),
+    (f"{_DSV2_ATTN}.kv_a_proj_with_mqa.weight", "none"),
+    (f"{_DSV2_ATTN}.kv_a_layernorm.weight", "none"),
+    Split(f"{_DSV2_ATTN}.kv_b_proj.weight", "mla_kv_b",
+          (f"{_DSV2_ATTN}.k_b_proj.weight", f"{_DSV2_ATTN}.v_b_proj.weight")),
+    (f"{_DSV2_ATTN}.o_proj.weight", "none"),
+    *_DENSE_MLP,
+    ("model.layers.{L}.mlp.gate.weight", "none"),
+    *((f"model.layers.{{L}}.mlp.experts.{{E}}.{n}.weight", "none") for n in ("gate_proj", "up_proj", "down_proj")),
+    *((f"model.layers.{{L}}.mlp.shared_experts.{n}.weight", "none") for n in ("gate_proj", "up_proj", "down_proj")),
+)
+# DeepseekV2Model.set_gguf_parameters: MLA written as MQA (head_count_kv 1, key_length
+# kv_lora + rope, value_length kv_lora: the cache holds the latent), the per-head widths as *_mla.
+_DEEPSEEK2_HPARAMS = ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "rope_theta", "rms_eps",
+                      "n_expert", "n_expert_used", "n_expert_group", "n_expert_group_used", "key_length",
+                      "value_length", "n_dense_lead", "vocab_size", "q_lora_rank", "kv_lora_rank",
+                      "key_length_mla", "value_length_mla", "n_ff_exp", "n_shexp", "expert_weights_scale",
+                      "expert_weights_norm", "rotary_dim")
+# canonical hyper-parameter -> the HF config keys whose sum it is (both directions: GGUF -> HF
+# solves for the keys one unknown at a time)
+_DEEPSEEK2_SUMS = {"key_length": ("kv_lora_rank", "qk_rope_head_dim"), "value_length": ("kv_lora_rank",),
+                   "key_length_mla": ("qk_nope_head_dim", "qk_rope_head_dim"), "value_length_mla": ("v_head_dim",),
+                   "rotary_dim": ("qk_rope_head_dim",)}
+# transformers' DeepseekV2TopkRouter: softmax scores, top-k, times routed_scaling_factor; it never
+# reads norm_topk_prob (llama.cpp renormalises when the file has expert_weights_norm, which its
+# converter writes for norm_topk_prob true) and only "greedy" / "group_limited_greedy" top-k.
+_DEEPSEEK2_NEEDS = (
+    ("norm_topk_prob", False, "transformers' DeepseekV2 ignores it while llama.cpp would renormalise the top-k "
+                              "weights; the two would run different models"),
+    ("topk_method", "greedy", "group-limited routing is not checked against llama.cpp here"),
+)
+
 # Granite's multipliers (GraniteModel.set_gguf_parameters: *_multiplier -> *_scale keys).
 _GRANITE_HPARAMS = ("attention_scale", "embedding_scale", "residual_scale", "logit_scale")
 
@@ -654,6 +735,36 @@ FAMILIES: tuple[Family, ...] = (
                                  llamacpp_absent=("blk.{L}.attn_output.bias",),
                                  # src/models/olmoe.cpp: attn_k_norm is n_embd wide, so no GQA
                                  llamacpp_fixed={"norm_topk_prob": False, "n_head_kv": "n_head"}),
+           residual_readers_centering=False),
+    # DeepSeek-V2 / V2-Lite (modeling_deepseek_v2): MLA attention, no key or value projection of its
+    # own (keys and values come from the kv latent; no biases: attention_bias false as released),
+    # RoPE on a decoupled qk_rope_head_dim slice, rotary pairs interleaved natively (apply_rotary_emb
+    # views (2i, 2i+1) as complex numbers; llama.cpp's deepseek2 rotates them the same way: no permutation).
+    # residual readers: modeling_deepseek_v2: DeepseekV2RMSNorm everywhere
+    Family("deepseek_v2", ("deepseek_v2",), ("deepseek2",), "layers.{L}.",
+           {"q": "self_attn.q_proj", "o": "self_attn.o_proj", "attn_norm": "input_layernorm"},
+           rope_pairs="interleaved", hf_class="DeepseekV2ForCausalLM", latent_attention=True,
+           bias_note="MLA: keys and values are expanded from a compressed latent (kv_b_proj) with a decoupled "
+                     "rotary key; there is no key projection and no key bias",
+           conversion=Conversion(
+               _DEEPSEEK2_TENSORS, _DEEPSEEK2_HPARAMS, hparam_sums=_DEEPSEEK2_SUMS, gguf_values={"n_head_kv": 1},
+               # modeling_deepseek_v2: _keep_in_fp32_modules_strict = ["gate.weight"] (DeepseekV2TopkRouter
+               # creates its weight float32 and routes in float32)
+               hf_float32=("model.layers.{L}.mlp.gate.weight",),
+               hf_config_extra=_SILU, hf_rename={"num_experts": "n_routed_experts", "head_dim": None,
+                                                  # the rotary width is qk_rope_head_dim itself
+                                                  "partial_rotary_factor": None},
+               hf_from_gguf={"leading_dense_block_count": ("first_k_dense_replace", 0),
+                             "attention.q_lora_rank": ("q_lora_rank", None),
+                             "expert_shared_count": ("n_shared_experts", 0),
+                             "expert_weights_scale": ("routed_scaling_factor", 1.0),
+                             "expert_group_count": ("n_group", None), "expert_group_used_count": ("topk_group", None)},
+               llamacpp_fixed={"n_head_kv": "n_head"},
+               llamacpp_needs=(("attention_bias", False, "llama.cpp's deepseek2 graph has no attention bias slots"),
+                               ("mlp_bias", False, "llama.cpp's deepseek2 graph has no MLP bias slots"),
+                               *_DEEPSEEK2_NEEDS),
+               notes="kv_b_proj is written as attn_k_b (per head, transposed) and attn_v_b, as llama.cpp's "
+                     "converter does for its absorbed MLA; head_count_kv is 1 (MLA as MQA)"),
            residual_readers_centering=False),
     # Mixtral: llama.cpp's LlamaModel writes it as llama (Q/K permuted) with stacked experts; the
     # top-k weights are always renormalised, as llama.cpp's llama graph does (norm_w true).

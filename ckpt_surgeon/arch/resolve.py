@@ -83,12 +83,13 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         fam = F.by_model_type(model_type)
         arch_name = model_type or (cfg.get("architectures") or ["unknown"])[0]
 
-    if fam is None and naming == "hf" and model_type:
+    if (fam is None or fam.latent_attention) and naming == "hf" and model_type:
         # the one seam to arch/derive.py: transformers' own module tree + float64 probes.  A
         # model_type transformers implements is authoritative: the class-name prefix fallback
-        # below would take Qwen3NextForCausalLM for qwen3 and Qwen2MoeForCausalLM for qwen2
+        # below would take Qwen3NextForCausalLM for qwen3 and Qwen2MoeForCausalLM for qwen2.
+        # A registry family with latent attention (MLA) leaves its attention layout to it too.
         from .derive import derived_layout
-        derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name)
+        derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name, family=fam)
         if derived is not None:
             check_shapes(derived, tensors)
             return derived
@@ -290,13 +291,16 @@ def expected_rows(layout: ModelLayout) -> dict:
 
 
 def check_shapes(layout: ModelLayout, tensors: dict) -> None:
-    """config.json must agree with the tensors it describes (one clear error otherwise)."""
+    """config.json must agree with the tensors it describes (one clear error otherwise).  Latent
+    attention (MLA) has no heads x head_dim query or output: its q and o widths are not checked."""
     rows = expected_rows(layout)
     if not rows:
         return
     where = layout.config_source
+    fam = F.by_name(layout.family)
+    latent = bool(fam and fam.latent_attention)
     for lt in layout.layers:
-        for role in ("q", "k", "v", "qkv"):
+        for role in ("k", "v", "qkv") if latent else ("q", "k", "v", "qkv"):
             for kind in ("weight", "bias"):
                 name = getattr(lt, f"{role}_{kind}")
                 if name is None:
@@ -314,16 +318,18 @@ def check_shapes(layout: ModelLayout, tensors: dict) -> None:
                         f"but the tensor has shape {list(shape)}", path=where, tensor=name,
                         expected=rows[role], got=got)
         if layout.family is not None and layout.hidden_size:
-            _check_widths(layout, lt, tensors, rows)
+            _check_widths(layout, lt, tensors, latent)
 
 
-def _check_widths(layout: ModelLayout, lt: LayerTensors, tensors: dict, rows: dict) -> None:
+def _check_widths(layout: ModelLayout, lt: LayerTensors, tensors: dict, latent: bool) -> None:
     """The other direction: the projections read hidden_size columns and the output projection
-    maps heads x head_dim back to hidden_size (a doubled hidden_size is caught here)."""
+    maps heads x head_dim back to hidden_size (a doubled hidden_size is caught here; latent
+    attention's output reads heads x v_head_dim, which is not checked)."""
     hidden, conv = layout.hidden_size, layout.conv1d
     checks = [(getattr(lt, f"{r}_weight"), 0 if conv else 1, hidden, "hidden_size") for r in ("q", "k", "v", "qkv")]
-    checks += [(lt.o_weight, 1 if conv else 0, hidden, "hidden_size"),
-               (lt.o_weight, 0 if conv else 1, layout.num_heads * layout.head_dim, "heads x head_dim")]
+    checks += [(lt.o_weight, 1 if conv else 0, hidden, "hidden_size")]
+    if not latent:
+        checks += [(lt.o_weight, 0 if conv else 1, layout.num_heads * layout.head_dim, "heads x head_dim")]
     for name, axis, want, what in checks:
         shape = tensors[name].shape if name is not None else ()
         if len(shape) == 2 and shape[axis] != want:

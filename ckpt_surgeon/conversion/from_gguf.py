@@ -78,7 +78,7 @@ def _set_rope(cfg: dict, spec: N.ArchSpec, hp: dict, arch: str, warnings: list[s
                             f"{_LLAMACPP_DEFAULT_THETA:g}, so that is written to config.json")
             theta = _LLAMACPP_DEFAULT_THETA
         rp["rope_theta"] = theta
-        if rp.get("partial_rotary_factor") == 1.0:
+        if rp.get("partial_rotary_factor") == 1.0 or spec.hf_rename.get("partial_rotary_factor", "") is None:
             del rp["partial_rotary_factor"]
             cfg.pop("partial_rotary_factor", None)
         # transformers >= 5 reads rope_parameters; transformers 4 and other tools read rope_theta.
@@ -116,7 +116,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     emb = _required_inputs(meta, arch, tensors, path)
     base = config_from_gguf(meta, tensors, path=path)
     hp = _hparams(meta, arch, path)
-    if hp.get("value_length") not in (None, base.get("head_dim")):
+    if "value_length" not in spec.hparam_sums and hp.get("value_length") not in (None, base.get("head_dim")):
         raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
                                "not representable in this HF config", path=path)
 
@@ -142,7 +142,10 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
             cfg[hf_key] = None
     for suffix, key in spec.hf_from_gguf.items():
         v = gguf_hparam(meta, arch, suffix, path=path)
-        cfg[key] = v if v is not None else cfg.get("max_position_embeddings")
+        # (HF key, value when the file lacks it), or an HF key defaulting to the context length
+        key, default = key if isinstance(key, tuple) else (key, cfg.get("max_position_embeddings"))
+        cfg[key] = v if v is not None else default
+    _solve_sums(cfg, spec, hp, path)
     cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
     _set_rope(cfg, spec, hp, arch, warnings)
     hp = dict(hp, head_dim=base.get("head_dim"))
@@ -154,6 +157,31 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     cfg["dtype"] = dtype
     cfg["torch_dtype"] = dtype    # transformers 4 spelling
     return dict(sorted(cfg.items())), warnings
+
+
+def _solve_sums(cfg: dict, spec: N.ArchSpec, hp: dict, path: str | None) -> None:
+    """HF config keys from hyper-parameters that are their sums (``hparam_sums``), one unknown at a time."""
+    sums = {k: parts for k, parts in spec.hparam_sums.items() if k in hp}
+    known = {}
+    while sums:
+        solvable = [(k, parts) for k, parts in sums.items() if sum(p not in known for p in parts) <= 1]
+        if not solvable:
+            raise FormatError(f"{arch_keys(spec, sums)} do not determine {', '.join(p for ps in sums.values() for p in ps)}",
+                              path=path)
+        k, parts = solvable[0]
+        unknown = [p for p in parts if p not in known]
+        value = int(hp[k]) - sum(known[p] for p in parts if p in known)
+        if value < 0 or (not unknown and value != 0):
+            raise FormatError(f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]} = {hp[k]} is not the sum of "
+                              f"{' + '.join(parts)} given by the other keys", path=path)
+        if unknown:
+            known[unknown[0]] = value
+        del sums[k]
+    cfg.update(known)
+
+
+def arch_keys(spec: N.ArchSpec, sums: dict) -> str:
+    return ", ".join(f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]}" for k in sums)
 
 
 def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarray:
@@ -228,6 +256,11 @@ def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config:
             raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
                                    "would silently lack it)", path=str(src), tensor=gname)
         hname, rule = hit
+        if rule.split:        # the parts of a Split row -> one HF tensor, made when its first part is met
+            joined = _split_plan(ck, names, rule, gname, hname, src)
+            if joined is not None:
+                plan.append(joined)
+            continue
         shape = tuple(info.shape)
         if rule.transform == "conv1d" and len(shape) == 2:
             shape = (shape[1], shape[0])
@@ -245,10 +278,31 @@ def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config:
     return plan
 
 
-def _write_hf(w, ck, plan: list[tuple], gate, hp: dict, st_dtype: str) -> list[TensorRecord]:
-    """Queue every planned tensor on the open writer ``w`` (raw copies where the bytes are the same)."""
+def _split_plan(ck, names, rule, gname: str, hname: str, src: Path) -> tuple | None:
+    """The plan entry joining a Split row's GGUF parts into ``hname`` (None for the other parts)."""
+    from .splits import joined_shape
+    if names.part(gname) != 0:
+        return None
+    layer = N.template_regex(rule.gguf).match(gname).groupdict().get("L")
+    pnames = [p.replace("{L}", layer) if layer is not None else p for p in rule.parts]
+    absent = [p for p in pnames if p not in ck.tensors]
+    if absent:
+        raise FormatError(f"{absent[0]} is missing: it and {gname} together make {hname}", path=str(src), tensor=gname)
+    try:
+        shape = joined_shape(rule.split, [tuple(ck.tensors[p].shape) for p in pnames])
+    except ValueError:
+        raise FormatError(f"shapes {[list(ck.tensors[p].shape) for p in pnames]} of {', '.join(pnames)} do not "
+                          f"join into one {hname}", path=str(src), tensor=gname) from None
+    return (gname, hname, f"join:{rule.split}", shape, ck.tensors[gname].dtype, (_Join(ck, pnames, rule.split), None))
+
+
+def _write_hf(w, ck, plan: list[tuple], gate, hp: dict, dtype: str, spec: N.ArchSpec) -> list[TensorRecord]:
+    """Queue every planned tensor on the open writer ``w`` (raw copies where the bytes are the same),
+    in ``dtype``, or F32 for the tensors transformers keeps float32 (``spec.hf_float32``)."""
     records = []
+    keep32 = [N.template_regex(t) for t in spec.hf_float32]
     for gname, hname, transform, shape, gdtype, expert in plan:
+        st_dtype = "F32" if any(rx.match(hname) for rx in keep32) else dtype
         if expert is not None:
             w.put(hname, gate.wrap(expert[0].producer(expert[1], hp, st_dtype)), dtype=st_dtype,
                   shape=shape)
@@ -341,7 +395,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         try:
             vocab, tok_files = _tokenizer_files(meta, config, tokenizer, src, warnings)
             with w:
-                records = _write_hf(w, ck, plan, gate, hp, st_dtype)
+                records = _write_hf(w, ck, plan, gate, hp, st_dtype, spec)
                 w.set_config(config)
                 if tok_files is not None:
                     _add_tokenizer_files(w, tok_files)
@@ -411,6 +465,22 @@ def _producer(ck, gname: str, transform: str, hp: dict, st_dtype: str):
     def make():
         return _encode_hf(_transform_to_hf(ck.read(gname), transform, hp), st_dtype)
     return make
+
+
+class _Join:
+    """The GGUF parts of one Split row, dequantized and joined into their HF tensor (.splits)."""
+
+    def __init__(self, ck, gnames: list[str], kind: str):
+        self._ck, self._gnames, self._kind = ck, gnames, kind
+
+    def producer(self, _slot, hp: dict, st_dtype: str):
+        def make():
+            from .splits import join
+            parts = [self._ck.read(g) for g in self._gnames]
+            if len({p.dtype for p in parts}) > 1:
+                parts = [p.astype("float32") for p in parts]
+            return _encode_hf(join(self._kind, parts), st_dtype)
+        return make
 
 
 class _ExpertStack:

@@ -54,15 +54,34 @@ class TensorRule:
     gguf: str
     transform: str = "none"
     hf_alt: str | None = None    # the HF spelling where the arch's ``hf_alt_when`` holds (same GGUF name)
+    split: str | None = None     # a Split row's kind (ckpt_surgeon.conversion.splits)
+    parts: tuple = ()            # a Split row's GGUF names, in part order (``gguf`` is the first)
 
     @property
     def experts(self) -> bool:
         return "{E}" in self.hf
 
+    def part_transform(self, i: int) -> str:
+        """The per-tensor transform that makes part ``i`` of a Split row (``mla_kv_b:1``)."""
+        return f"{self.split}:{i}"
+
+
+def _split_rule(gguf_arch: str, row: F.Split) -> TensorRule:
+    if F.SPLIT_KINDS.get(row.kind) != len(row.parts):
+        raise ValueError(f"registry: split {row.kind!r} of {row.hf} is not a known kind with {len(row.parts)} parts")
+    names = tuple(gguf_tensor_name(gguf_arch, p) for p in row.parts)
+    if None in names:
+        raise ValueError(f"registry: gguf-py's TensorNameMap has no {gguf_arch} name for a part of {row.hf}")
+    return TensorRule(row.hf, names[0], "none", split=row.kind, parts=names)
+
 
 def _tensor_rules(gguf_arch: str, rows: tuple) -> tuple[TensorRule, ...]:
     out = []
-    for hf, transform, *alt in rows:
+    for row in rows:
+        if isinstance(row, F.Split):
+            out.append(_split_rule(gguf_arch, row))
+            continue
+        hf, transform, *alt = row
         if transform not in TRANSFORMS:
             raise ValueError(f"registry: unknown transform {transform!r} for {hf}")
         g = gguf_tensor_name(gguf_arch, hf)
@@ -107,11 +126,21 @@ GGUF_HPARAM_KEYS: dict[str, str] = {
     "parallel_residual": "use_parallel_residual",
     "attn_softcap": "attn_logit_softcapping",
     "final_softcap": "final_logit_softcapping",
+    "n_dense_lead": "leading_dense_block_count",
+    "q_lora_rank": "attention.q_lora_rank",
+    "kv_lora_rank": "attention.kv_lora_rank",
+    "key_length_mla": "attention.key_length_mla",
+    "value_length_mla": "attention.value_length_mla",
+    "n_shexp": "expert_shared_count",
+    "expert_weights_scale": "expert_weights_scale",
+    "n_expert_group": "expert_group_count",
+    "n_expert_group_used": "expert_group_used_count",
 }
 # GGUF value type per canonical hyper-parameter (u32 ints, f32 floats), as llama.cpp writes them.
 HPARAM_BOOLS = frozenset({"parallel_residual"})
 HPARAM_FLOATS = frozenset({"rope_theta", "rope_local_theta", "rms_eps", "ln_eps", "attention_scale",
-                           "embedding_scale", "residual_scale", "logit_scale", "attn_softcap", "final_softcap"})
+                           "embedding_scale", "residual_scale", "logit_scale", "attn_softcap", "final_softcap",
+                           "expert_weights_scale"})
 
 # HF config spellings per canonical hyper-parameter, preferred first.  Config spellings drift:
 # transformers >= 5 nests rope settings in `rope_parameters` (modeling_rope_utils.py
@@ -135,7 +164,7 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "tie": ("tie_word_embeddings",),
     "layer_types": ("layer_types",),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),
-    "n_expert": ("num_experts", "num_local_experts"),
+    "n_expert": ("num_experts", "num_local_experts", "n_routed_experts"),
     "n_expert_used": ("num_experts_per_tok",),
     "n_ff_exp": ("moe_intermediate_size",),
     "n_ff_shexp": ("shared_expert_intermediate_size",),
@@ -147,11 +176,20 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "parallel_residual": ("use_parallel_residual",),
     "attn_softcap": ("attn_logit_softcapping",),
     "final_softcap": ("final_logit_softcapping",),
+    "n_dense_lead": ("first_k_dense_replace",),
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "n_shexp": ("n_shared_experts",),
+    "expert_weights_scale": ("routed_scaling_factor",),
+    "n_expert_group": ("n_group",),
+    "n_expert_group_used": ("topk_group",),
 }
 # Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers,
 # Gemma 2's soft-capping; an arch's ``hparam_required`` refuses a config without them).
 OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",
-                    "residual_scale", "logit_scale", "parallel_residual", "attn_softcap", "final_softcap")
+                    "residual_scale", "logit_scale", "parallel_residual", "attn_softcap", "final_softcap",
+                    "n_dense_lead", "q_lora_rank", "kv_lora_rank", "n_shexp", "expert_weights_scale",
+                    "n_expert_group", "n_expert_group_used")
 
 
 @dataclass(frozen=True)
@@ -184,6 +222,9 @@ class ArchSpec:
     hf_config_cases: tuple = ()          # (condition, HF config entries), the first that holds (GGUF -> HF)
     hf_alt_when: tuple | None = None     # (HF config key, value): tensor rows use their hf_alt spelling
     llamacpp_differs: str = ""           # llama.cpp's graph computes another function (warned both ways)
+    hf_float32: tuple = ()               # HF tensor templates kept float32 at any HF dtype (GGUF -> HF)
+    hparam_sums: dict = field(default_factory=dict)   # hyper-parameter -> HF keys it is the sum of
+    gguf_values: dict = field(default_factory=dict)   # hyper-parameter -> value written whatever the config
     notes: str = ""
 
 
@@ -204,7 +245,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         hparam_unset=conv.hparam_unset, gguf_when=conv.gguf_when,
         gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, kv_heads_rules=fam.kv_heads_rules,
         llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
-        hparam_required=conv.hparam_required, llamacpp_differs=conv.llamacpp_differs, notes=conv.notes)
+        hparam_required=conv.hparam_required, hparam_sums=conv.hparam_sums, gguf_values=conv.gguf_values,
+        hf_float32=conv.hf_float32, llamacpp_differs=conv.llamacpp_differs, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
@@ -286,6 +328,14 @@ class NameMap:
                 return target, rule
         return None
 
+    def part(self, name: str) -> int | None:
+        """GGUF -> HF: which part of a Split row the GGUF ``name`` is (0 makes the HF tensor, joining
+        all parts; the others are read by it), else None."""
+        for rule, rx in _compiled(self.rules, self.to_gguf):
+            if rule.split and rx.match(name):
+                return next(i for i, p in enumerate(rule.parts) if template_regex(p).match(name))
+        return None
+
     def expert(self, name: str) -> int | None:
         """The expert index in an HF ``name`` of an expert row (HF -> GGUF), else None."""
         for rule, rx in _compiled(self.rules, self.to_gguf):
@@ -305,6 +355,8 @@ def _compiled(rules: tuple[TensorRule, ...], to_gguf: bool):
         got = [(r, template_regex(r.hf if to_gguf else r.gguf)) for r in rules]
         # HF -> GGUF reads a module under either of its spellings
         got += [(r, template_regex(r.hf_alt)) for r in rules if to_gguf and r.hf_alt]
+        # GGUF -> HF: every part of a Split row names its one HF tensor
+        got += [(r, template_regex(p)) for r in rules if not to_gguf for p in r.parts[1:]]
         _CACHE[key] = got
     return got
 

@@ -138,7 +138,8 @@ def check_hparam_values(cfg: dict, path: str | None) -> None:
 
 
 def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
-    """RoPE hyper-parameters into ``hp``; a missing theta or a scaled RoPE is refused."""
+    """RoPE hyper-parameters into ``hp``; a missing theta is refused (a scaled RoPE was, by
+    :func:`_check_rope_scaling`)."""
     theta = hf_hparam(cfg, "rope_theta", path)
     if theta is None:
         raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
@@ -147,12 +148,24 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
     local = hf_hparam(cfg, "rope_local_theta", path)
     if local is not None:
         hp["rope_local_theta"] = local
-    found = N.config_find(cfg, ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"))
-    if found is not None and found[1] != "default":
-        raise UnsupportedError(f"{found[0]} = {found[1]!r}: rope scaling is not converted (only plain RoPE)", path=path)
     partial = hf_hparam(cfg, "partial_rotary", path)
     hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
     hp["key_length"] = hp["value_length"] = head_dim
+
+
+_ROPE_TYPE_KEYS = ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type")
+
+
+def _check_rope_scaling(raw: dict, cfg: dict, path: str) -> None:
+    """A scaled RoPE (yarn, linear, ...) is refused, named by the key the config file spells it with
+    (``raw``: config.json as written; transformers rewrites ``rope_scaling`` into ``rope_parameters``
+    in ``cfg``), as every refused setting is.  Every spelling is checked, in both."""
+    for conf in (raw, cfg):
+        for key in _ROPE_TYPE_KEYS:
+            rope_type = N.config_get(conf, (key,))
+            if rope_type not in (None, "default"):
+                raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only plain RoPE: rope_type "
+                                       "'default')", path=path)
 
 
 def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
@@ -216,6 +229,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
             hp[key] = float(v) if key in N.HPARAM_FLOATS else bool(v) if key in N.HPARAM_BOOLS else int(v)
     for key, value in spec.hparam_unset.items():
         hp.setdefault(key, value)
+    _sum_hparams(cfg, spec, hp, path)
     for key in spec.hparam_required:
         if key not in hp:
             raise UnsupportedError(f"config gives no {' / '.join(N.HF_HPARAM_KEYS[key])}; llama.cpp's {spec.gguf_arch} "
@@ -223,6 +237,22 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
                                    path=path)
     _check_llamacpp_fixed(cfg, spec, hp, path)
     return hp
+
+
+def _sum_hparams(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
+    """Hyper-parameters that are sums of HF config keys (``hparam_sums``: DeepSeek-V2's MLA widths),
+    the keys themselves kept in ``hp`` for the tensor transforms; then the fixed ``gguf_values``."""
+    for key, parts in spec.hparam_sums.items():
+        vals = []
+        for part in parts:
+            v = COUNT.check(part, cfg.get(part), path=path, integral_floats=True, maximum=U32_MAX) \
+                if cfg.get(part) is not None else None
+            if v is None:
+                raise ConfigError(f"config gives no {part}", path=path)
+            hp[part] = int(v)
+            vals.append(int(v))
+        hp[key] = sum(vals)
+    hp.update(spec.gguf_values)
 
 
 def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:
@@ -241,6 +271,9 @@ def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str =
     if transform in ("qkv_per_head", "qkv_grouped"):
         from ..arch.layouts import concat_index
         return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
+    if ":" in transform:          # one part of a Split row (.splits)
+        from .splits import split_part
+        return split_part(transform, arr, hp, path=path, tensor=tensor)
     return arr
 
 
@@ -274,13 +307,25 @@ class GGUFPlan:
     warnings: tuple
 
 
-def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list) -> tuple[list, tuple | None]:
-    """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file
-    order; and the token embedding's shape (None if there is none)."""
+def _embedding_shape(got: dict, spec: N.ArchSpec) -> tuple | None:
+    """The shape of the HF tensor that becomes ``token_embd.weight`` (None if there is none)."""
+    names = N.hf_to_gguf_names(spec)
+    for tname, shape in got.items():
+        hit = names.match(tname)
+        if hit is not None and hit[0] == "token_embd.weight":
+            return tuple(shape)
+    return None
+
+
+def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnings: list, hp: dict | None) -> list:
+    """Every source tensor's GGUF name, transform, shape, type and size, in llama.cpp's file order
+    (a Split row's parts one after the other, each made from the whole HF tensor; left out while
+    ``hp`` is None, a first pass that only checks names and shapes)."""
+    from .splits import part_shape
+
     names = N.hf_to_gguf_names(spec)
     absent = [N.template_regex(t) for t in spec.llamacpp_absent]
     plan: list[_Planned] = []
-    emb = None
     for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
         info = ck.tensors[tnames[0]]
         shape = tuple(info.shape)
@@ -292,14 +337,31 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                 raise ConfigError(f"expert shapes differ ({list(ck.tensors[odd].shape)} vs {list(info.shape)} "
                                   f"of {tnames[0]}); they cannot be stacked", path=str(src), tensor=odd)
             shape = (len(tnames),) + shape
-        if dst == "token_embd.weight":
-            emb = shape
+        if rule.split and hp is None:
+            continue
+        if rule.split:
+            layer = N.template_regex(rule.gguf).match(dst).groupdict().get("L")
+            fell = []       # parts stored F16 instead of Q8_0: one warning for their one HF tensor
+            for i, part in enumerate(rule.parts):
+                pdst = part.replace("{L}", layer) if layer is not None else part
+                pshape = part_shape(rule.part_transform(i), shape, hp)
+                scratch: list = []
+                gt = _weight_type(dtype, pshape, tnames[0], pdst, scratch)
+                if scratch:
+                    fell.append((pdst, pshape[-1]))
+                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, _ggml_nbytes(gt, pshape),
+                                     info.dtype))
+            if fell:
+                sizes = "/".join(dict.fromkeys(str(r) for _, r in fell))
+                warnings.append(f"{tnames[0]}: row size {sizes} of {', '.join(p for p, _ in fell)} is not a multiple "
+                                "of 32; stored F16 instead of Q8_0")
+            continue
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
         plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
                              tnames if rule.experts else ()))
-    return plan, emb
+    return plan
 
 
 def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
@@ -326,6 +388,8 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    if spec.rope:
+        _check_rope_scaling(ck.config or {}, cfg, ck.config_path)
     _check_llamacpp_needs(cfg, spec, ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
@@ -336,10 +400,12 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
 
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
-    plan, emb = _plan_tensors(ck, got, spec, dtype, src, warnings)
+    _plan_tensors(ck, got, spec, dtype, src, [], None)   # names and shapes judged before the config values
+    emb = _embedding_shape(got, spec)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+    plan = _plan_tensors(ck, got, spec, dtype, src, warnings, hp)
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
