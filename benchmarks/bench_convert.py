@@ -184,6 +184,7 @@ def bench_hf_to_gguf(args) -> None:
             for i in range(args.repeat):
                 for side, make in sides.items():
                     out = work / f"{side}-{dtype}.gguf"
+                    out.unlink(missing_ok=True)      # the previous repeat's (ours refuses to overwrite)
                     cmd, pythonpath = make(dtype, out)
                     os.sync()          # the previous run's dirty pages are not this run's cost
                     r = _run_cmd(cmd, pythonpath)

@@ -137,6 +137,8 @@ def _q8_0_cases() -> dict:
     below_half[0] = 127.0
     special = np.zeros((3, 32), np.float32)
     special[0, 5], special[1, 7], special[2, 9] = np.inf, -np.inf, np.nan
+    mixed = np.random.default_rng(1).standard_normal((3, 32)).astype(np.float32)
+    mixed[0, 3], mixed[1, 7] = np.nan, np.inf
     return {
         "normal": rng.standard_normal((64, 256)).astype(np.float32),
         "scales": (rng.standard_normal((40, 64)) * np.logspace(-6, 6, 40)[:, None]).astype(np.float32),
@@ -148,6 +150,8 @@ def _q8_0_cases() -> dict:
         "just-below-half": below_half[None, :],
         "inf-nan": special,
         "huge": (rng.standard_normal((2, 32)) * 1e38).astype(np.float32),   # |x| * (1/d) still finite
+        "nan-inf-among-values": mixed,                 # d inf / NaN next to a normal block
+        "normal-and-subnormal-d": np.stack([mixed[0] + 1, sub]),
     }
 
 
@@ -160,6 +164,54 @@ def test_q8_0_bytes_equal_gguf_py(case):
         ours = quantize_q8_0(x)
     assert ours.shape == ref.shape and ours.dtype == ref.dtype == np.uint8
     assert ours.tobytes() == ref.tobytes()
+
+
+def test_q8_0_rounding_neighbourhoods_equal_gguf_py():
+    """The fast path rounds half away from zero as trunc(v + sign(v) * (0.5 - 2**-25)); that equals
+    gguf-py's np_roundf for every float32 |v| <= 128 (checked exhaustively once: 2,248,146,946 values,
+    0 mismatches, see formats/quantize.py).  Here the dangerous neighbourhoods: every float32 within
+    2048 ulps of k and of k + 1/2 (k = 0..127, both signs, |v| <= 127), fed through blocks whose
+    max is 127 so that d = 1 and x * (1/d) = x."""
+    import gguf
+    vals = []
+    for k in range(128):
+        for c in (np.float32(k), np.float32(k + 0.5)):
+            bits = c.view(np.int32) + np.arange(-2048, 2049, dtype=np.int32)
+            vals.append(bits[bits >= 0].view(np.float32))
+    v = np.concatenate(vals)
+    v = v[np.abs(v) <= 127]
+    v = np.concatenate([v, -v])
+    v = np.concatenate([v, np.zeros(-len(v) % 31, np.float32)]).reshape(-1, 31)
+    x = np.concatenate([np.full((len(v), 1), 127, np.float32), v], axis=1)
+    x[1::2, 0] = -127
+    ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+    ours = quantize_q8_0(x)
+    assert len(x) > 2 * _quantize_mod()._Q8_GROUP          # several groups of the fast path
+    assert ours.tobytes() == ref.tobytes()
+
+
+def test_q8_0_large_mixed_equal_gguf_py():
+    """Special blocks (0, subnormal, inf, NaN scales) scattered in a tensor spanning several groups:
+    the fast path for the rest, gguf-py's operations for these."""
+    import gguf
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((40000, 32)) * np.exp(rng.normal(0, 4, (40000, 1)))).astype(np.float32)
+    x[rng.integers(0, 40000, 50)] = 0
+    x[rng.integers(0, 40000, 50), 3] = np.nan
+    x[rng.integers(0, 40000, 50), 5] = -np.inf
+    sub = rng.integers(0, 40000, 50)
+    x[sub] = np.float32(2.0 ** -140) * rng.standard_normal((50, 32)).astype(np.float32)
+    x[rng.integers(0, 40000, 50)] = np.float32(127)
+    with np.errstate(all="ignore"):
+        ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+        ours = quantize_q8_0(x.reshape(1000, 1280))
+        exact = _quantize_mod()._quantize_q8_0_exact(x)
+    assert ours.tobytes() == ref.tobytes() == exact.tobytes()
+
+
+def _quantize_mod():
+    import ckpt_surgeon.formats.quantize as q
+    return q
 
 
 def test_q8_0_halves_round_away_from_zero():
