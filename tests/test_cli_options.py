@@ -144,6 +144,21 @@ def test_convert_progress_default_follows_the_terminal_and_the_switch_overrides(
         assert (f"writing {out.name}" in err) is bar, (label, err)
 
 
+def test_convert_gguf_to_hf_progress_follows_the_terminal_and_the_switch(tiny, tmp_path):
+    """The other direction too: GGUF -> HF writes through the checkpoint writer, whose bar follows
+    the same rule (a terminal's stderr: on; a pipe: off; the switch overrides either way)."""
+    from ckpt_surgeon.conversion import hf_to_gguf
+    src = hf_to_gguf(tiny("qwen2"), tmp_path / "m.gguf", dtype="f32")
+    runs = {"pipe, default": ([], False, False), "terminal, default": ([], True, True),
+            "terminal, --no-progress": (["--no-progress"], True, False), "pipe, --progress": (["--progress"], False, True)}
+    for i, (label, (flags, tty, bar)) in enumerate(runs.items()):
+        out = tmp_path / f"hf{i}"
+        code, err = _subprocess(["convert", src, "-o", out, *flags], tty=tty, tmp_path=tmp_path)
+        assert code == 0, (label, err)
+        assert (out / "config.json").is_file()
+        assert (f"writing {out.name}" in err) is bar, (label, err)
+
+
 def test_surgery_progress_switch(tiny, tmp_path):
     src = tiny("gpt2")
     code, err = _subprocess(["fold-bias", src, "-o", tmp_path / "a", "--k", "--progress"], tty=False, tmp_path=tmp_path)
