@@ -15,6 +15,7 @@ the values where rounding is delicate.
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -295,3 +296,50 @@ def test_reread_check_catches_a_changed_byte_and_a_wrong_range(family, tmp_path,
     with pytest.raises(FormatError, match="bytes read back differ") as e:
         gguf_stream.verify_chunks(out, chunks, tensors, label=str(out))
     assert e.value.tensor == victim.tensor
+
+
+def test_readback_as_written_catches_a_changed_write(family, tmp_path, monkeypatch):
+    """The converter's default check: each chunk is read back right after it is written.  A write
+    that stores other bytes than the chunk's (injected here by a pwrite that flips one bit of the
+    fourth chunk) is a FormatError naming that chunk's tensor, and no file is published."""
+    from ckpt_surgeon.conversion import to_gguf
+    from ckpt_surgeon.errors import FormatError
+
+    monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 512)        # several chunks per weight
+    real, calls, hit = gguf_stream.pwrite_all, [], []
+
+    def flip_fourth(fd, data, at):
+        calls.append(at)
+        if len(calls) == 4:
+            b = bytearray(memoryview(data).cast("B"))
+            b[len(b) // 2] ^= 0x01
+            hit.append(at)
+            data = bytes(b)
+        real(fd, data, at)
+
+    monkeypatch.setattr(gguf_stream, "pwrite_all", flip_fourth)
+    src = family("llama_bias")
+    out = tmp_path / "m.gguf"
+    with pytest.raises(FormatError, match="bytes read back differ") as e:
+        to_gguf.hf_to_gguf_report(src, out, dtype="q8_0")
+    assert hit and e.value.tensor
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_overlapping_written_ranges_are_refused(tmp_path):
+    """Each tensor's chunks may cover its parsed range exactly and still overlap another tensor's:
+    the arithmetic check refuses it (a later write would have landed on checked bytes)."""
+    from types import SimpleNamespace
+
+    from ckpt_surgeon.errors import FormatError
+
+    f = tmp_path / "x.bin"
+    f.write_bytes(bytes(200))
+    zero = zlib.crc32(bytes(100))
+    chunks = [gguf_stream.Chunk("a", 0, 100, zero), gguf_stream.Chunk("b", 60, 160, zero)]
+    tensors = {"a": SimpleNamespace(start=0, end=100), "b": SimpleNamespace(start=60, end=160)}
+    for reread in (True, False):
+        with pytest.raises(FormatError, match=r"written ranges overlap \(a ends at 100, this one starts at 60\)"):
+            gguf_stream.verify_chunks(f, chunks, tensors, label=str(f), reread=reread)
+    disjoint = {"a": SimpleNamespace(start=0, end=100), "b": SimpleNamespace(start=100, end=200)}
+    gguf_stream.verify_chunks(f, [chunks[0], gguf_stream.Chunk("b", 100, 200, zero)], disjoint, label=str(f))

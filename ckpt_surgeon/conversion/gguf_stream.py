@@ -10,8 +10,14 @@ stream over the source); a small thread pool decodes, transforms, encodes, hashe
 work in parallel).  At most ``2 x workers`` chunks are in flight, so memory stays bounded by a
 few chunks whatever the model size — never a whole tensor, except Conv1D weights.
 
-Every chunk's bytes are checksummed (CRC-32) when written; :func:`verify_chunks` rereads the
-file and compares (in parallel too).
+Every chunk's bytes are checksummed (CRC-32) when written.  With ``readback``, the worker reads
+its chunk back right after writing it (still in the page cache, so the check costs a memory copy,
+not a second pass over the disk) and compares; :func:`verify_chunks` then checks the arithmetic
+that rules out a later write landing on it (every written range disjoint, each tensor's chunks
+covering exactly its data range as parsed back).  Without ``readback`` it rereads the whole file
+(in parallel too).  Rereading 15 GB after writing it is not the same check made later: on a
+machine whose page cache cannot hold source and output, it reads the output back from the disk,
+which on the 7B shape cost ~9 s of a ~30 s f16 conversion (docs/convert.md).
 """
 from __future__ import annotations
 
@@ -120,7 +126,7 @@ def _read(ck, p, a: int, b: int):
     return ck.read_rows(p.src, a, b), None
 
 
-def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str]) -> Chunk:
+def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str], readback: bool) -> Chunk:
     p = job.p
     bits = job.info is not None and job.info.dtype == "BF16" and p.ggml_type == "F16" and p.transform in _MOVES_ONLY
     if bits:            # move the stored bfloat16 bits, convert them at the end (bf16_bits_to_f16)
@@ -138,16 +144,19 @@ def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, s
     mv = memoryview(data).cast("B")
     chunk = Chunk(p.dst, job.at, job.at + job.nbytes, _digest(mv))
     pwrite_all(fd, mv, job.at)
+    if readback and not _check_one(fd, chunk):
+        raise FormatError("bytes read back differ from the bytes written", path=labels[1], tensor=p.dst)
     return chunk
 
 
 def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable, *, labels: tuple[str, str],
-                      progress=None, workers: int | None = None) -> list[Chunk]:
+                      progress=None, workers: int | None = None, readback: bool = False) -> list[Chunk]:
     """Write every planned tensor's data at its offset; returns the chunks written, in order.
 
     ``transform(arr, kind, hp, path=, tensor=)``: HF values -> GGUF values (numpy order), applied
     per chunk (row-wise transforms) or per tensor (``conv1d``).  ``labels``: (source, output) paths
-    for messages.  ``progress``: a bar (``update(n)``).
+    for messages.  ``progress``: a bar (``update(n)``).  ``readback``: each chunk is read back
+    and compared as soon as it is written (``fd`` must be open for reading too).
     """
     workers = workers or _workers()
     done: list[Chunk] = []
@@ -167,7 +176,7 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
                 for a, b, heads, nbytes in _row_ranges(p, tuple(ck.tensors[p.src].shape), hp):
                     src, info = _read(ck, p, a, b)
                     pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform,
-                                               labels))
+                                               labels, readback))
                     del src
                     at += nbytes
                     while len(pending) >= 2 * workers:
@@ -192,9 +201,20 @@ def _check_one(fd: int, c: Chunk) -> bool:
     return crc == c.digest
 
 
-def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, workers: int | None = None) -> None:
-    """Reread the written file: the chunks of each tensor cover exactly its data range as parsed
-    back (``tensors``: name -> TensorInfo), and every chunk's bytes hash to what was written."""
+def _disjoint(chunks: list[Chunk], label: str) -> None:
+    ordered = sorted(chunks, key=lambda c: c.start)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.start < a.end:
+            raise FormatError(f"written ranges overlap ({a.tensor} ends at {a.end}, this one starts at {b.start})",
+                              path=label, tensor=b.tensor)
+
+
+def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, workers: int | None = None,
+                  reread: bool = True) -> None:
+    """Check the written file: the chunks of each tensor cover exactly its data range as parsed
+    back (``tensors``: name -> TensorInfo), no two written ranges overlap, and (``reread``) every
+    chunk's bytes, read again, hash to what was written (skip it only when each chunk was read
+    back as it was written: ``write_tensor_data(readback=True)``)."""
     span: dict[str, list[int]] = {}
     for c in chunks:
         lo_hi = span.setdefault(c.tensor, [c.start, c.start])
@@ -205,6 +225,9 @@ def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, worke
         info, (lo, hi) = tensors.get(name), span.get(name, (None, None))
         if info is None or (info.start, info.end) != (lo, hi):
             raise FormatError("tensor data range differs from the plan after writing", path=label, tensor=name)
+    _disjoint(chunks, label)
+    if not reread:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(max_workers=workers or _workers()) as pool:

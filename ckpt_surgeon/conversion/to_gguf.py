@@ -423,14 +423,16 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
     staging = Staging(out, folder=False)
     wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
     try:
-        fd = os.open(staging.path, os.O_WRONLY)
+        fd = os.open(staging.path, os.O_RDWR)     # read too: each chunk is read back as written
         try:
             stage("temp-created")          # the writer's stages (formats/writer.py): the crash tests pause here
             pwrite_all(fd, lay.head, 0)
             stage("header-written")        # a partial file: header, no tensor data yet
-            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
-                                       labels=(str(src), str(out)), progress=wbar)
+            # padding before the data: a padding range wrongly computed over data would be
+            # overwritten by it, and the data is what each chunk's readback checks
             gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
+            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
+                                       labels=(str(src), str(out)), progress=wbar, readback=verify)
             os.ftruncate(fd, lay.end)
         finally:
             os.close(fd)
@@ -548,7 +550,7 @@ def _verify_written(tmp: Path, out: Path, plan: GGUFPlan, chunks) -> None:
             info = got.get(p.dst)
             if info is None or info.missing or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
                 raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
-        verify_chunks(tmp, chunks, got, label=str(out))
+        verify_chunks(tmp, chunks, got, label=str(out), reread=False)    # each chunk was read back as written
         if g.metadata.get("general.architecture") != plan.spec.gguf_arch:
             raise FormatError("general.architecture did not survive writing", path=str(out))
     finally:
