@@ -248,9 +248,11 @@ def llama_quantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
     return Path(dst)
 
 
-def rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, tensors=None) -> Path:
+def rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, tensors=None,
+                 add: dict | None = None) -> Path:
     """Copy a GGUF with gguf-py (the reference reader/writer), dropping or changing metadata keys
-    and tensors (``tensors(name, array) -> array | None``)."""
+    and tensors (``tensors(name, array) -> array | None``), adding the tensors ``add`` (name ->
+    float32 array) after the others."""
     import gguf
     src, dst = Path(src), Path(dst)
     set_kv = dict(set_kv or {})
@@ -270,6 +272,8 @@ def rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, t
             data = tensors(t.name, data)
         if data is not None:
             w.add_tensor(t.name, data, raw_dtype=t.tensor_type)   # quantized rows stay raw bytes
+    for name, data in (add or {}).items():
+        w.add_tensor(name, np.asarray(data, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

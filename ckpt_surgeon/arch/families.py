@@ -193,6 +193,9 @@ class Conversion:
     hf_float32: tuple = ()
     hparam_sums: dict = field(default_factory=dict)    # hyper-parameter -> HF keys it is the sum of (MLA widths)
     gguf_values: dict = field(default_factory=dict)    # hyper-parameter -> value written whatever the config
+    # False: GGUF -> HF only, into another family's transformers class (InternLM2, whose own HF
+    # checkpoints need trust_remote_code: no transformers class of its own reads them here)
+    hf_to_gguf: bool = True
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -548,6 +551,21 @@ FAMILIES: tuple[Family, ...] = (
     # residual readers: modeling_mistral: MistralRMSNorm everywhere
     Family("mistral", ("mistral",), (), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",
            hf_class="MistralForCausalLM", surgery_roles=_FUSE_OUT, conversion=_LLAMA_CONVERSION,
+           residual_readers_centering=False),
+    # InternLM2 (llama.cpp src/models/internlm2.cpp): llama's graph -- RMSNorm, rotary on
+    # interleaved pairs (LLAMA_ROPE_TYPE_NORM: q/k rows permuted, InternLM2Model.modify_tensors splits
+    # the fused wqkv and applies LlamaModel.permute), SwiGLU, untied output -- with no bias slot but
+    # the optional q/k/v ones.  InternLM2's HF checkpoints run only with trust_remote_code
+    # (modeling_internlm2 is not in transformers), so GGUF -> HF writes the same function as
+    # LlamaForCausalLM; biases are refused (llama's attention_bias would add an o_proj bias too).
+    # (no "qkv" role: gguf-py's internlm2 has no attn_qkv, and `qkv fuse` is not offered on it)
+    Family("internlm2", (), ("internlm2",), "layers.{L}.", {r: m for r, m in _LLAMA_ROLES.items() if r != "qkv"},
+           gguf_qk_permuted=True, hf_class="LlamaForCausalLM",
+           conversion=Conversion(
+               tuple(r for r in _llama_like_tensors(perm=True) if not r[0].endswith(".bias")), _LLAMA_HPARAMS,
+               gguf_arch="internlm2", hf_config_extra=dict(_SILU, attention_bias=False), model_types=("llama",),
+               hf_to_gguf=False,
+               notes="GGUF -> HF only, written as LlamaForCausalLM (same graph); Q/K rows un-permuted as for llama"),
            residual_readers_centering=False),
     # llama.cpp src/models/qwen3.cpp: q/k/v biases are optional, attn_output has no bias slot.
     # residual readers: modeling_qwen3: Qwen3RMSNorm everywhere

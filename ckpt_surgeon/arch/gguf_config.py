@@ -25,7 +25,10 @@ def _by_arch(attr: str) -> dict:
     out = {}
     for fam in F.FAMILIES:
         for arch in fam.gguf_archs:
-            value = fam.model_types[0] if attr == "model_type" else getattr(fam, attr)
+            # a family with no transformers model type of its own (InternLM2) reads back as the
+            # one its conversion writes (llama)
+            types = fam.model_types or (fam.conversion.model_types if fam.conversion else None) or (None,)
+            value = types[0] if attr == "model_type" else getattr(fam, attr)
             if value is not None:
                 out.setdefault(arch, value)
     return out

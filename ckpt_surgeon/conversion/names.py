@@ -225,6 +225,7 @@ class ArchSpec:
     hf_float32: tuple = ()               # HF tensor templates kept float32 at any HF dtype (GGUF -> HF)
     hparam_sums: dict = field(default_factory=dict)   # hyper-parameter -> HF keys it is the sum of
     gguf_values: dict = field(default_factory=dict)   # hyper-parameter -> value written whatever the config
+    hf_to_gguf: bool = True              # False: read GGUF -> HF only (InternLM2 as Llama)
     notes: str = ""
 
 
@@ -246,7 +247,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         gguf_strings=conv.gguf_strings, hparam_fallback=conv.hparam_fallback, kv_heads_rules=fam.kv_heads_rules,
         llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
         hparam_required=conv.hparam_required, hparam_sums=conv.hparam_sums, gguf_values=conv.gguf_values,
-        hf_float32=conv.hf_float32, llamacpp_differs=conv.llamacpp_differs, notes=conv.notes)
+        hf_float32=conv.hf_float32, llamacpp_differs=conv.llamacpp_differs, hf_to_gguf=conv.hf_to_gguf,
+        notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
@@ -286,14 +288,15 @@ def by_gguf_arch(arch: str | None, metadata: dict | None = None) -> ArchSpec | N
 
 
 def by_model_type(model_type: str | None) -> ArchSpec | None:
+    """The spec an HF folder of ``model_type`` converts to (GGUF -> HF-only specs excluded)."""
     for a in ARCHS:
-        if model_type in a.hf_model_types:
+        if a.hf_to_gguf and model_type in a.hf_model_types:
             return a
     return None
 
 
 def supported_model_types() -> list[str]:
-    return [mt for a in ARCHS for mt in a.hf_model_types]
+    return list(dict.fromkeys(mt for a in ARCHS if a.hf_to_gguf for mt in a.hf_model_types))
 
 
 # --- name matching ------------------------------------------------------------------------

@@ -382,6 +382,12 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if out is not None:
         _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
     check_hparam_values(ck.config or {}, ck.config_path)
+    raw = ck.config or {}
+    if raw.get("auto_map") and N.by_model_type(raw.get("model_type")) is None:
+        # remote code (InternLM2 ...): transformers would ask to run it; say what is unsupported
+        raise UnsupportedError(f"model_type {raw.get('model_type')!r} needs remote code (auto_map) and has no "
+                               f"GGUF mapping here (supported: {', '.join(N.supported_model_types())})",
+                               path=ck.config_path)
     facts = _probe_hf_folder(folder, ck.config_path, isolate)
     cfg = facts["config"]
     spec = N.by_model_type(cfg.get("model_type"))

@@ -1,0 +1,186 @@
+"""InternLM2 GGUF -> HF: llama.cpp's own converter writes the GGUF, transformers runs ours.
+
+InternLM2's HF checkpoints need ``trust_remote_code`` (``modeling_internlm2`` is not in
+transformers), so nothing here can run one; llama.cpp's ``convert_hf_to_gguf.py`` converts it
+without that code (``InternLM2Model``: config.json, ``tokenizer.model``, the fused ``wqkv``).
+The fixture is an InternLM2-layout folder holding the weights of a known tiny
+``LlamaForCausalLM``: ``wqkv`` packed per kv group as ``[q heads of the group; k; v]`` (InternLM2's
+layout, which the reference converter unpacks), ``w1``/``w3``/``w2`` for gate/up/down.  So:
+
+* our GGUF -> HF of the reference's file gives back every weight of that llama bit for bit
+  (the Q/K un-permutation inverts the reference's ``LlamaModel.permute``);
+* llama.cpp runs the internlm2 file like transformers runs our HF folder (f32: 1e-3, as for every
+  family in tests/test_llamacpp.py);
+* the tokenizer rebuilt from the file tokenizes like llama.cpp's own vocabulary.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convert_variants import MULTILINGUAL, hf_tensor_bytes
+from test_llamacpp_converter import _run_reference
+
+from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
+from ckpt_surgeon.errors import UnsupportedError
+
+import llama_cpp  # noqa: E402  (installed by the test extra)
+
+
+def _pack(q, k, v, n_kv: int):
+    """InternLM2's wqkv: per kv group, the group's q heads, then its k head, then its v head."""
+    import torch
+    d = q.shape[1]
+    hd = k.shape[0] // n_kv
+    qg = q.reshape(n_kv, -1, hd, d)
+    return torch.cat([qg, k.reshape(n_kv, 1, hd, d), v.reshape(n_kv, 1, hd, d)], 1).reshape(-1, d)
+
+
+@pytest.fixture(scope="module")
+def internlm2(tiny, tmp_path_factory):
+    """(llama folder, internlm2 folder, reference f32 GGUF)."""
+    import sentencepiece as spm
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaTokenizer
+
+    from ckpt_surgeon.tiny import _CORPUS
+
+    root = tmp_path_factory.mktemp("internlm2")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(root / "sp"), vocab_size=700, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+        hard_vocab_limit=False, minloglevel=2)
+    (root / "tok").mkdir()
+    shutil.copy(root / "sp.model", root / "tok" / "tokenizer.model")
+    tok = LlamaTokenizer.from_pretrained(root / "tok")
+    cfg = AutoConfig.from_pretrained(tiny("llama"))
+    # grouped-query attention (2 q heads per kv head), so the group packing is exercised
+    cfg.num_key_value_heads = cfg.num_attention_heads // 2
+    cfg.vocab_size = len(tok)                   # the reference writes one token per row
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, None
+    cfg.tie_word_embeddings = False             # llama.cpp's internlm2 requires output.weight
+    cfg.attention_bias = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    llama = root / "llama"
+    model.save_pretrained(llama)
+    tok.save_pretrained(llama)
+
+    sd = {n: t.detach().clone().contiguous() for n, t in model.state_dict().items()}
+    n_kv = cfg.num_key_value_heads
+    out = {"model.tok_embeddings.weight": sd["model.embed_tokens.weight"], "model.norm.weight": sd["model.norm.weight"],
+           "output.weight": sd["lm_head.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out[p + "attention.wqkv.weight"] = _pack(sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
+                                                 sd[a + "v_proj.weight"], n_kv).contiguous()
+        out[p + "attention.wo.weight"] = sd[a + "o_proj.weight"]
+        out[p + "attention_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[p + "ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        for w, m in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            out[p + f"feed_forward.{w}.weight"] = sd[p + f"mlp.{m}.weight"]
+    ilm = root / "internlm2"
+    ilm.mkdir()
+    save_file(out, str(ilm / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(root / "sp.model", ilm / "tokenizer.model")
+    (ilm / "config.json").write_text(json.dumps({
+        "architectures": ["InternLM2ForCausalLM"], "model_type": "internlm2",
+        "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config",
+                     "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"},
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": n_kv,
+        "num_hidden_layers": cfg.num_hidden_layers, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_parameters["rope_theta"], "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
+        "bias": False, "hidden_act": "silu", "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}))
+    (root / "ref").mkdir()
+    r = _run_reference(ilm, root / "ref", ("f32",))
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed on InternLM2: {r.stderr.strip()[-1500:]}")
+    return llama, ilm, root / "ref" / "f32.gguf"
+
+
+def test_reference_file_is_internlm2(internlm2):
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(internlm2[2]) as ck:
+        assert ck.metadata["general.architecture"] == "internlm2"
+        assert ck.metadata["tokenizer.ggml.model"] == "llama"
+        names = set(ck.tensors)
+    assert "blk.0.attn_q.weight" in names and not any("qkv" in n for n in names)
+
+
+def test_gguf_to_hf_gives_back_the_llama_weights_bit_for_bit(internlm2, tmp_path):
+    llama, _, ref = internlm2
+    out = gguf_to_hf(ref, tmp_path / "hf", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+    assert cfg["attention_bias"] is False and cfg["tie_word_embeddings"] is False
+    want, got = hf_tensor_bytes(llama), hf_tensor_bytes(out)
+    assert len(want) == 3 + 9 * json.loads((llama / "config.json").read_text())["num_hidden_layers"]
+    assert set(got) == set(want)
+    for n in want:
+        assert got[n] == want[n], n
+
+
+def test_llama_cpp_runs_the_internlm2_file_like_transformers_runs_ours(internlm2, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, _, ref = internlm2
+    out = gguf_to_hf(ref, tmp_path / "hf", dtype="float32")
+    ids = AutoTokenizer.from_pretrained(out).encode(MULTILINGUAL, add_special_tokens=False)
+    vocab_only = llama_cpp.Llama(model_path=str(ref), vocab_only=True, verbose=False)
+    try:
+        # the rebuilt tokenizer splits the text as llama.cpp's SPM tokenizer does
+        assert vocab_only.tokenize(MULTILINGUAL.encode(), add_bos=False, special=True) == ids
+    finally:
+        vocab_only.close()
+    assert len(ids) > 20
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0].numpy()
+    llm = llama_cpp.Llama(model_path=str(ref), logits_all=True, n_ctx=512, verbose=False, n_threads=2)
+    try:
+        llm.eval(ids)
+        lc = np.array(llm.scores[: len(ids)], dtype=np.float32)[:, : hf.shape[1]]
+    finally:
+        llm.close()
+    # f32: llama.cpp's kernels sum in another order (tests/test_llamacpp.py: observed <= 2.5e-4)
+    rel = float(np.abs(lc - hf).max() / np.abs(hf).max())
+    assert rel <= 1e-3, rel
+
+
+def test_internlm2_is_gguf_to_hf_only(internlm2, tmp_path):
+    """An HF llama folder still converts to llama (not internlm2); an InternLM2 HF folder is
+    refused naming its model_type (no transformers class reads it here)."""
+    llama, ilm, _ = internlm2
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    g = hf_to_gguf(llama, tmp_path / "l.gguf", dtype="f32")
+    with open_checkpoint(g) as ck:
+        assert ck.metadata["general.architecture"] == "llama"
+    with pytest.raises(UnsupportedError, match="model_type .internlm2. needs remote code") as e:
+        hf_to_gguf(ilm, tmp_path / "i.gguf", dtype="f32")
+    assert "internlm2" in str(e.value)
+    assert not (tmp_path / "i.gguf").exists()
+
+
+def test_internlm2_with_biases_is_refused_naming_the_tensor(internlm2, tmp_path):
+    """llama's attention_bias would add an o_proj bias InternLM2 does not have: a file with a q
+    bias is refused naming it, nothing written."""
+    from gguf_util import rewrite_gguf
+
+    from ckpt_surgeon.errors import CkptError
+    _, _, ref = internlm2
+    n_embd = json.loads((internlm2[0] / "config.json").read_text())["hidden_size"]
+    src = rewrite_gguf(ref, tmp_path / "b.gguf", add={"blk.0.attn_q.bias": np.ones(n_embd, np.float32)})
+    with pytest.raises(CkptError) as e:
+        gguf_to_hf(src, tmp_path / "hf")
+    assert "blk.0.attn_q.bias" in str(e.value)
+    assert not (tmp_path / "hf").exists()
