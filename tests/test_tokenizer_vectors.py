@@ -96,3 +96,40 @@ def test_rebuilt_tokenizer_matches_llama_cpp(name, vocab_dir):
     differ = [t for t, ids in vectors.items() if tok.encode(t, add_special_tokens=False).ids != ids]
     assert (len(vectors) - len(differ), len(vectors)) == EXPECTED[name], \
         f"{name}: texts that now differ from llama.cpp: {[t[:40] for t in differ]}"
+    _assert_special_tokens_match(tok, gguf, name)
+
+
+
+# llama.cpp's own add_special behaviour: llama.cpp's tokenize(add_bos=True) -- its add_special --
+# against our rebuilt tokenizer's encode(add_special_tokens=True).
+SPECIAL_TEXTS = ("Hello world", " leading space", "a\nb", "")
+
+
+def _assert_special_tokens_match(tok, src: Path, label) -> None:
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
+    try:
+        for text in SPECIAL_TEXTS:
+            assert tok.encode(text, add_special_tokens=True).ids == \
+                llm.tokenize(text.encode(), add_bos=True, special=False), (label, text)
+    finally:
+        llm.close()
+
+
+# One vocabulary per tokenizer kind with the file's add_bos / add_eos forced off and on (the
+# shipped settings are checked for every vocabulary above): WPM ignores them (always [CLS] ...
+# [SEP]), SPM and BPE follow them.
+@pytest.mark.parametrize("flags", [False, True], ids=["off", "on"])
+@pytest.mark.parametrize("name", ["bert-bge", "llama-spm", "phi-3", "gpt-2"])
+def test_added_special_tokens_follow_the_file_flags_as_llama_cpp(name, flags, vocab_dir, tmp_path):
+    import gguf as G
+
+    from gguf_util import rewrite_gguf
+
+    keys = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+    src = rewrite_gguf(vocab_dir / f"ggml-vocab-{name}.gguf", tmp_path / f"{name}.gguf", drop=keys,
+                       set_kv={k: (flags, G.GGUFValueType.BOOL) for k in keys})
+    header = read_header(src)
+    tok = Tokenizer.from_str(hf_tokenizer_files(vocab_from_metadata(header.metadata, str(src)),
+                                                path=str(src)).tokenizer_json)
+    _assert_special_tokens_match(tok, src, (name, flags))

@@ -1013,8 +1013,8 @@ def _set_post_processor(tok, v: GGUFVocab, tokens: list[str], names: dict[str, s
         single, pair = f"{single} {eos}", f"{pair} {eos}"
         sp.append((eos, v.special_ids["eos"]))
     cls, sep = v.special_ids.get("cls", v.special_ids.get("bos")), v.special_ids.get("sep")
-    if v.model == "bert" and add_bos and cls is not None and sep is not None:
-        # llama.cpp's WPM adds [CLS] ... [SEP] (add_bos + add_sep), as BERT's own template does.
+    if v.model == "bert" and cls is not None and sep is not None:
+        # llama.cpp's WPM adds [CLS] ... [SEP] (whatever the flags), as BERT's own template does.
         tok.post_processor = processors.TemplateProcessing(
             single=f"{tokens[cls]} $A {tokens[sep]}", pair=f"{tokens[cls]} $A {tokens[sep]} $B:1 {tokens[sep]}:1",
             special_tokens=sorted({(tokens[cls], cls), (tokens[sep], sep)}))
@@ -1051,6 +1051,11 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     if pre is not None and pre.type == "GEMMA4":
         add_bos = True
     add_eos = bool(v.add_eos) if v.add_eos is not None else v.model == "t5"   # llama.cpp: UGM adds EOS
+    if v.model == "bert":
+        # llama.cpp's WPM adds [CLS] ... [SEP] whatever the file's add_bos / add_eos say
+        # (llama_vocab::impl::tokenize, LLAMA_VOCAB_TYPE_WPM); tokenizer.ggml.add_sep_token is not
+        # read by its tokenizer at all (only by callers formatting rerank pairs)
+        add_bos, add_eos = True, False
     _set_post_processor(tok, v, tokens, names, add_bos, add_eos)
 
     tcfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
