@@ -67,6 +67,14 @@ VARIANTS = {
     # llama.cpp (0.3.36) tells DeepSeek-V2-Lite (no query LoRA) by its 27 layers (llama-model.cpp
     # is_lite = n_layer == 27) and otherwise requires attention.q_lora_rank: V2-Lite's depth
     "deepseek_v2_lite": ("deepseek_v2", {"num_hidden_layers": 27}, 0.0),
+    # Llama 3.1's rope scaling (rope_type llama3), which llama.cpp's converter writes as the
+    # rope_freqs.weight tensor; high_freq_factor 16 / original 4096 leave 2 of the 8 rotary
+    # frequencies interpolated (Llama 3.1's 4 / 8192 do that for head_dim 128, not 16), so
+    # GGUF -> HF can recover the parameters; max_position_embeddings as Llama 3.1's is 16x original
+    "llama3_rope": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 16.0,
+                                                  "original_max_position_embeddings": 4096},
+                              "max_position_embeddings": 65536, "initializer_range": 0.1}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
@@ -85,7 +93,7 @@ CONFIG_VARIANTS = {
                               "tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
 }
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
-LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
+LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "llama3_rope", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite")

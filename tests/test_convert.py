@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 
 # --- round trips ----------------------------------------------------------------------------
 
-ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3",
+ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
                        "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
@@ -218,7 +219,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
-GGUF_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
+GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
                             "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
 MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2")
@@ -844,7 +845,7 @@ def test_a_family_llama_cpp_runs_differently_is_warned_both_ways(family_dir, tmp
     assert not [w for w in plain.warnings if "graph" in w], plain.warnings
 
 
-@pytest.mark.parametrize("family", ["qwen2", "deepseek_v2"])
+@pytest.mark.parametrize("family", ["qwen2", "deepseek_v2", "llama"])
 @pytest.mark.parametrize("key", ["rope_parameters.rope_type", "rope_scaling.type", "rope_scaling.rope_type"])
 def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_path):
     """A scaled RoPE (DeepSeek-V2 as released: ``rope_scaling.type`` yarn) is refused naming the key
@@ -857,7 +858,8 @@ def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_p
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedError) as e:
         hf_to_gguf(src, tmp_path / "r.gguf")
-    assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only plain RoPE: rope_type 'default')"
+    only = "rope_type 'default' or 'llama3'" if family == "llama" else "plain RoPE: rope_type 'default'"
+    assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only {only})"
     assert not (tmp_path / "r.gguf").exists()
 
 
@@ -870,3 +872,34 @@ def test_q8_0_fallback_is_one_warning_per_hf_tensor(family_dir, tmp_path):
     assert kv_b == [f"model.layers.{i}.self_attn.kv_b_proj.weight: row size 16 of blk.{i}.attn_k_b.weight, "
                     f"blk.{i}.attn_v_b.weight is not a multiple of 32; stored F16 instead of Q8_0" for i in (0, 1)]
     assert len(rep.warnings) == len(set(rep.warnings))
+
+
+def test_llama3_rope_parameters_come_back_from_rope_freqs(family_dir, tmp_path):
+    """Llama 3's rope scaling is a tensor in GGUF (rope_freqs.weight, as llama.cpp's converter
+    writes it: tests/test_llamacpp_converter.py holds the bytes to the reference); GGUF -> HF
+    recovers the four parameters from it, so config.json says what the source said."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    src = family_dir("llama3_rope")
+    g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    with open_checkpoint(g) as ck:
+        assert ck.tensors["rope_freqs.weight"].shape == (8,)    # head_dim 16: 8 rotary frequencies
+        assert not any(k.startswith("llama.rope.scaling") for k in ck.metadata)   # as the reference: a tensor only
+    back = gguf_to_hf(g, tmp_path / "back")
+    assert read_json(back / "config.json")["rope_parameters"] == read_json(src / "config.json")["rope_parameters"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: np.where(f > 1, 8.0, 1.0), "only 0 of 8 rotary dimensions are interpolated"),
+    (lambda f: f[:4], "4 values (want 8, each finite and >= 1) are not Llama 3 rope factors"),
+    (lambda f: f * np.float32(0.5), "are not Llama 3 rope factors"),
+    (lambda f: np.where(np.arange(8) == 5, f * np.float32(1.1), f), "no Llama 3 rope parameters reproduce these factors"),
+])
+def test_rope_freqs_that_are_not_llama3_are_refused(edit, message):
+    from ckpt_surgeon.conversion.rope_llama3 import llama3_params_from_factors, llama3_rope_factors
+    rp = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 16.0,
+          "original_max_position_embeddings": 4096}
+    f = llama3_rope_factors(10000.0, 16, rp)
+    assert llama3_params_from_factors(f, 10000.0, 16) == rp
+    with pytest.raises(UnsupportedError, match=re.escape(message)) as e:
+        llama3_params_from_factors(edit(f), 10000.0, 16, path="m.gguf")
+    assert e.value.tensor == "rope_freqs.weight"

@@ -285,3 +285,19 @@ def test_sentencepiece_vocab_tokenizes_like_transformers(tiny, tmp_path_factory,
     for text in texts + ("  two leading spaces\n\nand newlines", " one"):
         assert back.encode(text, add_special_tokens=False) == llm.tokenize(text.encode(), add_bos=False, special=True)
     llm.close()
+
+
+def test_llama3_rope_scaling_is_what_llama_cpp_applies(family_src, tmp_path):
+    """The llama3_rope variant's f32 file runs like transformers (test above); without its
+    rope_freqs.weight llama.cpp runs plain RoPE and the logits move by far more than that bound
+    (measured 0.19 relative vs 5.3e-4 with it), so the comparison above does test the scaling."""
+    from transformers import AutoTokenizer
+
+    from gguf_util import rewrite_gguf
+    src = family_src("llama3_rope")
+    ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
+    ref = _hf_logits(src, ids)
+    g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    plain = rewrite_gguf(g, tmp_path / "plain.gguf", tensors=lambda n, d: None if n == "rope_freqs.weight" else d)
+    assert _rel(_llama_logits(g, ids, ref.shape[1]), ref) <= BOUNDS["f32"]
+    assert _rel(_llama_logits(plain, ids, ref.shape[1]), ref) > 0.05

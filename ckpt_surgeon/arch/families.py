@@ -196,6 +196,9 @@ class Conversion:
     # False: GGUF -> HF only, into another family's transformers class (InternLM2, whose own HF
     # checkpoints need trust_remote_code: no transformers class of its own reads them here)
     hf_to_gguf: bool = True
+    # scaled RoPE types converted (rope_type values; every other one is refused): "llama3" is
+    # llama.cpp's rope_freqs.weight tensor (conversion/rope_llama3.py)
+    rope_scalings: tuple = ()
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -260,6 +263,7 @@ _MOE_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
 # One object for both families written as llama.cpp's llama architecture.
 _LLAMA_CONVERSION = Conversion(
     _llama_like_tensors(perm=True), _LLAMA_HPARAMS, gguf_arch="llama", hf_config_extra=_SILU,
+    rope_scalings=("llama3",),
     notes="mistral converts to llama.cpp's llama architecture (as convert_hf_to_gguf.py does); "
           "Q/K rows are permuted to interleaved rotary pairs")
 

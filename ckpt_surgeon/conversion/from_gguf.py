@@ -34,6 +34,7 @@ if TYPE_CHECKING:     # numpy is imported where used, after the model-check chil
     import numpy as np
 
 DEFAULT_SHARD_BYTES = 5 * 2**30    # like save_pretrained's "5GB" shards
+ROPE_FREQS = "rope_freqs.weight"    # llama.cpp's per-dimension rope factors (llama3 scaling)
 _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_train default
 
 # GGUF tensor type -> safetensors dtype whose bytes are identical (raw copy possible).
@@ -68,10 +69,13 @@ def _required_inputs(meta: dict, arch: str, tensors: dict, path: str | None):
     return emb
 
 
-def _set_rope(cfg: dict, spec: N.ArchSpec, hp: dict, arch: str, warnings: list[str]) -> None:
-    """RoPE keys of ``cfg`` (llama.cpp's default theta when the file has none); removed for non-RoPE families."""
+def _set_rope(cfg: dict, spec: N.ArchSpec, hp: dict, arch: str, warnings: list[str],
+              scaling: dict | None = None) -> None:
+    """RoPE keys of ``cfg`` (llama.cpp's default theta when the file has none; ``scaling``: rope
+    parameters recovered from the file, llama3's); removed for non-RoPE families."""
     if spec.rope:
         rp = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
+        rp.update(scaling or {})
         theta = hp.get("rope_theta")
         if theta is None:
             warnings.append(f"{arch}.rope.freq_base is absent; llama.cpp runs this file with "
@@ -100,7 +104,7 @@ def _set_special_ids(cfg: dict, meta: dict, path: str | None) -> None:
 
 
 def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: str, tied: bool,
-                        path: str | None = None) -> tuple[dict, list[str]]:
+                        path: str | None = None, rope_freqs=None) -> tuple[dict, list[str]]:
     """``config.json`` contents for a GGUF (metadata + tensor table), and warnings.
 
     The generic GGUF -> HF key map is :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf`
@@ -147,7 +151,13 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         cfg[key] = v if v is not None else default
     _solve_sums(cfg, spec, hp, path)
     cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
-    _set_rope(cfg, spec, hp, arch, warnings)
+    scaling = None
+    if rope_freqs is not None:      # llama.cpp's llama3 rope factors -> transformers' rope parameters
+        from .rope_llama3 import llama3_params_from_factors
+        dim = hp.get("rotary_dim") or base.get("head_dim")
+        scaling = llama3_params_from_factors(rope_freqs, hp.get("rope_theta", _LLAMACPP_DEFAULT_THETA), int(dim),
+                                             path=path)
+    _set_rope(cfg, spec, hp, arch, warnings, scaling)
     hp = dict(hp, head_dim=base.get("head_dim"))
     N.fixed_to_hf(spec, cfg, hp)
     if spec.bias_switch:
@@ -251,6 +261,8 @@ def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config:
     for gname, info in ck.tensors.items():
         if tied and gname == "output.weight":
             continue       # byte-identical duplicate of token_embd (tied): the HF model shares it
+        if gname == ROPE_FREQS and "llama3" in spec.rope_scalings:
+            continue       # llama3 rope factors: in config.json's rope_parameters (hf_config_from_gguf)
         hit = names.match(gname)
         if hit is None:
             raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
@@ -376,7 +388,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
 
         meta, arch, spec = _source_arch(ck, src)
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
-        config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src))
+        rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
+        config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src),
+                                               rope_freqs=rope_freqs)
         hp = _hparams(meta, arch, str(src))
         plan = _tensor_plan(ck, spec, arch, tied, src, config)
 

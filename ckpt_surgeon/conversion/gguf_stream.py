@@ -111,9 +111,15 @@ class _Job:
         self.p, self.heads, self.at, self.nbytes, self.src, self.info = p, heads, at, nbytes, src, info
 
 
+def _src_shape(ck, p) -> tuple:
+    return tuple(p.shape) if getattr(p, "data", None) is not None else tuple(ck.tensors[p.src].shape)
+
+
 def _read(ck, p, a: int, b: int):
     """Rows a:b of ``p``'s source in the main thread: the stored bytes for float safetensors
-    (decoded by the worker), else the decoded values."""
+    (decoded by the worker), else the decoded values (a tensor made by the converter: its own)."""
+    if getattr(p, "data", None) is not None:
+        return np.frombuffer(p.data, np.float32).reshape(p.shape)[a:b], None
     info = ck.tensors[p.src]
     rows = info.shape[0] if info.shape else 1
     if ck.format == "safetensors" and info.dtype in _RAW_DTYPES:
@@ -173,7 +179,7 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
         for planned, off in zip(plan, offsets):
             at = off
             for p in _parts(planned):
-                for a, b, heads, nbytes in _row_ranges(p, tuple(ck.tensors[p.src].shape), hp):
+                for a, b, heads, nbytes in _row_ranges(p, _src_shape(ck, p), hp):
                     src, info = _read(ck, p, a, b)
                     pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform,
                                                labels, readback))

@@ -136,6 +136,21 @@ def _in_process() -> bool:
     return "transformers.modeling_utils" in sys.modules and "torch" in sys.modules
 
 
+def _llama3_rope_freqs(config) -> list | None:
+    """llama.cpp's ``rope_freqs.weight`` values for a llama3-scaled RoPE (computed here, where torch
+    is loaded anyway; float32 values survive JSON exactly), else None."""
+    rp = getattr(config, "rope_parameters", None) or {}
+    rp = rp.get("full_attention", rp) if isinstance(rp, dict) else {}
+    if not isinstance(rp, dict) or rp.get("rope_type") != "llama3":
+        return None
+    from .rope_llama3 import llama3_rope_factors
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    try:
+        return [float(v) for v in llama3_rope_factors(rp.get("rope_theta", 10000.0), int(dim), rp)]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None          # transformers validates these keys; a config it let through unusable stays refused
+
+
 def probe_folder(folder: str) -> dict:
     """What transformers makes of an HF folder, as JSON-able data (one answer, so that a child
     process can give all of it): ``config`` (``AutoConfig``'s ``to_dict()``, defaults filled in)
@@ -154,6 +169,9 @@ def probe_folder(folder: str) -> dict:
         return {"config_error": " ".join(str(e).split())[:300]}
     out: dict = {"config": config.to_dict(), "config_class": type(config).__name__,
                  "tokenizer_json": effective_tokenizer_json(folder)}
+    rope = _llama3_rope_freqs(config)
+    if rope is not None:
+        out["rope_freqs"] = rope
     # The tokenizer object is gone by now; collect it before the model classes are imported, so
     # that their memory reuses its pages instead of adding to the peak.
     gc.collect()

@@ -56,6 +56,7 @@ class _Planned:
     nbytes: int
     src_dtype: str
     stacked: tuple = ()     # expert rows: the HF tensors stacked (in expert order) into this one
+    data: bytes | None = None  # a tensor made here, not read (llama3 rope factors: rope_freqs.weight)
 
 
 def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
@@ -156,16 +157,33 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
 _ROPE_TYPE_KEYS = ("rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type")
 
 
-def _check_rope_scaling(raw: dict, cfg: dict, path: str) -> None:
-    """A scaled RoPE (yarn, linear, ...) is refused, named by the key the config file spells it with
-    (``raw``: config.json as written; transformers rewrites ``rope_scaling`` into ``rope_parameters``
-    in ``cfg``), as every refused setting is.  Every spelling is checked, in both."""
+def _check_rope_scaling(raw: dict, cfg: dict, path: str, allowed: tuple = ()) -> None:
+    """A scaled RoPE (yarn, linear, ...) other than the family's ``allowed`` ones is refused, named
+    by the key the config file spells it with (``raw``: config.json as written; transformers
+    rewrites ``rope_scaling`` into ``rope_parameters`` in ``cfg``), as every refused setting is.
+    Every spelling is checked, in both."""
     for conf in (raw, cfg):
         for key in _ROPE_TYPE_KEYS:
             rope_type = N.config_get(conf, (key,))
-            if rope_type not in (None, "default"):
-                raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only plain RoPE: rope_type "
-                                       "'default')", path=path)
+            if rope_type not in (None, "default") + tuple(allowed):
+                only = " or ".join(repr(t) for t in ("default",) + tuple(allowed))
+                kind = "rope_type" if allowed else "plain RoPE: rope_type"
+                raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only {kind} {only})", path=path)
+
+
+def _rope_freqs_planned(facts: dict, cfg: dict, path: str | None) -> list:
+    """llama.cpp's ``rope_freqs.weight`` for a llama3-scaled RoPE (the child computed the factors
+    with torch: :func:`~.rope_llama3.llama3_rope_factors`), written first as its converter does."""
+    values = facts.get("rope_freqs")
+    if values is None:
+        rp = cfg.get("rope_parameters") or {}
+        if isinstance(rp, dict) and rp.get("full_attention", rp).get("rope_type") == "llama3":
+            raise ConfigError("rope_parameters.rope_type = 'llama3' without usable factor / low_freq_factor / "
+                              "high_freq_factor / original_max_position_embeddings", path=path)
+        return []
+    arr = np.asarray(values, np.float32)
+    return [_Planned("(rope_parameters: llama3)", "rope_freqs.weight", "none", arr.shape, "F32", arr.nbytes, "F32",
+                     data=arr.tobytes())]
 
 
 def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
@@ -395,7 +413,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
     if spec.rope:
-        _check_rope_scaling(ck.config or {}, cfg, ck.config_path)
+        _check_rope_scaling(ck.config or {}, cfg, ck.config_path, spec.rope_scalings)
     _check_llamacpp_needs(cfg, spec, ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
@@ -411,7 +429,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-    plan = _plan_tensors(ck, got, spec, dtype, src, warnings, hp)
+    plan = _rope_freqs_planned(facts, cfg, ck.config_path) + _plan_tensors(ck, got, spec, dtype, src, warnings, hp)
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
