@@ -75,6 +75,13 @@ VARIANTS = {
                                                   "low_freq_factor": 1.0, "high_freq_factor": 16.0,
                                                   "original_max_position_embeddings": 4096},
                               "max_position_embeddings": 65536, "initializer_range": 0.1}, 0.0),
+    # yarn (as Qwen2.5's long-context configs: factor 4 over the original context) and linear
+    # position interpolation; original 64 < the 192-token test text, so both change every logit
+    "qwen2_yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                 "original_max_position_embeddings": 64},
+                             "initializer_range": 0.1}, 0.0),
+    "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+                               "initializer_range": 0.1}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
@@ -93,7 +100,7 @@ CONFIG_VARIANTS = {
                               "tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
 }
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
-LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "llama", "llama_bias", "llama3_rope", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
+LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite")

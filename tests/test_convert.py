@@ -108,7 +108,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 
 # --- round trips ----------------------------------------------------------------------------
 
-ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "mistral", "qwen3", "phi3",
+ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen2_yarn", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
                        "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
@@ -219,7 +219,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
-GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
+GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "llama_linear", "qwen2_yarn", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
                             "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
 MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2")
@@ -848,18 +848,20 @@ def test_a_family_llama_cpp_runs_differently_is_warned_both_ways(family_dir, tmp
 @pytest.mark.parametrize("family", ["qwen2", "deepseek_v2", "llama"])
 @pytest.mark.parametrize("key", ["rope_parameters.rope_type", "rope_scaling.type", "rope_scaling.rope_type"])
 def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_path):
-    """A scaled RoPE (DeepSeek-V2 as released: ``rope_scaling.type`` yarn) is refused naming the key
-    the config spells it with, before anything is written."""
+    """A scaled RoPE the family does not convert (here dynamic NTK; DeepSeek-V2's yarn as released)
+    is refused naming the key the config spells it with and the types it does convert, before
+    anything is written."""
     src = tmp_path / "src"
     shutil.copytree(family_dir(family), src)
     cfg = read_json(src / "config.json")
     outer, inner = key.split(".")
-    cfg[outer] = dict(cfg.get(outer) or {}, **{inner: "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    cfg[outer] = dict(cfg.get(outer) or {}, **{inner: "dynamic", "factor": 4.0, "original_max_position_embeddings": 64})
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedError) as e:
         hf_to_gguf(src, tmp_path / "r.gguf")
-    only = "rope_type 'default' or 'llama3'" if family == "llama" else "plain RoPE: rope_type 'default'"
-    assert str(e.value) == f"{src / 'config.json'}: {key} = 'yarn' is not converted (only {only})"
+    only = {"llama": "rope_type 'default' or 'llama3' or 'linear' or 'yarn'",
+            "qwen2": "rope_type 'default' or 'linear' or 'yarn'"}.get(family, "plain RoPE: rope_type 'default'")
+    assert str(e.value) == f"{src / 'config.json'}: {key} = 'dynamic' is not converted (only {only})"
     assert not (tmp_path / "r.gguf").exists()
 
 
@@ -903,3 +905,19 @@ def test_rope_freqs_that_are_not_llama3_are_refused(edit, message):
     with pytest.raises(UnsupportedError, match=re.escape(message)) as e:
         llama3_params_from_factors(edit(f), 10000.0, 16, path="m.gguf")
     assert e.value.tensor == "rope_freqs.weight"
+
+
+@pytest.mark.parametrize("extra", [{"mscale": 0.707}, {"mscale_all_dim": 1.0}, {"truncate": False}])
+def test_yarn_parameters_gguf_cannot_carry_are_refused(extra, family_dir, tmp_path):
+    """yarn converts with factor, original_max_position_embeddings, attention_factor, beta_fast and
+    beta_slow (llama.cpp's keys); any other yarn parameter changes what transformers computes with
+    no GGUF key to say so: refused naming it, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("qwen2_yarn"), src)
+    cfg = read_json(src / "config.json")
+    cfg["rope_parameters"].update(extra)
+    (src / "config.json").write_text(json.dumps(cfg))
+    key, value = next(iter(extra.items()))
+    with pytest.raises(UnsupportedError, match=re.escape(f"rope_parameters.{key} = {value!r} is not converted")):
+        hf_to_gguf(src, tmp_path / "y.gguf")
+    assert not (tmp_path / "y.gguf").exists()

@@ -87,6 +87,11 @@ GEMMA3_BOUNDS = {"f32": 3e-3, "f16": 6e-3, "bf16": 4e-2, "q8_0": 1.5e-1}
 # llama.cpp applying them the logits would move by 0.17 (final cap) and 6.0e-3 (attention cap alone),
 # measured in transformers on the same weights.
 SOFTCAP_BOUNDS = {"f32": 1e-3, "f16": 4e-3, "bf16": 3e-2, "q8_0": 1e-1}
+# Scaled RoPE variants (llama3 / yarn / linear): weights drawn 5x as wide as the fixtures'
+# (initializer_range 0.1) so that the scaling moves the logits far past the f32 bound (see
+# test_rope_scaling_is_what_llama_cpp_applies); f32 stays within 1e-3 (observed <= 5.7e-4), the
+# rounded types see the wider weights (observed f16 <= 1.5e-3, bf16 <= 1.2e-2, q8_0 <= 4.4e-2).
+ROPE_BOUNDS = SOFTCAP_BOUNDS
 # MoE: a token whose top-k expert scores nearly tie picks another expert once the weights are
 # rounded, and that expert's whole output replaces the other's: one position jumps while the
 # rest keep the dense bounds.  Measured on qwen3_moe: bf16 0.031 at 1 of 192 positions (median
@@ -110,7 +115,8 @@ def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
     src = family_src(family)
     ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
     ref = _hf_logits(src, ids, LLAMACPP_GRAPH.get(family))
-    bounds = {"gemma3": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS}.get(family, BOUNDS)
+    bounds = {"gemma3": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS, "llama3_rope": ROPE_BOUNDS,
+              "qwen2_yarn": ROPE_BOUNDS, "llama_linear": ROPE_BOUNDS}.get(family, BOUNDS)
     for dtype, bound in bounds.items():
         g = hf_to_gguf(src, tmp_path / f"m.{dtype}.gguf", dtype=dtype, name="tiny")
         if dtype == "f32":
@@ -287,17 +293,31 @@ def test_sentencepiece_vocab_tokenizes_like_transformers(tiny, tmp_path_factory,
     llm.close()
 
 
-def test_llama3_rope_scaling_is_what_llama_cpp_applies(family_src, tmp_path):
-    """The llama3_rope variant's f32 file runs like transformers (test above); without its
-    rope_freqs.weight llama.cpp runs plain RoPE and the logits move by far more than that bound
-    (measured 0.19 relative vs 5.3e-4 with it), so the comparison above does test the scaling."""
+
+def _without_rope_freqs(g: Path, out: Path) -> Path:
+    from gguf_util import rewrite_gguf
+    return rewrite_gguf(g, out, tensors=lambda n, d: None if n == "rope_freqs.weight" else d)
+
+
+def _without_scaling_keys(g: Path, out: Path) -> Path:
+    from gguf_util import rewrite_gguf
+    return rewrite_gguf(g, out, drop=tuple(f"{a}.rope.scaling.{k}" for a in ("llama", "qwen2")
+                                           for k in ("type", "factor", "original_context_length")))
+
+
+# Each scaled-RoPE variant's f32 file runs like transformers (test above); without what carries
+# the scaling, llama.cpp runs plain RoPE and the logits move by far more than that bound
+# (measured: llama3 0.19 vs 5.3e-4 with it, yarn 0.60 vs 4.8e-4, linear 0.61 vs 5.7e-4), so the
+# comparison above does test the scaling.
+@pytest.mark.parametrize("family, strip", [("llama3_rope", _without_rope_freqs), ("qwen2_yarn", _without_scaling_keys),
+                                           ("llama_linear", _without_scaling_keys)])
+def test_rope_scaling_is_what_llama_cpp_applies(family, strip, family_src, tmp_path):
     from transformers import AutoTokenizer
 
-    from gguf_util import rewrite_gguf
-    src = family_src("llama3_rope")
+    src = family_src(family)
     ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
     ref = _hf_logits(src, ids)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
-    plain = rewrite_gguf(g, tmp_path / "plain.gguf", tensors=lambda n, d: None if n == "rope_freqs.weight" else d)
+    plain = strip(g, tmp_path / "plain.gguf")
     assert _rel(_llama_logits(g, ids, ref.shape[1]), ref) <= BOUNDS["f32"]
     assert _rel(_llama_logits(plain, ids, ref.shape[1]), ref) > 0.05

@@ -263,7 +263,7 @@ _MOE_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp")
 # One object for both families written as llama.cpp's llama architecture.
 _LLAMA_CONVERSION = Conversion(
     _llama_like_tensors(perm=True), _LLAMA_HPARAMS, gguf_arch="llama", hf_config_extra=_SILU,
-    rope_scalings=("llama3",),
+    rope_scalings=("llama3", "linear", "yarn"),
     notes="mistral converts to llama.cpp's llama architecture (as convert_hf_to_gguf.py does); "
           "Q/K rows are permuted to interleaved rotary pairs")
 
@@ -545,7 +545,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
            bias_note="Qwen2 keeps q/k/v biases (o_proj has none); RoPE is applied after the biased projection",
            hf_class="Qwen2ForCausalLM", surgery_roles=_FUSE_OUT,
-           conversion=Conversion(_llama_like_tensors(perm=False), _LLAMA_HPARAMS, hf_config_extra=_SILU),
+           conversion=Conversion(_llama_like_tensors(perm=False), _LLAMA_HPARAMS, hf_config_extra=_SILU,
+                                 rope_scalings=("linear", "yarn")),
            residual_readers_centering=False),
     # residual readers: modeling_llama: LlamaRMSNorm everywhere
     Family("llama", ("llama",), ("llama",), "layers.{L}.", _LLAMA_ROLES, gguf_qk_permuted=True, fused_layout="concat",

@@ -82,6 +82,10 @@ TOKENIZER_KEYS = (
     ("tokenizer.ggml.token_type_count", "type_vocab_size", Bounds("int", 0, 1 << 16)),
 )
 
+# GGUF yarn keys -> transformers' yarn rope parameters (TextModel.set_gguf_parameters writes them
+# from the config's attention_factor / beta_fast / beta_slow when it has them).
+YARN_KEYS = (("rope.scaling.yarn_attn_factor", "attention_factor"), ("rope.scaling.yarn_beta_fast", "beta_fast"),
+             ("rope.scaling.yarn_beta_slow", "beta_slow"))
 # GGUF rope scaling type -> transformers rope_type.
 ROPE_SCALING_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn", "longrope": "longrope"}
 
@@ -147,6 +151,10 @@ def _rope_keys(cfg: dict, metadata: dict, arch: str | None, head_dim, path: str 
             orig = gguf_hparam(metadata, arch, "rope.scaling.original_context_length", path=path)
             if orig is not None:
                 rp["original_max_position_embeddings"] = int(orig)
+            for suffix, key in YARN_KEYS:
+                v = gguf_hparam(metadata, arch, suffix, path=path)
+                if v is not None:
+                    rp[key] = float(v)
             cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
         cfg["rope_parameters"] = rp
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
+from ..arch.gguf_config import YARN_KEYS
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
@@ -169,6 +170,43 @@ def _check_rope_scaling(raw: dict, cfg: dict, path: str, allowed: tuple = ()) ->
                 only = " or ".join(repr(t) for t in ("default",) + tuple(allowed))
                 kind = "rope_type" if allowed else "plain RoPE: rope_type"
                 raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only {kind} {only})", path=path)
+
+
+# transformers' yarn parameter -> GGUF key suffix (TextModel.set_gguf_parameters writes each one
+# the config has); any other yarn parameter (mscale, mscale_all_dim, truncate ...) changes what
+# transformers computes in ways no GGUF key says, and is refused.
+_YARN_KEYS = {key: suffix for suffix, key in YARN_KEYS}
+_ROPE_BASE_KEYS = ("rope_type", "rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor")
+
+
+def _rope_scaling_kvs(cfg: dict, spec: N.ArchSpec, path: str | None) -> list:
+    """``rope.scaling.*`` keys for a linear or yarn RoPE (the family's ``rope_scalings`` allow
+    them; :func:`_check_rope_scaling` refused the others), as llama.cpp's converter writes them."""
+    rp = cfg.get("rope_parameters") or {}
+    rp = rp.get("full_attention", rp) if isinstance(rp, dict) else {}
+    kind = rp.get("rope_type") if isinstance(rp, dict) else None
+    if kind not in ("linear", "yarn"):
+        return []
+    arch = spec.gguf_arch
+    factor = rp.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
+        raise ConfigError(f"rope_parameters.factor = {factor!r}: a {kind} RoPE needs a positive factor", path=path)
+    kvs = [gw.KV(f"{arch}.rope.scaling.type", gw.VT.STRING, kind),
+           gw.KV(f"{arch}.rope.scaling.factor", gw.VT.FLOAT32, float(factor))]
+    if kind == "yarn":
+        extra = sorted(k for k in rp if k not in _ROPE_BASE_KEYS and k not in _YARN_KEYS)
+        if extra:
+            raise UnsupportedError(f"rope_parameters.{extra[0]} = {rp[extra[0]]!r} is not converted (a yarn RoPE "
+                                   f"converts with {', '.join(_YARN_KEYS)} only: GGUF has no key for it)", path=path)
+        orig = rp.get("original_max_position_embeddings")
+        if not isinstance(orig, int) or isinstance(orig, bool) or not 0 < orig <= U32_MAX:
+            raise ConfigError(f"rope_parameters.original_max_position_embeddings = {orig!r}: a yarn RoPE needs it",
+                              path=path)
+        kvs.append(gw.KV(f"{arch}.rope.scaling.original_context_length", gw.VT.UINT32, orig))
+        for key, suffix in _YARN_KEYS.items():
+            if rp.get(key) is not None:
+                kvs.append(gw.KV(f"{arch}.{suffix}", gw.VT.FLOAT32, float(rp[key])))
+    return kvs
 
 
 def _rope_freqs_planned(facts: dict, cfg: dict, path: str | None) -> list:
@@ -434,6 +472,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
     kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path)
     return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
 
 
