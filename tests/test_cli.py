@@ -46,6 +46,21 @@ def test_every_command_has_help():
     assert n_options >= 40, n_options   # every command's options were really walked
 
 
+def test_convert_help_names_every_converted_architecture():
+    """`convert --help` lists the architectures by hand (the CLI does not load the registry to
+    print help); it must name every one the registry converts, by a model type or its GGUF name."""
+    import re
+
+    from ckpt_surgeon.conversion import names as N
+    text = " ".join(CliRunner().invoke(cli, ["convert", "--help"]).output.split())
+    assert len(N.ARCHS) >= 20
+    for spec in N.ARCHS:
+        assert any(re.search(rf"\b{re.escape(n)}\b", text) for n in (*spec.hf_model_types, spec.gguf_arch)), \
+            spec.gguf_arch
+    for rope in ("llama3", "yarn", "linear"):
+        assert rope in text
+
+
 def test_usage_error_exit_code_is_2():
     res = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "inspect"], capture_output=True, text=True)
     assert res.returncode == 2 and "Missing argument 'SOURCE'" in res.stderr
