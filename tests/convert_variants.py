@@ -80,6 +80,11 @@ VARIANTS = {
     "qwen2_yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                  "original_max_position_embeddings": 64},
                              "initializer_range": 0.1}, 0.0),
+    # Qwen3's long-context configs are yarn too (no attention biases, as the qwen3 variant)
+    "qwen3_yarn": ("qwen3", {"attention_bias": False,
+                             "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                 "original_max_position_embeddings": 64},
+                             "initializer_range": 0.1}, 0.0),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
                                "initializer_range": 0.1}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
@@ -100,7 +105,7 @@ CONFIG_VARIANTS = {
                               "tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}),
 }
 # Families the HF -> GGUF -> llama.cpp path covers (issue: llama, mistral, qwen2, qwen3, phi3, gpt2).
-LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
+LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite")

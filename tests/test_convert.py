@@ -108,7 +108,7 @@ def test_name_table_agrees_with_gguf_py(spec):
 
 # --- round trips ----------------------------------------------------------------------------
 
-ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen2_yarn", "mistral", "qwen3", "phi3",
+ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen2_yarn", "qwen3_yarn", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
                        "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
@@ -219,7 +219,7 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 
 # Families whose GGUF files are not written by the reference writer of tests/gguf_util.py (MoE
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
-GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "llama_linear", "qwen2_yarn", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
+GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "llama_linear", "qwen2_yarn", "qwen3_yarn", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
                             "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
 MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2")

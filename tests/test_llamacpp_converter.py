@@ -46,7 +46,7 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 # head count when the config has none (Falcon-7B's has none), and reshapes query_key_value into that
 # many groups; its one kv head does not fit (ours applies modeling_falcon's rule: one kv head).
 REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'", "falcon_mq_nobias": "RuntimeError: shape '[4, 3, 16, 64]'"}
-FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
+FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
             "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2")
 

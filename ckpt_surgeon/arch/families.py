@@ -577,7 +577,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
            attention_bias_key="attention_bias", hf_class="Qwen3ForCausalLM", surgery_roles=_FUSE_OUT,
            conversion=Conversion(_llama_like_tensors(perm=False, qk_norm=True), _LLAMA_HPARAMS,
-                                 hf_config_extra=_SILU, llamacpp_absent=("blk.{L}.attn_output.bias",)),
+                                 hf_config_extra=_SILU, llamacpp_absent=("blk.{L}.attn_output.bias",),
+                                 rope_scalings=("linear", "yarn")),
            residual_readers_centering=False),
     # llama.cpp src/models/gemma3*.cpp + llama-model.cpp: sliding-window rope base 10000
     # (rope_freq_base_train_swa), every 6th layer global (set_swa_pattern(6)), attention scaled by

@@ -37,8 +37,8 @@ def command(source, out, dtype, force, name, fmt, progress):
     Supported architectures, both ways: llama (and mistral, written as llama.cpp's llama), qwen2,
     qwen3, phi3, gpt2, gemma2, gemma3, starcoder2, olmo2, granite, phi, gpt_neox, cohere,
     stablelm, bloom, falcon, qwen2_moe, qwen3_moe, olmoe, mixtral, phimoe, deepseek_v2; GGUF -> HF
-    only: internlm2 (written as llama).  RoPE: plain, and llama3 / yarn / linear scaling for
-    llama, mistral and qwen2; other scaled RoPEs are refused by name.  Quantized GGUF tensors are dequantized; llama-arch Q/K rows are
+    only: internlm2 (written as llama).  RoPE: plain; llama3 scaling for llama and mistral, yarn
+    and linear for llama, mistral, qwen2 and qwen3; other scaled RoPEs are refused by name.  Quantized GGUF tensors are dequantized; llama-arch Q/K rows are
     (un)permuted between HF's rotate-half and llama.cpp's interleaved rotary pairs; GPT-2
     Conv1D weights are transposed.  The tensor set is checked against the model transformers
     builds from the config: a missing or unexpected tensor is an error, and nothing is written.

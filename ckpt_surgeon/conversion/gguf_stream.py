@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -196,14 +197,21 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
     return done
 
 
+_READBACK = 1 << 20     # read back in 1 MiB pieces, into one buffer per worker thread
+_local = threading.local()
+
+
 def _check_one(fd: int, c: Chunk) -> bool:
+    buf = getattr(_local, "buf", None)
+    if buf is None:         # once per thread: no allocation per chunk beside the chunk's own buffers
+        buf = _local.buf = memoryview(bytearray(_READBACK))
     crc, pos = 0, c.start
     while pos < c.end:
-        buf = os.pread(fd, min(c.end - pos, 16 << 20), pos)
-        if not buf:
+        got = os.preadv(fd, [buf[:min(c.end - pos, _READBACK)]], pos)
+        if not got:
             return False
-        crc = _digest(buf, crc)
-        pos += len(buf)
+        crc = _digest(buf[:got], crc)
+        pos += got
     return crc == c.digest
 
 
