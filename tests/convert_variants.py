@@ -189,6 +189,32 @@ def with_dtype(src: Path, dtype: str, out: Path) -> Path:
     return out
 
 
+def train_spm(prefix: Path, **ids) -> Path:
+    """A SentencePiece BPE model with byte fallback trained on the fixtures' corpus
+    (``prefix``.model); ``ids``: the special ids / pieces and options that differ per family."""
+    import sentencepiece as spm
+
+    from ckpt_surgeon.tiny import _CORPUS
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(prefix), vocab_size=700, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, split_digits=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, hard_vocab_limit=False, minloglevel=2,
+        **ids)
+    return Path(f"{prefix}.model")
+
+
+def _spm_tokenizer(out: Path, tokenizer_class, **ids):
+    """(work folder beside ``out`` holding ``sp.model``, the transformers tokenizer ``tokenizer_class``
+    builds from it)."""
+    work = out.with_name(out.name + ".work")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "spm").mkdir(parents=True)
+    train_spm(work / "sp", **ids)
+    shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
+    return work, tokenizer_class.from_pretrained(work / "spm")
+
+
 def spm_llama(tiny, out: Path) -> Path:
     """A tiny llama whose tokenizer is SentencePiece BPE with byte fallback (Llama-2 style).
 
@@ -197,25 +223,13 @@ def spm_llama(tiny, out: Path) -> Path:
     (``LlamaTokenizer.from_pretrained`` on a folder holding ``tokenizer.model``), so nothing in
     it comes from the code under test.
     """
-    import sentencepiece as spm
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaTokenizer
-
-    from ckpt_surgeon.tiny import _CORPUS
 
     out = Path(out)
     if (out / "config.json").is_file():
         return out
-    work = out.with_name(out.name + ".work")
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "spm").mkdir(parents=True)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(work / "sp"), vocab_size=700, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, split_digits=True,
-        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        hard_vocab_limit=False, minloglevel=2)
-    shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
-    tok = LlamaTokenizer.from_pretrained(work / "spm")
+    work, tok = _spm_tokenizer(out, LlamaTokenizer, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     cfg = AutoConfig.from_pretrained(tiny("llama"))
     cfg.vocab_size = (len(tok) + 63) // 64 * 64
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, None
@@ -239,26 +253,15 @@ def spm_gemma2(tiny, out: Path) -> Path:
     transformers' own conversion (``GemmaTokenizer.from_pretrained`` on the folder holding
     ``tokenizer.model``), so nothing in it comes from the code under test.
     """
-    import sentencepiece as spm
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GemmaTokenizer
-
-    from ckpt_surgeon.tiny import _CORPUS
 
     out = Path(out)
     if (out / "config.json").is_file():
         return out
-    work = out.with_name(out.name + ".work")
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "spm").mkdir(parents=True)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(work / "sp"), vocab_size=700, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
-        eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", control_symbols=["<mask>"], add_dummy_prefix=False, split_digits=True,
-        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        hard_vocab_limit=False, minloglevel=2)
-    shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
-    tok = GemmaTokenizer.from_pretrained(work / "spm")
+    work, tok = _spm_tokenizer(out, GemmaTokenizer, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
+                               eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", control_symbols=["<mask>"],
+                               add_dummy_prefix=False)
     base = build_variant(tiny, "gemma2", out.with_name(out.name + ".base"))
     cfg = AutoConfig.from_pretrained(base)
     cfg.vocab_size = (len(tok) + 63) // 64 * 64

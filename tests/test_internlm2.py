@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert_variants import MULTILINGUAL, hf_tensor_bytes
+from convert_variants import MULTILINGUAL, hf_tensor_bytes, train_spm
 from test_llamacpp_converter import _run_reference
 
 from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
@@ -43,19 +43,12 @@ def _pack(q, k, v, n_kv: int):
 @pytest.fixture(scope="module")
 def internlm2(tiny, tmp_path_factory):
     """(llama folder, internlm2 folder, reference f32 GGUF)."""
-    import sentencepiece as spm
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaTokenizer
 
-    from ckpt_surgeon.tiny import _CORPUS
-
     root = tmp_path_factory.mktemp("internlm2")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(root / "sp"), vocab_size=700, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, split_digits=True,
-        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        hard_vocab_limit=False, minloglevel=2)
+    train_spm(root / "sp", unk_id=0, bos_id=1, eos_id=2, pad_id=-1)      # as spm_llama's
     (root / "tok").mkdir()
     shutil.copy(root / "sp.model", root / "tok" / "tokenizer.model")
     tok = LlamaTokenizer.from_pretrained(root / "tok")

@@ -307,8 +307,11 @@ def _without_rope_freqs(g: Path, out: Path) -> Path:
 
 def _without_scaling_keys(g: Path, out: Path) -> Path:
     from gguf_util import rewrite_gguf
-    return rewrite_gguf(g, out, drop=tuple(f"{a}.rope.scaling.{k}" for a in ("llama", "qwen2", "qwen3")
-                                           for k in ("type", "factor", "original_context_length")))
+
+    from ckpt_surgeon.formats.gguf import read_header
+    arch = read_header(g).metadata["general.architecture"]
+    return rewrite_gguf(g, out, drop=tuple(f"{arch}.rope.scaling.{k}" for k in ("type", "factor",
+                                                                              "original_context_length")))
 
 
 # Exactness of each scaled RoPE: with an F32 KV cache (llama.cpp's default F16 cache rounds K and

@@ -59,6 +59,14 @@ class RopeGeometry:
                 "attention_factor": self.attention_factor, "supported": self.supported, "note": self.note}
 
 
+def full_attention_rope(rp) -> dict:
+    """The rope parameters of the full-attention layers from a config's ``rope_parameters`` (flat,
+    or one dict per layer type in transformers 5), as llama.cpp's converter reads them; {} when
+    there are none."""
+    full = rp.get("full_attention", rp) if isinstance(rp, dict) else None
+    return full if isinstance(full, dict) else {}
+
+
 def _rope_dicts(cfg: dict) -> list[tuple[str, dict]]:
     """(name as messages show it, rope parameter dict), both spellings (transformers 5
     ``rope_parameters``, possibly one per layer type; Hub-era ``rope_scaling``)."""

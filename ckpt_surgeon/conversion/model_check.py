@@ -139,9 +139,9 @@ def _in_process() -> bool:
 def _llama3_rope_freqs(config) -> list | None:
     """llama.cpp's ``rope_freqs.weight`` values for a llama3-scaled RoPE (computed here, where torch
     is loaded anyway; float32 values survive JSON exactly), else None."""
-    rp = getattr(config, "rope_parameters", None) or {}
-    rp = rp.get("full_attention", rp) if isinstance(rp, dict) else {}
-    if not isinstance(rp, dict) or rp.get("rope_type") != "llama3":
+    from ..arch.rope import full_attention_rope
+    rp = full_attention_rope(getattr(config, "rope_parameters", None))
+    if rp.get("rope_type") != "llama3":
         return None
     from .rope_llama3 import llama3_rope_factors
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

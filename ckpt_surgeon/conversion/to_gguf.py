@@ -31,6 +31,7 @@ import numpy as np
 
 from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
+from ..arch.rope import full_attention_rope
 from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
@@ -182,9 +183,8 @@ _ROPE_BASE_KEYS = ("rope_type", "rope_theta", "factor", "original_max_position_e
 def _rope_scaling_kvs(cfg: dict, spec: N.ArchSpec, path: str | None) -> list:
     """``rope.scaling.*`` keys for a linear or yarn RoPE (the family's ``rope_scalings`` allow
     them; :func:`_check_rope_scaling` refused the others), as llama.cpp's converter writes them."""
-    rp = cfg.get("rope_parameters") or {}
-    rp = rp.get("full_attention", rp) if isinstance(rp, dict) else {}
-    kind = rp.get("rope_type") if isinstance(rp, dict) else None
+    rp = full_attention_rope(cfg.get("rope_parameters"))
+    kind = rp.get("rope_type")
     if kind not in ("linear", "yarn"):
         return []
     arch = spec.gguf_arch
@@ -214,8 +214,7 @@ def _rope_freqs_planned(facts: dict, cfg: dict, path: str | None) -> list:
     with torch: :func:`~.rope_llama3.llama3_rope_factors`), written first as its converter does."""
     values = facts.get("rope_freqs")
     if values is None:
-        rp = cfg.get("rope_parameters") or {}
-        if isinstance(rp, dict) and rp.get("full_attention", rp).get("rope_type") == "llama3":
+        if full_attention_rope(cfg.get("rope_parameters")).get("rope_type") == "llama3":
             raise ConfigError("rope_parameters.rope_type = 'llama3' without usable factor / low_freq_factor / "
                               "high_freq_factor / original_max_position_embeddings", path=path)
         return []
