@@ -16,6 +16,7 @@ fixture's tokenizer files.  ``with_dtype`` saves a float16 / bfloat16 copy.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -39,6 +40,10 @@ LONG_TEXT = (
     "dramatically reduced. Little further research in machine translation was conducted until the late "
     "1980s when the first statistical machine translation systems were developed. " + MULTILINGUAL)
 
+_SHORT_FACTORS = [1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7]
+_LONG_FACTORS = [1.0, 1.2, 1.9, 3.1, 5.0, 8.3, 12.7, 20.5]
+_DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                  "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 64}
 # name -> (fixture, config overrides, norm noise std)
 VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
@@ -87,9 +92,39 @@ VARIANTS = {
                              "initializer_range": 0.1}, 0.0),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
                                "initializer_range": 0.1}, 0.0),
+    # Phi-3's long-context RoPE (Phi-3-128k, Phi-3.5-mini, Phi-4-mini: rope_type longrope, 32x the
+    # original context): per-dimension short / long factors as released ones go (short near 1, long
+    # up to ~20).  original 512 = llama-cpp's n_ctx in the tests, so the 192-token text runs the short
+    # factors in both (llama.cpp picks by n_ctx, padded to 256s, transformers by length) and the
+    # 752-token LONG_TEXT with n_ctx > 512 the long ones; weights 5x wide as the other RoPE variants
+    "phi3_longrope": ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                   "partial_rotary_factor": 1.0,
+                                                   "short_factor": _SHORT_FACTORS, "long_factor": _LONG_FACTORS,
+                                                   "original_max_position_embeddings": 512},
+                               "max_position_embeddings": 16384, "original_max_position_embeddings": 512,
+                               "initializer_range": 0.1}, 0.0),
+    # Phi-3.5-MoE's: the same factors, short_mscale the converter's sqrt(1 + ln 32 / ln 512) (as the
+    # release's 1.1902 is for 4096) and long_mscale above it (as the release's 1.2432)
+    "phimoe_longrope": ("phimoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                       "short_factor": _SHORT_FACTORS, "long_factor": _LONG_FACTORS,
+                                                       "short_mscale": math.sqrt(1 + math.log(32) / math.log(512)),
+                                                       "long_mscale": 1.3, "original_max_position_embeddings": 512},
+                                   "max_position_embeddings": 16384, "original_max_position_embeddings": 512,
+                                   "initializer_range": 0.1}, 0.0),
+    # DeepSeek-V2 / V2-Lite's yarn as released (factor 40, mscale = mscale_all_dim = 0.707, beta 32 / 1)
+    # over an original 64 < the 192-token text; the 27-layer form is the one llama.cpp runs (see
+    # deepseek_v2_lite); weights 5x wide as the other RoPE variants
+    "deepseek_v2_yarn": ("deepseek_v2", {"rope_parameters": _DEEPSEEK_YARN, "initializer_range": 0.1}, 0.0),
+    "deepseek_v2_lite_yarn": ("deepseek_v2", {"num_hidden_layers": 27, "rope_parameters": _DEEPSEEK_YARN,
+                                              "initializer_range": 0.1}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
 }
+# Variants whose files are then spelled as the Hub's (the reference converter reads a Phi-3 vocabulary
+# only from tokenizer.model unless the tokenizer is declared BPE: see phi3_bpe / phimoe_hub below).
+_BPE = {"tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}
+VARIANT_FILES = {"phi3_longrope": _BPE,
+                 "phimoe_longrope": dict(_BPE, **{"config.json": {"architectures": ["PhiMoEForCausalLM"]}})}
 # name -> (fixture, {json file: entries added to it}): the same weights with files spelled as Hub
 # checkpoints spell them.  gpt2_hub: Hub GPT-2 configs carry n_ctx (= n_positions), which
 # llama.cpp's GPT2Model reads and transformers 5's GPT2Config no longer saves.  phi3_bpe: Phi-4's
@@ -108,7 +143,8 @@ CONFIG_VARIANTS = {
 LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3", "gpt2", "gemma3",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
-                     "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite")
+                     "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite", "phi3_longrope",
+                     "phimoe_longrope")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 
@@ -151,8 +187,16 @@ def build_variant(tiny, name: str, out: Path, *, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     copy_tokenizer(base, tmp)
+    _edit_files(tmp, VARIANT_FILES.get(name, {}))
     tmp.rename(out)
     return out
+
+
+def _edit_files(folder: Path, edits: dict) -> None:
+    for fname, entries in edits.items():
+        data = read_json(folder / fname)
+        data.update(entries)
+        (folder / fname).write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _config_variant(tiny, name: str, out: Path) -> Path:
@@ -162,10 +206,7 @@ def _config_variant(tiny, name: str, out: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(tiny(base_name), tmp)
-    for fname, entries in edits.items():
-        data = read_json(tmp / fname)
-        data.update(entries)
-        (tmp / fname).write_text(json.dumps(data, indent=2) + "\n")
+    _edit_files(tmp, edits)
     tmp.rename(out)
     return out
 

@@ -111,7 +111,8 @@ def test_name_table_agrees_with_gguf_py(spec):
 ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen2_yarn", "qwen3_yarn", "mistral", "qwen3", "phi3",
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
-                       "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
+                       "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2", "phi3_longrope", "phimoe_longrope",
+                       "deepseek_v2_yarn")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -134,7 +135,7 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
         keep = [N.template_regex(t) for t in spec.hf_float32]
         saved32 = {n for n, (dt, _, _) in a.items() if dt == "F32"}
         assert saved32 == {n for n in a if any(rx.match(n) for rx in keep)}
-        assert bool(saved32) == (family == "deepseek_v2")
+        assert bool(saved32) == family.startswith("deepseek_v2")
 
 
 @pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1)])
@@ -221,8 +222,10 @@ def test_gguf_any_type_to_hf_to_gguf_to_hf_is_bit_exact(family, qtype, any_type_
 # stacks, LayerNorm biases, post-norms, multipliers): their GGUF round trips start from ours.
 GGUF_ROUND_TRIP_FAMILIES = ("llama3_rope", "llama_linear", "qwen2_yarn", "qwen3_yarn", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi",
                             "gpt_neox", "cohere", "stablelm", "bloom", "gemma2", "falcon_nobias", "falcon_mq_nobias",
-                            "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2")
-MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2")
+                            "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2", "phi3_longrope", "phimoe_longrope",
+                            "deepseek_v2_yarn")
+MOE_ROUND_TRIP_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2", "phimoe_longrope",
+                           "deepseek_v2_yarn")
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "llama.cpp:Q4_0"])
@@ -233,10 +236,10 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     gives byte-identical HF folders, and from an f32 GGUF the second GGUF is byte-identical to
     the first, tensor for tensor, metadata included (bar general.name)."""
     from gguf_util import llama_quantize
-    if family == "deepseek_v2" and qtype.startswith("llama.cpp:"):
+    if family.startswith("deepseek_v2") and qtype.startswith("llama.cpp:"):
         # llama.cpp 0.3.36 loads (and so quantizes) a deepseek2 file without attention.q_lora_rank
         # only at V2-Lite's 27 layers: the same tiny model with 27 layers
-        src = family_dir("deepseek_v2_lite")
+        src = family_dir(family.replace("deepseek_v2", "deepseek_v2_lite"))
     else:
         src = family_dir(family)
     f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
@@ -642,14 +645,17 @@ _PHIMOE_LONGROPE = {"type": "longrope", "long_factor": [1.0, 1.1, 1.3, 1.6, 2.0,
     ({"num_experts_per_tok": 1}, "num_experts_per_tok = 1 is not converted (modeling_phimoe's sparsemixer always "
                                  "routes to 2 experts, llama.cpp to num_experts_per_tok); only num_experts_per_tok = 2 "
                                  "is"),
+    # as config.json spells it, but with short_mscale = long_mscale: llama.cpp applies its converter's
+    # formula instead (Phi-3.5-MoE as published converts: test_published_longrope_configs_convert)
     ({"rope_parameters": None, "rope_theta": 10000.0, "rope_scaling": _PHIMOE_LONGROPE},
-     "rope_scaling.type = 'longrope' is not converted (only plain RoPE: rope_type 'default')"),   # as config.json spells it
+     "longrope short_mscale gives attention factor 1.24316, but llama.cpp applies sqrt(1 + ln(256 / 64) / ln(64)) "
+     "= 1.1547 (rope.scaling.attn_factor, from max_position_embeddings / original_max_position_embeddings as its "
+     "converter computes it): it would run a different model"),
 ])
 def test_phimoe_settings_llama_cpp_cannot_run_are_refused(edit, message, family_dir, tmp_path):
     """Phi-3.5-MoE configs llama.cpp's phimoe graph cannot load or would run differently are
     refused in one line naming the config key (``None``: the key absent, read as the model class
-    reads it); nothing is written, the input is untouched.  The published Phi-3.5-MoE-instruct
-    uses longrope (docs/convert.md: why it is not converted)."""
+    reads it); nothing is written, the input is untouched."""
     src = tmp_path / "src"
     shutil.copytree(family_dir("phimoe"), src)
     cfg = read_json(src / "config.json")
@@ -845,11 +851,144 @@ def test_a_family_llama_cpp_runs_differently_is_warned_both_ways(family_dir, tmp
     assert not [w for w in plain.warnings if "graph" in w], plain.warnings
 
 
+# Published long-context configs, spelled as their config.json files spell them (8 factors here for
+# head_dim 16; the published ones have 48 / 64; 131072 positions over an original 4096): Phi-3.5-mini
+# and Phi-4-mini ("longrope", the original context at the top level), Phi-3-mini-128k's first
+# release ("su"; transformers 5.24 reads it only with the original context inside rope_scaling),
+# Phi-3.5-MoE (short_mscale = sqrt(1 + ln 32 / ln 4096) = 1.1902, long_mscale 1.2432) with the
+# original context inside rope_scaling (PhimoeConfig does not read the top-level key: see below).
+_FACTORS = {"long_factor": [1.0, 1.2, 1.9, 3.1, 5.0, 8.3, 12.7, 20.5], "short_factor": [1.0, 1.0, 1.1, 1.1, 1.2, 1.3, 1.4, 1.5]}
+_MOE_MSCALES = {"short_mscale": 1.1902380714238083, "long_mscale": 1.243163121016122}
+_PUBLISHED_LONGROPE = {
+    "phi3.5-mini": ("phi3", {"type": "longrope", **_FACTORS}),
+    "phi3-su": ("phi3", {"type": "su", **_FACTORS, "original_max_position_embeddings": 4096}),
+    "phi3.5-moe": ("phimoe", {"type": "longrope", **_FACTORS, **_MOE_MSCALES, "original_max_position_embeddings": 4096}),
+}
+
+
+def _published_longrope(family_dir, tmp_path, family: str, scaling: dict) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(family_dir(family), src)
+    cfg = read_json(src / "config.json")
+    cfg.pop("rope_parameters")
+    cfg.update(rope_theta=10000.0, rope_scaling=scaling, max_position_embeddings=131072,
+               original_max_position_embeddings=4096)
+    (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+@pytest.mark.parametrize("name", sorted(_PUBLISHED_LONGROPE))
+def test_published_longrope_configs_convert(name, family_dir, tmp_path):
+    """The factor tensors and llama.cpp's attention factor are written, and the report says where
+    llama.cpp runs differently (factors picked by n_ctx; Phi-3.5-MoE's long_mscale not applied).
+    GGUF -> HF writes the factors back and the attention factor llama.cpp applies."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf_report
+    family, scaling = _PUBLISHED_LONGROPE[name]
+    src = _published_longrope(family_dir, tmp_path, family, scaling)
+    rep = hf_to_gguf_report(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    assert [w for w in rep.warnings if "run llama.cpp with n_ctx <= 4096 for the short factors" in w], rep.warnings
+    assert bool([w for w in rep.warnings if "long_mscale = 1.24316 past 4096 tokens" in w]) == (family == "phimoe")
+    with open_checkpoint(rep.output) as ck:
+        assert ck.metadata[f"{family}.rope.scaling.attn_factor"] == pytest.approx(1.1902380714238083, rel=1e-7)
+        assert ck.metadata[f"{family}.rope.scaling.original_context_length"] == 4096
+        for key in ("long", "short"):
+            assert ck.read(f"rope_factors_{key}.weight").tolist() == pytest.approx(scaling[f"{key}_factor"], rel=1e-7)
+    rp = read_json(gguf_to_hf(rep.output, tmp_path / "hf") / "config.json")["rope_parameters"]
+    assert rp["rope_type"] == "longrope" and rp["original_max_position_embeddings"] == 4096
+    assert rp["long_factor"] == pytest.approx(scaling["long_factor"], rel=1e-7)
+    if family == "phimoe":      # llama.cpp applies the short factor at every length
+        assert rp["short_mscale"] == rp["long_mscale"] == 1.1902380714238083
+    else:
+        assert "attention_factor" not in rp      # transformers' formula gives llama.cpp's value
+
+
+def test_phimoe_published_config_is_refused_with_the_fix(family_dir, tmp_path):
+    """Phi-3.5-MoE's config.json gives original_max_position_embeddings (4096) at the top level
+    only; transformers 5.24's PhimoeConfig does not read it there and takes 131072, and so does
+    llama.cpp's converter, which reads the config through transformers: it would write attention
+    factor 1 where transformers applies short_mscale 1.19.  Refused, naming the fix."""
+    scaling = {"type": "longrope", **_FACTORS, **_MOE_MSCALES}
+    src = _published_longrope(family_dir, tmp_path, "phimoe", scaling)
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "m.gguf")
+    assert str(e.value) == (f"{src / 'config.json'}: longrope short_mscale gives attention factor 1.19024, but "
+                            "llama.cpp applies 1 (rope.scaling.attn_factor, from max_position_embeddings / "
+                            "original_max_position_embeddings as its converter computes it): it would run a different "
+                            "model (transformers reads original_max_position_embeddings as 131072, not config.json's "
+                            "top-level 4096, which this config class does not read: if 4096 is meant, give it inside "
+                            "rope_scaling)")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize("family, edit, message", [
+    ("phi3_longrope", {"drop_tensor": "rope_factors_short.weight"},
+     "tensor 'rope_factors_short.weight': absent beside rope_factors_long.weight: llama.cpp needs both longrope "
+     "factor tensors"),
+    ("phi3_longrope", {"tensor": ("rope_factors_long.weight", lambda d: d[:4])},
+     "tensor 'rope_factors_long.weight': 4 values (want 8, each finite and > 0) are not longrope factors"),
+    ("phi3_longrope", {"tensor": ("rope_factors_short.weight", lambda d: d * 0)},
+     "tensor 'rope_factors_short.weight': 8 values (want 8, each finite and > 0) are not longrope factors"),
+    ("phi3_longrope", {"drop": "phi3.rope.scaling.original_context_length"},
+     "tensor 'rope_factors_long.weight': longrope factors without rope.scaling.original_context_length"),
+    ("qwen2", {"set": ("qwen2.rope.scaling.attn_factor", 1.25)},
+     "qwen2.rope.scaling.attn_factor = 1.25 is not converted (llama.cpp multiplies cos and sin by it"),
+])
+def test_gguf_rope_factors_that_cannot_convert_are_refused(family, edit, message, gguf_of, tmp_path):
+    """GGUF -> HF: longrope tensors that are not a pair of positive factor lists of the rotary
+    width, without the original context, or an attention factor with nothing to carry it into
+    transformers' config: one line naming the file (and tensor), nothing written."""
+    import gguf
+    from gguf_util import rewrite_gguf
+    src = gguf_of(family)
+    kwargs = {}
+    if "drop_tensor" in edit:
+        kwargs["tensors"] = lambda n, d: None if n == edit["drop_tensor"] else d
+    if "tensor" in edit:
+        name, fn = edit["tensor"]
+        kwargs["tensors"] = lambda n, d: fn(d) if n == name else d
+    if "drop" in edit:
+        kwargs["drop"] = (edit["drop"],)
+    if "set" in edit:
+        kwargs["set_kv"] = {edit["set"][0]: (edit["set"][1], gguf.GGUFValueType.FLOAT32)}
+    bad = rewrite_gguf(src, tmp_path / "bad.gguf", **kwargs)
+    with pytest.raises(CkptError) as e:
+        gguf_to_hf(bad, tmp_path / "hf")
+    assert str(e.value).startswith(f"{bad}: {message}"), str(e.value)
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("family", ["phi3_longrope", "phimoe_longrope"])
+@pytest.mark.parametrize("edit, message", [
+    # (transformers' own config validation may say it first, in its words, naming the key)
+    ({"long_factor": [1.0] * 7}, "long_factor"),
+    ({"short_factor": None}, "rope_parameters.short_factor is None; a longrope RoPE needs a list of factors, one per "
+                             "rotary pair"),
+    ({"short_factor": [1.0] * 7 + ["x"]}, "rope_parameters.short_factor[7] is 'x' (a string); it must be a finite "
+                                          "positive number"),
+    ({"long_factor": [1.0] * 7 + [0.0]}, "rope_parameters.long_factor[7] is 0; it must be a finite positive number"),
+    ({"attention_factor": 1.5, "short_mscale": 1.5}, " gives attention factor 1.5, but llama.cpp applies "
+                                                     "sqrt(1 + ln(16384 / 512) / ln(512)) = 1.24722"),
+])
+def test_longrope_configs_llama_cpp_cannot_run_are_refused(edit, message, family, family_dir, tmp_path):
+    """Factors that are not one positive number per rotary pair, or an attention factor llama.cpp
+    would not apply (Phi-3: attention_factor; Phi-3.5-MoE: short_mscale): one line naming
+    config.json and the key, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir(family), src)
+    cfg = read_json(src / "config.json")
+    cfg["rope_parameters"].update(edit)
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CkptError) as e:
+        hf_to_gguf(src, tmp_path / "r.gguf")
+    assert str(e.value).startswith(f"{src / 'config.json'}: ") and message in str(e.value), str(e.value)
+    assert not (tmp_path / "r.gguf").exists()
+
+
 @pytest.mark.parametrize("family", ["qwen2", "deepseek_v2", "llama"])
 @pytest.mark.parametrize("key", ["rope_parameters.rope_type", "rope_scaling.type", "rope_scaling.rope_type"])
 def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_path):
-    """A scaled RoPE the family does not convert (here dynamic NTK; DeepSeek-V2's yarn as released)
-    is refused naming the key the config spells it with and the types it does convert, before
+    """A scaled RoPE the family does not convert (here dynamic NTK) is refused naming the key the config spells it with and the types it does convert, before
     anything is written."""
     src = tmp_path / "src"
     shutil.copytree(family_dir(family), src)
@@ -860,7 +999,7 @@ def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_p
     with pytest.raises(UnsupportedError) as e:
         hf_to_gguf(src, tmp_path / "r.gguf")
     only = {"llama": "rope_type 'default' or 'llama3' or 'linear' or 'yarn'",
-            "qwen2": "rope_type 'default' or 'linear' or 'yarn'"}.get(family, "plain RoPE: rope_type 'default'")
+            "qwen2": "rope_type 'default' or 'linear' or 'yarn'", "deepseek_v2": "rope_type 'default' or 'yarn'"}[family]
     assert str(e.value) == f"{src / 'config.json'}: {key} = 'dynamic' is not converted (only {only})"
     assert not (tmp_path / "r.gguf").exists()
 
@@ -905,6 +1044,62 @@ def test_rope_freqs_that_are_not_llama3_are_refused(edit, message):
     with pytest.raises(UnsupportedError, match=re.escape(message)) as e:
         llama3_params_from_factors(edit(f), 10000.0, 16, path="m.gguf")
     assert e.value.tensor == "rope_freqs.weight"
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"mscale": 1.0}, "rope_parameters.mscale = 1.0 with mscale_all_dim = 0.707 is not converted (llama.cpp's "
+                      "deepseek2 takes mscale_all_dim for both, so cos and sin would be scaled differently)"),
+    ({"mscale": None}, "rope_parameters.mscale = None with mscale_all_dim = 0.707 is not converted"),
+    ({"mscale_all_dim": None}, "a yarn RoPE without rope_parameters.mscale_all_dim is not converted (llama.cpp's "
+                               "deepseek2 would scale attention by (1 + 0.1 ln factor)^2 where transformers does not)"),
+    ({"attention_factor": 1.0}, "rope_parameters.attention_factor = 1.0 is not converted (llama.cpp's deepseek2 "
+                                "ignores yarn_attn_factor and derives the factor from mscale_all_dim)"),
+])
+def test_deepseek_yarn_llama_cpp_would_run_differently_is_refused(edit, message, family_dir, tmp_path):
+    """DeepSeek's yarn converts with mscale == mscale_all_dim (as released) and no attention_factor:
+    llama.cpp's deepseek2 then scales exactly as transformers (tests/test_llamacpp.py); any other
+    combination is refused in one line, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("deepseek_v2_yarn"), src)
+    cfg = read_json(src / "config.json")
+    for k, v in edit.items():
+        if v is None:
+            cfg["rope_parameters"].pop(k)
+        else:
+            cfg["rope_parameters"][k] = v
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError) as e:
+        hf_to_gguf(src, tmp_path / "d.gguf")
+    assert str(e.value).startswith(f"{src / 'config.json'}: {message}"), str(e.value)
+    assert not (tmp_path / "d.gguf").exists()
+
+
+def test_deepseek_yarn_metadata_both_ways(family_dir, gguf_of, tmp_path):
+    """HF -> GGUF writes mscale_all_dim as llama.cpp's yarn_log_multiplier (0.1 x, as its converter:
+    tests/test_llamacpp_converter.py holds the bytes); GGUF -> HF gives back mscale = mscale_all_dim
+    = 0.707 as configs spell it.  A deepseek2 yarn file without the multiplier, or with a
+    yarn_attn_factor llama.cpp's deepseek2 ignores, is refused."""
+    import gguf
+    from gguf_util import rewrite_gguf
+
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    g = gguf_of("deepseek_v2_yarn")
+    with open_checkpoint(g) as ck:
+        assert ck.metadata["deepseek2.rope.scaling.yarn_log_multiplier"] == pytest.approx(0.0707, rel=1e-7)
+        assert ck.metadata["deepseek2.rope.scaling.type"] == "yarn"
+    rp = read_json(gguf_to_hf(g, tmp_path / "hf") / "config.json")["rope_parameters"]
+    assert rp == dict(read_json(family_dir("deepseek_v2_yarn") / "config.json")["rope_parameters"])
+    for kwargs, message in (
+            ({"drop": ("deepseek2.rope.scaling.yarn_log_multiplier",)},
+             "a yarn file without deepseek2.rope.scaling.yarn_log_multiplier is not converted"),
+            ({"set_kv": {"deepseek2.rope.scaling.yarn_attn_factor": (1.0, gguf.GGUFValueType.FLOAT32)}},
+             "deepseek2.rope.scaling.yarn_attn_factor is not converted")):
+        bad = rewrite_gguf(g, tmp_path / "bad.gguf", **kwargs)
+        with pytest.raises(UnsupportedError) as e:
+            gguf_to_hf(bad, tmp_path / "hf2")
+        assert str(e.value).startswith(f"{bad}: {message}"), str(e.value)
+        assert not (tmp_path / "hf2").exists()
+        bad.unlink()
 
 
 @pytest.mark.parametrize("extra", [{"mscale": 0.707}, {"mscale_all_dim": 1.0}, {"truncate": False}])

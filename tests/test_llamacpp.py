@@ -64,7 +64,7 @@ def _as_llamacpp_phimoe(model) -> None:
 # Families whose llama.cpp graph is not the transformers model (tested against transformers
 # patched to compute what llama.cpp's graph does; test_phimoe_llama_cpp_is_not_transformers
 # measures how far that is from transformers itself).
-LLAMACPP_GRAPH = {"phimoe": _as_llamacpp_phimoe}
+LLAMACPP_GRAPH = {"phimoe": _as_llamacpp_phimoe, "phimoe_longrope": _as_llamacpp_phimoe}
 
 
 def _rel(a: np.ndarray, ref: np.ndarray) -> float:
@@ -90,8 +90,9 @@ GEMMA3_BOUNDS = {"f32": 3e-3, "f16": 6e-3, "bf16": 4e-2, "q8_0": 1.5e-1}
 SOFTCAP_BOUNDS = {"f32": 1e-3, "f16": 4e-3, "bf16": 3e-2, "q8_0": 1e-1}
 # Scaled RoPE variants (llama3 / yarn / linear): weights drawn 5x as wide as the fixtures'
 # (initializer_range 0.1) so that the scaling moves the logits far past the f32 bound (see
-# test_rope_scaling_is_what_llama_cpp_applies); f32 stays within 1e-3 (observed <= 5.7e-4), the
-# rounded types see the wider weights (observed f16 <= 1.5e-3, bf16 <= 1.2e-2, q8_0 <= 4.4e-2).
+# test_rope_scaling_is_what_llama_cpp_applies); f32 stays within 1e-3 (observed <= 8.0e-4, phi3
+# longrope), the rounded types see the wider weights (observed f16 <= 1.6e-3, bf16 <= 1.6e-2,
+# q8_0 <= 4.4e-2).
 ROPE_BOUNDS = SOFTCAP_BOUNDS
 # qwen3_yarn at f32: 1.06e-3.  That is llama.cpp's default F16 KV cache: with an F32 cache the
 # same file matches transformers in float64 to 1.6e-6 (test_rope_scaling_is_what_llama_cpp_applies),
@@ -104,8 +105,14 @@ QWEN3_YARN_BOUNDS = dict(ROPE_BOUNDS, f32=2e-3)
 # 0.0024), and transformers itself, on the same bf16-rounded weights, jumps 0.025 at that position;
 # q8_0 0.046 at 1 position (transformers on the q8_0 weights: 0.040).  So for the rounded types
 # BOUNDS hold at all but MOE_JUMPS positions, and those stay within MOE_MAX.
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2_lite")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "phimoe", "deepseek_v2_lite", "phimoe_longrope")
 MOE_JUMPS = 2
+# phimoe_longrope: the rope factors are F32 tensors at every --dtype, so f32 / f16 show the RoPE
+# (observed 3.4e-4 / 1.1e-3, against transformers run as llama.cpp's phi3 graph); rounded types are phimoe's own test.  With its 5x wide weights,
+# llama.cpp's bf16 / q8_0 files flip a top-2 expert choice (measured: bf16 0.17 at 1 of 192
+# positions, q8_0 0.22) that transformers on the same bf16-rounded weights does not (0.003):
+# llama.cpp's phi3 graph routes from its own slightly different activations, not a RoPE effect.
+PHIMOE_LONGROPE_BOUNDS = {"f32": ROPE_BOUNDS["f32"], "f16": ROPE_BOUNDS["f16"]}
 MOE_MAX = {"bf16": 6e-2, "q8_0": 1e-1}
 
 
@@ -122,7 +129,8 @@ def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
     ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
     ref = _hf_logits(src, ids, LLAMACPP_GRAPH.get(family))
     bounds = {"gemma3": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS, "llama3_rope": ROPE_BOUNDS,
-              "qwen2_yarn": ROPE_BOUNDS, "qwen3_yarn": QWEN3_YARN_BOUNDS, "llama_linear": ROPE_BOUNDS}.get(family, BOUNDS)
+              "qwen2_yarn": ROPE_BOUNDS, "qwen3_yarn": QWEN3_YARN_BOUNDS, "llama_linear": ROPE_BOUNDS,
+              "phi3_longrope": ROPE_BOUNDS, "phimoe_longrope": PHIMOE_LONGROPE_BOUNDS}.get(family, BOUNDS)
     for dtype, bound in bounds.items():
         g = hf_to_gguf(src, tmp_path / f"m.{dtype}.gguf", dtype=dtype, name="tiny")
         if dtype == "f32":
@@ -314,32 +322,79 @@ def _without_scaling_keys(g: Path, out: Path) -> Path:
                                                                               "original_context_length")))
 
 
+def _without_longrope(g: Path, out: Path) -> Path:
+    from gguf_util import rewrite_gguf
+    return rewrite_gguf(g, out, drop=("phi3.rope.scaling.attn_factor",),
+                        tensors=lambda n, d: None if n.startswith("rope_factors_") else d)
+
+
+def _run_f32_cache(path: Path, ids: list[int], n_vocab: int, n_ctx: int = 512) -> np.ndarray:
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, verbose=False, n_threads=2,
+                          type_k=0, type_v=0)     # GGML_TYPE_F32 cache
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float64)[:, :n_vocab]
+    finally:
+        llm.close()
+
+
 # Exactness of each scaled RoPE: with an F32 KV cache (llama.cpp's default F16 cache rounds K and
 # V, which is most of the f32 bounds above) llama.cpp runs our f32 file like transformers in
-# float64 to within 1e-5 (observed <= 1.6e-6; float32 kernels), and without what carries the
-# scaling it runs plain RoPE, off by far more (measured: llama3 0.19, yarn 0.60, linear 0.61).
-@pytest.mark.parametrize("family, strip", [("llama3_rope", _without_rope_freqs), ("qwen2_yarn", _without_scaling_keys),
-                                           ("qwen3_yarn", _without_scaling_keys), ("llama_linear", _without_scaling_keys)])
-def test_rope_scaling_is_what_llama_cpp_applies(family, strip, family_src, tmp_path):
+# float64 to within 1e-5 (observed <= 3.6e-6; float32 kernels), and without what carries the
+# scaling it runs plain RoPE, off by far more (measured: llama3 0.19, yarn 0.60, linear 0.61,
+# longrope 0.46 short / 0.77 long, DeepSeek yarn 0.82).  Longrope both ways: the 192-token text with
+# n_ctx = original (512) runs the short factors in both; the 752-token LONG_TEXT with n_ctx 1024 the
+# long ones.  DeepSeek-V2-Lite's yarn (mscale = mscale_all_dim: llama.cpp scales kq by
+# (1 + 0.1 * 0.707 * ln 40)^2 = 1.59) is checked here only: with the default F16 cache its 27 wide
+# layers amplify the cache's rounding to 6.5e-2 at f32 (F32 cache: 3.1e-6), and its rounded
+# dtypes are deepseek_v2_lite's (the yarn keys are metadata, the same at every dtype).
+@pytest.mark.parametrize("family, strip, text, n_ctx", [
+    ("llama3_rope", _without_rope_freqs, MULTILINGUAL, 512), ("qwen2_yarn", _without_scaling_keys, MULTILINGUAL, 512),
+    ("qwen3_yarn", _without_scaling_keys, MULTILINGUAL, 512), ("llama_linear", _without_scaling_keys, MULTILINGUAL, 512),
+    ("phi3_longrope", _without_longrope, MULTILINGUAL, 512), ("phi3_longrope", _without_longrope, LONG_TEXT, 1024),
+    ("deepseek_v2_lite_yarn", _without_scaling_keys, MULTILINGUAL, 512)])
+def test_rope_scaling_is_what_llama_cpp_applies(family, strip, text, n_ctx, family_src, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = family_src(family)
-    ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64, attn_implementation="eager").eval()
+    ids = AutoTokenizer.from_pretrained(src).encode(text)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64, attn_implementation="eager",
+                                                 experts_implementation="eager").eval()   # grouped_mm has no float64
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
     plain = strip(g, tmp_path / "plain.gguf")
+    assert _rel(_run_f32_cache(g, ids, ref.shape[1], n_ctx), ref) <= 1e-5
+    assert _rel(_run_f32_cache(plain, ids, ref.shape[1], n_ctx), ref) > 0.05
 
-    def run(path):
-        llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=512, verbose=False, n_threads=2,
-                              type_k=0, type_v=0)     # GGML_TYPE_F32 cache
-        try:
-            llm.eval(ids)
-            return np.array(llm.scores[: len(ids)], dtype=np.float64)[:, : ref.shape[1]]
-        finally:
-            llm.close()
 
-    assert _rel(run(g), ref) <= 1e-5
-    assert _rel(run(plain), ref) > 0.05
+def test_phimoe_long_mscale_is_not_applied_by_llama_cpp(family_src, tmp_path):
+    """With n_ctx past the original context llama.cpp runs the long factors with the one attention
+    factor its converter writes (the short one); transformers' Phimoe runs the short factors at
+    every length (its rotary embedding recomputes them without the sequence length) with
+    long_mscale past the original context.  On the 752-token text our file runs like transformers
+    given short_factor = long_factor and long_mscale = short_mscale (observed 1.8e-6; both as
+    llama.cpp's phi3 graph) and unlike it with the config as it is (observed 0.67).  The
+    conversion warns about both."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf_report
+    src = family_src("phimoe_longrope")
+    ids = AutoTokenizer.from_pretrained(src).encode(LONG_TEXT)
+    same = tmp_path / "same"
+    shutil.copytree(src, same)
+    cfg = json.loads((same / "config.json").read_text())
+    cfg["rope_parameters"]["long_mscale"] = cfg["rope_parameters"]["short_mscale"]
+    cfg["rope_parameters"]["short_factor"] = cfg["rope_parameters"]["long_factor"]
+    (same / "config.json").write_text(json.dumps(cfg))
+    ref, like = _hf_logits(src, ids, _as_llamacpp_phimoe), _hf_logits(same, ids, _as_llamacpp_phimoe)
+    rep = hf_to_gguf_report(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    assert [w for w in rep.warnings if "long_mscale = 1.3 past 512 tokens" in w], rep.warnings
+    assert [w for w in rep.warnings if "Phimoe runs the short ones at every length" in w], rep.warnings
+    got = _run_f32_cache(Path(rep.output), ids, ref.shape[1], 1024)
+    assert _rel(got, like) <= 1e-5, _rel(got, like)     # F32 cache: float32 kernels only
+    assert _rel(got, ref) > 20 * BOUNDS["f32"], _rel(got, ref)

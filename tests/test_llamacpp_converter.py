@@ -48,7 +48,8 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'", "falcon_mq_nobias": "RuntimeError: shape '[4, 3, 16, 64]'"}
 FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
-            "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2")
+            "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2",
+            "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {

@@ -131,6 +131,8 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "rope.scaling.yarn_attn_factor": Bounds("float", 0, F32_MAX, above=True),
     "rope.scaling.yarn_beta_fast": Bounds("float", 0, F32_MAX, above=True),
     "rope.scaling.yarn_beta_slow": Bounds("float", 0, F32_MAX, above=True),
+    "rope.scaling.attn_factor": Bounds("float", 0, F32_MAX, above=True),
+    "rope.scaling.yarn_log_multiplier": Bounds("float", 0, F32_MAX, above=True),
     "attention.layer_norm_rms_epsilon": EPSILON,
     "attention.layer_norm_epsilon": EPSILON,
     "use_parallel_residual": Bounds("bool"),

@@ -197,8 +197,13 @@ class Conversion:
     # checkpoints need trust_remote_code: no transformers class of its own reads them here)
     hf_to_gguf: bool = True
     # scaled RoPE types converted (rope_type values; every other one is refused): "llama3" is
-    # llama.cpp's rope_freqs.weight tensor (conversion/rope_llama3.py)
+    # llama.cpp's rope_freqs.weight tensor (conversion/rope_llama3.py), "longrope" its
+    # rope_factors_long / _short tensors and rope.scaling.attn_factor (conversion/rope_longrope.py)
     rope_scalings: tuple = ()
+    # longrope's attention factor is the config's short_mscale / long_mscale (modeling_phimoe)
+    longrope_mscales: bool = False
+    # yarn with DeepSeek's mscale / mscale_all_dim as rope.scaling.yarn_log_multiplier (conversion/rope_yarn_mscale.py)
+    yarn_log_mul: bool = False
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -639,7 +644,8 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(
                _PHI3_TENSORS, _LLAMA_HPARAMS + ("orig_ctx", "sliding_window"), hf_config_extra=_SILU,
                hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
-               hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"}),
+               hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"},
+               rope_scalings=("longrope",)),   # Phi-3-128k, Phi-3.5-mini, Phi-4-mini
            residual_readers_centering=False),
     # residual readers: modeling_phi: the parallel block reads input_layernorm (nn.LayerNorm); final_layernorm feeds lm_head
     Family("phi", ("phi",), ("phi2",), "layers.{L}.",
@@ -787,6 +793,7 @@ FAMILIES: tuple[Family, ...] = (
                llamacpp_needs=(("attention_bias", False, "llama.cpp's deepseek2 graph has no attention bias slots"),
                                ("mlp_bias", False, "llama.cpp's deepseek2 graph has no MLP bias slots"),
                                *_DEEPSEEK2_NEEDS),
+               rope_scalings=("yarn",), yarn_log_mul=True,    # DeepSeek-V2 / V2-Lite: factor 40, mscale 0.707
                notes="kv_b_proj is written as attn_k_b (per head, transposed) and attn_v_b, as llama.cpp's "
                      "converter does for its absorbed MLA; head_count_kv is 1 (MLA as MQA)"),
            residual_readers_centering=False),
@@ -819,7 +826,7 @@ FAMILIES: tuple[Family, ...] = (
                hf_config_extra=_SILU, hf_rename={"num_experts": "num_local_experts"}, eps_norm="rms",
                hparam_unset={"sliding_window": 0},   # Phi3MiniModel.set_gguf_parameters
                hf_from_gguf={"rope.scaling.original_context_length": "original_max_position_embeddings"},
-               llamacpp_needs=_PHIMOE_NEEDS,
+               llamacpp_needs=_PHIMOE_NEEDS, rope_scalings=("longrope",), longrope_mscales=True,
                llamacpp_differs="llama.cpp runs phimoe with its phi3 graph: RMS norm plus the LayerNorm bias (no mean "
                                 "subtraction) and softmax top-2 routing where transformers runs LayerNorm and "
                                 "sparsemixer, so its logits are not transformers' (4.8e-2 relative on a tiny model; "

@@ -35,6 +35,7 @@ if TYPE_CHECKING:     # numpy is imported where used, after the model-check chil
 
 DEFAULT_SHARD_BYTES = 5 * 2**30    # like save_pretrained's "5GB" shards
 ROPE_FREQS = "rope_freqs.weight"    # llama.cpp's per-dimension rope factors (llama3 scaling)
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")   # longrope's (Phi-3)
 _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_train default
 
 # GGUF tensor type -> safetensors dtype whose bytes are identical (raw copy possible).
@@ -93,6 +94,18 @@ def _set_rope(cfg: dict, spec: N.ArchSpec, hp: dict, arch: str, warnings: list[s
             cfg.pop(key, None)
 
 
+def _longrope_tensors(ck, spec: N.ArchSpec, src: Path):
+    """(long, short) factors of a longrope file whose family converts it, else None."""
+    present = [n for n in LONGROPE_TENSORS if n in ck.tensors]
+    if not present or "longrope" not in spec.rope_scalings:
+        return None
+    if len(present) == 1:
+        missing = next(n for n in LONGROPE_TENSORS if n not in present)
+        raise FormatError(f"absent beside {present[0]}: llama.cpp needs both longrope factor tensors",
+                          path=str(src), tensor=missing)
+    return tuple(ck.read(n) for n in LONGROPE_TENSORS)
+
+
 def _set_special_ids(cfg: dict, meta: dict, path: str | None) -> None:
     """bos/eos/pad/unk token ids from the tokenizer metadata (null when absent or past the vocabulary)."""
     from .tokenizer import SPECIAL_KEYS
@@ -104,7 +117,7 @@ def _set_special_ids(cfg: dict, meta: dict, path: str | None) -> None:
 
 
 def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: str, tied: bool,
-                        path: str | None = None, rope_freqs=None) -> tuple[dict, list[str]]:
+                        path: str | None = None, rope_freqs=None, longrope=None) -> tuple[dict, list[str]]:
     """``config.json`` contents for a GGUF (metadata + tensor table), and warnings.
 
     The generic GGUF -> HF key map is :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf`
@@ -157,6 +170,21 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         dim = hp.get("rotary_dim") or base.get("head_dim")
         scaling = llama3_params_from_factors(rope_freqs, hp.get("rope_theta", _LLAMACPP_DEFAULT_THETA), int(dim),
                                              path=path)
+    attn_factor = gguf_hparam(meta, arch, "rope.scaling.attn_factor", path=path)
+    if longrope is not None:        # llama.cpp's longrope factors -> transformers' rope parameters
+        from .rope_longrope import longrope_from_gguf
+        scaling = longrope_from_gguf(*longrope, attn_factor, hp.get("orig_ctx"), cfg["max_position_embeddings"],
+                                     rotary_dim=int(hp.get("rotary_dim") or base.get("head_dim")),
+                                     mscales=spec.longrope_mscales, path=path)
+    elif spec.yarn_log_mul and (base.get("rope_parameters") or {}).get("rope_type") == "yarn":
+        from .rope_yarn_mscale import LOG_MUL, yarn_mscale_from_gguf
+        if (base["rope_parameters"]).get("attention_factor") is not None:
+            raise UnsupportedError(f"{arch}.rope.scaling.yarn_attn_factor is not converted (llama.cpp's {arch} "
+                                   "ignores it, transformers would apply it)", path=path)
+        scaling = yarn_mscale_from_gguf(gguf_hparam(meta, arch, LOG_MUL, path=path), arch, path)
+    if longrope is None and attn_factor not in (None, 1.0):
+        raise UnsupportedError(f"{arch}.rope.scaling.attn_factor = {attn_factor:g} is not converted (llama.cpp "
+                               "multiplies cos and sin by it; only longrope files carry it here)", path=path)
     _set_rope(cfg, spec, hp, arch, warnings, scaling)
     hp = dict(hp, head_dim=base.get("head_dim"))
     N.fixed_to_hf(spec, cfg, hp)
@@ -263,6 +291,8 @@ def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config:
             continue       # byte-identical duplicate of token_embd (tied): the HF model shares it
         if gname == ROPE_FREQS and "llama3" in spec.rope_scalings:
             continue       # llama3 rope factors: in config.json's rope_parameters (hf_config_from_gguf)
+        if gname in LONGROPE_TENSORS and "longrope" in spec.rope_scalings:
+            continue       # longrope factors: in config.json's rope_parameters too
         hit = names.match(gname)
         if hit is None:
             raise UnsupportedError(f"no HF name for this tensor in the {arch} mapping (the converted model "
@@ -390,7 +420,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
         rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src),
-                                               rope_freqs=rope_freqs)
+                                               rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
         hp = _hparams(meta, arch, str(src))
         plan = _tensor_plan(ck, spec, arch, tied, src, config)
 

@@ -227,6 +227,8 @@ class ArchSpec:
     gguf_values: dict = field(default_factory=dict)   # hyper-parameter -> value written whatever the config
     hf_to_gguf: bool = True              # False: read GGUF -> HF only (InternLM2 as Llama)
     rope_scalings: tuple = ()            # scaled rope types converted ("llama3": rope_freqs.weight)
+    longrope_mscales: bool = False       # longrope's attention factor: short_mscale / long_mscale
+    yarn_log_mul: bool = False           # yarn's mscale / mscale_all_dim as rope.scaling.yarn_log_multiplier
     notes: str = ""
 
 
@@ -249,7 +251,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         llamacpp_needs=conv.llamacpp_needs, hf_config_cases=conv.hf_config_cases, hf_alt_when=conv.hf_alt_when,
         hparam_required=conv.hparam_required, hparam_sums=conv.hparam_sums, gguf_values=conv.gguf_values,
         hf_float32=conv.hf_float32, llamacpp_differs=conv.llamacpp_differs, hf_to_gguf=conv.hf_to_gguf,
-        rope_scalings=conv.rope_scalings, notes=conv.notes)
+        rope_scalings=conv.rope_scalings, longrope_mscales=conv.longrope_mscales,
+        yarn_log_mul=conv.yarn_log_mul, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:

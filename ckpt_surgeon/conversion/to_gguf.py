@@ -163,11 +163,13 @@ def _check_rope_scaling(raw: dict, cfg: dict, path: str, allowed: tuple = ()) ->
     """A scaled RoPE (yarn, linear, ...) other than the family's ``allowed`` ones is refused, named
     by the key the config file spells it with (``raw``: config.json as written; transformers
     rewrites ``rope_scaling`` into ``rope_parameters`` in ``cfg``), as every refused setting is.
-    Every spelling is checked, in both."""
+    Every spelling is checked, in both.  Phi-3's early configs spell longrope "su" (transformers
+    and llama.cpp's converter read it as longrope)."""
+    aliases = ("su",) if "longrope" in allowed else ()
     for conf in (raw, cfg):
         for key in _ROPE_TYPE_KEYS:
             rope_type = N.config_get(conf, (key,))
-            if rope_type not in (None, "default") + tuple(allowed):
+            if rope_type not in (None, "default") + tuple(allowed) + aliases:
                 only = " or ".join(repr(t) for t in ("default",) + tuple(allowed))
                 kind = "rope_type" if allowed else "plain RoPE: rope_type"
                 raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only {kind} {only})", path=path)
@@ -194,7 +196,8 @@ def _rope_scaling_kvs(cfg: dict, spec: N.ArchSpec, path: str | None) -> list:
     kvs = [gw.KV(f"{arch}.rope.scaling.type", gw.VT.STRING, kind),
            gw.KV(f"{arch}.rope.scaling.factor", gw.VT.FLOAT32, float(factor))]
     if kind == "yarn":
-        extra = sorted(k for k in rp if k not in _ROPE_BASE_KEYS and k not in _YARN_KEYS)
+        mscales = ("mscale", "mscale_all_dim") if spec.yarn_log_mul else ()
+        extra = sorted(k for k in rp if k not in _ROPE_BASE_KEYS and k not in _YARN_KEYS and k not in mscales)
         if extra:
             raise UnsupportedError(f"rope_parameters.{extra[0]} = {rp[extra[0]]!r} is not converted (a yarn RoPE "
                                    f"converts with {', '.join(_YARN_KEYS)} only: GGUF has no key for it)", path=path)
@@ -203,9 +206,14 @@ def _rope_scaling_kvs(cfg: dict, spec: N.ArchSpec, path: str | None) -> list:
             raise ConfigError(f"rope_parameters.original_max_position_embeddings = {orig!r}: a yarn RoPE needs it",
                               path=path)
         kvs.append(gw.KV(f"{arch}.rope.scaling.original_context_length", gw.VT.UINT32, orig))
+        if spec.yarn_log_mul:           # DeepSeek: mscale / mscale_all_dim (checked before any key is kept)
+            from .rope_yarn_mscale import yarn_mscale_to_gguf
+            log_mul = yarn_mscale_to_gguf(rp, arch, path)
         for key, suffix in _YARN_KEYS.items():
             if rp.get(key) is not None:
                 kvs.append(gw.KV(f"{arch}.{suffix}", gw.VT.FLOAT32, float(rp[key])))
+        if spec.yarn_log_mul:
+            kvs += [gw.KV(k, gw.VT.FLOAT32, float(v)) for k, v in log_mul]
     return kvs
 
 
@@ -221,6 +229,33 @@ def _rope_freqs_planned(facts: dict, cfg: dict, path: str | None) -> list:
     arr = np.asarray(values, np.float32)
     return [_Planned("(rope_parameters: llama3)", "rope_freqs.weight", "none", arr.shape, "F32", arr.nbytes, "F32",
                      data=arr.tobytes())]
+
+
+def _check_longrope_raw(raw: dict, path: str | None) -> None:
+    """A longrope config's factor lists, as config.json spells them, checked before transformers
+    reads them (:func:`.rope_longrope.check_factor_lists`)."""
+    for spelling in ("rope_parameters", "rope_scaling"):
+        rp = full_attention_rope(raw.get(spelling))
+        if rp.get("rope_type", rp.get("type")) in ("longrope", "su"):
+            from .rope_longrope import check_factor_lists
+            check_factor_lists(rp, spelling, path)
+
+
+def _longrope_parts(cfg: dict, raw: dict, spec: N.ArchSpec, hp: dict, path: str | None) -> tuple[list, list, list]:
+    """llama.cpp's ``rope_factors_long`` / ``_short`` tensors, ``rope.scaling.attn_factor`` and the
+    warnings for a longrope config (:mod:`.rope_longrope`); nothing for another RoPE."""
+    rp = full_attention_rope(cfg.get("rope_parameters"))
+    if rp.get("rope_type") != "longrope":
+        return [], [], []
+    from .rope_longrope import LONG, longrope_to_gguf
+    raw_rp = full_attention_rope(raw.get("rope_parameters") or raw.get("rope_scaling"))
+    # config.json's top-level original context, when its rope dict has none (the model class may not read it)
+    raw_orig = None if "original_max_position_embeddings" in raw_rp else raw.get("original_max_position_embeddings")
+    tensors, keys, warnings = longrope_to_gguf(rp, hp, spec.gguf_arch, mscales=spec.longrope_mscales, path=path,
+                                               raw_orig=raw_orig)
+    planned = [_Planned(f"(rope_parameters: {'long' if name == LONG else 'short'}_factor)", name, "none",
+                        arr.shape, "F32", arr.nbytes, "F32", data=arr.tobytes()) for name, arr in tensors]
+    return planned, [gw.KV(k, gw.VT.FLOAT32, float(v)) for k, v in keys], warnings
 
 
 def _check_llamacpp_fixed(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
@@ -443,6 +478,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
         raise UnsupportedError(f"model_type {raw.get('model_type')!r} needs remote code (auto_map) and has no "
                                f"GGUF mapping here (supported: {', '.join(N.supported_model_types())})",
                                path=ck.config_path)
+    _check_longrope_raw(raw, ck.config_path)
     facts = _probe_hf_folder(folder, ck.config_path, isolate)
     cfg = facts["config"]
     spec = N.by_model_type(cfg.get("model_type"))
@@ -466,12 +502,15 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
     hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-    plan = _rope_freqs_planned(facts, cfg, ck.config_path) + _plan_tensors(ck, got, spec, dtype, src, warnings, hp)
+    longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
+    warnings += longrope_warnings
+    plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
+            + _plan_tensors(ck, got, spec, dtype, src, warnings, hp))
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
     kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
-    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path)
+    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
     return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
 
 
