@@ -49,6 +49,16 @@ VARIANTS = {
     "qwen3": ("qwen3", {"attention_bias": False}, 0.0),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}, 0.3),
+    # Gemma 3 4B / 12B / 27B's RoPE: linear factor 8 on the full-attention layers, the sliding ones
+    # plain (transformers 5 nests rope parameters per layer type); weights 5x wide as the other
+    # RoPE variants
+    "gemma3_linear": ("gemma3", {"num_hidden_layers": 6, "attention_bias": False,
+                                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+                                 "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                        "rope_theta": 1000000.0},
+                                                     "sliding_attention": {"rope_type": "default",
+                                                                           "rope_theta": 10000.0}},
+                                 "initializer_range": 0.1}, 0.3),
     # Gemma 2 as released: no attention biases (llama.cpp's gemma2 has no attn_output bias slot);
     # norm weights ~ N(0, 0.3) make a wrong 1 + w shift visible
     "gemma2": ("gemma2", {"attention_bias": False}, 0.3),
@@ -144,7 +154,7 @@ LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite", "phi3_longrope",
-                     "phimoe_longrope")
+                     "phimoe_longrope", "gemma3_linear")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

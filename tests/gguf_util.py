@@ -263,7 +263,10 @@ def rewrite_gguf(src: Path, dst: Path, *, drop=(), set_kv: dict | None = None, t
             continue
         vtype = f.types[0]
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, set_kv.pop(key) if key in set_kv else f.contents(), vtype, sub_type=sub)
+        value = set_kv.pop(key) if key in set_kv else f.contents()
+        if isinstance(value, tuple):     # (value, type), as for a key the file lacks: the file's type kept
+            value = value[0]
+        w.add_key_value(key, value, vtype, sub_type=sub)
     for key, (val, vtype) in set_kv.items():
         w.add_key_value(key, val, vtype)
     for t in r.tensors:

@@ -138,7 +138,7 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
         assert bool(saved32) == family.startswith("deepseek_v2")
 
 
-@pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1)])
+@pytest.mark.parametrize("family,norms", [("gemma3", 6 * 6 + 1), ("gemma2", 2 * 4 + 1), ("gemma3_linear", 6 * 6 + 1)])
 def test_gemma_round_trip_exact_except_one_rounding_in_norms(family, norms, family_dir, tmp_path):
     """Gemma stores norms as w and applies 1 + w; llama.cpp's file holds 1 + w (in F32).  The
     round trip is exact for every other tensor; a norm weight can move by the one rounding
@@ -158,6 +158,8 @@ def test_gemma_round_trip_exact_except_one_rounding_in_norms(family, norms, fami
         else:
             assert b[name] == (dt, shape, raw), name
     assert shifted == norms   # every norm of every layer (6 in Gemma 3, 4 in Gemma 2) + the final one
+    # the rope parameters come back as given (Gemma 3's linear scaling: on the full-attention layers only)
+    assert read_json(out / "config.json")["rope_parameters"] == read_json(src / "config.json")["rope_parameters"]
 
 
 _QTYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "llama.cpp:Q4_0", "llama.cpp:Q5_1")
@@ -1002,6 +1004,68 @@ def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_p
             "qwen2": "rope_type 'default' or 'linear' or 'yarn'", "deepseek_v2": "rope_type 'default' or 'yarn'"}[family]
     assert str(e.value) == f"{src / 'config.json'}: {key} = 'dynamic' is not converted (only {only})"
     assert not (tmp_path / "r.gguf").exists()
+
+
+def test_gemma3_published_rope_scaling_converts_and_other_scalings_are_refused(family_dir, gguf_of, tmp_path):
+    """Gemma 3 4B / 12B / 27B's config.json spells `rope_scaling: {rope_type: linear, factor: 8}`,
+    which transformers applies to the full-attention layers only, as llama.cpp applies
+    rope.scaling.factor; it converts both ways.  Scaling the sliding layers (llama.cpp keeps them at
+    scale 1) or another type is refused by the key that says it, and GGUF -> HF refuses a scaling
+    type the architecture does not convert."""
+    import gguf
+    from gguf_util import rewrite_gguf
+
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("gemma3"), src)
+    cfg = read_json(src / "config.json")
+    cfg.pop("rope_parameters")
+    cfg.update(rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    (src / "config.json").write_text(json.dumps(cfg))
+    g = hf_to_gguf(src, tmp_path / "g.gguf", dtype="f32", name="tiny")
+    with open_checkpoint(g) as ck:
+        assert ck.metadata["gemma3.rope.scaling.type"] == "linear" and ck.metadata["gemma3.rope.scaling.factor"] == 8.0
+    rp = read_json(gguf_to_hf(g, tmp_path / "hf") / "config.json")["rope_parameters"]
+    assert rp == {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    for layer, rope, only in (("sliding_attention", {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+                               "plain RoPE: rope_type 'default'"),
+                              ("full_attention", {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1000000.0,
+                                                  "original_max_position_embeddings": 64},
+                               "rope_type 'default' or 'linear'")):
+        bad = tmp_path / f"bad-{layer}"
+        shutil.copytree(family_dir("gemma3_linear"), bad)
+        cfg = read_json(bad / "config.json")
+        cfg["rope_parameters"][layer] = rope
+        (bad / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(UnsupportedError) as e:
+            hf_to_gguf(bad, tmp_path / "r.gguf")
+        assert str(e.value) == (f"{bad / 'config.json'}: rope_parameters.{layer}.rope_type = {rope['rope_type']!r} "
+                                f"is not converted (only {only})")
+        assert not (tmp_path / "r.gguf").exists()
+    for family, arch, stype, only in (("gemma3_linear", "gemma3", "yarn", "'none' or 'linear'"),
+                                      ("gemma2", "gemma2", "linear", "'none'")):
+        bad = rewrite_gguf(gguf_of(family), tmp_path / f"{family}.gguf",
+                           set_kv={f"{arch}.rope.scaling.type": (stype, gguf.GGUFValueType.STRING)})
+        with pytest.raises(UnsupportedError) as e:
+            gguf_to_hf(bad, tmp_path / "hf2")
+        assert str(e.value) == (f"{bad}: {arch}.rope.scaling.type = {stype!r} is not converted for this architecture "
+                                f"(only {only})")
+        assert not (tmp_path / "hf2").exists()
+
+
+def test_remote_code_model_without_a_mapping_is_refused_by_its_model_type(family_dir, tmp_path):
+    """A folder whose model_type needs remote code (auto_map) and has no registry row is refused
+    before transformers is asked (it would ask to run that code), naming the model_type."""
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("qwen2"), src)
+    cfg = read_json(src / "config.json")
+    cfg.update(model_type="baichuan", auto_map={"AutoConfig": "configuration_baichuan.BaichuanConfig"})
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError, match="model_type 'baichuan' needs remote code \\(auto_map\\) and has no "
+                                               "GGUF mapping here"):
+        hf_to_gguf(src, tmp_path / "b.gguf")
+    assert not (tmp_path / "b.gguf").exists()
 
 
 def test_q8_0_fallback_is_one_warning_per_hf_tensor(family_dir, tmp_path):

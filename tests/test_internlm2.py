@@ -1,4 +1,4 @@
-"""InternLM2 GGUF -> HF: llama.cpp's own converter writes the GGUF, transformers runs ours.
+"""InternLM2 both ways, against llama.cpp's own converter and runtime.
 
 InternLM2's HF checkpoints need ``trust_remote_code`` (``modeling_internlm2`` is not in
 transformers), so nothing here can run one; llama.cpp's ``convert_hf_to_gguf.py`` converts it
@@ -7,10 +7,12 @@ The fixture is an InternLM2-layout folder holding the weights of a known tiny
 ``LlamaForCausalLM``: ``wqkv`` packed per kv group as ``[q heads of the group; k; v]`` (InternLM2's
 layout, which the reference converter unpacks), ``w1``/``w3``/``w2`` for gate/up/down.  So:
 
-* our GGUF -> HF of the reference's file gives back every weight of that llama bit for bit
-  (the Q/K un-permutation inverts the reference's ``LlamaModel.permute``);
-* llama.cpp runs the internlm2 file like transformers runs our HF folder (f32: 1e-3, as for every
-  family in tests/test_llamacpp.py);
+* our HF -> GGUF of the InternLM2 folder is byte-identical to the reference's at f32 / f16 /
+  bf16 / q8_0, metadata a superset, also for a chat tokenizer with the reference's quirks;
+* our GGUF -> HF of either file gives back every weight of that llama bit for bit (the Q/K
+  un-permutation inverts the reference's ``LlamaModel.permute``);
+* llama.cpp runs either internlm2 file like transformers runs our HF folder (f32: 1e-3, as for
+  every family in tests/test_llamacpp.py);
 * the tokenizer rebuilt from the file tokenizes like llama.cpp's own vocabulary.
 """
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert_variants import MULTILINGUAL, hf_tensor_bytes, train_spm
-from test_llamacpp_converter import _run_reference
+from convert_variants import MULTILINGUAL, gguf_metadata, hf_tensor_bytes, train_spm
+from test_llamacpp_converter import EXEMPT, OUTTYPES, _run_reference, _tensors
 
 from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
 from ckpt_surgeon.errors import UnsupportedError
@@ -94,10 +96,75 @@ def internlm2(tiny, tmp_path_factory):
         "bias": False, "hidden_act": "silu", "tie_word_embeddings": False,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}))
     (root / "ref").mkdir()
-    r = _run_reference(ilm, root / "ref", ("f32",))
+    r = _run_reference(ilm, root / "ref", OUTTYPES)
     if r.returncode != 0:
         pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed on InternLM2: {r.stderr.strip()[-1500:]}")
     return llama, ilm, root / "ref" / "f32.gguf"
+
+
+@pytest.fixture(scope="module")
+def internlm2_chat(internlm2, tmp_path_factory):
+    """The same weights as a chat checkpoint's folder: tokenizer.model with a literal "\\x00" piece
+    and [UNUSED_TOKEN_*] pieces (InternLM2's own tokenizer has both), two of them renamed to
+    <|im_start|> / <|im_end|> by tokenizer_config.json (special), which names the remote-code
+    tokenizer class; and llama.cpp's reference f32 file of it."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    _, ilm, _ = internlm2
+    root = tmp_path_factory.mktemp("internlm2-chat")
+    chat = root / "internlm2-chat"
+    shutil.copytree(ilm, chat)
+    m = pb.ModelProto()
+    m.ParseFromString((chat / "tokenizer.model").read_bytes())
+    n = len(m.pieces)
+    for i, piece in zip(range(n - 4, n), ("\x00", "[UNUSED_TOKEN_141]", "[UNUSED_TOKEN_142]", "[UNUSED_TOKEN_143]")):
+        m.pieces[i].piece = piece
+        m.pieces[i].type = pb.ModelProto.SentencePiece.USER_DEFINED
+    (chat / "tokenizer.model").write_bytes(m.SerializeToString())
+    (chat / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "InternLM2Tokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_internlm2.InternLM2Tokenizer", None]},
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "added_tokens_decoder": {str(n - 2): {"content": "<|im_start|>", "special": True},
+                                 str(n - 1): {"content": "<|im_end|>", "special": True}},
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"}))
+    (root / "ref").mkdir()
+    r = _run_reference(chat, root / "ref", ("f32",))
+    if r.returncode != 0:
+        pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed on InternLM2 chat: {r.stderr.strip()[-1500:]}")
+    return chat, root / "ref" / "f32.gguf", n
+
+
+def test_chat_tokenizer_quirks_are_llama_cpp_converters(internlm2_chat, tmp_path, monkeypatch):
+    """llama.cpp's InternLM2Model writes "\\x00" as "🐉" (llama.cpp would read it as an empty
+    string), types [UNUSED*] pieces UNUSED, the added tokens CONTROL with score -1000, and makes
+    <|im_end|> the eos: ours writes the same keys with the same values, tensors byte-identical.
+    Without those quirks (the registry's spm_quirks) the generic SentencePiece path differs from
+    it in all four."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    chat, ref, n = internlm2_chat
+    ours = hf_to_gguf(chat, tmp_path / "c.gguf", dtype="f32", name="tiny")
+    a, b = _tensors(ours), _tensors(ref)
+    assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in b)
+    meta_a, _ = gguf_metadata(ours)
+    meta_b, _ = gguf_metadata(ref)
+    for key, value in meta_b.items():
+        if key not in EXEMPT:
+            assert meta_a.get(key) == value, (key, str(meta_a.get(key))[:200], str(value)[:200])
+    with open_checkpoint(ours) as ck:
+        md = ck.metadata
+    assert md["tokenizer.ggml.tokens"][n - 4:] == ["\U0001f409", "[UNUSED_TOKEN_141]", "<|im_start|>", "<|im_end|>"]
+    # (SentencePiece's IsUnused holds for its user-defined pieces too: the reference types both 5)
+    assert md["tokenizer.ggml.token_type"][n - 4:] == [5, 5, 3, 3]
+    assert md["tokenizer.ggml.eos_token_id"] == n - 1
+    import dataclasses
+
+    from ckpt_surgeon.conversion import names as N
+    by_model_type = N.by_model_type
+    monkeypatch.setattr(N, "by_model_type", lambda mt: dataclasses.replace(by_model_type(mt), spm_quirks=None)
+                        if mt == "internlm2" else by_model_type(mt))
+    plain, _ = gguf_metadata(hf_to_gguf(chat, tmp_path / "plain.gguf", dtype="f32", name="tiny"))
+    for key in ("tokens", "scores", "token_type", "eos_token_id"):
+        assert plain[f"tokenizer.ggml.{key}"] != meta_b[f"tokenizer.ggml.{key}"], key
 
 
 def test_reference_file_is_internlm2(internlm2):
@@ -122,11 +189,16 @@ def test_gguf_to_hf_gives_back_the_llama_weights_bit_for_bit(internlm2, tmp_path
         assert got[n] == want[n], n
 
 
-def test_llama_cpp_runs_the_internlm2_file_like_transformers_runs_ours(internlm2, tmp_path):
+@pytest.mark.parametrize("which", ["reference", "ours"])
+def test_llama_cpp_runs_the_internlm2_file_like_transformers_runs_ours(which, internlm2, tmp_path):
+    """llama.cpp runs the internlm2 file (its converter's, or ours of the same InternLM2 folder) like
+    transformers runs our GGUF -> HF folder of it (which is the fixture's llama, bit for bit)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, _, ref = internlm2
+    _, ilm, ref = internlm2
+    if which == "ours":
+        ref = hf_to_gguf(ilm, tmp_path / "ours.gguf", dtype="f32", name="tiny")
     out = gguf_to_hf(ref, tmp_path / "hf", dtype="float32")
     ids = AutoTokenizer.from_pretrained(out).encode(MULTILINGUAL, add_special_tokens=False)
     vocab_only = llama_cpp.Llama(model_path=str(ref), vocab_only=True, verbose=False)
@@ -150,17 +222,61 @@ def test_llama_cpp_runs_the_internlm2_file_like_transformers_runs_ours(internlm2
     assert rel <= 1e-3, rel
 
 
-def test_internlm2_is_gguf_to_hf_only(internlm2, tmp_path):
-    """An HF llama folder still converts to llama (not internlm2); an InternLM2 HF folder is
-    refused naming its model_type (no transformers class reads it here)."""
-    llama, ilm, _ = internlm2
+def test_hf_to_gguf_is_identical_to_llama_cpp_converter(internlm2, tmp_path):
+    """Our HF -> GGUF of the InternLM2 folder against llama.cpp's InternLM2Model at every outtype:
+    the same tensors (wqkv split into attn_q / attn_k / attn_v, q and k permuted), byte for byte,
+    and every metadata key it writes written with its value (bar the provenance labels)."""
+    _, ilm, ref = internlm2
+    for outtype in OUTTYPES:
+        ours = hf_to_gguf(ilm, tmp_path / f"{outtype}.gguf", dtype=outtype, name="tiny")
+        a, b = _tensors(ours), _tensors(ref.with_name(f"{outtype}.gguf"))
+        assert sorted(a) == sorted(b), (outtype, sorted(set(a) ^ set(b)))
+        for name in b:
+            assert a[name] == b[name], (outtype, name)
+        meta_a, _ = gguf_metadata(ours)
+        meta_b, _ = gguf_metadata(ref.with_name(f"{outtype}.gguf"))
+        for key, value in meta_b.items():
+            if key not in EXEMPT:
+                assert meta_a.get(key) == value, (outtype, key, meta_a.get(key), value)
+
+
+def test_internlm2_round_trips_through_llama(internlm2, tmp_path):
+    """InternLM2 HF -> GGUF (internlm2) -> HF gives the llama the fixture was made from, bit for
+    bit; and a llama HF folder still converts to llama.cpp's llama, not internlm2."""
     from ckpt_surgeon.checkpoint import open_checkpoint
-    g = hf_to_gguf(llama, tmp_path / "l.gguf", dtype="f32")
-    with open_checkpoint(g) as ck:
+    llama, ilm, _ = internlm2
+    g = hf_to_gguf(ilm, tmp_path / "i.gguf", dtype="f32", name="tiny")
+    out = gguf_to_hf(g, tmp_path / "hf", dtype="float32")
+    want, got = hf_tensor_bytes(llama), hf_tensor_bytes(out)
+    assert set(got) == set(want)
+    for n in want:
+        assert got[n] == want[n], n
+    with open_checkpoint(hf_to_gguf(llama, tmp_path / "l.gguf", dtype="f32")) as ck:
         assert ck.metadata["general.architecture"] == "llama"
-    with pytest.raises(UnsupportedError, match="model_type .internlm2. needs remote code") as e:
-        hf_to_gguf(ilm, tmp_path / "i.gguf", dtype="f32")
-    assert "internlm2" in str(e.value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"bias": True}, "bias = True is not converted (llama.cpp's internlm2 graph has no attn_output bias slot); "
+                     "only bias = False is"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     "rope_scaling.type = 'dynamic' is not converted (only plain RoPE: rope_type 'default')"),
+    ({"num_key_value_heads": 4}, "tensor 'model.layers.0.attention.wqkv.weight': shape [128, 64] but internlm2 "
+                                 "checkpoint (checked as the Llama model it computes) expects [192, 64]"),
+])
+def test_internlm2_hf_settings_llama_cpp_cannot_run_are_refused(edit, message, internlm2, tmp_path):
+    """InternLM2 HF -> GGUF refuses, naming config.json's key as written (``bias``, not the
+    equivalent Llama's attention_bias), what llama.cpp's internlm2 graph cannot run, and a wqkv
+    that is not the shape the config describes; nothing is written, the folder is untouched."""
+    _, ilm, _ = internlm2
+    src = tmp_path / "src"
+    shutil.copytree(ilm, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(edit)
+    (src / "config.json").write_text(json.dumps(cfg))
+    from ckpt_surgeon.errors import CkptError
+    with pytest.raises(CkptError) as e:
+        hf_to_gguf(src, tmp_path / "i.gguf")
+    assert message in str(e.value) and str(e.value).startswith(str(src)), str(e.value)
     assert not (tmp_path / "i.gguf").exists()
 
 

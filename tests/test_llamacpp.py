@@ -128,7 +128,7 @@ def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
     src = family_src(family)
     ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
     ref = _hf_logits(src, ids, LLAMACPP_GRAPH.get(family))
-    bounds = {"gemma3": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS, "llama3_rope": ROPE_BOUNDS,
+    bounds = {"gemma3": GEMMA3_BOUNDS, "gemma3_linear": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS, "llama3_rope": ROPE_BOUNDS,
               "qwen2_yarn": ROPE_BOUNDS, "qwen3_yarn": QWEN3_YARN_BOUNDS, "llama_linear": ROPE_BOUNDS,
               "phi3_longrope": ROPE_BOUNDS, "phimoe_longrope": PHIMOE_LONGROPE_BOUNDS}.get(family, BOUNDS)
     for dtype, bound in bounds.items():
@@ -348,12 +348,18 @@ def _run_f32_cache(path: Path, ids: list[int], n_vocab: int, n_ctx: int = 512) -
 # (1 + 0.1 * 0.707 * ln 40)^2 = 1.59) is checked here only: with the default F16 cache its 27 wide
 # layers amplify the cache's rounding to 6.5e-2 at f32 (F32 cache: 3.1e-6), and its rounded
 # dtypes are deepseek_v2_lite's (the yarn keys are metadata, the same at every dtype).
-@pytest.mark.parametrize("family, strip, text, n_ctx", [
-    ("llama3_rope", _without_rope_freqs, MULTILINGUAL, 512), ("qwen2_yarn", _without_scaling_keys, MULTILINGUAL, 512),
-    ("qwen3_yarn", _without_scaling_keys, MULTILINGUAL, 512), ("llama_linear", _without_scaling_keys, MULTILINGUAL, 512),
-    ("phi3_longrope", _without_longrope, MULTILINGUAL, 512), ("phi3_longrope", _without_longrope, LONG_TEXT, 1024),
-    ("deepseek_v2_lite_yarn", _without_scaling_keys, MULTILINGUAL, 512)])
-def test_rope_scaling_is_what_llama_cpp_applies(family, strip, text, n_ctx, family_src, tmp_path):
+@pytest.mark.parametrize("family, strip, text, n_ctx, bound", [
+    ("llama3_rope", _without_rope_freqs, MULTILINGUAL, 512, 1e-5),
+    ("qwen2_yarn", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
+    ("qwen3_yarn", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
+    ("llama_linear", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
+    ("phi3_longrope", _without_longrope, MULTILINGUAL, 512, 1e-5),
+    ("phi3_longrope", _without_longrope, LONG_TEXT, 1024, 1e-5),
+    ("deepseek_v2_lite_yarn", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
+    # Gemma 3's GELU goes through ggml's fp16 lookup table even in f32 (see BOUNDS): observed
+    # 6.3e-4 with the F32 cache, 0.24 without the linear scaling of its full-attention layer
+    ("gemma3_linear", _without_scaling_keys, MULTILINGUAL, 512, 1e-3)])
+def test_rope_scaling_is_what_llama_cpp_applies(family, strip, text, n_ctx, bound, family_src, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -365,7 +371,7 @@ def test_rope_scaling_is_what_llama_cpp_applies(family, strip, text, n_ctx, fami
         ref = model(torch.tensor([ids])).logits[0].numpy()
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
     plain = strip(g, tmp_path / "plain.gguf")
-    assert _rel(_run_f32_cache(g, ids, ref.shape[1], n_ctx), ref) <= 1e-5
+    assert _rel(_run_f32_cache(g, ids, ref.shape[1], n_ctx), ref) <= bound
     assert _rel(_run_f32_cache(plain, ids, ref.shape[1], n_ctx), ref) > 0.05
 
 

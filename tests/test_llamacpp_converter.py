@@ -49,7 +49,7 @@ REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'", "falcon_mq_nobias": "Ru
 FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
             "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2",
-            "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn")
+            "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn", "gemma3_linear")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {
@@ -81,7 +81,7 @@ EXEMPT_VALUE = {
 # config vocab_size row, so on a padded vocabulary (448 rows, 423 tokens here) its own file does
 # not load: llama.cpp refuses "token_embd.weight has wrong shape" (asserted below).  Ours keeps
 # every row; the rows it has in common with the reference are byte-identical.
-TENSOR_PREFIX_ONLY = {("gemma3", "token_embd.weight")}
+TENSOR_PREFIX_ONLY = {("gemma3", "token_embd.weight"), ("gemma3_linear", "token_embd.weight")}
 
 _RUNNER = Path(__file__).with_name("llamacpp_ref_convert.py")
 

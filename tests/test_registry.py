@@ -28,6 +28,12 @@ def _gguf_archs(fam):
                                                  fam.conversion.gguf_arch else ())))
 
 
+def _split_of(fam, mod: str):
+    """The conversion's Split row whose HF tensor is ``mod``'s weight, if any."""
+    rows = fam.conversion.tensors if fam.conversion else ()
+    return next((r for r in rows if isinstance(r, F.Split) and r.hf.endswith(f".{mod}.weight")), None)
+
+
 @pytest.mark.parametrize("fam", [f for f in F.FAMILIES if _gguf_archs(f)], ids=lambda f: f.name)
 def test_family_roles_agree_with_tensor_name_map(fam):
     """Every module a family's roles name (bar the `qkv split`/`fuse` outputs, which no converter
@@ -39,6 +45,12 @@ def test_family_roles_agree_with_tensor_name_map(fam):
             if role in fam.surgery_roles:
                 continue
             for mod in (mods,) if isinstance(mods, str) else mods:
+                split = _split_of(fam, mod)
+                if split is not None:       # cut into the parts' tensors (InternLM2's wqkv -> q, k, v)
+                    parts = [G.gguf_tensor_name(arch, p).split(".")[-2] for p in split.parts]
+                    assert parts == [generic[r] for r in "qkv"], (fam.name, arch, role, mod, parts)
+                    named |= {"q", "k", "v"}
+                    continue
                 got = G.module_gguf_name(arch, fam.layer, mod)
                 if role in _PROJECTIONS:
                     assert got == generic[role], (fam.name, arch, role, mod, got)
@@ -77,9 +89,12 @@ def test_conversion_rows_agree_with_the_family_record(fam):
     """A family's Q/K permutation and norm offset are stated once as facts and once as conversion
     transforms: both must say the same (llama.cpp permutes Q/K rows exactly for the families whose
     GGUF rows are interleaved; it adds 1 to exactly the norms of families storing gamma - 1)."""
-    # (a Split row is one HF tensor cut into several GGUF tensors: no permutation, offset or transpose)
+    # (a Split row is one HF tensor cut into several GGUF tensors: no offset or transpose)
+    from ckpt_surgeon.conversion.splits import PERMUTING
     transforms = {row[1] for row in fam.conversion.tensors if not isinstance(row, F.Split)}
-    assert ({"perm_q", "perm_k"} <= transforms) == fam.gguf_qk_permuted
+    # (a Split kind may permute its q / k parts itself: InternLM2's wqkv)
+    permuting = any(isinstance(row, F.Split) and row.kind in PERMUTING for row in fam.conversion.tensors)
+    assert ({"perm_q", "perm_k"} <= transforms or permuting) == fam.gguf_qk_permuted
     assert ("norm_shift" in transforms) == (fam.norm_weight_offset == 1.0)
     assert ("conv1d" in transforms) == fam.conv1d
 

@@ -102,7 +102,7 @@ class Family:
 TRANSFORMS = ("none", "perm_q", "perm_k", "conv1d", "norm_shift", "row", "qkv_per_head", "qkv_grouped")
 # One HF tensor written as several GGUF tensors (joined back GGUF -> HF), see
 # ckpt_surgeon.conversion.splits: kind -> number of parts.
-SPLIT_KINDS = {"mla_kv_b": 2}
+SPLIT_KINDS = {"mla_kv_b": 2, "qkv_grouped_llama": 3}
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,16 @@ class Conversion:
     longrope_mscales: bool = False
     # yarn with DeepSeek's mscale / mscale_all_dim as rope.scaling.yarn_log_multiplier (conversion/rope_yarn_mscale.py)
     yarn_log_mul: bool = False
+    # False: HF -> GGUF only (InternLM2's own HF layout; its GGUF files read back through the
+    # architecture's other conversion, as LlamaForCausalLM)
+    gguf_to_hf: bool = True
+    # HF -> GGUF of a model transformers has no class for: (model_type, config key renames) of the
+    # transformers architecture computing the same function, which answers the checkpoint check
+    # (its tensors, mapped through both conversions of the GGUF architecture) and reads the tokenizer
+    hf_equivalent: tuple | None = None
+    # the vocabulary walks tokenizer.model piece by piece with these quirks (conversion/tokenizer.py
+    # spm_model_vocab: InternLM2Model.set_vocab's "\x00" -> "🐉", [UNUSED*] pieces, <|im_end|> as eos)
+    spm_quirks: dict | None = None
 
 
 def _wb(hf: str, transform: str = "none", bias: bool = True) -> list[tuple]:
@@ -577,6 +587,30 @@ FAMILIES: tuple[Family, ...] = (
                hf_to_gguf=False,
                notes="GGUF -> HF only, written as LlamaForCausalLM (same graph); Q/K rows un-permuted as for llama"),
            residual_readers_centering=False),
+    # InternLM2's own HF checkpoints (modeling_internlm2, remote code: no transformers class):
+    # HF -> GGUF as llama.cpp's InternLM2Model writes them -- tok_embeddings / output, the fused
+    # wqkv [kv, q_per_kv + 2, d] (Falcon's grouped layout) split into attn_q / attn_k / attn_v with
+    # llama's Q/K permutation (InternLM2 rotates halves like llama), wo, w1 / w3 / w2.  The checkpoint
+    # is checked against the LlamaForCausalLM its config describes (bias -> attention_bias), the
+    # model llama.cpp's internlm2 graph and the GGUF -> HF direction run.
+    # residual readers: modeling_internlm2: InternLM2RMSNorm everywhere
+    Family("internlm2_hf", ("internlm2",), (), "layers.{L}.",
+           {"qkv": "attention.wqkv", "o": "attention.wo", "attn_norm": "attention_norm"},
+           fused_layout="grouped", gguf_qk_permuted=True, attention_bias_key="bias",
+           conversion=Conversion(
+               (("model.tok_embeddings.weight", "none"), ("model.norm.weight", "none"), ("output.weight", "none"),
+                ("model.layers.{L}.attention_norm.weight", "none"),
+                Split("model.layers.{L}.attention.wqkv.weight", "qkv_grouped_llama",
+                      tuple(f"model.layers.{{L}}.self_attn.{p}_proj.weight" for p in "qkv")),
+                ("model.layers.{L}.attention.wo.weight", "none"), ("model.layers.{L}.ffn_norm.weight", "none"),
+                *((f"model.layers.{{L}}.feed_forward.{w}.weight", "none") for w in ("w1", "w3", "w2"))),
+               _LLAMA_HPARAMS, gguf_arch="internlm2", gguf_to_hf=False,
+               hf_equivalent=("llama", {"bias": "attention_bias"}),
+               spm_quirks={"replace": {"\x00": "\U0001f409"}, "unused_prefix": "[UNUSED", "chat_eos": "<|im_end|>"},
+               llamacpp_needs=(("bias", False, "llama.cpp's internlm2 graph has no attn_output bias slot"),),
+               notes="HF -> GGUF only (GGUF -> HF writes LlamaForCausalLM); wqkv split into attn_q / attn_k / "
+                     "attn_v as llama.cpp's converter does"),
+           residual_readers_centering=False),
     # llama.cpp src/models/qwen3.cpp: q/k/v biases are optional, attn_output has no bias slot.
     # residual readers: modeling_qwen3: Qwen3RMSNorm everywhere
     Family("qwen3", ("qwen3",), ("qwen3",), "layers.{L}.", _QKNORM_ROLES, qk_norm=True, fused_layout="concat",
@@ -598,6 +632,9 @@ FAMILIES: tuple[Family, ...] = (
                                 "attn_logit_softcapping": None},
                llamacpp_fixed={"rope_local_theta": 10000.0, "global_every": 6, "query_pre_attn_scalar": "head_dim"},
                llamacpp_absent=("blk.{L}.attn_output.bias",), model_types=("gemma3_text",),
+               # Gemma 3 4B / 12B / 27B: linear factor 8 on the full-attention layers only, as
+               # llama.cpp's gemma3 applies rope.scaling.factor (its sliding layers keep scale 1)
+               rope_scalings=("linear",),
                notes="norm weights are stored as 1 + w (Gemma3RMSNorm multiplies by 1 + w)"),
            residual_readers_centering=False),
     # Gemma 2 (modeling_gemma2): Gemma2RMSNorm x * (1 + w) before and after attention and MLP, no

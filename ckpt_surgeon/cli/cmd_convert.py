@@ -36,9 +36,10 @@ def command(source, out, dtype, force, name, fmt, progress):
 
     Supported architectures, both ways: llama (and mistral, written as llama.cpp's llama), qwen2,
     qwen3, phi3, gpt2, gemma2, gemma3, starcoder2, olmo2, granite, phi, gpt_neox, cohere,
-    stablelm, bloom, falcon, qwen2_moe, qwen3_moe, olmoe, mixtral, phimoe, deepseek_v2; GGUF -> HF
-    only: internlm2 (written as llama).  RoPE: plain; llama3 scaling for llama and mistral, yarn
-    and linear for llama, mistral, qwen2 and qwen3, DeepSeek's yarn (mscale = mscale_all_dim, as
+    stablelm, bloom, falcon, qwen2_moe, qwen3_moe, olmoe, mixtral, phimoe, deepseek_v2, internlm2
+    (its remote code is never run; GGUF -> HF writes it as llama).  RoPE: plain; llama3 scaling for llama and mistral, yarn
+    and linear for llama, mistral, qwen2 and qwen3, linear for gemma3 (its full-attention layers,
+    as Gemma 3 4B-27B), DeepSeek's yarn (mscale = mscale_all_dim, as
     DeepSeek-V2-Lite) for deepseek_v2, longrope for phi3 and phimoe (Phi-3-128k,
     Phi-3.5, Phi-4-mini: the report says where llama.cpp runs it differently); other scaled RoPEs
     are refused by name.  Quantized GGUF tensors are dequantized; llama-arch Q/K rows are

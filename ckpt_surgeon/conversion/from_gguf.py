@@ -126,7 +126,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     function settles what the metadata alone cannot: the vocabulary size (the embedding's
     rows), tying (decided from the tensors), the bias switch and the dtype.
     """
-    from ..arch.gguf_config import config_from_gguf
+    from ..arch.gguf_config import ROPE_SCALING_TYPES, config_from_gguf
 
     arch = spec.gguf_arch
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
@@ -170,6 +170,11 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         dim = hp.get("rotary_dim") or base.get("head_dim")
         scaling = llama3_params_from_factors(rope_freqs, hp.get("rope_theta", _LLAMACPP_DEFAULT_THETA), int(dim),
                                              path=path)
+    stype = gguf_hparam(meta, arch, "rope.scaling.type", path=path)
+    if stype not in (None, "none") and ROPE_SCALING_TYPES.get(stype, stype) not in spec.rope_scalings:
+        only = " or ".join(repr(t) for t in ("none",) + tuple(t for t in spec.rope_scalings if t != "llama3"))
+        raise UnsupportedError(f"{arch}.rope.scaling.type = {stype!r} is not converted for this architecture "
+                               f"(only {only})", path=path)
     attn_factor = gguf_hparam(meta, arch, "rope.scaling.attn_factor", path=path)
     if longrope is not None:        # llama.cpp's longrope factors -> transformers' rope parameters
         from .rope_longrope import longrope_from_gguf

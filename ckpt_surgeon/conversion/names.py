@@ -229,6 +229,9 @@ class ArchSpec:
     rope_scalings: tuple = ()            # scaled rope types converted ("llama3": rope_freqs.weight)
     longrope_mscales: bool = False       # longrope's attention factor: short_mscale / long_mscale
     yarn_log_mul: bool = False           # yarn's mscale / mscale_all_dim as rope.scaling.yarn_log_multiplier
+    gguf_to_hf: bool = True              # False: HF -> GGUF only (InternLM2's own layout)
+    hf_equivalent: tuple | None = None   # (model_type, key renames) transformers checks a class-less HF model as
+    spm_quirks: dict | None = None       # the vocabulary from tokenizer.model, with the converter's quirks
     notes: str = ""
 
 
@@ -252,7 +255,8 @@ def _spec(gguf_arch: str, fams: list) -> ArchSpec:
         hparam_required=conv.hparam_required, hparam_sums=conv.hparam_sums, gguf_values=conv.gguf_values,
         hf_float32=conv.hf_float32, llamacpp_differs=conv.llamacpp_differs, hf_to_gguf=conv.hf_to_gguf,
         rope_scalings=conv.rope_scalings, longrope_mscales=conv.longrope_mscales,
-        yarn_log_mul=conv.yarn_log_mul, notes=conv.notes)
+        yarn_log_mul=conv.yarn_log_mul, gguf_to_hf=conv.gguf_to_hf, hf_equivalent=conv.hf_equivalent,
+        spm_quirks=conv.spm_quirks, notes=conv.notes)
 
 
 def _archs() -> tuple[ArchSpec, ...]:
@@ -264,7 +268,8 @@ def _archs() -> tuple[ArchSpec, ...]:
         target = fam.conversion.gguf_arch or (fam.gguf_archs[0] if fam.gguf_archs else None)
         if target is None:
             raise ValueError(f"registry: family {fam.name} converts but names no GGUF architecture")
-        if fam.conversion.gguf_when:      # its own tensor table, chosen by a metadata key (Mixtral)
+        if fam.conversion.gguf_when or not fam.conversion.gguf_to_hf:
+            # its own tensor table: chosen by a metadata key (Mixtral), or for HF -> GGUF only (InternLM2)
             variants.append(_spec(target, [fam]))
             continue
         groups.setdefault(target, []).append(fam)
@@ -286,7 +291,7 @@ def by_gguf_arch(arch: str | None, metadata: dict | None = None) -> ArchSpec | N
         if a.gguf_arch == arch and a.gguf_when and metadata is not None and f"{arch}.{a.gguf_when}" in metadata:
             return a
     for a in ARCHS:
-        if a.gguf_arch == arch and not a.gguf_when:
+        if a.gguf_arch == arch and not a.gguf_when and a.gguf_to_hf:
             return a
     return None
 
@@ -477,7 +482,10 @@ def fixed_to_hf(spec: ArchSpec, cfg: dict, hp: dict) -> None:
         # rope_local_base_freq is the transformers 4 spelling.
         theta = float(cfg.get("rope_theta") or hp.get("rope_theta") or 10000.0)
         local = float(fixed["rope_local_theta"])
-        cfg["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": theta},
+        # the file's rope scaling (llama.cpp applies it to the full-attention layers only)
+        full = {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k != "partial_rotary_factor"}
+        cfg["rope_parameters"] = {"full_attention": dict(full, rope_type=full.get("rope_type", "default"),
+                                                         rope_theta=theta),
                                   "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         cfg["rope_local_base_freq"] = local
     for key, value in fixed.items():

@@ -7,6 +7,12 @@ holds, per head, ``nope`` key rows then ``v`` value rows.  llama.cpp wants them 
 into the latent space) and ``attn_v_b`` = the value rows ``[h, v, r]``.  Both directions move
 values only, so GGUF -> HF -> GGUF is bit-exact.
 
+``qkv_grouped_llama`` (llama.cpp ``InternLM2Model.modify_tensors``): InternLM2's fused ``wqkv``
+``[kv, q_per_kv + 2, d]`` rows (per kv group: its q heads, then its k head, then its v head: the
+``grouped`` layout of :mod:`ckpt_surgeon.arch.layouts`) becomes ``attn_q`` / ``attn_k`` /
+``attn_v``, q and k rows permuted as ``LlamaModel.permute`` does (InternLM2 rotates halves like
+llama).  Rows move, values do not.
+
 Each function is pure numpy; shapes are on the lines.
 """
 from __future__ import annotations
@@ -44,9 +50,40 @@ def _mla_kv_b_joined_shape(shapes: list[tuple]) -> tuple:
     return (h * (nope + v), r)
 
 
+def _grouped_heads(rows: int, hp: dict, path: str, tensor: str) -> tuple[int, int, int]:
+    h, kv = hp["n_head"], hp["n_head_kv"]
+    d = rows // (h + 2 * kv) if h + 2 * kv else 0
+    if not d or d * (h + 2 * kv) != rows or h % kv or d % 2:
+        raise ConfigError(f"{rows} fused q/k/v rows do not split into {h} query + 2 x {kv} key/value heads of even "
+                          "size", path=path, tensor=tensor)
+    return h, kv, d
+
+
+def _qkv_grouped_llama_split(w: np.ndarray, hp: dict, *, path: str = "", tensor: str = "") -> tuple[np.ndarray, ...]:
+    """``[(h + 2 kv) d, n]`` grouped -> (q ``[h d, n]``, k ``[kv d, n]``, v ``[kv d, n]``), q / k permuted."""
+    from ..arch.layouts import llama_permute_index, qkv_row_index
+    h, kv, d = _grouped_heads(w.shape[0], hp, path, tensor)
+    iq, ik, iv = qkv_row_index("grouped", h, kv, d)
+    return w[iq[llama_permute_index(h, d)]], w[ik[llama_permute_index(kv, d)]], w[iv]
+
+
+def _qkv_grouped_llama_shapes(shape: tuple, hp: dict) -> tuple[tuple, ...]:
+    h, kv, d = _grouped_heads(shape[0], hp, "", "")
+    return (h * d, *shape[1:]), (kv * d, *shape[1:]), (kv * d, *shape[1:])
+
+
+def _qkv_grouped_llama_join(*parts: np.ndarray) -> np.ndarray:
+    raise NotImplementedError("attn_q / attn_k / attn_v are not joined back into wqkv: InternLM2 GGUF files "
+                              "convert to LlamaForCausalLM, which keeps them apart")
+
+
 # kind -> (split(arr, hp) -> parts, shapes(HF shape, hp) -> part shapes, join(*parts) -> arr,
 #          joined_shape([part shapes]) -> HF shape)
-SPLITS = {"mla_kv_b": (_mla_kv_b_split, _mla_kv_b_shapes, _mla_kv_b_join, _mla_kv_b_joined_shape)}
+SPLITS = {"mla_kv_b": (_mla_kv_b_split, _mla_kv_b_shapes, _mla_kv_b_join, _mla_kv_b_joined_shape),
+          "qkv_grouped_llama": (_qkv_grouped_llama_split, _qkv_grouped_llama_shapes, _qkv_grouped_llama_join,
+                                lambda shapes: (sum(s[0] for s in shapes), *shapes[0][1:]))}
+# split kinds whose parts are llama-permuted (a family's gguf_qk_permuted fact, tests/test_registry.py)
+PERMUTING = frozenset({"qkv_grouped_llama"})
 
 
 def split_part(transform: str, arr: np.ndarray, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:

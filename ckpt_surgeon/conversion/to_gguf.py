@@ -167,12 +167,23 @@ def _check_rope_scaling(raw: dict, cfg: dict, path: str, allowed: tuple = ()) ->
     and llama.cpp's converter read it as longrope)."""
     aliases = ("su",) if "longrope" in allowed else ()
     for conf in (raw, cfg):
-        for key in _ROPE_TYPE_KEYS:
+        for key in _ROPE_TYPE_KEYS + _per_layer_type_keys(conf):
+            # llama.cpp scales only the full-attention layers (its sliding layers keep scale 1)
+            ok = ("default",) if ".sliding_attention." in key else ("default",) + tuple(allowed) + aliases
             rope_type = N.config_get(conf, (key,))
-            if rope_type not in (None, "default") + tuple(allowed) + aliases:
-                only = " or ".join(repr(t) for t in ("default",) + tuple(allowed))
-                kind = "rope_type" if allowed else "plain RoPE: rope_type"
+            if rope_type not in (None,) + ok:
+                only = " or ".join(repr(t) for t in ok if t not in aliases)
+                kind = "rope_type" if len(ok) > 1 else "plain RoPE: rope_type"
                 raise UnsupportedError(f"{key} = {rope_type!r} is not converted (only {kind} {only})", path=path)
+
+
+def _per_layer_type_keys(conf: dict) -> tuple:
+    """``rope_parameters.<layer type>.rope_type`` for a transformers-5 config that nests its rope
+    parameters per layer type (Gemma 3: full_attention / sliding_attention)."""
+    rp = conf.get("rope_parameters")
+    if not isinstance(rp, dict):
+        return ()
+    return tuple(f"rope_parameters.{t}.rope_type" for t, v in rp.items() if isinstance(v, dict))
 
 
 # transformers' yarn parameter -> GGUF key suffix (TextModel.set_gguf_parameters writes each one
@@ -479,22 +490,36 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
                                f"GGUF mapping here (supported: {', '.join(N.supported_model_types())})",
                                path=ck.config_path)
     _check_longrope_raw(raw, ck.config_path)
-    facts = _probe_hf_folder(folder, ck.config_path, isolate)
-    cfg = facts["config"]
-    spec = N.by_model_type(cfg.get("model_type"))
+    own = N.by_model_type(raw.get("model_type"))
+    if own is not None and own.hf_equivalent:
+        # no transformers class (remote code): transformers answers for the model computing the same
+        from .equivalent import equivalent_folder, equivalent_shapes
+        with equivalent_folder(folder, raw, own) as eq:
+            facts = _probe_hf_folder(eq, ck.config_path, isolate)
+        if "shapes" in facts:
+            facts["shapes"] = equivalent_shapes(facts["shapes"], own)
+        spec = own
+        cfg = facts.get("config", {})
+    else:
+        facts = _probe_hf_folder(folder, ck.config_path, isolate)
+        cfg = facts["config"]
+        spec = N.by_model_type(cfg.get("model_type"))
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
     if spec.rope:
         _check_rope_scaling(ck.config or {}, cfg, ck.config_path, spec.rope_scalings)
-    _check_llamacpp_needs(cfg, spec, ck.config_path)
+    _check_llamacpp_needs(raw if spec.hf_equivalent else cfg, spec, ck.config_path)
     # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
         raise ConfigError(f"transformers cannot build a model from this config ({facts['shapes_error']})",
                           path=ck.config_path)
     expected = {k: tuple(v) for k, v in facts["shapes"].items()}
     got = {n: tuple(i.shape) for n, i in ck.tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
-    check_tensors(expected, got, path=str(src), what=f"{facts['config_class'].replace('Config', '')} model")
+    what = f"{facts['config_class'].replace('Config', '')} model"
+    if spec.hf_equivalent:
+        what = f"{raw.get('model_type')} checkpoint (checked as the {what} it computes)"
+    check_tensors(expected, got, path=str(src), what=what)
 
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
     _plan_tensors(ck, got, spec, dtype, src, [], None)   # names and shapes judged before the config values
@@ -507,6 +532,9 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
             + _plan_tensors(ck, got, spec, dtype, src, warnings, hp))
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
+    if spec.spm_quirks is not None:
+        from .tokenizer import spm_model_vocab
+        vocab = spm_model_vocab(vocab, folder, spec.spm_quirks)
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
     kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)

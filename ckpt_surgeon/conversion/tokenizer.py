@@ -566,7 +566,11 @@ def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
 def _vocab_sources(folder: Path, effective_json: str | None | bool) -> tuple[Path, dict, dict]:
     """tokenizer.json's path, its effective content and tokenizer_config.json (``{}`` when absent)."""
     tj_path = folder / "tokenizer.json"
-    if not tj_path.is_file():
+    if not tj_path.is_file() and isinstance(effective_json, str) and (folder / "tokenizer.model").is_file():
+        # no tokenizer.json, but transformers built the tokenizer from tokenizer.model (InternLM2's
+        # folders, read through the class computing the same function)
+        tj_path = folder / "tokenizer.model"
+    elif not tj_path.is_file():
         raise ConfigError("no tokenizer.json: llama.cpp needs the vocabulary inside the GGUF",
                           path=str(folder), hint="save the tokenizer with AutoTokenizer.save_pretrained(folder) first")
     if effective_json is False:
@@ -1069,3 +1073,69 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
         tcfg["chat_template"] = v.chat_template
     ids = {f"{typ}_token_id": i for typ, i in v.special_ids.items() if typ in ("bos", "eos", "pad") and i < n}
     return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings))
+
+
+def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFVocab:
+    """``vocab``'s tokens, scores and types re-read from ``tokenizer.model`` piece by piece, as a
+    llama.cpp converter that walks the SentencePiece model does (InternLM2Model.set_vocab), with
+    that converter's ``quirks`` (registry ``Conversion.spm_quirks``):
+
+    * ``replace``: piece text -> the text written instead (InternLM2: ``"\\x00"`` -> ``"🐉"``, which
+      llama.cpp would otherwise read as an empty string);
+    * ``unused_prefix``: pieces starting with it are typed UNUSED (InternLM2's ``[UNUSED_TOKEN_*]``);
+    * ``chat_eos``: when an added token has this content, it becomes the eos id (the chat model's
+      ``<|im_end|>`` ends a turn).
+
+    SentencePiece's own types are kept (user-defined pieces read as NORMAL, as the converter has
+    it); then added_tokens.json appends tokens, and tokenizer_config.json's ``added_tokens_decoder``
+    and tokenizer.json's ``added_tokens`` override theirs (score -1000, CONTROL when special,
+    USER_DEFINED otherwise).  Special ids, add_bos / add_eos and the chat template stay ``vocab``'s.
+    """
+    import dataclasses
+
+    from sentencepiece import SentencePieceProcessor
+
+    folder = Path(folder)
+    path = folder / "tokenizer.model"
+    sp = SentencePieceProcessor()
+    sp.LoadFromFile(str(path))
+    n = len(vocab.tokens)
+    if sp.vocab_size() < n and not (folder / "added_tokens.json").is_file():
+        raise ConfigError(f"{sp.vocab_size()} SentencePiece pieces for {n} embedding rows", path=str(path))
+    replace, unused = quirks.get("replace", {}), quirks.get("unused_prefix")
+    tokens, scores, types = [], [], []
+    for i in range(min(n, sp.vocab_size())):
+        piece = sp.IdToPiece(i)
+        tokens.append(replace.get(piece, piece))
+        scores.append(sp.GetScore(i))
+        typ = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i) else UNUSED if sp.IsUnused(i)
+               else BYTE if sp.IsByte(i) else NORMAL)
+        types.append(UNUSED if unused and piece.startswith(unused) else typ)
+    if (folder / "added_tokens.json").is_file():
+        for content in _read_json(folder / "added_tokens.json"):
+            tokens.append(content)
+            scores.append(-1000.0)
+            types.append(USER_DEFINED)
+    chat_eos = None
+    overrides = []
+    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    for tid, data in (tcfg.get("added_tokens_decoder") or {}).items():
+        overrides.append((int(tid), data))
+    tj = _read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else {}
+    overrides += [(int(a["id"]), a) for a in tj.get("added_tokens") or []]
+    for tid, data in overrides:
+        if not 0 <= tid < len(tokens):
+            raise ConfigError(f"added token {data.get('content')!r} has id {tid}, past the {len(tokens)} tokens",
+                              path=str(path))
+        tokens[tid], scores[tid] = data["content"], -1000.0
+        types[tid] = CONTROL if data.get("special") else USER_DEFINED
+        if data["content"] == quirks.get("chat_eos"):
+            chat_eos = tid
+    if len(tokens) != n:
+        raise ConfigError(f"{len(tokens)} tokens (tokenizer.model and added tokens) for {n} embedding rows",
+                          path=str(path))
+    special_ids = dict(vocab.special_ids)
+    if chat_eos is not None:
+        special_ids["eos"] = chat_eos
+    return dataclasses.replace(vocab, tokens=tuple(tokens), scores=tuple(scores), token_types=tuple(types),
+                               special_ids=special_ids)
