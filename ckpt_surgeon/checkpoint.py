@@ -254,7 +254,7 @@ def _gguf_checkpoint(source: str, fmt: str, g: gg.GGUFFile | gg.SplitGGUF, summa
     """A GGUF reader (local or remote, one file or a split set) as a checkpoint: the HF-style
     config is derived from its metadata (the reader is closed if that fails)."""
     try:
-        config = config_from_gguf(g.metadata, g.tensors, path=g.path)
+        config = config_from_gguf(g.metadata, g.tensors, path=g.path, read=g.read)
     except Exception:
         g.close()
         raise

@@ -297,6 +297,23 @@ def test_rope_scaling_yarn_scales_the_bound_and_unknown_types_give_none(tiny, tm
     assert all(lr.bound_all is None and "not modelled" in lr.bound_note for lr in odd.layers)
 
 
+def test_longrope_gguf_analyses_like_its_hf_source(tiny, tmp_path):
+    """Phi-3's longrope lives in tensors and rope.scaling.attn_factor in GGUF: analyze reads them,
+    so a Phi-3.5-MoE GGUF's bound carries the attention factor (1.247 here, the logits x 1.56) as
+    its HF source's does -- without it the bound was 1.56x too small, an unsound claim."""
+    from convert_variants import build_variant
+
+    from ckpt_surgeon.conversion import hf_to_gguf
+    src = build_variant(tiny, "phimoe_longrope", tmp_path / "phimoe_longrope")
+    hf = analyze(src)
+    g = analyze(hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny"))
+    assert g.rope.rope_type == hf.rope.rope_type == "longrope"
+    assert g.rope.attention_factor == pytest.approx(hf.rope.attention_factor, rel=1e-7)   # stored as float32
+    assert hf.rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(512)))
+    for a, b in zip(hf.layers, g.layers, strict=True):
+        assert a.bound_all is not None and b.bound_all == pytest.approx(a.bound_all, rel=1e-6)
+
+
 def test_hub_era_rope_spelling_reads_the_same(tiny, tmp_path):
     folder = _copy(tiny, "gpt_neox", tmp_path)
     cfg = json.loads((folder / "config.json").read_text())

@@ -153,6 +153,22 @@ def test_gguf_against_its_hf_source_undoes_the_permutation(tiny, tmp_path):
     assert {t.method for t in same.tensors} == {"bytes"}
 
 
+@pytest.mark.parametrize("family, derived", [("llama3_rope", ["rope_freqs.weight"]),
+                                             ("phi3_longrope", ["rope_factors_long.weight", "rope_factors_short.weight"])])
+def test_rope_scaling_tensors_are_config_not_weights(family, derived, tiny, tmp_path):
+    """llama.cpp stores some rope scalings as tensors (Llama 3's rope_freqs, Phi-3's longrope
+    factors); the HF side has them in config.json.  An HF folder against its own GGUF is identical,
+    and the note says what was left out."""
+    from convert_variants import build_variant
+
+    from ckpt_surgeon.conversion import hf_to_gguf
+    src = build_variant(tiny, family, tmp_path / family)
+    rep = diff(src, hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny"))
+    assert rep.verdict == "identical", rep.verdict_line
+    assert [n for n in rep.notes if all(d in n for d in derived) and "not compared" in n], rep.notes
+    assert not [t for t in rep.tensors if t.status == "only_in_b"]
+
+
 def test_cli_formats_and_exit_codes(tiny, tmp_path):
     src = tiny("qwen2")
     dst = _copy_with(src, tmp_path / "b", {"model.layers.1.self_attn.k_proj.bias": lambda x: x * 2})

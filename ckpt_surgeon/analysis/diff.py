@@ -178,6 +178,7 @@ class _Side:
     names: dict                       # common name -> (stored name, transform)
     shapes: dict                      # common name -> shape after the transform
     hp: dict = field(default_factory=dict)
+    derived: tuple = ()               # GGUF tensors that carry a config setting, not weights (rope_freqs)
 
     @property
     def remote(self) -> bool:
@@ -199,8 +200,11 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
     hp = _hparams(ck.metadata, arch, ck.source)
     # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
     table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))
-    names, shapes = {}, {}
+    names, shapes, derived = {}, {}, []
     for gname, info in ck.tensors.items():
+        if gname in _config_tensors(spec):
+            derived.append(gname)
+            continue
         hit = table.match(gname)
         hname, transform = (hit[0], hit[1].transform) if hit else (gname, "none")
         shape = tuple(info.shape)
@@ -208,7 +212,15 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
             shape = shape[::-1]
         names[hname] = (gname, transform)
         shapes[hname] = shape
-    return _Side(ck, names, shapes, hp)
+    return _Side(ck, names, shapes, hp, tuple(derived))
+
+
+def _config_tensors(spec) -> tuple:
+    """GGUF tensors that hold a config setting of ``spec`` (the rope scaling llama.cpp's converter
+    writes as a tensor: config.json says it on the HF side)."""
+    from ..conversion.from_gguf import LONGROPE_TENSORS, ROPE_FREQS
+    return ((ROPE_FREQS,) if "llama3" in spec.rope_scalings else ()) + \
+        (LONGROPE_TENSORS if "longrope" in spec.rope_scalings else ())
 
 
 def _layer_of(name: str) -> int | None:
@@ -490,6 +502,10 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
         g = a if a.naming == "gguf" else b
         notes.append(f"GGUF names of {g.source} mapped to HF names; GGUF -> HF transforms (Q/K un-permute, "
                      "Conv1D transpose, norm shift) applied before comparing values")
+        derived = (sa if g is a else sb).derived
+        if derived:
+            notes.append(f"{', '.join(derived)} of {g.source}: the rope scaling llama.cpp stores as a tensor (the "
+                         "HF side's config.json says it), not a weight: not compared")
     return DiffReport(source_a=a.source, source_b=b.source, format_a=a.format, format_b=b.format,
                       naming="hf" if mixed or a.naming != "gguf" else "gguf", verdict=verdict, verdict_line=line,
                       tensors=tuple(rows), layers=_layers(rows), counts=counts, bytes_read_a=a.bytes_read,

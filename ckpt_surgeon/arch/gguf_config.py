@@ -97,8 +97,10 @@ def _uniform(value):
     return value
 
 
-def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str | None = None) -> dict:
-    """HF-style config dict from GGUF ``metadata`` (and tensor names, for tied embeddings / biases)."""
+def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str | None = None, read=None) -> dict:
+    """HF-style config dict from GGUF ``metadata`` (and tensor names, for tied embeddings / biases).
+    ``read(info) -> array``: reads the few tensors that hold config settings (Phi-3's longrope
+    factors), which then appear in ``rope_parameters`` as transformers spells them."""
     tensors = tensors or {}
     arch = metadata.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
@@ -127,6 +129,8 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
         cfg["head_dim"] = int(head_dim)
 
     _rope_keys(cfg, metadata, arch, head_dim, path)
+    if read is not None and tensors and all(n in tensors for n in LONGROPE_TENSORS) and "rope_parameters" in cfg:
+        _longrope_keys(cfg, metadata, arch, tensors, read, path)
     _vocab_keys(cfg, metadata, tensors, path)
     if tensors:
         _tensor_keys(cfg, arch, tensors)
@@ -157,6 +161,24 @@ def _rope_keys(cfg: dict, metadata: dict, arch: str | None, head_dim, path: str 
                     rp[key] = float(v)
             cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
         cfg["rope_parameters"] = rp
+
+
+# llama.cpp's longrope factor tensors (Phi3MiniModel.generate_extra_tensors)
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _longrope_keys(cfg: dict, metadata: dict, arch: str | None, tensors: dict, read, path: str | None) -> None:
+    """A longrope file's factors, original context and attention factor (what llama.cpp applies:
+    ``rope.scaling.attn_factor``, 1 when absent) into ``rope_parameters``."""
+    rp = cfg["rope_parameters"]
+    rp["rope_type"] = "longrope"
+    rp["long_factor"], rp["short_factor"] = ([float(x) for x in read(tensors[n]).reshape(-1)] for n in LONGROPE_TENSORS)
+    orig = gguf_hparam(metadata, arch, "rope.scaling.original_context_length", path=path)
+    if orig is not None:
+        rp["original_max_position_embeddings"] = int(orig)
+    af = gguf_hparam(metadata, arch, "rope.scaling.attn_factor", path=path)
+    rp["attention_factor"] = float(af) if af is not None else 1.0
+    cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
 
 
 def _vocab_keys(cfg: dict, metadata: dict, tensors: dict, path: str | None) -> None:

@@ -169,7 +169,7 @@ def rope_geometry(layout: ModelLayout, config: dict | None) -> RopeGeometry | No
         if t != "default":
             rtype = t
         supported = supported and ok
-        if note:
+        if note and note not in notes:     # the same dict under both spellings says it once
             notes.append(note)
     if getattr(layout, "derived", None) is not None:
         inv, mult = inv[: len(pairs)], mult[: len(pairs)]     # an odd probed rotary_dim has (r - 1) / 2 pairs

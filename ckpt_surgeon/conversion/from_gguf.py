@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..arch.checked import TOKEN_ID, gguf_hparam, gguf_value
+from ..arch.gguf_config import LONGROPE_TENSORS      # llama.cpp's longrope factor tensors (Phi-3)
 from ..errors import FormatError, UnsupportedError
 from . import names as N
 from .report import ConvertReport, TensorRecord
@@ -35,7 +36,6 @@ if TYPE_CHECKING:     # numpy is imported where used, after the model-check chil
 
 DEFAULT_SHARD_BYTES = 5 * 2**30    # like save_pretrained's "5GB" shards
 ROPE_FREQS = "rope_freqs.weight"    # llama.cpp's per-dimension rope factors (llama3 scaling)
-LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")   # longrope's (Phi-3)
 _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_train default
 
 # GGUF tensor type -> safetensors dtype whose bytes are identical (raw copy possible).
