@@ -113,6 +113,14 @@ VARIANTS = {
                                                    "original_max_position_embeddings": 512},
                                "max_position_embeddings": 16384, "original_max_position_embeddings": 512,
                                "initializer_range": 0.1}, 0.0),
+    # Phi-4-mini's: longrope on 3/4 of each head (partial_rotary_factor 0.75: 12 of 16 dims, 6 factors),
+    # tied embeddings as released
+    "phi4mini_longrope": ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                       "partial_rotary_factor": 0.75,
+                                                       "short_factor": _SHORT_FACTORS[:6], "long_factor": _LONG_FACTORS[:6],
+                                                       "original_max_position_embeddings": 512},
+                                   "max_position_embeddings": 16384, "original_max_position_embeddings": 512,
+                                   "tie_word_embeddings": True, "initializer_range": 0.1}, 0.0),
     # Phi-3.5-MoE's: the same factors, short_mscale the converter's sqrt(1 + ln 32 / ln 512) (as the
     # release's 1.1902 is for 4096) and long_mscale above it (as the release's 1.2432)
     "phimoe_longrope": ("phimoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
@@ -133,7 +141,7 @@ VARIANTS = {
 # Variants whose files are then spelled as the Hub's (the reference converter reads a Phi-3 vocabulary
 # only from tokenizer.model unless the tokenizer is declared BPE: see phi3_bpe / phimoe_hub below).
 _BPE = {"tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer"}}
-VARIANT_FILES = {"phi3_longrope": _BPE,
+VARIANT_FILES = {"phi3_longrope": _BPE, "phi4mini_longrope": _BPE,
                  "phimoe_longrope": dict(_BPE, **{"config.json": {"architectures": ["PhiMoEForCausalLM"]}})}
 # name -> (fixture, {json file: entries added to it}): the same weights with files spelled as Hub
 # checkpoints spell them.  gpt2_hub: Hub GPT-2 configs carry n_ctx (= n_positions), which
@@ -154,7 +162,7 @@ LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias",
                      "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "gpt_neox",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite", "phi3_longrope",
-                     "phimoe_longrope", "gemma3_linear")
+                     "phimoe_longrope", "gemma3_linear", "phi4mini_longrope")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -112,7 +113,7 @@ ROUND_TRIP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_b
                        "gpt2", "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite",
                        "phi", "gpt_neox", "cohere", "stablelm", "bloom", "falcon_nobias", "falcon_mq_nobias",
                        "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2", "phi3_longrope", "phimoe_longrope",
-                       "deepseek_v2_yarn")
+                       "deepseek_v2_yarn", "phi4mini_longrope")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -1166,11 +1167,40 @@ def test_deepseek_yarn_metadata_both_ways(family_dir, gguf_of, tmp_path):
         bad.unlink()
 
 
-@pytest.mark.parametrize("extra", [{"mscale": 0.707}, {"mscale_all_dim": 1.0}, {"truncate": False}])
+def test_yarn_values_llama_cpp_runs_convert_both_ways_and_others_are_refused(family_dir, gguf_of, tmp_path):
+    """beta_fast 32, beta_slow 1 and attention_factor 0.1 ln(factor) + 1 are what llama.cpp runs:
+    written as its converter writes them and read back; a file saying otherwise is refused GGUF -> HF
+    (llama.cpp would run 32 / 1 / the default, transformers the file's value)."""
+    import gguf
+    from gguf_util import rewrite_gguf
+    src = tmp_path / "src"
+    shutil.copytree(family_dir("qwen2_yarn"), src)
+    cfg = read_json(src / "config.json")
+    cfg["rope_parameters"].update(beta_fast=32.0, beta_slow=1.0, attention_factor=0.1 * math.log(4.0) + 1.0)
+    (src / "config.json").write_text(json.dumps(cfg))
+    g = hf_to_gguf(src, tmp_path / "y.gguf", dtype="f32", name="tiny")
+    rp = read_json(gguf_to_hf(g, tmp_path / "hf") / "config.json")["rope_parameters"]
+    assert rp["beta_fast"] == 32.0 and rp["beta_slow"] == 1.0
+    assert rp["attention_factor"] == pytest.approx(0.1 * math.log(4.0) + 1.0, rel=1e-7)
+    for key, value, want in (("yarn_beta_fast", 16.0, "runs 32"), ("yarn_beta_slow", 2.0, "runs 1"),
+                             ("yarn_attn_factor", 1.5, "applies 0.1 ln(factor) + 1 = 1.13863")):
+        bad = rewrite_gguf(gguf_of("qwen2_yarn"), tmp_path / f"{key}.gguf",
+                           set_kv={f"qwen2.rope.scaling.{key}": (value, gguf.GGUFValueType.FLOAT32)})
+        with pytest.raises(UnsupportedError) as e:
+            gguf_to_hf(bad, tmp_path / "hf2")
+        assert str(e.value) == (f"{bad}: qwen2.rope.scaling.{key} = {value!r} is not converted (llama.cpp's qwen2 "
+                                f"does not load it and {want})")
+        assert not (tmp_path / "hf2").exists()
+
+
+@pytest.mark.parametrize("extra", [{"mscale": 0.707}, {"mscale_all_dim": 1.0}, {"truncate": False},
+                                   {"beta_fast": 16.0}, {"beta_slow": 2.0}, {"attention_factor": 1.5}])
 def test_yarn_parameters_gguf_cannot_carry_are_refused(extra, family_dir, tmp_path):
-    """yarn converts with factor, original_max_position_embeddings, attention_factor, beta_fast and
-    beta_slow (llama.cpp's keys); any other yarn parameter changes what transformers computes with
-    no GGUF key to say so: refused naming it, nothing written."""
+    """yarn converts with factor, original_max_position_embeddings, and attention_factor, beta_fast
+    and beta_slow at the values llama.cpp runs (its converter writes their keys, its qwen2 / llama /
+    qwen3 load none of them: test_llama_cpp_ignores_the_yarn_keys); any other yarn parameter, or
+    another value of those three, changes what transformers computes and not what llama.cpp does:
+    refused naming it, nothing written."""
     src = tmp_path / "src"
     shutil.copytree(family_dir("qwen2_yarn"), src)
     cfg = read_json(src / "config.json")

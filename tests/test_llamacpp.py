@@ -130,7 +130,8 @@ def test_gguf_runs_in_llama_cpp_like_transformers(family, family_src, tmp_path):
     ref = _hf_logits(src, ids, LLAMACPP_GRAPH.get(family))
     bounds = {"gemma3": GEMMA3_BOUNDS, "gemma3_linear": GEMMA3_BOUNDS, "gemma2_softcap": SOFTCAP_BOUNDS, "llama3_rope": ROPE_BOUNDS,
               "qwen2_yarn": ROPE_BOUNDS, "qwen3_yarn": QWEN3_YARN_BOUNDS, "llama_linear": ROPE_BOUNDS,
-              "phi3_longrope": ROPE_BOUNDS, "phimoe_longrope": PHIMOE_LONGROPE_BOUNDS}.get(family, BOUNDS)
+              "phi3_longrope": ROPE_BOUNDS, "phimoe_longrope": PHIMOE_LONGROPE_BOUNDS,
+              "phi4mini_longrope": ROPE_BOUNDS}.get(family, BOUNDS)
     for dtype, bound in bounds.items():
         g = hf_to_gguf(src, tmp_path / f"m.{dtype}.gguf", dtype=dtype, name="tiny")
         if dtype == "f32":
@@ -342,7 +343,7 @@ def _run_f32_cache(path: Path, ids: list[int], n_vocab: int, n_ctx: int = 512) -
 # V, which is most of the f32 bounds above) llama.cpp runs our f32 file like transformers in
 # float64 to within 1e-5 (observed <= 3.6e-6; float32 kernels), and without what carries the
 # scaling it runs plain RoPE, off by far more (measured: llama3 0.19, yarn 0.60, linear 0.61,
-# longrope 0.46 short / 0.77 long, DeepSeek yarn 0.82).  Longrope both ways: the 192-token text with
+# longrope 0.46 short / 0.77 long, Phi-4-mini's partial-rotary longrope 0.86, DeepSeek yarn 0.82).  Longrope both ways: the 192-token text with
 # n_ctx = original (512) runs the short factors in both; the 752-token LONG_TEXT with n_ctx 1024 the
 # long ones.  DeepSeek-V2-Lite's yarn (mscale = mscale_all_dim: llama.cpp scales kq by
 # (1 + 0.1 * 0.707 * ln 40)^2 = 1.59) is checked here only: with the default F16 cache its 27 wide
@@ -355,6 +356,7 @@ def _run_f32_cache(path: Path, ids: list[int], n_vocab: int, n_ctx: int = 512) -
     ("llama_linear", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
     ("phi3_longrope", _without_longrope, MULTILINGUAL, 512, 1e-5),
     ("phi3_longrope", _without_longrope, LONG_TEXT, 1024, 1e-5),
+    ("phi4mini_longrope", _without_longrope, LONG_TEXT, 1024, 1e-5),
     ("deepseek_v2_lite_yarn", _without_scaling_keys, MULTILINGUAL, 512, 1e-5),
     # Gemma 3's GELU goes through ggml's fp16 lookup table even in f32 (see BOUNDS): observed
     # 6.3e-4 with the F32 cache, 0.24 without the linear scaling of its full-attention layer
@@ -373,6 +375,23 @@ def test_rope_scaling_is_what_llama_cpp_applies(family, strip, text, n_ctx, boun
     plain = strip(g, tmp_path / "plain.gguf")
     assert _rel(_run_f32_cache(g, ids, ref.shape[1], n_ctx), ref) <= bound
     assert _rel(_run_f32_cache(plain, ids, ref.shape[1], n_ctx), ref) > 0.05
+
+
+@pytest.mark.parametrize("key, value", [("yarn_beta_fast", 4.0), ("yarn_beta_slow", 8.0), ("yarn_attn_factor", 3.0)])
+def test_llama_cpp_ignores_the_yarn_keys(key, value, family_src, tmp_path):
+    """llama.cpp's converter writes yarn_beta_fast / yarn_beta_slow / yarn_attn_factor from the
+    config, but its qwen2 graph loads none of them (only grok and mistral3 do): a file with any of
+    them changed to a value far from the default gives bit-identical logits.  So the converters
+    refuse configs and files whose values differ from what llama.cpp runs (tests/test_convert.py)."""
+    import gguf
+    from gguf_util import rewrite_gguf
+    from transformers import AutoTokenizer
+    src = family_src("qwen2_yarn")
+    ids = AutoTokenizer.from_pretrained(src).encode(MULTILINGUAL)
+    g = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    other = rewrite_gguf(g, tmp_path / "o.gguf", set_kv={f"qwen2.rope.scaling.{key}": (value, gguf.GGUFValueType.FLOAT32)})
+    a, b = _llama_logits(g, ids, 448), _llama_logits(other, ids, 448)
+    assert np.array_equal(a, b)
 
 
 def test_phimoe_long_mscale_is_not_applied_by_llama_cpp(family_src, tmp_path):

@@ -49,7 +49,8 @@ REFERENCE_FAILS = {"gpt_neox": "KeyError: 'rotary_pct'", "falcon_mq_nobias": "Ru
 FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_rope", "llama_linear", "qwen3_yarn", "mistral", "qwen3", "phi3_bpe", "gpt2_hub", "gemma3",
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
             "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2",
-            "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn", "gemma3_linear")
+            "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn", "gemma3_linear",
+            "phi4mini_longrope")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {

@@ -181,12 +181,17 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         scaling = longrope_from_gguf(*longrope, attn_factor, hp.get("orig_ctx"), cfg["max_position_embeddings"],
                                      rotary_dim=int(hp.get("rotary_dim") or base.get("head_dim")),
                                      mscales=spec.longrope_mscales, path=path)
-    elif spec.yarn_log_mul and (base.get("rope_parameters") or {}).get("rope_type") == "yarn":
-        from .rope_yarn_mscale import LOG_MUL, yarn_mscale_from_gguf
-        if (base["rope_parameters"]).get("attention_factor") is not None:
+    elif (base.get("rope_parameters") or {}).get("rope_type") == "yarn":
+        from ..arch.gguf_config import YARN_KEYS
+        from .rope_yarn_mscale import LOG_MUL, check_yarn_as_llamacpp_runs, yarn_mscale_from_gguf
+        rp = base["rope_parameters"]
+        if spec.yarn_log_mul and rp.get("attention_factor") is not None:
             raise UnsupportedError(f"{arch}.rope.scaling.yarn_attn_factor is not converted (llama.cpp's {arch} "
                                    "ignores it, transformers would apply it)", path=path)
-        scaling = yarn_mscale_from_gguf(gguf_hparam(meta, arch, LOG_MUL, path=path), arch, path)
+        check_yarn_as_llamacpp_runs({k: rp.get(k) for _, k in YARN_KEYS}, float(rp.get("factor") or 1.0), arch,
+                                    spelled={k: f"{arch}.{suffix}" for suffix, k in YARN_KEYS}, path=path)
+        if spec.yarn_log_mul:
+            scaling = yarn_mscale_from_gguf(gguf_hparam(meta, arch, LOG_MUL, path=path), arch, path)
     if longrope is None and attn_factor not in (None, 1.0):
         raise UnsupportedError(f"{arch}.rope.scaling.attn_factor = {attn_factor:g} is not converted (llama.cpp "
                                "multiplies cos and sin by it; only longrope files carry it here)", path=path)

@@ -1,4 +1,12 @@
-"""DeepSeek's yarn (``mscale`` / ``mscale_all_dim``) <-> GGUF's ``rope.scaling.yarn_log_multiplier``.
+"""yarn as llama.cpp runs it; DeepSeek's yarn (``mscale`` / ``mscale_all_dim``) <-> GGUF's
+``rope.scaling.yarn_log_multiplier``.
+
+llama.cpp 0.3.36 loads no ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` /
+``yarn_attn_factor`` for llama, qwen2, qwen3 or deepseek2 (only grok and mistral3 read them,
+``src/models/*.cpp``; llama-context.cpp then takes 32 / 1, and an attention factor of
+``0.1 ln factor + 1``, or DeepSeek's, below), although its converter writes them from the
+config.  A config (HF -> GGUF) or a file (GGUF -> HF) whose values differ from those is refused:
+the converted model would not be the one llama.cpp runs (:func:`check_yarn_as_llamacpp_runs`).
 
 transformers (modeling_deepseek_v2) multiplies cos and sin by ``get_mscale(factor, mscale) /
 get_mscale(factor, mscale_all_dim)`` (``_compute_yarn_parameters``; ``get_mscale(s, m) = 0.1 m
@@ -18,9 +26,30 @@ import numpy as np
 from ..arch.checked import POSITIVE
 from ..errors import UnsupportedError
 
-__all__ = ["LOG_MUL", "yarn_mscale_to_gguf", "yarn_mscale_from_gguf"]
+__all__ = ["LOG_MUL", "yarn_mscale_to_gguf", "yarn_mscale_from_gguf", "check_yarn_as_llamacpp_runs"]
 
 LOG_MUL = "rope.scaling.yarn_log_multiplier"
+# what llama.cpp's yarn applies whatever the file says (llama-hparams.h defaults, llama-context.cpp)
+_LLAMACPP_BETA = {"beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def check_yarn_as_llamacpp_runs(values: dict, factor: float, arch: str, *, spelled: dict, path: str | None,
+                                mscales: bool = False) -> None:
+    """``values``: beta_fast / beta_slow / attention_factor as the source has them (None: absent);
+    ``spelled``: how the source names each (a config key or a GGUF key) in the message;
+    ``mscales``: DeepSeek's, whose attention factor comes from mscale_all_dim (checked there)."""
+    import math
+    for key, want in _LLAMACPP_BETA.items():
+        v = values.get(key)
+        if v is not None and np.float32(v) != np.float32(want):
+            raise UnsupportedError(f"{spelled[key]} = {v!r} is not converted (llama.cpp's {arch} does not load it "
+                                   f"and runs {want:g})", path=path)
+    af = values.get("attention_factor")
+    if af is not None and not mscales:
+        want = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        if np.float32(af) != np.float32(want):
+            raise UnsupportedError(f"{spelled['attention_factor']} = {af!r} is not converted (llama.cpp's {arch} "
+                                   f"does not load it and applies 0.1 ln(factor) + 1 = {want:.6g})", path=path)
 
 
 def yarn_mscale_to_gguf(rp: dict, arch: str, path: str | None) -> list[tuple[str, float]]:

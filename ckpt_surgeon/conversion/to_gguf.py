@@ -187,8 +187,10 @@ def _per_layer_type_keys(conf: dict) -> tuple:
 
 
 # transformers' yarn parameter -> GGUF key suffix (TextModel.set_gguf_parameters writes each one
-# the config has); any other yarn parameter (mscale, mscale_all_dim, truncate ...) changes what
-# transformers computes in ways no GGUF key says, and is refused.
+# the config has, although llama.cpp loads none of them for these architectures: a value other
+# than the one it runs is refused, rope_yarn_mscale.check_yarn_as_llamacpp_runs); any other yarn
+# parameter (mscale, mscale_all_dim, truncate ...) changes what transformers computes in ways no
+# GGUF key says, and is refused.
 _YARN_KEYS = {key: suffix for suffix, key in YARN_KEYS}
 _ROPE_BASE_KEYS = ("rope_type", "rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor")
 
@@ -217,9 +219,12 @@ def _rope_scaling_kvs(cfg: dict, spec: N.ArchSpec, path: str | None) -> list:
             raise ConfigError(f"rope_parameters.original_max_position_embeddings = {orig!r}: a yarn RoPE needs it",
                               path=path)
         kvs.append(gw.KV(f"{arch}.rope.scaling.original_context_length", gw.VT.UINT32, orig))
+        from .rope_yarn_mscale import check_yarn_as_llamacpp_runs, yarn_mscale_to_gguf
         if spec.yarn_log_mul:           # DeepSeek: mscale / mscale_all_dim (checked before any key is kept)
-            from .rope_yarn_mscale import yarn_mscale_to_gguf
             log_mul = yarn_mscale_to_gguf(rp, arch, path)
+        check_yarn_as_llamacpp_runs({k: rp.get(k) for k in _YARN_KEYS}, float(factor), arch, path=path,
+                                    spelled={k: f"rope_parameters.{k}" for k in _YARN_KEYS},
+                                    mscales=spec.yarn_log_mul)
         for key, suffix in _YARN_KEYS.items():
             if rp.get(key) is not None:
                 kvs.append(gw.KV(f"{arch}.{suffix}", gw.VT.FLOAT32, float(rp[key])))
