@@ -1007,6 +1007,17 @@ def test_scaled_rope_is_refused_by_its_config_key(family, key, family_dir, tmp_p
     assert not (tmp_path / "r.gguf").exists()
 
 
+def _refused_gguf_to_hf(g: Path, tmp_path: Path, name: str, **rewrite) -> tuple[Path, str]:
+    """``g`` rewritten by gguf_util.rewrite_gguf(``rewrite``) into ``name``: GGUF -> HF refuses it
+    with an UnsupportedError and writes nothing; returns (the file, the message)."""
+    from gguf_util import rewrite_gguf
+    bad = rewrite_gguf(g, tmp_path / name, **rewrite)
+    with pytest.raises(UnsupportedError) as e:
+        gguf_to_hf(bad, tmp_path / "refused-hf")
+    assert not (tmp_path / "refused-hf").exists()
+    return bad, str(e.value)
+
+
 def test_gemma3_published_rope_scaling_converts_and_other_scalings_are_refused(family_dir, gguf_of, tmp_path):
     """Gemma 3 4B / 12B / 27B's config.json spells `rope_scaling: {rope_type: linear, factor: 8}`,
     which transformers applies to the full-attention layers only, as llama.cpp applies
@@ -1014,7 +1025,6 @@ def test_gemma3_published_rope_scaling_converts_and_other_scalings_are_refused(f
     scale 1) or another type is refused by the key that says it, and GGUF -> HF refuses a scaling
     type the architecture does not convert."""
     import gguf
-    from gguf_util import rewrite_gguf
 
     from ckpt_surgeon.checkpoint import open_checkpoint
     src = tmp_path / "src"
@@ -1046,13 +1056,9 @@ def test_gemma3_published_rope_scaling_converts_and_other_scalings_are_refused(f
         assert not (tmp_path / "r.gguf").exists()
     for family, arch, stype, only in (("gemma3_linear", "gemma3", "yarn", "'none' or 'linear'"),
                                       ("gemma2", "gemma2", "linear", "'none'")):
-        bad = rewrite_gguf(gguf_of(family), tmp_path / f"{family}.gguf",
-                           set_kv={f"{arch}.rope.scaling.type": (stype, gguf.GGUFValueType.STRING)})
-        with pytest.raises(UnsupportedError) as e:
-            gguf_to_hf(bad, tmp_path / "hf2")
-        assert str(e.value) == (f"{bad}: {arch}.rope.scaling.type = {stype!r} is not converted for this architecture "
-                                f"(only {only})")
-        assert not (tmp_path / "hf2").exists()
+        bad, message = _refused_gguf_to_hf(gguf_of(family), tmp_path, f"{family}.gguf",
+                                           set_kv={f"{arch}.rope.scaling.type": (stype, gguf.GGUFValueType.STRING)})
+        assert message == f"{bad}: {arch}.rope.scaling.type = {stype!r} is not converted for this architecture (only {only})"
 
 
 def test_remote_code_model_without_a_mapping_is_refused_by_its_model_type(family_dir, tmp_path):
@@ -1145,7 +1151,6 @@ def test_deepseek_yarn_metadata_both_ways(family_dir, gguf_of, tmp_path):
     = 0.707 as configs spell it.  A deepseek2 yarn file without the multiplier, or with a
     yarn_attn_factor llama.cpp's deepseek2 ignores, is refused."""
     import gguf
-    from gguf_util import rewrite_gguf
 
     from ckpt_surgeon.checkpoint import open_checkpoint
     g = gguf_of("deepseek_v2_yarn")
@@ -1159,11 +1164,8 @@ def test_deepseek_yarn_metadata_both_ways(family_dir, gguf_of, tmp_path):
              "a yarn file without deepseek2.rope.scaling.yarn_log_multiplier is not converted"),
             ({"set_kv": {"deepseek2.rope.scaling.yarn_attn_factor": (1.0, gguf.GGUFValueType.FLOAT32)}},
              "deepseek2.rope.scaling.yarn_attn_factor is not converted")):
-        bad = rewrite_gguf(g, tmp_path / "bad.gguf", **kwargs)
-        with pytest.raises(UnsupportedError) as e:
-            gguf_to_hf(bad, tmp_path / "hf2")
-        assert str(e.value).startswith(f"{bad}: {message}"), str(e.value)
-        assert not (tmp_path / "hf2").exists()
+        bad, got = _refused_gguf_to_hf(g, tmp_path, "bad.gguf", **kwargs)
+        assert got.startswith(f"{bad}: {message}"), got
         bad.unlink()
 
 
@@ -1172,7 +1174,6 @@ def test_yarn_values_llama_cpp_runs_convert_both_ways_and_others_are_refused(fam
     written as its converter writes them and read back; a file saying otherwise is refused GGUF -> HF
     (llama.cpp would run 32 / 1 / the default, transformers the file's value)."""
     import gguf
-    from gguf_util import rewrite_gguf
     src = tmp_path / "src"
     shutil.copytree(family_dir("qwen2_yarn"), src)
     cfg = read_json(src / "config.json")
@@ -1184,13 +1185,10 @@ def test_yarn_values_llama_cpp_runs_convert_both_ways_and_others_are_refused(fam
     assert rp["attention_factor"] == pytest.approx(0.1 * math.log(4.0) + 1.0, rel=1e-7)
     for key, value, want in (("yarn_beta_fast", 16.0, "runs 32"), ("yarn_beta_slow", 2.0, "runs 1"),
                              ("yarn_attn_factor", 1.5, "applies 0.1 ln(factor) + 1 = 1.13863")):
-        bad = rewrite_gguf(gguf_of("qwen2_yarn"), tmp_path / f"{key}.gguf",
-                           set_kv={f"qwen2.rope.scaling.{key}": (value, gguf.GGUFValueType.FLOAT32)})
-        with pytest.raises(UnsupportedError) as e:
-            gguf_to_hf(bad, tmp_path / "hf2")
-        assert str(e.value) == (f"{bad}: qwen2.rope.scaling.{key} = {value!r} is not converted (llama.cpp's qwen2 "
-                                f"does not load it and {want})")
-        assert not (tmp_path / "hf2").exists()
+        bad, message = _refused_gguf_to_hf(gguf_of("qwen2_yarn"), tmp_path, f"{key}.gguf",
+                                           set_kv={f"qwen2.rope.scaling.{key}": (value, gguf.GGUFValueType.FLOAT32)})
+        assert message == f"{bad}: qwen2.rope.scaling.{key} = {value!r} is not converted (llama.cpp's qwen2 does " \
+                          f"not load it and {want})"
 
 
 @pytest.mark.parametrize("extra", [{"mscale": 0.707}, {"mscale_all_dim": 1.0}, {"truncate": False},
