@@ -145,25 +145,32 @@ def test_hf_to_gguf_is_identical_to_llama_cpp_converter(family, family_src, tmp_
     for outtype in OUTTYPES:
         ref = ref_dir / f"{outtype}.gguf"
         ours = hf_to_gguf(src, tmp_path / f"{outtype}.gguf", dtype=outtype, name="tiny")
-        a, b = _tensors(ours), _tensors(ref)
-        assert sorted(a) == sorted(b), (outtype, sorted(set(a) ^ set(b)))
-        for name in b:
-            if (family, name) in TENSOR_PREFIX_ONLY:
-                assert a[name][0] == b[name][0] and a[name][1][1:] == b[name][1][1:], (outtype, name)
-                assert a[name][1][0] > b[name][1][0] and a[name][2][: len(b[name][2])] == b[name][2], (outtype, name)
-                if outtype == "f32":
-                    _assert_llama_cpp_refuses(ref, "token_embd.weight")
-                continue
-            assert a[name][:2] == b[name][:2], (outtype, name, a[name][:2], b[name][:2])
-            assert a[name][2] == b[name][2], (outtype, name, "bytes differ")
-        meta_a, _ = gguf_metadata(ours)
-        meta_b, _ = gguf_metadata(ref)
-        for key, value in meta_b.items():
-            if key in EXEMPT:
-                continue
-            assert key in meta_a, (outtype, f"we do not write {key} = {value!r:.80}")
-            if key not in EXEMPT_VALUE:
-                assert meta_a[key] == value, (outtype, key, meta_a[key], value)
+        assert_matches_reference(ours, ref, family, outtype)
+
+
+def assert_matches_reference(ours: Path, ref: Path, family: str, outtype: str) -> None:
+    """Every tensor of the reference's file in ours with the same name, ggml type, shape and bytes
+    (bar TENSOR_PREFIX_ONLY), and every metadata key it writes written by us with its value (bar
+    EXEMPT / EXEMPT_VALUE)."""
+    a, b = _tensors(ours), _tensors(ref)
+    assert sorted(a) == sorted(b), (outtype, sorted(set(a) ^ set(b)))
+    for name in b:
+        if (family, name) in TENSOR_PREFIX_ONLY:
+            assert a[name][0] == b[name][0] and a[name][1][1:] == b[name][1][1:], (outtype, name)
+            assert a[name][1][0] > b[name][1][0] and a[name][2][: len(b[name][2])] == b[name][2], (outtype, name)
+            if outtype == "f32":
+                _assert_llama_cpp_refuses(ref, "token_embd.weight")
+            continue
+        assert a[name][:2] == b[name][:2], (outtype, name, a[name][:2], b[name][:2])
+        assert a[name][2] == b[name][2], (outtype, name, "bytes differ")
+    meta_a, _ = gguf_metadata(ours)
+    meta_b, _ = gguf_metadata(ref)
+    for key, value in meta_b.items():
+        if key in EXEMPT:
+            continue
+        assert key in meta_a, (outtype, f"we do not write {key} = {value!r:.80}")
+        if key not in EXEMPT_VALUE:
+            assert meta_a[key] == value, (outtype, key, str(meta_a[key])[:200], str(value)[:200])
 
 
 def _assert_llama_cpp_refuses(path: Path, tensor: str) -> None:
