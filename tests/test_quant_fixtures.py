@@ -180,14 +180,12 @@ def _elem_bound(w: np.ndarray, elem: tuple) -> np.ndarray:
         return np.broadcast_to(bound, g.shape).reshape(w.shape)
     if kind == "nf4":
         # bitsandbytes nf4: code = nearest of 16 fixed levels of absmax over 64 consecutive
-        # elements (row-major). The widest gap between NF4 levels is -1.0 .. -0.6961928 (of
-        # absmax, bitsandbytes' NF4 table), so rounding moves an element by at most half of it,
-        # 0.1519036 absmax: a weight at that midpoint reaches the bound (seen: 0.99995 of it),
-        # so only float32's own rounding of absmax * level (2^-23) is added.
+        # elements (row-major). The widest gap between NF4 levels is -1.0 .. -0.6962 = 0.3038
+        # of absmax (bitsandbytes' NF4 table), so rounding moves an element by <= 0.1519
+        # absmax (absmax and the levels are float32: no further rounding to allow for).
         flat = w.reshape(-1, elem[1])
         absmax = np.abs(flat).max(axis=1, keepdims=True)
-        half_gap = (1.0 - 0.6961928009986877) / 2
-        bound = np.broadcast_to(half_gap * absmax * (1 + 2.0 ** -20), flat.shape)
+        bound = np.broadcast_to(0.1519 * absmax * (1 + 2.0 ** -16), flat.shape)
         return bound.reshape(w.shape)
     if kind == "fp8":
         rows, cols = elem[1]
