@@ -422,7 +422,9 @@ def summarize(h_s: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, context:
         tv = float(np.abs(np.diff(f)).sum())
         tot = float(absh[i].sum())
         out.append(ProfileSummary(
-            f0=f0, g={k: float(fm[i, j] - f0) for j, k in enumerate(marks)}, drop=drop, trend=trend,
+            # distances beyond the window do not occur in it: null
+            f0=f0, g={k: (float(fm[i, j] - f0) if v <= top else None) for j, (k, v) in enumerate(marks.items())},
+            drop=drop, trend=trend,
             half_drop_first=first, half_drop_last=last, argmax=float(grid[int(np.argmax(f))]),
             monotone=(abs(drop) / tv) if tv > 0 else None,
             alignment=float(h_s[i].real.sum() / tot) if tot > 0 else None,
