@@ -78,13 +78,22 @@ def pass_dims(head_dim: int, pairs: np.ndarray) -> np.ndarray:
     return np.setdiff1d(np.arange(head_dim), pairs.reshape(-1))
 
 
-def profile_values(h: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, deltas, rot_scale: float) -> np.ndarray:
+def phases(inv_freq: np.ndarray, deltas) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos Δθ_j, sin Δθ_j)``, each ``[P, D]`` (one per model: every layer shares them; two real
+    products are several times faster than one complex one)."""
+    ang = np.outer(inv_freq, np.asarray(deltas, dtype=np.float64))
+    return np.cos(ang), np.sin(ang)
+
+
+def profile_values(h: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, deltas, rot_scale: float,
+                   phase: np.ndarray | None = None) -> np.ndarray:
     """``rot_scale * sum_j Re(h_j e^{i Δ θ_j}) + const`` for every head and distance -> ``[H, D]``.
 
-    ``h`` ``[H, P]`` complex pair products, ``const`` ``[H]`` (the scaled pass-through product)."""
-    d = np.asarray(deltas, dtype=np.float64)
-    phase = np.exp(1j * np.outer(inv_freq, d))                # [P, D]
-    return rot_scale * (h @ phase).real + np.asarray(const)[:, None]
+    ``h`` ``[H, P]`` complex pair products, ``const`` ``[H]`` (the scaled pass-through product);
+    ``phase``: :func:`phases` of ``inv_freq`` and ``deltas`` when already computed."""
+    c, s = phases(inv_freq, deltas) if phase is None else phase
+    h = np.asarray(h)
+    return rot_scale * (h.real @ c - h.imag @ s) + np.asarray(const)[:, None]
 
 
 def window_mean(h: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, lo: int, hi: int, rot_scale: float) -> np.ndarray:
@@ -398,14 +407,21 @@ def _measured_cells(heads) -> dict:
 # Over a checkpoint
 # ----------------------------------------------------------------------------------------------
 
-def summarize(h_s: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, context: int) -> list[ProfileSummary]:
+def summarize(h_s: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, context: int,
+              cache: dict | None = None) -> list[ProfileSummary]:
     """The summaries of every head: ``h_s`` ``[H, P]`` pair products already scaled by ``s a^2``,
-    ``const`` ``[H]`` the scaled pass-through product, over distances ``[0, context - 1]``."""
+    ``const`` ``[H]`` the scaled pass-through product, over distances ``[0, context - 1]``.
+    ``cache``: a dict kept across the layers of one model (the grid's phases)."""
     top = max(int(context) - 1, 1)
-    grid = summary_grid(top)
-    fg = profile_values(h_s, const, inv_freq, grid, 1.0)                                # [H, N]
     marks = {"1k": 1024, "8k": 8192, "32k": 32768, "ctx": top}
-    fm = profile_values(h_s, const, inv_freq, list(marks.values()), 1.0)
+    cache = {} if cache is None else cache
+    if "grid" not in cache:
+        cache["grid"] = summary_grid(top)
+        cache["ph_grid"] = phases(inv_freq, cache["grid"])
+        cache["ph_marks"] = phases(inv_freq, list(marks.values()))
+    grid = cache["grid"]
+    fg = profile_values(h_s, const, inv_freq, grid, 1.0, cache["ph_grid"])              # [H, N]
+    fm = profile_values(h_s, const, inv_freq, None, 1.0, cache["ph_marks"])
     far = window_mean(h_s, const, inv_freq, top // 2 + (top % 2), top, 1.0)             # [L/2, L-1]
     absh = np.abs(h_s)
     fac = angle_factor(inv_freq, top)
@@ -502,6 +518,8 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
     rot = s * rf.attention_factor ** 2
     group = H // G if (H and G and H % G == 0) else None
     sinks = sink_layers(ck.tensors)
+    ph = phases(inv, d)
+    cache: dict = {}
     layers = []
     for lt in layout.layers:
         vecs = vectors[lt.layer] if vectors is not None else layer_vectors(ck, layout, lt)
@@ -521,8 +539,8 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
         h = complex_pairs(bq, pairs) * np.conj(complex_pairs(bk, pairs))[kv_of]         # [H, P]
         const = s * (bq[:, pdims] * bk[kv_of][:, pdims]).sum(1)
         h_s = rot * h
-        f = profile_values(h_s, const, inv, d, 1.0)
-        sums = summarize(h_s, const, inv, L)
+        f = profile_values(h_s, const, inv, d, 1.0, ph)
+        sums = summarize(h_s, const, inv, L, cache)
         layers.append(LayerProfile(lt.layer, tuple(
             HeadProfile(i, int(kv_of[i]), f[i], h_s[i].real, np.abs(h_s[i]), sums[i]) for i in range(H))))
     period = 2 * math.pi / inv

@@ -1,0 +1,346 @@
+"""The distance profile (``analyze --distance-profile``, issue 25): closed forms, the logits a real
+transformers forward pass computes, the measured decomposition, the spread bound, and the rope
+frequencies against transformers' own ``ROPE_INIT_FUNCTIONS``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+from safetensors.numpy import load_file, save_file
+
+from ckpt_surgeon.analysis import measure as M
+from ckpt_surgeon.analysis.distance_measure import measure_profile
+from ckpt_surgeon.analysis.distance_profile import default_deltas, distance_profile, summary_grid, window_mean
+from ckpt_surgeon.arch.rope_frequencies import parse_rope_scaling, rope_frequencies
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.cli import cli
+from ckpt_surgeon.conversion import hf_to_gguf
+
+ALL = ",".join(str(i) for i in range(256))      # every distance of the tiny qwen2's window
+
+
+def _edit(tiny, tmp_path, name, fn, sub="m"):
+    """A copy of the tiny fixture ``name`` with ``fn(tensors)`` applied (float64 numpy dict)."""
+    dst = tmp_path / sub
+    shutil.copytree(tiny(name), dst)
+    t = load_file(dst / "model.safetensors")
+    fn(t)
+    save_file(t, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def _profile(src, **kw):
+    with open_checkpoint(src) as ck:
+        return distance_profile(ck, **kw)
+
+
+def _cfg(src):
+    return json.loads((src / "config.json").read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Closed forms
+# ----------------------------------------------------------------------------------------------
+
+def test_constant_biases_give_the_cosine_sum(tiny, tmp_path):
+    mu = 0.75                 # exact in float32 (the fixture stores float32)
+
+    def const(t):
+        for k in list(t):
+            if k.endswith(("q_proj.bias", "k_proj.bias")):
+                t[k] = np.full_like(t[k], mu)
+    src = _edit(tiny, tmp_path, "qwen2", const)
+    p = _profile(src, deltas=ALL)
+    cfg = _cfg(src)
+    hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+    theta = cfg["rope_parameters"]["rope_theta"]
+    inv = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+    d = np.arange(256)
+    # z_j = mu (1 + i) for both: h_j = 2 mu^2, so f = s 2 mu^2 sum_j cos(Δ θ_j)
+    want = hd ** -0.5 * 2 * mu ** 2 * np.cos(np.outer(d, inv)).sum(1)
+    for lp in p.layers:
+        assert len(lp.heads) == cfg["num_attention_heads"]
+        for h in lp.heads:
+            np.testing.assert_allclose(h.f, want, rtol=0, atol=1e-12)
+            assert h.summary.alignment == pytest.approx(1.0)        # every pair aligned
+    assert p.model.first_zero == int(d[np.argmax(np.cos(np.outer(d, inv)).sum(1) <= 0)])
+
+    def flip(t):
+        const(t)
+        for k in list(t):
+            if k.endswith("k_proj.bias"):
+                t[k] = -t[k]
+    q = _profile(_edit(tiny, tmp_path, "qwen2", flip, "flipped"), deltas=ALL)
+    for a, b in zip(p.layers, q.layers):
+        for ha, hb in zip(a.heads, b.heads):
+            np.testing.assert_array_equal(hb.f, -ha.f)                  # flipping b_k flips the sign
+            assert hb.summary.trend == {"decay": "enhance", "enhance": "decay", "flat": "flat"}[ha.summary.trend]
+
+
+def test_f0_is_the_scaled_dot_product(tiny):
+    src = tiny("qwen2")
+    p = _profile(src)
+    cfg = _cfg(src)
+    H, G = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg["hidden_size"] // H
+    t = load_file(src / "model.safetensors")
+    for lp in p.layers:
+        bq = t[f"model.layers.{lp.layer}.self_attn.q_proj.bias"].astype(np.float64).reshape(H, hd)
+        bk = t[f"model.layers.{lp.layer}.self_attn.k_proj.bias"].astype(np.float64).reshape(G, hd)
+        for h in lp.heads:
+            want = hd ** -0.5 * bq[h.q_head] @ bk[h.q_head // (H // G)]
+            assert p.deltas[0] == 0 and h.f[0] == pytest.approx(want, rel=1e-13, abs=1e-15)
+            assert h.summary.f0 == pytest.approx(want, rel=1e-13, abs=1e-15)
+
+
+def test_window_mean_and_summaries_against_brute_force():
+    rng = np.random.default_rng(3)
+    inv = 1.0 / 10000 ** (np.arange(0, 32, 2) / 32)
+    h = rng.normal(size=(3, 16)) + 1j * rng.normal(size=(3, 16))
+    const = rng.normal(size=3)
+    d = np.arange(100, 400)
+    brute = (h @ np.exp(1j * np.outer(inv, d))).real.mean(1) * 0.3 + const
+    np.testing.assert_allclose(window_mean(h, const, inv, 100, 399, 0.3), brute, rtol=1e-12, atol=1e-12)
+    g = summary_grid(5000)
+    assert g[0] == 0 and g[-1] == 5000 and np.all(np.diff(g) > 0) and np.array_equal(g[:257], np.arange(257))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Logits of a real forward pass, through the HF file and the project's own GGUF
+# ----------------------------------------------------------------------------------------------
+
+def _zero_qk_weights(t):
+    for k in list(t):
+        if k.endswith(("q_proj.weight", "k_proj.weight")):
+            t[k] = np.zeros_like(t[k])
+
+
+def _captured_logits(src, ids):
+    """Every layer's pre-softmax logits ``[H, T, T]`` of an eager float64 forward pass."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64, attn_implementation="eager")
+    rec: dict = {}
+    with M._capture_softmax(rec):
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    return [rec[i][0].numpy() for i in sorted(rec)]
+
+
+def test_logits_equal_the_static_profile_hf_and_gguf(tiny, tmp_path):
+    src = _edit(tiny, tmp_path, "qwen2", _zero_qk_weights)
+    gguf = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    T = 40
+    ids = torch.arange(5, 5 + T).reshape(1, T)
+    logits = _captured_logits(src, ids)
+    m, n = np.tril_indices(T)
+    for path in (src, gguf):
+        p = _profile(path, deltas=ALL)
+        assert p.layers and all(lp.heads for lp in p.layers)
+        for lp, lg in zip(p.layers, logits):
+            for h in lp.heads:
+                got = lg[h.q_head][m, n]
+                want = h.f[m - n]
+                # transformers computes the rotary angles p·θ_j and their cos / sin in float32 even
+                # in a float64 model: at p < 40 the angle carries <= 40 * 2^-24 rad of rounding, so
+                # each pair term is off by at most ~3e-6 |h_j| (two rotations): 1e-5 of sum |h_j|.
+                tol = 1e-5 * h.abs_h.sum() + 1e-12
+                assert np.abs(got - want).max() <= tol, (path, lp.layer, h.q_head)
+    # the profile really varies with the distance (the comparison is not between constants)
+    assert np.ptp(p.layers[0].heads[0].f[:T]) > 1e-2
+
+
+def test_permuted_gguf_gives_the_same_profile(tiny, tmp_path):
+    """llama.cpp permutes llama Q/K rows to interleaved pairs; the profile reads them as such."""
+    src = tiny("llama_bias")
+    gguf = hf_to_gguf(src, tmp_path / "l.gguf", dtype="f32", name="tiny")
+    a, b = _profile(src), _profile(gguf)
+    assert (a.pair_layout, b.pair_layout) == ("rotate_half", "interleaved")
+    for la, lb in zip(a.layers, b.layers):
+        for ha, hb in zip(la.heads, lb.heads):
+            # f32 GGUF of an f32 checkpoint: the same bias values, summed in another pair order
+            np.testing.assert_allclose(hb.f, ha.f, rtol=1e-12, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Measured mode: the parts add up to the measured mean logit
+# ----------------------------------------------------------------------------------------------
+
+def _float64_rope(model):
+    """Rotary cos / sin in float64 (transformers computes them in float32 whatever the model dtype),
+    so the identity can be checked at float64 rounding."""
+    emb = model.model.rotary_emb
+    cfg = model.config
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+
+    def forward(x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv
+        e = torch.cat((freqs, freqs), dim=-1)
+        return e.cos().to(x.dtype), e.sin().to(x.dtype)
+    emb.forward = forward
+
+
+@pytest.mark.parametrize("exact_rope", [True, False])
+def test_measured_mean_logit_is_the_sum_of_the_parts(tiny, exact_rope):
+    src = tiny("qwen2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64, attn_implementation="eager")
+    model.eval()
+    if exact_rope:
+        _float64_rope(model)
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    from ckpt_surgeon.analysis.prompts import default_prompts
+    static = _profile(src, deltas="0,1,2,3,5,8,13,21,34,55,89,144,255")
+    p = measure_profile(src, static, prompts=default_prompts()[:3], dtype="float64", device="cpu", skip_first=4,
+                        model=model, tokenizer=tok)
+    assert p.measured["skip_first"] == 4 and p.measured["max_delta"] > 21
+    for lp in p.layers:
+        for h in lp.heads:
+            mt, cv = h.mean, h.cov
+            # bilinear split: the four parts are the total, and bias·bias is the static profile
+            np.testing.assert_allclose(mt.bias_bias + mt.bias_content + mt.content_bias + mt.content_content,
+                                       mt.total, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(mt.bias_bias, h.f, rtol=1e-9, atol=1e-12)
+            seen = np.isfinite(cv.mean_logit)
+            assert seen[:6].all() and not seen[-1]          # Δ = 255 is beyond every prompt
+            assert np.isnan(cv.f[~seen]).all()
+            # float64 angles: the parts equal the measured mean logit at float64 rounding; the
+            # runtime's float32 angles leave <= ~40 positions * 2^-24 rad per rotation: 1e-5 relative
+            tol = 1e-10 if exact_rope else 1e-5 * (np.abs(cv.mean_logit[seen]).max() + 1)
+            assert cv.residual <= tol, (lp.layer, h.q_head, cv.residual)
+            assert np.all(cv.se[seen] >= 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The spread never exceeds its bound
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2_long", "llama_bias"])
+def test_spread_within_bound(tiny, name):
+    src = tiny(name)
+    p = _profile(src, context=256, deltas=ALL)
+    for lp in p.layers:
+        for h in lp.heads:
+            s = h.summary
+            brute = float(np.ptp(h.f))                         # every integer distance of the window
+            assert s.spread <= brute + 1e-12                   # the grid sees a subset
+            assert brute <= s.spread_bound * (1 + 1e-12)
+    rng = np.random.default_rng(0)
+    from ckpt_surgeon.analysis.distance_profile import summarize
+    for theta, L in ((1e4, 4096), (1e6, 32768), (500.0, 300)):
+        inv = 1.0 / theta ** (np.arange(0, 64, 2) / 64)
+        h = rng.normal(size=(8, 32)) * np.exp(1j * rng.uniform(0, 2 * np.pi, size=(8, 32)))
+        d = np.arange(L)
+        brute = (h @ np.exp(1j * np.outer(inv, d))).real
+        for i, s in enumerate(summarize(h, np.zeros(8), inv, L)):
+            assert np.ptp(brute[i]) <= s.spread_bound * (1 + 1e-12)
+            assert s.drop == pytest.approx(brute[i, 0] - brute[i, L // 2:].mean(), abs=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Frequencies and attention factor: transformers' ROPE_INIT_FUNCTIONS
+# ----------------------------------------------------------------------------------------------
+
+SCALINGS = [
+    ("default", {}),
+    ("linear", {"factor": 4.0}),
+    ("dynamic", {"factor": 2.0}),
+    ("yarn", {"factor": 4.0, "original_max_position_embeddings": 64}),
+    ("yarn", {"factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 16, "beta_slow": 2,
+              "mscale": 0.707, "mscale_all_dim": 1.0}),
+    ("yarn", {"factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 1.3, "truncate": False}),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}),
+    ("longrope", {"short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.5 + 0.5 * i for i in range(8)],
+                  "original_max_position_embeddings": 64}),
+]
+
+
+@pytest.mark.parametrize("rtype,extra", SCALINGS, ids=[f"{t}{i}" for i, (t, _) in enumerate(SCALINGS)])
+@pytest.mark.parametrize("length", [None, 48, 1000])
+def test_frequencies_match_transformers(tiny, tmp_path, rtype, extra, length):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    dst = tmp_path / "m"
+    shutil.copytree(tiny("qwen2"), dst)
+    cfg = _cfg(dst)
+    cfg["max_position_embeddings"] = 256
+    cfg["rope_parameters"] = {"rope_type": rtype, "rope_theta": 10000.0, **extra}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    tcfg = transformers.Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures",)})
+    if rtype == "default":
+        inv_t = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+        af_t = 1.0
+    else:
+        # the runtime's length: ours evaluates at max positions when none is given
+        inv_t, af_t = ROPE_INIT_FUNCTIONS[rtype](tcfg, None, seq_len=length or cfg["max_position_embeddings"])
+    with open_checkpoint(dst) as ck:
+        rf = rope_frequencies(ck.layout(), ck.config, length=length)
+    # transformers computes in float32: agreement to a few float32 ulps
+    np.testing.assert_allclose(rf.inv_freq, inv_t.double().numpy(), rtol=4e-7, atol=0)
+    assert rf.attention_factor == pytest.approx(float(af_t), rel=1e-12)
+    assert rf.rope_type == rtype
+
+
+def test_whatif_and_cli(tiny, tmp_path):
+    src = tiny("qwen2_long")
+    with open_checkpoint(src) as ck:
+        p = distance_profile(ck, context=4096, scaling=parse_rope_scaling("yarn:4"), theta=1e7)
+    assert p.whatif is not None and p.whatif.context == 4 * 4096 and p.context == 4096
+    assert p.whatif.rope.rope_type == "yarn" and p.whatif.rope.theta == 1e7
+    assert p.whatif.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    assert p.deltas[-1] == 4 * 4096 - 1
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(cli, ["analyze", str(src), "--distance-profile", "--context", "4096", "--rope-scaling",
+                                 "linear:2", "--format", "json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())["distance_profile"]
+    assert {"deltas", "attn_scale", "attention_factor", "rope", "model", "layers"} <= set(d)
+    h = d["layers"][0]["heads"][0]
+    assert set(h) == {"q_head", "kv_head", "bias", "mean", "cov"} and h["mean"] is None
+    assert len(h["bias"]["f"]) == len(d["deltas"]) and d["whatif"]["rope"]["rope_type"] == "linear"
+    r = CliRunner().invoke(cli, ["analyze", str(src), "--distance-profile", "--deltas", "log:10", "--format", "csv"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0] == "profile,layer,q_head,kv_head,term,delta,value"
+    n_d = len(default_deltas(32767, 10))                       # qwen2_long: 32768 positions
+    assert len(lines) - 1 == 2 * 4 * n_d and lines[-1].startswith(f"config,1,3,1,bias,32767,")   # layers x heads x Δ
+    r = CliRunner().invoke(cli, ["analyze", str(src), "--distance-profile", "--per-head", "--format", "markdown"])
+    assert r.exit_code == 0 and "half_first" in r.output and r.output.count("\n| 1 |") == 4
+    r = CliRunner().invoke(cli, ["analyze", str(src), "--rope-theta", "1e7"])
+    assert r.exit_code == 2 and "--distance-profile" in r.output
+    r = CliRunner().invoke(cli, ["analyze", str(src), "--distance-profile", "--rope-scaling", "yarn:x"])
+    assert r.exit_code == 2 and "--rope-scaling 'yarn:x'" in r.output
+
+
+@pytest.mark.parametrize("name,note", [("qwen3", "q/k-norm"), ("gpt2", "no rotary"), ("llama", "no q/k biases")])
+def test_nothing_to_profile_gets_a_note(tiny, name, note):
+    p = _profile(tiny(name))
+    notes = list(p.notes) + [lp.note for lp in p.layers]
+    assert any(note in (n or "") for n in notes)
+    assert not any(lp.heads for lp in p.layers)
+
+
+def test_partial_rotary_reports_the_pass_through_constant(tiny):
+    src = tiny("phi")
+    p = _profile(src, deltas=ALL)
+    cfg = _cfg(src)
+    assert p.rope.rotary_dim < cfg["hidden_size"] // cfg["num_attention_heads"]
+    t = load_file(src / "model.safetensors")
+    for lp in p.layers:
+        for h in lp.heads:
+            assert h.summary.pass_const != 0
+            # the pass-through part does not move with Δ: the spread bound ignores it and holds
+            assert np.ptp(h.f) <= h.summary.spread_bound * (1 + 1e-12)
+
+
+def test_plots(tiny, tmp_path):
+    from ckpt_surgeon.analysis.distance_plots import plot_profile
+    written = plot_profile(_profile(tiny("qwen2")), tmp_path / "plots")
+    assert sorted(p.name for p in written) == ["g_heatmap.png", "g_layer0.png", "g_layer1.png", "pairs_layer0.png",
+                                              "pairs_layer1.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
