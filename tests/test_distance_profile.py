@@ -344,3 +344,15 @@ def test_plots(tiny, tmp_path):
     assert sorted(p.name for p in written) == ["g_heatmap.png", "g_layer0.png", "g_layer1.png", "pairs_layer0.png",
                                               "pairs_layer1.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+def test_static_profile_does_not_import_torch(tiny):
+    """The static profile reads biases and the config only (numpy): checked in a fresh process."""
+    import subprocess
+    import sys
+    code = ("import sys; from ckpt_surgeon.checkpoint import open_checkpoint; "
+            "from ckpt_surgeon.analysis.distance_profile import distance_profile; "
+            f"ck = open_checkpoint({str(tiny('qwen2'))!r}); p = distance_profile(ck); "
+            "assert p.layers[0].heads; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -93,7 +93,10 @@ def profile_values(h: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, delta
     ``phase``: :func:`phases` of ``inv_freq`` and ``deltas`` when already computed."""
     c, s = phases(inv_freq, deltas) if phase is None else phase
     h = np.asarray(h)
-    return rot_scale * (h.real @ c - h.imag @ s) + np.asarray(const)[:, None]
+    # einsum, not matmul: these products are small ([H, P] x [P, D]), and OpenBLAS's threads
+    # spin-wait when the CPUs are busy (10x slower than einsum's single-threaded loop, measured on
+    # the 7B shape with the machine loaded)
+    return rot_scale * (np.einsum("hp,pd->hd", h.real, c) - np.einsum("hp,pd->hd", h.imag, s)) + np.asarray(const)[:, None]
 
 
 def window_mean(h: np.ndarray, const: np.ndarray, inv_freq: np.ndarray, lo: int, hi: int, rot_scale: float) -> np.ndarray:
