@@ -155,6 +155,33 @@ def test_logits_equal_the_static_profile_hf_and_gguf(tiny, tmp_path):
     assert np.ptp(p.layers[0].heads[0].f[:T]) > 1e-2
 
 
+# (qwen2_moe's attention is qwen2's; its grouped-GEMM experts do not run in float64)
+ROTARY_BIASED = ["llama_bias", "starcoder2", "phi", "gpt_neox", "falcon", "falcon_mq", "falcon_old", "stablelm"]
+
+
+@pytest.mark.parametrize("name", ROTARY_BIASED)
+def test_logits_equal_the_static_profile_across_families(tiny, tmp_path, name):
+    """Fused qkv, partial rotary, parallel blocks, MQA: with the attention-input norm zeroed the
+    projections see x = 0, so q~ = b_q and k~ = b_k exactly and the logits are f_b(m - n)."""
+    with open_checkpoint(tiny(name)) as ck:
+        norms = [n for lt in ck.layout().layers for n in (lt.attn_norm, lt.attn_norm_bias) if n]
+
+    def zero_norm(t):
+        for n in norms:
+            t[n] = np.zeros_like(t[n])
+    src = _edit(tiny, tmp_path, name, zero_norm)
+    T = 40
+    logits = _captured_logits(src, torch.arange(5, 5 + T).reshape(1, T))
+    m, n = np.tril_indices(T)
+    p = _profile(src, deltas=ALL)
+    assert len(p.layers) == len(logits) and all(lp.heads for lp in p.layers)
+    for lp, lg in zip(p.layers, logits):
+        for h in lp.heads:
+            # float32 rotary angles in transformers: see test_logits_equal_the_static_profile_hf_and_gguf
+            tol = 1e-5 * h.abs_h.sum() + 1e-12 * (1 + abs(h.summary.pass_const))
+            assert np.abs(lg[h.q_head][m, n] - h.f[m - n]).max() <= tol, (lp.layer, h.q_head)
+
+
 def test_permuted_gguf_gives_the_same_profile(tiny, tmp_path):
     """llama.cpp permutes llama Q/K rows to interleaved pairs; the profile reads them as such."""
     src = tiny("llama_bias")
