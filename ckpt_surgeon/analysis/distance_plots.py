@@ -41,7 +41,9 @@ def _save(fig, path: Path) -> Path:
 
 
 def _marks(ax, context):
-    for x, lab in [(m, f"{m // 1024}k") for m in MARKS] + [(context - 1, "context")]:
+    # a mark within 15 % of the context would print over the context's label
+    marks = [(m, f"{m // 1024}k") for m in MARKS if abs(m - (context - 1)) > 0.15 * context]
+    for x, lab in marks + [(context - 1, "context")]:
         if x and x <= ax.get_xlim()[1] * 1.01:
             ax.axvline(x, color="0.6", lw=0.8, ls=":")
             ax.text(x, 1.0, lab, transform=ax.get_xaxis_transform(), fontsize=7, ha="center", va="bottom")
@@ -64,7 +66,7 @@ def plot_layer_g(profile, layer: int, ax=None):
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("distance Δ = m - n")
     ax.set_ylabel("g(Δ) = f(Δ) - f(0)  [logit]")
-    ax.set_title(f"layer {layer}: bias·bias profile ({profile.label})", fontsize=9)
+    ax.set_title(f"layer {layer}: bias·bias profile ({profile.label})", fontsize=9, pad=14)
     ax.axhline(0, color="k", lw=0.5)
     _marks(ax, profile.context)
     ax.legend(fontsize=7, loc="best")
@@ -109,9 +111,9 @@ def plot_pairs(profile, layer: int, ax=None):
            color=np.where(re >= 0, "tab:blue", "tab:red"))
     ax.axvline(0, color="0.5", ls=":", lw=0.8)
     ax.text(0, 1.0, "θL = 1", transform=ax.get_xaxis_transform(), fontsize=7, ha="center", va="bottom")
-    ax.set_xlabel("log10(θ_j L)  (left of 1: plateau, invisible to softmax)")
+    ax.set_xlabel("log10(θ_j L)  (left of 0, θ_j L < 1: plateau, invisible to softmax)")
     ax.set_ylabel("Σ_heads s a² Re h_j")
-    ax.set_title(f"layer {layer}: which frequency pairs carry the bias product", fontsize=9)
+    ax.set_title(f"layer {layer}: which frequency pairs carry the bias product", fontsize=9, pad=14)
     return fig or ax.figure
 
 
