@@ -335,7 +335,7 @@ def test_whatif_and_cli(tiny, tmp_path):
     lines = r.output.strip().splitlines()
     assert lines[0] == "profile,layer,q_head,kv_head,term,delta,value"
     n_d = len(default_deltas(32767, 10))                       # qwen2_long: 32768 positions
-    assert len(lines) - 1 == 2 * 4 * n_d and lines[-1].startswith(f"config,1,3,1,bias,32767,")   # layers x heads x Δ
+    assert len(lines) - 1 == 2 * 4 * n_d and lines[-1].startswith("config,1,3,1,bias,32767,")   # layers x heads x Δ
     r = CliRunner().invoke(cli, ["analyze", str(src), "--distance-profile", "--per-head", "--format", "markdown"])
     assert r.exit_code == 0 and "half_first" in r.output and r.output.count("\n| 1 |") == 4
     r = CliRunner().invoke(cli, ["analyze", str(src), "--rope-theta", "1e7"])
@@ -358,9 +358,14 @@ def test_partial_rotary_reports_the_pass_through_constant(tiny):
     cfg = _cfg(src)
     assert p.rope.rotary_dim < cfg["hidden_size"] // cfg["num_attention_heads"]
     t = load_file(src / "model.safetensors")
+    H, G = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    hd, r = cfg["hidden_size"] // H, p.rope.rotary_dim
     for lp in p.layers:
+        bq = t[f"model.layers.{lp.layer}.self_attn.q_proj.bias"].astype(np.float64).reshape(H, hd)
+        bk = t[f"model.layers.{lp.layer}.self_attn.k_proj.bias"].astype(np.float64).reshape(G, hd)
         for h in lp.heads:
-            assert h.summary.pass_const != 0
+            want = hd ** -0.5 * bq[h.q_head, r:] @ bk[h.q_head // (H // G), r:]
+            assert h.summary.pass_const == pytest.approx(want, rel=1e-12) and want != 0
             # the pass-through part does not move with Δ: the spread bound ignores it and holds
             assert np.ptp(h.f) <= h.summary.spread_bound * (1 + 1e-12)
 
@@ -383,3 +388,27 @@ def test_static_profile_does_not_import_torch(tiny):
             "assert p.layers[0].heads; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cli_measure_through_the_gguf(tiny, tmp_path):
+    """``--distance-profile --measure`` end to end on the project's GGUF of the tiny qwen2 (loaded
+    through gguf_as_folder): mean and covariance terms in the JSON, the CSV's long form carries them."""
+    g = hf_to_gguf(tiny("qwen2"), tmp_path / "m.gguf", dtype="f32", name="tiny")
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(cli, ["analyze", str(g), "--distance-profile", "--measure", "--dtype", "float64",
+                                 "--max-tokens", "48", "--skip-first", "2", "--deltas", "0,1,2,4,8,16,32,64",
+                                 "--format", "json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())["distance_profile"]
+    assert d["measured"]["skip_first"] == 2 and d["measured"]["max_delta"] == 45
+    h = d["layers"][1]["heads"][2]
+    assert set(h["mean"]) == {"f", "bias_bias", "bias_content", "content_bias", "content_content"}
+    assert h["cov"]["mean_logit"][-1] is None and h["cov"]["mean_logit"][-2] is not None   # 64 > 45, 32 <= 45
+    # float32 rotary angles in the runtime (see the measured-mode test): ~1e-8 here
+    assert h["cov"]["residual"] < 1e-5
+    r = CliRunner().invoke(cli, ["analyze", str(g), "--distance-profile", "--measure", "--dtype", "float64",
+                                 "--max-tokens", "48", "--deltas", "0,1,2", "--format", "csv"])
+    assert r.exit_code == 0, r.output
+    terms = {line.split(",")[4] for line in r.output.strip().splitlines()[1:]}
+    assert terms == {"bias", "mean", "mean_bias_bias", "mean_bias_content", "mean_content_bias",
+                     "mean_content_content", "cov", "drift", "mean_logit", "mean_logit_se"}

@@ -38,7 +38,7 @@ from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none as _f
 from ..runtime import resolve_device
 from . import measure as M
-from .distance_profile import DistanceProfile, HeadProfile, complex_pairs, pass_dims, profile_values
+from .distance_profile import DistanceProfile, complex_pairs, pass_dims, profile_values
 from .redundancy import _query_part, attention_scale, layer_vectors
 
 DEFAULT_SKIP_FIRST = 4
@@ -266,8 +266,8 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
 
     if skip_first < 0:
         raise CkptError(f"--skip-first must be >= 0 (got {skip_first})")
-    if not static.layers:
-        return static
+    if not any(lp.heads for lp in static.layers):
+        return static           # nothing profiled (q/k-norm, no biases, not rotary): nothing to measure
     dev = resolve_device(device)
     if model is None:
         model, tokenizer, _ = M.load_model(source, device=dev, dtype=dtype)

@@ -53,7 +53,7 @@ from ..arch.resolve import ModelLayout
 from ..arch.rope_frequencies import SUPPORTED, RopeFrequencies, rope_frequencies
 from ..errors import CkptError
 from ..records import finite_or_none as _f
-from .redundancy import angle_factor, attention_scale, classify, layer_vectors, sink_layers
+from .redundancy import angle_factor, attention_scale, layer_vectors
 
 DEFAULT_DELTAS = 48            # log-spaced distances besides 0
 MARKS = (1024, 8192, 32768)    # g(Δ) is reported at these distances and at L - 1
@@ -462,9 +462,9 @@ def _context(layout: ModelLayout, context: int | None) -> tuple[int | None, str]
     return None, "no max positions in the config"
 
 
-def layer_note(layout: ModelLayout, lt, vecs: dict, sinks: bool) -> str | None:
-    """Why layer ``lt`` has no bias profile (None: it has one)."""
-    cls, reasons = classify(layout, lt, sinks=sinks)
+def layer_note(layout: ModelLayout, lt, vecs: dict) -> str | None:
+    """Why layer ``lt`` has no bias profile (None: it has one).  Attention sinks do not change the
+    logits (only how softmax weighs them), so a layer with sinks is profiled."""
     if lt.k_norm or layout.qk_norm:
         return "q/k-norm after the projections: the biases pass through a norm, no profile"
     if vecs["q"] is None and vecs["k"] is None:
@@ -520,13 +520,12 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
     s = base["attn_scale"]
     rot = s * rf.attention_factor ** 2
     group = H // G if (H and G and H % G == 0) else None
-    sinks = sink_layers(ck.tensors)
     ph = phases(inv, d)
     cache: dict = {}
     layers = []
     for lt in layout.layers:
         vecs = vectors[lt.layer] if vectors is not None else layer_vectors(ck, layout, lt)
-        note = layer_note(layout, lt, vecs, lt.layer in sinks)
+        note = layer_note(layout, lt, vecs)
         if note is None and group is None:
             note = "head counts unknown: no per-head profile"
         if note is None and (vecs["q"].size != H * hd or vecs["k"].size != G * hd):
