@@ -122,9 +122,12 @@ def _zero_qk_weights(t):
             t[k] = np.zeros_like(t[k])
 
 
-def _captured_logits(src, ids):
-    """Every layer's pre-softmax logits ``[H, T, T]`` of an eager float64 forward pass."""
+def _captured_logits(src, ids, exact_rope: bool = False):
+    """Every layer's pre-softmax logits ``[H, T, T]`` of an eager float64 forward pass
+    (``exact_rope``: rotary angles in float64, :func:`_float64_rope`)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64, attn_implementation="eager")
+    if exact_rope:
+        _float64_rope(model)
     rec: dict = {}
     with M._capture_softmax(rec):
         with torch.no_grad():
@@ -132,12 +135,13 @@ def _captured_logits(src, ids):
     return [rec[i][0].numpy() for i in sorted(rec)]
 
 
-def test_logits_equal_the_static_profile_hf_and_gguf(tiny, tmp_path):
+@pytest.mark.parametrize("exact_rope", [False, True])
+def test_logits_equal_the_static_profile_hf_and_gguf(tiny, tmp_path, exact_rope):
     src = _edit(tiny, tmp_path, "qwen2", _zero_qk_weights)
     gguf = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32", name="tiny")
     T = 40
     ids = torch.arange(5, 5 + T).reshape(1, T)
-    logits = _captured_logits(src, ids)
+    logits = _captured_logits(src, ids, exact_rope)
     m, n = np.tril_indices(T)
     for path in (src, gguf):
         p = _profile(path, deltas=ALL)
@@ -149,13 +153,45 @@ def test_logits_equal_the_static_profile_hf_and_gguf(tiny, tmp_path):
                 # transformers computes the rotary angles p·θ_j and their cos / sin in float32 even
                 # in a float64 model: at p < 40 the angle carries <= 40 * 2^-24 rad of rounding, so
                 # each pair term is off by at most ~3e-6 |h_j| (two rotations): 1e-5 of sum |h_j|.
-                tol = 1e-5 * h.abs_h.sum() + 1e-12
+                # With float64 angles: float64 rounding of a 16-term sum of products of size ~1.
+                tol = (1e-12 if exact_rope else 1e-5) * h.abs_h.sum() + 1e-13
                 assert np.abs(got - want).max() <= tol, (path, lp.layer, h.q_head)
     # the profile really varies with the distance (the comparison is not between constants)
     assert np.ptp(p.layers[0].heads[0].f[:T]) > 1e-2
 
 
 # (qwen2_moe's attention is qwen2's; its grouped-GEMM experts do not run in float64)
+RUNTIME_ROPES = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0 + 0.3 * i for i in range(8)],
+                 "long_factor": [2.0 + i for i in range(8)], "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("rope", sorted(RUNTIME_ROPES))
+def test_logits_under_rope_scaling(tiny, tmp_path, rope):
+    """The frequencies and attention factor the runtime really uses: logits of a forward pass with
+    the config's scaling equal the profile (longrope at a 40-token context: its short factors)."""
+    src = _edit(tiny, tmp_path, "qwen2", _zero_qk_weights)
+    cfg = _cfg(src)
+    cfg["rope_parameters"] = {"rope_theta": 10000.0, **RUNTIME_ROPES[rope]}
+    (src / "config.json").write_text(json.dumps(cfg))
+    T = 40
+    logits = _captured_logits(src, torch.arange(5, 5 + T).reshape(1, T))
+    p = _profile(src, context=T, deltas=",".join(str(i) for i in range(T)))
+    assert p.rope.rope_type == rope
+    if rope == "yarn":
+        assert p.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    m, n = np.tril_indices(T)
+    for lp, lg in zip(p.layers, logits):
+        for h in lp.heads:
+            # float32 rotary angles in transformers: see test_logits_equal_the_static_profile_hf_and_gguf
+            assert np.abs(lg[h.q_head][m, n] - h.f[m - n]).max() <= 1e-5 * h.abs_h.sum() + 1e-13, (lp.layer, h.q_head)
+
+
 ROTARY_BIASED = ["llama_bias", "starcoder2", "phi", "gpt_neox", "falcon", "falcon_mq", "falcon_old", "stablelm"]
 
 
