@@ -230,6 +230,26 @@ def test_permuted_gguf_gives_the_same_profile(tiny, tmp_path):
             np.testing.assert_allclose(hb.f, ha.f, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("name,rope", [("qwen2", "yarn"), ("qwen2", "linear"), ("llama_bias", "llama3")])
+def test_gguf_under_rope_scaling_gives_the_hf_profile(tiny, tmp_path, name, rope):
+    """GGUF keeps yarn / linear as metadata and llama3 as the rope_freqs.weight tensor (which
+    llama.cpp divides the frequencies by): the GGUF's profile is its HF source's."""
+    dst = tmp_path / "m"
+    shutil.copytree(tiny(name), dst)
+    cfg = _cfg(dst)
+    cfg["rope_parameters"] = {"rope_theta": 10000.0, **RUNTIME_ROPES[rope]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    g = hf_to_gguf(dst, tmp_path / "m.gguf", dtype="f32", name="tiny")
+    a, b = _profile(dst, deltas=ALL), _profile(g, deltas=ALL)
+    assert b.rope.rope_type == rope and b.attention_factor == a.attention_factor
+    # llama3: the converter computes the factors in float32 (2^-24 relative); over Δ <= 255 the
+    # angle moves by <= 255 θ_j 2^-24, so each pair term by <= 2e-5 |h_j| at worst (θ_0 = 1)
+    tol = 2e-5 if rope == "llama3" else 1e-12
+    for la, lb in zip(a.layers, b.layers):
+        for ha, hb in zip(la.heads, lb.heads):
+            assert np.abs(hb.f - ha.f).max() <= tol * ha.abs_h.sum() + 1e-14
+
+
 # ----------------------------------------------------------------------------------------------
 # 3. Measured mode: the parts add up to the measured mean logit
 # ----------------------------------------------------------------------------------------------
@@ -276,6 +296,7 @@ def test_measured_mean_logit_is_the_sum_of_the_parts(tiny, exact_rope):
             # runtime's float32 angles leave <= ~40 positions * 2^-24 rad per rotation: 1e-5 relative
             tol = 1e-10 if exact_rope else 1e-5 * (np.abs(cv.mean_logit[seen]).max() + 1)
             assert cv.residual <= tol, (lp.layer, h.q_head, cv.residual)
+            np.testing.assert_allclose(cv.parts[seen], cv.mean_logit[seen], rtol=0, atol=tol)
             assert np.all(cv.se[seen] >= 0)
 
 
@@ -447,4 +468,4 @@ def test_cli_measure_through_the_gguf(tiny, tmp_path):
     assert r.exit_code == 0, r.output
     terms = {line.split(",")[4] for line in r.output.strip().splitlines()[1:]}
     assert terms == {"bias", "mean", "mean_bias_bias", "mean_bias_content", "mean_content_bias",
-                     "mean_content_content", "cov", "drift", "mean_logit", "mean_logit_se"}
+                     "mean_content_content", "cov", "drift", "mean_logit", "mean_logit_se", "sum_of_parts"}

@@ -80,16 +80,19 @@ class CovTerm:
     count: np.ndarray = field(repr=False)
     max_delta: int
     residual: float | None          # max |mean_logit - (f_mu + f + drift)| over measured distances
+    parts: np.ndarray | None = field(default=None, repr=False)     # f_mu + f + drift
 
     def series(self):
         yield "cov", self.f
         yield "drift", self.drift
         yield "mean_logit", self.mean_logit
         yield "mean_logit_se", self.se
+        yield "sum_of_parts", self.parts
 
     def to_dict(self) -> dict:
         return {"f": [_f(x) for x in self.f], "drift": [_f(x) for x in self.drift],
                 "mean_logit": [_f(x) for x in self.mean_logit], "se": [_f(x) for x in self.se],
+                "sum_of_parts": [_f(x) for x in self.parts],
                 "count": [int(c) for c in self.count], "measured_up_to": self.max_delta,
                 "residual": _f(self.residual)}
 
@@ -252,7 +255,7 @@ def _head_terms(acc: _LayerAcc, bq: np.ndarray, bk: np.ndarray, run: _Run, inv: 
         ok = measured & np.isfinite(mean_l[h])
         resid = float(np.abs(mean_l[h][ok] - parts[ok]).max()) if ok.any() else None
         out.append((MeanTerms(total[h], bb[h], bc[h], cb[h], cc[h]),
-                    CovTerm(cov[h], drift[h], mean_l[h], se[h], acc.c.copy(), max_delta, resid)))
+                    CovTerm(cov[h], drift[h], mean_l[h], se[h], acc.c.copy(), max_delta, resid, parts)))
     return out
 
 

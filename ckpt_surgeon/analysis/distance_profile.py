@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..arch.resolve import ModelLayout
-from ..arch.rope_frequencies import SUPPORTED, RopeFrequencies, rope_frequencies
+from ..arch.rope_frequencies import GGUF_FREQ_FACTORS, SUPPORTED, RopeFrequencies, rope_frequencies
 from ..errors import CkptError
 from ..records import finite_or_none as _f
 from .redundancy import angle_factor, attention_scale, layer_vectors
@@ -501,7 +501,10 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
     if L is None:
         raise CkptError("the distance profile needs a context: the config has no max positions, pass --context L",
                         path=ck.source)
-    rf = rope_frequencies(layout, ck.config, length=L, theta=theta, scaling=scaling)
+    ff = None
+    if GGUF_FREQ_FACTORS in ck.tensors and not ck.tensors[GGUF_FREQ_FACTORS].missing:
+        ff = np.asarray(ck.read(GGUF_FREQ_FACTORS), dtype=np.float64)
+    rf = rope_frequencies(layout, ck.config, length=L, theta=theta, scaling=scaling, freq_factors=ff)
     if rf is None or rf.rope_type not in SUPPORTED:
         return DistanceProfile(deltas=np.zeros(0), rope=rf, pair_layout=pe.pair_layout, model=None, layers=(),
                                notes=((rf.note if rf else None) or "rope without head_dim / rotary_dim: no profile",),

@@ -31,6 +31,9 @@ from .resolve import ModelLayout
 from .rope import _FACTOR, _MSCALE, _ORIGINAL_POSITIONS, _factors, _field, _rope_dicts
 
 SUPPORTED = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# llama.cpp's per-pair frequency divisors (its converter writes llama3 scaling as this F32 tensor;
+# ggml_rope_ext divides each pair's frequency by it): the name conversion/from_gguf.py reads too
+GGUF_FREQ_FACTORS = "rope_freqs.weight"
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
@@ -133,13 +136,16 @@ def _merged(cfg: dict) -> tuple[str, dict, str | None]:
 
 
 def rope_frequencies(layout: ModelLayout, config: dict | None, *, length: int | None = None,
-                     theta: float | None = None, scaling: dict | None = None) -> RopeFrequencies | None:
+                     theta: float | None = None, scaling: dict | None = None,
+                     freq_factors: np.ndarray | None = None) -> RopeFrequencies | None:
     """The runtime's ``θ_j`` and attention factor for a rope model (None for other position encodings).
 
     ``length``: where ``dynamic`` / ``longrope`` are evaluated (default: the max positions).
     ``theta`` / ``scaling`` (what-if): another base, another scaling dict (``{"rope_type": "yarn",
     "factor": 4, ...}``, replacing the config's).  Unmodelled types raise nothing: the record's
     ``rope_type`` is not in :data:`SUPPORTED` and its note says so; callers give no profile then.
+    ``freq_factors``: a GGUF's :data:`GGUF_FREQ_FACTORS` values (``[P]``), which llama.cpp divides
+    the frequencies by (a GGUF's config shows no llama3 parameters: they live in that tensor).
     """
     pe = layout.position
     if pe.type != "rope" or not layout.head_dim or not pe.rotary_dim:
@@ -205,6 +211,16 @@ def rope_frequencies(layout: ModelLayout, config: dict | None, *, length: int | 
             af = a if a is not None else (1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(omax)))
     else:
         note = "; ".join(x for x in (note, f"rope type {rtype!r} is not modelled: no distance profile") if x)
+    if freq_factors is not None and scaling is None:
+        ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+        if ff.shape != inv.shape or not np.all(np.isfinite(ff) & (ff > 0)):
+            raise ConfigError(f"{GGUF_FREQ_FACTORS} must hold {len(inv)} finite positive factors (one per rotary pair)",
+                              path=where, tensor=GGUF_FREQ_FACTORS)
+        inv = inv / ff
+        if rtype == "default":
+            rtype = "llama3"
+        note = "; ".join(x for x in (note, f"frequencies divided by the file's {GGUF_FREQ_FACTORS} (llama.cpp's llama3 "
+                                           "scaling); training length unknown: max positions") if x)
     if at is not None:
         note = "; ".join(x for x in (note, f"rope {rtype}: frequencies depend on the length, evaluated at {at}") if x)
     pairs = int(pe.rotary_dim) // 2
