@@ -24,7 +24,8 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
               show_default=True, help="With --measure: dtype to run the model in.")
 @click.option("--max-tokens", type=int, default=None, metavar="N",
               help="With --measure: truncate each prompt to N tokens (default 1024, and the model's max positions).")
-@click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head.")
+@click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head (with "
+              "--distance-profile: per layer and query head).")
 @click.option("--by-bias", is_flag=True, help="Table/CSV/Markdown: one row per bias (q/k/v/o, MLP in/out, "
               "additive embeddings, head) with its consumer and exactly removable share.")
 @click.option("--distance-profile", "distance_profile", is_flag=True,
