@@ -17,7 +17,9 @@ from safetensors.numpy import load_file, save_file
 
 from ckpt_surgeon.analysis import measure as M
 from ckpt_surgeon.analysis.distance_measure import measure_profile
-from ckpt_surgeon.analysis.distance_profile import default_deltas, distance_profile, summary_grid, window_mean
+from ckpt_surgeon.analysis.distance_profile import (default_deltas, distance_profile, parse_deltas, summary_grid,
+                                                    window_mean)
+from ckpt_surgeon.errors import CkptError
 from ckpt_surgeon.arch.rope_frequencies import parse_rope_scaling, rope_frequencies
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli
@@ -108,6 +110,11 @@ def test_window_mean_and_summaries_against_brute_force():
     d = np.arange(100, 400)
     brute = (h @ np.exp(1j * np.outer(inv, d))).real.mean(1) * 0.3 + const
     np.testing.assert_allclose(window_mean(h, const, inv, 100, 399, 0.3), brute, rtol=1e-12, atol=1e-12)
+    assert parse_deltas("10,5", 100).tolist() == [0, 5, 10]          # f(0) always first: g reads it
+    assert parse_deltas("log:4", 1000).tolist() == [0, 1, 10, 100, 1000]
+    for bad in ("-1,2", "a", "log:0"):
+        with pytest.raises(CkptError, match="--deltas"):
+            parse_deltas(bad, 100)
     g = summary_grid(5000)
     assert g[0] == 0 and g[-1] == 5000 and np.all(np.diff(g) > 0) and np.array_equal(g[:257], np.arange(257))
 

@@ -129,7 +129,8 @@ def default_deltas(max_delta: int, n: int = DEFAULT_DELTAS) -> np.ndarray:
 
 
 def parse_deltas(spec: str | None, max_delta: int) -> np.ndarray:
-    """``--deltas``: ``None`` (default grid), ``log:N`` (N log-spaced), or a comma list of distances."""
+    """``--deltas``: ``None`` (default grid), ``log:N`` (N log-spaced), or a comma list of distances;
+    0 is always included (g, the plots and the table read f(0) as the first value)."""
     if spec is None:
         return default_deltas(max_delta)
     s = spec.strip()
@@ -144,7 +145,7 @@ def parse_deltas(spec: str | None, max_delta: int) -> np.ndarray:
         vals = None
     if not vals or vals[0] < 0:
         raise CkptError(f"--deltas {spec!r}: expected log:N or a comma-separated list of distances >= 0")
-    return np.asarray(vals, dtype=np.float64)
+    return np.asarray(sorted(set(vals) | {0}), dtype=np.float64)
 
 
 def _crossings(x: np.ndarray, u: np.ndarray, level: float) -> tuple[float | None, float | None]:
@@ -396,8 +397,8 @@ class DistanceProfile:
 
 
 def _measured_cells(heads) -> dict:
-    """Table cells of the measured terms (medians over ``heads``): the mean term at 0 and its
-    bias·bias share, the covariance term at 0, the worst |mean logit - sum of parts|."""
+    """Table cells of the measured terms: medians over ``heads`` of the mean term and the
+    covariance term at Δ = 0, and the worst |mean logit - sum of parts|."""
     hs = [h for h in heads if h.mean is not None]
     if not hs:
         return {}
@@ -514,7 +515,8 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
     if layout.softcap:
         notes.append(f"attention logit soft-capping ({layout.softcap}): the profile is of the logit before tanh")
     top = L - 1
-    d = parse_deltas(deltas, top) if (deltas is None or isinstance(deltas, str)) else np.asarray(deltas, np.float64)
+    d = (parse_deltas(deltas, top) if (deltas is None or isinstance(deltas, str))
+         else np.union1d(np.asarray(deltas, np.float64), [0.0]))
     from ..arch.layouts import rotary_pairs
     H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
     pairs = rotary_pairs(hd, rf.rotary_dim, pe.pair_layout or "rotate_half")
