@@ -414,6 +414,8 @@ def test_nothing_to_profile_gets_a_note(tiny, name, note):
     notes = list(p.notes) + [lp.note for lp in p.layers]
     assert any(note in (n or "") for n in notes)
     assert not any(lp.heads for lp in p.layers)
+    m = measure_profile(tiny(name), p, device="cpu")          # no model is loaded for nothing
+    assert m.notes[-1] == "--measure: no layer has a profile, nothing was measured" and m.measured is None
 
 
 def test_partial_rotary_reports_the_pass_through_constant(tiny):

@@ -270,7 +270,8 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     if skip_first < 0:
         raise CkptError(f"--skip-first must be >= 0 (got {skip_first})")
     if not any(lp.heads for lp in static.layers):
-        return static           # nothing profiled (q/k-norm, no biases, not rotary): nothing to measure
+        # nothing profiled (q/k-norm, no biases, not rotary): nothing to measure, and said so
+        return replace(static, notes=tuple(static.notes) + ("--measure: no layer has a profile, nothing was measured",))
     dev = resolve_device(device)
     if model is None:
         model, tokenizer, _ = M.load_model(source, device=dev, dtype=dtype)
