@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..arch.layouts import rotary_pairs
 from ..arch.resolve import ModelLayout
 from ..arch.rope_frequencies import GGUF_FREQ_FACTORS, SUPPORTED, RopeFrequencies, rope_frequencies
 from ..errors import CkptError
@@ -476,6 +477,65 @@ def layer_note(layout: ModelLayout, lt, vecs: dict) -> str | None:
     return None
 
 
+def _why_not(layout: ModelLayout, vecs: dict) -> str | None:
+    """What makes a layer's bias vectors unusable (head counts, sizes, NaN/Inf); after :func:`layer_note`."""
+    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    note = None
+    if not (H and G and H % G == 0):
+        note = "head counts unknown: no per-head profile"
+    if note is None and (vecs["q"].size != H * hd or vecs["k"].size != G * hd):
+        note = f"bias sizes {vecs['q'].size} / {vecs['k'].size} do not match the heads ({H}, {G} x {hd})"
+    if note is None and not (np.all(np.isfinite(vecs["q"])) and np.all(np.isfinite(vecs["k"]))):
+        note = "nonfinite: the q/k biases have NaN/Inf values"
+    return note
+
+
+@dataclass(frozen=True, eq=False)
+class _Geometry:
+    """What every layer of one profile shares: pairs, pass-through dims, θ, scales, distances."""
+
+    pairs: np.ndarray
+    pdims: np.ndarray
+    inv: np.ndarray
+    s: float                 # logit scale (pass-through part)
+    rot: float               # s a^2 (rotated part)
+    deltas: np.ndarray
+    context: int
+    phase: tuple
+    cache: dict
+
+
+def _layer_profile(layout: ModelLayout, layer: int, vecs: dict, geo: _Geometry) -> LayerProfile:
+    """One layer's heads: ``h_j`` per query head, ``f`` at the distances, the summaries."""
+    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    bq, bk = vecs["q"].reshape(H, hd), vecs["k"].reshape(G, hd)
+    kv_of = np.arange(H) // (H // G)
+    h_s = geo.rot * complex_pairs(bq, geo.pairs) * np.conj(complex_pairs(bk, geo.pairs))[kv_of]     # [H, P]
+    const = geo.s * (bq[:, geo.pdims] * bk[kv_of][:, geo.pdims]).sum(1)
+    f = profile_values(h_s, const, geo.inv, geo.deltas, 1.0, geo.phase)
+    sums = summarize(h_s, const, geo.inv, geo.context, geo.cache)
+    return LayerProfile(layer, tuple(HeadProfile(i, int(kv_of[i]), f[i], h_s[i].real, np.abs(h_s[i]), sums[i])
+                                     for i in range(H)))
+
+
+def _model_level(rf: RopeFrequencies, context: int) -> ModelLevel:
+    period = 2 * math.pi / rf.inv_freq
+    train = rf.training_length or context
+    long_p = int((period > train).sum())
+    return ModelLevel(first_zero(rf.inv_freq), FIRST_ZERO_LIMIT, long_p, 2 * (len(rf.inv_freq) - long_p), train,
+                      len(rf.inv_freq))
+
+
+def _no_rope_note(layout: ModelLayout) -> str | None:
+    pe = layout.position
+    if pe.type != "rope":
+        return (f"position encoding {pe.type!r}: no rotary embedding, so q·k biases do not depend on the distance "
+                "(nothing to profile)")
+    if getattr(layout, "derived", None) is not None:
+        return "derived architecture: which dims rotate together is not established, no profile"
+    return None
+
+
 def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: float | None = None,
                        scaling: dict | None = None, layout: ModelLayout | None = None,
                        vectors: dict | None = None, label: str = "config") -> DistanceProfile:
@@ -483,22 +543,15 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
 
     ``deltas``: distances (default :func:`default_deltas` up to ``L - 1``; a string is parsed by
     :func:`parse_deltas`).  ``theta`` / ``scaling``: what-if rope settings (the profile those
-    would give; see :func:`with_whatif`).  ``vectors``: ``{layer: layer_vectors(...)}`` already read.
+    would give; see :func:`distance_profile`).  ``vectors``: ``{layer: layer_vectors(...)}`` already read.
     """
     layout = layout or ck.layout()
     L, L_src = _context(layout, context)
-    notes = []
-    pe = layout.position
     base = dict(source=ck.source, label=label, context=L, attn_scale=attention_scale(layout, ck.config))
-    if pe.type != "rope":
-        note = (f"position encoding {pe.type!r}: no rotary embedding, so q·k biases do not depend on the distance "
-                "(nothing to profile)")
-        return DistanceProfile(deltas=np.zeros(0), rope=None, pair_layout=None, model=None, layers=(), notes=(note,),
-                               **base)
-    if getattr(layout, "derived", None) is not None:
-        note = "derived architecture: which dims rotate together is not established, no profile"
-        return DistanceProfile(deltas=np.zeros(0), rope=None, pair_layout=None, model=None, layers=(), notes=(note,),
-                               **base)
+    empty = dict(deltas=np.zeros(0), model=None, layers=())
+    why = _no_rope_note(layout)
+    if why:
+        return DistanceProfile(rope=None, pair_layout=None, notes=(why,), **empty, **base)
     if L is None:
         raise CkptError("the distance profile needs a context: the config has no max positions, pass --context L",
                         path=ck.source)
@@ -506,57 +559,27 @@ def profile_checkpoint(ck, *, context: int | None = None, deltas=None, theta: fl
     if GGUF_FREQ_FACTORS in ck.tensors and not ck.tensors[GGUF_FREQ_FACTORS].missing:
         ff = np.asarray(ck.read(GGUF_FREQ_FACTORS), dtype=np.float64)
     rf = rope_frequencies(layout, ck.config, length=L, theta=theta, scaling=scaling, freq_factors=ff)
+    pair_layout = layout.position.pair_layout or "rotate_half"
     if rf is None or rf.rope_type not in SUPPORTED:
-        return DistanceProfile(deltas=np.zeros(0), rope=rf, pair_layout=pe.pair_layout, model=None, layers=(),
-                               notes=((rf.note if rf else None) or "rope without head_dim / rotary_dim: no profile",),
-                               **base)
-    if rf.note:
-        notes.append(rf.note)
+        why = (rf.note if rf else None) or "rope without head_dim / rotary_dim: no profile"
+        return DistanceProfile(rope=rf, pair_layout=pair_layout, notes=(why,), **empty, **base)
+    notes = [rf.note] if rf.note else []
     if layout.softcap:
         notes.append(f"attention logit soft-capping ({layout.softcap}): the profile is of the logit before tanh")
-    top = L - 1
-    d = (parse_deltas(deltas, top) if (deltas is None or isinstance(deltas, str))
+    d = (parse_deltas(deltas, L - 1) if (deltas is None or isinstance(deltas, str))
          else np.union1d(np.asarray(deltas, np.float64), [0.0]))
-    from ..arch.layouts import rotary_pairs
-    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    pairs = rotary_pairs(hd, rf.rotary_dim, pe.pair_layout or "rotate_half")
-    pdims = pass_dims(hd, pairs)
-    inv = rf.inv_freq
+    pairs = rotary_pairs(layout.head_dim, rf.rotary_dim, pair_layout)
     s = base["attn_scale"]
-    rot = s * rf.attention_factor ** 2
-    group = H // G if (H and G and H % G == 0) else None
-    ph = phases(inv, d)
-    cache: dict = {}
+    geo = _Geometry(pairs, pass_dims(layout.head_dim, pairs), rf.inv_freq, s, s * rf.attention_factor ** 2, d, L,
+                    phases(rf.inv_freq, d), {})
     layers = []
     for lt in layout.layers:
         vecs = vectors[lt.layer] if vectors is not None else layer_vectors(ck, layout, lt)
-        note = layer_note(layout, lt, vecs)
-        if note is None and group is None:
-            note = "head counts unknown: no per-head profile"
-        if note is None and (vecs["q"].size != H * hd or vecs["k"].size != G * hd):
-            note = f"bias sizes {vecs['q'].size} / {vecs['k'].size} do not match the heads ({H}, {G} x {hd})"
-        if note is None and not (np.all(np.isfinite(vecs["q"])) and np.all(np.isfinite(vecs["k"]))):
-            note = "nonfinite: the q/k biases have NaN/Inf values"
-        if note is not None:
-            layers.append(LayerProfile(lt.layer, (), note))
-            continue
-        bq = vecs["q"].reshape(H, hd)
-        bk = vecs["k"].reshape(G, hd)
-        kv_of = np.arange(H) // group
-        h = complex_pairs(bq, pairs) * np.conj(complex_pairs(bk, pairs))[kv_of]         # [H, P]
-        const = s * (bq[:, pdims] * bk[kv_of][:, pdims]).sum(1)
-        h_s = rot * h
-        f = profile_values(h_s, const, inv, d, 1.0, ph)
-        sums = summarize(h_s, const, inv, L, cache)
-        layers.append(LayerProfile(lt.layer, tuple(
-            HeadProfile(i, int(kv_of[i]), f[i], h_s[i].real, np.abs(h_s[i]), sums[i]) for i in range(H))))
-    period = 2 * math.pi / inv
-    train = rf.training_length or L
-    long_p = int((period > train).sum())
-    model = ModelLevel(first_zero(inv), FIRST_ZERO_LIMIT, long_p, 2 * (len(inv) - long_p), train, len(inv))
+        why = layer_note(layout, lt, vecs) or _why_not(layout, vecs)
+        layers.append(LayerProfile(lt.layer, (), why) if why else _layer_profile(layout, lt.layer, vecs, geo))
     if L_src != "--context":
         notes.append(f"context L = {L} ({L_src})")
-    return DistanceProfile(deltas=d, rope=rf, pair_layout=pe.pair_layout or "rotate_half", model=model,
+    return DistanceProfile(deltas=d, rope=rf, pair_layout=pair_layout, model=_model_level(rf, L),
                            layers=tuple(layers), notes=tuple(notes), **base)
 
 

@@ -67,7 +67,7 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn(theta: float, dim: int, d: dict, name: str, cfg: dict, max_pos: int | None, omax: int,
+def _yarn(theta: float, dim: int, d: dict, name: str, max_pos: int | None, omax: int,
           path: str | None) -> tuple[np.ndarray, float]:
     """``_compute_yarn_parameters``: interpolated frequencies below the ramp, extrapolated above it."""
     factor = _field(d, name, "factor", _FACTOR, path)
@@ -135,6 +135,101 @@ def _merged(cfg: dict) -> tuple[str, dict, str | None]:
     return name, merged, note
 
 
+@dataclass(frozen=True)
+class _Setting:
+    """One rope setting as read: the dict (and its name for messages), base, rotary dim, lengths."""
+
+    name: str
+    d: dict
+    where: str | None
+    base: float
+    dim: int
+    max_pos: int | None
+    omax: int | None
+    length: int | None
+
+    def factor(self, what: str, required: bool = True) -> float | None:
+        f = _field(self.d, self.name, "factor", _FACTOR, self.where)
+        if f is None and required:
+            raise ConfigError(f"{self.name} ({what}) has no factor", path=self.where)
+        return f
+
+
+# Each type: (setting) -> (inv_freq, attention factor, length evaluated at or None, training length)
+
+def _default(st: _Setting):
+    return _base_inv_freq(st.base, st.dim), 1.0, None, st.max_pos
+
+
+def _linear(st: _Setting):
+    f = st.factor("linear")
+    return _base_inv_freq(st.base, st.dim) / f, 1.0, None, (int(round(st.max_pos / f)) if st.max_pos else None)
+
+
+def _dynamic(st: _Setting):
+    """``_compute_dynamic_ntk_parameters``: the base grows once the sequence passes max positions."""
+    f = st.factor("dynamic")
+    if not st.max_pos:
+        raise ConfigError(f"{st.name} (dynamic) needs max_position_embeddings", path=st.where)
+    at = int(st.length or st.max_pos)
+    seq = max(at, st.max_pos)
+    base = st.base * ((f * seq / st.max_pos) - (f - 1)) ** (st.dim / (st.dim - 2))
+    return _base_inv_freq(base, st.dim), 1.0, at, st.max_pos
+
+
+def _yarn_type(st: _Setting):
+    inv, af = _yarn(st.base, st.dim, st.d, st.name, st.max_pos, st.omax, st.where)
+    return inv, af, None, st.omax
+
+
+def _llama3_type(st: _Setting):
+    return _llama3(_base_inv_freq(st.base, st.dim), st.d, st.name, st.where, st.omax), 1.0, None, st.omax
+
+
+def _longrope(st: _Setting):
+    """``_compute_longrope_parameters``: short factors up to the original length, long ones beyond."""
+    at = int(st.length or st.max_pos or st.omax)
+    key = "long_factor" if at > st.omax else "short_factor"
+    ext = _factors(st.d, st.name, key, st.where)
+    if ext is None or ext.shape != (st.dim // 2,):
+        raise ConfigError(f"{st.name}.{key} must list {st.dim // 2} factors (one per rotary pair)", path=st.where)
+    inv = 1.0 / (ext * float(st.base) ** (np.arange(0, st.dim, 2, dtype=np.float64) / st.dim))
+    f = st.factor("longrope", required=False)
+    f = (st.max_pos or st.omax) / st.omax if f is None else f
+    a = _field(st.d, st.name, "attention_factor", _FACTOR, st.where)
+    af = a if a is not None else (1.0 if f <= 1.0 else math.sqrt(1 + math.log(f) / math.log(st.omax)))
+    return inv, af, at, st.omax
+
+
+_TYPES = {"default": _default, "linear": _linear, "dynamic": _dynamic, "yarn": _yarn_type, "llama3": _llama3_type,
+          "longrope": _longrope}
+_NEED_ORIGINAL = ("yarn", "llama3", "longrope")
+
+
+def _setting(layout: ModelLayout, cfg: dict, length, theta, scaling) -> tuple[_Setting, str, str | None]:
+    """(the setting, its rope type, a note) from the config, or the what-if ``theta`` / ``scaling``."""
+    where = layout.config_source
+    name, d, note = _merged(cfg)
+    if scaling is not None:
+        keep = {k: v for k, v in d.items() if k in ("rope_theta", "partial_rotary_factor")}
+        name, d = "--rope-scaling", {**keep, **scaling}
+    base = theta if theta is not None else (_field(d, name, "rope_theta", POSITIVE, where)
+                                            or float(layout.position.theta or 10000.0))
+    max_pos = config_int(cfg, ("max_position_embeddings",), path=where, minimum=1, maximum=MAX_POSITIONS) \
+        or layout.max_positions
+    # standardize_rope_params: a top-level original_max_position_embeddings wins (Phi-3), else the
+    # rope dict's, else max_position_embeddings
+    omax = config_int(cfg, ("original_max_position_embeddings",), path=where, minimum=2, maximum=MAX_POSITIONS)
+    if omax is None or scaling is not None:
+        omax = _field(d, name, "original_max_position_embeddings", _ORIGINAL_POSITIONS, where) or omax
+    st = _Setting(name, d, where, float(base), int(layout.position.rotary_dim), max_pos, omax or max_pos, length)
+    return st, str(d.get("rope_type") or d.get("type") or "default"), note
+
+
+def _join(*notes) -> str | None:
+    return "; ".join(n for n in notes if n) or None
+
+
 def rope_frequencies(layout: ModelLayout, config: dict | None, *, length: int | None = None,
                      theta: float | None = None, scaling: dict | None = None,
                      freq_factors: np.ndarray | None = None) -> RopeFrequencies | None:
@@ -150,81 +245,25 @@ def rope_frequencies(layout: ModelLayout, config: dict | None, *, length: int | 
     pe = layout.position
     if pe.type != "rope" or not layout.head_dim or not pe.rotary_dim:
         return None
-    cfg = dict(config or {})
-    where = layout.config_source
-    name, d, note = _merged(cfg)
-    if scaling is not None:
-        name, d = "--rope-scaling", {**{k: v for k, v in d.items() if k in ("rope_theta", "partial_rotary_factor")},
-                                     **scaling}
-    base = theta if theta is not None else (_field(d, name, "rope_theta", POSITIVE, where)
-                                            or float(pe.theta or 10000.0))
-    dim = int(pe.rotary_dim)
-    rtype = str(d.get("rope_type") or d.get("type") or "default")
-    max_pos = config_int(cfg, ("max_position_embeddings",), path=where, minimum=1, maximum=MAX_POSITIONS) \
-        or layout.max_positions
-    # standardize_rope_params: a top-level original_max_position_embeddings wins (Phi-3), else the
-    # rope dict's, else max_position_embeddings
-    omax = config_int(cfg, ("original_max_position_embeddings",), path=where, minimum=2, maximum=MAX_POSITIONS)
-    if omax is None or scaling is not None:
-        omax = _field(d, name, "original_max_position_embeddings", _ORIGINAL_POSITIONS, where) or omax
-    if omax is None:
-        omax = max_pos
-    inv = _base_inv_freq(base, dim)
-    af, at = 1.0, None
-    train = max_pos
-    if rtype == "default":
-        pass
-    elif rtype == "linear":
-        factor = _field(d, name, "factor", _FACTOR, where)
-        if factor is None:
-            raise ConfigError(f"{name} (linear) has no factor", path=where)
-        inv = inv / factor
-        train = int(round(max_pos / factor)) if max_pos else None
-    elif rtype == "dynamic":
-        factor = _field(d, name, "factor", _FACTOR, where)
-        if factor is None or not max_pos:
-            raise ConfigError(f"{name} (dynamic) needs a factor and max_position_embeddings", path=where)
-        at = int(length or max_pos)
-        seq = max(at, max_pos)
-        base_d = base * ((factor * seq / max_pos) - (factor - 1)) ** (dim / (dim - 2))
-        inv = _base_inv_freq(base_d, dim)
-    elif rtype in ("yarn", "longrope", "llama3"):
-        if not omax:
-            raise ConfigError(f"{name} ({rtype}) needs original_max_position_embeddings or max_position_embeddings",
-                              path=where)
-        train = omax
-        if rtype == "yarn":
-            inv, af = _yarn(base, dim, d, name, cfg, max_pos, omax, where)
-        elif rtype == "llama3":
-            inv = _llama3(inv, d, name, where, omax)
-        else:
-            at = int(length or max_pos or omax)
-            key = "long_factor" if at > omax else "short_factor"
-            ext = _factors(d, name, key, where)
-            if ext is None or ext.shape != inv.shape:
-                raise ConfigError(f"{name}.{key} must list {len(inv)} factors (one per rotary pair)", path=where)
-            inv = 1.0 / (ext * float(base) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-            factor = _field(d, name, "factor", _FACTOR, where)
-            if factor is None:
-                factor = (max_pos or omax) / omax
-            a = _field(d, name, "attention_factor", _FACTOR, where)
-            af = a if a is not None else (1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(omax)))
+    st, rtype, note = _setting(layout, dict(config or {}), length, theta, scaling)
+    if rtype in _NEED_ORIGINAL and not st.omax:
+        raise ConfigError(f"{st.name} ({rtype}) needs original_max_position_embeddings or max_position_embeddings",
+                          path=st.where)
+    if rtype in _TYPES:
+        inv, af, at, train = _TYPES[rtype](st)
     else:
-        note = "; ".join(x for x in (note, f"rope type {rtype!r} is not modelled: no distance profile") if x)
+        (inv, af, at, train), note = _default(st), _join(note, f"rope type {rtype!r} is not modelled: no distance profile")
     if freq_factors is not None and scaling is None:
         ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
         if ff.shape != inv.shape or not np.all(np.isfinite(ff) & (ff > 0)):
             raise ConfigError(f"{GGUF_FREQ_FACTORS} must hold {len(inv)} finite positive factors (one per rotary pair)",
-                              path=where, tensor=GGUF_FREQ_FACTORS)
-        inv = inv / ff
-        if rtype == "default":
-            rtype = "llama3"
-        note = "; ".join(x for x in (note, f"frequencies divided by the file's {GGUF_FREQ_FACTORS} (llama.cpp's llama3 "
-                                           "scaling); training length unknown: max positions") if x)
+                              path=st.where, tensor=GGUF_FREQ_FACTORS)
+        inv, rtype = inv / ff, ("llama3" if rtype == "default" else rtype)
+        note = _join(note, f"frequencies divided by the file's {GGUF_FREQ_FACTORS} (llama.cpp's llama3 scaling); "
+                           "training length unknown: max positions")
     if at is not None:
-        note = "; ".join(x for x in (note, f"rope {rtype}: frequencies depend on the length, evaluated at {at}") if x)
-    pairs = int(pe.rotary_dim) // 2
-    return RopeFrequencies(inv[:pairs], float(af), rtype, float(base), dim, at, train, note)
+        note = _join(note, f"rope {rtype}: frequencies depend on the length, evaluated at {at}")
+    return RopeFrequencies(inv[: st.dim // 2], float(af), rtype, st.base, st.dim, at, train, note)
 
 
 def parse_rope_scaling(spec: str) -> dict:
