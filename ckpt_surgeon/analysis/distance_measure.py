@@ -259,6 +259,61 @@ def _head_terms(acc: _LayerAcc, bq: np.ndarray, bk: np.ndarray, run: _Run, inv: 
     return out
 
 
+def _to_numpy(out):
+    """A projection's output ``[1, T, rows]`` (or a tuple holding it) -> float64 ``[T, rows]``."""
+    import torch
+    o = out[0] if isinstance(out, tuple) else out
+    return o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1])
+
+
+def _register_hooks(model, run: _Run, lts: dict, profiled: list) -> list:
+    """Forward hooks on the q / k projections (or the fused qkv) of the profiled layers: each
+    prompt's pre-RoPE ``q~``, ``k~`` go straight into the layer's sums (q is held until k runs)."""
+    def hook_for(lt, role):
+        def fn(_m, _inp, out):
+            arr = _split_qk(run, lt, _to_numpy(out), role)
+            if role == "q":
+                run.cur_q[lt.layer] = arr
+                return
+            q = run.cur_q.pop(lt.layer, None)
+            if q is None:
+                raise UnsupportedError("measured profile: the key projection ran before the query projection")
+            _accumulate_qk(run, lt.layer, q, arr)
+        return fn
+
+    def fused_for(lt):
+        def fn(_m, _inp, out):
+            a = _to_numpy(out)
+            _accumulate_qk(run, lt.layer, _split_qk(run, lt, a, "q"), _split_qk(run, lt, a, "k"))
+        return fn
+    hooks = []
+    for li in profiled:
+        qm, km = _projection_modules(model, lts[li])
+        if qm is km:
+            hooks.append(qm.register_forward_hook(fused_for(lts[li])))
+        else:
+            hooks.append(qm.register_forward_hook(hook_for(lts[li], "q")))
+            hooks.append(km.register_forward_hook(hook_for(lts[li], "k")))
+    return hooks
+
+
+def _attach(static: DistanceProfile, run: _Run, view, rf, lts: dict) -> tuple:
+    """The static profile's layers with each head's measured terms attached."""
+    layout = run.layout
+    H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    s = attention_scale(layout, view.config)
+    layers = []
+    for lp in static.layers:
+        if not lp.heads:
+            layers.append(lp)
+            continue
+        vecs = layer_vectors(view, layout, lts[lp.layer])
+        terms = _head_terms(run.accs[lp.layer], vecs["q"].reshape(H, hd), vecs["k"].reshape(G, hd), run,
+                            rf.inv_freq, s * rf.attention_factor ** 2, s, run.deltas.astype(np.float64))
+        layers.append(replace(lp, heads=tuple(replace(h, mean=t[0], cov=t[1]) for h, t in zip(lp.heads, terms))))
+    return tuple(layers)
+
+
 def measure_profile(source, static: DistanceProfile, *, prompts=None, device: str = "auto", dtype: str = "float32",
                     max_tokens: int | None = None, skip_first: int = DEFAULT_SKIP_FIRST, model=None,
                     tokenizer=None) -> DistanceProfile:
@@ -282,47 +337,19 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
     limit = min(max_tokens or M.DEFAULT_MAX_TOKENS, int(static.context))
     encoded = M._encode_prompts(tokenizer, list(default_prompts() if prompts is None else prompts), limit, dev)
-    if max(int(e.shape[1]) for e in encoded) <= skip_first + 1:
-        raise CkptError(f"every prompt is shorter than --skip-first {skip_first} + 2 tokens: nothing to measure")
     longest = max(int(e.shape[1]) for e in encoded)
+    if longest <= skip_first + 1:
+        raise CkptError(f"every prompt is shorter than --skip-first {skip_first} + 2 tokens: nothing to measure")
     rf = rope_frequencies(layout, view.config, length=longest)
-    pe = layout.position
-    pairs = rotary_pairs(hd, rf.rotary_dim, pe.pair_layout or "rotate_half")
+    pairs = rotary_pairs(hd, rf.rotary_dim, layout.position.pair_layout or "rotate_half")
     profiled = [lp.layer for lp in static.layers if lp.heads]
     deltas = np.asarray(static.deltas, dtype=np.int64)
-    npass = hd - 2 * len(pairs)
     run = _Run(layout, pairs, pass_dims(hd, pairs), H // G, deltas, int(skip_first),
-               {i: _LayerAcc(H, G, hd, len(pairs), npass, len(deltas)) for i in profiled}, {})
+               {i: _LayerAcc(H, G, hd, len(pairs), hd - 2 * len(pairs), len(deltas)) for i in profiled}, {})
     M._check_capture(model, encoded[0], layout.num_layers)
-    hooks = []
     lts = {lt.layer: lt for lt in layout.layers}
-    import torch
-
-    def hook_for(lt, role):
-        def fn(_m, _inp, out):
-            o = out[0] if isinstance(out, tuple) else out
-            arr = _split_qk(run, lt, o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1]), role)
-            if role == "q":
-                run.cur_q[lt.layer] = arr
-            else:
-                q = run.cur_q.pop(lt.layer, None)
-                if q is None:
-                    raise UnsupportedError("measured profile: the key projection ran before the query projection")
-                _accumulate_qk(run, lt.layer, q, arr)
-        return fn
+    hooks = _register_hooks(model, run, lts, profiled)
     try:
-        for li in profiled:
-            lt = lts[li]
-            qm, km = _projection_modules(model, lt)
-            if qm is km:
-                def both(_m, _inp, out, lt=lt):
-                    o = out[0] if isinstance(out, tuple) else out
-                    a = o.detach().to("cpu", torch.float64).numpy().reshape(o.shape[-2], o.shape[-1])
-                    _accumulate_qk(run, lt.layer, _split_qk(run, lt, a, "q"), _split_qk(run, lt, a, "k"))
-                hooks.append(qm.register_forward_hook(both))
-            else:
-                hooks.append(qm.register_forward_hook(hook_for(lt, "q")))
-                hooks.append(km.register_forward_hook(hook_for(lt, "k")))
         red = _LogitReducer(run, list(range(layout.num_layers)))
         for ids in encoded:
             with M._capture_softmax(red):
@@ -330,26 +357,14 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     finally:
         for h in hooks:
             h.remove()
-    s = attention_scale(layout, view.config)
-    rot = s * rf.attention_factor ** 2
-    inv = rf.inv_freq
-    layers = []
-    for lp in static.layers:
-        if not lp.heads:
-            layers.append(lp)
-            continue
-        vecs = layer_vectors(view, layout, lts[lp.layer])
-        terms = _head_terms(run.accs[lp.layer], vecs["q"].reshape(H, hd), vecs["k"].reshape(G, hd), run, inv, rot, s,
-                            deltas.astype(np.float64))
-        layers.append(replace(lp, heads=tuple(replace(h, mean=t[0], cov=t[1]) for h, t in zip(lp.heads, terms))))
-    tokens = [int(e.shape[1]) for e in encoded]
-    facts = {"prompts": len(encoded), "tokens": sum(tokens), "max_prompt_tokens": longest, "skip_first": int(skip_first),
-             "device": dev, "dtype": dtype, "max_delta": int(max(0, longest - 1 - skip_first)),
-             "rope_evaluated_at": rf.length, "attention_factor": rf.attention_factor}
+    facts = {"prompts": len(encoded), "tokens": sum(int(e.shape[1]) for e in encoded), "max_prompt_tokens": longest,
+             "skip_first": int(skip_first), "device": dev, "dtype": dtype,
+             "max_delta": int(max(0, longest - 1 - skip_first)), "rope_evaluated_at": rf.length,
+             "attention_factor": rf.attention_factor}
     notes = list(static.notes)
     if rf.length is not None and static.rope is not None and static.rope.length != rf.length:
         notes.append(f"measured terms use the rope frequencies at the prompt length {rf.length} "
                      f"(the static profile: at {static.rope.length})")
     if not math.isclose(rf.attention_factor, static.attention_factor or 1.0):
         notes.append("the loaded model's attention factor differs from the file's")
-    return replace(static, layers=tuple(layers), measured=facts, notes=tuple(notes))
+    return replace(static, layers=_attach(static, run, view, rf, lts), measured=facts, notes=tuple(notes))
