@@ -6,7 +6,22 @@ import click
 from .render import check_report_path, emit, open_kwargs, output_options, source_options
 
 
-@click.command("analyze")
+_PROFILE_HELP = """\
+\b
+--distance-profile (rotary models with q/k biases; docs/analyze.md):
+  f(Δ)          s·a²·Σ_j Re(z_j(b_q)·conj z_j(b_k)·e^{iΔθ_j}) + pass-through,
+                the runtime's exact θ_j (rope scaling incl.) and attention
+                factor a; biases and config only, no torch
+  per head      f(0), g(Δ)=f(Δ)-f(0) at 1k/8k/32k/context, drop (decay >0,
+                enhance <0), half-drop distances, argmax, monotone ratio,
+                alignment, plateau share (θ_j·L < 1), spread <= bound
+  model         first zero of Σ_j cos(Δθ_j); pairs with period > training
+  --measure     mean term (bias·bias, bias·content, content·bias,
+                content·content), covariance term, measured mean logit
+"""
+
+
+@click.command("analyze", epilog=_PROFILE_HELP)
 @click.argument("source")
 @click.option("--context", "context", type=int, default=None, metavar="L",
               help="Context window L in positions for the rope analysis (default: the config's max positions).")
@@ -78,17 +93,6 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     the bound, and KL / top-1 agreement at the output.  Exit code 1 if a
     measurement ever exceeds its bound.
 
-    \b
-    --distance-profile (rotary models with q/k biases; docs/analyze.md):
-      f(Δ)          s·a²·Σ_j Re(z_j(b_q)·conj z_j(b_k)·e^{iΔθ_j}) + pass-through,
-                    the runtime's exact θ_j (rope scaling incl.) and attention
-                    factor a; biases and config only, no torch
-      per head      f(0), g(Δ)=f(Δ)-f(0) at 1k/8k/32k/context, drop (decay >0,
-                    enhance <0), half-drop distances, argmax, monotone ratio,
-                    alignment, plateau share (θ_j·L < 1), spread <= bound
-      model         first zero of Σ_j cos(Δθ_j); pairs with period > training
-      --measure     mean term (bias·bias, bias·content, content·bias,
-                    content·content), covariance term, measured mean logit
     """
     from dataclasses import replace
 
@@ -96,8 +100,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     from ..errors import VerificationFailed
 
     check_report_path(output, force, (source, prompts_file))
-    if not distance_profile and (deltas or rope_theta is not None or rope_scaling or plot_dir):
-        raise click.UsageError("--deltas, --rope-theta, --rope-scaling and --plot need --distance-profile")
+    profile = _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir)
     prompts = None
     if prompts_file:
         if not measure:
@@ -105,8 +108,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
         from ..analysis.prompts import load_prompts
         prompts = load_prompts(prompts_file)
     report = analyze(source, context=context, epsilon=epsilon, measure=measure, prompts=prompts, device=device,
-                     dtype=dtype, max_tokens=max_tokens, distance_profile=distance_profile, deltas=deltas,
-                     rope_theta=rope_theta, rope_scaling=rope_scaling, skip_first=skip_first,
+                     dtype=dtype, max_tokens=max_tokens, **profile,
                      **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     if per_head and by_bias:
         raise click.UsageError("--per-head and --by-bias choose different rows: pass one")
@@ -114,13 +116,26 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
         report = replace(report, per_head=True)
     if by_bias:
         report = replace(report, by_bias=True)
-    if plot_dir and report.distance_profile is not None:
-        from ..analysis.distance_plots import plot_profile
-        written = plot_profile(report.distance_profile, plot_dir)
-        click.echo(f"wrote {len(written)} plot(s) into {plot_dir}", err=True)
+    _plots(report, plot_dir)
     emit(report, fmt, output, title="ckpt-surgeon analyze", force=force)
     if report.measured is not None and not report.measured.all_within_bound:
         bad = [f"layer {lm.layer} {v.variant}: {v.logit:.4g} > {v.bound:.4g}" for lm in report.measured.layers
                for v in lm.variants if v.within_bound is False]
         raise VerificationFailed("a measured logit change exceeds its static bound (" + "; ".join(bad[:4]) + ")",
                                  path=report.source)
+
+
+def _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir) -> dict:
+    """``analyze``'s distance-profile arguments; its options need --distance-profile (checked before any work)."""
+    if not distance_profile and (deltas or rope_theta is not None or rope_scaling or plot_dir):
+        raise click.UsageError("--deltas, --rope-theta, --rope-scaling and --plot need --distance-profile")
+    return dict(distance_profile=distance_profile, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                skip_first=skip_first)
+
+
+def _plots(report, plot_dir) -> None:
+    """``--plot DIR``: the distance profile's PNGs (matplotlib, the plot extra)."""
+    if plot_dir and report.distance_profile is not None:
+        from ..analysis.distance_plots import plot_profile
+        written = plot_profile(report.distance_profile, plot_dir)
+        click.echo(f"wrote {len(written)} plot(s) into {plot_dir}", err=True)
