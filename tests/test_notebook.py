@@ -36,6 +36,9 @@ def test_notebook_runs_outside_the_repo_and_writes_pngs_beside_itself(tiny, tmp_
     expected = ["qwen2_long_bias_norms.png", "qwen2_long_layer0_pair_energy.png", "qwen2_long_bias_consumers.png",
                 f"{model.name}_bias_norms.png", f"{model.name}_layer0_pair_energy.png",
                 f"{model.name}_bias_consumers.png"]
+    # the distance profile's three plots (layer 0's g and pair plots, the heatmap), both models
+    expected += [f"{tag}_distance_profile/{png}" for tag in ("qwen2_long", model.name)
+                 for png in ("g_layer0.png", "pairs_layer0.png", "g_heatmap.png")]
     for name in expected:
         p = here / "out" / name
         assert p.is_file(), name

@@ -17,20 +17,48 @@ from . import redundancy as R
 
 def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSILON, measure: bool = False,
             prompts=None, *, device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
-            **open_kwargs) -> R.AnalysisReport:
+            distance_profile: bool = False, deltas=None, rope_theta: float | None = None,
+            rope_scaling: str | dict | None = None, skip_first: int = 4, **open_kwargs) -> R.AnalysisReport:
     """Python API twin of ``ckpt-surgeon analyze``.
 
     ``source``: folder, .safetensors, .gguf, Hub repo id or an open Checkpoint.  Static analysis
     always; ``measure=True`` also runs the model with transformers on ``prompts`` (default:
     :func:`ckpt_surgeon.analysis.prompts.default_prompts`) and attaches a
     :class:`~ckpt_surgeon.analysis.measure.MeasuredReport` as ``report.measured``.
+
+    ``distance_profile=True``: the distance profile (:mod:`.distance_profile`) as
+    ``report.distance_profile`` (its rows become the report's rows); ``deltas`` (``"log:N"``, a
+    comma list or an array), ``rope_theta`` / ``rope_scaling`` (``"yarn:4"`` or a dict) for a
+    what-if beside it.  With ``measure`` the profile is measured (:mod:`.distance_measure`,
+    ``skip_first`` tokens per prompt left out) instead of the key-bias removal.
     """
     where = source.source if isinstance(source, Checkpoint) else source
     if measure:
         M.check_local(where)     # before the static pass: a Hub source cannot be measured
     report = R.analyze(source, context=context, epsilon=epsilon, **open_kwargs)
+    if distance_profile:
+        from .distance_measure import measure_profile
+        prof = _profile(source, context=context, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                        open_kwargs=open_kwargs)
+        if measure:
+            prof = measure_profile(where, prof, prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens,
+                                   skip_first=skip_first)
+        return replace(report, distance_profile=prof, notes=tuple(report.notes) + tuple(
+            n for n in prof.notes if n not in report.notes))
     if measure:
         m = M.measure(where, context=context, epsilon=epsilon, prompts=prompts, device=device, dtype=dtype,
                       max_tokens=max_tokens)
         report = replace(report, measured=m)
     return report
+
+
+def _profile(source, *, context, deltas, rope_theta, rope_scaling, open_kwargs):
+    """The static distance profile of ``source`` (opened again: the static pass closed it)."""
+    from ..arch.rope_frequencies import parse_rope_scaling
+    from ..checkpoint import open_checkpoint
+    from .distance_profile import distance_profile
+    scaling = parse_rope_scaling(rope_scaling) if isinstance(rope_scaling, str) else rope_scaling
+    if isinstance(source, Checkpoint):
+        return distance_profile(source, context=context, deltas=deltas, theta=rope_theta, scaling=scaling)
+    with open_checkpoint(source, **open_kwargs) as ck:
+        return distance_profile(ck, context=context, deltas=deltas, theta=rope_theta, scaling=scaling)

@@ -714,6 +714,7 @@ class AnalysisReport(LayoutSummary):
     by_bias: bool = False               # rows(): one row per bias (consumers) instead of per layer
     facts: tuple = ()                   # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
+    distance_profile: object | None = None   # distance_profile.DistanceProfile with --distance-profile: its rows
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -743,6 +744,8 @@ class AnalysisReport(LayoutSummary):
              "measured": self.measured.to_dict() if self.measured is not None else None,
              "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
              "facts": list(self.facts), "derivation": self.derivation}
+        if self.distance_profile is not None:
+            d["distance_profile"] = self.distance_profile.to_dict()
         return d
 
     def rows(self) -> list[dict]:
@@ -750,6 +753,9 @@ class AnalysisReport(LayoutSummary):
         or per bias (consumer and removable share) with ``by_bias``."""
         if self.by_bias and self.consumers is not None:
             return self.consumers.rows()
+        if self.distance_profile is not None:
+            from dataclasses import replace
+            return replace(self.distance_profile, per_head=self.per_head).rows()
         mrows = {r["layer"]: r for r in self.measured.rows()} if self.measured is not None else {}
         rows = []
         for lr in self.layers:
@@ -773,6 +779,11 @@ class AnalysisReport(LayoutSummary):
                     row[k] = v
             rows.append(row)
         return rows
+
+    def csv_rows(self) -> list[dict]:
+        """CSV rows: :meth:`rows`, or the distance profile in long form (one row per layer, head,
+        term and distance) when it was computed."""
+        return self.distance_profile.long_rows() if self.distance_profile is not None else self.rows()
 
     def to_frame(self):
         import pandas as pd
@@ -807,6 +818,8 @@ class AnalysisReport(LayoutSummary):
             items += self.consumers.summary_items()
         if self.measured is not None:
             items += self.measured.summary_items()
+        if self.distance_profile is not None:
+            items += self.distance_profile.summary_items()
         items.append(("bytes read", f"{self.bytes_read:,}"))
         return items
 

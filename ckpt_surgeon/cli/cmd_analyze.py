@@ -6,7 +6,22 @@ import click
 from .render import check_report_path, emit, open_kwargs, output_options, source_options
 
 
-@click.command("analyze")
+_PROFILE_HELP = """\
+\b
+--distance-profile (rotary models with q/k biases; docs/analyze.md):
+  f(Δ)          s·a²·Σ_j Re(z_j(b_q)·conj z_j(b_k)·e^{iΔθ_j}) + pass-through,
+                the runtime's exact θ_j (rope scaling incl.) and attention
+                factor a; biases and config only, no torch
+  per head      f(0), g(Δ)=f(Δ)-f(0) at 1k/8k/32k/context, drop (decay >0,
+                enhance <0), half-drop distances, argmax, monotone ratio,
+                alignment, plateau share (θ_j·L < 1), spread <= bound
+  model         first zero of Σ_j cos(Δθ_j); pairs with period > training
+  --measure     mean term (bias·bias, bias·content, content·bias,
+                content·content), covariance term, measured mean logit
+"""
+
+
+@click.command("analyze", epilog=_PROFILE_HELP)
 @click.argument("source")
 @click.option("--context", "context", type=int, default=None, metavar="L",
               help="Context window L in positions for the rope analysis (default: the config's max positions).")
@@ -24,12 +39,32 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
               show_default=True, help="With --measure: dtype to run the model in.")
 @click.option("--max-tokens", type=int, default=None, metavar="N",
               help="With --measure: truncate each prompt to N tokens (default 1024, and the model's max positions).")
-@click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head.")
+@click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head (with "
+              "--distance-profile: per layer and query head).")
 @click.option("--by-bias", is_flag=True, help="Table/CSV/Markdown: one row per bias (q/k/v/o, MLP in/out, "
               "additive embeddings, head) with its consumer and exactly removable share.")
+@click.option("--distance-profile", "distance_profile", is_flag=True,
+              help="What the q/k biases do under RoPE: the bias·bias logit f(Δ) at each distance, per layer and "
+                   "query head, with its summaries (rows: per layer, or per head with --per-head; CSV in long form; "
+                   "JSON under distance_profile).  With --measure: the measured mean / covariance terms instead of "
+                   "the key-bias removal measurement.")
+@click.option("--deltas", default=None, metavar="LIST|log:N",
+              help="With --distance-profile: the distances (comma list, or log:N for 0 plus N log-spaced ones up to "
+                   "the context; default log:48).")
+@click.option("--rope-theta", "rope_theta", type=float, default=None, metavar="X",
+              help="With --distance-profile: what-if, the profile under rope base X beside today's.")
+@click.option("--rope-scaling", "rope_scaling", default=None, metavar="SPEC",
+              help="With --distance-profile: what-if under another scaling (yarn:F, linear:F, dynamic:F, "
+                   "llama3:F[,LOW,HIGH], none), over the context times F.")
+@click.option("--skip-first", "skip_first", type=int, default=4, show_default=True, metavar="K",
+              help="With --distance-profile --measure: leave out the first K tokens of each prompt (attention "
+                   "sinks / BOS).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="With --distance-profile: write PNGs into DIR (needs matplotlib: the plot extra).")
 @source_options
 @output_options
 def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
+            distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir,
             allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Which attention biases of SOURCE are really redundant, per layer and kv head.
 
@@ -57,6 +92,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     the measured logit change and attention total variation per layer next to
     the bound, and KL / top-1 agreement at the output.  Exit code 1 if a
     measurement ever exceeds its bound.
+
     """
     from dataclasses import replace
 
@@ -64,6 +100,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     from ..errors import VerificationFailed
 
     check_report_path(output, force, (source, prompts_file))
+    profile = _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir)
     prompts = None
     if prompts_file:
         if not measure:
@@ -71,7 +108,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
         from ..analysis.prompts import load_prompts
         prompts = load_prompts(prompts_file)
     report = analyze(source, context=context, epsilon=epsilon, measure=measure, prompts=prompts, device=device,
-                     dtype=dtype, max_tokens=max_tokens,
+                     dtype=dtype, max_tokens=max_tokens, **profile,
                      **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     if per_head and by_bias:
         raise click.UsageError("--per-head and --by-bias choose different rows: pass one")
@@ -79,9 +116,26 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
         report = replace(report, per_head=True)
     if by_bias:
         report = replace(report, by_bias=True)
+    _plots(report, plot_dir)
     emit(report, fmt, output, title="ckpt-surgeon analyze", force=force)
     if report.measured is not None and not report.measured.all_within_bound:
         bad = [f"layer {lm.layer} {v.variant}: {v.logit:.4g} > {v.bound:.4g}" for lm in report.measured.layers
                for v in lm.variants if v.within_bound is False]
         raise VerificationFailed("a measured logit change exceeds its static bound (" + "; ".join(bad[:4]) + ")",
                                  path=report.source)
+
+
+def _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir) -> dict:
+    """``analyze``'s distance-profile arguments; its options need --distance-profile (checked before any work)."""
+    if not distance_profile and (deltas or rope_theta is not None or rope_scaling or plot_dir):
+        raise click.UsageError("--deltas, --rope-theta, --rope-scaling and --plot need --distance-profile")
+    return dict(distance_profile=distance_profile, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                skip_first=skip_first)
+
+
+def _plots(report, plot_dir) -> None:
+    """``--plot DIR``: the distance profile's PNGs (matplotlib, the plot extra)."""
+    if plot_dir and report.distance_profile is not None:
+        from ..analysis.distance_plots import plot_profile
+        written = plot_profile(report.distance_profile, plot_dir)
+        click.echo(f"wrote {len(written)} plot(s) into {plot_dir}", err=True)

@@ -141,7 +141,7 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None, forc
     if fmt == "json":
         text = to_json(report)
     elif fmt == "csv":
-        text = to_csv(rows)
+        text = to_csv(report.csv_rows() if hasattr(report, "csv_rows") else rows)
     elif fmt == "markdown":
         text = to_markdown(rows, summary)
     else:
