@@ -217,7 +217,7 @@ def _awq_effective(name: str, o: np.ndarray, folder: dict, base: dict,
         norm = layer + ".post_attention_layernorm.weight"
         eff = o * (folder[norm] / base[norm])[None, :]
         if "up_proj" in name:
-            w = base[name] * (base[norm] / base[norm])[None, :]
+            w = base[name]
             s = (eff * w).sum(axis=1) / (eff * eff).sum(axis=1)
             up_scale[layer] = s
             eff = eff * s[:, None]
