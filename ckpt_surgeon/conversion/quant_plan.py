@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..arch.quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
 from ..errors import UnsupportedError
 
-__all__ = ["QUANT_ONLY", "file_type_name", "check_quant_request", "quantize_plan", "mixture"]
+__all__ = ["QUANT_ONLY", "file_type_name", "check_quant_request", "quantize_plan", "mixture", "ggml_shape"]
 
 # file types planned by the mixture and llama.cpp's kernels (q8_0: the converter's own, see above)
 QUANT_ONLY = tuple(f for f in QUANT_FTYPES if f != "q8_0")
@@ -33,6 +33,16 @@ def check_quant_request(dtype: str, imatrix) -> None:
     if dtype in QUANT_ONLY:
         from ..formats import ggml_quant
         ggml_quant.lib()
+
+
+def ggml_shape(shape: tuple) -> tuple:
+    """The shape llama-quantize writes: ``gguf_add_tensor`` stores ``ggml_n_dims`` dimensions, so
+    size-1 outer dimensions are dropped (Qwen2-MoE's ``ffn_gate_inp_shexp`` [1, n_embd], written
+    2-D by llama.cpp's converter, comes out 1-D).  Same bytes, same tensor for llama.cpp."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _block(t: str) -> int:
@@ -84,7 +94,7 @@ def quantize_plan(plan: list, dtype: str, arch: str, hp: dict, imatrix_path, war
         t = types[p.dst]
         if t.fell_back:
             fell.append(f"{p.dst} ({t.ggml_type})")
-        out.append(replace(p, ggml_type=t.ggml_type, nbytes=_nbytes(t.ggml_type, p.shape),
+        out.append(replace(p, ggml_type=t.ggml_type, nbytes=_nbytes(t.ggml_type, p.shape), shape=ggml_shape(p.shape),
                            imatrix=weights.get(p.dst)))
     if fell:
         warnings.append(f"{len(fell)} tensor(s) have rows that are not whole blocks of the mixture's type and fall "

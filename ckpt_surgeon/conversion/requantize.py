@@ -31,7 +31,7 @@ from ..progress import bar
 from ..publish import Staging
 from . import _io
 from .gguf_stream import verify_chunks, write_tensor_data
-from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, mixture
+from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
 from .report import ConvertReport, TensorRecord
 
 __all__ = ["gguf_requantize_report"]
@@ -186,7 +186,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
         if t.fell_back:
             fell.append(name)
         raw = new == sdt
-        plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", shape, new,
+        plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
                              (h.tensors[name].end - h.tensors[name].start) if raw else _nbytes(new, shape), sdt,
                              imatrix=None if raw else weights.get(name)))
     if fell:
