@@ -301,9 +301,18 @@ def test_without_llama_cpp_python_one_line_says_how_to_install(family_src, tmp_p
 
 # --- llama.cpp runs them ----------------------------------------------------------------------
 
+# use_extra_bufts off: with llama-cpp-python 0.3.36 on this machine's CPU (AVX512 + AMX_INT8),
+# llama.cpp's repacked-weight buffers crash (SIGSEGV in llama_decode) on the 256-wide quantized
+# files, llama_model_quantize's own as well as ours; the plain CPU path runs them
 _LOGITS = """
-import sys, numpy as np, llama_cpp
-m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, logits_all=True, verbose=False, n_threads=1, seed=0)
+import sys, numpy as np, llama_cpp, llama_cpp.llama_cpp as low
+_default = low.llama_model_default_params
+def _params():
+    p = _default()
+    p.use_extra_bufts = False
+    return p
+low.llama_model_default_params = _params      # what llama_cpp.Llama calls
+m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, logits_all=True, verbose=False, n_threads=1)
 toks = m.tokenize(b"The attention layer projects every token", add_bos=False)
 m.eval(toks)
 np.save(sys.argv[2], np.array(m.scores[: len(toks)], dtype=np.float32))

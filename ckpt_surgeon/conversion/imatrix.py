@@ -68,8 +68,8 @@ def _read_gguf(path: Path) -> dict:
             (sname, sinfo), (cname, cinfo) = sums[base], counts[base]
             if sinfo.dtype != "F32" or cinfo.dtype != "F32":
                 raise FormatError(f"sums and counts for {base} must be F32", path=str(path), tensor=base)
-            s = np.asarray(g.read(sname), np.float32).reshape(-1)
-            c = np.asarray(g.read(cname), np.float32).reshape(-1)
+            s = np.asarray(g.read(sinfo), np.float32).reshape(-1)
+            c = np.asarray(g.read(cinfo), np.float32).reshape(-1)
             if c.size == 0 or s.size % c.size:
                 raise FormatError(f"{s.size} sums do not split into {c.size} experts", path=str(path), tensor=base)
             # std::lround then (float): half away from zero, as an integer
