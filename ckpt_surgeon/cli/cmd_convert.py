@@ -15,7 +15,8 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.command("convert")
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--output", "-o", "out", required=True, type=click.Path(),
-              help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF.")
+              help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
+                   "GGUF quantization, with a quantized --dtype).")
 @click.option("--dtype", default=None, metavar="TYPE",
               help="Output dtype.  GGUF -> HF: float32 (default) | float16 | bfloat16 for every tensor.  "
                    "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32; "
