@@ -336,3 +336,31 @@ def test_llama_cpp_runs_it_with_the_reference_logits(ftype, family_src, f32_gguf
     assert np.isfinite(got["ours"]).all() and got["ours"].shape[0] >= 4
     np.testing.assert_array_equal(got["ours"], got["ref"])
     assert not np.array_equal(got["ours"], got["f32"])
+
+
+def test_imatrix_reader_edges(tmp_path):
+    """llama-quantize's normalisation in its corner cases: a legacy entry with ncall 0 keeps its
+    values, a GGUF expert with count 0 gets weights 1, counts are rounded (lround) first; a GGUF
+    without the imatrix.* keys or with sums but no counts is refused."""
+    from ckpt_surgeon.conversion.imatrix import read_imatrix
+    from ckpt_surgeon.errors import FormatError
+    vals = np.arange(1, 5, dtype=np.float32)
+    with open(tmp_path / "a.dat", "wb") as f:
+        f.write(struct.pack("<i", 2))
+        for name, ncall in (("x.weight", 0), ("y.weight", 4)):
+            f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", ncall, 4) + vals.tobytes())
+    got = read_imatrix(tmp_path / "a.dat")
+    np.testing.assert_array_equal(got["x.weight"], vals)
+    np.testing.assert_array_equal(got["y.weight"], vals / np.float32(4))
+    entries = {"z.weight": (np.concatenate([vals, vals]), np.array([0.0, 2.4], np.float32))}
+    write_imatrix_gguf(tmp_path / "b.gguf", entries)
+    np.testing.assert_array_equal(read_imatrix(tmp_path / "b.gguf")["z.weight"],
+                                  np.concatenate([np.ones(4, np.float32), vals / np.float32(2)]))
+    w = gguf.GGUFWriter(str(tmp_path / "c.gguf"), arch="imatrix")
+    w.add_tensor("z.weight.in_sum2", vals)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(FormatError, match="missing imatrix metadata"):
+        read_imatrix(tmp_path / "c.gguf")
