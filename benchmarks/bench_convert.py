@@ -19,6 +19,21 @@ left unwritten), the ratio ours / reference (target <= 0.5), the peak RSS of eac
 process tree (target for ours < 500 MB), and whether every tensor's bytes are identical in the
 two files (they must be).
 
+HF -> quantized GGUF (``--direction quant``, issue 26)
+----------------------------------------------------
+The same checkpoint to ``--quant`` (default ``q4_k_m``), each side a chain of fresh processes:
+
+* ours: ``python -m ckpt_surgeon convert SRC -o OUT --dtype q4_k_m --no-progress`` (one pass);
+* reference: llama.cpp's ``convert_hf_to_gguf.py SRC --outtype f16`` (the f16 file people make
+  first), then ``llama_model_quantize`` (llama-cpp-python's binding of llama-quantize, all cores)
+  on that file, the intermediate deleted after.
+
+Printed: wall time of each step and the sum, the ratio ours / reference (target <= 0.5), the
+peak RSS of ours (target < 1 GB), and how many tensors are byte-identical (the reference
+quantizes from an f16 rounding of the bf16 weights, ours from the exact values, as
+llama-quantize from an F32 file does: tensors holding bf16 values that f16 cannot hold exactly
+may differ; tests/test_quantize.py checks identity against the F32 path).
+
 GGUF -> HF (``--direction gguf2hf``), on SmolLM2-135M-Instruct Q4_1
 ----------------------------------------------------------------
 
@@ -40,8 +55,9 @@ itself, plus ``psutil``'s sampled RSS of the process tree as a cross-check).  Th
 reference / ours.  Target: ratio >= 5.  Runs are repeated (``--repeat``) and the best of each side
 is compared, interleaving the two so that background load hits both alike.
 
-Usage: python benchmarks/bench_convert.py [--direction both|hf2gguf|gguf2hf] [--shape small|0.5b|7b]
-           [--dtypes f16,q8_0] [--dir .bench/qwen2.5-<shape>-shape] [--gguf PATH] [--repeat 2] [--keep DIR]
+Usage: python benchmarks/bench_convert.py [--direction both|hf2gguf|gguf2hf|quant] [--shape small|0.5b|7b]
+           [--dtypes f16,q8_0] [--quant q4_k_m] [--dir .bench/qwen2.5-<shape>-shape] [--gguf PATH]
+           [--repeat 2] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -218,6 +234,78 @@ def bench_hf_to_gguf(args) -> None:
               f"{durable['llama.cpp']:.2f} s = {durable['ours'] / durable['llama.cpp']:.2f}x")
 
 
+QUANTIZE = r"""
+import ctypes, sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = int(sys.argv[3])
+rc = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params))
+sys.exit(rc)
+"""
+
+
+def bench_quant(args) -> None:
+    import gguf as _gguf  # noqa: F401  (the ftype id below)
+
+    from ckpt_surgeon.arch.quant_mix import FTYPES
+    from tests.llamacpp_src import llamacpp_source
+
+    llamacpp = llamacpp_source()
+    folder = args.dir or ROOT / ".bench" / f"qwen2.5-{args.shape}-shape"
+    src = _hf_source(args.shape, Path(folder), llamacpp)
+    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    ftype = args.quant
+    ftype_id = int(_gguf.LlamaFileType[FTYPES[ftype][0]])
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-quant-", dir=src.parent))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"source: {src} ({size / 1e9:.2f} GB, shape {args.shape}); {os.cpu_count()} CPUs; "
+          f"load average {os.getloadavg()[0]:.1f} (a shared machine: other jobs run meanwhile)", flush=True)
+    best: dict = {}
+    try:
+        for i in range(args.repeat):
+            steps = {
+                "ours": [([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(work / "ours.gguf"),
+                           "--dtype", ftype, "--no-progress"], str(ROOT))],
+                "llama.cpp": [([sys.executable, str(llamacpp / "convert_hf_to_gguf.py"), str(src), "--outtype", "f16",
+                                "--outfile", str(work / "f16.gguf")], str(llamacpp / "gguf-py")),
+                              ([sys.executable, "-c", QUANTIZE, str(work / "f16.gguf"), str(work / "ref.gguf"),
+                                str(ftype_id)], str(ROOT))],
+            }
+            for side, chain in steps.items():
+                for f in ("ours.gguf",) if side == "ours" else ("ref.gguf", "f16.gguf"):
+                    (work / f).unlink(missing_ok=True)      # the previous repeat's
+                os.sync()
+                walls, rss = [], 0.0
+                for cmd, pythonpath in chain:
+                    r = _run_cmd(cmd, pythonpath)
+                    walls.append(r["wall_s"])
+                    rss = max(rss, r["sampled_rss_mb"])
+                t = time.perf_counter()
+                os.sync()
+                flush = time.perf_counter() - t
+                (work / "f16.gguf").unlink(missing_ok=True)
+                total = sum(walls)
+                print(f"{ftype} run {i + 1} {side:9s} wall {total:7.2f} s ({' + '.join(f'{w:.2f}' for w in walls)}) "
+                      f"+ flush {flush:5.2f} s  peak RSS {rss:7.0f} MB  load {os.getloadavg()[0]:.1f}", flush=True)
+                if side not in best or total < best[side]["wall_s"]:
+                    best[side] = {"wall_s": total, "steps": walls, "rss": rss, "flush_s": flush}
+        a, b = _tensor_digests(work / "ours.gguf"), _tensor_digests(work / "ref.gguf")
+        same = sum(1 for n in b if a.get(n) == b[n])
+        types_same = sum(1 for n in b if n in a and a[n][:2] == b[n][:2])
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    ratio = best["ours"]["wall_s"] / best["llama.cpp"]["wall_s"]
+    rss = best["ours"]["rss"]
+    print()
+    print(f"HF -> GGUF {ftype}: ours {best['ours']['wall_s']:.2f} s / llama.cpp (convert f16 "
+          f"{best['llama.cpp']['steps'][0]:.2f} s + quantize {best['llama.cpp']['steps'][1]:.2f} s) "
+          f"{best['llama.cpp']['wall_s']:.2f} s = {ratio:.2f}x (target <= 0.5: {'met' if ratio <= 0.5 else 'NOT met'}); "
+          f"peak RSS ours {rss:.0f} MB (target < 1000: {'met' if rss < 1000 else 'NOT met'}), llama.cpp "
+          f"{best['llama.cpp']['rss']:.0f} MB")
+    print(f"   tensors with the reference's type and shape: {types_same} of {len(b)}; byte-identical: {same} of "
+          f"{len(b)} (the reference went through f16)")
+
+
 # ----------------------------------------------------------------------------- GGUF -> HF
 
 def bench_gguf_to_hf(args) -> None:
@@ -258,10 +346,12 @@ def main() -> None:
     from benchmarks.make_qwen25_shape import SHAPES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--direction", choices=("both", "hf2gguf", "gguf2hf"), default="both")
+    ap.add_argument("--direction", choices=("both", "hf2gguf", "gguf2hf", "quant"), default="both")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b", help="HF -> GGUF source geometry")
     ap.add_argument("--dir", type=Path, default=None, help="HF -> GGUF source folder (made once)")
     ap.add_argument("--dtypes", default="f16,q8_0", help="HF -> GGUF output types")
+    ap.add_argument("--quant", default="q4_k_m", help="--direction quant: the llama.cpp file type")
+    ap.add_argument("--work", type=Path, default=None, help="--direction quant: folder for the outputs (kept)")
     ap.add_argument("--gguf", type=Path, default=None, help="GGUF -> HF source (default: SmolLM2 Q4_1)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", type=Path, default=None, help="GGUF -> HF: keep both outputs under this folder")
@@ -270,6 +360,8 @@ def main() -> None:
         bench_hf_to_gguf(args)
     if args.direction in ("both", "gguf2hf"):
         bench_gguf_to_hf(args)
+    if args.direction == "quant":
+        bench_quant(args)
 
 
 if __name__ == "__main__":

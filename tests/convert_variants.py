@@ -137,6 +137,23 @@ VARIANTS = {
                                               "initializer_range": 0.1}, 0.0),
     # the fixture's alternating sliding / full layers, which llama.cpp cannot express
     "gemma3_alternating": ("gemma3", {"attention_bias": False}, 0.0),
+    # quantization (tests/test_quantize.py): rows that are whole 256-value super-blocks, so the
+    # k-quant / IQ types are used rather than their fallbacks, and 8 layers, so llama.cpp's
+    # "more bits" layers (first / last eighth, every third) differ from the others.  GQA 4 (qwen2)
+    # and 1 (llama) take different attn_v branches; mixtral's 8 experts and qwen2_moe's 4 take the
+    # n_expert == 8 and n_expert >= 4 branches.
+    "qwen2_q256": ("qwen2", {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 8,
+                             "num_attention_heads": 4, "num_key_value_heads": 1,
+                             "layer_types": ["full_attention"] * 8}, 0.0),
+    "llama_q256": ("llama", {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 8,
+                             "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64}, 0.0),
+    "mixtral_q256": ("mixtral", {"hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 4,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8,
+                                 "head_dim": 64}, 0.0),
+    "qwen2_moe_q256": ("qwen2_moe", {"hidden_size": 256, "intermediate_size": 256, "moe_intermediate_size": 256,
+                                     "shared_expert_intermediate_size": 256, "num_hidden_layers": 4,
+                                     "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
+                                     "layer_types": ["full_attention"] * 4}, 0.0),
 }
 # Variants whose files are then spelled as the Hub's (the reference converter reads a Phi-3 vocabulary
 # only from tokenizer.model unless the tokenizer is declared BPE: see phi3_bpe / phimoe_hub below).

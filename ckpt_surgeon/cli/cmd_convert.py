@@ -7,17 +7,31 @@ import click
 
 from .render import progress_option
 
-DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
+from ..arch.quant_mix import QUANT_FTYPES
+
+DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT_FTYPES
 
 
 @click.command("convert")
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--output", "-o", "out", required=True, type=click.Path(),
-              help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF.")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES, case_sensitive=False), default=None,
+              help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
+                   "GGUF quantization, with a quantized --dtype).")
+@click.option("--dtype", default=None, metavar="TYPE",
               help="Output dtype.  GGUF -> HF: float32 (default) | float16 | bfloat16 for every tensor.  "
-                   "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32.  "
+                   "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32; "
+                   "or a llama.cpp file type (" + " ".join(t for t in QUANT_FTYPES if t != "q8_0") + "): each "
+                   "tensor's type chosen by llama.cpp's mixture rules and quantized by its own kernels (needs "
+                   "llama-cpp-python: pip install 'ckpt-surgeon[llama]'), bytes identical to llama-quantize's, in "
+                   "one streaming pass.  GGUF -> GGUF (a .gguf OUT): quantize that file the same way.  "
                    "The short and long spellings are interchangeable (bf16 = bfloat16).")
+@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Importance matrix for a quantized --dtype: llama-imatrix's output (GGUF, or its legacy .dat), "
+                   "applied as llama-quantize applies it.  Entries for tensors the model lacks, or of the wrong "
+                   "size, are refused (made for another model).")
+@click.option("--allow-requantize", is_flag=True,
+              help="GGUF -> GGUF: let an already-quantized tensor be quantized to another type (as "
+                   "llama-quantize --allow-requantize; quality is lost).  Without it such a tensor is refused.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (atomically: the old one is removed only "
                                             "after the new one is complete).")
 @click.option("--name", default=None, help="HF -> GGUF: general.name written into the file (default: the folder's "
@@ -26,7 +40,7 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "q8_0", "float32", "float16", "bfloat16")
               help="table: a short summary on stderr.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
 @progress_option
-def command(source, out, dtype, force, name, fmt, progress):
+def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, progress):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -53,11 +67,14 @@ def command(source, out, dtype, force, name, fmt, progress):
     Examples:
       ckpt-surgeon convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2-hf
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q8_0.gguf --dtype q8_0
+      ckpt-surgeon convert ./qwen2-folder -o qwen2.q4_k_m.gguf --dtype q4_k_m
+      ckpt-surgeon convert qwen2.f16.gguf -o qwen2.iq4_xs.gguf --dtype iq4_xs --imatrix imatrix.gguf
     """
     from ..conversion import convert
     from .render import to_json, to_table
 
-    report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True)
+    report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
+                     imatrix=imatrix, allow_requantize=allow_requantize)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

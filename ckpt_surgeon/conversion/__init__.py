@@ -52,7 +52,7 @@ def _gguf_in_folder(p: Path) -> Path | None:
 
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
-            progress: bool | None = False, isolate: bool = False):
+            progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -60,7 +60,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     the bytes written on stderr (None: only when stderr is a terminal).  ``isolate`` (HF -> GGUF):
     ask transformers about the folder in a short-lived child process, so that this process never
     holds transformers, the tokenizer and the model classes (the CLI's choice; see
-    :func:`~.to_gguf.hf_to_gguf_report`).
+    :func:`~.to_gguf.hf_to_gguf_report`).  A ``.gguf`` source with a ``.gguf`` output is quantized
+    (GGUF -> GGUF, ``dtype`` one of llama.cpp's file types: :mod:`.requantize`).  ``imatrix``: an
+    importance matrix file (llama-imatrix's GGUF or legacy .dat) for a quantized ``dtype``;
+    ``allow_requantize``: let an already-quantized GGUF tensor change type.
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
@@ -68,6 +71,17 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     if not os.path.exists(os.fspath(source)):
         raise SourceNotFoundError("no such file or folder", path=os.fspath(source))
     source = _gguf_in_folder(Path(os.fspath(source))) or source
+    if is_gguf(source) and str(out).endswith(".gguf"):
+        from .dtypes import normalize_dtype
+        from .requantize import gguf_requantize_report
+        if name is not None:
+            raise UnsupportedError("--name sets general.name of an HF -> GGUF output; GGUF -> GGUF keeps the source's")
+        if dtype is None:
+            raise UnsupportedError("GGUF -> GGUF quantizes: give --dtype (q4_k_m, q8_0 ...)", path=os.fspath(source))
+        return gguf_requantize_report(source, out, normalize_dtype(dtype, to_gguf=True), force=force,
+                                      imatrix=imatrix, allow_requantize=allow_requantize, progress=progress)
+    if imatrix is not None and is_gguf(source):
+        raise UnsupportedError("--imatrix applies to a GGUF output")
     if is_gguf(source):
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
@@ -78,4 +92,4 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",
                                path=os.fspath(out))
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
-                             progress=progress, isolate=isolate)
+                             progress=progress, isolate=isolate, imatrix=imatrix)

@@ -46,7 +46,7 @@ _MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
 # transforms that act row by row (a chunk of rows is transformed alone); perm_q / perm_k act
 # within heads (chunks are cut on head boundaries); any other (conv1d's transpose, the fused-QKV
 # reorders of BLOOM / GPT-NeoX) moves rows across the whole tensor, which is then taken whole
-_ROW_LOCAL = ("none", "norm_shift")
+_ROW_LOCAL = ("none", "norm_shift", "raw")     # raw: stored bytes copied as they are (GGUF -> GGUF)
 
 
 def _workers() -> int:
@@ -100,16 +100,22 @@ def _parts(p) -> tuple:
     if not stacked:
         return (p,)
     n = len(stacked)
-    return tuple(replace(p, src=t, stacked=(), shape=tuple(p.shape[1:]), nbytes=p.nbytes // n) for t in stacked)
+    im = getattr(p, "imatrix", None)
+    ne0 = p.shape[-1]
+    # each expert quantized with its own slice of the importance matrix (llama-quant.cpp imatrix_for_row)
+    return tuple(replace(p, src=t, stacked=(), shape=tuple(p.shape[1:]), nbytes=p.nbytes // n,
+                         imatrix=None if im is None else im[i * ne0:(i + 1) * ne0])
+                 for i, t in enumerate(stacked))
 
 
 class _Job:
     """One chunk: its source (stored bytes or decoded values), where it goes, how to make it."""
 
-    __slots__ = ("p", "heads", "at", "nbytes", "src", "info")
+    __slots__ = ("p", "heads", "at", "nbytes", "src", "info", "first")
 
-    def __init__(self, p, heads, at, nbytes, src, info):
+    def __init__(self, p, heads, at, nbytes, src, info, first=0):
         self.p, self.heads, self.at, self.nbytes, self.src, self.info = p, heads, at, nbytes, src, info
+        self.first = first          # the chunk's first source row (an expert index for a 3-D tensor)
 
 
 def _src_shape(ck, p) -> tuple:
@@ -143,8 +149,12 @@ def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, s
     job.src = None
     if job.heads:       # a whole number of heads: permute within them, as over the whole tensor
         hp = dict(hp, n_head=job.heads, n_head_kv=job.heads)
-    arr = transform(arr, p.transform, hp, path=labels[0], tensor=p.src)
-    data = bf16_bits_to_f16(arr) if bits else encode_rows(arr, p.ggml_type)
+    if p.transform == "raw":
+        data = np.ascontiguousarray(arr).view(np.uint8)
+    else:
+        arr = transform(arr, p.transform, hp, path=labels[0], tensor=p.src)
+        data = bf16_bits_to_f16(arr) if bits else encode_rows(arr, p.ggml_type, getattr(p, "imatrix", None),
+                                                              job.first)
     del arr
     if data.nbytes != job.nbytes:  # a bug here would corrupt every following offset
         raise FormatError(f"encoded {data.nbytes} bytes, planned {job.nbytes}", path=labels[1], tensor=p.dst)
@@ -182,7 +192,7 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
             for p in _parts(planned):
                 for a, b, heads, nbytes in _row_ranges(p, _src_shape(ck, p), hp):
                     src, info = _read(ck, p, a, b)
-                    pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info), fd, hp, transform,
+                    pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info, a), fd, hp, transform,
                                                labels, readback))
                     del src
                     at += nbytes

@@ -46,11 +46,18 @@ class ConvertReport:
         return [t.to_dict() for t in self.tensors]
 
     def summary_items(self) -> list[tuple[str, str]]:
+        arch = f"{self.arch} (HF {self.model_type})" if self.model_type else str(self.arch)
         items = [("direction", self.direction), ("source", self.source), ("output", self.output),
-                 ("architecture", f"{self.arch} (HF {self.model_type})"), ("dtype", self.dtype),
+                 ("architecture", arch), ("dtype", self.dtype),
                  ("tensors", str(self.n_tensors)), ("bytes written", f"{self.bytes_written:,}"),
                  ("tied embeddings", "yes" if self.tied_embeddings else "no"),
                  ("tokenizer", self.tokenizer or "-"), ("seconds", f"{self.seconds:.2f}")]
+        kinds = {}
+        for t in self.tensors:
+            kinds[t.target_dtype] = kinds.get(t.target_dtype, 0) + 1
+        if len(kinds) > 2 or any(k not in ("F32", "F16", "BF16", "Q8_0") for k in kinds):
+            # a quantized file's mixture: which types llama.cpp's rules gave how many tensors
+            items.insert(5, ("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))))
         return items
 
     @property

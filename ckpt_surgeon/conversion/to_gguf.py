@@ -41,6 +41,7 @@ from ..publish import Staging
 from . import _io
 from . import names as N
 from .gguf_stream import verify_chunks, write_tensor_data
+from .quant_plan import QUANT_ONLY, file_type_name
 from .report import ConvertReport, TensorRecord
 
 # Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
@@ -59,6 +60,7 @@ class _Planned:
     src_dtype: str
     stacked: tuple = ()     # expert rows: the HF tensors stacked (in expert order) into this one
     data: bytes | None = None  # a tensor made here, not read (llama3 rope factors: rope_freqs.weight)
+    imatrix: object = None       # float32 importance weights (ne0 x experts) for llama.cpp's quantizer
 
 
 def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
@@ -471,10 +473,13 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
 
 
 def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: Path | None = None,
-                    force: bool = False, isolate: bool = False) -> GGUFPlan:
+                    force: bool = False, isolate: bool = False, imatrix=None) -> GGUFPlan:
     """Check the source and plan the file: names, types, shapes, sizes, key-values.  ``out``:
     checked as a destination (absent unless ``force``, not an input) before the config is read.
-    ``isolate``: see :func:`hf_to_gguf_report`."""
+    ``isolate``: see :func:`hf_to_gguf_report`.  ``imatrix``: an importance matrix file for a
+    quantized ``dtype`` (:mod:`.imatrix`)."""
+    from .quant_plan import check_quant_request
+    check_quant_request(dtype, imatrix)
     from .model_check import check_tensors
     from .tokenizer import hf_vocab
 
@@ -527,7 +532,8 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     check_tensors(expected, got, path=str(src), what=what)
 
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
-    _plan_tensors(ck, got, spec, dtype, src, [], None)   # names and shapes judged before the config values
+    base = "f32" if dtype in QUANT_ONLY else dtype       # llama.cpp quantizes from an F32 file
+    _plan_tensors(ck, got, spec, base, src, [], None)   # names and shapes judged before the config values
     emb = _embedding_shape(got, spec)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
@@ -535,7 +541,10 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
     warnings += longrope_warnings
     plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
-            + _plan_tensors(ck, got, spec, dtype, src, warnings, hp))
+            + _plan_tensors(ck, got, spec, base, src, warnings, hp))
+    if dtype in QUANT_ONLY:
+        from .quant_plan import quantize_plan
+        plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
     vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
     if spec.spm_quirks is not None:
         from .tokenizer import spm_model_vocab
@@ -583,7 +592,8 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                      verify: bool = True, progress: bool | None = False, isolate: bool = False) -> ConvertReport:
+                      verify: bool = True, progress: bool | None = False, isolate: bool = False,
+                      imatrix=None) -> ConvertReport:
     """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`).  ``progress``: a
     bar over the bytes written on stderr (None: only when stderr is a terminal).
 
@@ -603,7 +613,7 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     out = Path(out_path)
     ck = open_checkpoint(src)
     try:
-        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate)
+        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate, imatrix=imatrix)
         _write_planned(ck, plan, src, out, verify=verify, progress=progress)
     finally:
         ck.close()
@@ -616,15 +626,19 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
                          records, plan.warnings, written)
 
 
-def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None) -> Path:
+def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
+               imatrix=None) -> Path:
     """Convert an HF folder (config.json + safetensors + tokenizer.json) to one GGUF file.
 
-    ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32).
+    ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32), or
+    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.arch.quant_mix.FTYPES`),
+    each tensor's type then chosen by llama.cpp's mixture rules and quantized by its kernels, with
+    the importance matrix file ``imatrix`` if given.
     ``name``: ``general.name`` (default: the folder's name).
     Returns the output path.  Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad
     input; nothing is written then.
     """
-    return Path(hf_to_gguf_report(src, out_path, dtype=dtype, force=force, name=name).output)
+    return Path(hf_to_gguf_report(src, out_path, dtype=dtype, force=force, name=name, imatrix=imatrix).output)
 
 
 def _order_key(name: str):
@@ -648,7 +662,7 @@ def gguf_kvs(spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> list[g
     import gguf
     kvs = [gw.KV("general.architecture", gw.VT.STRING, spec.gguf_arch),
            gw.KV("general.name", gw.VT.STRING, name),
-           gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[N.DTYPES[dtype][0]])),
+           gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[file_type_name(dtype)])),
            gw.KV("general.quantization_version", gw.VT.UINT32, gguf.GGML_QUANT_VERSION)]
     for key in spec.hparams:
         if key not in hp:

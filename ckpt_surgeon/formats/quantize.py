@@ -163,11 +163,14 @@ def to_f16(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def encode_rows(arr: np.ndarray, ggml_type: str) -> np.ndarray:
+def encode_rows(arr: np.ndarray, ggml_type: str, imatrix: np.ndarray | None = None, first: int = 0) -> np.ndarray:
     """Values -> a contiguous array whose bytes are the GGUF tensor data of type ``ggml_type``.
 
     Floats are rounded once, to nearest even (numpy's f32 cast, :func:`to_f16`; BF16 through
-    ml_dtypes, as torch's ``.to(torch.bfloat16)``).
+    ml_dtypes, as torch's ``.to(torch.bfloat16)``).  Q8_0: our kernel (:func:`quantize_q8_0`;
+    llama.cpp's Q8_0 ignores an importance matrix too).  Every other ggml type: llama.cpp's own
+    kernel (:func:`~.ggml_quant.quantize_rows`) with ``imatrix``, one weight per column, or
+    ``n_expert`` of them for a 3-D (expert) tensor whose first expert in ``arr`` is ``first``.
     """
     if ggml_type == "F32":
         return np.ascontiguousarray(arr, dtype=np.float32)
@@ -178,4 +181,15 @@ def encode_rows(arr: np.ndarray, ggml_type: str) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(arr, dtype=np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
     if ggml_type == "Q8_0":
         return quantize_q8_0(arr)
+    from . import ggml_quant
+    if ggml_type not in ("F32", "F16", "BF16") and ggml_quant.is_quantized(ggml_type):
+        arr = np.asarray(arr, dtype=np.float32)
+        ne0 = arr.shape[-1]
+        if imatrix is not None and imatrix.size != ne0:
+            # one matrix per expert (llama-quant.cpp llama_tensor_quantize_impl: imatrix_for_row)
+            if arr.ndim != 3:
+                raise ValueError(f"an imatrix of {imatrix.size} for a {arr.shape} chunk")
+            return np.stack([ggml_quant.quantize_rows(arr[i], ggml_type, imatrix[(first + i) * ne0:(first + i + 1) * ne0])
+                             for i in range(arr.shape[0])])
+        return ggml_quant.quantize_rows(arr, ggml_type, imatrix)
     raise UnsupportedError(f"writing GGUF type {ggml_type} is not supported")

@@ -1,0 +1,245 @@
+"""GGUF -> GGUF quantization (``convert model-f16.gguf -o model.q4_k_m.gguf --dtype q4_k_m``).
+
+What ``llama_model_quantize`` does with its default parameters (llama.cpp ``src/llama-quant.cpp``
+``llama_model_quantize_impl``), streamed through the converter's writer (:mod:`.gguf_stream`):
+
+* every key-value pair carried over as stored, ``general.quantization_version`` and
+  ``general.file_type`` set (the split keys dropped);
+* each tensor's type from llama.cpp's mixture (:mod:`ckpt_surgeon.arch.quant_mix`); a tensor
+  whose type does not change is copied byte for byte, any other is decoded to float32 as
+  llama.cpp decodes it (F16 / BF16 widened exactly, a quantized type by ggml's own ``to_float``)
+  and quantized by ggml's kernels, with the importance matrix if one is given;
+* an already-quantized tensor that would change type is refused unless ``allow_requantize``
+  ("requantizing from type ... is disabled"), before anything is written.
+
+Tensors keep the source file's order (llama.cpp writes them in its loader's name order; the
+tensors themselves are the same).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CkptError, FormatError, UnsupportedError
+from ..formats import gguf_write as gw
+from ..formats.shard_io import pwrite_all
+from ..progress import bar
+from ..publish import Staging
+from . import _io
+from .gguf_stream import verify_chunks, write_tensor_data
+from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
+from .report import ConvertReport, TensorRecord
+
+__all__ = ["gguf_requantize_report"]
+
+_FLOATS = ("F32", "F16", "BF16")
+_DROP_KEYS = ("general.file_type", "general.quantization_version", "split.no", "split.count", "split.tensors.count")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    src: str                     # "raw:<name>" copies the stored bytes, else decoded to float32
+    dst: str
+    transform: str               # "raw" or "none"
+    shape: tuple
+    ggml_type: str
+    nbytes: int
+    src_dtype: str
+    stacked: tuple = ()
+    data: bytes | None = None
+    imatrix: object = None
+
+
+class _Source:
+    """What :func:`~.gguf_stream.write_tensor_data` reads: rows of a GGUF tensor, as stored
+    (``raw:`` names) or as float32 the way llama.cpp's quantizer decodes them."""
+
+    format = "gguf-requantize"
+
+    def __init__(self, header, path: str):
+        self._h = header
+        self._fd = os.open(path, os.O_RDONLY)
+        self.tensors = {}
+        for name, info in header.tensors.items():
+            self.tensors[name] = info
+            self.tensors["raw:" + name] = info
+
+    def close(self):
+        os.close(self._fd)
+
+    def _bytes(self, info, a: int, b: int) -> np.ndarray:
+        rows = info.shape[0] if info.shape else 1
+        per_row = (info.end - info.start) // max(rows, 1)
+        buf = np.empty((b - a) * per_row, np.uint8)
+        got = os.preadv(self._fd, [memoryview(buf)], info.start + a * per_row)
+        if got != buf.nbytes:
+            raise FormatError("file ends inside the tensor's data", path=self._h.path, tensor=info.name)
+        return buf
+
+    def read_rows(self, name: str, a: int, b: int):
+        info = self.tensors[name]
+        raw = self._bytes(info, a, b)
+        shape = (b - a,) + tuple(info.shape[1:])
+        if name.startswith("raw:"):
+            return raw
+        if info.dtype == "F32":
+            return raw.view(np.float32).reshape(shape)
+        if info.dtype == "F16":
+            return raw.view(np.float16).astype(np.float32).reshape(shape)       # exact
+        if info.dtype == "BF16":
+            return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)   # exact
+        from ..formats import ggml_quant
+        n = int(np.prod(shape))
+        return ggml_quant.dequantize(raw, info.dtype, n).reshape(shape)
+
+    def read(self, name: str):
+        info = self.tensors[name]
+        return self.read_rows(name, 0, info.shape[0] if info.shape else 1)
+
+
+def _identity(arr, kind, hp, path="", tensor=""):
+    return arr
+
+
+def _kv_bytes(h) -> tuple[bytes, int]:
+    """The key-value section as stored, minus :data:`_DROP_KEYS` (cut at the fields' offsets)."""
+    info_size = sum(8 + len(n.encode()) + 4 + 8 * len(i.shape) + 4 + 8 for n, i in h.tensors.items())
+    kv_end = h.header_end - info_size
+    with open(h.path, "rb") as f:
+        f.seek(24)
+        kv = f.read(kv_end - 24)
+    starts = sorted(x.offset for x in h.fields.values())
+    cuts = []
+    for key in _DROP_KEYS:
+        fld = h.fields.get(key)
+        if fld is not None:
+            nxt = next((o for o in starts if o > fld.offset), kv_end)
+            cuts.append((fld.offset - 24, nxt - 24))
+    for a, b in sorted(cuts, reverse=True):
+        kv = kv[:a] + kv[b:]
+    return kv, h.kv_count - len(cuts)
+
+
+def _hparams(h) -> dict:
+    arch = h.architecture or ""
+    md = h.metadata
+
+    def first(key, default=None):
+        v = md.get(f"{arch}.{key}", default)
+        if isinstance(v, (list, tuple)):        # per-layer arrays: llama.cpp's n_head() is layer 0's
+            v = v[0] if len(v) else default
+        return v
+
+    n_layer, n_head = first("block_count"), first("attention.head_count")
+    if n_layer is None or n_head is None:
+        raise FormatError(f"no {arch}.block_count / {arch}.attention.head_count: not a model llama.cpp loads",
+                          path=h.path)
+    return {"n_layer": int(n_layer), "n_head": int(n_head), "n_head_kv": int(first("attention.head_count_kv", n_head)),
+            "n_expert": int(first("expert_count", 0) or 0)}
+
+
+def _nbytes(t: str, shape: tuple) -> int:
+    import gguf
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
+    return int(np.prod(shape, dtype=np.int64)) // block * size
+
+
+def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, imatrix=None,
+                           allow_requantize: bool = False, progress: bool | None = False,
+                           verify: bool = True) -> ConvertReport:
+    """Quantize GGUF ``src`` into GGUF ``out_path`` of file type ``dtype`` (any of
+    :data:`~.quant_plan.QUANT_ONLY`, or q8_0 / f16 / bf16 / f32 with llama.cpp's rules).
+    Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses; nothing is written then."""
+    from ..arch.quant_mix import FTYPES
+    from ..formats.gguf import read_header
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out_path)
+    if dtype not in FTYPES:
+        raise UnsupportedError(f"--dtype {dtype} is not a quantized type: GGUF -> GGUF writes one of "
+                               f"{', '.join(FTYPES)}", path=str(src))
+    check_quant_request(dtype, imatrix)
+    h = read_header(src)
+    if h.missing_bytes:
+        raise FormatError(f"is truncated ({h.missing_bytes:,} bytes missing)", path=str(src))
+    split = h.metadata.get("split.count")
+    if split is not None and int(split) > 1:
+        raise UnsupportedError(f"is part of a split GGUF ({split} parts): merge it first "
+                               "(llama-gguf-split --merge)", path=str(src))
+    _io.check_output(out, [str(src)], force)
+    entries = [(n, tuple(i.shape), i.dtype) for n, i in h.tensors.items()]
+    types, weights = mixture(entries, dtype, h.architecture or "", _hparams(h), imatrix, str(src))
+    plan, warnings, fell = [], [], []
+    for name, shape, sdt in entries:
+        t = types[name]
+        new = t.ggml_type
+        if new != sdt and sdt not in _FLOATS:
+            if not allow_requantize:
+                raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
+                                       "pass --allow-requantize to do it anyway)", path=str(src), tensor=name)
+            if dtype not in QUANT_ONLY:
+                from ..formats import ggml_quant
+                ggml_quant.lib()      # the decoder of a quantized source is ggml's
+        if t.fell_back:
+            fell.append(name)
+        raw = new == sdt
+        plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
+                             (h.tensors[name].end - h.tensors[name].start) if raw else _nbytes(new, shape), sdt,
+                             imatrix=None if raw else weights.get(name)))
+    if fell:
+        warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "
+                        + ", ".join(fell[:4]) + (" ..." if len(fell) > 4 else ""))
+    import gguf
+    kv, count = _kv_bytes(h)
+    kv += gw.encode_kv(gw.KV("general.quantization_version", gw.VT.UINT32, gguf.GGML_QUANT_VERSION))
+    kv += gw.encode_kv(gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[file_type_name(dtype)])))
+    slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan]
+    lay = gw.layout(kv, count + 2, slots, alignment=h.alignment, version=h.version)
+    source = _Source(h, str(src))
+    staging = Staging(out, folder=False)
+    wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
+    try:
+        fd = os.open(staging.path, os.O_RDWR)
+        try:
+            pwrite_all(fd, lay.head, 0)
+            gw.write_padding(fd, lay, [p.nbytes for p in plan])
+            chunks = write_tensor_data(fd, source, plan, lay.offsets, {}, _identity, labels=(str(src), str(out)),
+                                       progress=wbar, readback=verify)
+            os.ftruncate(fd, lay.end)
+        finally:
+            os.close(fd)
+        wbar.close()
+        if verify:
+            _verify(staging.path, out, plan, chunks)
+        staging.publish(replace=True)
+    except BaseException:
+        wbar.close()
+        staging.discard()
+        raise
+    finally:
+        source.close()
+    records = tuple(TensorRecord(p.dst, p.dst, "copy" if p.transform == "raw" else "quantize", p.src_dtype,
+                                 p.ggml_type, p.shape) for p in plan)
+    return ConvertReport("gguf->gguf", str(src), str(out), h.architecture, None, dtype, len(plan),
+                         out.stat().st_size, time.perf_counter() - t0, "output.weight" not in h.tensors, None,
+                         records, tuple(warnings), {})
+
+
+def _verify(tmp: Path, out: Path, plan: list, chunks) -> None:
+    from ..formats.gguf import GGUFFile
+    try:
+        g = GGUFFile(tmp)
+    except CkptError as e:
+        raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
+    try:
+        got = g.tensors
+        for p in plan:
+            info = got.get(p.dst)
+            if info is None or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
+                raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
+        verify_chunks(tmp, chunks, got, label=str(out), reread=False)
+    finally:
+        g.close()
