@@ -108,9 +108,24 @@ def _roles(fam, ckpt) -> dict:
     return gguf_roles() if ckpt.naming == "gguf" else fam.roles
 
 
+def _refuse_quantized(ckpt, op: str) -> None:
+    """q/k/v of a quantized checkpoint are not fused or split: the packed codes, their scales,
+    zero points and group indices would all have to move together, and a joined tensor would need
+    one scale structure for three (fusing per-tensor scales is not exact); nothing is written
+    rather than a checkpoint with orphaned or mismatched companions."""
+    q = ckpt.quantization
+    if q is not None:
+        bits = "/".join(str(b) for b in q.bits)
+        raise UnsupportedError(f"qkv {op}: refused: the q/k/v weights are quantized ({q.method} {q.format}, {bits}-bit); "
+                               f"their packed codes and scales are not {'joined' if op == 'fuse' else 'cut'} exactly "
+                               "by this tool (dequantize first, e.g. convert to GGUF or use the unquantized model)",
+                               path=ckpt.source)
+
+
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
     """Separate q/k/v from each layer's fused projection (weights and biases)."""
     src = ckpt.source
+    _refuse_quantized(ckpt, "split")
     lay_ = ckpt.layout()
     fam = _family(lay_, src)
     h, kv, d = _heads(lay_, src)
@@ -230,6 +245,7 @@ def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
 def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
     """Fuse each layer's separate q/k/v projections (weights and biases) into one tensor."""
     src = ckpt.source
+    _refuse_quantized(ckpt, "fuse")
     lay_ = ckpt.layout()
     fam = _family(lay_, src)
     h, kv, d = _heads(lay_, src)
