@@ -187,15 +187,32 @@ def dq_bnb_int8(qt: QuantTensor, get: Get) -> np.ndarray:
     return (q * scb) * np.float32(7.874015718698502e-3)
 
 
+def round_to(x: np.ndarray, dtype: str | None) -> np.ndarray:
+    """float32 values rounded to ``dtype`` (BF16 / F16, round to nearest even) and widened back
+    (exact): arithmetic done in that type, one operation at a time."""
+    if dtype == "F16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "BF16":
+        u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        r = (u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) & np.uint32(0xFFFF0000)
+        nan = np.isnan(x)
+        if nan.any():
+            r[nan] = np.uint32(0x7FC00000)
+        return r.view(np.float32)
+    return x
+
+
 def dq_mlx(qt: QuantTensor, get: Get) -> np.ndarray:
-    """MLX affine: ``w = scales * q + biases`` per group of ``group_size`` input columns
-    (``mlx.core.dequantize``)."""
+    """MLX affine: ``w = scales * q + biases`` per group of ``group_size`` input columns, each
+    operation rounded to the scales' dtype as ``mlx.core.dequantize`` does (its CPU kernel
+    computes in that type: a bfloat16 product, then a bfloat16 sum)."""
     q = unpack_last(get("weight"), qt.bits).astype(np.float32)
     out_, in_ = q.shape
     gs = qt.group_size
+    dt = qt.param("compute")
     s = get("scales").astype(np.float32)[:, :, None]
     b = get("biases").astype(np.float32)[:, :, None]
-    return (q.reshape(out_, in_ // gs, gs) * s + b).reshape(out_, in_)
+    return round_to(round_to(q.reshape(out_, in_ // gs, gs) * s, dt) + b, dt).reshape(out_, in_)
 
 
 KERNELS: dict[str, Callable[[QuantTensor, Get], np.ndarray]] = {

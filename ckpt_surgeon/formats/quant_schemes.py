@@ -94,6 +94,18 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
            "w = scales[g] * q + biases[g]  (biases: MLX's offsets, not the Linear's bias)"),
 )}
 
+# What transformers needs to *run* a method (its quantizer classes, transformers/quantizers/), for
+# measured mode: a package that must be importable, or why it cannot run on a CPU at all.
+TRANSFORMERS_RUNTIME: dict[str, tuple[str | None, str | None]] = {
+    "gptq": ("gptqmodel", None),
+    "awq": ("gptqmodel", None),
+    "auto-round": ("auto_round", None),
+    "compressed-tensors": ("compressed_tensors", None),
+    "bitsandbytes": ("bitsandbytes", None),
+    "fp8": (None, "transformers' FineGrainedFP8 loader needs a GPU or XPU"),
+    "mlx": (None, "MLX's quantization is read by mlx-lm, not by transformers"),
+}
+
 SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "bitsandbytes", "mlx")
 
 
@@ -366,10 +378,6 @@ def _fp8(tensors, q, path):
             raise _err(f"weight_scale_inv {list(sc)} does not fit weight {list(shp)} with weight_block_size "
                        f"{list(block)}", path, f"{mod}.weight_scale_inv", s.key)
         out[wname] = QuantTensor(wname, mod, s.key, members, shp, 8, 0, blk)
-    # an F8 weight without any scale is a weight read as raw codes: refused
-    for n, i in tensors.items():
-        if n.endswith(".weight") and i.dtype.startswith("F8") and n not in out:
-            raise _err("float8 weight without weight_scale_inv: scales missing", path, n, s.key)
     return out, "e4m3" if not q.get("fmt") else str(q.get("fmt"))
 
 
@@ -427,7 +435,8 @@ def _mlx(tensors, q, path):
                        f"[{wp[0] if wp else '?'}, {n_in}], so scales/biases should be [{wp[0] if wp else '?'}, "
                        f"{n_in // gs if gs else '?'}] for group size {gs}; they are {list(sc)} / {list(bi)}",
                        path, name, s.key)
-        out[name] = QuantTensor(name, mod, s.key, members, (wp[0], n_in), bits, gs)
+        out[name] = QuantTensor(name, mod, s.key, members, (wp[0], n_in), bits, gs,
+                                params=(("compute", tensors[f"{mod}.scales"].dtype),))
     return out, "affine"
 
 
@@ -465,10 +474,16 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
     if not qt:
         raise _err(f"config.json declares {key}.quant_method = {method!r}, but no tensor is stored that way "
                    "(no packed weight with its scales)", path, None, method)
+    codes = ("U8", "I8", "U32", "I32", "F8_E4M3", "F8_E5M2")
+    for n, i in tensors.items():
+        # a weight stored as codes that no scheme claimed has lost its scales: never read as values
+        if n.endswith(".weight") and n not in qt and i.dtype in codes:
+            raise _err(f"stored as {i.dtype} codes with no scales beside it: scales missing", path, n,
+                       next((t.scheme for t in qt.values()), method))
     hidden = set()
     for t in qt.values():
         for role, name in t.members:
-            if role != "bias":
+            if role != "bias" and name != t.logical:     # (bnb / fp8 / MLX keep the weight's own name)
                 hidden.add(name)
     unq = _unquantized_list(q)
     if q.get("lm_head") is False or (method != "mlx" and "lm_head.weight" in tensors and "lm_head.weight" not in qt

@@ -1,0 +1,179 @@
+"""Quantized checkpoints written by the real quantizers (``fixtures/quant/<scheme>/``, made by the
+fixture-building step; ``PRODUCER.json`` names the library, version and call): read as their logical
+layout, dequantized element-exact against the producer's own dequantization (``oracle.safetensors``:
+dense float32 ``[out, in]`` per logical Linear), inspected, linted and analysed as the same model as
+``fixtures/quant/base`` (the unquantized model they were made from)."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.cli import cli
+from ckpt_surgeon.formats import safetensors as st
+
+QUANT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
+BASE = QUANT / "base"
+SCHEMES = sorted(p.name for p in QUANT.glob("*") if (p / "PRODUCER.json").is_file() and (p / "oracle.safetensors").is_file())
+
+pytestmark = pytest.mark.skipif(not BASE.is_dir(), reason="fixtures/quant not built (the quant fixture step)")
+
+
+def _oracle(scheme: str) -> dict:
+    f = st.LocalFile(QUANT / scheme / "oracle.safetensors")
+    return {n: f.read(i) for n, i in f.tensors.items()}
+
+
+def test_fixtures_present():
+    # every scheme the issue names has a fixture once the fixture step has run
+    assert len(SCHEMES) >= 2, SCHEMES
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_dequantized_equals_producer(scheme):
+    """Every logical weight equals the producer's own dequantization, bit for bit, and every
+    quantized weight of the checkpoint is in the oracle (none read as raw codes)."""
+    oracle = _oracle(scheme)
+    with open_checkpoint(QUANT / scheme) as ck:
+        q = ck.quantization
+        assert q is not None
+        assert set(q.tensors) == set(oracle)
+        for name, want in oracle.items():
+            got = ck.read(name)
+            assert got.dtype == np.float32 and got.shape == want.shape, name
+            np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_logical_layout_is_the_base_model(scheme):
+    """Same tensor names and shapes as the unquantized model; companions hidden; the q/k/v biases
+    (never quantized) carry the base model's values."""
+    with open_checkpoint(BASE) as b, open_checkpoint(QUANT / scheme) as ck:
+        assert {n: tuple(i.shape) for n, i in ck.tensors.items()} == {n: tuple(i.shape) for n, i in b.tensors.items()}
+        assert all(n not in ck.tensors for n in ck.quantization.hidden)
+        lay = ck.layout()
+        assert lay.num_layers == b.layout().num_layers
+        for lt in lay.layers:
+            for name in (lt.q_bias, lt.k_bias, lt.v_bias):
+                np.testing.assert_allclose(ck.read(name), b.read(name), rtol=0, atol=np.abs(b.read(name)).max() / 128)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_inspect_names_the_quantization(scheme):
+    res = CliRunner().invoke(cli, ["inspect", str(QUANT / scheme), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    base = json.loads(CliRunner().invoke(cli, ["inspect", str(BASE), "--format", "json"]).output)
+    assert d["parameter_count"] == base["parameter_count"]
+    q = d["quantization"]
+    with open_checkpoint(QUANT / scheme) as ck:
+        qq = ck.quantization
+        stored = sum(i.nbytes for i in ck.stored_tensors.values())
+        assert q["method"] == qq.method and q["bits"] == list(qq.bits)
+        assert q["quantized_parameters"] == sum(ck.tensors[n].numel for n in qq.tensors)
+    assert 0 < q["quantized_share"] <= 1
+    assert d["memory"]["weight_bytes_total"] == stored
+    assert base["quantization"] is None
+    table = CliRunner().invoke(cli, ["inspect", str(QUANT / scheme)]).output
+    assert "quantization" in table and q["method"] in table
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_lint_clean(scheme):
+    res = CliRunner().invoke(cli, ["lint", str(QUANT / scheme), "--format", "json"])
+    d = json.loads(res.output)
+    checks = {f["check"] for f in d["findings"]}
+    assert "dtype-mix" not in checks and "config-shapes" not in checks and "quantization" not in checks, d["findings"]
+
+
+def _row_error(w: np.ndarray, ref: np.ndarray) -> float:
+    """Largest relative change of a row pair norm (the bound is linear in W_q's rotary-pair norms)."""
+    return float(np.max(np.linalg.norm(w - ref, axis=1) / np.linalg.norm(ref, axis=1)))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_analyze_bound_from_dequantized_weights(scheme):
+    """The key-bias bound of the quantized model is the base model's within the quantization error
+    of W_q: the bound is a sum of |b_j| times norms of W_q's row pairs, so its relative change is at
+    most the largest relative change of a W_q row norm (x2 for the pair sum, and the q bias term)."""
+    from ckpt_surgeon.analysis import redundancy as R
+    rb, rq = R.analyze(str(BASE)), R.analyze(str(QUANT / scheme))
+    with open_checkpoint(BASE) as b, open_checkpoint(QUANT / scheme) as ck:
+        for lb, lq, lt in zip(rb.layers, rq.layers, ck.layout().layers):
+            eps = _row_error(ck.read(lt.q_weight), b.read(lt.q_weight))
+            for x, y in ((lq.bound, lb.bound), (lq.bound_all, lb.bound_all)):
+                assert y and abs(x - y) <= 2 * eps * y + 1e-12, (lt.layer, x, y, eps)
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+def _rewrite(src: Path, dst: Path, *, drop: tuple = (), config: dict | None = None) -> Path:
+    """A copy of a fixture with tensors dropped / config keys replaced (bytes copied as stored)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("oracle.safetensors", "model.safetensors.index.json"))
+    files = sorted(dst.glob("*.safetensors"))
+    for f in files:
+        h = st.read_header(f)
+        raw = f.read_bytes()
+        hdr, blobs, off = {}, [], 0
+        for n, i in h.tensors.items():
+            if n in drop:
+                continue
+            b = raw[i.start:i.end]
+            hdr[n] = {"dtype": i.dtype, "shape": list(i.shape), "data_offsets": [off, off + len(b)]}
+            off += len(b)
+            blobs.append(b)
+        j = json.dumps(hdr).encode()
+        f.write_bytes(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+    if config:
+        c = json.loads((dst / "config.json").read_text())
+        c.update(config)
+        (dst / "config.json").write_text(json.dumps(c))
+    return dst
+
+
+def _one_line_exit_2(args) -> str:
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1, res.output
+    return lines[0]
+
+
+def _a_quantized_weight(scheme: str) -> tuple[str, str]:
+    with open_checkpoint(QUANT / scheme) as ck:
+        t = next(iter(ck.quantization.tensors.values()))
+        scale = next(n for r, n in t.members if r in ("scales", "weight_scale", "weight_scale_inv", "SCB",
+                                                        "weight.absmax"))
+        return t.scheme, scale
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_missing_scales_refused(scheme, tmp_path):
+    key, scale = _a_quantized_weight(scheme)
+    bad = _rewrite(QUANT / scheme, tmp_path / "m", drop=(scale,))
+    for cmd in ("inspect", "analyze", "lint"):
+        line = _one_line_exit_2([cmd, str(bad)])
+        assert "missing" in line and key in line and scale.rsplit(".", 1)[0] in line, line
+
+
+def test_unsupported_method_refused(tmp_path):
+    bad = _rewrite(QUANT / SCHEMES[0], tmp_path / "u", config={"quantization_config": {"quant_method": "hqq"}})
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "'hqq'" in line and "not supported" in line
+
+
+@pytest.mark.parametrize("scheme", [s for s in SCHEMES if s.startswith("mlx")])
+def test_mlx_shape_contradicting_bits_refused(scheme, tmp_path):
+    c = json.loads((QUANT / scheme / "config.json").read_text())
+    bits = c["quantization"]["bits"]
+    wrong = {"quantization": {**c["quantization"], "bits": 8 if bits == 4 else 4}}
+    bad = _rewrite(QUANT / scheme, tmp_path / "b", config=wrong)
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "contradicts bits x group size" in line and "(mlx)" in line and ".weight" in line
