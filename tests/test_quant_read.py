@@ -177,3 +177,23 @@ def test_mlx_shape_contradicting_bits_refused(scheme, tmp_path):
     bad = _rewrite(QUANT / scheme, tmp_path / "b", config=wrong)
     line = _one_line_exit_2(["inspect", str(bad)])
     assert "contradicts bits x group size" in line and "(mlx)" in line and ".weight" in line
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_diff_same_model_quantized(scheme):
+    """Paired by logical names, compared by dequantized values: "same model, quantized", with the
+    relative errors the oracle gives."""
+    res = CliRunner().invoke(cli, ["diff", str(BASE), str(QUANT / scheme), "--format", "json"])
+    assert res.exit_code == 1, res.output        # 1: the checkpoints differ (diff's exit codes)
+    d = json.loads(res.output)
+    with open_checkpoint(QUANT / scheme) as ck:
+        q = ck.quantization
+    assert d["verdict"] == "quantized", d["verdict_line"]
+    assert d["verdict_line"].startswith(f"same model, quantized ({q.method}, ")
+    rows = {t["name"]: t for t in d["tensors"]}
+    oracle = _oracle(scheme)
+    with open_checkpoint(BASE) as b:
+        for name, w in oracle.items():
+            ref = b.read(name).astype(np.float64)
+            want = np.linalg.norm(w - ref) / np.linalg.norm(ref)
+            assert rows[name]["rel_fro"] == pytest.approx(want, rel=1e-9), name

@@ -19,6 +19,12 @@ Per tensor pair:
   compared directly) and compared by value: ``dtype_changed`` with the same figures, or
   ``identical`` / ``changed`` when the dtypes agree.
 
+A quantized checkpoint (GPTQ, AWQ, MLX, bitsandbytes ... :mod:`ckpt_surgeon.formats.quantized`) is
+compared through its logical names: each quantized Linear's dequantized weight against the other
+side's; with one side quantized and the other not, names and shapes agreeing and the errors of
+quantization size, the verdict is ``quantized`` ("same model, quantized (method, bits): relative
+error ...").
+
 Remote (Hub) sides are read by HTTP range under a byte budget: by default only headers and the
 1-D tensors (biases and norms) are compared by content; ``max_bytes`` widens that (smallest
 tensors first), ``full`` reads everything.  A pair left out by the budget is ``not_compared``
@@ -107,7 +113,7 @@ class DiffReport:
     format_a: str
     format_b: str
     naming: str                       # hf | gguf: the names the rows use
-    verdict: str                      # identical | changed | finetune | reencoded | unrelated
+    verdict: str                      # identical | changed | finetune | reencoded | quantized | unrelated
     verdict_line: str
     tensors: tuple
     layers: tuple
@@ -358,10 +364,12 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
                 transform=ta if ta != "none" else tb)
     if sa.shapes[name] != sb.shapes[name]:
         return TensorDiff(status="shape_changed", **base)
-    same_dtype = ia.dtype == ib.dtype
+    same_dtype = ia.dtype == ib.dtype and not (ia.quantized or ib.quantized)
     if not read:
         return TensorDiff(status="not_compared" if same_dtype else "dtype_changed", method="budget", **base)
-    if same_dtype and ta == tb == "none":
+    if ia.quantized != ib.quantized and ta == tb == "none" and (sa.ck.quantization or sb.ck.quantization):
+        acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)     # a quantized weight: its dequantized values
+    elif same_dtype and ta == tb == "none":
         if _same_range(ia, ib):
             return TensorDiff(status="identical", method="same_file", **base)
         if bytes_equal(sa.ck, na, sb.ck, nb, progress, pool):
@@ -402,6 +410,26 @@ def _content_set(common: list[str], sa: _Side, sb: _Side, max_bytes: int | None,
 
 
 # --------------------------------------------------------------------------- verdict
+
+
+def _quantized_verdict(tensors: list[TensorDiff], quantized: set, label: str) -> tuple[str, str] | None:
+    """One side quantized, the other not: the same model when the names and shapes agree, the
+    quantized weights differ by quantization error and every other tensor keeps its value up to
+    a cast.  None: not that (the ordinary verdict applies)."""
+    counts = {s: sum(1 for t in tensors if t.status == s) for s in STATUSES}
+    if counts["only_in_a"] or counts["only_in_b"] or counts["shape_changed"]:
+        return None
+    q = [t for t in tensors if t.name in quantized and t.rel_fro is not None]
+    rest = [t for t in tensors if t.name not in quantized and t.rel_fro is not None]
+    if not q:
+        return None
+    rels = sorted(t.rel_fro for t in q)
+    med, worst = rels[len(rels) // 2], rels[-1]
+    other = max((t.rel_fro for t in rest), default=0.0)
+    if worst > UNRELATED_MIN_REL or other > FINETUNE_MAX_REL:
+        return None
+    return "quantized", (f"same model, quantized ({label}): relative error ‖Δ‖/‖A‖ median {med:.3g}, max {worst:.3g} "
+                         f"over {len(q)} quantized weights; other tensors max {other:.3g}")
 
 
 def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
@@ -496,6 +524,12 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     finally:
         pool.close()
     verdict, line = _verdict(rows, len(rows))
+    if (a.quantization is None) != (b.quantization is None) and a.naming == b.naming == "hf":
+        qck = a.quantization or b.quantization
+        bits = "/".join(str(x) for x in qck.bits)
+        qv = _quantized_verdict(rows, set(qck.tensors), f"{qck.method}, {bits}-bit")
+        if qv is not None:
+            verdict, line = qv
     counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
     notes = []
     if mixed:

@@ -153,7 +153,8 @@ def bnb_quant_state(raw: np.ndarray) -> dict:
 def dq_bnb4(qt: QuantTensor, get: Get) -> np.ndarray:
     """bitsandbytes 4-bit: ``w = quant_map[code] * absmax[block]`` over the flattened weight (high
     nibble first); double quantization: ``absmax = nested_quant_map[a] * nested_absmax[block/256] +
-    offset`` (bitsandbytes ``functional.dequantize_4bit`` / ``dequantize_blockwise``)."""
+    offset`` (bitsandbytes ``functional.dequantize_4bit`` / ``dequantize_blockwise``), rounded to the
+    quant state's dtype as ``dequantize_4bit`` returns it."""
     role = next(r for r, _ in qt.members if r.startswith("weight.quant_state."))
     st = bnb_quant_state(get(role))
     shape = tuple(int(x) for x in st["shape"])
@@ -176,7 +177,10 @@ def dq_bnb4(qt: QuantTensor, get: Get) -> np.ndarray:
     if absmax.size != -(-n // bs):
         raise FormatError(f"weight.absmax holds {absmax.size} blocks, the weight's {n} elements in blocks of {bs} "
                           f"need {-(-n // bs)} ({qt.scheme})", tensor=qt.member("weight.absmax"))
-    return (qmap[codes] * np.repeat(absmax, bs)[:n]).reshape(shape)
+    # dequantize_4bit returns the quant state's dtype (the model's compute dtype): one float32
+    # product rounded to it
+    dt = {"bfloat16": "BF16", "float16": "F16"}.get(str(st.get("dtype", "")).replace("torch.", ""))
+    return round_to(qmap[codes] * np.repeat(absmax, bs)[:n], dt).reshape(shape)
 
 
 def dq_bnb_int8(qt: QuantTensor, get: Get) -> np.ndarray:
