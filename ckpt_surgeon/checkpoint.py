@@ -101,8 +101,9 @@ class Checkpoint:
 
     def read_raw(self, name: str) -> bytes:
         """The stored bytes of a stored tensor (of a quantized checkpoint: its packed weights and
-        companions by their stored names too)."""
-        if self.quantization is not None and name not in self.tensors and name in self.stored_tensors:
+        companions by their stored names, the codes of a weight stored under its logical name; a
+        logical weight that is not stored (GPTQ's ``weight`` made from ``qweight``) is refused)."""
+        if self.quantization is not None and name in self.stored_tensors:
             return self.reader.stored.read_bytes(self.stored_tensors[name])
         return self.reader.read_bytes(self.tensors[name])
 

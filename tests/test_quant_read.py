@@ -197,3 +197,42 @@ def test_diff_same_model_quantized(scheme):
             ref = b.read(name).astype(np.float64)
             want = np.linalg.norm(w - ref) / np.linalg.norm(ref)
             assert rows[name]["rel_fro"] == pytest.approx(want, rel=1e-9), name
+
+
+# ------------------------------------------------------------------------------------ qkv
+
+
+def _stored(folder: Path) -> dict:
+    with open_checkpoint(folder) as ck:
+        return {n: ck.read_raw(n) for n in ck.stored_tensors}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_qkv_fuse_split_moves_every_companion(scheme, tmp_path):
+    """Where the scheme keeps one scale row per output row (MLX, bitsandbytes int8,
+    compressed-tensors per-channel), fusing moves codes and scales row for row: the fused logical
+    weight is the q/k/v rows of the dequantized parts, nothing is orphaned (the fused checkpoint
+    opens: a code tensor without its scales would be refused), and split gives back every stored
+    tensor byte for byte.  Elsewhere: one line naming the scheme, exit 2, nothing written."""
+    src = QUANT / scheme
+    with open_checkpoint(src) as ck:
+        t = ck.quantization.tensors["model.layers.0.self_attn.q_proj.weight"]
+        from ckpt_surgeon.formats.quant_schemes import SCHEMES as REC
+        exact = bool(REC[t.scheme].row_members) and all(
+            ck.stored_tensors[n].shape[:1] == (t.shape[0],) for r, n in t.members if r in REC[t.scheme].row_members)
+        parts = [ck.read(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"]
+    fused, back = tmp_path / "fused", tmp_path / "back"
+    if not exact:
+        line = _one_line_exit_2(["qkv", "fuse", str(src), "-o", str(fused)])
+        assert "refused" in line and "quantized" in line and t.scheme in line
+        assert not fused.exists()
+        return
+    res = CliRunner().invoke(cli, ["qkv", "fuse", str(src), "-o", str(fused), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    with open_checkpoint(fused) as f:
+        assert not any(n.endswith((".q_proj.weight", ".k_proj.weight", ".v_proj.weight")) for n in f.stored_tensors)
+        np.testing.assert_array_equal(f.read("model.layers.0.self_attn.qkv_proj.weight"), np.concatenate(parts))
+        assert set(f.stored_tensors) == set(f.tensors) | set(f.quantization.hidden)
+    res = CliRunner().invoke(cli, ["qkv", "split", str(fused), "-o", str(back), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert _stored(back) == _stored(src)

@@ -355,6 +355,12 @@ def _same_range(ia, ib) -> bool:
         return False
 
 
+def _quant_kind(ck: Checkpoint, name: str, info) -> tuple | None:
+    """(scheme, bits, group size) of an HF quantized weight (its stored type), else None."""
+    t = ck.quantization.tensors.get(name) if ck.quantization is not None and info.quantized else None
+    return None if t is None else (t.scheme, t.bits, t.group_size)
+
+
 def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: BufferPool) -> TensorDiff:
     na, ta = sa.names[name]
     nb, tb = sb.names[name]
@@ -364,10 +370,10 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
                 transform=ta if ta != "none" else tb)
     if sa.shapes[name] != sb.shapes[name]:
         return TensorDiff(status="shape_changed", **base)
-    same_dtype = ia.dtype == ib.dtype and not (ia.quantized or ib.quantized)
+    same_dtype = ia.dtype == ib.dtype and _quant_kind(sa.ck, na, ia) == _quant_kind(sb.ck, nb, ib)
     if not read:
         return TensorDiff(status="not_compared" if same_dtype else "dtype_changed", method="budget", **base)
-    if ia.quantized != ib.quantized and ta == tb == "none" and (sa.ck.quantization or sb.ck.quantization):
+    if (_quant_kind(sa.ck, na, ia) or _quant_kind(sb.ck, nb, ib)) and ta == tb == "none":
         acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)     # a quantized weight: its dequantized values
     elif same_dtype and ta == tb == "none":
         if _same_range(ia, ib):

@@ -59,7 +59,9 @@ class Scheme:
     optional: tuple = ()          # companions that may be present
     packing: str = ""             # what the stored weight holds, for docs / inspect
     scale: str = ""               # what the scale means: the dequantization formula
-    rows_exact: bool = False      # output rows can be cut / joined with their companions exactly (qkv)
+    row_members: tuple = ()       # members whose axis 0 is the output row: q/k/v rows cut / join exactly
+                                  # with them (qkv fuse / split); empty: the scheme cannot
+    shared_members: tuple = ()    # members that are one value per tensor: joined only when q/k/v agree
 
 
 SCHEMES: dict[str, Scheme] = {s.key: s for s in (
@@ -72,13 +74,15 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
     Scheme("ct-pack", "compressed-tensors", "weight_packed", ("I32",), ("weight_scale", "weight_shape"),
            ("weight_zero_point", "weight_g_idx"),
            "int32, bits packed along the input axis, low bits first, offset 2**(bits-1) or zero point",
-           "w = (q - zp) * weight_scale[g]", rows_exact=False),
+           "w = (q - zp) * weight_scale[g]"),
     Scheme("ct-float", "compressed-tensors", "weight", ("F8_E4M3", "F8_E5M2"), ("weight_scale",),
            ("input_scale", "weight_zero_point", "weight_g_idx", "output_scale"),
-           "float8 codes", "w = q * weight_scale (tensor / channel / group / block)", rows_exact=True),
+           "float8 codes", "w = q * weight_scale (tensor / channel / group / block)",
+           row_members=("weight", "weight_scale", "weight_zero_point"), shared_members=("input_scale", "output_scale")),
     Scheme("ct-int", "compressed-tensors", "weight", ("I8",), ("weight_scale",),
            ("input_scale", "weight_zero_point", "weight_g_idx", "output_scale"),
-           "int8 codes", "w = (q - zp) * weight_scale (tensor / channel / group / block)", rows_exact=True),
+           "int8 codes", "w = (q - zp) * weight_scale (tensor / channel / group / block)",
+           row_members=("weight", "weight_scale", "weight_zero_point"), shared_members=("input_scale", "output_scale")),
     Scheme("fp8", "fp8", "weight", ("F8_E4M3", "F8_E5M2"), ("weight_scale_inv",),
            ("activation_scale", "input_scale"),
            "float8 codes", "w = q * s (s = amax/448, DeepSeek) or q / s (s = 448/amax, gptqmodel), per block"),
@@ -88,10 +92,12 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
            "uint8, two 4-bit codes per byte (high nibble first) over the flattened weight",
            "w = quant_map[code] * absmax[block]"),
     Scheme("bnb-int8", "bitsandbytes", "weight", ("I8",), ("SCB",), ("weight_format",),
-           "int8 codes", "w = q * SCB[row] / 127", rows_exact=True),
+           "int8 codes", "w = q * SCB[row] / 127",
+           row_members=("weight", "SCB"), shared_members=("weight_format",)),
     Scheme("mlx", "mlx", "weight", ("U32",), ("scales", "biases"), (),
            "uint32, bits packed along the input axis, low bits first",
-           "w = scales[g] * q + biases[g]  (biases: MLX's offsets, not the Linear's bias)"),
+           "w = scales[g] * q + biases[g]  (biases: MLX's offsets, not the Linear's bias)",
+           row_members=("weight", "scales", "biases")),
 )}
 
 # What transformers needs to *run* a method (its quantizer classes, transformers/quantizers/), for
