@@ -273,8 +273,9 @@ def _auto_round(tensors, q, path):
     if "awq" in pf:
         return _gptq_like(tensors, q, "awq", path, 0), pf
     if "gptq" in pf:
-        # auto-round's own format stores the real zero point (no -1, as gptq_v2)
-        return _gptq_like(tensors, q, "gptq", path, 0), pf
+        # auto-round's own format packs as auto_gptq does, the zero point stored one less (v1);
+        # checked element-exact against auto-round 0.16.1's own QuantLinear
+        return _gptq_like(tensors, q, "gptq", path, 1), pf
     raise _err(f"packing_format {pf!r} is not read", path, None, "auto-round", UnsupportedError)
 
 
