@@ -56,6 +56,7 @@ FINETUNE_MIN_CHANGED_SHARE = 0.5     # most common tensors changed ...
 FINETUNE_MAX_REL = 0.2               # ... by a small relative amount (median ‖Δ‖/‖A‖)
 UNRELATED_MIN_REL = 0.5              # median ‖Δ‖/‖A‖ above this: not the same weights
 UNRELATED_MAX_SHARED = 0.5           # fewer than half the names (with equal shapes) in common
+RESCALED_MIN_COSINE = 0.8            # quantized with norms rescaled (AWQ): weights still point the same way
 
 # A GGUF norm stored as 1 + w (Gemma: llama.cpp's converter adds the 1 in float32) gives back w
 # only up to the rounding of that addition: half an ulp of a value in [1, 4), at most 2**-22.
@@ -426,16 +427,33 @@ def _quantized_verdict(tensors: list[TensorDiff], quantized: set, label: str) ->
     if counts["only_in_a"] or counts["only_in_b"] or counts["shape_changed"]:
         return None
     q = [t for t in tensors if t.name in quantized and t.rel_fro is not None]
-    rest = [t for t in tensors if t.name not in quantized and t.rel_fro is not None]
+    # AWQ (and SmoothQuant-style) quantizers divide a norm's weight by per-channel scales and
+    # multiply the Linears it feeds by them (the same function): a changed norm is named, not
+    # taken for a fine-tune
+    norms = [t for t in tensors if t.name not in quantized and t.rel_fro and "norm" in t.name
+             and len(t.shape_a or ()) == 1]
+    rest = [t for t in tensors if t.name not in quantized and t.rel_fro is not None and t not in norms]
     if not q:
         return None
     rels = sorted(t.rel_fro for t in q)
     med, worst = rels[len(rels) // 2], rels[-1]
     other = max((t.rel_fro for t in rest), default=0.0)
-    if worst > UNRELATED_MIN_REL or other > FINETUNE_MAX_REL:
+    if other > FINETUNE_MAX_REL:
         return None
-    return "quantized", (f"same model, quantized ({label}): relative error ‖Δ‖/‖A‖ median {med:.3g}, max {worst:.3g} "
-                         f"over {len(q)} quantized weights; other tensors max {other:.3g}")
+    if norms:
+        # rescaled columns (positive per-channel factors) keep a weight's direction: cosine stays
+        # high (0.90 on the AWQ fixtures) where unrelated weights give ~0; the norm error is no
+        # measure of quantization here
+        if min((t.cosine if t.cosine is not None else 0.0) for t in q) < RESCALED_MIN_COSINE:
+            return None
+    elif worst > UNRELATED_MIN_REL:
+        return None
+    line = (f"same model, quantized ({label}): relative error ‖Δ‖/‖A‖ median {med:.3g}, max {worst:.3g} over {len(q)} "
+            f"quantized weights; other tensors max {other:.3g}")
+    if norms:
+        line += (f"; {len(norms)} norm weight(s) rescaled (max {max(t.rel_fro for t in norms):.3g}: activation "
+                 "scales moved between a norm and the Linears it feeds, as AWQ does; the errors above include them)")
+    return "quantized", line
 
 
 def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:

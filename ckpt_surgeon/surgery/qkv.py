@@ -139,6 +139,7 @@ def _quantized_members(ckpt, names: list, op: str) -> list | None:
     if any(t is None for t in ts):
         refuse("some of q/k/v are quantized and some are not")
     sch = SCHEMES[ts[0].scheme]
+    label = f"{label}, {sch.key}"
     if not sch.row_members:
         refuse(f"{sch.key} stores its codes as {sch.packing}, so output rows do not move on their own")
     if len({(t.scheme, t.bits, t.group_size, t.block) for t in ts}) != 1:
