@@ -120,8 +120,10 @@ def test_analyze_bound_from_dequantized_weights(scheme):
 # ------------------------------------------------------------------------------------ bad input
 
 
-def _rewrite(src: Path, dst: Path, *, drop: tuple = (), config: dict | None = None) -> Path:
-    """A copy of a fixture with tensors dropped / config keys replaced (bytes copied as stored)."""
+def _rewrite(src: Path, dst: Path, *, drop: tuple = (), config: dict | None = None, patch: dict | None = None) -> Path:
+    """A copy of a fixture with tensors dropped / config keys replaced / tensors' bytes replaced
+    (``patch``: name -> function of the stored numpy array returning the new one, same dtype and
+    shape); everything else copied as stored."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("oracle.safetensors", "model.safetensors.index.json"))
     files = sorted(dst.glob("*.safetensors"))
     for f in files:
@@ -132,6 +134,10 @@ def _rewrite(src: Path, dst: Path, *, drop: tuple = (), config: dict | None = No
             if n in drop:
                 continue
             b = raw[i.start:i.end]
+            if patch and n in patch:
+                arr = np.frombuffer(b, dtype=_NP[i.dtype]).reshape(i.shape).copy()
+                b = np.ascontiguousarray(patch[n](arr)).astype(_NP[i.dtype]).tobytes()
+                assert len(b) == i.end - i.start
             hdr[n] = {"dtype": i.dtype, "shape": list(i.shape), "data_offsets": [off, off + len(b)]}
             off += len(b)
             blobs.append(b)
@@ -142,6 +148,10 @@ def _rewrite(src: Path, dst: Path, *, drop: tuple = (), config: dict | None = No
         c.update(config)
         (dst / "config.json").write_text(json.dumps(c))
     return dst
+
+
+_NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "U32": np.uint32, "I8": np.int8, "U8": np.uint8,
+       "BF16": np.uint16}
 
 
 def _one_line_exit_2(args) -> str:
@@ -273,3 +283,64 @@ def test_fold_bias_leaves_quantized_bytes_alone(scheme, tmp_path):
         assert out_cfg.get(key) == src_cfg.get(key)
     with open_checkpoint(out) as ck:
         assert ck.quantization is not None
+
+
+# ------------------------------------------------------------------------------------ lint faults
+
+
+def _lint(folder: Path) -> list:
+    res = CliRunner().invoke(cli, ["lint", str(folder), "--format", "json"])
+    return [f for f in json.loads(res.stdout)["findings"] if f["check"] == "quantization"]
+
+
+def test_lint_nan_and_zero_scales(tmp_path):
+    name = "model.layers.0.self_attn.q_proj.scales"
+    def spoil(a):
+        a = a.copy()
+        a.reshape(-1)[0] = np.nan
+        a.reshape(-1)[1] = 0
+        return a
+    bad = _rewrite(QUANT / "gptqmodel_gptq", tmp_path / "s", patch={name: spoil})
+    (f,) = _lint(bad)
+    assert f["severity"] == "error" and f["tensor"] == name and "1 NaN/Inf and 1 zero" in f["message"]
+
+
+def test_lint_g_idx_out_of_range(tmp_path):
+    name = "model.layers.1.mlp.down_proj.g_idx"
+    bad = _rewrite(QUANT / "gptqmodel_gptq", tmp_path / "g", patch={name: lambda a: a + 7})
+    (f,) = _lint(bad)
+    assert f["tensor"] == name and "g_idx holds groups" in f["message"]
+    # and nothing is dequantized through it
+    line = _one_line_exit_2(["lint", str(bad), "--scan"])
+    assert "g_idx" in line and "gptq" in line
+
+
+def test_lint_ignore_list_names_a_quantized_module(tmp_path):
+    c = json.loads((QUANT / "ct_w8a8_int" / "config.json").read_text())
+    q = dict(c["quantization_config"], ignore=["lm_head", "re:.*layers[.]0[.]mlp[.]up_proj"])
+    bad = _rewrite(QUANT / "ct_w8a8_int", tmp_path / "i", config={"quantization_config": q})
+    (f,) = _lint(bad)
+    assert f["tensor"] == "model.layers.0.mlp.up_proj.weight" and "among the modules left unquantized" in f["message"]
+
+
+def test_lint_sym_contradicting_zero_points(tmp_path):
+    c = json.loads((QUANT / "autoawq_gemm" / "config.json").read_text())
+    assert c["quantization_config"]["zero_point"] is True
+    bad = _rewrite(QUANT / "autoawq_gemm", tmp_path / "z",
+                   config={"quantization_config": dict(c["quantization_config"], zero_point=False)})
+    found = _lint(bad)
+    assert found and all("zero points range over" in f["message"] for f in found)
+
+
+def test_gptq_shape_contradicting_group_size_refused(tmp_path):
+    c = json.loads((QUANT / "gptqmodel_gptq" / "config.json").read_text())
+    bad = _rewrite(QUANT / "gptqmodel_gptq", tmp_path / "c",
+                   config={"quantization_config": dict(c["quantization_config"], group_size=64)})
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "contradicts bits x group size" in line and "(gptq)" in line and "qweight" in line
+
+
+@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek", "autoawq_gemm"])
+def test_measured_mode_refused_in_one_line(scheme):
+    line = _one_line_exit_2(["analyze", str(QUANT / scheme), "--measure"])
+    assert "measured mode" in line and "quantized" in line
