@@ -28,7 +28,7 @@ from .formats import safetensors as st
 from .formats.hub import open_hub
 from .formats.magic import file_kind
 from .formats.pickle import open_pickle
-from .formats.quant_schemes import Quantization, config_method, detect
+from .formats.quant_schemes import Quantization, config_method, detect, undeclared
 from .formats.quantized import QuantizedSource
 from .formats.safe_input import check_regular, read_json
 from .formats.source import ShardSet, TensorSource
@@ -57,6 +57,11 @@ class Checkpoint:
 
     def __post_init__(self):
         self.warnings = [*self.reader.warnings, *self.warnings]
+        if self.naming == "hf" and config_method(self.config) is None:
+            tell = undeclared(self.config, self.reader.tensors)
+            if tell is not None:
+                raise FormatError("is stored quantized, but config.json declares no quantization_config (or MLX "
+                                  "quantization): its codes would be read as weights", path=self.config_path, tensor=tell)
         if self.naming == "hf" and config_method(self.config) is not None:
             # a quantized checkpoint: the rest of the code sees one dense weight per Linear
             q = detect(self.config, self.reader.tensors, self.config_path)

@@ -345,3 +345,24 @@ def test_gptq_shape_contradicting_group_size_refused(tmp_path):
 def test_measured_mode_refused_in_one_line(scheme):
     line = _one_line_exit_2(["analyze", str(QUANT / scheme), "--measure"])
     assert "measured mode" in line and "quantized" in line
+
+
+def test_quantized_tensors_without_quantization_config_refused(tmp_path):
+    """Codes are never read as weights: a config that declares no quantization beside packed
+    tensors is refused, naming one of them."""
+    c = json.loads((QUANT / "gptqmodel_gptq" / "config.json").read_text())
+    c.pop("quantization_config")
+    bad = _rewrite(QUANT / "gptqmodel_gptq", tmp_path / "n")
+    (bad / "config.json").write_text(json.dumps(c))
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "declares no quantization_config" in line and ".qweight" in line
+
+
+@pytest.mark.parametrize("scheme, key, value", [("fp8_block_deepseek", "weight_block_size", [128, "a"]),
+                                                ("gptqmodel_gptq", "group_size", "128"),
+                                                ("ct_w4a16_gptq", "config_groups", [])])
+def test_malformed_quantization_config_refused(scheme, key, value, tmp_path):
+    c = json.loads((QUANT / scheme / "config.json").read_text())
+    bad = _rewrite(QUANT / scheme, tmp_path / "m", config={"quantization_config": {**c["quantization_config"], key: value}})
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "config.json" in line

@@ -187,11 +187,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _BadValue(Exception):
+    pass
+
+
 def _int(v, default):
-    try:
-        return int(v)
-    except (TypeError, ValueError):
+    """A config value that must be an integer: ``default`` when absent, refused when it is not one
+    (a wrong value is never replaced by a default)."""
+    if v is None:
         return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        raise _BadValue(v)
+    return int(v)
 
 
 def _unquantized_list(q: dict) -> tuple:
@@ -281,6 +288,8 @@ def _auto_round(tensors, q, path):
 
 def _ct_group(q: dict, path) -> dict:
     groups = q.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        groups = {}
     ws = [g.get("weights") for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
     if not ws:
         raise _err("compressed-tensors config has no config_groups with weights", path, None, "compressed-tensors",
@@ -298,7 +307,7 @@ def _compressed_tensors(tensors, q, path):
     bits = _int(w.get("num_bits"), 8)
     strategy = str(w.get("strategy", "tensor"))
     gs = _int(w.get("group_size"), 0) or 0
-    block = tuple(w.get("block_structure") or ())
+    block = tuple(_int(x, 0) for x in (w.get("block_structure") or ()))
     out = {}
     if fmt == "pack-quantized":
         s = SCHEMES["ct-pack"]
@@ -371,7 +380,9 @@ def _check_scale(shp, sc, strategy, gs, block) -> tuple[bool, int, tuple]:
 
 def _fp8(tensors, q, path):
     bs = q.get("weight_block_size")
-    block = tuple(int(x) for x in bs) if isinstance(bs, (list, tuple)) and len(bs) == 2 else ()
+    block = tuple(_int(x, 0) for x in bs) if isinstance(bs, (list, tuple)) and len(bs) == 2 else ()
+    if bs is not None and (not block or min(block) <= 0):
+        raise _err(f"weight_block_size {bs!r} is not two positive integers", path, None, "fp8")
     s = SCHEMES["fp8"]
     out = {}
     for mod in _modules_of(tensors, "weight_scale_inv"):
@@ -477,7 +488,11 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
     if method not in _DETECTORS:
         raise _err(f"quant_method {method!r} is not supported (supported: {', '.join(SUPPORTED_METHODS)})",
                    path, None, None, UnsupportedError)
-    qt, fmt = _DETECTORS[method](tensors, q, path)
+    try:
+        qt, fmt = _DETECTORS[method](tensors, q, path)
+    except _BadValue as e:
+        raise _err(f"{key} holds {e.args[0]!r} where an integer is needed (bits, group size, block size)", path,
+                   None, method) from None
     if not qt:
         raise _err(f"config.json declares {key}.quant_method = {method!r}, but no tensor is stored that way "
                    "(no packed weight with its scales)", path, None, method)
@@ -509,6 +524,22 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
                         symmetric=None if sym is None else bool(sym),
                         schemes=tuple(sorted({t.scheme for t in qt.values()})), tensors=qt,
                         hidden=frozenset(hidden), unquantized=unq, producer=_producer(q), config_key=key)
+
+
+# Stored names only a quantized Linear has (its packed weight or a companion of it).
+_QUANT_TELLS = (".qweight", ".qzeros", ".weight_packed", ".weight_scale_inv", ".SCB", ".weight.absmax",
+                ".weight.quant_map")
+
+
+def undeclared(config: dict | None, tensors) -> str | None:
+    """A tensor that only a quantized checkpoint stores, in a checkpoint whose config declares no
+    quantization (its codes would otherwise be read as weights), or None."""
+    if config_method(config) is not None:
+        return None
+    for n in tensors:
+        if n.endswith(_QUANT_TELLS) or (n.endswith(".biases") and n[:-7] + ".scales" in tensors):
+            return n
+    return None
 
 
 def module_matches(pattern: str, module: str) -> bool:

@@ -78,6 +78,12 @@ class QuantizedSource(SourceBase):
                 raise FormatError(f"packed shape contradicts bits x group size: weight_shape {list(shp)} does not fit "
                                   f"weight_packed holding [{pout}, {pin}] at {t.bits} bits (ct-pack)",
                                   path=self.path, tensor=t.member("weight_packed"))
+            g = t.group_size if t.group_size > 0 else shp[1]
+            cols = self.stored.tensors[t.member("weight_scale")].shape[1]
+            if cols != -(-shp[1] // g):
+                raise FormatError(f"packed shape contradicts bits x group size: weight_scale has {cols} group(s) per row, "
+                                  f"a weight of {shp[1]} columns in groups of {g} has {-(-shp[1] // g)} (ct-pack)",
+                                  path=self.path, tensor=t.member("weight_scale"))
             return replace(t, shape=shp)
         return t
 
