@@ -107,6 +107,8 @@ def test_analyze_bound_from_dequantized_weights(scheme):
     sum, and the q bias term)."""
     from ckpt_surgeon.analysis import redundancy as R
     rb, rq = R.analyze(str(BASE)), R.analyze(str(QUANT / scheme))
+    assert any("bounds use the dequantized weights" in n for n in rq.notes)
+    assert not any("dequantized" in n for n in rb.notes)
     with open_checkpoint(BASE) as b, open_checkpoint(QUANT / scheme) as ck:
         for lb, lq, lt in zip(rb.layers, rq.layers, ck.layout().layers):
             g = f"model.layers.{lt.layer}.input_layernorm.weight"
