@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.formats import safetensors as st
+from hubenv import hub  # noqa: F401  (the local Hub fixture)
 
 QUANT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
 BASE = QUANT / "base"
@@ -368,3 +369,25 @@ def test_malformed_quantization_config_refused(scheme, key, value, tmp_path):
     bad = _rewrite(QUANT / scheme, tmp_path / "m", config={"quantization_config": {**c["quantization_config"], key: value}})
     line = _one_line_exit_2(["inspect", str(bad)])
     assert "config.json" in line
+
+
+# ------------------------------------------------------------------------------------ Hub
+
+
+@pytest.mark.parametrize("scheme", ["bnb_nf4", "ct_w4a16_gptq", "gptqmodel_fp8_block"])
+def test_hub_repo_inspected_as_local_reading_no_weights(scheme, hub):
+    """Over HTTP ranges a quantized repo gives the local report, reading headers, biases and the
+    few bytes the logical shapes need (bitsandbytes' quant state, compressed-tensors' weight_shape),
+    never a packed weight or its scales."""
+    from ckpt_surgeon.analysis.inspect import inspect
+    hub.add_repo("owner/q", QUANT / scheme)
+    rep, local = inspect("owner/q"), inspect(str(QUANT / scheme))
+    assert rep.parameter_count == local.parameter_count
+    assert rep.quantization.to_dict() == local.quantization.to_dict()
+    with open_checkpoint(QUANT / scheme) as ck:
+        weights = sum(ck.stored_tensors[n].nbytes for t in ck.quantization.tensors.values() for r, n in t.members
+                      if r in ("weight", "qweight", "weight_packed", "scales", "weight_scale", "weight_scale_inv",
+                               "weight.absmax"))
+    # what is read is headers (~11% of this tiny model's packed bytes; ~0.001% of a 7B's), biases and
+    # the small shape tensors; dequantizing on inspect would read all of them, four times this bound
+    assert rep.bytes_read < weights / 4, (rep.bytes_read, weights)
