@@ -62,15 +62,18 @@ class Scheme:
     row_members: tuple = ()       # members whose axis 0 is the output row: q/k/v rows cut / join exactly
                                   # with them (qkv fuse / split); empty: the scheme cannot
     shared_members: tuple = ()    # members that are one value per tensor: joined only when q/k/v agree
+    col_members: tuple = ()       # (role, packed) of members whose last axis is the output (GPTQ / AWQ's
+                                  # [in, out] layout); packed: 32/bits outputs per int32 word
 
 
 SCHEMES: dict[str, Scheme] = {s.key: s for s in (
     Scheme("gptq", "gptq", "qweight", ("I32",), ("qzeros", "scales"), ("g_idx", "bias"),
            "int32, bits packed along the input axis (rows of qweight), low bits first",
-           "w = scales[g] * (q - (z + 1)) (z + 0 for checkpoint_format gptq_v2)"),
+           "w = scales[g] * (q - (z + 1)) (z + 0 for checkpoint_format gptq_v2)",
+           shared_members=("g_idx",), col_members=(("qweight", False), ("qzeros", True), ("scales", False))),
     Scheme("awq", "awq", "qweight", ("I32",), ("qzeros", "scales"), ("bias",),
            "int32, bits packed along the output axis in AWQ order 0 2 4 6 1 3 5 7",
-           "w = (q - z) * scales[g]"),
+           "w = (q - z) * scales[g]", col_members=(("qweight", True), ("qzeros", True), ("scales", False))),
     Scheme("ct-pack", "compressed-tensors", "weight_packed", ("I32",), ("weight_scale", "weight_shape"),
            ("weight_zero_point", "weight_g_idx"),
            "int32, bits packed along the input axis, low bits first, offset 2**(bits-1) or zero point",

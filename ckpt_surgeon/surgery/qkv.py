@@ -121,11 +121,11 @@ def _roles(fam, ckpt) -> dict:
 def _quantized_members(ckpt, names: list, op: str) -> list | None:
     """The stored tensors that move when the logical weights ``names`` (q, k, v, or the fused one)
     are fused or split: ``(kind, stored names, role)`` with kind ``rows`` (axis 0 is the output row:
-    cut / joined like the weight) or ``shared`` (one value per tensor: joined only when q/k/v hold
-    the same bytes).  None for a dense weight.  Refused in one line naming the scheme where rows
-    do not move exactly: codes packed across output rows (GPTQ / AWQ columns, bitsandbytes 4-bit
-    blocks over the flattened weight), scales per tensor / group / block, a weight_shape to
-    rewrite, a g_idx."""
+    cut / joined like the weight), ``cols`` (the last axis is the output: GPTQ / AWQ, packed members
+    in whole words) or ``shared`` (one value per tensor: joined only when q/k/v hold
+    the same bytes).  None for a dense weight.  Refused in one line naming the scheme where outputs
+    do not move exactly: bitsandbytes 4-bit blocks over the flattened weight, scales per tensor /
+    block, a weight_shape to rewrite, q/k/v g_idx that differ."""
     q = ckpt.quantization
     if q is None or not any(n in q.tensors for n in names):
         return None
@@ -140,7 +140,8 @@ def _quantized_members(ckpt, names: list, op: str) -> list | None:
         refuse("some of q/k/v are quantized and some are not")
     sch = SCHEMES[ts[0].scheme]
     label = f"{label}, {sch.key}"
-    if not sch.row_members:
+    cols = dict(sch.col_members)
+    if not sch.row_members and not cols:
         refuse(f"{sch.key} stores its codes as {sch.packing}, so output rows do not move on their own")
     if len({(t.scheme, t.bits, t.group_size, t.block) for t in ts}) != 1:
         refuse("q/k/v are quantized with different parameters")
@@ -156,11 +157,19 @@ def _quantized_members(ckpt, names: list, op: str) -> list | None:
             if any(not i.shape or i.shape[0] != t.shape[0] for i, t in zip(infos, ts)):
                 refuse(f"{role} {list(infos[0].shape)} is not one row per output row (a per-tensor, group or block "
                        "scale cannot be joined exactly)", stored[0])
-            moves.append(("rows", stored, role))
+            moves.append(("rows", stored, role, 0, 1))
+        elif role in cols:
+            # GPTQ / AWQ keep outputs on the last axis; packed members hold 32/bits outputs per word,
+            # so they move in whole words: a head (and each of q, k, v) must be whole words
+            unit = 32 // ts[0].bits if cols[role] else 1
+            if any(len(i.shape) != 2 or i.shape[-1] * unit != t.shape[0] for i, t in zip(infos, ts)) \
+                    or ckpt.layout().head_dim % unit:
+                refuse(f"{role} {list(infos[0].shape)} does not hold whole heads of outputs on its last axis", stored[0])
+            moves.append(("cols", stored, role, -1, unit))
         elif role in sch.shared_members:
             if len({ckpt.read_raw(n) for n in stored}) != 1:
                 refuse(f"q/k/v {role} differ, and a joined tensor has one", stored[0])
-            moves.append(("shared", stored, role))
+            moves.append(("shared", stored, role, 0, 1))
         else:
             refuse(f"{role} would have to be rewritten", stored[0])
     return moves
@@ -170,14 +179,16 @@ def _fuse_stored(ckpt, moves, q_mod, qkv_mod, row_layout, h, kv, d, layer) -> li
     """Steps fusing a quantized q/k/v: every row member joined in the fused row layout (its bytes
     moved, no arithmetic), every shared member written once, the parts deleted."""
     steps = []
-    for kind, stored, role in moves:
+    for kind, stored, role, axis, unit in moves:
         out = _swap_stored(stored[0], q_mod, qkv_mod)
         info = ckpt.stored_tensors[stored[0]]
-        if kind == "rows":
-            shape = ((h + 2 * kv) * d,) + tuple(info.shape[1:])
-            steps.append(TensorStep("fuse_qkv", out, stored, step_params(layout=row_layout, axis=0, n_heads=h,
-                                    n_kv_heads=kv, head_dim=d), like=stored[0], dtype=info.dtype, shape=shape,
-                                    layer=layer, why=f"{row_layout} fused {role} (quantized weight's rows)"))
+        if kind in ("rows", "cols"):
+            shape = list(info.shape)
+            shape[axis] = (h + 2 * kv) * d // unit
+            steps.append(TensorStep("fuse_qkv", out, stored, step_params(layout=row_layout, axis=axis, n_heads=h,
+                                    n_kv_heads=kv, head_dim=d // unit), like=stored[0], dtype=info.dtype,
+                                    shape=tuple(shape), layer=layer,
+                                    why=f"{row_layout} fused {role} (quantized weight's outputs)"))
         else:
             steps.append(TensorStep("rename", out, (stored[0],), layer=layer, why=f"{role}: the same for q/k/v"))
         steps += [TensorStep("delete", None, (n,), layer=layer, why="moved into the fused tensor") for n in stored]
@@ -188,15 +199,16 @@ def _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, layer) -> l
     """Steps splitting a quantized fused qkv weight: each row member cut into q/k/v rows, each
     shared member copied to all three, the fused tensors deleted."""
     steps = []
-    for kind, (fused,), role in moves:
+    for kind, (fused,), role, axis, unit in moves:
         info = ckpt.stored_tensors[fused]
         for r in "qkv":
             out = _swap_stored(fused, qkv_mod, roles[r])
-            if kind == "rows":
-                shape = ((h if r == "q" else kv) * d,) + tuple(info.shape[1:])
+            if kind in ("rows", "cols"):
+                shape = list(info.shape)
+                shape[axis] = (h if r == "q" else kv) * d // unit
                 steps.append(TensorStep("split_qkv", out, (fused,), step_params(
-                    part=r, layout=row_layout, axis=0, n_heads=h, n_kv_heads=kv, head_dim=d), like=fused,
-                    dtype=info.dtype, shape=shape, layer=layer, why=f"{r} rows of the fused {role}"))
+                    part=r, layout=row_layout, axis=axis, n_heads=h, n_kv_heads=kv, head_dim=d // unit), like=fused,
+                    dtype=info.dtype, shape=tuple(shape), layer=layer, why=f"{r} outputs of the fused {role}"))
             else:
                 steps.append(TensorStep("rename", out, (fused,), layer=layer, why=f"{role}: the same for q/k/v"))
         steps.append(TensorStep("delete", None, (fused,), layer=layer, why="replaced by q/k/v"))
