@@ -28,6 +28,8 @@ from .formats import safetensors as st
 from .formats.hub import open_hub
 from .formats.magic import file_kind
 from .formats.pickle import open_pickle
+from .formats.quant_schemes import Quantization, config_method, detect, undeclared
+from .formats.quantized import QuantizedSource
 from .formats.safe_input import check_regular, read_json
 from .formats.source import ShardSet, TensorSource
 from .records import TensorInfo
@@ -51,8 +53,26 @@ class Checkpoint:
     warnings: list = field(default_factory=list)
     file_summary: dict = field(default_factory=dict)   # GGUF: general.name, architecture, context length ... (inspect's file_metadata)
 
+    quantization: Quantization | None = field(default=None, init=False)   # set when config.json declares one
+
     def __post_init__(self):
         self.warnings = [*self.reader.warnings, *self.warnings]
+        if self.naming == "hf" and config_method(self.config) is None:
+            tell = undeclared(self.config, self.reader.tensors)
+            if tell is not None:
+                raise FormatError("is stored quantized, but config.json declares no quantization_config (or MLX "
+                                  "quantization): its codes would be read as weights", path=self.config_path, tensor=tell)
+        if self.naming == "hf" and config_method(self.config) is not None:
+            # a quantized checkpoint: the rest of the code sees one dense weight per Linear
+            q = detect(self.config, self.reader.tensors, self.config_path)
+            self.reader = QuantizedSource(self.reader, q, self.source)
+            self.quantization = self.reader.quantization
+
+    @property
+    def stored_tensors(self) -> dict:
+        """name -> info of what the files store (packed weights and their scales included); equal
+        to :attr:`tensors` unless the checkpoint is quantized."""
+        return self.reader.stored.tensors if self.quantization is not None else self.reader.tensors
 
     @property
     def tensors(self) -> dict:
@@ -85,7 +105,17 @@ class Checkpoint:
         return self.reader.read(self.tensors[name])
 
     def read_raw(self, name: str) -> bytes:
+        """The stored bytes of a stored tensor (of a quantized checkpoint: its packed weights and
+        companions by their stored names, the codes of a weight stored under its logical name; a
+        logical weight that is not stored (GPTQ's ``weight`` made from ``qweight``) is refused)."""
+        if self.quantization is not None and name in self.stored_tensors:
+            return self.reader.stored.read_bytes(self.stored_tensors[name])
         return self.reader.read_bytes(self.tensors[name])
+
+    def read_stored(self, name: str) -> np.ndarray:
+        """A stored tensor decoded as stored (a quantized weight's codes, its scales)."""
+        src = self.reader.stored if self.quantization is not None else self.reader
+        return src.read(self.stored_tensors[name])
 
     def _rows(self, name: str, start: int, stop: int) -> TensorInfo:
         info = self.tensors[name]
@@ -100,6 +130,11 @@ class Checkpoint:
         """Rows ``start:stop`` of the outermost axis, reading only their bytes: decoded like
         :meth:`read` or, with ``raw``, the stored bytes.  Lets a caller stream a large tensor in
         bounded memory (a quantized GGUF row is whole blocks, so any row range decodes)."""
+        if self.quantization is not None and name in self.quantization.tensors and not raw:
+            info = self.tensors[name]
+            if not 0 <= start <= stop <= info.shape[0]:
+                raise ValueError(f"rows {start}:{stop} outside 0:{info.shape[0]} of tensor '{name}'")
+            return self.reader.dequantize(name)[start:stop]
         sub = self._rows(name, start, stop)
         return self.reader.read_bytes(sub) if raw else self.reader.read(sub)
 

@@ -19,6 +19,12 @@ Per tensor pair:
   compared directly) and compared by value: ``dtype_changed`` with the same figures, or
   ``identical`` / ``changed`` when the dtypes agree.
 
+A quantized checkpoint (GPTQ, AWQ, MLX, bitsandbytes ... :mod:`ckpt_surgeon.formats.quantized`) is
+compared through its logical names: each quantized Linear's dequantized weight against the other
+side's; with one side quantized and the other not, names and shapes agreeing and the errors of
+quantization size, the verdict is ``quantized`` ("same model, quantized (method, bits): relative
+error ...").
+
 Remote (Hub) sides are read by HTTP range under a byte budget: by default only headers and the
 1-D tensors (biases and norms) are compared by content; ``max_bytes`` widens that (smallest
 tensors first), ``full`` reads everything.  A pair left out by the budget is ``not_compared``
@@ -50,6 +56,7 @@ FINETUNE_MIN_CHANGED_SHARE = 0.5     # most common tensors changed ...
 FINETUNE_MAX_REL = 0.2               # ... by a small relative amount (median ‖Δ‖/‖A‖)
 UNRELATED_MIN_REL = 0.5              # median ‖Δ‖/‖A‖ above this: not the same weights
 UNRELATED_MAX_SHARED = 0.5           # fewer than half the names (with equal shapes) in common
+RESCALED_MIN_COSINE = 0.8            # quantized with norms rescaled (AWQ): weights still point the same way
 
 # A GGUF norm stored as 1 + w (Gemma: llama.cpp's converter adds the 1 in float32) gives back w
 # only up to the rounding of that addition: half an ulp of a value in [1, 4), at most 2**-22.
@@ -107,7 +114,7 @@ class DiffReport:
     format_a: str
     format_b: str
     naming: str                       # hf | gguf: the names the rows use
-    verdict: str                      # identical | changed | finetune | reencoded | unrelated
+    verdict: str                      # identical | changed | finetune | reencoded | quantized | unrelated
     verdict_line: str
     tensors: tuple
     layers: tuple
@@ -349,6 +356,12 @@ def _same_range(ia, ib) -> bool:
         return False
 
 
+def _quant_kind(ck: Checkpoint, name: str, info) -> tuple | None:
+    """(scheme, bits, group size) of an HF quantized weight (its stored type), else None."""
+    t = ck.quantization.tensors.get(name) if ck.quantization is not None and info.quantized else None
+    return None if t is None else (t.scheme, t.bits, t.group_size)
+
+
 def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: BufferPool) -> TensorDiff:
     na, ta = sa.names[name]
     nb, tb = sb.names[name]
@@ -358,10 +371,12 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
                 transform=ta if ta != "none" else tb)
     if sa.shapes[name] != sb.shapes[name]:
         return TensorDiff(status="shape_changed", **base)
-    same_dtype = ia.dtype == ib.dtype
+    same_dtype = ia.dtype == ib.dtype and _quant_kind(sa.ck, na, ia) == _quant_kind(sb.ck, nb, ib)
     if not read:
         return TensorDiff(status="not_compared" if same_dtype else "dtype_changed", method="budget", **base)
-    if same_dtype and ta == tb == "none":
+    if (_quant_kind(sa.ck, na, ia) or _quant_kind(sb.ck, nb, ib)) and ta == tb == "none":
+        acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)     # a quantized weight: its dequantized values
+    elif same_dtype and ta == tb == "none":
         if _same_range(ia, ib):
             return TensorDiff(status="identical", method="same_file", **base)
         if bytes_equal(sa.ck, na, sb.ck, nb, progress, pool):
@@ -402,6 +417,43 @@ def _content_set(common: list[str], sa: _Side, sb: _Side, max_bytes: int | None,
 
 
 # --------------------------------------------------------------------------- verdict
+
+
+def _quantized_verdict(tensors: list[TensorDiff], quantized: set, label: str) -> tuple[str, str] | None:
+    """One side quantized, the other not: the same model when the names and shapes agree, the
+    quantized weights differ by quantization error and every other tensor keeps its value up to
+    a cast.  None: not that (the ordinary verdict applies)."""
+    counts = {s: sum(1 for t in tensors if t.status == s) for s in STATUSES}
+    if counts["only_in_a"] or counts["only_in_b"] or counts["shape_changed"]:
+        return None
+    q = [t for t in tensors if t.name in quantized and t.rel_fro is not None]
+    # AWQ (and SmoothQuant-style) quantizers divide a norm's weight by per-channel scales and
+    # multiply the Linears it feeds by them (the same function): a changed norm is named, not
+    # taken for a fine-tune
+    norms = [t for t in tensors if t.name not in quantized and t.rel_fro and "norm" in t.name
+             and len(t.shape_a or ()) == 1]
+    rest = [t for t in tensors if t.name not in quantized and t.rel_fro is not None and t not in norms]
+    if not q:
+        return None
+    rels = sorted(t.rel_fro for t in q)
+    med, worst = rels[len(rels) // 2], rels[-1]
+    other = max((t.rel_fro for t in rest), default=0.0)
+    if other > FINETUNE_MAX_REL:
+        return None
+    if norms:
+        # rescaled columns (positive per-channel factors) keep a weight's direction: cosine stays
+        # high (0.90 on the AWQ fixtures) where unrelated weights give ~0; the norm error is no
+        # measure of quantization here
+        if min((t.cosine if t.cosine is not None else 0.0) for t in q) < RESCALED_MIN_COSINE:
+            return None
+    elif worst > UNRELATED_MIN_REL:
+        return None
+    line = (f"same model, quantized ({label}): relative error ‖Δ‖/‖A‖ median {med:.3g}, max {worst:.3g} over {len(q)} "
+            f"quantized weights; other tensors max {other:.3g}")
+    if norms:
+        line += (f"; {len(norms)} norm weight(s) rescaled (max {max(t.rel_fro for t in norms):.3g}: activation "
+                 "scales moved between a norm and the Linears it feeds, as AWQ does; the errors above include them)")
+    return "quantized", line
 
 
 def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
@@ -496,6 +548,12 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     finally:
         pool.close()
     verdict, line = _verdict(rows, len(rows))
+    if (a.quantization is None) != (b.quantization is None) and a.naming == b.naming == "hf":
+        qck = a.quantization or b.quantization
+        bits = "/".join(str(x) for x in qck.bits)
+        qv = _quantized_verdict(rows, set(qck.tensors), f"{qck.method}, {bits}-bit")
+        if qv is not None:
+            verdict, line = qv
     counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
     notes = []
     if mixed:

@@ -15,6 +15,7 @@ from ..arch.resolve import LayoutSummary, ModelLayout, PositionEncoding
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..records import finite_or_none as _finite_or_none
 from .memory import memory_figures
+from .quant import quant_summary
 
 # Extras whose per-layer row shows only these keys, under short column names.
 _ROW_COLUMNS = {"k_bias_redundancy": {"class": "k_class", "exact_fraction": "k_exact", "near_fraction": "k_near",
@@ -113,6 +114,7 @@ class InspectReport(LayoutSummary):
     memory: object = None          # MemoryFigures (analysis/memory.py): weight bytes per dtype, KV cache
     facts: tuple = ()             # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None  # derived layouts: attention blocks per layer and their groups' classes
+    quantization: object = None     # QuantSummary (analysis/quant.py) of a quantized checkpoint, else None
 
     @property
     def complete(self) -> bool:
@@ -139,6 +141,7 @@ class InspectReport(LayoutSummary):
             "bytes_read": self.bytes_read, "requests": self.requests,
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "facts": list(self.facts), "derivation": self.derivation,
+            "quantization": self.quantization.to_dict() if self.quantization is not None else None,
         }
 
     def to_frame(self):
@@ -193,6 +196,7 @@ class InspectReport(LayoutSummary):
             ("fused qkv", self.fused_layout or "no"),
             ("parameters", f"{self.parameter_count:,}"),
             ("dtype mix", dt or "-"),
+            *(self.quantization.summary_items() if self.quantization is not None else ()),
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
             ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
@@ -274,11 +278,15 @@ def _parameter_counts(ck: Checkpoint, layout: ModelLayout) -> tuple[int, dict]:
     """Parameters in all and per dtype (saved buffers such as causal masks not counted)."""
     params, dtypes = 0, {}
     mask_like = set(layout.buffers)
+    q = ck.quantization
     for name, info in ck.tensors.items():
         if info.dtype in _NON_PARAM_DTYPES or name in mask_like:
             continue
         params += info.numel
-        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + info.numel
+        # a quantized weight counts its logical elements, under its scheme (not the F32 it reads as)
+        label = f"{q.method} {q.tensors[name].bits}-bit" if info.quantized and q is not None and name in q.tensors \
+            else info.dtype
+        dtypes[label] = dtypes.get(label, 0) + info.numel
     return params, dtypes
 
 
@@ -318,9 +326,9 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
         notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
-        bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors),
-        memory=memory_figures(ck.tensors, ck.config, layout),
-        facts=tuple(layout.facts()), derivation=layout.derivation())
+        bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
+        memory=memory_figures(ck.stored_tensors, ck.config, layout),
+        facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params))
 
 
 def inspect(source, **open_kwargs) -> InspectReport:

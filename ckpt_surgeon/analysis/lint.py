@@ -316,7 +316,8 @@ def check_dtype_mix(ctx: _Ctx) -> list[Finding]:
     from .inspect import _NON_PARAM_DTYPES    # integer buffers (position ids ...) are not weights
     kinds: dict[str, list[str]] = {}
     for name, info in ctx.ck.tensors.items():
-        if len(info.shape) >= 2 and info.dtype not in _NON_PARAM_DTYPES:
+        # a quantized checkpoint's packed weights and their scales are one scheme, not a dtype mix
+        if len(info.shape) >= 2 and info.dtype not in _NON_PARAM_DTYPES and not info.quantized:
             kinds.setdefault(info.dtype, []).append(name)
     if len(kinds) <= 1:
         return []
@@ -446,6 +447,58 @@ def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
     return out
 
 
+def check_quantization(ctx: _Ctx) -> list[Finding]:
+    """A quantized checkpoint's scales are finite and non-zero, its g_idx name existing groups, its
+    zero points agree with a symmetric config, and its ignore list names no quantized module (what
+    contradicts the packed shapes was refused when it was opened, naming the tensor)."""
+    q = ctx.ck.quantization
+    if q is None:
+        return []
+    from ..formats.quant_kernels import unpack_last
+    from .quant import ignored_but_quantized
+    out = []
+    for pat, name in ignored_but_quantized(ctx.ck):
+        out.append(_finding(ctx, "quantization", "error", name,
+                            f"{q.config_key} lists {pat!r} among the modules left unquantized, but {name} is stored "
+                            f"quantized ({q.method})", f"remove {pat!r} from the ignore list, or store the module dense"))
+    if ctx.remote:
+        # scales are ~1-3% of a 4-bit model's bytes: not fetched from the Hub for a lint
+        ctx.skipped.append(("quantization", "scales, g_idx and zero points are not read from the Hub (run lint on a "
+                                            "downloaded copy); the ignore list was checked"))
+        return out
+    scale_roles = ("scales", "weight_scale", "weight_scale_inv", "SCB", "weight.absmax", "weight.nested_absmax")
+    for t in q.tensors.values():
+        for role, name in t.members:
+            info = ctx.ck.stored_tensors[name]
+            if info.missing:
+                continue
+            if role in scale_roles and info.dtype not in ("U8",):
+                v = np.asarray(ctx.ck.read_stored(name), dtype=np.float64)
+                bad, zero = int(np.count_nonzero(~np.isfinite(v))), int(np.count_nonzero(v == 0))
+                if bad or zero:
+                    what = " and ".join(x for x in (f"{bad} NaN/Inf" if bad else "", f"{zero} zero" if zero else "") if x)
+                    out.append(_finding(ctx, "quantization", "error", name,
+                                        f"{what} scale(s) of {t.logical} ({t.scheme}): the weights they scale dequantize "
+                                        "to NaN/Inf or to zero", "requantize this module"))
+            elif role in ("g_idx", "weight_g_idx"):
+                g = np.asarray(ctx.ck.read_stored(name))
+                groups = ctx.ck.stored_tensors[t.member("scales") or t.member("weight_scale")].shape
+                n = groups[0] if t.scheme == "gptq" else groups[-1]
+                if g.size and (g.min() < 0 or g.max() >= n):
+                    out.append(_finding(ctx, "quantization", "error", name,
+                                        f"g_idx holds groups {int(g.min())}..{int(g.max())}, the scales have {n} "
+                                        f"({t.scheme})", "requantize this module"))
+        if q.symmetric and t.scheme in ("gptq", "awq") and t.member("qzeros"):
+            z = unpack_last(ctx.ck.read_stored(t.member("qzeros")), t.bits).astype(np.int64) + t.param("zero_offset", 0)
+            mid = 1 << (t.bits - 1)
+            if z.size and np.any(z != mid):
+                out.append(_finding(ctx, "quantization", "error", t.member("qzeros"),
+                                    f"{q.config_key} says sym = true but zero points range over {int(z.min())}..{int(z.max())} "
+                                    f"(symmetric {t.bits}-bit would be {mid}) ({t.scheme})",
+                                    "fix sym in config.json to match how the weights were quantized"))
+    return out
+
+
 @dataclass(frozen=True)
 class Check:
     id: str
@@ -472,6 +525,9 @@ CHECKS: tuple[Check, ...] = (
           "config vocab_size / GGUF token list agree with the embedding rows"),
     Check("special-tokens", "error", check_special_tokens, "special-token ids lie inside the vocabulary"),
     Check("dtype-mix", "warning", check_dtype_mix, "2-D weights share one dtype (GGUF: info only)"),
+    Check("quantization", "error", check_quantization,
+          "quantized weights: scales finite and non-zero, g_idx within the groups, zero points as the config says, "
+          "no quantized module in the ignore list"),
     Check("key-bias-nonrotary", "warning", check_key_bias_nonrotary,
           "without RoPE, the key bias is near zero relative to the query bias"),
     Check("nonfinite", "error", check_nonfinite_zero, "--scan: no NaN/Inf values", scan_only=True),

@@ -195,6 +195,7 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     if not runtime.has_tokenizer(folder):
         raise UnsupportedError("measured mode needs a tokenizer beside the model "
                                f"(none of {', '.join(runtime.TOKENIZER_FILES)})", path=str(folder))
+    _check_quantized_runtime(folder, source)
     try:
         with quiet_transformers():
             cfg = transformers.AutoConfig.from_pretrained(folder)
@@ -320,6 +321,29 @@ def _variant_bound(lr, variant: str):
     if variant == "exact":
         return 0.0 if lr.k_class in ("exact", "partial") else None
     return lr.bound            # the exact part adds 0, so exact + near == near
+
+
+def _check_quantized_runtime(folder, source) -> None:
+    """A quantized checkpoint runs in transformers only through its method's package (and FP8 /
+    MLX not on a CPU at all): refused in one line naming why, before anything is loaded."""
+    import importlib.util
+
+    from ..formats.quant_schemes import TRANSFORMERS_RUNTIME, config_method
+    from ..formats.safe_input import read_json
+    cfg = read_json(folder / "config.json", error=UnsupportedError)
+    method = config_method(cfg)
+    if method is None:
+        return
+    package, never = TRANSFORMERS_RUNTIME.get(method, (None, f"transformers has no loader for quant_method {method!r}"))
+    if never:
+        raise UnsupportedError(f"measured mode runs the model in transformers, and this checkpoint is quantized "
+                               f"({method}): {never}; the static bound (without --measure) reads the dequantized "
+                               "weights", path=str(source))
+    if package and importlib.util.find_spec(package) is None:
+        raise UnsupportedError(f"measured mode runs the model in transformers, and this checkpoint is quantized "
+                               f"({method}): transformers runs it through the {package} package, which is not "
+                               "installed; the static bound (without --measure) reads the dequantized weights",
+                               path=str(source))
 
 
 def _check_key_biases_loaded(source, layout) -> None:

@@ -855,6 +855,10 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         notes.append(rope.note)
     if L is None:
         notes.append(L_src)
+    q = getattr(ck, "quantization", None)
+    if q is not None:
+        notes.append(f"quantized checkpoint ({q.method}, {'/'.join(str(b) for b in q.bits)}-bit): bounds use the "
+                     "dequantized weights, i.e. they are the quantized model's")
     layers = []
     qkv_vectors = {}
     for lt in layout.layers:

@@ -17,6 +17,9 @@ def command():
 
     Both directions move stored bit patterns (whole rows; no number is converted), so
     `qkv split` then `qkv fuse` gives back the input bit for bit. Weights and biases, GQA.
+    Quantized checkpoints: codes and scales move output for output where the scheme keeps one
+    scale per output (MLX, bitsandbytes int8, compressed-tensors per-channel, GPTQ, AWQ); other
+    schemes are refused, naming the scheme (docs/quantization.md).
     """
 
 

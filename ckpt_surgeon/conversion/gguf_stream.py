@@ -129,7 +129,7 @@ def _read(ck, p, a: int, b: int):
         return np.frombuffer(p.data, np.float32).reshape(p.shape)[a:b], None
     info = ck.tensors[p.src]
     rows = info.shape[0] if info.shape else 1
-    if ck.format == "safetensors" and info.dtype in _RAW_DTYPES:
+    if ck.format == "safetensors" and info.dtype in _RAW_DTYPES and not info.quantized:   # a quantized weight: its values
         per_row = info.nbytes // max(rows, 1)
         buf = np.empty((b - a) * per_row, np.uint8)
         ck.read_rows_into(p.src, a, b, buf)

@@ -202,7 +202,7 @@ class CheckpointWriter:
         self._pre: dict = {}                      # shard name -> Precopy (begin_copy)
         self._pre_threads: list[threading.Thread] = []
         self._pre_cancel = threading.Event()
-        self._src_tensors: dict = dict(source.tensors) if source is not None else {}
+        self._src_tensors: dict = dict(source.stored_tensors) if source is not None else {}
         self._check_destination()
 
     # -- declarations --------------------------------------------------------

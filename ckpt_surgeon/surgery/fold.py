@@ -346,6 +346,10 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
             todo.append((t.weight, -1 if (t.role.startswith("embed") or layout.conv1d) else 0))
         for name, axis in todo:
             info = ckpt.tensors[name]
+            if info.quantized and ckpt.quantization is not None:
+                raise UnsupportedError(f"--center-weights: the weight is quantized ({ckpt.quantization.method}); centering "
+                                       "its values would re-quantize them (not exact); use --center (biases only)",
+                                       path=src, tensor=name)
             if info.quantized:
                 raise UnsupportedError(f"--center-weights: {info.dtype} is a block-quantized type; centering its "
                                        "values would re-quantize them (not exact); use --center (biases only)",

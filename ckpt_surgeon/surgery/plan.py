@@ -203,7 +203,8 @@ class _Evaluator:
         Along axis 0 of a matrix the unit is a whole row of bytes, so quantized GGUF rows move
         intact; vectors and last-axis gathers (Conv1D ``[in, out]``) move single elements.
         """
-        info = self.ck.tensors[name]
+        # a quantized weight's stored members (codes, scales) move by their stored names
+        info = self.ck.stored_tensors[name] if name in self.ck.stored_tensors else self.ck.tensors[name]
         buf = self.raw(name)
         if len(info.shape) >= 2 and axis == 0:
             return np.frombuffer(buf, dtype=np.uint8).reshape(info.shape[0], -1)

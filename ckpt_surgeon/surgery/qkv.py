@@ -22,6 +22,7 @@ from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
 from ..arch.resolve import _fused_layout, _rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
+from ..formats.quant_schemes import SCHEMES
 from .fold import family_of
 from .plan import Plan, TensorStep, step_params
 
@@ -89,6 +90,15 @@ def _swap_module(name: str, old: str, new: str) -> str:
     raise CkptError(f"tensor name does not end in {old}.weight/.bias", tensor=name)
 
 
+def _swap_stored(name: str, old: str, new: str) -> str:
+    """A quantized weight's stored member (``...q_proj.scales``, ``...q_proj.weight.absmax``) under
+    the other module's name."""
+    i = name.rfind(old + ".")
+    if i < 0 or (i and name[i - 1] != "."):
+        raise CkptError(f"tensor name does not contain the module {old}", tensor=name)
+    return name[:i] + new + name[i + len(old):]
+
+
 def _heads(layout, src):
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
     if not (h and kv and d):
@@ -106,6 +116,103 @@ def _family(layout, src):
 def _roles(fam, ckpt) -> dict:
     """Module names per role: GGUF files use one naming for every family (attn_q ... attn_qkv)."""
     return gguf_roles() if ckpt.naming == "gguf" else fam.roles
+
+
+def _quantized_members(ckpt, names: list, op: str) -> list | None:
+    """The stored tensors that move when the logical weights ``names`` (q, k, v, or the fused one)
+    are fused or split: ``(kind, stored names, role)`` with kind ``rows`` (axis 0 is the output row:
+    cut / joined like the weight), ``cols`` (the last axis is the output: GPTQ / AWQ, packed members
+    in whole words) or ``shared`` (one value per tensor: joined only when q/k/v hold
+    the same bytes).  None for a dense weight.  Refused in one line naming the scheme where outputs
+    do not move exactly: bitsandbytes 4-bit blocks over the flattened weight, scales per tensor /
+    block, a weight_shape to rewrite, q/k/v g_idx that differ."""
+    q = ckpt.quantization
+    if q is None or not any(n in q.tensors for n in names):
+        return None
+    ts = [q.tensors.get(n) for n in names]
+    label = f"{q.method}, {'/'.join(str(b) for b in q.bits)}-bit"
+
+    def refuse(why, tensor=None):
+        raise UnsupportedError(f"qkv {op}: refused: the q/k/v weights are quantized ({label}): {why}; nothing written",
+                               path=ckpt.source, tensor=tensor or names[0])
+
+    if any(t is None for t in ts):
+        refuse("some of q/k/v are quantized and some are not")
+    sch = SCHEMES[ts[0].scheme]
+    label = f"{label}, {sch.key}"
+    cols = dict(sch.col_members)
+    if not sch.row_members and not cols:
+        refuse(f"{sch.key} stores its codes as {sch.packing}, so output rows do not move on their own")
+    if len({(t.scheme, t.bits, t.group_size, t.block) for t in ts}) != 1:
+        refuse("q/k/v are quantized with different parameters")
+    moves = []
+    for role, _ in ts[0].members:
+        if role == "bias":
+            continue
+        stored = tuple(t.member(role) for t in ts)
+        if None in stored:
+            refuse(f"{role} is present for only some of q/k/v")
+        infos = [ckpt.stored_tensors[n] for n in stored]
+        if role in sch.row_members:
+            if any(not i.shape or i.shape[0] != t.shape[0] for i, t in zip(infos, ts)):
+                refuse(f"{role} {list(infos[0].shape)} is not one row per output row (a per-tensor, group or block "
+                       "scale cannot be joined exactly)", stored[0])
+            moves.append(("rows", stored, role, 0, 1))
+        elif role in cols:
+            # GPTQ / AWQ keep outputs on the last axis; packed members hold 32/bits outputs per word,
+            # so they move in whole words: a head (and each of q, k, v) must be whole words
+            unit = 32 // ts[0].bits if cols[role] else 1
+            if any(len(i.shape) != 2 or i.shape[-1] * unit != t.shape[0] for i, t in zip(infos, ts)) \
+                    or ckpt.layout().head_dim % unit:
+                refuse(f"{role} {list(infos[0].shape)} does not hold whole heads of outputs on its last axis", stored[0])
+            moves.append(("cols", stored, role, -1, unit))
+        elif role in sch.shared_members:
+            if len({ckpt.read_raw(n) for n in stored}) != 1:
+                refuse(f"q/k/v {role} differ, and a joined tensor has one", stored[0])
+            moves.append(("shared", stored, role, 0, 1))
+        else:
+            refuse(f"{role} would have to be rewritten", stored[0])
+    return moves
+
+
+def _fuse_stored(ckpt, moves, q_mod, qkv_mod, row_layout, h, kv, d, layer) -> list:
+    """Steps fusing a quantized q/k/v: every row member joined in the fused row layout (its bytes
+    moved, no arithmetic), every shared member written once, the parts deleted."""
+    steps = []
+    for kind, stored, role, axis, unit in moves:
+        out = _swap_stored(stored[0], q_mod, qkv_mod)
+        info = ckpt.stored_tensors[stored[0]]
+        if kind in ("rows", "cols"):
+            shape = list(info.shape)
+            shape[axis] = (h + 2 * kv) * d // unit
+            steps.append(TensorStep("fuse_qkv", out, stored, step_params(layout=row_layout, axis=axis, n_heads=h,
+                                    n_kv_heads=kv, head_dim=d // unit), like=stored[0], dtype=info.dtype,
+                                    shape=tuple(shape), layer=layer,
+                                    why=f"{row_layout} fused {role} (quantized weight's outputs)"))
+        else:
+            steps.append(TensorStep("rename", out, (stored[0],), layer=layer, why=f"{role}: the same for q/k/v"))
+        steps += [TensorStep("delete", None, (n,), layer=layer, why="moved into the fused tensor") for n in stored]
+    return steps
+
+
+def _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, layer) -> list:
+    """Steps splitting a quantized fused qkv weight: each row member cut into q/k/v rows, each
+    shared member copied to all three, the fused tensors deleted."""
+    steps = []
+    for kind, (fused,), role, axis, unit in moves:
+        info = ckpt.stored_tensors[fused]
+        for r in "qkv":
+            out = _swap_stored(fused, qkv_mod, roles[r])
+            if kind in ("rows", "cols"):
+                shape = list(info.shape)
+                shape[axis] = (h if r == "q" else kv) * d // unit
+                steps.append(TensorStep("split_qkv", out, (fused,), step_params(
+                    part=r, layout=row_layout, axis=axis, n_heads=h, n_kv_heads=kv, head_dim=d // unit), like=fused,
+                    dtype=info.dtype, shape=tuple(shape), layer=layer, why=f"{r} outputs of the fused {role}"))
+            else:
+                steps.append(TensorStep("rename", out, (fused,), layer=layer, why=f"{role}: the same for q/k/v"))
+        steps.append(TensorStep("delete", None, (fused,), layer=layer, why="replaced by q/k/v"))
+    return steps
 
 
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
@@ -135,6 +242,12 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
             info = ckpt.tensors[fused]
             a = axis if kind == "weight" else 0
             names = [_swap_module(fused, qkv_mod, roles[r]) for r in ("q", "k", "v")]
+            moves = _quantized_members(ckpt, [fused], "split") if kind == "weight" else None
+            if moves is not None:
+                if a != 0:
+                    raise UnsupportedError("qkv split: refused: a quantized Conv1D weight", path=src, tensor=fused)
+                steps += _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, lt.layer)
+                continue
             for r, out in zip("qkv", names):
                 rows = (h if r == "q" else kv) * d
                 shape = list(info.shape)
@@ -204,6 +317,10 @@ def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
                 name = f"{prefix}{mod}.{kind}"
                 if name not in ckpt.tensors:
                     continue
+                if ckpt.quantization is not None and name in ckpt.quantization.tensors:
+                    raise UnsupportedError(f"qkv split --to {rw.model_type}: refused: {mod} is quantized "
+                                           f"({ckpt.quantization.method}); its halves are not cut by this tool",
+                                           path=src, tensor=name)
                 info = ckpt.tensors[name]
                 half = list(info.shape)
                 half[0] //= 2
@@ -254,6 +371,12 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
             if not all(names):
                 raise RefusedError(f"refused: layer {lt.layer} has a {kind} on only some of q/k/v; a fused {kind} "
                                    "needs all three", path=src, tensor=next(n for n in names if n))
+            moves = _quantized_members(ckpt, names, "fuse") if kind == "weight" else None
+            if moves is not None:
+                if axis != 0:
+                    raise UnsupportedError("qkv fuse: refused: a quantized Conv1D weight", path=src, tensor=names[0])
+                steps += _fuse_stored(ckpt, moves, q_mod, qkv_mod, row_layout, h, kv, d, lt.layer)
+                continue
             infos = [ckpt.tensors[n] for n in names]
             if len({i.dtype for i in infos}) != 1:
                 raise RefusedError(f"refused: q/k/v {kind}s of layer {lt.layer} have different dtypes "
