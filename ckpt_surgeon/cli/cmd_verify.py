@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import CkptError
 from .render import check_report_path, emit, output_options, progress_option
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -16,7 +17,7 @@ def _size(value: str, what: str) -> int:
     import re
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", value or "")
     if not m or m.group(2).lower() not in _SIZE_UNITS or float(m.group(1)) <= 0:
-        raise click.BadParameter(f"{value!r} is not a size such as 12GiB, 500MB or 1000000", param_hint=what)
+        raise CkptError(f"{what} {value!r} is not a size such as 12GiB, 500MB or 1000000")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
@@ -28,8 +29,7 @@ def _max_memory(specs) -> dict | None:
     for spec in specs:
         key, sep, size = spec.partition("=")
         if not sep or not key.strip():
-            raise click.BadParameter(f"{spec!r} is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)",
-                                     param_hint="--max-memory")
+            raise CkptError(f"--max-memory {spec!r} is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)")
         key = key.strip()
         out[int(key) if key.isdigit() else key] = _size(size, "--max-memory")
     return out

@@ -150,6 +150,8 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
         kw["device_map"] = device_map
         if max_memory:
             kw["max_memory"] = max_memory      # accelerate's per-device limits, passed through
+    from .stream import float64_kwargs
+    kw.update(float64_kwargs(dtype))
     torch.manual_seed(0)
     model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
     missing = sorted(info.get("missing_keys") or ())

@@ -208,7 +208,8 @@ def stream_need_from_sizes(layer: int, positions: int, hidden: int, vocab: int, 
     fixed allowance."""
     acts = 2 * 3 * positions * hidden * item
     logits = min(LOGITS_GROUP_BYTES, 2 * positions * vocab * item)
-    return 3 * layer + 2 * HEAD_CHUNK_BYTES + min(acts, ACTIVATIONS_IN_RAM_BYTES) + logits + STREAM_OVERHEAD_BYTES
+    head_chunk = min(HEAD_CHUNK_BYTES, vocab * hidden * item)
+    return 3 * layer + 2 * head_chunk + min(acts, ACTIVATIONS_IN_RAM_BYTES) + logits + STREAM_OVERHEAD_BYTES
 
 
 def prepared(src: StreamSource, work: Path, role: str):
@@ -251,6 +252,13 @@ class StreamedLayers:
 # --------------------------------------------------------------------------- the model side
 
 
+def float64_kwargs(dtype: str) -> dict:
+    """Model-building options float64 needs: transformers' default MoE experts kernel
+    (``grouped_mm``) takes float32 / bfloat16 / float16 only and raises on float64; the eager
+    experts loop computes in any dtype (and is what it falls back to where grouped_mm is absent)."""
+    return {"experts_implementation": "eager"} if dtype == "float64" else {}
+
+
 def _torch_dtype(dtype: str):
     import torch
     return {"float32": torch.float32, "float64": torch.float64}[dtype]
@@ -281,7 +289,8 @@ class _Model:
                     c = dict(src.config)
                     cfg = transformers.AutoConfig.for_model(c.pop("model_type"), **c)
                 with torch.device("meta"):
-                    self.model = cls.from_config(cfg, attn_implementation="eager", dtype=self.tdtype)
+                    self.model = cls.from_config(cfg, attn_implementation="eager", dtype=self.tdtype,
+                                                 **float64_kwargs(dtype))
         except (OSError, ValueError, KeyError, RuntimeError, ImportError, TypeError, AttributeError) as e:
             from ..runtime import first_line
             raise UnsupportedError(f"transformers could not build the model: {first_line(e)}",
