@@ -137,6 +137,20 @@ def test_hidden_states_spilled_to_disk_give_the_same_numbers(tiny, tmp_path, mon
 
 # --- localisation --------------------------------------------------------------------------------
 
+def test_many_positions_compare_layer_outputs_only(tiny, tmp_path, monkeypatch):
+    """Beyond the activations allowance the reference's attention / MLP outputs are not kept for
+    every sequence: the report then has the layer outputs alone (no zero rows for parts never
+    compared), and still names the perturbed layer."""
+    import ckpt_surgeon.verification.stream as st
+    ref = tiny("qwen2")
+    cand = _perturbed(ref, tmp_path / "cand", K_BIAS)
+    monkeypatch.setattr(st, "ACTIVATIONS_IN_RAM_BYTES", 1)
+    pair = stream_pair(ref, cand, SEQS, tmp_dir=tmp_path)
+    list(pair)
+    loc = pair.localize()
+    assert {p.part for p in loc.points} == {"output"} and [p.layer for p in loc.points] == [0, 1]
+    assert loc.first_point == "layer 1 output" and loc.points[0].rel == 0.0
+
 def test_perturbed_layer_is_localised(tiny, tmp_path):
     ref = tiny("qwen2")
     cand = _perturbed(ref, tmp_path / "cand", K_BIAS)
@@ -181,6 +195,8 @@ def test_cli_stream_and_localize(tiny, tmp_path):
     d = json.loads(res.stdout)
     assert d["mode"] == "stream" and d["localize"]["first_point"] == "layer 1 attention"
     assert res.stderr.strip().splitlines()[-1].startswith("error: ")
+    res = _run("verify", ref, cand, "--stream", "--localize-threshold", "1e9", "--format", "json")
+    assert json.loads(res.stdout)["localize"]["first_layer"] is None          # nothing moved that much
     res = _run("verify", ref, ref, "--stream", "--dtype", "float64")
     assert res.exit_code == 0, res.output
     assert "float64, stream" in res.stdout and "not compared (layer-streamed" in res.stdout

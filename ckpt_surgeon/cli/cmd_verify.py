@@ -156,6 +156,11 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
                     min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir,
                     revision=revision, candidate_revision=candidate_revision, stream=stream or None,
                     memory_budget=budget, max_memory=_max_memory(max_memory))
+    if report.localize is not None and localize_threshold is not None:
+        import dataclasses
+
+        from ..verification.stream import rethreshold
+        report = dataclasses.replace(report, localize=rethreshold(report.localize, localize_threshold))
     if localize and report.localize is None:      # a streamed run has measured every layer already
         from ..verification.localize import LocalizedVerify, localize as run_localize
         where = run_localize(reference, candidate, prompts=prompts,

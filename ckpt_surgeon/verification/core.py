@@ -10,7 +10,10 @@ Two schedules, same numbers (a test checks they agree): *parallel* keeps both mo
 compares prompt by prompt; *sequential* runs the reference alone, saves its per-prompt outputs
 as float32 ``.npy`` files in a temp dir, frees it, then runs the candidate and compares against
 the saved files.  Sequential is used when both models would not fit the device's free memory
-at once, with ``device_map``, or when asked (``sequential=True``).
+at once, with ``device_map``, or when asked (``sequential=True``).  A third, *stream*
+(:mod:`.stream`), runs both models one decoder layer at a time when one model does not fit
+either (or when asked); :func:`plan_memory` makes the choice from the headers before anything is
+loaded, and refuses in one line a run that would not fit even streamed.
 """
 from __future__ import annotations
 

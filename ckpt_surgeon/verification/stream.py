@@ -98,9 +98,6 @@ class StreamSource:
     def shape(self, key: str) -> tuple:
         return tuple(self._plan[key][3]) if self.gguf else tuple(self.ck.tensors[key].shape)
 
-    def nbytes_as(self, key: str, itemsize: int) -> int:
-        return int(np.prod(self.shape(key), dtype=np.int64)) * itemsize
-
     def read(self, key: str) -> np.ndarray:
         """The whole HF tensor (float32, or whatever the reader decodes to)."""
         if not self.gguf:
@@ -176,25 +173,9 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
 
 
 # A decoder layer's tensors in HF naming (model.layers.3., transformer.h.3., encoder.layer.3.,
-# gpt_neox.layers.3. ...): the spellings hook_points falls back to, for planning before any model
-# is built.
-_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
-
-
-def layer_bytes(src: StreamSource, dtype: str) -> tuple[int, int]:
-    """(largest decoder layer, largest tensor outside the layers) in ``dtype`` bytes, from the
-    tensor table alone: what a streamed run holds of this model at once is one of these."""
-    item = _ITEMSIZE.get(dtype, 4)
-    per_layer: dict[int, int] = {}
-    other = 0
-    for key in src.keys():
-        n = src.nbytes_as(key, item)
-        m = _LAYER_KEY.search(key)
-        if m is None:
-            other = max(other, n)
-        else:
-            per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0) + n
-    return max(per_layer.values(), default=0), other
+# gpt_neox.layers.3. ...: the spellings hook_points falls back to) or GGUF naming (blk.3.), for
+# planning before any model is built.
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks|blk)\.(\d+)\.")
 
 
 def stream_need_from_sizes(layer: int, positions: int, hidden: int, vocab: int, item: int) -> int:
@@ -247,6 +228,16 @@ class StreamedLayers:
         first = next((p for p in self.points if p.over), None)
         return LocalizeReport(self.threshold, self.points, first.layer if first else None,
                               f"layer {first.layer} {first.part}" if first else None, "stream")
+
+
+def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
+    """The same per-layer measurements judged against another ``threshold`` (``--localize-threshold``
+    on a streamed run, whose divergence was measured with the default)."""
+    if not threshold > 0:
+        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
+    from dataclasses import replace
+    points = tuple(replace(p, over=p.rel > threshold) for p in loc.points)
+    return StreamedLayers(points, float(threshold)).report()
 
 
 # --------------------------------------------------------------------------- the model side
@@ -668,7 +659,6 @@ class StreamedPair:
                     s.close()
 
     def _stream(self, models, work):
-        import torch
         from tqdm.auto import tqdm
 
         seqs = self.sequences
@@ -688,8 +678,15 @@ class StreamedPair:
             spill = work if total > ACTIVATIONS_IN_RAM_BYTES and self.device == "cpu" else None
             hidden.append(_Hidden(firsts, spill))
             calls_by_len.append(by_len)
-        points = [(la, part, path) for la, part, path, _ in models[0].points]
-        accs = [_Acc() for _ in points]
+        # The attention / MLP outputs of the reference are kept for every sequence while the
+        # candidate's layer runs: only when that fits the activations allowance (a corpus of
+        # many long chunks is compared on the layer outputs alone, and the report lists only those).
+        width = int(hidden[0][0].shape[-1])
+        positions = sum(int(h.shape[1]) for h in hidden[0].h)
+        parts = 2 * positions * width * hidden[0][0].element_size() <= ACTIVATIONS_IN_RAM_BYTES
+        points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(models[0].points)
+                  if parts or part == "output"]
+        accs = {k: _Acc() for k, *_ in points}
         n_layers = len(models[0].layers)
         bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
                    disable=(None if self.progress is None else not self.progress))
@@ -697,7 +694,7 @@ class StreamedPair:
             parts_ref: list = []
             for side, m in enumerate(models):
                 m.load_layer(i)
-                recs = _PartRecorder(m.points, i)
+                recs = _PartRecorder(m.points, i, parts)
                 try:
                     for s in range(len(seqs)):
                         recs.start()
@@ -719,8 +716,8 @@ class StreamedPair:
         bar.close()
         if len(models) == 2:
             self.layers = StreamedLayers(tuple(
-                PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > self.threshold)
-                for (la, part, path), acc in zip(points, accs)), self.threshold)
+                PointDiff(la, part, path, accs[k].max_abs, accs[k].rel(), accs[k].rel() > self.threshold)
+                for k, la, part, path in points), self.threshold)
         yield from self._tails(models, hidden)
 
     def _tails(self, models, hidden):
@@ -784,7 +781,7 @@ class _PartRecorder:
     """Forward hooks on one layer's attention and MLP modules (the non-"output" hook points of
     --localize): their output for the sequence being run."""
 
-    def __init__(self, points, layer: int):
+    def __init__(self, points, layer: int, parts: bool = True):
         self.handles, self._got = [], {}
         self.output_index = None
         for k, (la, part, _, mod) in enumerate(points):
@@ -792,7 +789,7 @@ class _PartRecorder:
                 continue
             if part == "output":
                 self.output_index = k
-            else:
+            elif parts:
                 self.handles.append(mod.register_forward_hook(self._hook(k)))
 
     def _hook(self, k):
@@ -867,4 +864,4 @@ def stream_logits(source, sequences: list[list[int]], *, rows: list[np.ndarray] 
 
 
 __all__ = ["stream_pair", "stream_logits", "StreamedPair", "StreamedLayers", "StreamSource", "open_source",
-           "stream_need_bytes", "layer_bytes", "STREAM_DTYPES"]
+           "stream_need_from_sizes", "rethreshold", "STREAM_DTYPES"]
