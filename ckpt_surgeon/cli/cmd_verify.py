@@ -3,9 +3,36 @@ from __future__ import annotations
 
 import click
 
+from ..errors import CkptError
 from .render import check_report_path, emit, output_options, progress_option
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "float64", "bfloat16", "float16")
+_THRESHOLD_ROWS = ("float32", "bfloat16", "float16")
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _size(value: str, what: str) -> int:
+    """``"12GiB"`` / ``"500MB"`` / ``"1000000"`` -> bytes (a usage error otherwise)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", value or "")
+    if not m or m.group(2).lower() not in _SIZE_UNITS or float(m.group(1)) <= 0:
+        raise CkptError(f"{what} {value!r} is not a size such as 12GiB, 500MB or 1000000")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _max_memory(specs) -> dict | None:
+    """``("0=20GiB", "cpu=60GiB")`` -> accelerate's ``max_memory`` dict (GPU indices as ints)."""
+    if not specs:
+        return None
+    out = {}
+    for spec in specs:
+        key, sep, size = spec.partition("=")
+        if not sep or not key.strip():
+            raise CkptError(f"--max-memory {spec!r} is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)")
+        key = key.strip()
+        out[int(key) if key.isdigit() else key] = _size(size, "--max-memory")
+    return out
 
 
 @click.command("verify")
@@ -26,14 +53,26 @@ _DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where both models run; auto = CUDA when torch.cuda.is_available().")
 @click.option("--device-map", type=click.Choice(["auto"]), default=None,
-              help="Spread each model over all GPUs and CPU RAM with accelerate (for models larger than one GPU); "
-                   "the models are then loaded one after the other. Overrides --device.")
+              help="Spread each model over several GPUs and CPU RAM with accelerate (models larger than one GPU); "
+                   "the models are then loaded one after the other. Overrides --device. Models larger than the "
+                   "machine's RAM: --stream.")
+@click.option("--max-memory", "max_memory", multiple=True, metavar="DEVICE=SIZE",
+              help="With --device-map auto: accelerate's limit for one device, e.g. --max-memory 0=20GiB "
+                   "--max-memory cpu=60GiB (repeatable; passed through).")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
-              help="Compute dtype both models are loaded in.")
+              help="Compute dtype both models are loaded in (--stream: float32 or float64).")
 @click.option("--sequential", is_flag=True,
               help="Load the models one after the other, comparing against the reference's saved float32 outputs "
                    "(automatic when both do not fit in free RAM/VRAM at once).")
-@click.option("--thresholds", "thresholds_dtype", type=click.Choice(_DTYPES), default=None,
+@click.option("--stream", is_flag=True,
+              help="Run both models one decoder layer at a time (transformers' own layer classes; weights read "
+                   "per layer, GGUF dequantized per tensor): memory is one layer plus the activations, not a model. "
+                   "Reports the per-layer divergence too (as --localize); no greedy generation. Automatic when one "
+                   "model does not fit in free memory; a run that would not fit even so is refused.")
+@click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
+              help="Plan the run as if only SIZE (e.g. 8GiB) were free: parallel, sequential or streamed is chosen "
+                   "to fit it. Default: the free RAM (VRAM with --device cuda).")
+@click.option("--thresholds", "thresholds_dtype", type=click.Choice(_THRESHOLD_ROWS), default=None,
               help="Judge by this dtype's default thresholds. Default: the coarsest of --dtype and the two "
                    "checkpoints' storage dtypes (a bf16 copy of an fp32 model is judged by the bf16 row).")
 @click.option("--max-logit-diff", type=float, default=None,
@@ -67,8 +106,8 @@ _DTYPES = ("float32", "bfloat16", "float16")
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
 @progress_option
 @output_options
-def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map, dtype,
-            sequential, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, revision,
+def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map,
+            max_memory, dtype, sequential, stream, memory_budget, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, revision,
             candidate_revision, localize, localize_threshold, progress, fmt, output, force):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
@@ -93,6 +132,10 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     max KL(ref||cand) from float64 log-softmax, top-1 agreement over all positions, and per
     prompt whether the greedy continuations are identical (first differing token).
 
+    Memory: both models at once when they fit, else one after the other, else layer by layer
+    (--stream); a run that would exceed the free memory even streamed is refused in one line
+    saying what it needs, never started.
+
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
     """
@@ -105,13 +148,20 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
         raise click.UsageError("give --prompts or --token-ids, not both")
     prompts = load_prompts(prompts_file) if prompts_file else None
     token_ids = load_token_ids(token_ids_file) if token_ids_file else None
+    budget = _size(memory_budget, "--memory-budget") if memory_budget else None
     report = verify(reference, candidate, prompts=prompts, token_ids=token_ids, tokenizer=tokenizer,
                     max_new_tokens=max_new_tokens, device=device,
                     device_map=device_map, dtype=dtype, sequential=sequential or None,
                     thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
                     min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir,
-                    revision=revision, candidate_revision=candidate_revision)
-    if localize:
+                    revision=revision, candidate_revision=candidate_revision, stream=stream or None,
+                    memory_budget=budget, max_memory=_max_memory(max_memory))
+    if report.localize is not None and localize_threshold is not None:
+        import dataclasses
+
+        from ..verification.stream import rethreshold
+        report = dataclasses.replace(report, localize=rethreshold(report.localize, localize_threshold))
+    if localize and report.localize is None:      # a streamed run has measured every layer already
         from ..verification.localize import LocalizedVerify, localize as run_localize
         where = run_localize(reference, candidate, prompts=prompts,
                              device="cuda" if report.device == "cuda" else "cpu", dtype=dtype,

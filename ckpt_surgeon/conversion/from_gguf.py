@@ -594,3 +594,54 @@ def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) 
 
 
 __all__ = ["gguf_to_hf", "gguf_to_hf_report", "hf_config_from_gguf"]
+
+
+def hf_view(ck, src: Path) -> tuple[dict, dict, list, list[str]]:
+    """An open GGUF seen as the HF checkpoint :func:`gguf_to_hf_report` would write, without
+    writing it: ``(config, hparams, plan, warnings)``.  ``plan`` holds one entry per HF tensor
+    (``(gguf name, HF name, transform, HF shape, GGUF dtype, expert / join or None)``);
+    :func:`hf_array` produces an entry's tensor.  For callers that read one HF tensor at a time
+    (``verify``'s layer streaming: a 70B GGUF is never expanded to a 280 GB float32 folder)."""
+    meta, arch, spec = _source_arch(ck, src)
+    tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
+    rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
+    config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype="float32", tied=tied, path=str(src),
+                                           rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
+    hp = _hparams(meta, arch, str(src))
+    return config, hp, _tensor_plan(ck, spec, arch, tied, src, config), warnings
+
+
+def hf_array(ck, entry: tuple, hp: dict, cache: dict | None = None) -> np.ndarray:
+    """The HF tensor of one :func:`hf_view` plan entry, dequantized and transformed exactly as the
+    converter writes it (before the cast to the output dtype).  ``cache``: a dict that keeps a
+    stacked expert tensor between the calls for its experts (the caller clears it)."""
+    from .splits import join
+    gname, _hname, transform, _shape, _gdtype, extra = entry
+    if extra is None:
+        return _transform_to_hf(ck.read(gname), transform, hp)
+    obj, slot = extra
+    if isinstance(obj, _Join):
+        parts = [ck.read(g) for g in obj._gnames]
+        if len({p.dtype for p in parts}) > 1:
+            parts = [p.astype("float32") for p in parts]
+        return join(obj._kind, parts)
+    cache = {} if cache is None else cache
+    if gname not in cache:
+        cache[gname] = ck.read(gname)
+    return _transform_to_hf(cache[gname][slot], transform, hp)
+
+
+def write_hf_tokenizer(ck, config: dict, out: Path) -> bool:
+    """The HF tokenizer files :func:`gguf_to_hf_report` writes beside the weights, written into
+    ``out`` alone (tokenizer.json, tokenizer_config.json, generation_config.json when it names
+    special ids).  False when the GGUF holds no tokenizer."""
+    warnings: list[str] = []
+    _vocab, tok_files = _tokenizer_files(ck.metadata, config, True, Path(ck.source), warnings)
+    if tok_files is None:
+        return False
+    data = tok_files.tokenizer_json
+    (out / "tokenizer.json").write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    (out / "tokenizer_config.json").write_text(_json(tok_files.tokenizer_config), encoding="utf-8")
+    if tok_files.special_ids:
+        (out / "generation_config.json").write_text(_json(dict(tok_files.special_ids)), encoding="utf-8")
+    return True

@@ -10,7 +10,10 @@ Two schedules, same numbers (a test checks they agree): *parallel* keeps both mo
 compares prompt by prompt; *sequential* runs the reference alone, saves its per-prompt outputs
 as float32 ``.npy`` files in a temp dir, frees it, then runs the candidate and compares against
 the saved files.  Sequential is used when both models would not fit the device's free memory
-at once, with ``device_map``, or when asked (``sequential=True``).
+at once, with ``device_map``, or when asked (``sequential=True``).  A third, *stream*
+(:mod:`.stream`), runs both models one decoder layer at a time when one model does not fit
+either (or when asked); :func:`plan_memory` makes the choice from the headers before anything is
+loaded, and refuses in one line a run that would not fit even streamed.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +51,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
            sequential: bool | None = None, thresholds: str | None = None, max_logit_diff: float | None = None,
            max_kl: float | None = None, min_top1: float | None = None, require_greedy: bool | None = None,
            progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None,
-           revision: str | None = None, candidate_revision: str | None = None) -> VerifyReport:
+           revision: str | None = None, candidate_revision: str | None = None, stream: bool | None = None,
+           memory_budget: int | None = None, max_memory: dict | None = None) -> VerifyReport:
     """Compare ``candidate`` with ``reference`` by running both with transformers.
 
     ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verification.prompts.default_prompts`).
@@ -67,11 +72,19 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     mode); default: the system temp dir.  Everything there is removed at the end.
     ``revision``: the Hub revision (branch, tag or commit) of ``reference`` when it is a Hub id;
     ``candidate_revision``: the candidate's (two revisions of one repo can be compared).
+    ``stream``: run both models layer by layer (:mod:`.stream`; memory: one layer, not a model;
+    float32 / float64 only; no greedy generation; the per-layer divergence comes with the report
+    as ``report.localize``).  None = automatic: chosen when one model would not fit the free
+    memory, and when even that does not fit the run is refused (one line saying what it needs)
+    rather than started.  ``memory_budget``: plan as if only this many bytes were free (default:
+    the device's free memory).  ``max_memory``: with ``device_map="auto"``, accelerate's
+    per-device limits (``{0: "20GiB", "cpu": "60GiB"}``), passed through.
 
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
     t0 = time.perf_counter()
     dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
+    _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
     overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
     thresholds_for(thresholds or "float32", **overrides)
@@ -85,6 +98,14 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
+        plan = plan_memory(_sizes(reference, revision), _sizes(candidate, candidate_revision), dtype=dtype,
+                           device=dev, device_map=device_map, sequential=sequential, stream=stream,
+                           available=_budget(dev, torch, memory_budget), positions=_positions_bound(prompts, token_ids))
+        if plan.mode == "stream":
+            return _verify_stream(reference, candidate, plan, work, prompts=prompts, token_ids=token_ids,
+                                  tokenizer=tokenizer, dev=dev, dtype=dtype, thresholds=thresholds, overrides=overrides,
+                                  progress=progress, revision=revision, candidate_revision=candidate_revision,
+                                  notes=notes, warnings=warnings, t0=t0, torch=torch)
         ref, cand, kind = _prepare_pair(reference, candidate, work, dtype, progress, revision, candidate_revision, notes)
         thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
 
@@ -93,8 +114,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
 
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
                    progress=progress, seed=seed, torch=torch)
-        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings)
-        mode, pairs = _schedule(ref, cand, run, load, work, sequential, notes)
+        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory)
+        mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
         results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
         del pairs     # the suspended generators hold the models
         _free(torch)
@@ -104,7 +125,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
 
 
 def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_map, dtype, mode, max_new_tokens,
-            notes, warnings, t0, torch) -> VerifyReport:
+            notes, warnings, t0, torch, localize=None) -> VerifyReport:
     """Aggregate the per-prompt results, judge them and build the report."""
     metrics = aggregate(results, kind)
     failures = judge(metrics, thr, kind, results)
@@ -114,7 +135,7 @@ def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_
         device=("device_map=auto" if device_map else dev), dtype=dtype, mode=mode, max_new_tokens=max_new_tokens,
         thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
         notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
-        environment=_environment(dev, torch))
+        environment=_environment(dev, torch), localize=localize)
 
 
 def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revision, candidate_revision,
@@ -141,12 +162,11 @@ def _pick_thresholds(thresholds: str | None, dtype: str, ref, cand, notes: list[
     return thr
 
 
-def _schedule(ref, cand, run: dict, load: dict, work: Path, sequential, notes: list[str]):
-    """Pick parallel or sequential mode and start it: (mode, the reference/candidate output pairs)."""
-    mode, why = _choose_mode(ref, cand, load["dtype"], run["device"], run["device_map"], sequential, run["torch"])
-    notes.append(f"{mode}: {why}")
-    schedule = _run_parallel if mode == "parallel" else _run_sequential
-    return mode, schedule(ref, cand, run, load, work)
+def _schedule(ref, cand, run: dict, load: dict, work: Path, plan, notes: list[str]):
+    """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs)."""
+    notes.append(f"{plan.mode}: {plan.why}")
+    schedule = _run_parallel if plan.mode == "parallel" else _run_sequential
+    return plan.mode, schedule(ref, cand, run, load, work)
 
 
 def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
@@ -344,18 +364,172 @@ def _available_bytes(dev: str, torch) -> int | None:
     return None
 
 
-def _choose_mode(ref, cand, dtype, dev, device_map, sequential, torch) -> tuple[str, str]:
-    if sequential:
-        return "sequential", "asked for"
+@dataclass(frozen=True)
+class ModelSizes:
+    """What memory planning knows of one input from its headers: parameters, the largest decoder
+    layer's parameters, hidden width and vocabulary (config)."""
+
+    params: int
+    largest_layer: int
+    hidden: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a verify run will hold its models: ``mode`` and why, and the estimates it came from."""
+
+    mode: str                    # parallel | sequential | stream
+    why: str
+    available: int | None        # bytes free (or the budget given)
+    need: dict                   # mode -> estimated bytes
+
+
+def plan_memory(ref: ModelSizes, cand: ModelSizes, *, dtype: str, device: str, device_map: str | None,
+                sequential: bool | None, stream: bool | None, available: int | None, positions: int) -> MemoryPlan:
+    """Choose how to run a pair so that the process never outgrows the memory it has.
+
+    parallel (both models loaded) when both fit ``available`` with headroom; else sequential (one
+    model at a time) when one fits; else layer-streamed (one layer at a time, float32 / float64)
+    when that fits; else a one-line refusal that says what the run would need.  A run that would
+    be killed by the kernel is never started.  ``--sequential`` / ``--stream`` force a mode
+    (sequential turns into streaming when one model does not fit); ``device_map`` leaves the
+    placement to accelerate (sequential)."""
+    from .stream import STREAM_DTYPES, stream_need_from_sizes
+
+    item = _BYTES_PER_PARAM[dtype]
+    both = (ref.params + cand.params) * item
+    one = max(ref.params, cand.params) * item
+    need = {"parallel": int(both * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
+            "sequential": int(one * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
+            "stream": stream_need_from_sizes(max(ref.largest_layer, cand.largest_layer) * item, positions,
+                                             max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab), item)}
+    layer = max(ref.largest_layer, cand.largest_layer)
+    hidden, vocab = max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab)
+
+    def plan(mode, why):
+        return MemoryPlan(mode, why, available, need)
+    if stream:
+        return plan("stream", f"asked for (~{_size(need['stream'])} in {dtype})")
     if device_map:
-        return "sequential", "device_map=auto spreads each model over every device; they are loaded one at a time"
-    need = ref.estimated_bytes(dtype) + cand.estimated_bytes(dtype)
+        return plan("sequential", "device_map=auto spreads each model over every device; they are loaded one at a time")
+    if available is None:
+        return plan("sequential", "free memory unknown")
+    free = f"{_size(available)} free on {device}"
+    if not sequential and need["parallel"] <= available:
+        return plan("parallel", f"both models loaded at once (~{_size(both)} in {dtype}, {free})")
+    if need["sequential"] <= available:
+        why = "asked for" if sequential else f"both models need ~{_size(both)} in {dtype}, {free}"
+        return plan("sequential", why)
+    if dtype in STREAM_DTYPES and need["stream"] <= available:
+        return plan("stream", f"one model needs ~{_size(one)} in {dtype}, {free}: run layer by layer "
+                              f"(~{_size(need['stream'])})")
+    if dtype in STREAM_DTYPES:
+        raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype} and a layer-streamed run "
+                        f"~{_size(need['stream'])}, {free}")
+    streamed32 = stream_need_from_sizes(layer * 4, positions, hidden, vocab, 4)
+    raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype}, {free}; a layer-streamed run "
+                    f"(--dtype float32) would need ~{_size(streamed32)}")
+
+
+_BYTES_PER_PARAM = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+def _sizes(source, revision) -> ModelSizes:
+    """:class:`ModelSizes` of an input from its headers (no tensor is read).  An input that does not
+    open gets zeros here; the real open that follows reports what is wrong with it."""
+    from ..checkpoint import open_checkpoint
+    from .loading import _NOT_WEIGHTS
+    from .stream import _LAYER_KEY
+    try:
+        ck = open_checkpoint(source, revision=revision) if revision else open_checkpoint(source)
+    except (CkptError, OSError, ModuleNotFoundError):
+        return ModelSizes(0, 0, 0, 0)
+    try:
+        params, per_layer = 0, {}
+        for name, info in ck.tensors.items():
+            if info.dtype.upper() in _NOT_WEIGHTS:
+                continue
+            params += info.numel
+            m = _LAYER_KEY.search(name)
+            if m:
+                per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + info.numel
+        cfg = ck.config or {}
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0
+        vocab = text.get("vocab_size") or 0
+        return ModelSizes(params, max(per_layer.values(), default=params), int(hidden or 0), int(vocab or 0))
+    finally:
+        ck.close()
+
+
+def _budget(dev: str, torch, memory_budget: int | None) -> int | None:
+    """Bytes the run may use: the device's free memory, or ``memory_budget`` when smaller."""
     avail = _available_bytes(dev, torch)
-    if avail is None:
-        return "sequential", "free memory unknown"
-    if need * _PARALLEL_HEADROOM + _PARALLEL_EXTRA_BYTES > avail:
-        return "sequential", f"both models need ~{_size(need)} in {dtype}, {_size(avail)} free on {dev}"
-    return "parallel", f"both models loaded at once (~{_size(need)} in {dtype}, {_size(avail)} free on {dev})"
+    if memory_budget is None:
+        return avail
+    return memory_budget if avail is None else min(avail, memory_budget)
+
+
+def _positions_bound(prompts, token_ids) -> int:
+    """An upper bound on the positions before tokenizing: ids as given, else one per character."""
+    if token_ids is not None:
+        return sum(len(t) for t in token_ids)
+    return sum(len(p) + 2 for p in prompts)
+
+
+def _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory) -> None:
+    from .stream import STREAM_DTYPES
+    if stream and dtype not in STREAM_DTYPES:
+        raise CkptError(f"--stream computes in {' or '.join(STREAM_DTYPES)}, not {dtype}")
+    if stream and device_map:
+        raise CkptError("give --stream or --device-map, not both (streaming runs on one device)")
+    if memory_budget is not None and not (isinstance(memory_budget, int) and memory_budget > 0):
+        raise CkptError(f"memory budget must be a positive number of bytes, got {memory_budget!r}")
+    if max_memory is not None and not device_map:
+        raise CkptError("--max-memory applies to --device-map auto (accelerate's per-device limits)")
+
+
+def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompts, token_ids, tokenizer, dev, dtype,
+                   thresholds, overrides, progress, revision, candidate_revision, notes, warnings, t0, torch):
+    """Both models layer by layer (:mod:`.stream`): the same per-prompt comparison and verdict, the
+    per-layer divergence attached, no greedy generation."""
+    from .stream import open_source, prepared, stream_pair
+
+    ref_src = open_source(reference, role="reference", revision=revision, progress=progress)
+    try:
+        cand_src = open_source(candidate, role="candidate", revision=candidate_revision, progress=progress)
+    except BaseException:
+        ref_src.close()
+        raise
+    try:
+        ref = prepared(ref_src, work, "reference")
+        cand = prepared(cand_src, work, "candidate")
+        kind = _comparable_kind(ref, cand)
+        for pm, src in ((ref, ref_src), (cand, cand_src)):
+            if src.gguf:
+                notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
+        thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
+        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, 0, notes)
+        notes.append(f"stream: {plan.why}")
+        if kind.generates:
+            notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
+                         "generating needs the whole model for every new token")
+        pair = stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=dev, progress=progress, tmp_dir=work)
+        results = []
+        for s, r_arr, c_arr in pair:
+            r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
+            cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
+            results.append(PromptResult(index=s, text=prompts[s], tokens=len(encodings[s]), comparison=cmp))
+        warnings.extend(pair.warnings)
+        where = pair.localize()
+    finally:
+        ref_src.close()
+        cand_src.close()
+    _free(torch)
+    return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=None, dtype=dtype,
+                   mode="stream", max_new_tokens=0, notes=notes, warnings=warnings, t0=t0, torch=torch,
+                   localize=where)
 
 
 def _size(n: int) -> str:

@@ -27,8 +27,8 @@ _NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32",
 # Files of a folder that are not weights: what a single-file source borrows from its folder.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
 
-TORCH_DTYPES = ("float32", "bfloat16", "float16")
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+TORCH_DTYPES = ("float32", "float64", "bfloat16", "float16")
+_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ def _single_file_folder(file: Path, out: Path) -> Path:
 
 # --- transformers side (torch imported here only) ----------------------------------------------
 
-def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list):
+def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list,
+               max_memory: dict | None = None):
     """Load ``pm`` with its kind's Auto class, eval mode, on ``device`` (or spread by ``device_map``).
 
     Eager attention (why: :func:`ckpt_surgeon.runtime.load_pretrained`).  ``local_files_only``:
@@ -147,6 +148,10 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
     kw = dict(local_files_only=True, output_loading_info=True)
     if device_map:
         kw["device_map"] = device_map
+        if max_memory:
+            kw["max_memory"] = max_memory      # accelerate's per-device limits, passed through
+    from .stream import float64_kwargs
+    kw.update(float64_kwargs(dtype))
     torch.manual_seed(0)
     model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
     missing = sorted(info.get("missing_keys") or ())

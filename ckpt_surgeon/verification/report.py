@@ -29,7 +29,8 @@ JSON_KEYS: dict[str, str] = {
     "storage_dtypes.candidate": "same for the candidate",
     "device": "cpu | cuda | device_map=auto",
     "dtype": "compute dtype both models ran in",
-    "mode": "parallel (both loaded) | sequential (one after the other, reference outputs saved as float32)",
+    "mode": "parallel (both loaded) | sequential (one after the other, reference outputs saved as float32) | "
+            "stream (layer by layer; the report then also has a localize object)",
     "max_new_tokens": "greedy tokens generated per prompt (null for models that do not generate)",
     "passed": "the verdict",
     "failures": "one sentence per failed criterion (empty when passed)",
@@ -200,8 +201,15 @@ class VerifyReport:
     warnings: tuple = ()
     elapsed_s: float = 0.0
     environment: dict = field(default_factory=dict)
+    localize: object = None                  # LocalizeReport: per-layer divergence (stream mode computes it)
 
     def to_dict(self) -> dict:
+        d = self._dict()
+        if self.localize is not None:
+            d["localize"] = self.localize.to_dict()
+        return d
+
+    def _dict(self) -> dict:
         return {
             "reference": self.reference, "candidate": self.candidate,
             "kind": self.kind, "output": self.output,
@@ -256,7 +264,11 @@ class VerifyReport:
         if m.greedy_identical is not None:
             items.append((f"greedy ({self.max_new_tokens} new tokens)",
                           f"identical in {m.greedy_identical_prompts} of {len(self.prompts)} prompts"))
+        elif self.mode == "stream" and self.kind == "causal-lm":
+            items.append(("greedy", "not compared (layer-streamed: one forward pass, no generation)"))
         items.append(("thresholds", self.thresholds.describe(distribution=m.mean_kl is not None,
                                                              generates=m.greedy_identical is not None)))
         items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)))
+        if self.localize is not None:
+            items += self.localize.summary_items()
         return items
