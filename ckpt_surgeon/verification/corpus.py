@@ -349,7 +349,7 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
                   reference_format: str = "ckpt-surgeon", replace: bool = False, thresholds: str | None = None,
                   max_mean_kl: float | None = None, max_p99_kl: float | None = None, min_same_top: float | None = None,
                   max_ln_ppl_ratio: float | None = None, progress: bool | None = False,
-                  tmp_dir: str | os.PathLike | None = None) -> CorpusReport:
+                  tmp_dir: str | os.PathLike | None = None, stream: bool = False) -> CorpusReport:
     """Score ``candidate`` against ``reference`` over a corpus; see the module docstring.
 
     ``corpus``: a UTF-8 text file, tokenized with the reference's tokenizer (or ``tokenizer``);
@@ -362,14 +362,16 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     reference run to this file (``reference_format`` ckpt-surgeon | llama.cpp; ``replace``: an
     existing file may be replaced).  Gates: ``max_mean_kl``, ``max_p99_kl``, ``min_same_top``,
     ``max_ln_ppl_ratio`` (defaults: :func:`gates_for` on the ``thresholds`` row, default the
-    coarsest of ``dtype`` and both storage precisions).
+    coarsest of ``dtype`` and both storage precisions).  ``stream``: the transformers sides run
+    layer by layer through :mod:`.stream` (``stream_pair`` / ``stream_logits``) instead of whole
+    models in memory.
 
     Returns a :class:`CorpusReport`; raises CkptError for bad input (nothing is written then).
     """
     import torch
 
     from ..runtime import quiet_transformers, resolve_device
-    from .core import _environment, _ieee_float32
+    from .core import _ieee_float32
     from .loading import TORCH_DTYPES
 
     t0 = time.perf_counter()
@@ -382,62 +384,86 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
         raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
     notes: list[str] = []
     warnings: list[str] = []
-    first, nrows = scored_rows(ctx, score)
-    rows = slice(first, first + nrows)
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-corpus-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
         sides = _Sides(reference, candidate, work, runtime=runtime, dtype=dtype, ctx=ctx, kv_cache=kv_cache,
-                       progress=progress, notes=notes)
-        reader = ReferenceReader(reference_file) if reference_file is not None else None
-        tok = _tokenizer(sides, tokenizer, reader, corpus_ids is not None)
-        corp = _read_corpus(corpus, corpus_ids, tok, ctx, notes)
-        _check_vocabularies(sides, tok, corp, notes)
-        if reader is not None:
-            _check_reference_file(reader.info, corp, ctx, score, tok)
-        for s in sides.models():
-            s.check_context(ctx)
-        row = thresholds or coarsest(dtype, *sides.storage_dtypes())
-        gates = gates_for(row, max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                          max_ln_ppl_ratio=max_ln_ppl_ratio)
-        if row == "quantized":
-            notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
-                         "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
-        acc = FidelityAccumulator()
-        seqs = corp.sequences
-        ref_file_info = None
-        bar = _bar(progress, len(seqs))
-        if reader is None and save_reference is None:
-            pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs, rows=rows)
-            for i, r, c in pairs:
-                r, c = _common_width(r, c, tok, notes)
-                acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i,
-                        positions=np.arange(first, first + nrows))
-                bar.update(1)
+                       progress=progress, notes=notes, stream=_streaming() if stream else None)
+        try:
+            stats, corp, gates, ref_file_info = _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score,
+                                                     dtype, dev, thresholds, dict(max_mean_kl=max_mean_kl,
+                                                     max_p99_kl=max_p99_kl, min_same_top=min_same_top,
+                                                     max_ln_ppl_ratio=max_ln_ppl_ratio), stream, save_reference,
+                                                     reference_format, replace, progress, work, notes, warnings)
+        finally:
+            sides.close()
+    return _report(reference, candidate, reference_file, sides, kv_cache, dev, dtype, corp, ctx, score, stats, gates,
+                   ref_file_info, notes, warnings, t0, runtime, torch)
+
+
+def _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype, dev, thresholds, gate_args, stream,
+         save_reference, reference_format, replace, progress, work, notes, warnings):
+    """Tokenize, check, run both sides chunk by chunk, accumulate -> (stats, corpus, gates, reference file info)."""
+    first, nrows = scored_rows(ctx, score)
+    rows = slice(first, first + nrows)
+    reader = ReferenceReader(reference_file) if reference_file is not None else None
+    tok = _tokenizer(sides, tokenizer, reader, corpus_ids is not None)
+    corp = _read_corpus(corpus, corpus_ids, tok, ctx, notes)
+    _check_vocabularies(sides, tok, corp, notes)
+    if reader is not None:
+        _check_reference_file(reader.info, corp, ctx, score, tok)
+    for s in sides.models():
+        s.check_context(ctx)
+    row = thresholds or coarsest(dtype, *sides.storage_dtypes())
+    gates = gates_for(row, **gate_args)
+    if row == "quantized":
+        notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
+                     "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
+    _check_memory(sides, dtype, dev, together=reader is None and save_reference is None and not stream)
+    acc = FidelityAccumulator()
+    seqs = corp.sequences
+    ref_file_info = None
+    bar = _bar(progress, len(seqs))
+    if reader is None and save_reference is None:
+        if stream and sides.ref.runtime == sides.cand.runtime == "transformers":
+            pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=rows,
+                                                 dtype=dtype, device=dev, progress=progress, tmp_dir=work)
         else:
-            if reader is None:
-                reader = _save_reference(sides.ref, save_reference, reference_format, replace, corp, score, seqs,
-                                         rows, dev, warnings, progress)
-                ref_file_info = {"path": os.fspath(save_reference), "format": reference_format, "saved": True}
+            pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs,
+                                   rows=rows)
+        for i, r, c in pairs:
+            r, c = _common_width(r, c, tok, notes)
+            acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i,
+                    positions=np.arange(first, first + nrows))
+            bar.update(1)
+    else:
+        if reader is None:
+            reader = _save_reference(sides.ref, save_reference, reference_format, replace, corp, score, seqs,
+                                     rows, dev, warnings, progress)
+            ref_file_info = {"path": os.fspath(save_reference), "format": reference_format, "saved": True}
+        else:
+            ref_file_info = {"path": reader.path, "format": reader.info.format, "saved": False}
+            if reader.info.format == "llama.cpp":
+                notes.append("reference read from llama.cpp's uint16 log-probs: each within 1.2e-4 nats of "
+                             "llama.cpp's float32 value, entries below max − 16 not stored (KL floor ~1e-4)")
+        for i, c in sides.cand.source(dev, warnings)(seqs, rows=rows):
+            kind, r = reader.chunk(i)
+            targets = corp.tokens[i, first + 1:first + 1 + nrows]
+            pos = np.arange(first, first + nrows)
+            r, c = _common_width(r, c, tok, notes)
+            if kind == "logprobs":
+                acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
             else:
-                ref_file_info = {"path": reader.path, "format": reader.info.format, "saved": False}
-                if reader.info.format == "llama.cpp":
-                    notes.append("reference read from llama.cpp's uint16 log-probs: each within 1.2e-4 nats of "
-                                 "llama.cpp's float32 value, entries below max − 16 not stored (KL floor ~1e-4)")
-            for i, c in sides.cand.source(dev, warnings)(seqs, rows=rows):
-                kind, r = reader.chunk(i)
-                targets = corp.tokens[i, first + 1:first + 1 + nrows]
-                pos = np.arange(first, first + nrows)
-                r, c = _common_width(r, c, tok, notes)
-                if kind == "logprobs":
-                    acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
-                else:
-                    acc.add(r, c, targets, chunk=i, positions=pos)
-                bar.update(1)
-            reader.close()
-        bar.close()
-        sides.close()
-        stats = acc.result()
+                acc.add(r, c, targets, chunk=i, positions=pos)
+            bar.update(1)
+        reader.close()
+    bar.close()
+    return acc.result(), corp, gates, ref_file_info
+
+
+def _report(reference, candidate, reference_file, sides, kv_cache, dev, dtype, corp, ctx, score, stats, gates,
+            ref_file_info, notes, warnings, t0, runtime, torch) -> CorpusReport:
+    from .core import _environment
     if stats.n < LLAMACPP_MIN_TOKENS:
         notes.append(f"only {stats.n} tokens scored: llama-perplexity prints no distribution statistics below "
                      f"{LLAMACPP_MIN_TOKENS}; these percentiles rest on few values")
@@ -491,8 +517,8 @@ class _Side:
     """One model of the pair: how it runs and where its logits come from."""
 
     def __init__(self, given: str, role: str, work: Path, *, runtime: str, dtype: str, ctx: int, kv_cache: str,
-                 progress, notes: list):
-        self.given, self.role = given, role
+                 progress, notes: list, stream=None):
+        self.given, self.role, self.stream, self.work, self.progress = given, role, stream, work, progress
         self.pm = None
         self.llm = None
         self.runtime = "llama.cpp" if runtime == "llama.cpp" and given.endswith(".gguf") else "transformers"
@@ -537,6 +563,11 @@ class _Side:
         if self.runtime == "llama.cpp":
             self.llm = open_llama(self.given, ctx=self.ctx, kv_cache=self.kv_cache)
             return llamacpp_source(self.llm)
+        if self.stream is not None:
+            def run(sequences, *, rows):
+                return self.stream.stream_logits(self.given, sequences, rows=rows, dtype=self.dtype, device=dev,
+                                                 progress=self.progress, tmp_dir=self.work)
+            return run
         return transformers_source(self.pm, dtype=self.dtype, device=dev, warnings=warnings)
 
     def close(self) -> None:
@@ -560,6 +591,35 @@ class _Sides:
     def close(self):
         for s in self.models():
             s.close()
+
+
+def _check_memory(sides: _Sides, dtype: str, dev: str, *, together: bool) -> None:
+    """Refuse in one line, before loading, a run whose transformers models would not fit in free
+    memory (both at once in the in-memory pairing, else the larger one), with what it needs."""
+    import torch
+
+    from .core import _PARALLEL_EXTRA_BYTES, _PARALLEL_HEADROOM, _available_bytes, _size
+    need = [s.pm.estimated_bytes(dtype) for s in sides.models() if s.pm is not None and s.stream is None]
+    if not need:
+        return
+    total = sum(need) if together else max(need)
+    avail = _available_bytes(dev, torch)
+    if avail is not None and total * _PARALLEL_HEADROOM + _PARALLEL_EXTRA_BYTES > avail:
+        what = "both models need" if together and len(need) == 2 else "the model needs"
+        raise CkptError(f"{what} ~{_size(total)} in {dtype}, {_size(avail)} free on {dev}",
+                        hint="--save-reference FILE runs one model at a time; a model larger than memory needs "
+                             "layer streaming (--stream)" if together else
+                             "a model larger than memory needs layer streaming (--stream)")
+
+
+def _streaming():
+    """The layer-streamed logits sources (:mod:`.stream`), or one line saying this build lacks them."""
+    try:
+        from . import stream
+    except ImportError:
+        from ..errors import UnsupportedError
+        raise UnsupportedError("layer-streamed verification (stream=True) is not in this build") from None
+    return stream
 
 
 def _tokenizer(sides: _Sides, tokenizer, reader, ids_given: bool) -> Tokenizer | None:
@@ -614,7 +674,8 @@ def _check_vocabularies(sides: _Sides, tok: Tokenizer | None, corp: Corpus, note
             if tok is not None and tok.llama is s.vocab:
                 continue
             n = int(s.vocab.n_vocab())
-            if tok is not None and n != len(tok):
+            if tok is not None and n < len(tok):
+                # more is fine (padding rows up to the model's vocab_size); fewer cannot be the same vocabulary
                 raise ConfigError(f"GGUF vocabulary has {n} tokens, the tokenizer used ({tok.name}) has {len(tok)}; "
                                   "the logits would not be comparable", path=s.given)
             other = Tokenizer(llama=s.vocab, name=s.given)
@@ -645,8 +706,6 @@ def _check_reference_file(info, corp: Corpus, ctx: int, score: str, tok) -> None
     if info.score != score:
         raise ConfigError(f"saved reference scores {'positions ctx/2 … ctx−2' if info.score == 'half' else 'every position'}"
                           f"; this run asks for --score {score}", path=p)
-    if tok is not None and info.n_vocab != len(tok) and not (info.format == "ckpt-surgeon" and info.n_vocab > len(tok)):
-        raise ConfigError(f"saved reference has a vocabulary of {info.n_vocab}; the tokenizer used has {len(tok)}", path=p)
     if info.corpus_sha256 is not None and info.corpus_sha256 != corp.sha256:
         raise ConfigError(f"saved reference was made from another corpus (sha256 {info.corpus_sha256[:12]}…, this "
                           f"corpus {corp.sha256[:12]}…)", path=p)
@@ -659,6 +718,10 @@ def _check_reference_file(info, corp: Corpus, ctx: int, score: str, tok) -> None
             f"{info.tokens.shape[0]} chunks saved, {corp.tokens.shape[0]} here"
         what = "another tokenizer" if info.corpus_sha256 is not None else "another tokenizer or corpus"
         raise ConfigError(f"saved reference was made with {what}: its tokens differ ({where})", path=p)
+    if tok is not None and info.n_vocab < len(tok):
+        # wider is fine (padded embedding rows the tokenizer never produces); narrower is not
+        raise ConfigError(f"saved reference has a vocabulary of {info.n_vocab}; the tokenizer used has {len(tok)}",
+                          path=p)
 
 
 def _save_reference(side: _Side, dest, fmt: str, replace: bool, corp: Corpus, score: str, seqs, rows, dev,
