@@ -380,7 +380,13 @@ def test_saved_reference_from_another_run(pair, tiny, tmp_path, change, want):
         other.write_text(TEXT + " and more")
         args = ["--corpus", other, "--ctx", CTX]
     elif change == "tokenizer":
-        args += ["--tokenizer", tiny("qwen2")]
+        # the candidate now ships another tokenizer, and with --reference it tokenizes the corpus
+        cand = tmp_path / "other"
+        shutil.copytree(pair[1], cand)
+        for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
+            (cand / f).unlink(missing_ok=True)
+            if (Path(tiny("qwen2")) / f).is_file():
+                shutil.copy(Path(tiny("qwen2")) / f, cand / f)
     else:
         args = ["--corpus", corpus, "--ctx", CTX, *change]
         if change[0] == "--ctx":

@@ -153,12 +153,24 @@ def llamacpp_source(llm) -> Single:
 
 
 def open_llama(path: str, *, ctx: int, kv_cache: str, vocab_only: bool = False):
+    """A llama-cpp-python ``Llama`` for ``path``.  llama-cpp-python prints llama.cpp's warnings and
+    errors to ``sys.stderr`` even with ``verbose=False`` (its log callback passes ERROR level on);
+    library code never prints, so they are captured and the last line names a failure."""
+    import contextlib
+    import io
+
     import llama_cpp
     kw = dict(model_path=path, verbose=False)
-    if vocab_only:
-        return llama_cpp.Llama(vocab_only=True, **kw)
-    return llama_cpp.Llama(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
-                           type_k=_GGML_TYPE[kv_cache], type_v=_GGML_TYPE[kv_cache], **kw)
+    if not vocab_only:
+        kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
+                  type_k=_GGML_TYPE[kv_cache], type_v=_GGML_TYPE[kv_cache])
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(log):
+            return llama_cpp.Llama(vocab_only=vocab_only, **kw)
+    except (ValueError, RuntimeError) as e:
+        last = (log.getvalue().strip().splitlines() or [str(e)])[-1].strip()
+        raise ConfigError(f"llama.cpp cannot load this GGUF: {last}", path=path) from None
 
 
 def pair_in_memory(ref: Single, cand: Single, sequences, *, rows: slice):
