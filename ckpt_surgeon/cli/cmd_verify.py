@@ -37,7 +37,7 @@ def _max_memory(specs) -> dict | None:
 
 @click.command("verify")
 @click.argument("reference")
-@click.argument("candidate")
+@click.argument("candidate", required=False)
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Prompts to run: a JSON list of strings, or one prompt per line. Default: a built-in set of 8 "
                    "(English, code, digits, Chinese, a chat turn, emoji, a repetition).")
@@ -104,11 +104,51 @@ def _max_memory(specs) -> dict | None:
 @click.option("--localize-threshold", type=float, default=None,
               help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
+@click.option("--corpus", "corpus", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Fidelity mode: score CANDIDATE against REFERENCE over this UTF-8 text, tokenized with the "
+                   "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top.")
+@click.option("--corpus-ids", "corpus_ids", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Fidelity mode over token ids instead of text (a JSON list of ids).")
+@click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True,
+              help="Fidelity mode: tokens per chunk; the corpus is cut into len // ctx chunks (at least 2 × ctx tokens "
+                   "needed), each run from an empty context, BOS replacing its first token when the tokenizer adds one.")
+@click.option("--score", type=click.Choice(["half", "all"]), default="half", show_default=True,
+              help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2 (each predicting the "
+                   "next token), all = 0 … ctx−2.")
+@click.option("--save-reference", "save_reference", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Fidelity mode: also save the reference run to FILE (atomically; replaced only with --force) so that "
+                   "later runs skip it with --reference FILE.")
+@click.option("--reference-format", type=click.Choice(["ckpt-surgeon", "llama.cpp"]), default="ckpt-surgeon",
+              show_default=True,
+              help="Format --save-reference writes: ckpt-surgeon (safetensors with the raw float32 logits: statistics "
+                   "identical to a live run) or llama.cpp (its --kl-divergence-base uint16 file, ~1e-4 nats floor).")
+@click.option("--reference", "reference_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Fidelity mode: a saved reference (ours, or llama-perplexity's --kl-divergence-base file) replaces "
+                   "the reference run. Then REFERENCE may be left out (verify --reference FILE CANDIDATE ...).")
+@click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,
+              help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python), the runtime people "
+                   "deploy with, instead of converting it for transformers.")
+@click.option("--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+              help="llama.cpp's KV cache type with --runtime llama.cpp (f16 is llama.cpp's default and rounds K and V: "
+                   "f32 for exactness checks).")
+@click.option("--max-mean-kl", type=float, default=None,
+              help="Fidelity gate: fail when the mean KL(ref‖cand) over the corpus exceeds this. Default: the "
+                   "thresholds row's --max-kl.")
+@click.option("--max-p99-kl", type=float, default=None,
+              help="Fidelity gate: fail when the 99th percentile of per-token KL exceeds this. Default: the row's --max-kl.")
+@click.option("--min-same-top", type=float, default=None,
+              help="Fidelity gate: fail when the fraction of tokens with the same arg-max is below this. Default: the "
+                   "row's --min-top1.")
+@click.option("--max-ln-ppl-ratio", type=float, default=None,
+              help="Fidelity gate, one-sided: fail when ln(PPL(cand)/PPL(ref)) exceeds this (a better candidate never "
+                   "fails). Default: not judged.")
 @progress_option
 @output_options
 def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map,
-            max_memory, dtype, sequential, stream, memory_budget, thresholds_dtype, max_logit_diff, max_kl, min_top1, require_greedy, tmp_dir, revision,
-            candidate_revision, localize, localize_threshold, progress, fmt, output, force):
+            max_memory, dtype, sequential, stream, memory_budget, thresholds_dtype, max_logit_diff, max_kl, min_top1,
+            require_greedy, tmp_dir, revision, candidate_revision, localize, localize_threshold, corpus, corpus_ids, ctx,
+            score, save_reference, reference_format, reference_file, runtime, kv_cache, max_mean_kl, max_p99_kl,
+            min_same_top, max_ln_ppl_ratio, progress, fmt, output, force):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -136,6 +176,15 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     (--stream); a run that would exceed the free memory even streamed is refused in one line
     saying what it needs, never started.
 
+    Fidelity mode (--corpus FILE or --corpus-ids FILE): the corpus is cut into --ctx chunks and
+    scored as llama-perplexity --kl-divergence scores it; reported in llama.cpp's three blocks
+    (PPL of both, ln PPL ratio ± paired SE and correlation; KL mean ± SE, max and percentiles;
+    Δp percentiles, RMS Δp, same top ± SE), all in float64 over the full vocabulary.
+    --format markdown gives the blocks as a table for model cards. Gates: --max-mean-kl,
+    --max-p99-kl, --min-same-top, --max-ln-ppl-ratio. --save-reference / --reference compute
+    the reference once (also in llama.cpp's --kl-divergence-base format, both ways);
+    --runtime llama.cpp judges a GGUF in llama.cpp itself. See docs/verify.md.
+
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
     """
@@ -143,6 +192,30 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     from ..verification.core import verify
     from ..verification.prompts import load_prompts, load_token_ids
 
+    if corpus or corpus_ids:
+        from ..verification.corpus import verify_corpus
+        if prompts_file or token_ids_file or localize or device_map or sequential:
+            raise click.UsageError("--corpus / --corpus-ids do not combine with --prompts, --token-ids, --localize, "
+                                   "--device-map or --sequential")
+        if candidate is None:
+            if reference_file is None:
+                raise click.UsageError("give REFERENCE and CANDIDATE (or --reference FILE and CANDIDATE)")
+            reference, candidate = None, reference
+        check_report_path(output, force, (reference, candidate, corpus, corpus_ids, reference_file))
+        report = verify_corpus(reference, candidate, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx, score=score,
+                               tokenizer=tokenizer, device=device, dtype=dtype, runtime=runtime, kv_cache=kv_cache,
+                               reference_file=reference_file, save_reference=save_reference,
+                               reference_format=reference_format, replace=force, thresholds=thresholds_dtype,
+                               max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
+                               max_ln_ppl_ratio=max_ln_ppl_ratio, progress=progress, tmp_dir=tmp_dir)
+        emit(report, fmt, output, title="ckpt-surgeon verify --corpus", force=force)
+        if not report.passed:
+            raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
+        return
+    if candidate is None:
+        raise click.UsageError("Missing argument 'CANDIDATE'.")
+    if save_reference or reference_file or runtime != "transformers":
+        raise click.UsageError("--save-reference, --reference and --runtime need --corpus FILE or --corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
     if prompts_file and token_ids_file:
         raise click.UsageError("give --prompts or --token-ids, not both")
