@@ -153,6 +153,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     if heads and type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
             "qk_nope_head_dim", "qk_rope_head_dim")):      # MLA: the derived query/key head size, saved by to_dict()
         out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    if heads and hd and old_hd and hd != old_hd:
+        _mrope_sections(cfg, out, hd)
     if heads and hidden:
         _follow_hidden(cfg, out, hidden, h2)
     if heads:
@@ -183,6 +185,24 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     _split_sections(cfg, out, sections, per)
     _shrink_vocab(cfg, out, vocab)
     return out
+
+
+def _mrope_sections(cfg: dict, out: dict, hd: int) -> None:
+    """Multimodal rotary (Qwen2-VL ``mrope_section``: the rotary frequencies, head_dim / 2 of them, split into
+    temporal / height / width sections; modeling_qwen2_vl splits by them): the same proportions of the new
+    head, each section at least 1, summing to hd / 2."""
+    for k in ("rope_parameters", "rope_scaling"):
+        rp = cfg.get(k)
+        sec = rp.get("mrope_section") if isinstance(rp, dict) else None
+        if not (isinstance(sec, list) and sec and all(type(x) is int and x > 0 for x in sec)):
+            continue
+        want, total = hd // 2, sum(sec)
+        if want < len(sec):
+            continue
+        new = [max(1, x * want // total) for x in sec]
+        new[-1] += want - sum(new)
+        if new[-1] >= 1:
+            out[k] = dict(rp, mrope_section=new)
 
 
 def _per_layer(plc: dict, layers: int, heads, head_dim, vocab, ff, hds: tuple) -> dict:
