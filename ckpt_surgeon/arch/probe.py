@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import types
 
 import numpy as np
 
-from .modtree import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
+from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 
 INVARIANT_TOL = 1e-11
@@ -532,7 +533,11 @@ class _Instance:
         return float((self.run() - self.base).abs().max()) / self.scale
 
     def module(self, b: Block, role: str):
-        return self.root.get_submodule(module_path(b.path, b.role(role)))
+        rel = b.role(role)
+        if rel == MHA_IN_PROJ:      # nn.MultiheadAttention: its fused projection's parameters, as a module has them
+            mha = self.root.get_submodule(b.path)
+            return types.SimpleNamespace(weight=mha.in_proj_weight, bias=mha.in_proj_bias)
+        return self.root.get_submodule(module_path(b.path, rel))
 
     def tower(self, group: str) -> "_Instance | None":
         """The same instance, run through the vision tower holding ``group`` on random pixels
@@ -758,6 +763,11 @@ def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> Group
     facts, layout, gate = [], None, None
     if members[0].role("qkv"):
         layout, how = _fused_layout(inst, members[0])
+        if layout is None and how.startswith("value rows []"):
+            # no value row moves the output: this forward never runs the block (a vision tower's, on token
+            # ids); said as invisible, so that the caller probes it where it runs (probe_groups)
+            return GroupFacts(g, k, "invisible", ("probe: no value row of the fused projection moves the output: "
+                                                  "this forward pass does not run the block",))
         facts.append(Fact("fused_layout", layout, "probed", how))
     if members[0].q_gate:
         gate, how = _gate_layout(inst, members[0])
