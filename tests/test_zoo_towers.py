@@ -66,7 +66,36 @@ def attention_biases(folder: Path) -> dict:
     return out
 
 
-def check(key: str) -> dict:
+def _judge_folds(src: Path, rep, tmp: Path) -> dict:
+    """fold-bias --k / --v where some stack claims an exact fold, judged with transformers' float64 forward
+    pass (logits, and the outputs of vision towers on fixed pixels: zoo_util.logits64): an unsound claim
+    moves them by more than EXACT_RTOL; a refusal of a claimed exact fold is counted too."""
+    from ckpt_surgeon import analyze, fold_bias
+    from ckpt_surgeon.errors import RefusedError
+    from zoo_util import EXACT_RTOL, logits64, rel_change
+    ana = analyze(str(src))
+    out = {"unsound": [], "refused": [], "folded": []}
+    want_k = any(ls and all(lr.k_class in ("exact", "partial") for lr in ls if lr.has_k_bias)
+                 and any(lr.has_k_bias for lr in ls) for _, _, _, ls in ana.towers)
+    want_v = any(any(lr.v_bias is not None for lr in ls) and all(lr.v_bias.foldable for lr in ls if lr.v_bias is not None)
+                 for _, _, _, ls in ana.towers)
+    base = None
+    for flag, want in (("k", want_k), ("v", want_v)):
+        if not want:
+            continue
+        dst = tmp / flag
+        try:
+            fold_bias(str(src), str(dst), **{flag: True})
+        except RefusedError as e:
+            out["refused"].append(f"--{flag}: {e}")
+            continue
+        base = logits64(src) if base is None else base
+        r = rel_change(base, logits64(dst))
+        out["unsound" if r >= EXACT_RTOL else "folded"].append(f"--{flag}: relative change {r:.3g}")
+    return out
+
+
+def check(key: str, tmp: Path | None = None) -> dict:
     from ckpt_surgeon import inspect, lint
     from ckpt_surgeon.arch.derive import tower_kind
     from fixtures.build_fixtures import zoo_path
@@ -104,6 +133,7 @@ def check(key: str) -> dict:
                       for lr in t.layers if lr.k_bias is not None})
         if cls:
             stacks[t.name] = {"kind": t.kind, "classes": cls}
+    folds = _judge_folds(src, rep, tmp) if tmp is not None else {}
     unplaced_warning = any("could not be placed" in w for w in rep.warnings)
     lint_error = any(f.check == "unplaced-bias" and f.severity == "error" for f in lrep.findings)
     return {"key": key, "status": "ok", "biases": len(biases), "placed": sum(n in placed for n in biases),
@@ -111,6 +141,7 @@ def check(key: str) -> dict:
             "zero_with_biases": bool(biases) and rep.layers_with_qkv_bias == 0 and not any(
                 t.layers_with_qkv_bias for t in rep.towers) and not unplaced_warning,
             "kinds": kinds, "towers": [(t.name, t.kind, len(t.layers)) for t in rep.towers], "stacks": stacks,
+            "folds": folds,
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -131,7 +162,7 @@ def results(tmp_path_factory) -> dict:
     try:
         out = {}
         for key in _keys():
-            out[key] = r = check(key)
+            out[key] = r = check(key, tmp_path_factory.mktemp(key.replace("@", "_")))
             print(f"zoo-towers {key}: {r['status']} {r.get('reason', '')[:120]} biases {r.get('biases')} placed "
                   f"{r.get('placed')} silent {len(r.get('silent', ()))} towers {r.get('towers')}", file=sys.stderr,
                   flush=True)
@@ -157,6 +188,15 @@ def test_every_attention_bias_is_placed_or_named(results):
     unsaid = [r["key"] for r in ok if r["warned"] and not (r["warning_shown"] and r["lint_error"])]
     assert not unsaid, unsaid
     assert not [r["key"] for r in ok if r["zero_with_biases"]]
+
+
+def test_no_unsound_claims_and_no_refused_exact_folds(results):
+    ok = [r for r in results.values() if r["status"] == "ok"]
+    assert sum(len(r["folds"].get("folded", ())) for r in ok) >= 3     # the judge really folds something
+    unsound = {r["key"]: r["folds"]["unsound"] for r in ok if r["folds"].get("unsound")}
+    refused = {r["key"]: r["folds"]["refused"] for r in ok if r["folds"].get("refused")}
+    assert not unsound, unsound
+    assert not refused, refused
 
 
 def test_figures(results):
