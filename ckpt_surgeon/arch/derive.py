@@ -435,7 +435,7 @@ def split_stacks(arch: DerivedArch, heads: tuple, gated: bool) -> tuple[list, di
     """(blocks of the main stack in order, {(stack path, heads, q_gate): [blocks]} of the others)."""
     stacks: dict = {}
     # a vision / audio path makes a tower only beside a text stack (a model of towers alone keeps its first)
-    by_path = any(b.kind != "none" and b.heads == heads and not _TOWER.search(b.path) for b in arch.blocks)
+    by_path = any(b.kind != "none" and b.heads == heads and not _in_tower(b, heads, gated) for b in arch.blocks)
     for b in arch.blocks:
         if b.kind != "none" and _in_tower(b, heads, gated, by_path):
             stacks.setdefault((stack_of(b.path), b.heads, b.q_gate), []).append(b)
@@ -490,7 +490,7 @@ def _in_tower(b: Block, heads: tuple, gated: bool, by_path: bool = True) -> bool
     against the language model's)."""
     if b.heads and (b.heads != heads or b.q_gate != gated):
         return True
-    return by_path and bool(_TOWER.search(b.path))
+    return by_path and bool(_TOWER.search(b.path) or _KINDS[0][1].search(b.path))   # a projector's attention too
 
 
 def _block_order_key(b: Block):
