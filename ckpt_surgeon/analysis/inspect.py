@@ -86,6 +86,36 @@ class LayerReport:
 
 
 @dataclass(frozen=True)
+class TowerReport:
+    """One attention stack of the checkpoint (the main text stack, a vision / audio tower, a projector)."""
+
+    name: str
+    kind: str
+    how: str
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    position: PositionEncoding
+    norm_placement: str | None
+    fused_layout: str | None
+    layers: tuple                 # LayerReport, one per attention block of the stack
+    layers_with_qkv_bias: int
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "num_layers": len(self.layers), "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "position_encoding": self.position.to_dict(), "norm_placement": self.norm_placement,
+                "fused_layout": self.fused_layout, "how": self.how,
+                "layers_with_qkv_bias": self.layers_with_qkv_bias, "layers": [lr.to_dict() for lr in self.layers]}
+
+    def summary(self) -> str:
+        pos = self.position.type + (" (rotary_dim {})".format(self.position.rotary_dim)
+                                    if self.position.type == "rope" and self.position.rotary_dim else "")
+        return (f"{self.kind}: {len(self.layers)} block(s), heads {self.num_heads} / {self.num_kv_heads} / "
+                f"{self.head_dim}, position {pos}, with qkv bias {self.layers_with_qkv_bias} of {len(self.layers)}")
+
+
+@dataclass(frozen=True)
 class InspectReport(LayoutSummary):
     """``ckpt-surgeon inspect`` (the layout's summary fields inherited from
     :class:`~ckpt_surgeon.arch.resolve.LayoutSummary`)."""
@@ -115,6 +145,7 @@ class InspectReport(LayoutSummary):
     facts: tuple = ()             # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None  # derived layouts: attention blocks per layer and their groups' classes
     quantization: object = None     # QuantSummary (analysis/quant.py) of a quantized checkpoint, else None
+    towers: tuple = ()            # TowerReport per attention stack, the main (top-level ``layers``) one first
 
     @property
     def complete(self) -> bool:
@@ -142,6 +173,7 @@ class InspectReport(LayoutSummary):
             "memory": self.memory.to_dict() if self.memory is not None else None,
             "facts": list(self.facts), "derivation": self.derivation,
             "quantization": self.quantization.to_dict() if self.quantization is not None else None,
+            "towers": [t.to_dict() for t in self.towers],
         }
 
     def to_frame(self):
@@ -150,9 +182,18 @@ class InspectReport(LayoutSummary):
         return pd.DataFrame(self.rows())
 
     def rows(self) -> list[dict]:
-        """Per-layer rows (flat dicts): what ``to_frame`` and the csv/markdown renderers show."""
+        """Per-layer rows (flat dicts): what ``to_frame`` and the csv/markdown renderers show.  With more than
+        one attention stack, a ``tower`` column names each row's stack (the main one's rows first)."""
+        if len(self.towers) <= 1:
+            return self._rows(self.layers)
+        out = []
+        for t in self.towers:
+            out += [{"tower": t.name, **r} for r in self._rows(t.layers)]
+        return out
+
+    def _rows(self, layers) -> list[dict]:
         rows = []
-        for lr in self.layers:
+        for lr in layers:
             row = {"layer": lr.layer, "fused_qkv": lr.fused_qkv, "o_bias": lr.o_bias}
             for role in ("q", "k", "v"):
                 b = getattr(lr, f"{role}_bias")   # absent biases show as NaN ("-" in tables)
@@ -200,7 +241,8 @@ class InspectReport(LayoutSummary):
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
             ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
-        ] + self._file_summary() + self._redundancy_summary() + (
+        ] + [(f"tower {t.name}", t.summary()) for t in self.towers[1:]] + self._file_summary() + \
+            self._redundancy_summary() + (
             self.memory.summary_items() if self.memory is not None else [])
 
     def _file_summary(self) -> list[tuple[str, str]]:
@@ -294,24 +336,28 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     layout = ck.layout()
     missing: list = []
     warnings = list(ck.warnings)
+    from ..arch.model_layout import unplaced_warning, unreported
+    if unplaced_warning(unreported(layout)):      # issue 27: no attention bias left unsaid
+        warnings.append(unplaced_warning(unreported(layout)))
     layer_reports = []
     bias_params = 0
     # Remote sources fetch everything read below in one batch (local readers ignore this): the
     # bias vectors only; q/k-norm weights are reported by presence, their values are not read.
-    ck.prefetch([n for lt in layout.layers for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n])
-    from .redundancy import inspect_summary, sink_layers
+    stacks = layout.stacks()
+    ck.prefetch([n for _, _, lay, _ in stacks for lt in lay.layers
+                 for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n])
+    from .redundancy import sink_layers
     sinks = sink_layers(ck.tensors)
-    for lt in layout.layers:
-        stats, k_vec, nbias = _layer_biases(ck, layout, lt, missing, warnings)
+    towers = []
+    for i, (name, kind, lay, how) in enumerate(stacks):
+        reports, nbias = _stack_reports(ck, lay, missing, warnings, sinks if i == 0 else set(),
+                                        "" if i == 0 else f"tower {name} ")
         bias_params += nbias
-        for role, s in stats.items():
-            if s is not None and s.nonfinite:
-                warnings.append(f"layer {lt.layer}: {role} bias ({s.tensor}) has {s.nonfinite} NaN/Inf value(s)")
-        layer_reports.append(LayerReport(layer=lt.layer, q_bias=stats["q"], k_bias=stats["k"], v_bias=stats["v"],
-                                         fused_qkv=lt.fused, o_bias=lt.o_bias is not None,
-                                         q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None,
-                                         extra={"k_bias_redundancy": inspect_summary(
-                                             layout, ck.config, lt, k_vec, sinks=lt.layer in sinks)}))
+        if i == 0:
+            layer_reports = reports
+        towers.append(TowerReport(name, kind, how, lay.num_heads, lay.num_kv_heads, lay.head_dim, lay.position,
+                                  lay.norm_placement, lay.fused_layout, tuple(reports),
+                                  sum(1 for lr in reports if lr.has_qkv_bias)))
     listed = {t for t, _ in missing}
     missing.extend((n, _PAST_END) for n, i in sorted(ck.tensors.items(), key=lambda kv: (kv[1].file, kv[1].start))
                    if i.missing and n not in listed)
@@ -324,11 +370,30 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
-        notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
+        notes=layout.notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
         memory=memory_figures(ck.stored_tensors, ck.config, layout),
-        facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params))
+        facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
+        towers=tuple(towers))
+
+
+def _stack_reports(ck: Checkpoint, layout: ModelLayout, missing: list, warnings: list, sinks, where: str):
+    """(LayerReport per layer record of one stack, its number of bias parameters)."""
+    from .redundancy import inspect_summary
+    out, nbias = [], 0
+    for lt in layout.layers:
+        stats, k_vec, n = _layer_biases(ck, layout, lt, missing, warnings)
+        nbias += n
+        for role, s in stats.items():
+            if s is not None and s.nonfinite:
+                warnings.append(f"{where}layer {lt.layer}: {role} bias ({s.tensor}) has {s.nonfinite} NaN/Inf value(s)")
+        out.append(LayerReport(layer=lt.layer, q_bias=stats["q"], k_bias=stats["k"], v_bias=stats["v"],
+                               fused_qkv=lt.fused, o_bias=lt.o_bias is not None,
+                               q_norm=lt.q_norm is not None, k_norm=lt.k_norm is not None,
+                               extra={"k_bias_redundancy": inspect_summary(
+                                   layout, ck.config, lt, k_vec, sinks=lt.layer in sinks)}))
+    return out, nbias
 
 
 def inspect(source, **open_kwargs) -> InspectReport:

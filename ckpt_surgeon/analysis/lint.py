@@ -222,6 +222,18 @@ def check_qkv_bias(ctx: _Ctx) -> list[Finding]:
     return out
 
 
+def check_unplaced_bias(ctx: _Ctx) -> list[Finding]:
+    """Attention projection biases no report row holds (the layout's ``skipped``): inspect / analyze say so in a
+    warning; for lint it is an error, the file holds biases this tool cannot account for (issue 27)."""
+    from ..arch.model_layout import unplaced_warning, unreported
+    lost = unreported(ctx.layout) if ctx.layout is not None else ()
+    if not lost:
+        return []
+    return [_finding(ctx, "unplaced-bias", "error", lost[0], unplaced_warning(lost),
+                     "report the architecture (its attention stack or tensor names are not understood); until then "
+                     "treat every q/k/v statement of inspect / analyze for this file as incomplete")]
+
+
 def check_tied_embeddings(ctx: _Ctx) -> list[Finding]:
     if ctx.gguf or "tie_word_embeddings" not in ctx.cfg:
         return []       # GGUF: a missing output.weight is how a tied model is stored
@@ -516,6 +528,8 @@ CHECKS: tuple[Check, ...] = (
           "explicitly)"),
     Check("qkv-bias", "error", check_qkv_bias,
           "q/k/v biases present in every layer or in none; the config's attention-bias switch matches the file"),
+    Check("unplaced-bias", "error", check_unplaced_bias,
+          "every attention projection bias of the file (by name, incl. in_proj_bias) is placed in a layer row"),
     Check("rope-freq-base", "warning", check_rope_freq_base, "a RoPE GGUF declares {arch}.rope.freq_base"),
     Check("qk-permutation", "error", check_qk_permutation,
           "Q rows pair up as the format expects (interleaved in llama-arch GGUF, rotate_half elsewhere)"),

@@ -715,6 +715,7 @@ class AnalysisReport(LayoutSummary):
     facts: tuple = ()                   # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
     distance_profile: object | None = None   # distance_profile.DistanceProfile with --distance-profile: its rows
+    towers: tuple = ()                  # (name, kind, how, layers) per attention stack, the main one first
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -743,7 +744,10 @@ class AnalysisReport(LayoutSummary):
              "notes": list(self.notes), "warnings": list(self.warnings), "bytes_read": self.bytes_read,
              "measured": self.measured.to_dict() if self.measured is not None else None,
              "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
-             "facts": list(self.facts), "derivation": self.derivation}
+             "facts": list(self.facts), "derivation": self.derivation,
+             "towers": [{"name": n, "kind": k, "how": how, "num_layers": len(ls),
+                         "class_counts": _counts(ls), "layers": [lr.to_dict() for lr in ls]}
+                        for n, k, how, ls in self.towers]}
         if self.distance_profile is not None:
             d["distance_profile"] = self.distance_profile.to_dict()
         return d
@@ -757,8 +761,16 @@ class AnalysisReport(LayoutSummary):
             from dataclasses import replace
             return replace(self.distance_profile, per_head=self.per_head).rows()
         mrows = {r["layer"]: r for r in self.measured.rows()} if self.measured is not None else {}
+        if len(self.towers) > 1 and not self.per_head:   # a tower column: the main stack's rows first
+            out = []
+            for i, (n, _, _, ls) in enumerate(self.towers):
+                out += [{"tower": n, **r} for r in self._rows(ls, mrows if i == 0 else {})]
+            return out
+        return self._rows(self.layers, mrows)
+
+    def _rows(self, layers, mrows) -> list[dict]:
         rows = []
-        for lr in self.layers:
+        for lr in layers:
             if self.per_head and lr.heads:
                 for h in lr.heads:
                     rows.append({"layer": lr.layer, "kv_head": h.kv_head, "class": lr.k_class,
@@ -814,6 +826,10 @@ class AnalysisReport(LayoutSummary):
             ("value bias", ("foldable into the output bias in every layer" if vb and all(v.foldable for v in vb) else
                             vb[0].reason if vb else "none")),
         ]
+        for n, k, _, ls in self.towers[1:]:
+            items.append((f"tower {n}", f"{k}: {len(ls)} block(s), key-bias classes "
+                                        + (", ".join(f"{c} {v}" for c, v in sorted(_counts(ls).items()))
+                                           or "no block has a key bias")))
         if self.consumers is not None:
             items += self.consumers.summary_items()
         if self.measured is not None:
@@ -822,6 +838,32 @@ class AnalysisReport(LayoutSummary):
             items += self.distance_profile.summary_items()
         items.append(("bytes read", f"{self.bytes_read:,}"))
         return items
+
+
+def _counts(layers) -> dict:
+    out: dict = {}
+    for lr in layers:
+        if lr.has_k_bias:
+            out[lr.k_class] = out.get(lr.k_class, 0) + 1
+    return out
+
+
+def _tower_layers(ck, lay: ModelLayout, context, epsilon, warnings: list, name: str) -> tuple:
+    """A tower's per-block verdicts: the classes its derivation established; no bounds (a tower's rotary
+    geometry, 2-D or windowed, is not read), so W_q is not read either."""
+    out = []
+    for lt in lay.layers:
+        vecs = layer_vectors(ck, lay, lt)
+        if vecs["k_tensor"] and vecs["k"] is None:
+            warnings.append(f"tower {name} block {lt.layer}: key bias {vecs['k_tensor']} could not be read "
+                            "(truncated file or unknown heads)")
+        cls, _ = classify(lay, lt)
+        note = ("a tower's rotary geometry (2-D / windowed) is not read: no bound" if cls in ("partial", "rope")
+                else None)
+        out.append(analyze_layer(lay, lt, b_k=vecs["k"], b_q=vecs["q"], b_v=vecs["v"], w_q=None, gamma=None,
+                                 beta=None, rope=None, scale=float("nan"), context=context, epsilon=epsilon, sinks=False,
+                                 weights_note=note, k_tensor=vecs["k_tensor"]))
+    return tuple(out)
 
 
 def _context(layout: ModelLayout, context: int | None) -> tuple[int | None, str]:
@@ -847,6 +889,9 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     scale = attention_scale(layout, ck.config)
     sinks = sink_layers(ck.tensors)
     warnings = list(getattr(ck, "warnings", ()))
+    from ..arch.model_layout import unplaced_warning, unreported
+    if unplaced_warning(unreported(layout)):
+        warnings.append(unplaced_warning(unreported(layout)))
     notes = list(layout.notes)
     if layout.norm_placement == "post":
         notes.append("post-norm: the claim that LayerNorm's beta makes the q/k/v biases redundant is not an identity "
@@ -881,6 +926,8 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         layers.append(analyze_layer(layout, lt, b_k=vecs["k"], b_q=vecs["q"], b_v=vecs["v"], w_q=w_q, gamma=gamma,
                                     beta=beta, rope=rope, scale=scale, context=L, epsilon=epsilon,
                                     sinks=lt.layer in sinks, weights_note=wnote, k_tensor=vecs["k_tensor"]))
+    towers = [(n, k, how, _tower_layers(ck, lay, L, epsilon, warnings, n)) for n, k, lay, how in layout.stacks()[1:]]
+    towers = [(layout.stacks()[0][0], layout.stacks()[0][1], layout.stacks()[0][3], tuple(layers))] + towers
     cons = None
     if consumers:
         from .consumers import bias_consumers
@@ -888,7 +935,7 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     return AnalysisReport(
         **layout.summary(), source=ck.source, format=ck.format, input_norm=layout.input_norm, context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
         notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
-        facts=tuple(layout.facts()), derivation=layout.derivation())
+        facts=tuple(layout.facts()), derivation=layout.derivation(), towers=tuple(towers))
 
 
 def inspect_summary(layout: ModelLayout, config: dict | None, lt: LayerTensors, b_k: np.ndarray | None, *,

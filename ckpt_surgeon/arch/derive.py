@@ -51,12 +51,13 @@ from .modtree import (  # noqa: F401
     config_object,
     model_class,
     module_path,
+    param_name,
     read_blocks,
     static_position,
 )
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
-CACHE_VERSION = 2
+CACHE_VERSION = 3     # 3: DerivedArch.renames (transformers' checkpoint key conversions)
 _CACHE_MAX_BYTES = 16 << 20    # a derived record is a few KB; a larger file is not ours
 
 
@@ -77,6 +78,8 @@ class DerivedArch:
     notes: tuple = ()
     seconds: float = 0.0     # derivation + probe time when it was computed (not when cached)
     cached: bool = False
+    renames: bool = False    # transformers has checkpoint key conversions for this class (arch/renames.py)
+    positions: tuple = ()    # ((tower root module path, position, how seen), ...): each non-main stack's own
 
     def group(self, name: str | None) -> GroupFacts | None:
         for g in self.groups:
@@ -101,7 +104,8 @@ class DerivedArch:
                        for b in d["blocks"])
         groups = tuple(GroupFacts(**dict(g, reasons=tuple(g["reasons"]), pass_dims=tuple(g["pass_dims"]),
                                          facts=facts(g["facts"]))) for g in d["groups"])
-        return cls(**dict(d, blocks=blocks, groups=groups, facts=facts(d["facts"]), notes=tuple(d["notes"])))
+        return cls(**dict(d, blocks=blocks, groups=groups, facts=facts(d["facts"]), notes=tuple(d["notes"]),
+                          positions=tuple(tuple(p) for p in d.get("positions", ()))))
 
 
 def cache_dir() -> Path:
@@ -172,7 +176,8 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
         rotary_dim = int(cfg.get("rotary_dim") or int(heads[2] * rp["partial"]))
     from .probe import probe_groups
     # only attention with q/k/v biases has facts to probe (the module tree says whether it has)
-    biased = any(getattr(model.get_submodule(module_path(b.path, rel)), "bias", None) is not None
+    params = dict(model.named_parameters())
+    biased = any(param_name(b.path, rel, "bias") in params
                  for b in blocks for role, rel in b.roles if role in ("q", "k", "v", "qkv"))
     if probe and biased:
         groups = probe_groups(cfg, conf, type(model), blocks, heads, pos)
@@ -185,18 +190,80 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
         blocks=blocks, groups=tuple(groups), num_heads=heads[0] if heads else None,
         num_kv_heads=heads[1] if heads else None, head_dim=heads[2] if heads else None,
         hidden_size=_int_attr(conf, ("hidden_size", "d_model")), position=pos, rotary_dim=rotary_dim,
-        facts=tuple(facts), notes=notes, seconds=round(time.perf_counter() - t0, 3))
+        facts=tuple(facts), notes=notes, seconds=round(time.perf_counter() - t0, 3), renames=_has_renames(model),
+        positions=_tower_positions(model, attn, heads))
     if use_cache and probe:
         _cache_store(path, arch)
     return arch
 
 
+def _has_renames(model) -> bool:
+    from .renames import has_rules
+    try:
+        return has_rules(model)
+    except Exception:   # noqa: BLE001 - a transformers without conversion mappings: files load under their names
+        return False
+
+
+# the language model of a composite model (an omni model's thinker, not its talker or code2wav stack)
+_LANGUAGE = re.compile(r"language_model|text_model|thinker|(^|\.)llm(\.|$)|text_decoder", re.I)
+_KINDS = (("projector", re.compile(r"projector|qformer|q_former|resampler|connector|merger|adapter|perceiver|"
+                                   r"abstractor|pooling_head|\.head\.", re.I)),
+          ("audio", re.compile(r"audio|speech|whisper|wav|sound|code2wav|acoustic", re.I)),
+          ("vision", re.compile(r"vision|visual|image|img|patch|vit|siglip|clip|pixel|video", re.I)))
+
+
 def main_heads(attn) -> tuple:
-    """(H, kv, head_dim) of the layout: the first attention block outside a vision / audio tower
-    (the language model, which the text-only probe runs), else the first with head counts."""
+    """(H, kv, head_dim) of the layout: the first attention block of the language model (a path naming it,
+    else the first outside a vision / audio tower: what the text-only probe runs), else the first with
+    head counts."""
     with_heads = [b for b in attn if b.heads]
+    lang = [b for b in with_heads if _LANGUAGE.search(b.path) and not _TOWER.search(b.path)]
     text = [b for b in with_heads if not _TOWER.search(b.path)]
-    return (text or with_heads or [Block("", "", "none")])[0].heads
+    return (lang or text or with_heads or [Block("", "", "none")])[0].heads
+
+
+def tower_kind(path: str) -> str:
+    """vision | audio | projector | text | other, from a stack's module path."""
+    if _LANGUAGE.search(path):
+        return "text"
+    for kind, rx in _KINDS:
+        if rx.search(path):
+            return kind
+    return "other"
+
+
+def stack_of(path: str) -> str:
+    """The layer list a block belongs to (``model.visual.blocks`` for ``model.visual.blocks.3.attn``), or the
+    block's own path when it is in none (a pooling head)."""
+    m = _LAYER.match(path)
+    return m.group(1) if m else path
+
+
+def tower_root(stack: str) -> str:
+    """The module that holds a stack and its position encoding: the path up to the first component naming a
+    tower (``model.visual``), else the stack's parent."""
+    parts = stack.split(".")
+    for i, p in enumerate(parts):
+        if _TOWER.search(p) or any(rx.search(p) for _, rx in _KINDS):
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-1])
+
+
+def _tower_positions(model, attn, heads) -> tuple:
+    """(root, position, how) for the roots of the stacks that are not the main one (their own module trees)."""
+    out, seen = [], set()
+    for b in attn:
+        root = tower_root(stack_of(b.path))
+        if b.heads == heads and not _TOWER.search(b.path) or root in seen:
+            continue
+        seen.add(root)
+        try:
+            pos, how = static_position(model.get_submodule(root)) if root else static_position(model)
+        except AttributeError:
+            continue
+        out.append((root, pos, how))
+    return tuple(out)
 
 
 def _groups(blocks) -> list[tuple[str, str]]:
@@ -238,6 +305,43 @@ def _align(expected: list[str], tensors) -> dict:
     return {}
 
 
+def _renamed_names(cfg: dict, expected: list[str], tensors) -> tuple[dict, dict, str | None]:
+    """(``{model name: file name}``, ``{model name: (file name, piece)}``, note) through transformers'
+    checkpoint key conversions (:mod:`.renames`): a renamed tensor maps to the parameter it loads into; a
+    tensor split along dim 0 into several parameters (a fused ``query_key_value`` loaded as q/k/v) maps each
+    piece, in order.  Other converters (expert merges ...) are left to the plain names."""
+    from .renames import loaded_names
+    _, model = build_meta(cfg)
+    loaded = loaded_names(model, list(tensors))
+    view: dict = {n: (n, None) for n in tensors if n not in loaded}
+    for r in loaded.values():
+        if len(r.targets) > 1:
+            if r.split_rows:
+                for i, t in enumerate(r.targets):
+                    view[t] = (r.file_name, i)
+        else:
+            view[r.model_name] = (r.file_name, None)
+    aligned = _align(expected, view)
+    names = {e: view[k][0] for e, k in aligned.items() if view[k][1] is None}
+    pieces = {e: view[k] for e, k in aligned.items() if view[k][1] is not None}
+    used = sum(1 for e in aligned if view[aligned[e]][0] != aligned[e])
+    note = (f"{used} attention tensor name(s) of the file are in the layout transformers converts at load "
+            f"({type(model).__name__}'s checkpoint key conversions): matched as transformers loads them; reports "
+            "and writers keep the file's names") if used else None
+    return names, pieces, note
+
+
+def _fused_pieces(b: Block, pieces: dict) -> dict:
+    """qkv_weight / qkv_bias of a block whose q, k and v parameters are pieces 0, 1, 2 of one file tensor."""
+    out = {}
+    roles = dict(b.roles)
+    for kind in ("weight", "bias"):
+        got = [pieces.get(param_name(b.path, roles[r], kind)) for r in ("q", "k", "v") if r in roles]
+        if len(got) == 3 and all(got) and len({f for f, _ in got}) == 1 and [i for _, i in got] == [0, 1, 2]:
+            out[f"qkv_{kind}"] = got[0][0]
+    return out
+
+
 def classify_group(arch: DerivedArch, group: str | None) -> tuple[str, tuple]:
     g = arch.group(group)
     if g is None:
@@ -274,37 +378,38 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
     expected = []
     for b in arch.blocks:
         for _, rel in b.roles:
-            base = module_path(b.path, rel)
-            expected += [f"{base}.weight", f"{base}.bias"]
+            expected += [param_name(b.path, rel, "weight"), param_name(b.path, rel, "bias")]
     names = _align(expected, tensors)
-    layers, notes, other = [], list(arch.notes), []
+    notes = list(arch.notes)
+    pieces: dict = {}
+    if arch.renames and any(e.endswith(".weight") and e not in names for e in expected):
+        # a file in the layout transformers renames at load (EXAONE, Sarvam-MoE): match through its rules
+        names, pieces, note = _renamed_names(cfg, expected, tensors)
+        if note:
+            notes.append(note)
     gated = next((b.q_gate for b in arch.blocks if b.kind != "none" and b.heads == heads), False)
-    for i, b in enumerate(arch.blocks):
-        d = {"layer": i, "block": b.path, "group": b.group, "kind": b.kind}
-        if b.kind != "none" and b.heads and (b.heads != heads or b.q_gate != gated):
-            other.append(b.path)
-        elif b.kind != "none":
-            for role, rel in b.roles:
-                base = module_path(b.path, rel)
-                d[f"{role}_weight"] = names.get(f"{base}.weight")
-                d[f"{role}_bias"] = names.get(f"{base}.bias")
-        layers.append(LayerTensors(**d))
-    if other:
-        notes.append(f"{len(other)} attention block(s) have other head counts than {heads} (or another q-gate "
-                     "layout) and are not analysed: " + ", ".join(other[:3]))
+    main, stacks = split_stacks(arch, heads, gated)
+    layers = [_record(i, b, names, pieces) for i, b in enumerate(main)]
+    towers = _build_towers(arch, stacks, names, pieces, arch_name, config_source)
+    if towers:
+        notes.append(f"{len(towers)} more attention stack(s) (towers) with their own head counts are reported "
+                     "per tower: " + ", ".join(f"{t.name} ({t.kind}, {t.layout.num_layers} blocks)" for t in towers[:4])
+                     + (" ..." if len(towers) > 4 else ""))
     q_gate = None
     if gated:   # one query-row layout for the model: the one the probe established, else "unknown"
         seen = {g.q_gate for g in arch.groups if g.kind != "none" and any(b.group == g.group and b.q_gate
-                                                                          for b in arch.blocks)}
+                                                                          for b in main)}
         q_gate = seen.pop() if len(seen) == 1 and None not in seen else "unknown"
-    partial = [g for g in arch.groups if g.k_class == "partial" and g.pass_dims]
+    mine = {b.group for b in main}
+    partial = [g for g in arch.groups if g.group in mine and g.k_class == "partial" and g.pass_dims]
     rotary_dim = partial[0].pass_dims[0] if partial else arch.rotary_dim
     if arch.position == "rope":
         position = PositionEncoding("rope", rotary_dim, _rope_params(cfg)["theta"], None)
     else:
         position = PositionEncoding(arch.position)
-    fused = next((g.fused_layout for g in arch.groups if g.fused_layout), None)
-    placed = {n for lt in layers for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
+    fused = _fused_of(arch, layers)
+    placed = {n for lay in [layers] + [t.layout.layers for t in towers] for lt in lay
+              for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
     how = (f"architecture {arch_name!r} is not in the registry" if family is None else
            f"registry family {family.name!r} has latent attention")
     notes.insert(0, f"{how}: its attention layout was derived from "
@@ -322,5 +427,134 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
         conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
         notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch,
-        q_gate=q_gate)
+        q_gate=q_gate, towers=tuple(towers), tower_name=_main_name(layers), tower_kind="text",
+        tower_how="derived from transformers' module tree, key-bias facts probed in float64")
+
+
+def split_stacks(arch: DerivedArch, heads: tuple, gated: bool) -> tuple[list, dict]:
+    """(blocks of the main stack in order, {(stack path, heads, q_gate): [blocks]} of the others)."""
+    stacks: dict = {}
+    # a vision / audio path makes a tower only beside a text stack (a model of towers alone keeps its first)
+    by_path = any(b.kind != "none" and b.heads == heads and not _in_tower(b, heads, gated) for b in arch.blocks)
+    for b in arch.blocks:
+        if b.kind != "none" and _in_tower(b, heads, gated, by_path):
+            stacks.setdefault((stack_of(b.path), b.heads, b.q_gate), []).append(b)
+    tower_stacks = {k[0] for k in stacks}
+    main = [b for b in arch.blocks if not ((b.kind != "none" and _in_tower(b, heads, gated, by_path))
+                                           or (b.kind == "none" and stack_of(b.path) in tower_stacks))]
+    for key, members in stacks.items():     # a tower's layers without attention stay in that tower
+        nones = [b for b in arch.blocks if b.kind == "none" and stack_of(b.path) == key[0]]
+        stacks[key] = sorted(members + nones, key=_block_order_key)
+    return main, stacks
+
+
+def _build_towers(arch: DerivedArch, stacks: dict, names: dict, pieces: dict, arch_name: str, config_source) -> list:
+    towers, count = [], {}
+    for (stack, hs, _), members in stacks.items():
+        count[stack] = count.get(stack, 0) + 1     # one stack with two head shapes: two towers, #2 for the second
+        towers.append(_tower(arch, stack, hs, members, names, pieces, arch_name, config_source,
+                             suffix=f"#{count[stack]}" if count[stack] > 1 else ""))
+    return towers
+
+
+def registry_towers(cfg: dict, tensors, layout):
+    """A registry family's layout with the towers of a multimodal file added (Gemma 3's SigLIP tower): the
+    towers are derived from transformers' module tree like any derived architecture's; the registry keeps
+    the text stack.  ``layout`` unchanged when transformers cannot build the model."""
+    from dataclasses import replace
+    from .model_layout import _is_mask_buffer, _looks_attention_bias
+    try:
+        arch = derive(cfg)
+    except DeriveUnavailable:
+        return layout
+    heads = (arch.num_heads, arch.num_kv_heads, arch.head_dim)
+    gated = next((b.q_gate for b in arch.blocks if b.kind != "none" and b.heads == heads), False)
+    _, stacks = split_stacks(arch, heads, gated)
+    if not stacks:
+        return layout
+    expected = [param_name(b.path, rel, k) for bs in stacks.values() for b in bs for _, rel in b.roles
+                for k in ("weight", "bias")]
+    towers = _build_towers(arch, stacks, _align(expected, tensors), {}, layout.architecture, layout.config_source)
+    placed = {n for lay in [layout.layers] + [t.layout.layers for t in towers] for lt in lay
+              for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
+    skipped = tuple(n for n in layout.skipped if n not in placed and _looks_attention_bias(n) and not _is_mask_buffer(n))
+    note = (f"{len(towers)} more attention stack(s) (towers) derived from transformers {arch.transformers_version} "
+            f"({arch.model_class}): " + ", ".join(f"{t.name} ({t.kind}, {t.layout.num_layers} blocks)" for t in towers[:4]))
+    return replace(layout, towers=tuple(towers), skipped=skipped, notes=layout.notes + (note,))
+
+
+def _in_tower(b: Block, heads: tuple, gated: bool, by_path: bool = True) -> bool:
+    """Whether an attention block belongs to another stack than the main (text) one: other head counts or
+    another q-gate layout, or a vision / audio tower's path (whatever its head counts: a tiny or a real tower
+    may have the language model's head sizes, and a tower block whose heads could not be read is not checked
+    against the language model's)."""
+    if b.heads and (b.heads != heads or b.q_gate != gated):
+        return True
+    return by_path and bool(_TOWER.search(b.path) or _KINDS[0][1].search(b.path))   # a projector's attention too
+
+
+def _block_order_key(b: Block):
+    m = _LAYER.match(b.path)
+    return (m.group(1), int(m.group(2)), m.group(3) or "") if m else (b.path, -1, "")
+
+
+def _record(i: int, b: Block, names: dict, pieces: dict):
+    """The LayerTensors of one block (file names of its projections)."""
+    from .model_layout import LayerTensors
+    d = {"layer": i, "block": b.path, "group": b.group, "kind": b.kind}
+    if b.kind != "none":
+        for role, rel in b.roles:
+            d[f"{role}_weight"] = names.get(param_name(b.path, rel, "weight"))
+            d[f"{role}_bias"] = names.get(param_name(b.path, rel, "bias"))
+        d.update(_fused_pieces(b, pieces))
+    return LayerTensors(**d)
+
+
+def _fused_of(arch: DerivedArch, layers) -> str | None:
+    """The fused qkv row layout of these layer records' groups (probed), "concat" for pieces joined from a
+    Split(dim=0) conversion, None without a fused tensor."""
+    groups = {lt.group for lt in layers if lt.qkv_weight or lt.qkv_bias}
+    if not groups:
+        return None
+    probed = {g.fused_layout for g in arch.groups if g.group in groups and g.fused_layout}
+    if len(probed) == 1:
+        return probed.pop()
+    return "concat" if not probed and any(lt.qkv_weight and not lt.q_weight for lt in layers) else None
+
+
+def _main_name(layers) -> str:
+    stacks = []
+    for lt in layers:
+        if lt.block and lt.kind != "none" and stack_of(lt.block) not in stacks:
+            stacks.append(stack_of(lt.block))
+    return " + ".join(stacks[:2]) + (" ..." if len(stacks) > 2 else "") if stacks else "text"
+
+
+def _tower(arch: DerivedArch, stack: str, hs: tuple, members: list, names: dict, pieces: dict, arch_name: str,
+           config_source, suffix: str = ""):
+    """One tower's layout: its blocks' records with their own head counts and position encoding."""
+    from .model_layout import ModelLayout, PositionEncoding, Tower
+    layers = [_record(i, b, names, pieces) for i, b in enumerate(members)]
+    root = tower_root(stack)
+    pos, pos_how = next(((p, h) for r, p, h in arch.positions if r == root), ("unknown", "not read"))
+    h, kv, d = hs if hs else (None, None, None)
+    groups = {b.group for b in members}
+    gate = None
+    if any(b.q_gate for b in members):
+        seen = {g.q_gate for g in arch.groups if g.group in groups}
+        gate = seen.pop() if len(seen) == 1 and None not in seen else "unknown"
+    partial = [g for g in arch.groups if g.group in groups and g.k_class == "partial" and g.pass_dims]
+    position = PositionEncoding("rope", partial[0].pass_dims[0] if partial else None, None, None) if pos == "rope" \
+        else PositionEncoding(pos)
+    kind = tower_kind(stack)
+    how = (f"derived from transformers' module tree ({root or '<root>'}: {pos_how}); key-bias facts probed in "
+           "float64" + ("" if hs else "; head counts could not be read: biases not split per head"))
+    layout = ModelLayout(
+        architecture=arch_name, family=None, naming="hf", num_layers=len(layers), num_heads=h, num_kv_heads=kv,
+        head_dim=d, hidden_size=None, position=position, norm_placement=None,
+        qk_norm=any(b.qk_norm for b in members), fused_layout=_fused_of(arch, layers),
+        conv1d=any(b.conv1d for b in members), qk_permuted=False, max_positions=None, softcap=None,
+        layers=tuple(layers), notes=(), skipped=(), config_source=config_source, input_norm=None, derived=arch,
+        q_gate=gate, tower_name=stack + suffix, tower_kind=kind, tower_how=how)
+    return Tower(stack + suffix, kind, layout, how)
 

@@ -98,6 +98,16 @@ class ModelLayout(LayoutSummary):
     derived: object | None = None   # arch.derive.DerivedArch when the registry has no family
     q_gate: str | None = None       # q projection = query + output gate (2 x heads x head_dim rows): which rows
     #                                 are the query (layouts.GATE_LAYOUTS), "unknown" if not established
+    towers: tuple = ()              # the other attention stacks of the file (Tower), the main one is this layout
+    tower_name: str = "text"        # this stack's name (a Tower's layout: its module path)
+    tower_kind: str = "text"        # text | vision | audio | projector | other
+    tower_how: str = ""             # how this stack was established (registry | derived | probed ...)
+
+    def stacks(self) -> list:
+        """(name, kind, layout, how) of every attention stack: this (main) one first, then the towers."""
+        return [(self.tower_name, self.tower_kind, self, self.tower_how or
+                 ("registry" if self.family and self.derived is None else "derived" if self.derived else "names"))] + \
+            [(t.name, t.kind, t.layout, t.how) for t in self.towers]
 
     def facts(self) -> list[dict]:
         """Every fact the analysis uses and how it was established (registry | derived | probed)."""
@@ -122,8 +132,19 @@ class ModelLayout(LayoutSummary):
                             "v_foldable": g.v_foldable, "q_gate": g.q_gate, "reasons": list(g.reasons)}
                            for g in d.groups],
                 "blocks": [{"layer": lt.layer, "block": lt.block, "kind": lt.kind,
-                            "k_class": groups[lt.group].k_class if lt.group in groups else None}
-                           for lt in self.layers]}
+                            "k_class": groups[lt.group].k_class if lt.group in groups else None, "tower": name}
+                           for name, _, lay, _ in self.stacks() for lt in lay.layers]}
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One more attention stack of a checkpoint (a vision / audio encoder, a projector): its own layout
+    (layer records, head counts, position), reported beside the main text stack."""
+
+    name: str                       # module path of its layer list (e.g. model.visual.blocks)
+    kind: str                       # vision | audio | projector | text | other
+    layout: "ModelLayout"
+    how: str                        # how it was found and classified (derived from transformers' module tree ...)
 
 
 def _get(cfg: dict, keys, default=None):
@@ -155,11 +176,40 @@ def _rope_params(cfg: dict, path: str | None = None) -> dict:
     return out
 
 
-_ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv)")
+_ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv|"
+                         r"linear_[qkv]|to_[qkv])")
+# a norm's bias under an attention-like name (Sarvam's query_layernorm, BLOOM's input_layernorm) is no projection bias
+_NORM_MODULE = re.compile(r"(norm|^ln_?\d*$|layer_norm|layernorm)", re.I)
 
 
 def _looks_attention_bias(name: str) -> bool:
-    return name.endswith(".bias") and bool(_ATTN_WORDS.search(name))
+    """An attention projection bias by its name: ``<q/k/v/qkv-like module>.bias``, or the ``in_proj_bias``
+    of a torch ``nn.MultiheadAttention`` (SigLIP's pooling head), whose name does not end in ``.bias``."""
+    if name.endswith(".in_proj_bias"):
+        return True
+    if not name.endswith(".bias"):
+        return False
+    module = name[:-len(".bias")].rsplit(".", 1)[-1]
+    return bool(_ATTN_WORDS.search(name)) and not _NORM_MODULE.search(module)
+
+
+def unreported(layout) -> tuple:
+    """Attention bias tensors no report row can show: the layout's ``skipped``, and the fused qkv biases of
+    a stack whose head counts are unknown (the q / k / v parts cannot be told apart)."""
+    out = list(layout.skipped)
+    for _, _, lay, _ in layout.stacks():
+        if not (lay.num_heads and lay.num_kv_heads and lay.head_dim):
+            out += [lt.qkv_bias for lt in lay.layers if lt.qkv_bias]
+    return tuple(dict.fromkeys(out))
+
+
+def unplaced_warning(skipped) -> str | None:
+    """The table warning for attention bias tensors no report row holds (issue 27's invariant: every
+    attention projection bias is either in a row or named here; lint makes it an error)."""
+    if not skipped:
+        return None
+    return (f"{len(skipped)} attention bias tensor(s) could not be placed (in no row of this report): "
+            f"{', '.join(skipped[:5])}" + (" ..." if len(skipped) > 5 else ""))
 
 
 def _is_mask_buffer(name: str) -> bool:

@@ -27,7 +27,7 @@ _ATTN_CLASS = re.compile(r"Attention$")
 _CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
 _LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
 # towers of a multimodal model (the language model's heads are the layout's, see main_heads)
-_TOWER = re.compile(r"vision|visual|image|img|audio|speech|vq|patch", re.I)
+_TOWER = re.compile(r"vision|visual|image|img|video|audio|speech|vq|patch", re.I)
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,15 @@ def _heads(mod, conf, q_rows: int | None, k_rows: int | None, fused_rows: int | 
     if not hd:
         own = getattr(mod, "config", None) or conf
         hd = _int_attr(own, ("head_dim",)) or (_int_attr(own, ("hidden_size",)) or 0) // h or None
+    if not hd:
+        # a module without a config (SAM's vision attention): the output projection reads heads x head_dim
+        # features, or the softmax scale it applies is head_dim ** -0.5
+        out = next((c for n, c in mod.named_children() if n in _O and _is_linear(c)), None)
+        scale = getattr(mod, "scale", None)
+        if out is not None and _in_cols(out) % h == 0:
+            hd = _in_cols(out) // h
+        elif isinstance(scale, float) and 0 < scale < 1 and abs(round(scale ** -2) - scale ** -2) < 1e-6:
+            hd = round(scale ** -2)
     if not hd or fused_rows % hd:
         return ()
     rest = fused_rows // hd - h
@@ -239,6 +248,18 @@ def _relative(block_path: str, full: str) -> str:
     """``full`` relative to the block's parent, written ``^.`` + path (one level up)."""
     parent = block_path.rsplit(".", 1)[0]
     return "^." + full[len(parent) + 1:]
+
+
+# torch's nn.MultiheadAttention keeps its fused [q; k; v] projection as parameters of the attention module
+# itself (in_proj_weight / in_proj_bias, chunked in three by F.multi_head_attention_forward), not as a child
+MHA_IN_PROJ = "in_proj_"
+
+
+def param_name(block_path: str, rel: str, kind: str) -> str:
+    """The parameter name of a role's ``weight`` / ``bias`` (``rel`` as in :attr:`Block.roles`)."""
+    if rel == MHA_IN_PROJ:
+        return f"{block_path}.in_proj_{kind}"
+    return f"{module_path(block_path, rel)}.{kind}"
 
 
 def module_path(block_path: str, rel: str) -> str:
@@ -286,7 +307,7 @@ def _qkv_block(path: str, mod, modules: dict, conf, skipped: list) -> Block | No
     v = next((n for n in _V if n in kids), None)
     fused = next((n for n in _FUSED if n in kids), None)
     if not ((q and k and v) or (fused and not (q or k or v))):
-        return None
+        return _mha_block(path, mod, conf)
     klass = type(mod).__name__
     if _NOT_SOFTMAX.search(klass):
         skipped.append(f"{path} ({klass})")
@@ -309,6 +330,19 @@ def _qkv_block(path: str, mod, modules: dict, conf, skipped: list) -> Block | No
     kind = "cross" if (_CROSS.search(path) or _CROSS.search(klass)) else "self"
     q_gate = bool(q and hs and _out_rows(kids[q]) == 2 * hs[0] * hs[2])
     return Block(path, _group_of(path), kind, tuple(sorted(roles.items())), hs, conv, klass, qk_norm, sinks, q_gate)
+
+
+def _mha_block(path: str, mod, conf) -> Block | None:
+    """A torch ``nn.MultiheadAttention`` (SigLIP's pooling head): fused in_proj parameters, out_proj child."""
+    w = getattr(mod, "in_proj_weight", None)
+    if w is None or getattr(w, "ndim", 0) != 2:
+        return None
+    hs = _heads(mod, conf, None, None, int(w.shape[0]))
+    roles = {"qkv": MHA_IN_PROJ}
+    out = getattr(mod, "out_proj", None)
+    if out is not None and _is_linear(out):
+        roles["o"] = "out_proj"
+    return Block(path, _group_of(path), "self", tuple(sorted(roles.items())), hs, False, type(mod).__name__)
 
 
 def _latent_attention(modules: dict, found: list[str]) -> list[tuple[str, str]]:

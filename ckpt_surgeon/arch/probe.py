@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import types
 
 import numpy as np
 
-from .modtree import _TOWER, Block, Fact, GroupFacts, module_path, read_blocks
+from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 
 INVARIANT_TOL = 1e-11
@@ -153,6 +154,8 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     if heads and type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
             "qk_nope_head_dim", "qk_rope_head_dim")):      # MLA: the derived query/key head size, saved by to_dict()
         out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    if heads and hd and old_hd and hd != old_hd:
+        _mrope_sections(cfg, out, hd)
     if heads and hidden:
         _follow_hidden(cfg, out, hidden, h2)
     if heads:
@@ -183,6 +186,24 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     _split_sections(cfg, out, sections, per)
     _shrink_vocab(cfg, out, vocab)
     return out
+
+
+def _mrope_sections(cfg: dict, out: dict, hd: int) -> None:
+    """Multimodal rotary (Qwen2-VL ``mrope_section``: the rotary frequencies, head_dim / 2 of them, split into
+    temporal / height / width sections; modeling_qwen2_vl splits by them): the same proportions of the new
+    head, each section at least 1, summing to hd / 2."""
+    for k in ("rope_parameters", "rope_scaling"):
+        rp = cfg.get(k)
+        sec = rp.get("mrope_section") if isinstance(rp, dict) else None
+        if not (isinstance(sec, list) and sec and all(type(x) is int and x > 0 for x in sec)):
+            continue
+        want, total = hd // 2, sum(sec)
+        if want < len(sec):
+            continue
+        new = [max(1, x * want // total) for x in sec]
+        new[-1] += want - sum(new)
+        if new[-1] >= 1:
+            out[k] = dict(rp, mrope_section=new)
 
 
 def _per_layer(plc: dict, layers: int, heads, head_dim, vocab, ff, hds: tuple) -> dict:
@@ -512,7 +533,11 @@ class _Instance:
         return float((self.run() - self.base).abs().max()) / self.scale
 
     def module(self, b: Block, role: str):
-        return self.root.get_submodule(module_path(b.path, b.role(role)))
+        rel = b.role(role)
+        if rel == MHA_IN_PROJ:      # nn.MultiheadAttention: its fused projection's parameters, as a module has them
+            mha = self.root.get_submodule(b.path)
+            return types.SimpleNamespace(weight=mha.in_proj_weight, bias=mha.in_proj_bias)
+        return self.root.get_submodule(module_path(b.path, rel))
 
     def tower(self, group: str) -> "_Instance | None":
         """The same instance, run through the vision tower holding ``group`` on random pixels
@@ -738,6 +763,11 @@ def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> Group
     facts, layout, gate = [], None, None
     if members[0].role("qkv"):
         layout, how = _fused_layout(inst, members[0])
+        if layout is None and how.startswith("value rows []"):
+            # no value row moves the output: this forward never runs the block (a vision tower's, on token
+            # ids); said as invisible, so that the caller probes it where it runs (probe_groups)
+            return GroupFacts(g, k, "invisible", ("probe: no value row of the fused projection moves the output: "
+                                                  "this forward pass does not run the block",))
         facts.append(Fact("fused_layout", layout, "probed", how))
     if members[0].q_gate:
         gate, how = _gate_layout(inst, members[0])

@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from . import families as F
 from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int, describe
 from . import gguf_names as G
+from .modtree import _TOWER
 # the layout records live below this module (arch/derive builds them too); re-exported here
 from .model_layout import (  # noqa: F401
     LayerTensors,
@@ -91,13 +92,15 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         from .derive import derived_layout
         derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name, family=fam)
         if derived is not None:
-            check_shapes(derived, tensors)
+            for _, _, lay, _ in derived.stacks():     # every tower against its own head counts
+                check_shapes(lay, tensors)
             return derived
     if fam is None and naming == "hf":
         # no model_type, or one transformers does not implement (remote code): the class name
         fam = F.by_architectures(cfg.get("architectures"))
 
     where = config_source
+    cfg_all = cfg
     cfg, (n_heads, n_kv, hidden, head_dim) = _head_sizes(cfg, fam, where)
     permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
     position = _position(fam, cfg, head_dim, naming, permuted, where)
@@ -121,8 +124,14 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
         input_norm=fam.input_norm if fam else None,
         norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
+    if skipped and naming == "hf" and fam is not None and model_type:
+        # attention biases outside the family's text stack (a multimodal file's vision / audio tower):
+        # their towers are derived from transformers (imports torch, only for such files)
+        from .derive import registry_towers
+        layout = registry_towers(cfg_all, tensors, layout)
     if shapes:
-        check_shapes(layout, tensors)
+        for _, _, lay, _ in layout.stacks():
+            check_shapes(lay, tensors)
     _check_consistent(layout, where)   # after the shapes: a shape error names the tensor
     return layout
 
@@ -164,7 +173,10 @@ def _match_roles(fam, naming: str, tensors: dict) -> tuple:
             for role, mods in role_map.items()
             for rank, mod in enumerate((mods,) if isinstance(mods, str) else mods)]
     ranks: dict = {}
+    lead = layer_pat.split("{L}")[0]
     for name in tensors:
+        if naming != "gguf" and _TOWER.search(name[:max(name.find(lead), 0)]):
+            continue    # a vision / audio tower's layers.N (Gemma 3's SigLIP) is not the text stack's layer N
         for role, rank, rx in regs:
             m = rx.match(name)
             if m:
@@ -189,10 +201,7 @@ def _resolve_notes(fam, naming: str, arch_name: str, tensors: dict, placed: set)
     buffers = _buffers(fam, tensors) if naming == "hf" else ()
     skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
                            and n not in buffers and not _is_mask_buffer(n)))
-    if skipped:
-        notes.append(f"{len(skipped)} attention-like bias tensor(s) could not be placed: {', '.join(skipped[:5])}"
-                     + (" ..." if len(skipped) > 5 else ""))
-    return notes, buffers, skipped
+    return notes, buffers, skipped   # skipped: said as a warning by the reports (model_layout.unplaced_warning)
 
 
 def _layer_count(cfg: dict, found: dict, tensors: dict, layer_pat, partial: bool, where: str | None) -> int:

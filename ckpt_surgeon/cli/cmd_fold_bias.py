@@ -62,10 +62,14 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
               "embedding unless tied to the head): TransformerLens' center_writing_weights, on any checkpoint.")
 @click.option("--delete", is_flag=True, help="Drop the folded biases instead of zeroing them, where the architecture "
               "has a config switch for them (e.g. attention_bias) and every bias it controls becomes zero; the switch is set to false.")
+@click.option("--tower", default=None, metavar="NAME",
+              help="A file with several attention stacks (vision / audio towers, see inspect's 'tower' rows): fold only "
+                   "this one ('text' for the main stack). Without it, --k/--v fold every stack where the fold is exact "
+                   "and name the others in a note.")
 @surgery_output_options
 @source_options
-def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, center, center_weights, delete, out,
-            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, center, center_weights, delete, tower,
+            out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Remove redundant attention biases from SOURCE and write OUT.
 
     The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a
@@ -94,7 +98,7 @@ def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs
         def make():
             return plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,
                                   context=context, delete=delete, epsilon=epsilon, pairs=pairs, center=center,
-                                  center_weights=center_weights)
+                                  center_weights=center_weights, tower=tower)
         if dry_run:
             run_plan(ck, make(), out, force=force, check=check, dry_run=True, fmt=fmt, report_path=report_path,
                      title="ckpt-surgeon fold-bias", progress=progress)

@@ -59,9 +59,10 @@ class FoldLayer:
     o_bias: str | None = None
     centered: int = 0                 # residual-writing tensors centered in this layer (--center)
     center_energy: float | None = None  # share of this layer's residual-writing bias energy removed
+    tower: str | None = None          # the attention stack of this layer when the file has several (issue 27)
 
     def to_dict(self) -> dict:
-        return {"layer": self.layer, "k_class": self.k_class, "k_removed": self.k_removed, "k_total": self.k_total,
+        return {**({"tower": self.tower} if self.tower is not None else {}), "layer": self.layer, "k_class": self.k_class, "k_removed": self.k_removed, "k_total": self.k_total,
                 "k_removed_energy": self.k_removed_energy, "k_norm": self.k_norm, "k_bound": self.k_bound,
                 "v_folded": self.v_folded, "v_norm": self.v_norm, "centered": self.centered,
                 "center_energy": self.center_energy,
@@ -106,10 +107,13 @@ def _fmt_layers(layers) -> str:
 def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool = False,
                    max_logit_change: float | None = None, context: int | None = None,
                    delete: bool = False, epsilon: float | None = None, pairs: str = "near",
-                   center: bool = False, center_weights: bool = False) -> Plan:
+                   center: bool = False, center_weights: bool = False, tower: str | None = None) -> Plan:
     """Build the fold-bias plan for ``ckpt`` (reads bias vectors; no output is written).
 
-    ``center_weights`` implies ``center`` (the biases are centered too)."""
+    ``center_weights`` implies ``center`` (the biases are centered too).  A file with several attention
+    stacks (towers): ``--k`` / ``--v`` fold every stack where the fold is exact and leave the others with
+    a note (refused only when no stack can be folded); ``tower`` selects one stack by name (the main one:
+    its name or ``text``), refused as a single-stack file would be."""
     src = ckpt.source
     center = center or center_weights
     epsilon = _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon)
@@ -138,12 +142,31 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     if center:     # first: a refusal here must come before any other work
         centered = _plan_center(ckpt, layout, center_weights, records, notes)
 
-    if k:
-        _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate,
-                max_logit_change, context, params, epsilon, pairs)
+    stacks = _stacks(layout, tower, src)
     steps: list[TensorStep] = []
-    if v:
-        steps += _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes)
+    tower_recs: list = []
+    refused: list = []
+    for i, (name, _, lay, _) in enumerate(stacks):
+        main = lay is layout
+        recs = records if main else {lt.layer: {"layer": lt.layer, "tower": name} for lt in lay.layers}
+        stack_notes: list[str] = []
+        try:
+            if k:
+                _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
+                        approximate, max_logit_change, context, params, epsilon, pairs)
+            if v:
+                steps += _plan_v(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes)
+        except RefusedError as e:
+            if len(stacks) == 1:
+                raise
+            refused.append((name, e))
+        notes += [n if main or len(layout.stacks()) == 1 else f"tower {name}: {n}" for n in stack_notes]
+        if not main:
+            tower_recs += [r for _, r in sorted(recs.items()) if len(r) > 2]
+    if refused and len(refused) == len(stacks):
+        raise refused[0][1]
+    for name, e in refused:     # a stack whose fold is not exact keeps its biases: said, not refused
+        notes.append(f"attention stack {name}: biases kept ({getattr(e, 'detail', None) or e})")
     steps = _with_centering(steps, centered)
 
     for name, rows in sorted(rows_to_zero.items()):
@@ -159,9 +182,22 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     elif k or v:
         notes.append("folded biases are zeroed, not deleted (stock loaders expect the tensors); --delete drops them "
                      "where the architecture has a switch for it")
-    layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1)
+    layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1) + \
+        tuple(FoldLayer(**r) for r in tower_recs)
     return Plan(operation="fold-bias", source=src, params=params, steps=tuple(steps), config=config,
                 config_changes=changes, layers=layer_recs, notes=tuple(notes))
+
+
+def _stacks(layout, tower: str | None, src) -> list:
+    """The attention stacks ``fold-bias`` works on: every one, or the one ``tower`` names."""
+    stacks = layout.stacks()
+    if tower is None:
+        return stacks
+    hit = [s for i, s in enumerate(stacks) if s[0] == tower or (i == 0 and tower in ("text", "main"))]
+    if not hit:
+        raise CkptError(f"--tower {tower!r}: the file has no such attention stack; it has: "
+                        + ", ".join(repr(s[0]) for s in stacks), path=src)
+    return hit
 
 
 def _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon) -> float:
@@ -448,7 +484,8 @@ def _plan_delete(ckpt, layout, fam, ev, steps):
 def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: bool = False,
               max_logit_change: float | None = None, context: int | None = None, delete: bool = False,
               epsilon: float | None = None, pairs: str = "near", center: bool = False, center_weights: bool = False,
-              force: bool = False, check: str = "auto", source_hash: str = "auto", **open_kw):
+              force: bool = False, check: str = "auto", source_hash: str = "auto", tower: str | None = None,
+              **open_kw):
     """Plan and write ``fold-bias`` (see the module docstring); returns a :class:`SurgeryResult`.
 
     ``source``: HF folder, single .safetensors or .gguf (any source :func:`open_checkpoint` takes);
@@ -460,7 +497,7 @@ def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: boo
     with open_checkpoint(source, **open_kw) as ck:
         make = lambda: plan_fold_bias(ck, k=k, v=v, approximate=approximate, max_logit_change=max_logit_change,  # noqa: E731
                                       context=context, delete=delete, epsilon=epsilon, pairs=pairs, center=center,
-                                      center_weights=center_weights)
+                                      center_weights=center_weights, tower=tower)
         # --approximate reads every W_q to bound the change: overlap that with the copy (values-only
         # changes, so the copy is kept); exact folds read only bias vectors and need no head start
         return plan_while_copying(ck, out, make, force=force, check=check, source_hash=source_hash,

@@ -1,0 +1,143 @@
+"""Issue 27: renamed layouts (transformers' checkpoint key conversions), towers, and the invariant that
+no attention bias is left unsaid.
+
+The files are the zoo's tiny models (fixtures/zoo.py), saved by transformers' own ``save_pretrained``,
+which writes a model's original checkpoint layout back (EXAONE's ``transformer.h.N.attn.attention``,
+Sarvam-MoE's fused ``attention.query_key_value``).  Every value claimed is compared with what
+transformers loads from the same file.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from zoo_util import EXACT_RTOL, logits64, rel_change
+
+
+def _zoo(mt):
+    from fixtures.build_fixtures import zoo_path
+    return zoo_path(mt)
+
+
+def _loaded_state(folder):
+    """The state dict transformers loads from ``folder`` (float64, its own key conversions applied)."""
+    import torch
+    import transformers
+
+    from ckpt_surgeon.arch.derive import config_object
+    from ckpt_surgeon.runtime import quiet_transformers
+    cfg = json.loads((folder / "config.json").read_text())
+    klass = getattr(transformers, cfg["architectures"][0])
+    with quiet_transformers():
+        model = klass.from_pretrained(folder, config=config_object(cfg), dtype=torch.float64)
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPT_SURGEON_CACHE_DIR", str(tmp_path / "derive-cache"))
+
+
+def test_exaone_original_layout_resolves_as_transformers_loads_it():
+    from ckpt_surgeon import inspect, open_checkpoint
+    src = _zoo("exaone")
+    with open_checkpoint(str(src)) as ck:
+        assert "transformer.h.0.attn.attention.k_proj.bias" in ck.tensors     # the original layout, as saved
+        assert not any(n.startswith("model.layers.") for n in ck.tensors)
+    rep = inspect(str(src))
+    assert rep.layers_with_qkv_bias == rep.num_layers >= 2 and not rep.warnings and rep.skipped == ()
+    state = _loaded_state(src)
+    from safetensors.numpy import load_file
+    saved = {k: v for f in src.glob("*.safetensors") for k, v in load_file(f).items()}
+    for lr in rep.layers:
+        # reports keep the file's names; the values are those transformers loads into the renamed parameter
+        assert lr.k_bias.tensor == f"transformer.h.{lr.layer}.attn.attention.k_proj.bias"
+        loaded = state[f"model.layers.{lr.layer}.self_attn.k_proj.bias"]
+        assert np.array_equal(saved[lr.k_bias.tensor], loaded)
+        assert lr.k_bias.l2 == pytest.approx(float(np.linalg.norm(loaded)), rel=1e-12)   # float64 norms
+    assert any("converts at load" in n for n in rep.notes)
+
+
+def test_exaone_fold_writes_the_files_own_layout(tmp_path):
+    from ckpt_surgeon import analyze, fold_bias
+    src = _zoo("exaone")
+    rep = analyze(str(src))
+    assert all(lr.v_bias is not None and lr.v_bias.foldable for lr in rep.layers)
+    fold_bias(str(src), str(tmp_path / "out"), v=True)
+    from safetensors.numpy import load_file
+    out = {k: v for f in (tmp_path / "out").glob("*.safetensors") for k, v in load_file(f).items()}
+    assert "transformer.h.0.attn.attention.v_proj.bias" in out and not any(k.startswith("model.layers") for k in out)
+    assert rel_change(logits64(src), logits64(tmp_path / "out")) < EXACT_RTOL
+
+
+def test_sarvam_fused_qkv_is_split_as_transformers_splits_it():
+    from ckpt_surgeon import inspect
+    src = _zoo("sarvam_moe")
+    rep = inspect(str(src))
+    assert rep.fused_layout == "concat" and rep.layers_with_qkv_bias == rep.num_layers >= 2
+    assert not rep.warnings and rep.skipped == ()
+    state = _loaded_state(src)
+    from ckpt_surgeon.analysis.inspect import _split_fused_bias
+    from safetensors.numpy import load_file
+    saved = {k: v for f in src.glob("*.safetensors") for k, v in load_file(f).items()}
+    lay = None
+    from ckpt_surgeon import open_checkpoint
+    with open_checkpoint(str(src)) as ck:
+        lay = ck.layout()
+    for lt in lay.layers:
+        assert lt.qkv_bias == f"model.layers.{lt.layer}.attention.query_key_value.bias"
+        parts = _split_fused_bias(saved[lt.qkv_bias], lay)
+        for role, part in zip("qkv", parts):
+            assert np.array_equal(part, state[f"model.layers.{lt.layer}.self_attn.{role}_proj.bias"])
+
+
+def test_renames_module_maps_names_like_transformers():
+    """renames.loaded_names is transformers' own rename (the rule set is never retyped): every EXAONE
+    tensor maps to a parameter of the model, and the model's state dict is covered."""
+    from ckpt_surgeon.arch.derive import build_meta
+    from ckpt_surgeon.arch.renames import loaded_names
+    src = _zoo("exaone")
+    cfg = json.loads((src / "config.json").read_text())
+    _, model = build_meta(cfg)
+    from safetensors import safe_open
+    names = [k for f in src.glob("*.safetensors") for k in safe_open(f, "np").keys()]
+    got = loaded_names(model, names)
+    state = model.state_dict()
+    targets = {got[n].model_name if n in got else n for n in names}
+    assert targets <= set(state) and got["transformer.h.1.attn.attention.out_proj.weight"].model_name == \
+        "model.layers.1.self_attn.o_proj.weight"
+    missing = set(state) - targets - {"lm_head.weight"}      # tied to the embedding
+    assert not missing, sorted(missing)[:5]
+
+
+def test_gemma3_siglip_tower_is_reported_and_folded_per_tower(tmp_path):
+    """Gemma 3 (a registry family): its SigLIP tower's biases are a tower of their own (not the text layers'
+    ``layers.N``), with the pooling head's ``in_proj_bias``; ``fold-bias --k`` folds the tower where exact
+    (absolute positions) and keeps the rotary text stack's key bias, said in a note; transformers' float64
+    forward pass (logits and the vision tower's outputs on fixed pixels) agrees."""
+    from ckpt_surgeon import fold_bias, inspect
+    from ckpt_surgeon.errors import CkptError, RefusedError
+    src = _zoo("gemma3")
+    rep = inspect(str(src))
+    assert rep.family == "gemma3" and not rep.warnings and rep.skipped == ()
+    kinds = {t.kind: t for t in rep.towers}
+    assert set(kinds) == {"text", "vision", "projector"} and rep.towers[0].kind == "text"
+    vision = kinds["vision"]
+    assert all(lr.k_bias is not None and "vision_tower." in lr.k_bias.tensor for lr in vision.layers)
+    assert not any("vision_tower." in (lr.k_bias.tensor if lr.k_bias else "") for lr in rep.layers)
+    assert kinds["projector"].layers[0].k_bias.tensor.endswith("head.attention.in_proj_bias")
+    assert {r["tower"] for r in rep.rows()} == {t.name for t in rep.towers}
+    out = tmp_path / "k"
+    res = fold_bias(str(src), str(out), k=True)
+    assert any("biases kept" in n for n in res.plan.notes), res.plan.notes    # the rotary text stack
+    from safetensors.numpy import load_file
+    folded = {k: v for f in out.glob("*.safetensors") for k, v in load_file(f).items()}
+    for lr in vision.layers:
+        assert not folded[lr.k_bias.tensor].any()
+    assert rel_change(logits64(src), logits64(out)) < EXACT_RTOL
+    with pytest.raises(RefusedError):
+        fold_bias(str(src), str(tmp_path / "t"), k=True, tower="text")
+    with pytest.raises(CkptError, match="no such attention stack"):
+        fold_bias(str(src), str(tmp_path / "n"), k=True, tower="nope")
