@@ -414,6 +414,60 @@ def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
                      f"{'GGUF architecture' if ctx.gguf else 'format'} expects {expected}", fix)]
 
 
+def _listed(names, n: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:n]) + (f" ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
+    """Every tensor loads into the class config.json names, and every weight of that class comes
+    from the file.  transformers' from_pretrained only warns about missing keys (initialised at
+    random) and unexpected ones (dropped): the most common silent failure.  The key sets and the
+    rules for what may be missing or extra are transformers' own
+    (:func:`ckpt_surgeon.conversion.model_check.load_keys_report`, on the meta device; the only
+    check that imports transformers, seconds once per process)."""
+    if ctx.gguf or not ctx.cfg:
+        return []
+    if ctx.cfg.get("quantization_config"):
+        ctx.skipped.append(("loads-cleanly", "a quantized checkpoint loads through its quantizer, whose key rules "
+                                             "this check does not apply"))
+        return []
+    if not ctx.cfg.get("model_type"):
+        ctx.skipped.append(("loads-cleanly", "config.json has no model_type"))
+        return []
+    try:
+        from ..conversion.model_check import load_keys_report
+        got = load_keys_report(ctx.cfg, {n: i.shape for n, i in ctx.ck.tensors.items()})
+    except ImportError as e:
+        ctx.skipped.append(("loads-cleanly", f"transformers is not available ({e})"))
+        return []
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as e:
+        # a config transformers cannot build from: its own error, named (config-shapes and the
+        # other checks say what is wrong with the values)
+        ctx.skipped.append(("loads-cleanly", f"transformers cannot build the model from config.json "
+                                             f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"))
+        return []
+    if "skipped" in got:
+        ctx.skipped.append(("loads-cleanly", got["skipped"]))
+        return []
+    cls, out = got["class"], []
+    if got["missing"]:
+        out.append(_finding(ctx, "loads-cleanly", "error", got["missing"][0],
+                            f"{cls} (config.json architectures) has {len(got['missing'])} weight(s) this checkpoint "
+                            f"does not hold ({_listed(got['missing'])}): transformers initialises them at random when "
+                            "it loads it, with only a warning",
+                            "restore those tensors (reconvert from the original; `qkv split` after `qkv fuse`), or "
+                            "name the class that holds these tensors in config.json", on_tensor=False))
+    if got["unexpected"]:
+        first = got["unexpected"][0]
+        out.append(_finding(ctx, "loads-cleanly", "error", first,
+                            f"{len(got['unexpected'])} tensor(s) have no place in {cls} "
+                            f"({_listed(got['unexpected'])}): transformers drops them when it loads this checkpoint",
+                            "rename them to the model's keys (`qkv split` a `qkv fuse` output) or remove them"))
+    # (a shape mismatch is not silent, from_pretrained refuses it; config-shapes / vocab-size name it)
+    return out
+
+
 def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
     """--scan: every tensor streamed once in row chunks."""
     out = []
@@ -456,6 +510,9 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
+    Check("loads-cleanly", "error", check_loads_cleanly,
+          "every tensor loads into the class config.json names and every weight of that class is in the file "
+          "(transformers' own key sets and rules: missing weights are initialised at random, extra tensors dropped)"),
     Check("config-shapes", "error", check_layer_count,
           "config / GGUF metadata agree with the tensor shapes (q/k/v rows = heads x head_dim, layer count)"),
     Check("head-dim", "error", None,
