@@ -468,6 +468,24 @@ def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
     return out
 
 
+def check_ggml_layout(ctx: _Ctx) -> list[Finding]:
+    """A GGUF whose tensor data does not follow ggml's layout rule (formats.gguf.ggml_layout_problem):
+    every other reader opens it, llama.cpp refuses it."""
+    if not ctx.gguf:
+        return []
+    from ..formats.gguf import ggml_layout_message
+    headers = getattr(ctx.ck.reader, "headers", None) or ([ctx.ck.reader.header] if hasattr(ctx.ck.reader, "header")
+                                                         else [])
+    out = []
+    for h in headers:
+        problem = getattr(h, "ggml_layout", None)
+        if problem is not None:
+            out.append(Finding("ggml-layout", "error", h.path, problem[0], ggml_layout_message(problem, h.alignment),
+                               "rewrite the file with a GGUF writer (e.g. `ckpt-surgeon convert` to HF and back, or "
+                               "gguf-py), which lays the data out in tensor-info order"))
+    return out
+
+
 def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
     """--scan: every tensor streamed once in row chunks."""
     out = []
@@ -510,6 +528,9 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
+    Check("ggml-layout", "error", check_ggml_layout,
+          "GGUF: tensor data contiguous in tensor-info order, each padded to the alignment (ggml's loader "
+          "refuses any other layout)"),
     Check("loads-cleanly", "error", check_loads_cleanly,
           "every tensor loads into the class config.json names and every weight of that class is in the file "
           "(transformers' own key sets and rules: missing weights are initialised at random, extra tensors dropped)"),
