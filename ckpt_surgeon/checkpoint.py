@@ -127,6 +127,27 @@ class Checkpoint:
     def __exit__(self, *exc):
         self.close()
 
+    @property
+    def missing_config(self) -> str | None:
+        """Where config.json was looked for when an HF-named source has none (None: it has one, or
+        needs none: GGUF keeps its settings in its metadata)."""
+        if self.naming != "hf" or self.config is not None or self.format == "transformers":
+            return None
+        if self.format.startswith("hub"):
+            return f"{self.source}/config.json"
+        p = Path(self.source)
+        return str((p if p.is_dir() else p.parent) / "config.json")
+
+    def missing_config_warning(self) -> str | None:
+        """The one sentence inspect, analyze and lint say about a missing config.json (issue 24:
+        they showed heads 'None / None / None' and blamed an unknown architecture)."""
+        where = self.missing_config
+        if where is None:
+            return None
+        return (f"config.json is missing ({where}): without it the architecture, the heads / kv heads / head_dim, "
+                "the position encoding (rotary or not) and so every key-bias class cannot be known, and "
+                "transformers cannot load the folder; only tensor names, shapes and bias norms are shown")
+
     def layout(self, *, shapes: bool = True, all_layers: bool = True):
         """The resolved :class:`~ckpt_surgeon.arch.resolve.ModelLayout` (config values checked, config
         and tensors in agreement).  ``shapes=False`` / ``all_layers=False`` leave the per-tensor
@@ -310,6 +331,11 @@ def _open_file(path: Path, opts: _Options) -> Checkpoint:
 
 def _open_path(p: Path, opts: _Options) -> Checkpoint:
     return _OPENERS["folder"](p, opts) if p.is_dir() else _open_file(p, opts)
+
+
+def heads_cell(missing_config: str | None) -> str | None:
+    """What a summary shows for a setting only config.json holds, when it is missing."""
+    return "unknown: config.json is missing" if missing_config else None
 
 
 def looks_like_repo_id(source: str) -> bool:

@@ -370,3 +370,34 @@ def test_hub_source_reads_headers_and_small_tensors_only(hub, tiny, tmp_path):
     assert rep.bytes_read < 0.2 * (src / "model.safetensors").stat().st_size
     res = CliRunner().invoke(cli, ["lint", "owner/bad", "--format", "json"])
     assert res.exit_code == 1 and json.loads(res.stdout)["skipped"][0]["check"] == "qk-permutation"
+
+
+def test_folder_without_config_json_says_so_and_guesses_nothing(minilm_dir, tmp_path):
+    """issue 24: without config.json lint blamed "q/k parts split or named wrongly" on a healthy
+    model (an unknown position encoding taken for "no RoPE"), inspect / analyze showed
+    None / None / None heads and an "unknown architecture"."""
+    from ckpt_surgeon.analysis.inspect import inspect
+    from ckpt_surgeon.analysis.redundancy import analyze_checkpoint
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    d = tmp_path / "no-config"
+    d.mkdir()
+    shutil.copy(minilm_dir / "model.safetensors", d / "model.safetensors")
+    rep = lint(d)
+    assert [(f.check, f.severity, f.file, f.tensor, f.message) for f in rep.findings] == [
+        ("config-missing", "error", str(d / "config.json"), None,
+         "config.json is missing: transformers cannot load this folder, and the architecture, heads / kv heads / "
+         "head_dim and position encoding (rotary or not) cannot be known without it")]
+    assert {c for c, _ in rep.skipped} == {"key-bias-nonrotary", "qk-permutation", "loads-cleanly"}
+    warning = (f"config.json is missing ({d / 'config.json'}): without it the architecture, the heads / kv heads / "
+               "head_dim, the position encoding (rotary or not) and so every key-bias class cannot be known, and "
+               "transformers cannot load the folder; only tensor names, shapes and bias norms are shown")
+    ins = inspect(d)
+    assert ins.warnings[0] == warning and not any("not in the registry" in n for n in ins.notes)
+    assert dict(ins.summary_items())["heads / kv heads / head_dim"] == "unknown: config.json is missing"
+    assert ins.to_dict()["missing_config"] == str(d / "config.json")
+    with open_checkpoint(d) as ck:
+        an = analyze_checkpoint(ck)
+    assert an.warnings[0] == warning and dict(an.summary_items())["architecture"] == "unknown: config.json is missing"
+    assert {lr.k_class for lr in an.layers if lr.has_k_bias} <= {"unknown"}        # never guessed
+    lone = lint(d / "model.safetensors")          # a lone file: a warning, the same sentence
+    assert [(f.check, f.severity) for f in lone.findings] == [("config-missing", "warning")]

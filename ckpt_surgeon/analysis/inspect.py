@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arch.layouts import qkv_row_index
 from ..arch.resolve import LayoutSummary, ModelLayout, PositionEncoding
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import Checkpoint, heads_cell, open_checkpoint
 from ..records import finite_or_none as _finite_or_none
 from .memory import memory_figures
 
@@ -113,6 +113,7 @@ class InspectReport(LayoutSummary):
     memory: object = None          # MemoryFigures (analysis/memory.py): weight bytes per dtype, KV cache
     facts: tuple = ()             # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None  # derived layouts: attention blocks per layer and their groups' classes
+    missing_config: str | None = None   # where config.json was looked for, when an HF source has none
 
     @property
     def complete(self) -> bool:
@@ -138,7 +139,7 @@ class InspectReport(LayoutSummary):
             "file_metadata": dict(self.file_metadata), "tensor_types": dict(self.tensor_types),
             "bytes_read": self.bytes_read, "requests": self.requests,
             "memory": self.memory.to_dict() if self.memory is not None else None,
-            "facts": list(self.facts), "derivation": self.derivation,
+            "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
         }
 
     def to_frame(self):
@@ -183,10 +184,12 @@ class InspectReport(LayoutSummary):
         dt = ", ".join(f"{k} {v / max(self.parameter_count, 1):.1%}" for k, v in sorted(self.dtypes.items(), key=lambda kv: -kv[1]))
         return [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", f"{self.architecture}" + (f" [registry: {self.family}]" if self.family else
-                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
+            ("architecture", heads_cell(self.missing_config) or f"{self.architecture}" + (
+                f" [registry: {self.family}]" if self.family else
+                " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
             ("layers", str(self.num_layers)),
-            ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
+             f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
             ("norm placement", str(self.norm_placement)),
             ("q/k-norm", "yes" if self.qk_norm else "no"),
@@ -307,6 +310,11 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     listed = {t for t, _ in missing}
     missing.extend((n, _PAST_END) for n, i in sorted(ck.tensors.items(), key=lambda kv: (kv[1].file, kv[1].start))
                    if i.missing and n not in listed)
+    notes = layout.notes
+    if ck.missing_config:
+        # say what is missing, not "unknown architecture" (the registry is not the problem)
+        warnings.insert(0, ck.missing_config_warning())
+        notes = tuple(n for n in notes if "is not in the registry" not in n)
     params, dtypes = _parameter_counts(ck, layout)
     tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
     file_metadata = dict(getattr(ck, "file_summary", None) or {})
@@ -316,11 +324,11 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
-        notes=layout.notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
+        notes=notes, warnings=tuple(warnings), skipped=layout.skipped, missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.tensors),
         memory=memory_figures(ck.tensors, ck.config, layout),
-        facts=tuple(layout.facts()), derivation=layout.derivation())
+        facts=tuple(layout.facts()), derivation=layout.derivation(), missing_config=ck.missing_config)
 
 
 def inspect(source, **open_kwargs) -> InspectReport:

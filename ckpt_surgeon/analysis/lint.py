@@ -11,6 +11,7 @@ finding has severity ``error``.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -330,9 +331,24 @@ def check_dtype_mix(ctx: _Ctx) -> list[Finding]:
                      "and a half-converted file looks like this", "cast every weight to one dtype")]
 
 
+def check_config_missing(ctx: _Ctx) -> list[Finding]:
+    """An HF folder without config.json: transformers cannot load it, and what only the config says
+    (heads, position encoding) is unknown, so the checks that need it are skipped, never guessed."""
+    where = ctx.ck.missing_config
+    if where is None:
+        return []
+    for check in ("key-bias-nonrotary", "qk-permutation", "loads-cleanly"):
+        ctx.skipped.append((check, "config.json is missing"))
+    return [Finding("config-missing", "error" if os.path.isdir(ctx.ck.source) else "warning", where, None,
+                    "config.json is missing: transformers cannot load this folder, and the architecture, heads / kv "
+                    "heads / head_dim and position encoding (rotary or not) cannot be known without it",
+                    "add the model's config.json (from where the weights came from)")]
+
+
 def check_key_bias_nonrotary(ctx: _Ctx) -> list[Finding]:
     lay = ctx.layout
-    if lay is None or lay.position.type == "rope":
+    # "unknown" (no config, or an architecture nobody declared) is not "no rotary": never guessed
+    if lay is None or lay.position.type in ("rope", "unknown") or ctx.ck.missing_config:
         return []
     from .inspect import _split_fused_bias
     out = []
@@ -384,6 +400,8 @@ def _sample_layers(n: int) -> list[int]:
 
 def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
     lay = ctx.layout
+    if ctx.ck.missing_config:
+        return []
     if ctx.remote:
         ctx.skipped.append(("qk-permutation", "reads Q/K weights of four layers; not over HTTP (lint a local copy)"))
         return []
@@ -426,7 +444,7 @@ def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
     rules for what may be missing or extra are transformers' own
     (:func:`ckpt_surgeon.conversion.model_check.load_keys_report`, on the meta device; the only
     check that imports transformers, seconds once per process)."""
-    if ctx.gguf or not ctx.cfg:
+    if ctx.gguf or ctx.ck.missing_config:
         return []
     if ctx.cfg.get("quantization_config"):
         ctx.skipped.append(("loads-cleanly", "a quantized checkpoint loads through its quantizer, whose key rules "
@@ -531,6 +549,8 @@ CHECKS: tuple[Check, ...] = (
     Check("ggml-layout", "error", check_ggml_layout,
           "GGUF: tensor data contiguous in tensor-info order, each padded to the alignment (ggml's loader "
           "refuses any other layout)"),
+    Check("config-missing", "error", check_config_missing,
+          "an HF folder has its config.json (a lone .safetensors file without one: warning)"),
     Check("loads-cleanly", "error", check_loads_cleanly,
           "every tensor loads into the class config.json names and every weight of that class is in the file "
           "(transformers' own key sets and rules: missing weights are initialised at random, extra tensors dropped)"),

@@ -85,6 +85,7 @@ from ..arch.resolve import LayerTensors, LayoutSummary, ModelLayout
 from ..arch.rope import RopeGeometry, rope_geometry
 from ..errors import CkptError
 from ..records import finite_or_none as _f
+from ..checkpoint import heads_cell
 
 DEFAULT_EPSILON = 0.1          # rad: a pair is near-redundant when it turns less than this over the context
 CLASSES = ("exact", "partial", "rope", "not-removable", "unknown")
@@ -714,6 +715,7 @@ class AnalysisReport(LayoutSummary):
     by_bias: bool = False               # rows(): one row per bias (consumers) instead of per layer
     facts: tuple = ()                   # how each architecture fact was established (registry | derived | probed)
     derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
+    missing_config: str | None = None   # where config.json was looked for, when an HF source has none
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -742,7 +744,7 @@ class AnalysisReport(LayoutSummary):
              "notes": list(self.notes), "warnings": list(self.warnings), "bytes_read": self.bytes_read,
              "measured": self.measured.to_dict() if self.measured is not None else None,
              "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
-             "facts": list(self.facts), "derivation": self.derivation}
+             "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config}
         return d
 
     def rows(self) -> list[dict]:
@@ -790,9 +792,11 @@ class AnalysisReport(LayoutSummary):
         vb = [lr.v_bias for lr in self.layers if lr.v_bias is not None]
         items = [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", self.architecture + (f" [registry: {self.family}]" if self.family else
-                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
-            ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("architecture", heads_cell(self.missing_config) or self.architecture + (
+                f" [registry: {self.family}]" if self.family else
+                " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
+            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
+             f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
             ("norm placement / input norm", f"{self.norm_placement} / {self.input_norm}"),
             ("attention scale", f"{self.attn_scale:.6g}" if self.attn_scale is not None and math.isfinite(self.attn_scale) else "-"),
@@ -835,6 +839,11 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     sinks = sink_layers(ck.tensors)
     warnings = list(getattr(ck, "warnings", ()))
     notes = list(layout.notes)
+    missing_config = getattr(ck, "missing_config", None)
+    if missing_config:
+        # say what is missing, not "unknown architecture" (the registry is not the problem)
+        warnings.insert(0, ck.missing_config_warning())
+        notes = [n for n in notes if "is not in the registry" not in n]
     if layout.norm_placement == "post":
         notes.append("post-norm: the claim that LayerNorm's beta makes the q/k/v biases redundant is not an identity "
                      "(beta passes through W_q / W_k and differs from b_q / b_k); this report does not treat it as one")
@@ -871,7 +880,7 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     return AnalysisReport(
         **layout.summary(), source=ck.source, format=ck.format, input_norm=layout.input_norm, context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
         notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
-        facts=tuple(layout.facts()), derivation=layout.derivation())
+        facts=tuple(layout.facts()), derivation=layout.derivation(), missing_config=missing_config)
 
 
 def inspect_summary(layout: ModelLayout, config: dict | None, lt: LayerTensors, b_k: np.ndarray | None, *,

@@ -17,7 +17,7 @@ def command(source, scan, allow_pickle, revision, hub_file, allow_full_download,
 
     Checks (docs/lint.md has the full list): every tensor loads into the class config.json
     names and every weight of it is in the file (transformers' own key rules: a missing weight
-    is initialised at random, an extra tensor dropped); a GGUF's tensor
+    is initialised at random, an extra tensor dropped); config.json present; a GGUF's tensor
     data laid out as ggml's loader requires; config / GGUF metadata against tensor shapes;
     head_dim (config head_dim, GGUF attention.key_length) against the q/k rows; q/k/v biases
     dropped in some layers or contradicting the config's attention-bias switch; a RoPE GGUF
