@@ -692,6 +692,11 @@ def _norm_params(ck, layout: ModelLayout, lt: LayerTensors):
     return g, b, None
 
 
+def _nothing_removable(lr: LayerRedundancy) -> bool:
+    """A key bias with no exact and no near-redundant part (every dim rotated, no near pair; q/k-norm)."""
+    return lr.has_k_bias and not lr.exact_fraction and not lr.near_fraction
+
+
 @dataclass(frozen=True, eq=False)
 class AnalysisReport(LayoutSummary):
     """``ckpt-surgeon analyze``: per-layer (and per kv head) key/value/query-bias verdicts (the
@@ -760,6 +765,8 @@ class AnalysisReport(LayoutSummary):
                     rows.append({"layer": lr.layer, "kv_head": h.kv_head, "class": lr.k_class,
                                  "k_l2": h.k_bias_l2, "exact": h.exact_fraction, "near": h.near_fraction,
                                  "rest": h.rest_fraction, "bound": h.bound, "bound_all": h.bound_all})
+                    if _nothing_removable(lr):
+                        rows[-1].update(exact=None, near=None, bound=None)
                 continue
             n_pairs = 0 if lr.pairs is None else lr.pairs.shape[0]
             # Short column names (the table must fit a terminal); JSON keeps the long ones.
@@ -770,6 +777,9 @@ class AnalysisReport(LayoutSummary):
                    "q_l2": lr.q_bias.l2 if lr.q_bias else None,
                    "v_fold": (None if lr.v_bias is None else lr.v_bias.foldable),
                    "flags": ", ".join(sorted({f.split(":", 1)[0] for f in lr.flags})) or None}
+            if _nothing_removable(lr):
+                # as inspect: "-", not "0 / 0 / 0", which reads as "removing it is free" (to_dict keeps them)
+                row.update(exact=None, near=None, bound=None)
             for k, v in mrows.get(lr.layer, {}).items():
                 if k != "layer":
                     row[k] = v
@@ -788,7 +798,8 @@ class AnalysisReport(LayoutSummary):
             if self.rope and self.rope.rope_type != "default":
                 pos += f", scaling {self.rope.rope_type} (attention factor {self.rope.attention_factor:g})"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.class_counts().items())) or "no layer has a key bias"
-        bounds = [lr.bound for lr in self.layers if lr.bound is not None and lr.has_k_bias]
+        bounds = [lr.bound for lr in self.layers if lr.bound is not None and lr.has_k_bias
+                  and not _nothing_removable(lr)]
         vb = [lr.v_bias for lr in self.layers if lr.v_bias is not None]
         items = [
             ("source", f"{self.source} ({self.format})"),
@@ -803,7 +814,8 @@ class AnalysisReport(LayoutSummary):
             ("context L", f"{self.context} ({self.context_source})" if self.context else f"unknown ({self.context_source})"),
             ("epsilon (rad)", f"{self.epsilon:g}: near-redundant pairs turn less than this over L"),
             ("key-bias classes", counts),
-            ("max bound (exact + near removed)", f"{max(bounds):.4g} logit" if bounds else "-"),
+            ("max bound (exact + near removed)", f"{max(bounds):.4g} logit" if bounds else
+             "- (no layer has a removable part)" if any(lr.has_k_bias for lr in self.layers) else "-"),
             ("value bias", ("foldable into the output bias in every layer" if vb and all(v.foldable for v in vb) else
                             vb[0].reason if vb else "none")),
         ]
