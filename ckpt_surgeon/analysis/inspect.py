@@ -40,8 +40,7 @@ class BiasStats:
         d = {"l2": _finite_or_none(self.l2), "max_abs": _finite_or_none(self.max_abs),
              "per_head_l2": None if self.per_head_l2 is None else [_finite_or_none(x) for x in self.per_head_l2],
              "tensor": self.tensor, "dtype": self.dtype}
-        if self.nonfinite:
-            d["nonfinite"] = self.nonfinite
+        d["nonfinite"] = self.nonfinite      # always present: the JSON contract lists it (0: none)
         if self.missing:
             d["missing"] = True
             d["reason"] = self.reason
@@ -153,9 +152,9 @@ class InspectReport(LayoutSummary):
         for lr in self.layers:
             row = {"layer": lr.layer, "fused_qkv": lr.fused_qkv, "o_bias": lr.o_bias}
             for role in ("q", "k", "v"):
-                b = getattr(lr, f"{role}_bias")   # absent biases show as NaN ("-" in tables)
-                row[f"{role}_bias_l2"] = b.l2 if b else float("nan")
-                row[f"{role}_bias_max_abs"] = b.max_abs if b else float("nan")
+                b = getattr(lr, f"{role}_bias")   # absent: None ("-" in tables); NaN values: NaN ("NaN")
+                row[f"{role}_bias_l2"] = b.l2 if b else None
+                row[f"{role}_bias_max_abs"] = b.max_abs if b else None
             for k, v in lr.extra.items():
                 short = _ROW_COLUMNS.get(k)
                 if short is not None:

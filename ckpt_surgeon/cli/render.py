@@ -66,7 +66,7 @@ def _cell(v) -> str:
         return "yes" if v else "no"
     if isinstance(v, float):
         if math.isnan(v):
-            return "-"
+            return "NaN"      # a value that is NaN (a NaN bias); an absent one is None: "-" (issue 24)
         if v == 0:
             return "0.0"      # a measured or computed zero (an int 0 shows as "0"; nothing at all as "-")
         return f"{v:.4g}" if (abs(v) >= 1e-3 and abs(v) < 1e5) else f"{v:.3e}"
