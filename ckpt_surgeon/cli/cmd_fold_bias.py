@@ -29,6 +29,8 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
 
     if dry_run:
         emit(plan, fmt, report_path, title=f"{title} (dry run: nothing written)", force=force)
+        if fmt != "table" or report_path:
+            click.echo("dry run: nothing written", err=True)     # the table's summary says it already
         return None
     result = execute(ckpt, plan, out, force=force, check=check, progress=progress)
     emit(result, fmt, report_path, title=title, force=force)
