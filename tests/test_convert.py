@@ -759,7 +759,7 @@ def test_cli_both_directions(gguf_of, family_dir, tmp_path):
                  "transform": "perm_q", "source_dtype": "Q8_0", "target_dtype": "BF16", "shape": [64, 64]}
     res = runner.invoke(cli, ["convert", str(family_dir("gpt2")), "-o", str(tmp_path / "g.gguf"), "--dtype", "q8_0"])
     assert res.exit_code == 0, res.output
-    assert "hf->gguf" in res.stderr
+    assert "hf->gguf" in res.stdout and "hf->gguf" not in res.stderr      # the summary is stdout's (issue 24)
     res = runner.invoke(cli, ["convert", str(family_dir("gpt2")), "-o", str(tmp_path / "g.gguf")])
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [f"error: {tmp_path / 'g.gguf'}: already exists (pass --force to replace it)"]

@@ -67,6 +67,9 @@ def test_piped_tables_keep_every_name_whole(long_names):
     fold = _cli("fold-bias", a, "-o", a.parent / "folded", "--k", "--v", "--dry-run")
     assert fold.returncode == 0, fold.stderr
     _names_whole(fold.stdout, [str(a)])
+    conv = _cli("convert", a, "-o", a.parent / "gpt2-as-a-gguf-file-with-a-long-name.gguf")
+    assert conv.returncode == 0, conv.stderr
+    _names_whole(conv.stdout, [str(a.parent / "gpt2-as-a-gguf-file-with-a-long-name.gguf")])
 
 
 def test_columns_is_honoured_and_cells_wrap(long_names):

@@ -26,7 +26,8 @@ def output_options(fn):
                            "error, checked before any work, as for surgery outputs.")(fn)
     fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
                       help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
-                           "refused unless --force.")(fn)
+                           "refused unless --force.  (-o/--output names what a command writes: this report "
+                           "here; the model for convert, fold-bias and qkv.)")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
                       help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
     return fn
