@@ -1075,6 +1075,30 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings))
 
 
+def _sp_pieces(sp, n: int, quirks: dict) -> tuple[list, list, list]:
+    """The first ``n`` pieces of a SentencePiece model -> (tokens, scores, types), with the
+    ``replace`` and ``unused_prefix`` quirks applied."""
+    replace, unused = quirks.get("replace", {}), quirks.get("unused_prefix")
+    tokens, scores, types = [], [], []
+    for i in range(min(n, sp.vocab_size())):
+        piece = sp.IdToPiece(i)
+        tokens.append(replace.get(piece, piece))
+        scores.append(sp.GetScore(i))
+        typ = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i) else UNUSED if sp.IsUnused(i)
+               else BYTE if sp.IsByte(i) else NORMAL)
+        types.append(UNUSED if unused and piece.startswith(unused) else typ)
+    return tokens, scores, types
+
+
+def _added_token_overrides(folder: Path) -> list[tuple[int, dict]]:
+    """(id, entry) of tokenizer_config.json's ``added_tokens_decoder``, then tokenizer.json's
+    ``added_tokens`` (later entries win)."""
+    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    overrides = [(int(tid), data) for tid, data in (tcfg.get("added_tokens_decoder") or {}).items()]
+    tj = _read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else {}
+    return overrides + [(int(a["id"]), a) for a in tj.get("added_tokens") or []]
+
+
 def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFVocab:
     """``vocab``'s tokens, scores and types re-read from ``tokenizer.model`` piece by piece, as a
     llama.cpp converter that walks the SentencePiece model does (InternLM2Model.set_vocab), with
@@ -1102,28 +1126,14 @@ def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFV
     n = len(vocab.tokens)
     if sp.vocab_size() < n and not (folder / "added_tokens.json").is_file():
         raise ConfigError(f"{sp.vocab_size()} SentencePiece pieces for {n} embedding rows", path=str(path))
-    replace, unused = quirks.get("replace", {}), quirks.get("unused_prefix")
-    tokens, scores, types = [], [], []
-    for i in range(min(n, sp.vocab_size())):
-        piece = sp.IdToPiece(i)
-        tokens.append(replace.get(piece, piece))
-        scores.append(sp.GetScore(i))
-        typ = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i) else UNUSED if sp.IsUnused(i)
-               else BYTE if sp.IsByte(i) else NORMAL)
-        types.append(UNUSED if unused and piece.startswith(unused) else typ)
+    tokens, scores, types = _sp_pieces(sp, n, quirks)
     if (folder / "added_tokens.json").is_file():
         for content in _read_json(folder / "added_tokens.json"):
             tokens.append(content)
             scores.append(-1000.0)
             types.append(USER_DEFINED)
     chat_eos = None
-    overrides = []
-    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    for tid, data in (tcfg.get("added_tokens_decoder") or {}).items():
-        overrides.append((int(tid), data))
-    tj = _read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else {}
-    overrides += [(int(a["id"]), a) for a in tj.get("added_tokens") or []]
-    for tid, data in overrides:
+    for tid, data in _added_token_overrides(folder):
         if not 0 <= tid < len(tokens):
             raise ConfigError(f"added token {data.get('content')!r} has id {tid}, past the {len(tokens)} tokens",
                               path=str(path))
@@ -1134,8 +1144,6 @@ def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFV
     if len(tokens) != n:
         raise ConfigError(f"{len(tokens)} tokens (tokenizer.model and added tokens) for {n} embedding rows",
                           path=str(path))
-    special_ids = dict(vocab.special_ids)
-    if chat_eos is not None:
-        special_ids["eos"] = chat_eos
+    special_ids = dict(vocab.special_ids, **({"eos": chat_eos} if chat_eos is not None else {}))
     return dataclasses.replace(vocab, tokens=tuple(tokens), scores=tuple(scores), token_types=tuple(types),
                                special_ids=special_ids)
