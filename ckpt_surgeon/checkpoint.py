@@ -342,6 +342,22 @@ def looks_like_repo_id(source: str) -> bool:
     return bool(_REPO_ID.match(source)) and not source.startswith((".", "/"))
 
 
+def missing_local(source: str) -> SourceNotFoundError:
+    """The error for a ``source`` that does not exist here and is not to be looked up on the Hub:
+    one not shaped ``owner/name``, or one whose first component exists locally (``play/qwen2-64x``
+    beside a folder ``play`` is a typo of a local path: asking the Hub would only cost retries)."""
+    first = source.split("/", 1)[0]
+    if looks_like_repo_id(source) and os.path.lexists(first):
+        return SourceNotFoundError(f"no such file or folder ({first}/ exists here, so this is read as a local path, "
+                                   "not a Hub repo id)", path=source)
+    return SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=source)
+
+
+def is_hub_source(source: str) -> bool:
+    """``source`` (which does not exist locally) is to be opened as a Hub repo id."""
+    return looks_like_repo_id(source) and not os.path.lexists(source.split("/", 1)[0])
+
+
 def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, revision: str | None = None,
                     file: str | None = None, allow_full_download: bool = False,
                     progress: bool | None = None) -> Checkpoint:
@@ -352,9 +368,9 @@ def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, re
     opts = _Options(allow_pickle, revision, file, allow_full_download, progress)
     if p.exists():
         return _open_path(p, opts)
-    if looks_like_repo_id(s):
+    if is_hub_source(s):
         return _OPENERS["hub"](s, opts)
-    raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=s)
+    raise missing_local(s)
 
 
 def tensor_info_json(info: TensorInfo) -> dict:
