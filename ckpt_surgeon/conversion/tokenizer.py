@@ -359,6 +359,7 @@ class GGUFVocab:
     special_ids: dict = field(default_factory=dict)   # bos | eos | unk | pad | sep | eot ... -> id
     add_bos: bool | None = None
     add_eos: bool | None = None
+    add_sep: bool | None = None                  # tokenizer.ggml.add_sep_token, where llama.cpp's converter writes it
     add_space_prefix: bool | None = None
     chat_template: str | None = None
     lowercase: bool | None = None                # tokenizer.ggml.normalizer.lowercase (bert)
@@ -383,6 +384,8 @@ class GGUFVocab:
             kv.append(("tokenizer.ggml.add_bos_token", bool(self.add_bos), "bool"))
         if self.add_eos is not None:
             kv.append(("tokenizer.ggml.add_eos_token", bool(self.add_eos), "bool"))
+        if self.add_sep is not None:
+            kv.append(("tokenizer.ggml.add_sep_token", bool(self.add_sep), "bool"))
         if self.add_space_prefix is not None:
             kv.append(("tokenizer.ggml.add_space_prefix", bool(self.add_space_prefix), "bool"))
         if self.lowercase is not None:
@@ -550,6 +553,44 @@ def _add_bos_eos(tj: dict, tcfg: dict, bos: str | None, eos: str | None) -> tupl
     return bool(add_bos), bool(add_eos)
 
 
+def _special_id(item) -> str | None:
+    return item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+
+
+def _add_sep(tj: dict, tcfg: dict, sep: str | None, eos: str | None) -> bool | None:
+    """Whether encoding a pair puts a separator between the sequences, decided as llama.cpp's
+    converter decides it (gguf-py ``SpecialVocab._try_load_from_tokenizer_json``): RobertaProcessing
+    adds one; a TemplateProcessing ``pair`` template ``[first] A X [Y] B [last]`` adds one when X
+    (or Y) is the sep or eos token (X only when the single template has no trailing special);
+    else tokenizer_config's ``add_sep_token``.  None where the converter writes no key."""
+    add = None
+    pp = tj.get("post_processor") or {}
+    for proc in (pp.get("processors", [pp]) if isinstance(pp, dict) else []):
+        kind = proc.get("type") if isinstance(proc, dict) else None
+        if kind == "RobertaProcessing":
+            add = True
+        elif kind == "TemplateProcessing":
+            single, pair = proc.get("single") or [], proc.get("pair") or []
+            first = _special_id(single[0]) if len(single) > 1 else None
+            last = _special_id(single[-1]) if len(single) > 1 else None
+            end_token = last or eos          # a trailing special of the single template becomes its eos
+            if not pair:
+                continue
+            start = 1 if first and _special_id(pair[0]) == first else 0
+            stop = -1 if last and _special_id(pair[-1]) == last else None
+            mid = pair[start:stop]
+            seq = [m.get("Sequence", {}).get("id") if isinstance(m, dict) else None for m in mid[:1] + mid[-1:]]
+            inner = mid[1:-1]
+            if seq == ["A", "B"] and inner:
+                add = bool(_special_id(inner[0]) in (sep, end_token) and _special_id(inner[0]) is not None
+                           and not last)
+                if len(inner) == 2 and _special_id(inner[1]) is not None and _special_id(inner[1]) in (sep, end_token):
+                    add = True
+    if add is None and isinstance(tcfg.get("add_sep_token"), bool):
+        add = tcfg["add_sep_token"]
+    return add
+
+
 def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
     """Exact scores from a SentencePiece ``tokenizer.model`` (as llama.cpp's converter reads them)."""
     try:
@@ -688,10 +729,12 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
 
     ids = _special_ids(folder, vocab, specials_by_name, config, n_vocab)
     add_bos, add_eos = _add_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
+    add_sep = _add_sep(tj, tcfg, _token_content(tcfg.get("sep_token")), _token_content(tcfg.get("eos_token")))
     return GGUFVocab(model=kind, pre=pre, tokens=tuple(tokens), token_types=tuple(types),
                      scores=tuple(scores) if scores is not None else None,
                      merges=tuple(merges) if (merges and not spm) else None,
-                     special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
+                     special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_sep=add_sep,
+                     add_space_prefix=add_space_prefix,
                      chat_template=_chat_template(folder, tcfg))
 
 
