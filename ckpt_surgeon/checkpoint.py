@@ -162,6 +162,27 @@ class Checkpoint:
     def __exit__(self, *exc):
         self.close()
 
+    @property
+    def missing_config(self) -> str | None:
+        """Where config.json was looked for when an HF-named source has none (None: it has one, or
+        needs none: GGUF keeps its settings in its metadata)."""
+        if self.naming != "hf" or self.config is not None or self.format == "transformers":
+            return None
+        if self.format.startswith("hub"):
+            return f"{self.source}/config.json"
+        p = Path(self.source)
+        return str((p if p.is_dir() else p.parent) / "config.json")
+
+    def missing_config_warning(self) -> str | None:
+        """The one sentence inspect, analyze and lint say about a missing config.json (issue 24:
+        they showed heads 'None / None / None' and blamed an unknown architecture)."""
+        where = self.missing_config
+        if where is None:
+            return None
+        return (f"config.json is missing ({where}): without it the architecture, the heads / kv heads / head_dim, "
+                "the position encoding (rotary or not) and so every key-bias class cannot be known, and "
+                "transformers cannot load the folder; only tensor names, shapes and bias norms are shown")
+
     def layout(self, *, shapes: bool = True, all_layers: bool = True):
         """The resolved :class:`~ckpt_surgeon.arch.resolve.ModelLayout` (config values checked, config
         and tensors in agreement).  ``shapes=False`` / ``all_layers=False`` leave the per-tensor
@@ -347,8 +368,29 @@ def _open_path(p: Path, opts: _Options) -> Checkpoint:
     return _OPENERS["folder"](p, opts) if p.is_dir() else _open_file(p, opts)
 
 
+def heads_cell(missing_config: str | None) -> str | None:
+    """What a summary shows for a setting only config.json holds, when it is missing."""
+    return "unknown: config.json is missing" if missing_config else None
+
+
 def looks_like_repo_id(source: str) -> bool:
     return bool(_REPO_ID.match(source)) and not source.startswith((".", "/"))
+
+
+def missing_local(source: str) -> SourceNotFoundError:
+    """The error for a ``source`` that does not exist here and is not to be looked up on the Hub:
+    one not shaped ``owner/name``, or one whose first component exists locally (``play/qwen2-64x``
+    beside a folder ``play`` is a typo of a local path: asking the Hub would only cost retries)."""
+    first = source.split("/", 1)[0]
+    if looks_like_repo_id(source) and os.path.lexists(first):
+        return SourceNotFoundError(f"no such file or folder ({first}/ exists here, so this is read as a local path, "
+                                   "not a Hub repo id)", path=source)
+    return SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=source)
+
+
+def is_hub_source(source: str) -> bool:
+    """``source`` (which does not exist locally) is to be opened as a Hub repo id."""
+    return looks_like_repo_id(source) and not os.path.lexists(source.split("/", 1)[0])
 
 
 def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, revision: str | None = None,
@@ -361,9 +403,9 @@ def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, re
     opts = _Options(allow_pickle, revision, file, allow_full_download, progress)
     if p.exists():
         return _open_path(p, opts)
-    if looks_like_repo_id(s):
+    if is_hub_source(s):
         return _OPENERS["hub"](s, opts)
-    raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)", path=s)
+    raise missing_local(s)
 
 
 def tensor_info_json(info: TensorInfo) -> dict:

@@ -575,3 +575,22 @@ def test_hub_repo_analysis_equals_the_local_folder(tiny, tmp_path, monkeypatch):
     for x, y in zip(local.layers, remote.layers):
         assert (y.k_class, y.near_pairs) == (x.k_class, x.near_pairs)
         assert y.near_fraction == x.near_fraction and y.bound == x.bound and y.bound_all == x.bound_all
+
+
+def test_full_rope_layers_show_dashes_not_zeros(tiny):
+    """issue 24: with every dim rotated and no near pair, analyze printed exact / near / bound as
+    0 / 0 / 0 and "max bound ... 0 logit", which reads as "removing it is free"; inspect showed "-".
+    JSON keeps the numbers."""
+    from ckpt_surgeon.cli.render import to_table
+    rep = analyze(tiny("qwen2"), context=1_000_000)
+    assert [(r["exact"], r["near"], r["bound"]) for r in rep.rows()] == [(None, None, None)] * 2
+    assert [(lr.exact_fraction, lr.near_fraction, lr.bound) for lr in rep.layers] == [(0.0, 0.0, 0.0)] * 2
+    assert dict(rep.summary_items())["max bound (exact + near removed)"] == "- (no layer has a removable part)"
+    assert "0 logit" not in to_table(rep.rows(), rep.summary_items())
+    res = CliRunner().invoke(cli, ["analyze", str(tiny("qwen2")), "--context", "1000000"])
+    assert res.exit_code == 0 and "- (no layer has a removable part)" in res.stdout
+    near = analyze(tiny("qwen2"))          # the config's context: one near pair, a real bound
+    assert near.rows()[0]["near"] > 0 and dict(near.summary_items())["max bound (exact + near removed)"].endswith(
+        " logit")
+    exact = analyze(tiny("gpt2"))            # exact class: the bound 0 is real and shown
+    assert exact.rows()[0]["exact"] == 1.0 and exact.rows()[0]["bound"] == 0.0

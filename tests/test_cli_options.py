@@ -200,3 +200,30 @@ def test_inspect_table_dash_for_nothing_removable_numbers_in_json(tiny, name, kl
         # All of a non-rotary key bias is removable at no cost: a true zero bound shows as 0.0.
         assert all(r["k_exact"] == "1" and r["k_bound"] == "0.0" for r in body), body
         assert all(x["exact_fraction"] == 1.0 and x["bound"] == 0.0 for x in red), red
+
+
+# --- -o/--output: one spelling for what a command writes (issue 24) -------------------------------
+
+
+def test_output_is_spelled_the_same_everywhere_and_old_spellings_still_work(tiny, tmp_path):
+    src = tiny("gpt2")
+    for cmd in (["fold-bias"], ["qkv", "split"], ["qkv", "fuse"], ["convert"]):
+        flat = " ".join(_run(*cmd, "--help").output.split())
+        assert "-o, --output, --out PATH" in flat, (cmd, flat)
+    for cmd in (["inspect"], ["analyze"], ["lint"], ["diff"], ["verify"]):
+        assert "-o, --output FILE" in " ".join(_run(*cmd, "--help").output.split()), cmd
+    for i, spelling in enumerate(("-o", "--output", "--out")):
+        out = tmp_path / f"f{i}"
+        res = _run("fold-bias", src, spelling, out, "--k")
+        assert res.exit_code == 0 and (out / "model.safetensors").is_file(), res.output
+    res = _run("convert", src, "--out", tmp_path / "g.gguf")
+    assert res.exit_code == 0 and (tmp_path / "g.gguf").is_file(), res.output
+
+
+def test_convert_summary_is_on_stdout(tiny, tmp_path):
+    """`convert ... > log` left the log empty: the summary went to stderr."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "convert", str(tiny("gpt2")), "-o",
+                        str(tmp_path / "g.gguf")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "ckpt-surgeon convert" and "hf->gguf" in r.stdout and r.stderr == ""

@@ -759,7 +759,7 @@ def test_cli_both_directions(gguf_of, family_dir, tmp_path):
                  "transform": "perm_q", "source_dtype": "Q8_0", "target_dtype": "BF16", "shape": [64, 64]}
     res = runner.invoke(cli, ["convert", str(family_dir("gpt2")), "-o", str(tmp_path / "g.gguf"), "--dtype", "q8_0"])
     assert res.exit_code == 0, res.output
-    assert "hf->gguf" in res.stderr
+    assert "hf->gguf" in res.stdout and "hf->gguf" not in res.stderr      # the summary is stdout's (issue 24)
     res = runner.invoke(cli, ["convert", str(family_dir("gpt2")), "-o", str(tmp_path / "g.gguf")])
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [f"error: {tmp_path / 'g.gguf'}: already exists (pass --force to replace it)"]
@@ -1208,3 +1208,73 @@ def test_yarn_parameters_gguf_cannot_carry_are_refused(extra, family_dir, tmp_pa
     with pytest.raises(UnsupportedError, match=re.escape(f"rope_parameters.{key} = {value!r} is not converted")):
         hf_to_gguf(src, tmp_path / "y.gguf")
     assert not (tmp_path / "y.gguf").exists()
+
+
+# --- stray config keys a family's class ignores (issue 24) ----------------------------------------
+
+# Plausible but wrong values: reading one changes the file, or fails.
+_STRAY_VALUES = {"num_key_value_heads": 1, "head_dim": 6, "intermediate_size": 40, "max_position_embeddings": 24}
+
+
+def _families_with_ignored_keys():
+    from ckpt_surgeon.arch import families as F
+    out = []
+    for fam in F.FAMILIES:
+        keys = sorted(F.absent_config_keys(fam))
+        # (Falcon's only one, head_dim, is a read-only property of FalconConfig: transformers refuses a
+        # config.json that sets it, so it is not a stray key that loads)
+        variant = {"gpt2": "gpt2", "bloom": "bloom", "gpt_neox": "gpt_neox"}.get(fam.name)
+        if keys and variant:
+            out.append((variant, keys))
+    return out
+
+
+@pytest.mark.parametrize("family, keys", _families_with_ignored_keys())
+def test_stray_config_keys_the_class_ignores_change_nothing(family, keys, family_dir, tmp_path):
+    """BLOOM with a num_key_value_heads key crashed HF -> GGUF with a traceback; transformers (and
+    llama.cpp's converter) ignore it.  For every family whose config class lacks a generic key
+    (registry: hf_rename to None), a stray one is checked to be ignored by transformers itself
+    (same logits) and by us (byte-identical GGUF)."""
+    import torch
+    import transformers
+    src = family_dir(family)
+    cfg = read_json(src / "config.json")
+    stray = {k: _STRAY_VALUES[k] for k in keys if k not in cfg and k in _STRAY_VALUES}
+    assert stray, (family, keys)
+    noisy = tmp_path / "noisy"
+    shutil.copytree(src, noisy)
+    (noisy / "config.json").write_text(json.dumps({**cfg, **stray}))
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        ref, got = (transformers.AutoModelForCausalLM.from_pretrained(d).eval()(ids).logits for d in (src, noisy))
+    assert torch.equal(ref, got), stray                 # transformers ignores them: the premise
+    a = hf_to_gguf(src, tmp_path / "a.gguf", dtype="f32", name="x")
+    b = hf_to_gguf(noisy, tmp_path / "b.gguf", dtype="f32", name="x")
+    assert a.read_bytes() == b.read_bytes(), sorted(stray)
+
+
+def test_bloom_with_num_key_value_heads_converts_and_any_escape_is_one_line(family_dir, tmp_path):
+    """The report's exact case, through the CLI: exit 0 now; and an exception no handler expects
+    is still one line and exit 2 (a defect, said so), never a traceback."""
+    from click.testing import CliRunner
+
+    from ckpt_surgeon.cli import cli
+    src = tmp_path / "bloom"
+    shutil.copytree(family_dir("bloom"), src)
+    cfg = read_json(src / "config.json")
+    (src / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 1}))
+    res = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "b.gguf")])
+    assert res.exit_code == 0, res.output
+    import ckpt_surgeon.conversion as conv
+    orig = conv.convert
+
+    def boom(*a, **k):
+        raise ValueError("per-head interleaved [h, 3, d] needs n_kv_heads == n_heads\nsecond line")
+    conv.convert = boom
+    try:
+        res = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "c.gguf")])
+    finally:
+        conv.convert = orig
+    assert res.exit_code == 2 and res.stderr == (
+        "error: internal error (ValueError: per-head interleaved [h, 3, d] needs n_kv_heads == n_heads); this is a "
+        "bug in ckpt-surgeon: rerun with --debug for the traceback and report it\n")

@@ -276,3 +276,15 @@ def test_gemma_norms_stored_plus_one_compare_equal(tiny, tmp_path):
     off = diff(src, g)
     assert {t.name for t in off.tensors if t.status == "changed"} == {t.name for t in norms}
     assert all(t.max_abs == pytest.approx(1.0, abs=2.0 ** -22) for t in off.tensors if t.status == "changed")
+
+
+def test_layers_that_differ_name_each_layer(tiny, tmp_path):
+    """issue 24: "layers with differences 0" meant layer index 0 but read as "none"."""
+    src = tiny("qwen2")
+    one = _copy_with(src, tmp_path / "l0", {"model.layers.0.self_attn.k_proj.bias": lambda a: a + 1})
+    assert dict(diff(src, one).summary_items())["layers that differ"] == "layer 0"
+    two = _copy_with(src, tmp_path / "l01", {"model.layers.0.self_attn.k_proj.bias": lambda a: a + 1,
+                                             "model.layers.1.mlp.up_proj.weight": lambda a: a * 2,
+                                             "model.norm.weight": lambda a: a * 2})
+    assert dict(diff(src, two).summary_items())["layers that differ"] == "global tensors, layer 0, layer 1"
+    assert dict(diff(src, src).summary_items())["layers that differ"] == "none"

@@ -421,3 +421,52 @@ def test_single_safetensors_file_source(tiny, tmp_path):
     assert hashlib.sha256(src.read_bytes()).hexdigest() == before
     shutil.copy(tiny("bert") / "tokenizer.json", tmp_path / "folder")
     assert_same_model(tiny("bert"), tmp_path / "folder")
+
+
+def test_dry_run_says_nothing_written_in_the_present_tense(tiny, tmp_path):
+    """issue 24: --dry-run printed the past-tense notes of a real run and no "nothing written"."""
+    out = tmp_path / "never"
+    res = CliRunner().invoke(cli, ["fold-bias", str(tiny("gpt2")), "-o", str(out), "--k", "--v", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    lines = [line.rstrip() for line in res.stdout.splitlines()]
+    assert lines[0] == "ckpt-surgeon fold-bias (dry run: nothing written)"
+    assert "dry run                     nothing written" in lines
+    assert "tensors a run would change  4" in lines
+    assert [line for line in lines if line.startswith("note: ")] == [
+        "note: key bias: no rotary (absolute positions), so q·b_k is constant over the keys and softmax ignores it: "
+        "it is removed exactly",
+        "note: the value bias is folded into the output bias (b_o' = b_o + W_o·b_v): exact, attention rows sum to 1",
+        "note: folded biases are zeroed, not deleted (stock loaders expect the tensors); --delete drops them where "
+        "the architecture has a switch for it"]
+    assert not out.exists()
+    js = CliRunner().invoke(cli, ["fold-bias", str(tiny("gpt2")), "-o", str(out), "--k", "--dry-run",
+                                  "--format", "json"])
+    assert js.exit_code == 0 and js.stderr == "dry run: nothing written\n" and not out.exists()
+    assert json.loads(js.stdout)["outcome"] is None
+
+
+def test_approximate_that_removes_nothing_says_so_and_why(tiny, tmp_path):
+    """issue 24: following the refusal's advice without --context on a long-context model exited 0
+    with "removed the near-redundant rotary pairs ... largest bound used: 0" and 0 tensors changed."""
+    d = shutil.copytree(tiny("qwen2"), tmp_path / "long")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 1_000_000       # at such a window no rotary pair turns < 0.1 rad
+    (d / "config.json").write_text(json.dumps(cfg))
+    why = ("nothing removed: no rotary pair turns less than epsilon 0.1 rad over 1000000 positions (config max "
+           "positions), so no pair qualifies as near-redundant; pass --context L with the window you run (e.g. "
+           "--context 4096), a larger --epsilon, or --pairs any")
+    res = CliRunner().invoke(cli, ["fold-bias", str(d), "-o", str(tmp_path / "o"), "--k", "--approximate",
+                                   "--max-logit-change", "0.05"])
+    assert res.exit_code == 0, res.output
+    summary = {line[:30].strip(): line[30:].strip() for line in res.stdout.splitlines()[1:12]}
+    assert summary["result"] == why and summary["tensors changed"] == "0"
+    assert "removed the" not in res.stdout and "largest bound used" not in res.stdout
+    assert "zeroed, not deleted" not in res.stdout
+    # with --context the same command removes pairs
+    ok = fold_bias(d, tmp_path / "o2", k=True, approximate=True, max_logit_change=0.05, context=64)
+    assert ok.plan.outcome is None and ok.plan.changed
+    assert any(n.startswith("--approximate: ") and " are removed " in n for n in ok.plan.notes)
+    # a budget below every pair's cost: the other reason, with the cheapest pair's bound
+    plan = plan_fold_bias(open_checkpoint(tiny("qwen2")), k=True, approximate=True, max_logit_change=0.0)
+    assert plan.outcome.startswith("nothing removed: no rotary pair fits the budget --max-logit-change 0 (the "
+                                   "cheapest single pair needs ") and not plan.changed

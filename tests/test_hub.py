@@ -152,16 +152,19 @@ def test_second_run_one_request_full_sha_none_offline_none(hub, tiny, monkeypatc
     with pytest.raises(HubError) as ei:
         inspect("owner/tiny", revision="v1.0")
     cache = os.environ["CKPT_SURGEON_CACHE"]
-    assert str(ei.value) == ("owner/tiny@v1.0: this revision is not in the ckpt-surgeon cache and HF_HUB_OFFLINE=1 "
-                             f"forbids network access (run once online, or unset HF_HUB_OFFLINE; cache: {cache})")
+    # issue 24: both caches read offline are named, not only ours
+    assert str(ei.value) == ("owner/tiny@v1.0: this revision is in neither the ckpt-surgeon cache nor the Hugging Face "
+                             "cache, and HF_HUB_OFFLINE=1 forbids network access (run once online, or unset "
+                             f"HF_HUB_OFFLINE; caches: {cache} (ckpt-surgeon), {os.environ['HF_HUB_CACHE']} "
+                             "(Hugging Face))")
     assert hub.repo_requests == 0
 
 
 def test_offline_with_empty_cache(hub, tiny, monkeypatch):
     hub.add_repo("owner/tiny", tiny("qwen2"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubError, match=r"^owner/tiny@main: this revision is not in the ckpt-surgeon cache and "
-                                       r"HF_HUB_OFFLINE=1 forbids network access"):
+    with pytest.raises(HubError, match=r"^owner/tiny@main: this revision is in neither the ckpt-surgeon cache nor "
+                                       r"the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids network access"):
         inspect("owner/tiny")
     assert hub.requests == 0
 
@@ -366,9 +369,28 @@ def test_unreachable_endpoint(env, monkeypatch):
     monkeypatch.setenv("CKPT_SURGEON_HUB_RETRIES", "1")
     with pytest.raises(HubError) as ei:
         inspect("owner/x")
-    assert str(ei.value) == (f"owner/x@main: resolving the revision from http://127.0.0.1:{port} failed 2 time(s): "
-                             "could not connect (check the network and retry; CKPT_SURGEON_HUB_RETRIES sets the "
-                             "number of retries)")
+    # issue 24: nothing ever answered, so no retries (23 s on 6 of them before): offline, or a path typo
+    assert str(ei.value) == (f"owner/x@main: resolving the revision from http://127.0.0.1:{port} failed: could not "
+                             "connect (offline?); it is not a local file or folder either (check the path, or the "
+                             "network; HF_HUB_OFFLINE=1 reads the caches only)")
+
+
+def test_path_typo_with_a_slash_is_no_such_file_at_once(hub, tiny, tmp_path, monkeypatch):
+    """issue 24: `inspect play/qwen2-64x` beside a folder `play` was taken for a Hub id."""
+    from ckpt_surgeon.errors import SourceNotFoundError
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "play").mkdir()
+    hub.add_repo("play/qwen2-64x", tiny("qwen2"))        # even a real repo of that name is not asked
+    with pytest.raises(SourceNotFoundError) as ei:
+        inspect("play/qwen2-64x")
+    assert str(ei.value) == ("play/qwen2-64x: no such file or folder (play/ exists here, so this is read as a local "
+                             "path, not a Hub repo id)")
+    for given in ("./play/qwen2-64x", str(tmp_path / "nope" / "x")):
+        with pytest.raises(SourceNotFoundError, match="no such file or folder"):
+            inspect(given)
+    assert hub.requests == 0
+    res = CliRunner().invoke(cli, ["verify", "play/qwen2-64x", "play/qwen2-64x"])
+    assert res.exit_code == 2 and "(play/ exists here, so this is read as a local path" in res.stderr
 
 
 def _raw_safetensors(header: dict, data: bytes) -> bytes:
@@ -573,7 +595,7 @@ def test_subprocess_exit_codes_and_progress(hub, tiny, env):
     assert shown.returncode == 0 and "owner/tiny headers" in shown.stderr    # asked for: tqdm on stderr
     offline = run("owner/tiny", HF_HUB_OFFLINE="1", CKPT_SURGEON_CACHE=str(env / "empty"))
     assert offline.returncode == 2 and offline.stderr.count("\n") == 1
-    assert offline.stderr.startswith("error: owner/tiny@main: this revision is not in the ckpt-surgeon cache")
+    assert offline.stderr.startswith("error: owner/tiny@main: this revision is in neither the ckpt-surgeon cache")
 
 
 def test_cached_second_run_is_one_request_at_the_server_telemetry_on(hub, tiny, env):

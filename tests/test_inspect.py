@@ -221,6 +221,16 @@ def test_nan_in_bias_is_reported_not_fatal(tiny, tmp_path):
     out = json.loads(res.stdout)
     assert out["layers"][1]["k_bias"]["nonfinite"] == 1 and out["layers"][1]["k_bias"]["l2"] is None
     assert "layer 1: k bias (model.layers.1.self_attn.k_proj.bias) has 1 NaN/Inf value(s)" in out["warnings"]
+    # issue 24: the key is always written (0: none), and the table tells NaN from absent
+    assert out["layers"][0]["k_bias"]["nonfinite"] == 0 and out["layers"][1]["q_bias"]["nonfinite"] == 0
+    table = CliRunner().invoke(cli, ["inspect", str(d)]).stdout
+    row = next(line for line in table.splitlines() if line.startswith("│") and line.split("│")[1].strip() == "1")
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    header = next(line for line in table.splitlines() if "k_bias_l2" in line)
+    cols = [c.strip() for c in header.split("┃")[1:-1]]
+    assert cells[cols.index("k_bias_l2")] == "NaN" and cells[cols.index("q_bias_l2")] != "NaN"
+    rows = inspect(tiny("llama")).rows()          # llama: no q/k/v biases at all
+    assert rows[0]["k_bias_l2"] is None and "NaN" not in CliRunner().invoke(cli, ["inspect", str(tiny("llama"))]).stdout
 
 
 def test_config_contradicting_shapes(tiny, tmp_path):

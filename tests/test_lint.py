@@ -78,6 +78,54 @@ def test_clean_gguf_and_real_minilm(tiny, tmp_path, minilm_dir):
     assert real.passed and not _find(real, "key-bias-nonrotary"), real.findings
 
 
+def test_loads_cleanly_catches_a_folder_transformers_loads_with_random_weights(tiny, tmp_path):
+    """issue 24: after `qkv fuse`, Qwen2ForCausalLM finds 12 weights missing (initialised at random)
+    and 4 tensors it drops; lint said "no problems found".  The key sets and ignore rules are
+    transformers' own, and its from_pretrained agrees tensor for tensor."""
+    import transformers
+
+    from ckpt_surgeon.surgery.qkv import qkv_fuse, qkv_split
+    qkv_fuse(tiny("qwen2"), tmp_path / "q-fused")
+    rep = lint(tmp_path / "q-fused")
+    found = _find(rep, "loads-cleanly")
+    cfg = str(tmp_path / "q-fused" / "config.json")
+    assert [(f.severity, f.file, f.tensor, f.message) for f in found] == [
+        ("error", cfg, "model.layers.0.self_attn.k_proj.bias",
+         "Qwen2ForCausalLM (config.json architectures) has 12 weight(s) this checkpoint does not hold "
+         "(model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.k_proj.weight, "
+         "model.layers.0.self_attn.q_proj.bias, model.layers.0.self_attn.q_proj.weight ... (12 in all)): "
+         "transformers initialises them at random when it loads it, with only a warning"),
+        ("error", str(tmp_path / "q-fused" / "model.safetensors"), "model.layers.0.self_attn.qkv_proj.bias",
+         "4 tensor(s) have no place in Qwen2ForCausalLM (model.layers.0.self_attn.qkv_proj.bias, "
+         "model.layers.0.self_attn.qkv_proj.weight, model.layers.1.self_attn.qkv_proj.bias, "
+         "model.layers.1.self_attn.qkv_proj.weight): transformers drops them when it loads this checkpoint")]
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q-fused", output_loading_info=True)
+    assert len(info["missing_keys"]) == 12 and len(info["unexpected_keys"]) == 4
+    res = CliRunner().invoke(cli, ["lint", str(tmp_path / "q-fused")])
+    assert res.exit_code == 1 and "no problems found" not in res.output
+    qkv_split(tmp_path / "q-fused", tmp_path / "split")
+    assert not _find(lint(tmp_path / "split"), "loads-cleanly")
+    # transformers' own ignore rules: a GPT-2 checkpoint's saved causal-mask buffers and a tied
+    # lm_head absent are not findings (see test_clean_fixtures_have_no_errors for every family)
+    assert "loads-cleanly" in lint(tiny("gpt2")).checks and lint(tiny("gpt2")).passed
+
+
+def test_loads_cleanly_unexpected_and_missing_keys_one_each(tiny, tmp_path):
+    """A renamed tensor is both: the model's key missing, the file's name unexpected."""
+    from safetensors.numpy import load_file, save_file
+    d = shutil.copytree(tiny("llama"), tmp_path / "renamed")
+    st = load_file(str(d / "model.safetensors"))
+    st["model.layers.1.mlp.up_projection.weight"] = st.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(st, str(d / "model.safetensors"))
+    found = _find(lint(d), "loads-cleanly")
+    assert [(f.tensor, f.message.split(":")[0]) for f in found] == [
+        ("model.layers.1.mlp.up_proj.weight",
+         "LlamaForCausalLM (config.json architectures) has 1 weight(s) this checkpoint does not hold "
+         "(model.layers.1.mlp.up_proj.weight)"),
+        ("model.layers.1.mlp.up_projection.weight",
+         "1 tensor(s) have no place in LlamaForCausalLM (model.layers.1.mlp.up_projection.weight)")]
+
+
 def test_every_documented_check_is_in_docs():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "lint.md").read_text()
     for c in CHECKS:
@@ -322,3 +370,34 @@ def test_hub_source_reads_headers_and_small_tensors_only(hub, tiny, tmp_path):
     assert rep.bytes_read < 0.2 * (src / "model.safetensors").stat().st_size
     res = CliRunner().invoke(cli, ["lint", "owner/bad", "--format", "json"])
     assert res.exit_code == 1 and json.loads(res.stdout)["skipped"][0]["check"] == "qk-permutation"
+
+
+def test_folder_without_config_json_says_so_and_guesses_nothing(minilm_dir, tmp_path):
+    """issue 24: without config.json lint blamed "q/k parts split or named wrongly" on a healthy
+    model (an unknown position encoding taken for "no RoPE"), inspect / analyze showed
+    None / None / None heads and an "unknown architecture"."""
+    from ckpt_surgeon.analysis.inspect import inspect
+    from ckpt_surgeon.analysis.redundancy import analyze_checkpoint
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    d = tmp_path / "no-config"
+    d.mkdir()
+    shutil.copy(minilm_dir / "model.safetensors", d / "model.safetensors")
+    rep = lint(d)
+    assert [(f.check, f.severity, f.file, f.tensor, f.message) for f in rep.findings] == [
+        ("config-missing", "error", str(d / "config.json"), None,
+         "config.json is missing: transformers cannot load this folder, and the architecture, heads / kv heads / "
+         "head_dim and position encoding (rotary or not) cannot be known without it")]
+    assert {c for c, _ in rep.skipped} == {"key-bias-nonrotary", "qk-permutation", "loads-cleanly"}
+    warning = (f"config.json is missing ({d / 'config.json'}): without it the architecture, the heads / kv heads / "
+               "head_dim, the position encoding (rotary or not) and so every key-bias class cannot be known, and "
+               "transformers cannot load the folder; only tensor names, shapes and bias norms are shown")
+    ins = inspect(d)
+    assert ins.warnings[0] == warning and not any("not in the registry" in n for n in ins.notes)
+    assert dict(ins.summary_items())["heads / kv heads / head_dim"] == "unknown: config.json is missing"
+    assert ins.to_dict()["missing_config"] == str(d / "config.json")
+    with open_checkpoint(d) as ck:
+        an = analyze_checkpoint(ck)
+    assert an.warnings[0] == warning and dict(an.summary_items())["architecture"] == "unknown: config.json is missing"
+    assert {lr.k_class for lr in an.layers if lr.has_k_bias} <= {"unknown"}        # never guessed
+    lone = lint(d / "model.safetensors")          # a lone file: a warning, the same sentence
+    assert [(f.check, f.severity) for f in lone.findings] == [("config-missing", "warning")]

@@ -202,6 +202,21 @@ def test_measured_cli_with_prompts_file(tiny, tmp_path):
     assert r.exit_code == 0 and "measured <= bound" in r.output and "meas_all" in r.output
 
 
+def test_noise_budget_is_in_the_table(minilm_dir):
+    """issue 24: all-MiniLM showed bound 0.0, meas_all 2.3e-05, ok yes, with the rounding budget
+    that explains it only in the JSON."""
+    from ckpt_surgeon.cli.render import to_table
+    rep = analyze(minilm_dir, measure=True, prompts=PROMPTS, max_tokens=32)
+    rows = rep.rows()
+    for row, lm in zip(rows, rep.measured.layers):
+        assert row["noise"] == max(v.noise for v in lm.variants) and row["noise"] > 0
+        assert row["meas_all"] <= row["bound"] + row["noise"] and row["ok"] is True
+    assert rows[0]["bound"] == 0.0 and rows[0]["meas_all"] > 0          # the reading the column explains
+    text = to_table(rows, rep.summary_items())
+    assert "noise" in text.splitlines()[next(i for i, l in enumerate(text.splitlines()) if "meas_all" in l)]
+    assert dict(rep.summary_items())["measured <= bound + noise"] == "yes, every layer and variant"
+
+
 def test_measured_on_gguf_goes_through_the_converter(tiny, tmp_path):
     from ckpt_surgeon.conversion import hf_to_gguf
     gguf = hf_to_gguf(tiny("llama_bias"), tmp_path / "lb.gguf", dtype="f32")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,17 @@ from fixtures.build_fixtures import fixture_base
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "bias_analysis.ipynb"
+
+
+def test_notebook_reads_without_nbformat_warnings():
+    """Every cell has a unique id (nbformat 4.5): a cell without one made nbformat.read warn
+    MissingIDFieldWarning in the test below (issue 24), and a future nbformat makes it an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        nbformat.validate(nb)
+    ids = [c.get("id") for c in nb.cells]
+    assert all(ids) and len(set(ids)) == len(ids), ids
 
 
 def test_notebook_runs_outside_the_repo_and_writes_pngs_beside_itself(tiny, tmp_path, monkeypatch):

@@ -89,10 +89,24 @@ def test_qwen2_fused_to_qkv_proj_and_back(tiny, tmp_path):
     assert ckf.layout().fused_layout == "concat"
     meta = json.loads(ckf.metadata["ckpt_surgeon"])
     assert meta["operations"][-1]["params"]["qkv_layout"] == "concat"
-    assert r.plan.notes
-    qkv_split(tmp_path / "fused", tmp_path / "back")
+    # issue 24: say what the fused folder is for, and that transformers does not load it ...
+    assert r.plan.notes[1] == (
+        "transformers' Qwen2ForCausalLM has no self_attn.qkv_proj: it would drop it and initialise self_attn.q_proj / "
+        "self_attn.k_proj / self_attn.v_proj at random (`ckpt-surgeon lint` says so), so this folder is for tools "
+        "that take one fused [Q; K; V] tensor (as GGUF's attn_qkv, which llama.cpp loads for this architecture); "
+        "`qkv split` restores the original bit for bit")
+    back = qkv_split(tmp_path / "fused", tmp_path / "back")
+    # ... and that the split folder is the one it loads (this note used to say the opposite)
+    assert back.plan.notes == (
+        "config kept (qwen2); q/k/v are split back into self_attn.q_proj, self_attn.k_proj and self_attn.v_proj, "
+        "the modules transformers' Qwen2ForCausalLM has, so it loads this folder as it is",)
     same_files_tensor_by_tensor(src, tmp_path / "back", order=False)
     assert_loads_same(src, tmp_path / "back")
+    # what transformers itself reports when it loads each folder
+    import transformers
+    for folder, n_missing in ((tmp_path / "fused", 12), (tmp_path / "back", 0)):
+        _, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+        assert len(info["missing_keys"]) == n_missing, info
 
 
 def test_qwen2_sharded_and_grouped_layout(tiny, tmp_path):

@@ -379,3 +379,39 @@ def test_tokenizer_json_originals_are_recognised():
         {"type": "Digits", "individual_digits": True},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}) == "smollm"
     assert pre_name_for(split(r"\p{L}+")) is None
+
+
+# --- tokenizer.ggml.add_sep_token: decided as gguf-py decides it (issue 24) -----------------------
+
+_S = lambda t: {"SpecialToken": {"id": t, "type_id": 0}}      # noqa: E731
+_Q = lambda s: {"Sequence": {"id": s, "type_id": 0}}          # noqa: E731
+
+
+@pytest.mark.parametrize("post, tcfg", [
+    # llama / mistral / mixtral: <s> A, pair <s> A <s> B -> the converter writes add_sep_token = false
+    ({"type": "TemplateProcessing", "single": [_S("<s>"), _Q("A")], "pair": [_S("<s>"), _Q("A"), _S("<s>"), _Q("B")]},
+     {"bos_token": "<s>", "eos_token": "</s>"}),
+    # a separator between the sequences: true
+    ({"type": "TemplateProcessing", "single": [_S("<s>"), _Q("A")], "pair": [_S("<s>"), _Q("A"), _S("</s>"), _Q("B")]},
+     {"bos_token": "<s>", "eos_token": "</s>"}),
+    # BERT-style [CLS] A [SEP], pair [CLS] A [SEP] B [SEP]: the trailing special is the eos; none in between
+    ({"type": "TemplateProcessing", "single": [_S("[CLS]"), _Q("A"), _S("[SEP]")],
+      "pair": [_S("[CLS]"), _Q("A"), _S("[SEP]"), _Q("B"), _S("[SEP]")]},
+     {"cls_token": "[CLS]", "sep_token": "[SEP]"}),
+    ({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]}, {"bos_token": "<s>", "eos_token": "</s>"}),
+    ({"type": "ByteLevel"}, {"add_sep_token": True}),       # no template: tokenizer_config's flag
+    ({"type": "ByteLevel"}, {}),                             # nothing: no key at all
+])
+def test_add_sep_token_as_gguf_py_decides(tmp_path, post, tcfg):
+    """Our value (None: no key) against gguf-py's SpecialVocab, which llama.cpp's converter uses."""
+    import gguf
+
+    from ckpt_surgeon.conversion.tokenizer import _add_sep, _token_content
+    vocab = {t: i for i, t in enumerate(["<s>", "</s>", "[CLS]", "[SEP]", "a", "b"])}
+    tj = {"version": "1.0", "added_tokens": [{"id": i, "content": t, "special": True} for t, i in vocab.items()
+                                             if not t.isalpha()],
+          "post_processor": post, "model": {"type": "BPE", "vocab": vocab, "merges": []}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    ref = gguf.SpecialVocab(tmp_path, load_merges=False, n_vocab=len(vocab)).add_special_token.get("sep")
+    assert _add_sep(tj, tcfg, _token_content(tcfg.get("sep_token")), _token_content(tcfg.get("eos_token"))) == ref

@@ -166,9 +166,10 @@ class DiffReport:
         items = [("A", f"{self.source_a} ({self.format_a})"), ("B", f"{self.source_b} ({self.format_b})"),
                  ("verdict", self.verdict_line), ("tensors", counts or "none")]
         changed_layers = [lr for lr in self.layers if any(lr.counts.get(s) for s in STATUSES if s != "identical")]
-        if changed_layers:
-            items.append(("layers with differences",
-                          ", ".join("global" if lr.layer is None else str(lr.layer) for lr in changed_layers)))
+        # Each layer named as "layer N": a bare "0" here read as "no layer differs" (issue 24).
+        items.append(("layers that differ",
+                      ", ".join("global tensors" if lr.layer is None else f"layer {lr.layer}"
+                                for lr in changed_layers) or "none"))
         items.append(("bytes read", f"A {self.bytes_read_a:,}, B {self.bytes_read_b:,}"
                       + (f" in {self.requests} request(s)" if self.requests else "")))
         return items

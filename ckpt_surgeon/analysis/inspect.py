@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arch.layouts import qkv_row_index
 from ..arch.resolve import LayoutSummary, ModelLayout, PositionEncoding
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import Checkpoint, heads_cell, open_checkpoint
 from ..records import finite_or_none as _finite_or_none
 from .memory import memory_figures
 from .quant import quant_summary
@@ -41,8 +41,7 @@ class BiasStats:
         d = {"l2": _finite_or_none(self.l2), "max_abs": _finite_or_none(self.max_abs),
              "per_head_l2": None if self.per_head_l2 is None else [_finite_or_none(x) for x in self.per_head_l2],
              "tensor": self.tensor, "dtype": self.dtype}
-        if self.nonfinite:
-            d["nonfinite"] = self.nonfinite
+        d["nonfinite"] = self.nonfinite      # always present: the JSON contract lists it (0: none)
         if self.missing:
             d["missing"] = True
             d["reason"] = self.reason
@@ -146,6 +145,7 @@ class InspectReport(LayoutSummary):
     derivation: dict | None = None  # derived layouts: attention blocks per layer and their groups' classes
     quantization: object = None     # QuantSummary (analysis/quant.py) of a quantized checkpoint, else None
     towers: tuple = ()            # TowerReport per attention stack, the main (top-level ``layers``) one first
+    missing_config: str | None = None   # where config.json was looked for, when an HF source has none
 
     @property
     def complete(self) -> bool:
@@ -171,7 +171,7 @@ class InspectReport(LayoutSummary):
             "file_metadata": dict(self.file_metadata), "tensor_types": dict(self.tensor_types),
             "bytes_read": self.bytes_read, "requests": self.requests,
             "memory": self.memory.to_dict() if self.memory is not None else None,
-            "facts": list(self.facts), "derivation": self.derivation,
+            "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
             "quantization": self.quantization.to_dict() if self.quantization is not None else None,
             "towers": [t.to_dict() for t in self.towers],
         }
@@ -196,9 +196,9 @@ class InspectReport(LayoutSummary):
         for lr in layers:
             row = {"layer": lr.layer, "fused_qkv": lr.fused_qkv, "o_bias": lr.o_bias}
             for role in ("q", "k", "v"):
-                b = getattr(lr, f"{role}_bias")   # absent biases show as NaN ("-" in tables)
-                row[f"{role}_bias_l2"] = b.l2 if b else float("nan")
-                row[f"{role}_bias_max_abs"] = b.max_abs if b else float("nan")
+                b = getattr(lr, f"{role}_bias")   # absent: None ("-" in tables); NaN values: NaN ("NaN")
+                row[f"{role}_bias_l2"] = b.l2 if b else None
+                row[f"{role}_bias_max_abs"] = b.max_abs if b else None
             for k, v in lr.extra.items():
                 short = _ROW_COLUMNS.get(k)
                 if short is not None:
@@ -227,10 +227,12 @@ class InspectReport(LayoutSummary):
         dt = ", ".join(f"{k} {v / max(self.parameter_count, 1):.1%}" for k, v in sorted(self.dtypes.items(), key=lambda kv: -kv[1]))
         return [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", f"{self.architecture}" + (f" [registry: {self.family}]" if self.family else
-                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
+            ("architecture", heads_cell(self.missing_config) or f"{self.architecture}" + (
+                f" [registry: {self.family}]" if self.family else
+                " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
             ("layers", str(self.num_layers)),
-            ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
+             f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
             ("norm placement", str(self.norm_placement)),
             ("q/k-norm", "yes" if self.qk_norm else "no"),
@@ -361,6 +363,11 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
     listed = {t for t, _ in missing}
     missing.extend((n, _PAST_END) for n, i in sorted(ck.tensors.items(), key=lambda kv: (kv[1].file, kv[1].start))
                    if i.missing and n not in listed)
+    notes = layout.notes
+    if ck.missing_config:
+        # say what is missing, not "unknown architecture" (the registry is not the problem)
+        warnings.insert(0, ck.missing_config_warning())
+        notes = tuple(n for n in notes if "is not in the registry" not in n)
     params, dtypes = _parameter_counts(ck, layout)
     tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
     file_metadata = dict(getattr(ck, "file_summary", None) or {})
@@ -370,12 +377,12 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
         bias_parameters=bias_params, bias_share=(bias_params / params) if params else 0.0,
-        notes=layout.notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
+        notes=notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
         memory=memory_figures(ck.stored_tensors, ck.config, layout),
         facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
-        towers=tuple(towers))
+        towers=tuple(towers), missing_config=ck.missing_config)
 
 
 def _stack_reports(ck: Checkpoint, layout: ModelLayout, missing: list, warnings: list, sinks, where: str):

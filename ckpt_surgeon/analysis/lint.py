@@ -11,6 +11,7 @@ finding has severity ``error``.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -343,9 +344,24 @@ def check_dtype_mix(ctx: _Ctx) -> list[Finding]:
                      "and a half-converted file looks like this", "cast every weight to one dtype")]
 
 
+def check_config_missing(ctx: _Ctx) -> list[Finding]:
+    """An HF folder without config.json: transformers cannot load it, and what only the config says
+    (heads, position encoding) is unknown, so the checks that need it are skipped, never guessed."""
+    where = ctx.ck.missing_config
+    if where is None:
+        return []
+    for check in ("key-bias-nonrotary", "qk-permutation", "loads-cleanly"):
+        ctx.skipped.append((check, "config.json is missing"))
+    return [Finding("config-missing", "error" if os.path.isdir(ctx.ck.source) else "warning", where, None,
+                    "config.json is missing: transformers cannot load this folder, and the architecture, heads / kv "
+                    "heads / head_dim and position encoding (rotary or not) cannot be known without it",
+                    "add the model's config.json (from where the weights came from)")]
+
+
 def check_key_bias_nonrotary(ctx: _Ctx) -> list[Finding]:
     lay = ctx.layout
-    if lay is None or lay.position.type == "rope":
+    # "unknown" (no config, or an architecture nobody declared) is not "no rotary": never guessed
+    if lay is None or lay.position.type in ("rope", "unknown") or ctx.ck.missing_config:
         return []
     from .inspect import _split_fused_bias
     out = []
@@ -397,6 +413,8 @@ def _sample_layers(n: int) -> list[int]:
 
 def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
     lay = ctx.layout
+    if ctx.ck.missing_config:
+        return []
     if ctx.remote:
         ctx.skipped.append(("qk-permutation", "reads Q/K weights of four layers; not over HTTP (lint a local copy)"))
         return []
@@ -425,6 +443,78 @@ def check_qk_permutation(ctx: _Ctx) -> list[Finding]:
                      f"Q/K rows pair up as {seen} rotary pairs (row norms follow the rotary frequency with "
                      f"rank correlation {other:.2f} read as {seen}, {mine:.2f} read as {expected}), but this "
                      f"{'GGUF architecture' if ctx.gguf else 'format'} expects {expected}", fix)]
+
+
+def _listed(names, n: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:n]) + (f" ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
+    """Every tensor loads into the class config.json names, and every weight of that class comes
+    from the file.  transformers' from_pretrained only warns about missing keys (initialised at
+    random) and unexpected ones (dropped): the most common silent failure.  The key sets and the
+    rules for what may be missing or extra are transformers' own
+    (:func:`ckpt_surgeon.conversion.model_check.load_keys_report`, on the meta device; the only
+    check that imports transformers, seconds once per process)."""
+    if ctx.gguf or ctx.ck.missing_config:
+        return []
+    if ctx.cfg.get("quantization_config"):
+        ctx.skipped.append(("loads-cleanly", "a quantized checkpoint loads through its quantizer, whose key rules "
+                                             "this check does not apply"))
+        return []
+    if not ctx.cfg.get("model_type"):
+        ctx.skipped.append(("loads-cleanly", "config.json has no model_type"))
+        return []
+    try:
+        from ..conversion.model_check import load_keys_report
+        got = load_keys_report(ctx.cfg, {n: i.shape for n, i in ctx.ck.tensors.items()})
+    except ImportError as e:
+        ctx.skipped.append(("loads-cleanly", f"transformers is not available ({e})"))
+        return []
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError) as e:
+        # a config transformers cannot build from: its own error, named (config-shapes and the
+        # other checks say what is wrong with the values)
+        ctx.skipped.append(("loads-cleanly", f"transformers cannot build the model from config.json "
+                                             f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"))
+        return []
+    if "skipped" in got:
+        ctx.skipped.append(("loads-cleanly", got["skipped"]))
+        return []
+    cls, out = got["class"], []
+    if got["missing"]:
+        out.append(_finding(ctx, "loads-cleanly", "error", got["missing"][0],
+                            f"{cls} (config.json architectures) has {len(got['missing'])} weight(s) this checkpoint "
+                            f"does not hold ({_listed(got['missing'])}): transformers initialises them at random when "
+                            "it loads it, with only a warning",
+                            "restore those tensors (reconvert from the original; `qkv split` after `qkv fuse`), or "
+                            "name the class that holds these tensors in config.json", on_tensor=False))
+    if got["unexpected"]:
+        first = got["unexpected"][0]
+        out.append(_finding(ctx, "loads-cleanly", "error", first,
+                            f"{len(got['unexpected'])} tensor(s) have no place in {cls} "
+                            f"({_listed(got['unexpected'])}): transformers drops them when it loads this checkpoint",
+                            "rename them to the model's keys (`qkv split` a `qkv fuse` output) or remove them"))
+    # (a shape mismatch is not silent, from_pretrained refuses it; config-shapes / vocab-size name it)
+    return out
+
+
+def check_ggml_layout(ctx: _Ctx) -> list[Finding]:
+    """A GGUF whose tensor data does not follow ggml's layout rule (formats.gguf.ggml_layout_problem):
+    every other reader opens it, llama.cpp refuses it."""
+    if not ctx.gguf:
+        return []
+    from ..formats.gguf import ggml_layout_message
+    headers = getattr(ctx.ck.reader, "headers", None) or ([ctx.ck.reader.header] if hasattr(ctx.ck.reader, "header")
+                                                         else [])
+    out = []
+    for h in headers:
+        problem = getattr(h, "ggml_layout", None)
+        if problem is not None:
+            out.append(Finding("ggml-layout", "error", h.path, problem[0], ggml_layout_message(problem, h.alignment),
+                               "rewrite the file with a GGUF writer (e.g. `ckpt-surgeon convert` to HF and back, or "
+                               "gguf-py), which lays the data out in tensor-info order"))
+    return out
 
 
 def check_nonfinite_zero(ctx: _Ctx) -> list[Finding]:
@@ -521,6 +611,14 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
+    Check("ggml-layout", "error", check_ggml_layout,
+          "GGUF: tensor data contiguous in tensor-info order, each padded to the alignment (ggml's loader "
+          "refuses any other layout)"),
+    Check("config-missing", "error", check_config_missing,
+          "an HF folder has its config.json (a lone .safetensors file without one: warning)"),
+    Check("loads-cleanly", "error", check_loads_cleanly,
+          "every tensor loads into the class config.json names and every weight of that class is in the file "
+          "(transformers' own key sets and rules: missing weights are initialised at random, extra tensors dropped)"),
     Check("config-shapes", "error", check_layer_count,
           "config / GGUF metadata agree with the tensor shapes (q/k/v rows = heads x head_dim, layer count)"),
     Check("head-dim", "error", None,

@@ -85,6 +85,7 @@ from ..arch.resolve import LayerTensors, LayoutSummary, ModelLayout
 from ..arch.rope import RopeGeometry, rope_geometry
 from ..errors import CkptError
 from ..records import finite_or_none as _f
+from ..checkpoint import heads_cell
 
 DEFAULT_EPSILON = 0.1          # rad: a pair is near-redundant when it turns less than this over the context
 CLASSES = ("exact", "partial", "rope", "not-removable", "unknown")
@@ -691,6 +692,11 @@ def _norm_params(ck, layout: ModelLayout, lt: LayerTensors):
     return g, b, None
 
 
+def _nothing_removable(lr: LayerRedundancy) -> bool:
+    """A key bias with no exact and no near-redundant part (every dim rotated, no near pair; q/k-norm)."""
+    return lr.has_k_bias and not lr.exact_fraction and not lr.near_fraction
+
+
 @dataclass(frozen=True, eq=False)
 class AnalysisReport(LayoutSummary):
     """``ckpt-surgeon analyze``: per-layer (and per kv head) key/value/query-bias verdicts (the
@@ -716,6 +722,7 @@ class AnalysisReport(LayoutSummary):
     derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
     distance_profile: object | None = None   # distance_profile.DistanceProfile with --distance-profile: its rows
     towers: tuple = ()                  # (name, kind, how, layers) per attention stack, the main one first
+    missing_config: str | None = None   # where config.json was looked for, when an HF source has none
 
     # -- views ---------------------------------------------------------------------------------
     def layer(self, i: int) -> LayerRedundancy:
@@ -744,7 +751,7 @@ class AnalysisReport(LayoutSummary):
              "notes": list(self.notes), "warnings": list(self.warnings), "bytes_read": self.bytes_read,
              "measured": self.measured.to_dict() if self.measured is not None else None,
              "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
-             "facts": list(self.facts), "derivation": self.derivation,
+             "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
              "towers": [{"name": n, "kind": k, "how": how, "num_layers": len(ls),
                          "class_counts": _counts(ls), "layers": [lr.to_dict() for lr in ls]}
                         for n, k, how, ls in self.towers]}
@@ -776,6 +783,8 @@ class AnalysisReport(LayoutSummary):
                     rows.append({"layer": lr.layer, "kv_head": h.kv_head, "class": lr.k_class,
                                  "k_l2": h.k_bias_l2, "exact": h.exact_fraction, "near": h.near_fraction,
                                  "rest": h.rest_fraction, "bound": h.bound, "bound_all": h.bound_all})
+                    if _nothing_removable(lr):
+                        rows[-1].update(exact=None, near=None, bound=None)
                 continue
             n_pairs = 0 if lr.pairs is None else lr.pairs.shape[0]
             # Short column names (the table must fit a terminal); JSON keeps the long ones.
@@ -786,6 +795,9 @@ class AnalysisReport(LayoutSummary):
                    "q_l2": lr.q_bias.l2 if lr.q_bias else None,
                    "v_fold": (None if lr.v_bias is None else lr.v_bias.foldable),
                    "flags": ", ".join(sorted({f.split(":", 1)[0] for f in lr.flags})) or None}
+            if _nothing_removable(lr):
+                # as inspect: "-", not "0 / 0 / 0", which reads as "removing it is free" (to_dict keeps them)
+                row.update(exact=None, near=None, bound=None)
             for k, v in mrows.get(lr.layer, {}).items():
                 if k != "layer":
                     row[k] = v
@@ -809,20 +821,24 @@ class AnalysisReport(LayoutSummary):
             if self.rope and self.rope.rope_type != "default":
                 pos += f", scaling {self.rope.rope_type} (attention factor {self.rope.attention_factor:g})"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.class_counts().items())) or "no layer has a key bias"
-        bounds = [lr.bound for lr in self.layers if lr.bound is not None and lr.has_k_bias]
+        bounds = [lr.bound for lr in self.layers if lr.bound is not None and lr.has_k_bias
+                  and not _nothing_removable(lr)]
         vb = [lr.v_bias for lr in self.layers if lr.v_bias is not None]
         items = [
             ("source", f"{self.source} ({self.format})"),
-            ("architecture", self.architecture + (f" [registry: {self.family}]" if self.family else
-                                       " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
-            ("heads / kv heads / head_dim", f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("architecture", heads_cell(self.missing_config) or self.architecture + (
+                f" [registry: {self.family}]" if self.family else
+                " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
+            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
+             f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
             ("norm placement / input norm", f"{self.norm_placement} / {self.input_norm}"),
             ("attention scale", f"{self.attn_scale:.6g}" if self.attn_scale is not None and math.isfinite(self.attn_scale) else "-"),
             ("context L", f"{self.context} ({self.context_source})" if self.context else f"unknown ({self.context_source})"),
             ("epsilon (rad)", f"{self.epsilon:g}: near-redundant pairs turn less than this over L"),
             ("key-bias classes", counts),
-            ("max bound (exact + near removed)", f"{max(bounds):.4g} logit" if bounds else "-"),
+            ("max bound (exact + near removed)", f"{max(bounds):.4g} logit" if bounds else
+             "- (no layer has a removable part)" if any(lr.has_k_bias for lr in self.layers) else "-"),
             ("value bias", ("foldable into the output bias in every layer" if vb and all(v.foldable for v in vb) else
                             vb[0].reason if vb else "none")),
         ]
@@ -893,6 +909,11 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     if unplaced_warning(unreported(layout)):
         warnings.append(unplaced_warning(unreported(layout)))
     notes = list(layout.notes)
+    missing_config = getattr(ck, "missing_config", None)
+    if missing_config:
+        # say what is missing, not "unknown architecture" (the registry is not the problem)
+        warnings.insert(0, ck.missing_config_warning())
+        notes = [n for n in notes if "is not in the registry" not in n]
     if layout.norm_placement == "post":
         notes.append("post-norm: the claim that LayerNorm's beta makes the q/k/v biases redundant is not an identity "
                      "(beta passes through W_q / W_k and differs from b_q / b_k); this report does not treat it as one")
@@ -935,7 +956,8 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
     return AnalysisReport(
         **layout.summary(), source=ck.source, format=ck.format, input_norm=layout.input_norm, context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
         notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
-        facts=tuple(layout.facts()), derivation=layout.derivation(), towers=tuple(towers))
+        facts=tuple(layout.facts()), derivation=layout.derivation(), towers=tuple(towers),
+        missing_config=missing_config)
 
 
 def inspect_summary(layout: ModelLayout, config: dict | None, lt: LayerTensors, b_k: np.ndarray | None, *,

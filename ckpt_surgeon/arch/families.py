@@ -718,7 +718,11 @@ FAMILIES: tuple[Family, ...] = (
            fused_layout="per_head", input_norm="layer", hf_class="GPTNeoXForCausalLM", surgery_roles=_SPLIT_OUT,
            conversion=Conversion(_GPT_NEOX_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "rope_theta",
                                                      "rotary_dim", "parallel_residual", "ln_eps", "vocab_size"),
-                                 hf_config_extra={"hidden_act": "gelu"}),
+                                 hf_config_extra={"hidden_act": "gelu"},
+                                 # GPTNeoXConfig has no num_key_value_heads (MHA): modeling_gpt_neox never
+                                 # reads one, so a stray one in config.json is ignored here too (its rotary
+                                 # embedding does read a head_dim: that one is kept)
+                                 hf_rename={"num_key_value_heads": None}),
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
@@ -955,6 +959,14 @@ def by_name(name: str | None) -> Family | None:
         if fam.name == name:
             return fam
     return None
+
+
+def absent_config_keys(fam: Family | None) -> frozenset:
+    """Generic HF config keys that ``fam``'s config class does not have (its conversion's
+    ``hf_rename`` maps them to None: BLOOM, GPT-2 have no num_key_value_heads).  transformers
+    ignores such a key when config.json carries it, so readers of heads and sizes must too."""
+    conv = fam.conversion if fam is not None else None
+    return frozenset(k for k, v in (conv.hf_rename if conv else {}).items() if v is None)
 
 
 def kv_heads(rules: tuple, cfg: dict, default):

@@ -101,7 +101,7 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
 
     where = config_source
     cfg_all = cfg
-    cfg, (n_heads, n_kv, hidden, head_dim) = _head_sizes(cfg, fam, where)
+    cfg, (n_heads, n_kv, hidden, head_dim) = _head_sizes(cfg, fam, where, naming)
     permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
     position = _position(fam, cfg, head_dim, naming, permuted, where)
     layer_pat, found, placed = _match_roles(fam, naming, tensors)
@@ -136,19 +136,23 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     return layout
 
 
-def _head_sizes(cfg: dict, fam, where: str | None) -> tuple[dict, tuple]:
+def _head_sizes(cfg: dict, fam, where: str | None, naming: str = "hf") -> tuple[dict, tuple]:
     """The attention sizes, checked: (the config they were read from, (heads, kv heads, hidden, head_dim))."""
     if isinstance(cfg.get("text_config"), dict) and _get(cfg, F.CONFIG_KEYS["num_heads"]) is None:
         # a multimodal checkpoint of a registry family (Gemma3ForConditionalGeneration): the language
         # model's sizes live in text_config
         cfg = {**cfg["text_config"], "model_type": cfg.get("model_type"), "architectures": cfg.get("architectures")}
-    n_heads = config_int(cfg, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
-    n_kv = config_int(cfg, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
+    # keys the family's config class does not have (BLOOM has no num_key_value_heads): a stray one in
+    # config.json is ignored by transformers, and so here (issue 24)
+    dropped = F.absent_config_keys(fam) if naming == "hf" else ()      # (GGUF: generic keys from its metadata)
+    read = {k: v for k, v in cfg.items() if k not in dropped} if dropped else cfg
+    n_heads = config_int(read, F.CONFIG_KEYS["num_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
+    n_kv = config_int(read, F.CONFIG_KEYS["num_kv_heads"], path=where, minimum=1, maximum=MAX_WIDTH)
     if n_kv is None and n_heads is not None:
         n_kv = n_heads      # family rules below override (Falcon multi_query: one kv head)
     n_kv = F.kv_heads(fam.kv_heads_rules if fam else (), cfg, n_kv)
-    hidden = config_int(cfg, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
-    head_dim = config_int(cfg, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
+    hidden = config_int(read, F.CONFIG_KEYS["hidden_size"], path=where, minimum=1, maximum=MAX_WIDTH)
+    head_dim = config_int(read, F.CONFIG_KEYS["head_dim"], path=where, minimum=1, maximum=MAX_WIDTH)
     if head_dim is None and hidden and n_heads:
         head_dim = hidden // n_heads
     return cfg, (n_heads, n_kv, hidden, head_dim)

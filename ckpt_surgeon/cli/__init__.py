@@ -40,6 +40,17 @@ class SurgeonGroup(click.Group):
             where = f"{e.filename}: " if getattr(e, "filename", None) else ""
             click.echo(f"error: {where}{e.strerror or e}", err=True)
             ctx.exit(2)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence: still one line, exit 2
+            # An untyped exception is a defect of ours (issue 24: BLOOM's stray num_key_value_heads
+            # reached the user as a traceback), but the user still gets one line and exit 2.
+            if debug_enabled(ctx):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            click.echo(f"error: internal error ({type(e).__name__}: {first}); this is a bug in ckpt-surgeon: "
+                       "rerun with --debug for the traceback and report it", err=True)
+            ctx.exit(2)
 
     def list_commands(self, ctx):
         # Keep the documented order; anything else after it.

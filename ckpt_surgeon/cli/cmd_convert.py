@@ -14,9 +14,9 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 
 @click.command("convert")
 @click.argument("source", type=click.Path(exists=True))
-@click.option("--output", "-o", "out", required=True, type=click.Path(),
+@click.option("--output", "-o", "--out", "out", required=True, type=click.Path(),
               help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
-                   "GGUF quantization, with a quantized --dtype).")
+                   "GGUF quantization, with a quantized --dtype; --out is accepted too, as for fold-bias and qkv).")
 @click.option("--dtype", default=None, metavar="TYPE",
               help="Output dtype.  GGUF -> HF: float32 (default) | float16 | bfloat16 for every tensor.  "
                    "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32; "
@@ -37,7 +37,7 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.option("--name", default=None, help="HF -> GGUF: general.name written into the file (default: the folder's "
                                            "name).  llama.cpp keys a few tokenizer quirks on it.")
 @click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
-              help="table: a short summary on stderr.  json: the conversion report (every tensor's source and "
+              help="table: a short summary on stdout.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
 @progress_option
 def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, progress):
@@ -73,7 +73,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
       ckpt-surgeon convert qwen2.f16.gguf -o qwen2.iq4_xs.gguf --dtype iq4_xs --imatrix imatrix.gguf
     """
     from ..conversion import convert
-    from .render import to_json, to_table
+    from .render import table_width, to_json, to_table
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
                      imatrix=imatrix, allow_requantize=allow_requantize)
@@ -81,5 +81,8 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
         sys.stdout.write(to_json(report))
         sys.stdout.flush()
     else:
+        # on stdout, as every command's report: `convert ... > log` keeps it (issue 24)
         notes = [f"warning: {w}" for w in report.warnings]
-        click.echo(to_table([], report.summary_items(), notes, title="ckpt-surgeon convert"), err=True, nl=False)
+        sys.stdout.write(to_table([], report.summary_items(), notes, title="ckpt-surgeon convert",
+                                  width=table_width()))
+        sys.stdout.flush()

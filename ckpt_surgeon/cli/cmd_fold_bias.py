@@ -19,8 +19,9 @@ def surgery_output_options(fn):
                            "per tensor (sampled), or full up to 1 GiB of output (auto).")(fn)
     fn = click.option("--force", is_flag=True, help="Replace OUT (and the --report FILE) if it exists (never the "
                                                     "source).")(fn)
-    fn = click.option("-o", "--out", "out", required=True, type=click.Path(),
-                      help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF sources.")(fn)
+    fn = click.option("-o", "--output", "--out", "out", required=True, type=click.Path(),
+                      help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF "
+                           "sources.  -o/--output is what every command writes (--out: the older spelling, kept).")(fn)
     return fn
 
 
@@ -29,6 +30,8 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
 
     if dry_run:
         emit(plan, fmt, report_path, title=f"{title} (dry run: nothing written)", force=force)
+        if fmt != "table" or report_path:
+            click.echo("dry run: nothing written", err=True)     # the table's summary says it already
         return None
     result = execute(ckpt, plan, out, force=force, check=check, progress=progress)
     emit(result, fmt, report_path, title=title, force=force)

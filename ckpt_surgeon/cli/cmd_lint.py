@@ -15,7 +15,10 @@ from .render import byte_progress, check_report_path, emit, open_kwargs, output_
 def command(source, scan, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Check SOURCE for the silent failures that load fine and produce garbage.
 
-    Checks (docs/lint.md has the full list): config / GGUF metadata against tensor shapes;
+    Checks (docs/lint.md has the full list): every tensor loads into the class config.json
+    names and every weight of it is in the file (transformers' own key rules: a missing weight
+    is initialised at random, an extra tensor dropped); config.json present; a GGUF's tensor
+    data laid out as ggml's loader requires; config / GGUF metadata against tensor shapes;
     head_dim (config head_dim, GGUF attention.key_length) against the q/k rows; q/k/v biases
     dropped in some layers or contradicting the config's attention-bias switch; a RoPE GGUF
     without rope.freq_base (llama.cpp silently uses 10000); Q rows paired as the wrong rotary

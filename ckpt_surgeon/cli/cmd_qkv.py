@@ -63,9 +63,11 @@ def fuse(source, layout, out, force, check, dry_run, fmt, report_path, allow_pic
          allow_full_download, progress):
     """Fuse each layer's separate q/k/v projections of SOURCE into one tensor and write OUT.
 
-    For Qwen2/Llama-style models the fused tensor is self_attn.qkv_proj (rows [Q; K; V]) for
-    runtimes that want one attn_qkv; the config is kept and the layout recorded in the
-    safetensors metadata, so `qkv split` restores the original bit for bit.
+    For Qwen2/Llama-style models the fused tensor is self_attn.qkv_proj (rows [Q; K; V]); the
+    config is kept and the layout recorded in the safetensors metadata, so `qkv split` restores
+    the original bit for bit.  transformers does not load the fused folder (its q/k/v_proj would
+    be initialised at random; `lint` says so): it is for tools that take one fused tensor, as
+    GGUF's attn_qkv, which llama.cpp loads for these architectures (fuse a GGUF for that).
 
     \b
     Example:

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 
 import click
@@ -25,7 +26,8 @@ def output_options(fn):
                            "error, checked before any work, as for surgery outputs.")(fn)
     fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
                       help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
-                           "refused unless --force.")(fn)
+                           "refused unless --force.  (-o/--output names what a command writes: this report "
+                           "here; the model for convert, fold-bias and qkv.)")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
                       help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
     return fn
@@ -66,7 +68,7 @@ def _cell(v) -> str:
         return "yes" if v else "no"
     if isinstance(v, float):
         if math.isnan(v):
-            return "-"
+            return "NaN"      # a value that is NaN (a NaN bias); an absent one is None: "-" (issue 24)
         if v == 0:
             return "0.0"      # a measured or computed zero (an int 0 shows as "0"; nothing at all as "-")
         return f"{v:.4g}" if (abs(v) >= 1e-3 and abs(v) < 1e5) else f"{v:.3e}"
@@ -109,16 +111,40 @@ def to_markdown(rows: list[dict], summary=None) -> str:
     return "\n".join(out) + "\n"
 
 
+def table_width(stream=None) -> int | None:
+    """Columns a table may use: ``COLUMNS`` when set, else the terminal's width when ``stream``
+    (stdout by default) is a terminal, else None: no limit, every cell at its full width, so that a
+    table redirected to a file or a pipe keeps every file and tensor name whole (issue 24)."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):       # a closed or replaced stream
+        tty = False
+    return shutil.get_terminal_size().columns if tty else None
+
+
+# A table with no width limit is laid out on a console this wide; rich sizes a table (expand=False)
+# to its content, so this is only an upper bound no real report reaches.
+_UNLIMITED = 1 << 16
+
+
 def to_table(rows: list[dict], summary=None, notes=(), title: str | None = None, width: int | None = None) -> str:
+    """The human table.  ``width``: columns to fit (None: as wide as the content).  A cell too
+    long for its column is wrapped onto more lines (``fold``), never cut with an ellipsis, and no
+    line ends in padding spaces."""
     from rich.console import Console
     from rich.table import Table
 
     buf = io.StringIO()
-    con = Console(file=buf, width=width or 160, force_terminal=False, color_system=None, highlight=False)
+    con = Console(file=buf, width=width or _UNLIMITED, force_terminal=False, color_system=None, highlight=False,
+                  soft_wrap=width is None)
     if summary:
         kv = Table(show_header=False, box=None, pad_edge=False, title=title)
-        kv.add_column(style="bold")
-        kv.add_column()
+        kv.add_column(style="bold", overflow="fold")
+        kv.add_column(overflow="fold")
         for k, v in summary:
             kv.add_row(k, v)
         con.print(kv)
@@ -126,13 +152,14 @@ def to_table(rows: list[dict], summary=None, notes=(), title: str | None = None,
     if cols:
         t = Table(show_lines=False)
         for c in cols:
-            t.add_column(c, justify="right" if c not in ("tensor", "role", "class", "note") else "left")
+            t.add_column(c, justify="right" if c not in ("tensor", "role", "class", "note") else "left",
+                         overflow="fold")
         for r in rows:
             t.add_row(*[_cell(r.get(c)) for c in cols])
         con.print(t)
     for n in notes:
         con.print(f"note: {n}")
-    return buf.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines())
 
 
 def emit(report, fmt: str, output: str | None, *, title: str | None = None, force: bool = False) -> None:
@@ -146,7 +173,7 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None, forc
         text = to_markdown(rows, summary)
     else:
         notes = list(getattr(report, "notes", ())) + [f"warning: {w}" for w in getattr(report, "warnings", ())]
-        text = to_table(rows, summary, notes, title=title)
+        text = to_table(rows, summary, notes, title=title, width=None if output else table_width())
     if output:
         write_atomic(output, text, force=force)
         click.echo(f"wrote {output}", err=True)

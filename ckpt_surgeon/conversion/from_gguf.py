@@ -126,7 +126,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     function settles what the metadata alone cannot: the vocabulary size (the embedding's
     rows), tying (decided from the tensors), the bias switch and the dtype.
     """
-    from ..arch.gguf_config import ROPE_SCALING_TYPES, config_from_gguf
+    from ..arch.gguf_config import config_from_gguf
 
     arch = spec.gguf_arch
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
@@ -136,7 +136,27 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     if "value_length" not in spec.hparam_sums and hp.get("value_length") not in (None, base.get("head_dim")):
         raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
                                "not representable in this HF config", path=path)
+    cfg = _family_config(base, spec, meta, hp, tensors, path)
+    _solve_sums(cfg, spec, hp, path)
+    cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
+    scaling = _rope_scaling(meta, spec, hp, base, cfg, path, rope_freqs, longrope)
+    _set_rope(cfg, spec, hp, arch, warnings, scaling)
+    hp = dict(hp, head_dim=base.get("head_dim"))
+    N.fixed_to_hf(spec, cfg, hp)
+    if spec.bias_switch:
+        cfg[spec.bias_switch] = spec.bias_probe in tensors
+    cfg["tie_word_embeddings"] = bool(tied)
+    _set_special_ids(cfg, meta, path)
+    cfg["dtype"] = dtype
+    cfg["torch_dtype"] = dtype    # transformers 4 spelling
+    return dict(sorted(cfg.items())), warnings
 
+
+def _family_config(base: dict, spec: N.ArchSpec, meta: dict, hp: dict, tensors: dict, path: str | None) -> dict:
+    """The generic config ``base`` in the family's own spellings (``hf_rename``), with its fixed
+    entries, the values llama.cpp needs, the converter's cases and ``None`` spellings, and the
+    extra keys the family reads from the metadata (``hf_from_gguf``)."""
+    arch = spec.gguf_arch
     cfg: dict = {"architectures": [spec.hf_architecture], "model_type": spec.hf_model_types[0]}
     for key, value in base.items():
         if key in ("architectures", "model_type", "rope_scaling") or value is None:
@@ -162,8 +182,16 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
         # (HF key, value when the file lacks it), or an HF key defaulting to the context length
         key, default = key if isinstance(key, tuple) else (key, cfg.get("max_position_embeddings"))
         cfg[key] = v if v is not None else default
-    _solve_sums(cfg, spec, hp, path)
-    cfg["vocab_size"] = int(emb.shape[0])   # the embedding is the truth; metadata may omit or pad it
+    return cfg
+
+
+def _rope_scaling(meta: dict, spec: N.ArchSpec, hp: dict, base: dict, cfg: dict, path: str | None,
+                  rope_freqs, longrope) -> dict | None:
+    """transformers' rope scaling parameters from llama.cpp's (llama3 factors, longrope factors,
+    yarn keys), or None; a scaling this converter does not map is refused by name."""
+    from ..arch.gguf_config import ROPE_SCALING_TYPES
+
+    arch = spec.gguf_arch
     scaling = None
     if rope_freqs is not None:      # llama.cpp's llama3 rope factors -> transformers' rope parameters
         from .rope_llama3 import llama3_params_from_factors
@@ -195,16 +223,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     if longrope is None and attn_factor not in (None, 1.0):
         raise UnsupportedError(f"{arch}.rope.scaling.attn_factor = {attn_factor:g} is not converted (llama.cpp "
                                "multiplies cos and sin by it; only longrope files carry it here)", path=path)
-    _set_rope(cfg, spec, hp, arch, warnings, scaling)
-    hp = dict(hp, head_dim=base.get("head_dim"))
-    N.fixed_to_hf(spec, cfg, hp)
-    if spec.bias_switch:
-        cfg[spec.bias_switch] = spec.bias_probe in tensors
-    cfg["tie_word_embeddings"] = bool(tied)
-    _set_special_ids(cfg, meta, path)
-    cfg["dtype"] = dtype
-    cfg["torch_dtype"] = dtype    # transformers 4 spelling
-    return dict(sorted(cfg.items())), warnings
+    return scaling
 
 
 def _solve_sums(cfg: dict, spec: N.ArchSpec, hp: dict, path: str | None) -> None:
@@ -446,17 +465,8 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
             child.result(), {h: s for _, h, _, s, _, _ in plan}, path=str(src),
             what=f"{spec.hf_architecture} built from this file's metadata",
             source_names={h: g for g, h, _, _, _, _ in plan}))
-        try:
-            vocab, tok_files = _tokenizer_files(meta, config, tokenizer, src, warnings)
-            with w:
-                records = _write_hf(w, ck, plan, gate, hp, st_dtype, spec)
-                w.set_config(config)
-                if tok_files is not None:
-                    _add_tokenizer_files(w, tok_files)
-                w.record("convert", {"from": "gguf", "source": src.name, "arch": arch, "dtype": dtype})
-        except BaseException:
-            gate.abandon()
-            raise
+        vocab, records = _write_gated(w, gate, ck, plan, hp, st_dtype, spec, meta, config, tokenizer, src, warnings,
+                                      {"from": "gguf", "source": src.name, "arch": arch, "dtype": dtype})
         result = w.result
     except BaseException:
         if child is not None:
@@ -467,6 +477,23 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     return ConvertReport("gguf->hf", str(src), str(out), arch, config["model_type"], dtype, len(records),
                          result.bytes_written, time.perf_counter() - t0, tied,
                          vocab.model if vocab is not None else None, tuple(records), tuple(warnings), config)
+
+
+def _write_gated(w, gate, ck, plan, hp, st_dtype, spec, meta, config, tokenizer, src, warnings, record):
+    """Write the HF folder (tensors, config, tokenizer files) -> (vocab, tensor records); any
+    failure abandons the model check first."""
+    try:
+        vocab, tok_files = _tokenizer_files(meta, config, tokenizer, src, warnings)
+        with w:
+            records = _write_hf(w, ck, plan, gate, hp, st_dtype, spec)
+            w.set_config(config)
+            if tok_files is not None:
+                _add_tokenizer_files(w, tok_files)
+            w.record("convert", record)
+    except BaseException:
+        gate.abandon()
+        raise
+    return vocab, records
 
 
 class _Gate:

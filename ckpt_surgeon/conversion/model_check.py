@@ -52,6 +52,80 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
 
 
+def checkpoint_key_renamer(model):
+    """``name -> (key in the model's state dict, converter pattern or None)``: where transformers'
+    ``from_pretrained`` puts a checkpoint tensor of that name (transformers 5 renames keys at load:
+    the legacy gamma/beta spellings, the per-model conversion mapping that fuses MoE experts and
+    such, and the base-model prefix added or stripped; ``core_model_loading.rename_source_key``
+    as ``convert_and_load_state_dict_in_model`` calls it).  The one place this module applies
+    those renames, kept small so that every reader of checkpoint keys can share it."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    meta = model.state_dict()
+    prefix = model.base_model_prefix
+
+    def rename(name: str) -> tuple[str, str | None]:
+        key, pattern = rename_source_key(name, renamings, converters, prefix, meta)
+        if key not in meta and name in meta:      # as transformers: keep the name, prefix only
+            key, pattern = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=meta)
+        return key, pattern
+
+    return rename
+
+
+def load_keys_report(config: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """What ``from_pretrained`` of the class ``config`` names (``architectures[0]``) would do with
+    a checkpoint of these tensor ``shapes``, without reading a byte: ``missing`` (weights of the
+    model no tensor fills: initialised at random), ``unexpected`` (tensors with no place in the
+    model: dropped) and ``mismatched`` (``[name, file shape, model shape]``), after transformers'
+    own rules for what may be missing or extra (the class's ``_keys_to_ignore_on_load_missing`` /
+    ``_unexpected`` and its extra patterns: ``model._adjust_missing_and_unexpected_keys``), tied
+    weights (filled by tying, not at random) and non-persistent buffers (never in a state dict).
+    ``{"skipped": reason}`` where the class cannot be built here."""
+    import torch
+    import transformers
+    from transformers.utils.loading_report import LoadStateDictInfo
+
+    cls_name = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, cls_name, None) if isinstance(cls_name, str) else None
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        return {"skipped": f"transformers {transformers.__version__} has no class {cls_name!r} (config.json "
+                           "architectures)" if cls_name else "config.json names no class (architectures)"}
+    from huggingface_hub.errors import StrictDataclassError
+
+    cfg = dict(config)
+    try:
+        with quiet_transformers():
+            conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+            with torch.device("meta"):
+                model = cls(conf)
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, StrictDataclassError) as e:
+        # transformers 5 validates config fields; its message spans lines, joined into one
+        return {"skipped": f"transformers cannot build {cls_name} from config.json ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]})"}
+    meta = model.state_dict()
+    rename = checkpoint_key_renamer(model)
+    info = LoadStateDictInfo(missing_keys=set(meta), unexpected_keys=set(), mismatched_keys=set(),
+                             conversion_errors={}, error_msgs=[], skipped_pp_keys=set())
+    mismatched = []
+    for name, shape in shapes.items():
+        key, pattern = rename(name)
+        if key not in meta:
+            info.unexpected_keys.add(name)
+            continue
+        info.missing_keys.discard(key)
+        if pattern is None and tuple(shape) != tuple(meta[key].shape):
+            mismatched.append([name, list(shape), list(meta[key].shape)])
+    model._adjust_missing_and_unexpected_keys(info)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    return {"class": cls_name, "missing": sorted(info.missing_keys - tied), "unexpected": sorted(info.unexpected_keys),
+            "mismatched": sorted(mismatched)}
+
+
 def expected_tensors_or_error(config, *, path: str | None, what: str = "this config") -> dict[str, tuple[int, ...]]:
     """:func:`expected_tensors`, with transformers' own failures on config values it cannot build
     from (an unknown activation name, a negative size) as one ConfigError line."""

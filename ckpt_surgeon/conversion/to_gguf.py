@@ -299,6 +299,11 @@ def _check_llamacpp_needs(cfg: dict, spec: N.ArchSpec, path: str) -> None:
 def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
     """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
     each checked where read (:func:`hf_hparam`)."""
+    # keys the family's config class does not have (BLOOM: num_key_value_heads): transformers ignores
+    # a stray one in config.json, and so does llama.cpp's converter (issue 24)
+    absent = {k for k, v in spec.hf_rename.items() if v is None}
+    cfg = {k: v for k, v in cfg.items() if k not in absent}
+
     def get(key):
         return hf_hparam(cfg, key, path)
 

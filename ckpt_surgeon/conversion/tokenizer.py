@@ -359,6 +359,7 @@ class GGUFVocab:
     special_ids: dict = field(default_factory=dict)   # bos | eos | unk | pad | sep | eot ... -> id
     add_bos: bool | None = None
     add_eos: bool | None = None
+    add_sep: bool | None = None                  # tokenizer.ggml.add_sep_token, where llama.cpp's converter writes it
     add_space_prefix: bool | None = None
     chat_template: str | None = None
     lowercase: bool | None = None                # tokenizer.ggml.normalizer.lowercase (bert)
@@ -383,6 +384,8 @@ class GGUFVocab:
             kv.append(("tokenizer.ggml.add_bos_token", bool(self.add_bos), "bool"))
         if self.add_eos is not None:
             kv.append(("tokenizer.ggml.add_eos_token", bool(self.add_eos), "bool"))
+        if self.add_sep is not None:
+            kv.append(("tokenizer.ggml.add_sep_token", bool(self.add_sep), "bool"))
         if self.add_space_prefix is not None:
             kv.append(("tokenizer.ggml.add_space_prefix", bool(self.add_space_prefix), "bool"))
         if self.lowercase is not None:
@@ -550,6 +553,44 @@ def _add_bos_eos(tj: dict, tcfg: dict, bos: str | None, eos: str | None) -> tupl
     return bool(add_bos), bool(add_eos)
 
 
+def _special_id(item) -> str | None:
+    return item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+
+
+def _add_sep(tj: dict, tcfg: dict, sep: str | None, eos: str | None) -> bool | None:
+    """Whether encoding a pair puts a separator between the sequences, decided as llama.cpp's
+    converter decides it (gguf-py ``SpecialVocab._try_load_from_tokenizer_json``): RobertaProcessing
+    adds one; a TemplateProcessing ``pair`` template ``[first] A X [Y] B [last]`` adds one when X
+    (or Y) is the sep or eos token (X only when the single template has no trailing special);
+    else tokenizer_config's ``add_sep_token``.  None where the converter writes no key."""
+    add = None
+    pp = tj.get("post_processor") or {}
+    for proc in (pp.get("processors", [pp]) if isinstance(pp, dict) else []):
+        kind = proc.get("type") if isinstance(proc, dict) else None
+        if kind == "RobertaProcessing":
+            add = True
+        elif kind == "TemplateProcessing":
+            single, pair = proc.get("single") or [], proc.get("pair") or []
+            first = _special_id(single[0]) if len(single) > 1 else None
+            last = _special_id(single[-1]) if len(single) > 1 else None
+            end_token = last or eos          # a trailing special of the single template becomes its eos
+            if not pair:
+                continue
+            start = 1 if first and _special_id(pair[0]) == first else 0
+            stop = -1 if last and _special_id(pair[-1]) == last else None
+            mid = pair[start:stop]
+            seq = [m.get("Sequence", {}).get("id") if isinstance(m, dict) else None for m in mid[:1] + mid[-1:]]
+            inner = mid[1:-1]
+            if seq == ["A", "B"] and inner:
+                add = bool(_special_id(inner[0]) in (sep, end_token) and _special_id(inner[0]) is not None
+                           and not last)
+                if len(inner) == 2 and _special_id(inner[1]) is not None and _special_id(inner[1]) in (sep, end_token):
+                    add = True
+    if add is None and isinstance(tcfg.get("add_sep_token"), bool):
+        add = tcfg["add_sep_token"]
+    return add
+
+
 def _spm_scores_from_model(path: Path, n: int) -> list[float] | None:
     """Exact scores from a SentencePiece ``tokenizer.model`` (as llama.cpp's converter reads them)."""
     try:
@@ -688,10 +729,12 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
 
     ids = _special_ids(folder, vocab, specials_by_name, config, n_vocab)
     add_bos, add_eos = _add_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
+    add_sep = _add_sep(tj, tcfg, _token_content(tcfg.get("sep_token")), _token_content(tcfg.get("eos_token")))
     return GGUFVocab(model=kind, pre=pre, tokens=tuple(tokens), token_types=tuple(types),
                      scores=tuple(scores) if scores is not None else None,
                      merges=tuple(merges) if (merges and not spm) else None,
-                     special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
+                     special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_sep=add_sep,
+                     add_space_prefix=add_space_prefix,
                      chat_template=_chat_template(folder, tcfg))
 
 
@@ -1075,6 +1118,30 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings))
 
 
+def _sp_pieces(sp, n: int, quirks: dict) -> tuple[list, list, list]:
+    """The first ``n`` pieces of a SentencePiece model -> (tokens, scores, types), with the
+    ``replace`` and ``unused_prefix`` quirks applied."""
+    replace, unused = quirks.get("replace", {}), quirks.get("unused_prefix")
+    tokens, scores, types = [], [], []
+    for i in range(min(n, sp.vocab_size())):
+        piece = sp.IdToPiece(i)
+        tokens.append(replace.get(piece, piece))
+        scores.append(sp.GetScore(i))
+        typ = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i) else UNUSED if sp.IsUnused(i)
+               else BYTE if sp.IsByte(i) else NORMAL)
+        types.append(UNUSED if unused and piece.startswith(unused) else typ)
+    return tokens, scores, types
+
+
+def _added_token_overrides(folder: Path) -> list[tuple[int, dict]]:
+    """(id, entry) of tokenizer_config.json's ``added_tokens_decoder``, then tokenizer.json's
+    ``added_tokens`` (later entries win)."""
+    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    overrides = [(int(tid), data) for tid, data in (tcfg.get("added_tokens_decoder") or {}).items()]
+    tj = _read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else {}
+    return overrides + [(int(a["id"]), a) for a in tj.get("added_tokens") or []]
+
+
 def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFVocab:
     """``vocab``'s tokens, scores and types re-read from ``tokenizer.model`` piece by piece, as a
     llama.cpp converter that walks the SentencePiece model does (InternLM2Model.set_vocab), with
@@ -1102,28 +1169,14 @@ def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFV
     n = len(vocab.tokens)
     if sp.vocab_size() < n and not (folder / "added_tokens.json").is_file():
         raise ConfigError(f"{sp.vocab_size()} SentencePiece pieces for {n} embedding rows", path=str(path))
-    replace, unused = quirks.get("replace", {}), quirks.get("unused_prefix")
-    tokens, scores, types = [], [], []
-    for i in range(min(n, sp.vocab_size())):
-        piece = sp.IdToPiece(i)
-        tokens.append(replace.get(piece, piece))
-        scores.append(sp.GetScore(i))
-        typ = (UNKNOWN if sp.IsUnknown(i) else CONTROL if sp.IsControl(i) else UNUSED if sp.IsUnused(i)
-               else BYTE if sp.IsByte(i) else NORMAL)
-        types.append(UNUSED if unused and piece.startswith(unused) else typ)
+    tokens, scores, types = _sp_pieces(sp, n, quirks)
     if (folder / "added_tokens.json").is_file():
         for content in _read_json(folder / "added_tokens.json"):
             tokens.append(content)
             scores.append(-1000.0)
             types.append(USER_DEFINED)
     chat_eos = None
-    overrides = []
-    tcfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    for tid, data in (tcfg.get("added_tokens_decoder") or {}).items():
-        overrides.append((int(tid), data))
-    tj = _read_json(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else {}
-    overrides += [(int(a["id"]), a) for a in tj.get("added_tokens") or []]
-    for tid, data in overrides:
+    for tid, data in _added_token_overrides(folder):
         if not 0 <= tid < len(tokens):
             raise ConfigError(f"added token {data.get('content')!r} has id {tid}, past the {len(tokens)} tokens",
                               path=str(path))
@@ -1134,8 +1187,6 @@ def spm_model_vocab(vocab: GGUFVocab, folder: str | Path, quirks: dict) -> GGUFV
     if len(tokens) != n:
         raise ConfigError(f"{len(tokens)} tokens (tokenizer.model and added tokens) for {n} embedding rows",
                           path=str(path))
-    special_ids = dict(vocab.special_ids)
-    if chat_eos is not None:
-        special_ids["eos"] = chat_eos
+    special_ids = dict(vocab.special_ids, **({"eos": chat_eos} if chat_eos is not None else {}))
     return dataclasses.replace(vocab, tokens=tuple(tokens), scores=tuple(scores), token_types=tuple(types),
                                special_ids=special_ids)

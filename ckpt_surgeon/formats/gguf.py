@@ -182,6 +182,7 @@ class GGUFHeader:
     data_start: int                # start of tensor data (header_end rounded up to alignment)
     missing_bytes: int = 0         # bytes the header promises beyond EOF
     warnings: tuple = ()
+    ggml_layout: tuple | None = None   # (tensor, offset, expected): where ggml's loader refuses the layout
 
     @property
     def architecture(self) -> str | None:
@@ -457,6 +458,31 @@ def _missing_bytes(spans: list, tensors: dict, warnings: list, path: str, file_s
     return missing_bytes
 
 
+def ggml_layout_problem(entries, alignment: int) -> tuple[str, int, int] | None:
+    """Where a tensor-data layout breaks ggml's rule -> ``(tensor, offset, expected)``, else None.
+
+    ggml's loader (``gguf_init_from_file_impl`` in ggml/src/gguf.cpp) requires the data of the
+    tensors in tensor-info order, each padded to the alignment: tensor i must start where tensor
+    i-1's padded bytes end, else it fails with "tensor '...' has offset X, expected Y" and
+    llama.cpp cannot load the file.  ``entries``: ``(name, offset relative to the data section,
+    nbytes or None)`` in tensor-info order; a size that is unknown (unknown ggml type) ends the
+    check there (ggml refuses that type anyway)."""
+    expected = 0
+    for name, offset, nbytes in entries:
+        if offset != expected:
+            return name, int(offset), expected
+        if nbytes is None:
+            return None
+        expected += _align(nbytes, alignment)
+    return None
+
+
+def ggml_layout_message(problem: tuple[str, int, int], alignment: int) -> str:
+    name, offset, expected = problem
+    return (f"tensor '{name}' has data offset {offset}, but ggml's loader expects {expected} (tensor data must follow "
+            f"the tensor-info order, each tensor padded to {alignment} bytes): llama.cpp refuses to load this file")
+
+
 def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
     """Parse and validate a GGUF header from ``buf`` (the file, or a prefix of it).
 
@@ -473,10 +499,15 @@ def parse_header(buf, path: str, file_size: int) -> GGUFHeader:
     data_start = _align(header_end, alignment)
     tensors, type_ids, warnings, spans = _tensor_records(infos, path, file_size, data_start, alignment)
     missing_bytes = _missing_bytes(spans, tensors, warnings, path, file_size, header_end, data_start)
+    problem = ggml_layout_problem(
+        [(name, offset, None if tensors[name].dtype.startswith("UNKNOWN_") else tensors[name].nbytes)
+         for name, _, _, offset in infos], alignment)
+    if problem is not None:
+        warnings.append(ggml_layout_message(problem, alignment))
     return GGUFHeader(path=path, version=version, file_size=file_size, alignment=alignment, tensor_count=n_tensors,
                       kv_count=n_kv, metadata=metadata, fields=fields, tensors=tensors, ggml_type_ids=type_ids,
                       header_end=header_end, data_start=data_start, missing_bytes=missing_bytes,
-                      warnings=tuple(warnings))
+                      warnings=tuple(warnings), ggml_layout=problem)
 
 
 # First read when opening a local file; the header of a 262k-token vocabulary is ~5 MB.

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .gguf import DEFAULT_ALIGNMENT, GGUF_MAGIC, VALUE_TYPES
+from .gguf import DEFAULT_ALIGNMENT, GGUF_MAGIC, VALUE_TYPES, ggml_layout_message, ggml_layout_problem
 from .shard_io import pwrite_all
 
 __all__ = ["GGUF_VERSION", "KV", "Slot", "GGUFLayout", "encode_string", "encode_kv", "encode_kvs", "layout",
@@ -158,6 +158,11 @@ def layout(kv_bytes: bytes, kv_count: int, slots: Sequence[Slot], *, alignment: 
             + kv_count.to_bytes(8, "little") + kv_bytes + bytes(infos))
     data_start = _align(len(head), alignment)
     head += b"\0" * (data_start - len(head))
+    # Never write a file ggml's loader refuses (issue 24): the offsets above follow its rule by
+    # construction; this states the rule where the offsets are made, in ggml's own terms.
+    problem = ggml_layout_problem([(s.name, o, s.nbytes) for s, o in zip(slots, offsets)], alignment)
+    if problem is not None:
+        raise AssertionError(ggml_layout_message(problem, alignment))
     return GGUFLayout(head, data_start, tuple(data_start + o for o in offsets), data_start + pos, alignment)
 
 

@@ -148,8 +148,12 @@ class HubClient:
         return f"{self.settings.endpoint}/{self.repo_id}/resolve/{quote(self.sha or self.revision, safe='')}/{quote(filename)}"
 
     def _offline_error(self, what: str) -> HubError:
-        return HubError(f"{what} is not in the ckpt-surgeon cache and HF_HUB_OFFLINE=1 forbids network access",
-                        path=self.label(), hint=f"run once online, or unset HF_HUB_OFFLINE; cache: {self.settings.cache}")
+        # Offline, both caches are read (the Hugging Face one first: hub.open_hub), so both are named.
+        from .hf_cache import hub_cache
+        return HubError(f"{what} is in neither the ckpt-surgeon cache nor the Hugging Face cache, and HF_HUB_OFFLINE=1 "
+                        "forbids network access", path=self.label(),
+                        hint=f"run once online, or unset HF_HUB_OFFLINE; caches: {self.settings.cache} (ckpt-surgeon), "
+                             f"{hub_cache()} (Hugging Face)")
 
     # -- error mapping
     def _map_hf_error(self, e: Exception, filename: str | None = None) -> HubError:
@@ -185,6 +189,12 @@ class HubClient:
 
     def _network_error(self, e: Exception, what: str, filename: str | None, attempts: int) -> HubError:
         import httpx2
+        if isinstance(e, httpx2.ConnectError) and self.requests == 0:
+            # Never reached the endpoint (no route, refused, no DNS): offline, or SOURCE was meant as a
+            # local path.  Said at once: retrying a machine with no network costs seconds for nothing.
+            return HubError(f"{what} from {self.settings.endpoint_shown} failed: could not connect (offline?); "
+                            "it is not a local file or folder either", path=self.label(filename),
+                            hint="check the path, or the network; HF_HUB_OFFLINE=1 reads the caches only")
         if isinstance(e, httpx2.ConnectError):
             reason = "could not connect"
         elif isinstance(e, httpx2.TimeoutException):
@@ -217,7 +227,7 @@ class HubClient:
                 raise self._map_hf_error(e, filename) from None
             except (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError, _Retryable) as e:
                 failures += 1
-                if failures > self.settings.retries:
+                if failures > self.settings.retries or (isinstance(e, httpx2.ConnectError) and self.requests == 0):
                     raise self._network_error(e, what(), filename, failures) from None
                 wait = min(self.settings.backoff * 2 ** (failures - 1), 8 * self.settings.backoff)
                 logger.info("%s: %s; retry %d/%d in %.2fs", self.label(filename), e, failures,

@@ -143,6 +143,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         centered = _plan_center(ckpt, layout, center_weights, records, notes)
 
     stacks = _stacks(layout, tower, src)
+    outcome = None
     steps: list[TensorStep] = []
     tower_recs: list = []
     refused: list = []
@@ -152,8 +153,9 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         stack_notes: list[str] = []
         try:
             if k:
-                _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
-                        approximate, max_logit_change, context, params, epsilon, pairs)
+                out_k = _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
+                                approximate, max_logit_change, context, params, epsilon, pairs)
+                outcome = out_k if main else outcome
             if v:
                 steps += _plan_v(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes)
         except RefusedError as e:
@@ -177,15 +179,15 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     config, changes = None, ()
     if delete:
         steps, config, changes = _plan_delete(ckpt, layout, fam, ev, steps)
-        notes.append(f"--delete: every bias controlled by config '{fam.attention_bias_key}' is zero, so they were "
-                     f"dropped and '{fam.attention_bias_key}' set to false")
-    elif k or v:
+        notes.append(f"--delete: every bias controlled by config '{fam.attention_bias_key}' is zero, so they are "
+                     f"dropped and '{fam.attention_bias_key}' is set to false")
+    elif (k or v) and steps:
         notes.append("folded biases are zeroed, not deleted (stock loaders expect the tensors); --delete drops them "
                      "where the architecture has a switch for it")
     layer_recs = tuple(FoldLayer(**r) for _, r in sorted(records.items()) if len(r) > 1) + \
         tuple(FoldLayer(**r) for r in tower_recs)
     return Plan(operation="fold-bias", source=src, params=params, steps=tuple(steps), config=config,
-                config_changes=changes, layers=layer_recs, notes=tuple(notes))
+                config_changes=changes, layers=layer_recs, notes=tuple(notes), outcome=outcome)
 
 
 def _stacks(layout, tower: str | None, src) -> list:
@@ -231,7 +233,7 @@ def _with_centering(steps: list[TensorStep], centered: list[TensorStep]) -> list
 
 
 def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate, max_logit_change,
-            context, params, epsilon, pairs_mode) -> None:
+            context, params, epsilon, pairs_mode) -> str | None:
     """Key-bias part of the plan, from the analyzer's classes, exact dims and per-pair bounds
     (:mod:`ckpt_surgeon.analysis.redundancy`: module docstring has the derivation)."""
     from ..analysis.redundancy import analyze_checkpoint, select_pairs
@@ -258,17 +260,20 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
         _refuse_rope(layout, by_layer, rope_layers, src)
 
     worst = 0.0
+    n_pairs = n_dims = 0
     for i, (t, rows) in sorted(located.items()):
         lr = by_layer[i]
         if approximate:
             sel = select_pairs(lr, float(max_logit_change), include_exact=True, only_near=(pairs_mode == "near"))
             dims, bound, frac = np.asarray(sel.dims, dtype=np.int64), sel.bound, sel.removed_energy_fraction
+            n_pairs += len(sel.pairs)
             if sel.note:
                 notes.append(f"layer {i}: {sel.note}")
         else:
             dims, bound = np.asarray(lr.exact_dims, dtype=np.int64), (0.0 if lr.k_class in ("exact", "partial") else None)
             frac = lr.exact_fraction or 0.0
         removed = rows[dims] if dims.size else np.zeros(0, dtype=np.int64)
+        n_dims += int(dims.size)
         rows_to_zero.setdefault(t, set()).update(int(r) for r in removed)
         tensor_layer[t] = i
         worst = max(worst, bound or 0.0)
@@ -277,15 +282,34 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
     classes = sorted({by_layer[i].k_class for i in located})
     if "exact" in classes:
         notes.append(f"key bias: no rotary ({layout.position.type} positions), so q·b_k is constant over the keys and "
-                     "softmax ignores it: removed exactly")
+                     "softmax ignores it: it is removed exactly")
     if "partial" in classes:
         notes.append(f"key bias: partial rotary (rotary_dim {layout.position.rotary_dim} of head_dim {layout.head_dim}): "
-                     "the pass-through dimensions were removed exactly")
+                     "the pass-through dimensions are removed exactly")
     if approximate:
         params.update(context=rep.context, epsilon=rep.epsilon, pairs=pairs_mode, bound=worst)
-        notes.append(f"--approximate: removed the {'near-redundant ' if pairs_mode == 'near' else ''}rotary pairs whose "
-                     f"summed bound stays <= {max_logit_change} per layer and kv head (context {rep.context}, "
-                     f"epsilon {rep.epsilon:g} rad); largest bound used: {worst:.4g} attention-logit units")
+        if n_dims == 0:
+            return _nothing_removed(by_layer, rep, pairs_mode, max_logit_change)
+        notes.append(f"--approximate: {n_pairs} {'near-redundant ' if pairs_mode == 'near' else ''}rotary pair(s) "
+                     f"whose summed bound stays <= {max_logit_change} per layer and kv head are removed (context "
+                     f"{rep.context}, epsilon {rep.epsilon:g} rad); largest bound used: {worst:.4g} "
+                     "attention-logit units")
+    return None
+
+
+def _nothing_removed(by_layer: dict, rep, pairs_mode: str, budget: float) -> str:
+    """The summary line of an --approximate run that removes nothing, and why (issue 24: it used to
+    report "removed ... largest bound used: 0" with 0 tensors changed)."""
+    ctx = f"{rep.context} positions ({rep.context_source})" if rep.context else "any distance (no context known)"
+    if pairs_mode == "near" and not any(lr.near_pairs for lr in by_layer.values()):
+        return (f"nothing removed: no rotary pair turns less than epsilon {rep.epsilon:g} rad over {ctx}, so no pair "
+                "qualifies as near-redundant; pass --context L with the window you run (e.g. --context 4096), "
+                "a larger --epsilon, or --pairs any")
+    costs = [float(lr.contributions.max(axis=0).min()) for lr in by_layer.values() if lr.contributions is not None
+             and lr.contributions.size]
+    cheapest = f" (the cheapest single pair needs {min(costs):.4g})" if costs else ""
+    return (f"nothing removed: no rotary pair fits the budget --max-logit-change {budget:g}{cheapest}; raise it, or "
+            "pass a shorter --context L")
 
 
 def _refuse_rope(layout, by_layer: dict, rope_layers: list[int], src: str):
@@ -342,7 +366,7 @@ def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -
         tensor_layer[t] = lt.layer
         records[lt.layer].update(v_bias=t, v_folded=True, v_norm=float(np.linalg.norm(ev.value(t)[rows])),
                                  o_bias=lt.o_bias)
-    notes.append("value bias folded into the output bias (b_o' = b_o + W_o·b_v): exact, attention rows sum to 1"
+    notes.append("the value bias is folded into the output bias (b_o' = b_o + W_o·b_v): exact, attention rows sum to 1"
                  + (f"; GQA: query head h reads kv head h // {h // kv}" if kv != h else ""))
     return steps
 
@@ -410,13 +434,13 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
         records[layer]["center_energy"] = rem / tot if tot else 0.0
     notes.append("--center: every reader of the residual stream is a LayerNorm, so the mean component of each "
                  "residual-writing bias" + (" and of each writing weight's columns" if weights else "") +
-                 " was subtracted: exact")
+                 " is subtracted: exact")
     whole = [s.out for s in steps if s.layer is None]
     if whole:
-        notes.append(f"--center: whole-model writers centered too (embedding tables row by row): {', '.join(whole)}")
+        notes.append(f"--center: whole-model writers are centered too (embedding tables row by row): {', '.join(whole)}")
     if skipped:
         notes.append(f"--center-weights: {', '.join(skipped)} is also read by the output head (tied embeddings), "
-                     "so it was not centered")
+                     "so it is not centered")
     return steps
 
 

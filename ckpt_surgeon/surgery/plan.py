@@ -92,6 +92,7 @@ class Plan:
     layers: tuple = ()              # planner-specific frozen per-layer records with to_dict()
     notes: tuple = ()
     record: dict = field(default_factory=dict)   # extra JSON-able facts for __metadata__ (e.g. qkv_layout)
+    outcome: str | None = None      # a summary line when the plan does less than asked ("nothing removed: ...")
 
     @property
     def changed(self) -> tuple:
@@ -114,7 +115,19 @@ class Plan:
         return {"operation": self.operation, "source": self.source, "params": json.loads(json.dumps(self.params, default=_jsonable)),
                 "steps": [s.to_dict() for s in self.steps],
                 "config_changes": [{"key": k, "old": o, "new": n} for k, o, n in self.config_changes],
-                "layers": [r.to_dict() for r in self.layers], "notes": list(self.notes), "record": self.record}
+                "layers": [r.to_dict() for r in self.layers], "notes": list(self.notes), "record": self.record,
+                "outcome": self.outcome}
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        """A plan shown on its own is a dry run: it says so, and what a run would change."""
+        items = [("operation", self.operation), ("source", self.source),
+                 ("dry run", "nothing written"),
+                 ("tensors a run would change", str(len(self.changed))),
+                 ("tensors a run would delete", str(len(self.deleted)))]
+        if self.outcome:
+            items.append(("result", self.outcome))
+        items += [(f"config {k}", f"{o!r} -> {n!r}") for k, o, n in self.config_changes]
+        return items
 
     def rows(self) -> list[dict]:
         if self.layers:
@@ -149,7 +162,7 @@ class SurgeryResult:
              "layers": [r.to_dict() for r in self.plan.layers],
              "tensors_changed": sorted(self.plan.changed), "tensors_deleted": sorted(self.plan.deleted),
              "config_changes": self.plan.to_dict()["config_changes"], "notes": list(self.plan.notes),
-             "write": self.write.to_dict()}
+             "outcome": self.plan.outcome, "write": self.write.to_dict()}
         return d
 
     def rows(self) -> list[dict]:
@@ -159,6 +172,7 @@ class SurgeryResult:
         w = self.write
         modes = sorted({s.mode for s in w.shards})
         items = [("operation", self.plan.operation), ("source", self.plan.source), ("output", self.out),
+                 *([("result", self.plan.outcome)] if self.plan.outcome else []),
                  ("tensors changed", str(len(self.plan.changed))), ("tensors deleted", str(len(self.plan.deleted))),
                  ("tensors copied byte-identical", str(w.tensors_copied)),
                  ("shards", f"{len(w.shards)} ({', '.join(modes)})"),

@@ -269,10 +269,17 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
         steps += extra
         notes.append(f"written as {rewrite.architectures[0]} ({rewrite.model_type}): q/k/v split from {qkv_mod}"
                      + "".join(f", {m} split into {a} + {b}" for m, (a, b) in rewrite.tensor_splits))
+    elif "qkv" in fam.surgery_roles:
+        # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
+        # gives back the layout transformers reads (issue 24: this note used to say the opposite)
+        notes.append(f"config kept ({lay_.architecture}); q/k/v are split back into {roles['q']}, {roles['k']} and "
+                     f"{roles['v']}, the modules transformers' {fam.hf_class or lay_.architecture} has, so it loads "
+                     "this folder as it is")
     else:
-        notes.append(f"config kept ({lay_.architecture}); transformers' {lay_.architecture} reads the fused tensor, "
-                     f"so load this with a runtime that takes separate q/k/v, or run `qkv fuse` to restore it "
-                     f"(the {record['qkv_layout']} layout is recorded in the metadata)")
+        notes.append(f"config kept ({lay_.architecture}); transformers' {fam.hf_class or lay_.architecture} reads "
+                     f"the fused {qkv_mod}, not separate q/k/v (it would initialise that at random), so load this "
+                     f"with a runtime that takes separate q/k/v, or run `qkv fuse` to restore it (the "
+                     f"{record['qkv_layout']} layout is recorded in the metadata)")
     return Plan("qkv-split", src, {"layout": record["qkv_layout"], "to": rewrite.model_type if rewrite else None},
                 tuple(steps), config=config, config_changes=changes, layers=tuple(layers), notes=tuple(notes),
                 record=record)
@@ -395,6 +402,16 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
                                lt.v_weight, row_layout if axis == 0 else "conv1d", lt.q_bias is not None))
     record = {"qkv_layout": row_layout if axis == 0 else "conv1d"}
     notes = [f"q/k/v fused into {qkv_mod} ({record['qkv_layout']} layout, recorded in the metadata); config kept"]
+    if "qkv" in fam.surgery_roles:
+        # the family's own modules are separate: say what the fused file is for (issue 24)
+        if ckpt.naming == "gguf":
+            notes.append("llama.cpp loads blk.N.attn_qkv in place of attn_q / attn_k / attn_v (llama-model.cpp "
+                         "create_tensor_qkv), so this GGUF runs there as it is")
+        else:
+            notes.append(f"transformers' {fam.hf_class or lay_.architecture} has no {qkv_mod}: it would drop it and "
+                         f"initialise {roles['q']} / {roles['k']} / {roles['v']} at random (`ckpt-surgeon lint` says "
+                         "so), so this folder is for tools that take one fused [Q; K; V] tensor (as GGUF's attn_qkv, "
+                         "which llama.cpp loads for this architecture); `qkv split` restores the original bit for bit")
     return Plan("qkv-fuse", src, {"layout": record["qkv_layout"]}, tuple(steps), layers=tuple(layers),
                 notes=tuple(notes), record=record)
 

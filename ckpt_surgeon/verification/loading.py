@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..errors import CkptError, ConfigError, UnsupportedError
 from ..runtime import gguf_to_folder, has_tokenizer, load_pretrained
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
@@ -65,14 +65,13 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     :func:`ckpt_surgeon.formats.hub_snapshot.download` (bars per ``progress``).  ``revision``
     with a local source is an error.  Raises CkptError (one line) for anything transformers
     could not load."""
-    from ..checkpoint import looks_like_repo_id, open_checkpoint
+    from ..checkpoint import is_hub_source, missing_local, open_checkpoint
 
     given = os.fspath(source)
     p = Path(given)
     if not p.exists():
-        if not looks_like_repo_id(given):
-            raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
-                                      path=given)
+        if not is_hub_source(given):
+            raise missing_local(given)
         from ..formats.hub_snapshot import download
         p = download(given, revision=revision, progress=progress)
     elif revision is not None:
