@@ -21,8 +21,8 @@ import pytest
 
 from ckpt_surgeon.arch.quant_mix import FTYPES, MixModel, _weights_order, allows_quantization, tensor_types
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference (the test extra installs it)")
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402
+import llama_cpp  # noqa: E402  (the reference; installed by the test extra: a missing runtime is a broken set-up, not a skip)
 
 
 class _Desc(ctypes.Structure):

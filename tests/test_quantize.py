@@ -30,8 +30,8 @@ from convert_variants import build_variant
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.conversion import convert, hf_to_gguf
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference (the test extra installs it)")
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402
+import llama_cpp  # noqa: E402  (the reference; installed by the test extra: a missing runtime is a broken set-up, not a skip)
 
 # file types llama.cpp makes without an importance matrix, and those it refuses to make without one
 NO_IMATRIX = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m",

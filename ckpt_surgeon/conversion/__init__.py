@@ -71,13 +71,12 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     if not os.path.exists(os.fspath(source)):
         raise SourceNotFoundError("no such file or folder", path=os.fspath(source))
     source = _gguf_in_folder(Path(os.fspath(source))) or source
-    if is_gguf(source) and str(out).endswith(".gguf"):
+    if is_gguf(source) and str(out).endswith(".gguf") and dtype is not None:
+        # GGUF -> GGUF quantization (without a dtype, a .gguf OUT for a GGUF source is refused below)
         from .dtypes import normalize_dtype
         from .requantize import gguf_requantize_report
         if name is not None:
             raise UnsupportedError("--name sets general.name of an HF -> GGUF output; GGUF -> GGUF keeps the source's")
-        if dtype is None:
-            raise UnsupportedError("GGUF -> GGUF quantizes: give --dtype (q4_k_m, q8_0 ...)", path=os.fspath(source))
         return gguf_requantize_report(source, out, normalize_dtype(dtype, to_gguf=True), force=force,
                                       imatrix=imatrix, allow_requantize=allow_requantize, progress=progress)
     if imatrix is not None and is_gguf(source):

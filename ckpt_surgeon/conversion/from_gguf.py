@@ -435,8 +435,9 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     src = Path(gguf_path)
     out = Path(out_dir)
     if out.name.endswith((".gguf", ".safetensors")):
+        also = " (or, to quantize the GGUF, give --dtype q4_k_m ...)" if out.name.endswith(".gguf") else ""
         raise UnsupportedError("the source is a GGUF file, so the output is an HF folder (config, tokenizer, "
-                               "safetensors): give a folder path, not a file name", path=str(out))
+                               f"safetensors): give a folder path, not a file name{also}", path=str(out))
     # The model check needs torch + transformers (seconds of imports) and is the critical path: a
     # child process starts on them first thing, before even this function's own imports, gets
     # the config once it is known, and gates the output (see _Gate).
