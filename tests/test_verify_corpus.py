@@ -498,3 +498,53 @@ def test_json_keys_are_the_documented_contract(pair):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "verify.md").read_text()
     for key in JSON_KEYS:
         assert f"| `{key}` |" in doc, key
+
+
+def _same_stats(a, b):
+    """Streamed and in-memory runs of the same pair: transformers' own layer classes on the same
+    weights, so the per-token values agree to float32 summation-order noise (test_verify_stream:
+    bit-identical on the CPU in practice); 1e-9 absolute on KL values of ~1e-2 and relative 1e-6
+    on PPL is far below any difference a wrong streamed layer would make (the perturbation moves
+    mean KL by orders of magnitude more)."""
+    x, y = a.to_dict()["corpus"], b.to_dict()["corpus"]
+    np.testing.assert_allclose(x["kl"]["mean"], y["kl"]["mean"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(x["kl"]["p99"], y["kl"]["p99"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(x["ppl"]["ref"], y["ppl"]["ref"], rtol=1e-6)
+    np.testing.assert_allclose(x["ppl"]["cand"], y["ppl"]["cand"], rtol=1e-6)
+    assert x["same_top"] == y["same_top"] and x["scored"] == y["scored"]
+
+
+def test_stream_gives_the_in_memory_statistics(pair, ggufs, tmp_path):
+    """--corpus --stream: both models one decoder layer at a time (verification.stream), the same
+    numbers as both models in memory; a GGUF candidate streamed from the file (no temp folder);
+    a saved reference made streamed reused by an in-memory run."""
+    ref, cand, corpus = pair
+    gates = dict(max_mean_kl=1.0, max_p99_kl=1.0, min_same_top=0.0)
+    mem = verify_corpus(ref, cand, corpus=corpus, ctx=CTX, device="cpu", stream=False, **gates)
+    streamed = verify_corpus(ref, cand, corpus=corpus, ctx=CTX, device="cpu", stream=True, **gates)
+    _same_stats(mem, streamed)
+    assert mem.stats.kl_mean > 1e-4       # the pair really differs
+    gguf = verify_corpus(ref, ggufs["cand_f32"], corpus=corpus, ctx=CTX, device="cpu", stream=True, **gates)
+    _same_stats(mem, gguf)
+    assert not any("temporary HF folder" in n for n in gguf.notes)
+    saved = tmp_path / "ref.safetensors"
+    verify_corpus(ref, cand, corpus=corpus, ctx=CTX, device="cpu", stream=True, save_reference=saved, **gates)
+    _same_stats(mem, verify_corpus(None, cand, corpus=corpus, ctx=CTX, device="cpu", reference_file=saved,
+                                   stream=False, **gates))
+
+
+def test_stream_is_chosen_when_the_pair_does_not_fit(pair):
+    """The memory plan of verify decides corpus mode too: a budget that holds one layer but not both
+    the run layer-streamed (said in the notes) instead of loading both; a large one keeps it in
+    memory."""
+    ref, cand, corpus = pair
+    gates = dict(max_mean_kl=1.0, max_p99_kl=1.0, min_same_top=0.0)
+    small = verify_corpus(ref, cand, corpus=corpus, ctx=CTX, device="cpu", memory_budget=300 << 20, **gates)
+    assert any(n.startswith("layer-streamed") for n in small.notes), small.notes
+    big = verify_corpus(ref, cand, corpus=corpus, ctx=CTX, device="cpu", memory_budget=1 << 34, **gates)
+    assert not any(n.startswith("layer-streamed") for n in big.notes)
+    _same_stats(small, big)
+    res = _cli(ref, cand, "--corpus", str(corpus), "--ctx", str(CTX), "--device", "cpu",
+               "--stream", "--max-mean-kl", "1", "--max-p99-kl", "1", "--min-same-top", "0", "--format", "json")
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(json.loads(res.output)["corpus"]["kl"]["mean"], big.stats.kl_mean, rtol=1e-6)

@@ -207,7 +207,9 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
                                reference_file=reference_file, save_reference=save_reference,
                                reference_format=reference_format, replace=force, thresholds=thresholds_dtype,
                                max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                               max_ln_ppl_ratio=max_ln_ppl_ratio, progress=progress, tmp_dir=tmp_dir)
+                               max_ln_ppl_ratio=max_ln_ppl_ratio, progress=progress, tmp_dir=tmp_dir,
+                               stream=stream or None,
+                               memory_budget=_size(memory_budget, "--memory-budget") if memory_budget else None)
         emit(report, fmt, output, title="ckpt-surgeon verify --corpus", force=force)
         if not report.passed:
             raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

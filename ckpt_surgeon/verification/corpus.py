@@ -361,7 +361,8 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
                   reference_format: str = "ckpt-surgeon", replace: bool = False, thresholds: str | None = None,
                   max_mean_kl: float | None = None, max_p99_kl: float | None = None, min_same_top: float | None = None,
                   max_ln_ppl_ratio: float | None = None, progress: bool | None = False,
-                  tmp_dir: str | os.PathLike | None = None, stream: bool = False) -> CorpusReport:
+                  tmp_dir: str | os.PathLike | None = None, stream: bool | None = None,
+                  memory_budget: int | None = None) -> CorpusReport:
     """Score ``candidate`` against ``reference`` over a corpus; see the module docstring.
 
     ``corpus``: a UTF-8 text file, tokenized with the reference's tokenizer (or ``tokenizer``);
@@ -376,7 +377,9 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     ``max_ln_ppl_ratio`` (defaults: :func:`gates_for` on the ``thresholds`` row, default the
     coarsest of ``dtype`` and both storage precisions).  ``stream``: the transformers sides run
     layer by layer through :mod:`.stream` (``stream_pair`` / ``stream_logits``) instead of whole
-    models in memory.
+    models in memory; None (default) = automatic: streamed when the models would not fit in free
+    memory (or ``memory_budget`` bytes) together, as :func:`.core.plan_memory` decides for
+    ``verify``; False = never (a run that does not fit is then refused in one line).
 
     Returns a :class:`CorpusReport`; raises CkptError for bad input (nothing is written then).
     """
@@ -399,6 +402,8 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-corpus-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
+        stream = _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes,
+                                together=reference_file is None and save_reference is None)
         sides = _Sides(reference, candidate, work, runtime=runtime, dtype=dtype, ctx=ctx, kv_cache=kv_cache,
                        progress=progress, notes=notes, stream=_streaming() if stream else None)
         try:
@@ -438,7 +443,7 @@ def _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype
     bar = _bar(progress, len(seqs))
     if reader is None and save_reference is None:
         if stream and sides.ref.runtime == sides.cand.runtime == "transformers":
-            pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=rows,
+            pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
         else:
             pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs,
@@ -519,8 +524,10 @@ def _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference,
     if reference_file is not None and save_reference is not None:
         raise CkptError("--reference FILE skips the reference run; there is nothing to --save-reference")
     if save_reference is not None:
-        from ..cli.render import check_report_path   # the same output rules as every --output
-        check_report_path(os.fspath(save_reference), replace, [x for x in (reference, corpus, corpus_ids) if x])
+        from ..conversion._io import check_output    # the same output rules as every --output
+        check_output(Path(os.fspath(save_reference)),
+                     [os.fspath(x) for x in (reference, corpus, corpus_ids) if x and os.path.exists(os.fspath(x))],
+                     replace)
         if os.path.isdir(os.fspath(save_reference)):
             raise CkptError("--save-reference is a folder", path=os.fspath(save_reference))
 
@@ -546,6 +553,12 @@ class _Side:
             finally:
                 ck.close()
             self.vocab = open_llama(given, ctx=ctx, kv_cache=kv_cache, vocab_only=True)
+        elif stream is not None:       # headers only: a GGUF is streamed, never converted to a temp folder
+            self.pm = stream.prepared(stream.open_source(given, role=role, progress=progress), work, role)
+            self.storage = self.pm.storage_dtype
+            if self.pm.kind.name != "causal-lm":
+                raise ConfigError(f"corpus mode scores next-token predictions; this is a {self.pm.kind.name} "
+                                  f"({self.pm.architecture})", path=given)
         else:
             from .loading import prepare
             self.pm = prepare(given, work, role=role, dtype=dtype, progress=progress)
@@ -560,7 +573,7 @@ class _Side:
     def check_context(self, ctx: int) -> None:
         if self.pm is None:
             return
-        from .core import _max_positions
+        from .tokens import _max_positions
         limit = _max_positions(self.pm.config, None)
         if limit is not None and ctx > limit:
             raise CkptError(f"--ctx {ctx} exceeds the model's {limit} positions", path=self.given)
@@ -577,7 +590,8 @@ class _Side:
             return llamacpp_source(self.llm)
         if self.stream is not None:
             def run(sequences, *, rows):
-                return self.stream.stream_logits(self.given, sequences, rows=rows, dtype=self.dtype, device=dev,
+                return self.stream.stream_logits(self.given, sequences, rows=_row_lists(rows, sequences),
+                                                 dtype=self.dtype, device=dev,
                                                  progress=self.progress, tmp_dir=self.work)
             return run
         return transformers_source(self.pm, dtype=self.dtype, device=dev, warnings=warnings)
@@ -622,6 +636,38 @@ def _check_memory(sides: _Sides, dtype: str, dev: str, *, together: bool) -> Non
                         hint="--save-reference FILE runs one model at a time; a model larger than memory needs "
                              "layer streaming (--stream)" if together else
                              "a model larger than memory needs layer streaming (--stream)")
+
+
+def _row_lists(rows: slice, sequences) -> list[np.ndarray]:
+    """The scored positions as the streamed sources take them: one index array per sequence."""
+    return [np.arange(len(seq))[rows] for seq in sequences]
+
+
+def _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes, *,
+                   together: bool) -> bool:
+    """Whether the transformers sides run layer-streamed: as asked, or (``stream=None``) when the
+    memory plan of ``verify`` (:func:`.core.plan_memory`, from the headers alone) says the models
+    would not be held in memory as this run needs them (both at once, or one at a time when a
+    saved reference stands in for one side)."""
+    if stream is not None:
+        return bool(stream)
+    given = [os.fspath(x) for x in (reference, candidate) if x is not None]
+    hf = [g for g in given if not (runtime == "llama.cpp" and g.endswith(".gguf"))]
+    if not hf:
+        return False
+    import torch
+
+    from .core import _budget, _sizes, plan_memory
+    sizes = [_sizes(g, None) for g in hf]
+    a, b = (sizes + sizes)[:2]
+    plan = plan_memory(a, b, dtype=dtype, device=dev, device_map=None, sequential=not (together and len(hf) == 2),
+                       stream=None, available=_budget(dev, torch, memory_budget), positions=ctx)
+    if plan.mode == "stream" or (together and len(hf) == 2 and plan.mode != "parallel"):
+        if dtype not in _streaming().STREAM_DTYPES:
+            return False      # the memory check that follows refuses the run in one line
+        notes.append(f"layer-streamed (one decoder layer of each model at a time): {plan.why}")
+        return True
+    return False
 
 
 def _streaming():

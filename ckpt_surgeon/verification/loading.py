@@ -149,7 +149,6 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
         kw["device_map"] = device_map
         if max_memory:
             kw["max_memory"] = max_memory      # accelerate's per-device limits, passed through
-    from .stream import float64_kwargs
     kw.update(float64_kwargs(dtype))
     torch.manual_seed(0)
     model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
@@ -171,3 +170,16 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
     return model
 
 
+def float64_kwargs(dtype: str) -> dict:
+    """Model-building options float64 needs: transformers' default MoE experts kernel
+    (``grouped_mm``) takes float32 / bfloat16 / float16 only and raises on float64; the eager
+    experts loop computes in any dtype (and is what it falls back to where grouped_mm is absent)."""
+    return {"experts_implementation": "eager"} if dtype == "float64" else {}
+
+
+def _free(torch) -> None:
+    """Drop what a freed model left behind (Python cycles, the CUDA cache)."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -176,7 +176,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     :func:`~ckpt_surgeon.verification.core.verify`."""
     import torch
 
-    from .core import _free, _tokenize
+    from .loading import _free
+    from .tokens import _tokenize
     from ..runtime import quiet_transformers, resolve_device
     from .loading import prepare
     from .prompts import default_prompts
@@ -238,7 +239,7 @@ def _compare_parallel(ref, cand, run: dict, work: Path):
 def _compare_sequential(ref, cand, run: dict, work: Path):
     """The reference's per-point outputs saved to ``work`` (tokens x hidden per point), its model
     freed, then the candidate compared against them -> (point names, one _Acc per point)."""
-    from .core import _free
+    from .loading import _free
     saved = work / "reference-points"
     saved.mkdir()
     names = accs = None

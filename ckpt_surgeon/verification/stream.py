@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from .loading import float64_kwargs
 from .localize import DEFAULT_THRESHOLDS, LocalizeReport, PointDiff, _Acc, hook_points
 
 STREAM_DTYPES = ("float32", "float64")
@@ -241,13 +242,6 @@ def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
 
 
 # --------------------------------------------------------------------------- the model side
-
-
-def float64_kwargs(dtype: str) -> dict:
-    """Model-building options float64 needs: transformers' default MoE experts kernel
-    (``grouped_mm``) takes float32 / bfloat16 / float16 only and raises on float64; the eager
-    experts loop computes in any dtype (and is what it falls back to where grouped_mm is absent)."""
-    return {"experts_implementation": "eager"} if dtype == "float64" else {}
 
 
 def _torch_dtype(dtype: str):

@@ -1,0 +1,92 @@
+"""Prompt ids for ``verify`` and ``--localize``: the tokenizer used, the candidate's own tokenizer
+checked to encode every prompt the same, token ids checked against the vocabulary, and prompts
+cut to the model's context."""
+from __future__ import annotations
+
+import os
+
+from ..errors import CkptError, ConfigError
+from ..runtime import load_tokenizer
+from .loading import PreparedModel
+from .metrics import first_difference
+
+
+def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens, notes):
+    """Ids per prompt -> (tokenizer or None, ids).  The tokenizer is ``tokenizer`` when given, else
+    the reference's; every model that ships its own tokenizer must encode each prompt the same.
+    With ``token_ids`` the ids are taken as given (checked against the vocabulary size)."""
+    tok = None
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer, path=os.fspath(tokenizer), local_files_only=False)
+    elif ref.has_tokenizer:
+        tok = load_tokenizer(ref.folder, path=ref.given)
+    elif token_ids is None:
+        raise ConfigError("has no tokenizer files; verify tokenizes the prompts with the reference's tokenizer",
+                          path=ref.given, hint="pass --tokenizer PATH_OR_ID (any folder, tokenizer.json or Hub id "
+                                               "AutoTokenizer takes) or --token-ids FILE")
+    if token_ids is not None:
+        full = token_ids
+        vocab = _vocab_size(ref.config)
+        for i, ids in enumerate(full):
+            if vocab is not None and max(ids) >= vocab:
+                raise ConfigError(f"token ids entry {i} holds id {max(ids)}, beyond the model's vocabulary "
+                                  f"({vocab} tokens)", path=ref.given)
+        notes.append("prompts given as token ids; no tokenizer was used to encode them")
+    else:
+        full = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+        given = tokenizer is not None
+        used = os.fspath(tokenizer) if given else "the reference's"
+        if given:
+            notes.append(f"prompts tokenized with {used}")
+        for pm in ((ref, cand) if given else (cand,)):
+            if pm.has_tokenizer:
+                _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full, given=given)
+            else:
+                notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with {used}")
+    limit = _max_positions(ref.config, tok)
+    if limit is not None and kind.generates:
+        limit -= max_new_tokens
+    if limit is not None and limit < 1:
+        raise CkptError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                        f"{limit + max_new_tokens} positions")
+    out = []
+    for i, ids in enumerate(full):
+        if not ids:
+            raise CkptError(f"prompt {i} tokenizes to no tokens")
+        if limit is not None and len(ids) > limit:
+            notes.append(f"prompt {i} truncated from {len(ids)} to {limit} tokens (model context)")
+            ids = ids[:limit]
+        out.append(ids)
+    return tok, out
+
+
+def _same_ids(other_tok, pm: PreparedModel, prompts, full, *, given: bool) -> None:
+    """``pm``'s own tokenizer must give the ids the prompts were encoded to (by the tokenizer
+    given, or else the reference's), or the outputs would not be comparable."""
+    for i, (p, a) in enumerate(zip(prompts, full)):
+        b = list(other_tok(p, add_special_tokens=True)["input_ids"])
+        j = first_difference(a, b)
+        if j is not None:
+            got = b[j] if j < len(b) else "end"
+            want = a[j] if j < len(a) else "end"
+            against = "the tokenizer given" if given else "the reference's"
+            raise ConfigError(
+                f"tokenizer encodes prompt {i} ({p[:30]!r}) differently from {against} (token {j}: "
+                f"{pm.role} id {got}, {'expected' if given else 'reference'} id {want}); the outputs would not be "
+                "comparable", path=pm.given,
+                hint="pass the tokenizer that belongs to both models with --tokenizer" if given
+                else "give the candidate the reference's tokenizer files")
+
+
+def _vocab_size(config: dict) -> int | None:
+    v = config.get("vocab_size")
+    if v is None and isinstance(config.get("text_config"), dict):
+        v = config["text_config"].get("vocab_size")
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def _max_positions(config: dict, tok) -> int | None:
+    lims = [v for v in (config.get("max_position_embeddings"), config.get("n_positions"),
+                        getattr(tok, "model_max_length", None) if tok is not None else None)
+            if isinstance(v, int) and 0 < v < 10**8]
+    return min(lims) if lims else None
