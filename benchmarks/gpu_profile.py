@@ -7,8 +7,10 @@ dir, then per fixture and dtype (float32, float64) measures the profile on ``--d
 CPU, and prints per run: the worst ``|mean logit - sum of parts|`` (float32 rotary angles in
 transformers: ~1e-7 relative), and the largest difference of the measured terms between the two
 devices relative to their scale.  Exit 0 when every residual and every device difference is
-within its tolerance (float64: 1e-9 relative; float32: 1e-4 relative: different kernels sum in
-different orders), 1 otherwise.
+within its tolerance (float64: 1e-7 relative, because transformers computes the rotary cos/sin
+in float32 even in a float64 model, so the two devices' float32 rope kernels differ at float32
+rounding: 8.4e-9 measured on an H200 on 2026-11-26, where the first guess of 1e-9 failed;
+float32: 1e-4 relative: different kernels sum in different orders), 1 otherwise.
 
 Usage: python benchmarks/gpu_profile.py [--device cuda]
 """
@@ -23,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TOL = {"float64": 1e-9, "float32": 1e-4}
+TOL = {"float64": 1e-7, "float32": 1e-4}
 
 
 def _terms(prof) -> np.ndarray:
