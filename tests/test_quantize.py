@@ -301,9 +301,10 @@ def test_without_llama_cpp_python_one_line_says_how_to_install(family_src, tmp_p
 
 # --- llama.cpp runs them ----------------------------------------------------------------------
 
-# use_extra_bufts off: with llama-cpp-python 0.3.36 on this machine's CPU (AVX512 + AMX_INT8),
-# llama.cpp's repacked-weight buffers crash (SIGSEGV in llama_decode) on the 256-wide quantized
-# files, llama_model_quantize's own as well as ours; the plain CPU path runs them
+# use_extra_bufts off: a llama-cpp-python built natively on a CPU with AMX_INT8 crashes (SIGSEGV in
+# ggml_backend_amx_mul_mat, an extra buffer type) on quantized files, llama_model_quantize's own as
+# well as ours.  .ci/run builds for the AVX2 baseline, where the extra buffers are only the repack
+# ones; keeping them off makes this test independent of how llama-cpp-python was built
 _LOGITS = """
 import sys, numpy as np, llama_cpp, llama_cpp.llama_cpp as low
 _default = low.llama_model_default_params
