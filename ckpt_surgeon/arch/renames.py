@@ -50,25 +50,39 @@ def _op_names(conv) -> str:
     return ", ".join(f"{type(o).__name__}(dim={getattr(o, 'dim', '?')})" for o in ops)
 
 
-def loaded_names(model, names) -> dict[str, Renamed]:
-    """``{file name: Renamed}`` for every name of ``names`` that transformers loads under another name
-    (or splits); names it loads as they are are left out.  The same steps as transformers'
-    ``core_model_loading`` (every renaming in turn, then at most one converter, the base-model prefix added
-    or stripped as the model needs; a key the model already has is not renamed)."""
+def key_renamer(model):
+    """``name -> (key in the model's state dict, converter pattern or None)``: where transformers'
+    ``from_pretrained`` puts a checkpoint tensor of that name, as ``core_model_loading`` does it
+    (every renaming in turn, then at most one converter, the base-model prefix added or stripped as
+    the model needs; a key the model already has is not renamed).  Shared by :func:`loaded_names`
+    and lint's missing / unexpected key check (``conversion.model_check``)."""
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
     transforms = conversions(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     state = model.state_dict()
     prefix = getattr(model, "base_model_prefix", None) or None
+
+    def rename(name: str) -> tuple[str, str | None]:
+        new, pattern = rename_source_key(name, renamings, converters, prefix, state)
+        if new not in state and name in state:    # as transformers: keep the name, prefix only
+            new, pattern = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=state)
+        return new, pattern
+
+    rename.converters = converters
+    return rename
+
+
+def loaded_names(model, names) -> dict[str, Renamed]:
+    """``{file name: Renamed}`` for every name of ``names`` that transformers loads under another name
+    (or splits); names it loads as they are are left out (:func:`key_renamer`)."""
+    rename = key_renamer(model)
     out = {}
     for name in names:
-        new, pattern = rename_source_key(name, renamings, converters, prefix, state)
-        if new not in state and name in state:
-            new, pattern = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=state)
+        new, pattern = rename(name)
         if new == name and pattern is None:
             continue
-        conv = next((c for c in converters if pattern is not None and pattern in c.source_patterns), None)
+        conv = next((c for c in rename.converters if pattern is not None and pattern in c.source_patterns), None)
         if conv is None:
             out[name] = Renamed(name, new)
             continue
@@ -77,6 +91,3 @@ def loaded_names(model, names) -> dict[str, Renamed]:
             else (new,)
         out[name] = Renamed(name, new, targets, _op_names(conv))
     return out
-
-
-__all__ = ["Renamed", "conversions", "has_rules", "loaded_names"]

@@ -56,25 +56,10 @@ def checkpoint_key_renamer(model):
     """``name -> (key in the model's state dict, converter pattern or None)``: where transformers'
     ``from_pretrained`` puts a checkpoint tensor of that name (transformers 5 renames keys at load:
     the legacy gamma/beta spellings, the per-model conversion mapping that fuses MoE experts and
-    such, and the base-model prefix added or stripped; ``core_model_loading.rename_source_key``
-    as ``convert_and_load_state_dict_in_model`` calls it).  The one place this module applies
-    those renames, kept small so that every reader of checkpoint keys can share it."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-
-    mapping = get_model_conversion_mapping(model)
-    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
-    converters = [m for m in mapping if isinstance(m, WeightConverter)]
-    meta = model.state_dict()
-    prefix = model.base_model_prefix
-
-    def rename(name: str) -> tuple[str, str | None]:
-        key, pattern = rename_source_key(name, renamings, converters, prefix, meta)
-        if key not in meta and name in meta:      # as transformers: keep the name, prefix only
-            key, pattern = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=meta)
-        return key, pattern
-
-    return rename
+    such, and the base-model prefix added or stripped).  One implementation for the project:
+    :func:`ckpt_surgeon.arch.renames.key_renamer`."""
+    from ..arch.renames import key_renamer
+    return key_renamer(model)
 
 
 def load_keys_report(config: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
