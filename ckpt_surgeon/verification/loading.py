@@ -65,7 +65,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     :func:`ckpt_surgeon.formats.hub_snapshot.download` (bars per ``progress``).  ``revision``
     with a local source is an error.  Raises CkptError (one line) for anything transformers
     could not load."""
-    from ..checkpoint import is_hub_source, missing_local, open_checkpoint
+    from ..checkpoint import is_hub_source, missing_local
 
     given = os.fspath(source)
     p = Path(given)
@@ -77,18 +77,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     elif revision is not None:
         raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
                         path=given)
+    ck, precision, n_params = open_validated(p, given)
     try:
-        ck = open_checkpoint(p)
-    except ModuleNotFoundError as e:        # a reader this build lacks (the GGUF path)
-        raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
-                               path=given) from None
-    try:
-        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
-        precision = storage_precision(i.dtype for i in floats)
-        n_params = sum(i.numel for i in floats)
-        if ck.missing_bytes:
-            raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
-        ck.layout()   # config and tensors must agree (layer count, widths, heads) before a model is built
         if ck.format == "gguf":
             folder = gguf_to_folder(Path(ck.source), workdir / role, dtype)
             config = _read_config(folder / "config.json")
@@ -110,6 +100,29 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     has_tok = has_tokenizer(folder)
     return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted,
                          role)
+
+
+def open_validated(p: Path, given: str):
+    """``(Checkpoint, storage precision, weight parameter count)`` of a local input, validated as every
+    command validates it (headers, not truncated, config and tensors agreeing: layer count, widths,
+    heads) before a model is built from it; the caller closes the checkpoint."""
+    from ..checkpoint import open_checkpoint
+    try:
+        ck = open_checkpoint(p)
+    except ModuleNotFoundError as e:        # a reader this build lacks (the GGUF path)
+        raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
+                               path=given) from None
+    try:
+        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
+        precision = storage_precision(i.dtype for i in floats)
+        n_params = sum(i.numel for i in floats)
+        if ck.missing_bytes:
+            raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
+        ck.layout()
+    except BaseException:
+        ck.close()
+        raise
+    return ck, precision, n_params
 
 
 def _read_config(path: Path) -> dict:

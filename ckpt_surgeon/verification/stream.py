@@ -129,8 +129,8 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
     typed error naming the file, as for every other command."""
     if isinstance(source, StreamSource):
         return source
-    from ..checkpoint import looks_like_repo_id, open_checkpoint
-    from .loading import _NOT_WEIGHTS, storage_precision
+    from ..checkpoint import looks_like_repo_id
+    from .loading import open_validated
 
     given = os.fspath(source)
     p = Path(given)
@@ -140,18 +140,8 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
                                       path=given)
         from ..formats.hub_snapshot import download
         p = download(given, revision=revision, progress=progress)
+    ck, precision, n_params = open_validated(p, given)
     try:
-        ck = open_checkpoint(p)
-    except ModuleNotFoundError as e:
-        raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
-                               path=given) from None
-    try:
-        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
-        precision = storage_precision(i.dtype for i in floats)
-        n_params = sum(i.numel for i in floats)
-        if ck.missing_bytes:
-            raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
-        ck.layout()
         if ck.format == "gguf":
             from ..conversion.from_gguf import hf_view
             config, hp, plan, warns = hf_view(ck, Path(ck.source))
