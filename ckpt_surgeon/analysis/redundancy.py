@@ -534,7 +534,11 @@ def analyze_layer(layout: ModelLayout, lt: LayerTensors, *, b_k: np.ndarray | No
                                bound_note=None if cls == "exact" else note, flags=tuple(flags), **base)
     if cls in ("exact", "not-removable", "unknown"):
         return _whole_class_layer(cls, reasons, bk, l2, G, hd, group, flags, base)
-    assert rope is not None       # partial / rope
+    if rope is None:      # partial / rope in a stack whose rotary geometry is not established (a derived
+        #                   layer group with other head counts, e.g. MiMo-V2-Flash's second attention kind)
+        note = "rotary geometry of this attention stack not established: no removable share or bound claimed"
+        return LayerRedundancy(k_bias_l2=l2, exact_fraction=None, near_fraction=None, rest_fraction=None,
+                               bound=None, bound_all=None, bound_note=note, flags=tuple(flags), **base)
     return _rotary_layer(bk, l2, H=H, G=G, hd=hd, group=group, rope=rope, w_q=w_q, gamma=gamma, beta=beta, b_q=b_q,
                          scale=scale, context=context, epsilon=epsilon, weights_note=weights_note, flags=flags,
                          base=base)

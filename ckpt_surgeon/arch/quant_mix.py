@@ -16,6 +16,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+
+# llama.cpp's architecture names, from gguf-py's table (the mixture branches on LLM_ARCH_FALCON)
+_FALCON = MODEL_ARCH_NAMES[MODEL_ARCH.FALCON]
+
 __all__ = ["FTYPES", "QUANT_FTYPES", "needs_imatrix_ftypes", "tensor_types", "MixModel", "FALLBACK"]
 
 # --- file types: name -> (gguf-py LlamaFileType member, default ggml type) ----------------------
@@ -70,8 +75,9 @@ _IMATRIX_TYPES = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
 # --- llm_type 70B (the one model size the mixture reads, line 593): layer count per architecture,
 # from each architecture's load_hparams (src/models/llama.cpp:28 only with grouped KV heads,
 # qwen2.cpp:14, olmo.cpp:10, deci.cpp:8; jais2.cpp:8 at 68 layers)
-_LAYERS_70B = {"llama": (80, True), "qwen2": (80, False), "olmo": (80, False), "deci": (80, False),
-               "jais2": (68, False)}
+_LAYERS_70B = {MODEL_ARCH_NAMES[a]: v for a, v in ((MODEL_ARCH.LLAMA, (80, True)), (MODEL_ARCH.QWEN2, (80, False)),
+                                                  (MODEL_ARCH.OLMO, (80, False)), (MODEL_ARCH.DECI, (80, False)),
+                                                  (MODEL_ARCH.JAIS2, (68, False)))}
 
 _IQ2_FAMILY = ("iq2_xxs", "iq2_xs", "iq1_s", "iq2_s", "iq2_m", "iq1_m")
 
@@ -161,7 +167,7 @@ def _impl(qs: _State, m: MixModel, new: str, name: str, ne0: int, ftype: str, ca
         return i_layer, n_layer
 
     if cat == "OUTPUT" or (qs.tied and cat == "TOKEN_EMBD"):                     # lines 489-512
-        if arch == "falcon" or ne0 % block(new):
+        if arch == _FALCON or ne0 % block(new):
             new = "Q8_0"
         elif ftype in ("iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq2_s", "iq2_m", "iq1_m"):
             new = "Q5_K"
@@ -242,13 +248,13 @@ def _impl(qs: _State, m: MixModel, new: str, name: str, ne0: int, ftype: str, ca
             new = "Q4_K" if i_layer < n_layer // 8 else "Q3_K"
         elif ftype == "q3_k_m":
             new = ("Q5_K" if i_layer < n_layer // 16
-                   else "Q4_K" if arch != "falcon" or _use_more_bits(i_layer, n_layer) else "Q3_K")
+                   else "Q4_K" if arch != _FALCON or _use_more_bits(i_layer, n_layer) else "Q3_K")
         elif ftype == "iq3_m" and (i_layer < n_layer // 8 or (m.n_expert == 8 and _use_more_bits(i_layer, n_layer))):
             new = "Q4_K"
         elif ftype == "q3_k_l":
-            new = "Q4_K" if arch == "falcon" else "Q5_K"
+            new = "Q4_K" if arch == _FALCON else "Q5_K"
         elif ftype == "q4_k_m":
-            if arch == "falcon":
+            if arch == _FALCON:
                 new = ("Q6_K" if i_layer < n_layer // 16
                        else "Q5_K" if _use_more_bits(i_layer, n_layer) else "Q4_K")
             elif _use_more_bits(i_layer, n_layer):
@@ -257,13 +263,13 @@ def _impl(qs: _State, m: MixModel, new: str, name: str, ne0: int, ftype: str, ca
             new = "Q5_K"
         elif ftype == "q5_k_m" and _use_more_bits(i_layer, n_layer):
             new = "Q6_K"
-        elif ftype == "q4_k_s" and arch != "falcon" and i_layer < n_layer // 8:
+        elif ftype == "q4_k_s" and arch != _FALCON and i_layer < n_layer // 8:
             new = "Q5_K"
         elif ftype in ("q4_0", "q5_0") and qs.has_imatrix and i_layer < n_layer // 8:
             new = "Q4_1" if ftype == "q4_0" else "Q5_1"
         qs.i_ffn_down += 1
     elif cat == "ATTENTION_OUTPUT":                                                # lines 671-690
-        if arch != "falcon":
+        if arch != _FALCON:
             if m.n_expert == 8:
                 if ftype in ("q2_k", "iq3_xs", "iq3_xxs", "q3_k_s", "q3_k_m", "iq4_nl", "q4_k_s", "q4_k_m",
                              "iq3_s", "iq3_m", "iq4_xs"):
