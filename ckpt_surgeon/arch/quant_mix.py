@@ -16,10 +16,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+from functools import lru_cache
 
-# llama.cpp's architecture names, from gguf-py's table (the mixture branches on LLM_ARCH_FALCON)
-_FALCON = MODEL_ARCH_NAMES[MODEL_ARCH.FALCON]
+
+@lru_cache(maxsize=None)
+def _arch_names() -> tuple[str, dict]:
+    """llama.cpp's architecture names the mixture reads, from gguf-py's table (imported on first use:
+    ``import ckpt_surgeon`` stays free of gguf): LLM_ARCH_FALCON, and the layer count that makes a
+    model 70B per architecture (``_LAYERS_70B``)."""
+    from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+    layers_70b = {MODEL_ARCH_NAMES[a]: v for a, v in (
+        (MODEL_ARCH.LLAMA, (80, True)), (MODEL_ARCH.QWEN2, (80, False)), (MODEL_ARCH.OLMO, (80, False)),
+        (MODEL_ARCH.DECI, (80, False)), (MODEL_ARCH.JAIS2, (68, False)))}
+    return MODEL_ARCH_NAMES[MODEL_ARCH.FALCON], layers_70b
 
 __all__ = ["FTYPES", "QUANT_FTYPES", "needs_imatrix_ftypes", "tensor_types", "MixModel", "FALLBACK"]
 
@@ -75,9 +84,7 @@ _IMATRIX_TYPES = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
 # --- llm_type 70B (the one model size the mixture reads, line 593): layer count per architecture,
 # from each architecture's load_hparams (src/models/llama.cpp:28 only with grouped KV heads,
 # qwen2.cpp:14, olmo.cpp:10, deci.cpp:8; jais2.cpp:8 at 68 layers)
-_LAYERS_70B = {MODEL_ARCH_NAMES[a]: v for a, v in ((MODEL_ARCH.LLAMA, (80, True)), (MODEL_ARCH.QWEN2, (80, False)),
-                                                  (MODEL_ARCH.OLMO, (80, False)), (MODEL_ARCH.DECI, (80, False)),
-                                                  (MODEL_ARCH.JAIS2, (68, False)))}
+# _LAYERS_70B: see _arch_names()
 
 _IQ2_FAMILY = ("iq2_xxs", "iq2_xs", "iq1_s", "iq2_s", "iq2_m", "iq1_m")
 
@@ -103,7 +110,7 @@ class MixModel:
 
     @property
     def is_70b(self) -> bool:
-        n, gqa_only = _LAYERS_70B.get(self.arch, (None, False))
+        n, gqa_only = _arch_names()[1].get(self.arch, (None, False))
         return self.n_layer == n and (not gqa_only or self.n_head != self.n_head_kv)
 
 
@@ -157,6 +164,7 @@ def _impl(qs: _State, m: MixModel, new: str, name: str, ne0: int, ftype: str, ca
     """llama_tensor_get_type_impl (lines 446-715), branch for branch (the GLM5-next and MXFP4_MOE
     branches concern architectures / file types not written here)."""
     arch = m.arch
+    _FALCON = _arch_names()[0]
 
     def layer_info(i_layer: int, n_layer: int) -> tuple[int, int]:    # lines 455-470
         if max(1, m.n_expert) > 1:
