@@ -15,7 +15,7 @@ from test_quant_read import BASE, QUANT, SCHEMES, _oracle
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.conversion import hf_to_gguf
 
-pytestmark = pytest.mark.skipif(not BASE.is_dir(), reason="fixtures/quant not built (the quant fixture step)")
+assert BASE.is_dir(), f"{BASE}: the quantized fixtures are committed test data (fixtures/quant/README.md)"
 
 # What llama.cpp's converter does with each fixture: "same" (it dequantizes it as the producer
 # does), "inf" (it multiplies gptqmodel's 448/amax scales: wrong), or the error it stops with.

@@ -23,7 +23,7 @@ QUANT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
 BASE = QUANT / "base"
 SCHEMES = sorted(p.name for p in QUANT.glob("*") if (p / "PRODUCER.json").is_file() and (p / "oracle.safetensors").is_file())
 
-pytestmark = pytest.mark.skipif(not BASE.is_dir(), reason="fixtures/quant not built (the quant fixture step)")
+assert BASE.is_dir(), f"{BASE}: the quantized fixtures are committed test data (fixtures/quant/README.md)"
 
 
 def _oracle(scheme: str) -> dict:
