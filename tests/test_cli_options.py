@@ -17,23 +17,12 @@ import termios
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from ckpt_surgeon.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run(*args):
-    return CliRunner().invoke(cli, list(map(str, args)))
-
-
-def _one_line_exit_2(res, *needles):
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
+from cli_util import _one_line_exit_2, _run  # noqa: E402  (shared CLI test helpers)
 
 
 # --- report files: refuse an existing one unless --force --------------------------------------

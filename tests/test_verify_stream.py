@@ -20,9 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from ckpt_surgeon.cli import cli
 from ckpt_surgeon.errors import CkptError
 from ckpt_surgeon.tiny import tiny_names
 from ckpt_surgeon.verification.core import MemoryPlan, ModelSizes, plan_memory, verify
@@ -34,16 +32,7 @@ FLOAT64_TOL = 1e-12
 K_BIAS = "model.layers.1.self_attn.k_proj.bias"
 
 
-def _run(*args):
-    return CliRunner().invoke(cli, list(map(str, args)))
-
-
-def _one_line_exit_2(res, *needles):
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
+from cli_util import _one_line_exit_2, _run  # noqa: E402  (shared CLI test helpers)
 
 
 def _in_memory(folder, seqs, dtype="float32"):
