@@ -123,7 +123,9 @@ def _run(code: str, gguf: Path, out: Path) -> dict:
 def _run_cmd(cmd: list[str], pythonpath: str = str(ROOT)) -> dict:
     """One fresh process: wall time from spawn to exit and psutil-sampled peak RSS of its tree."""
     import psutil
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=pythonpath)
+    # the child's own path first; a caller's PYTHONPATH (packages installed with --target) after it
+    path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=path)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     peak = [0]

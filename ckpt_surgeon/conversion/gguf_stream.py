@@ -39,7 +39,11 @@ from ..formats.shard_io import pwrite_all
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "CHUNK_ELEMS"]
 
 CHUNK_ELEMS = 1 << 21              # values per chunk: 8 MB as f32, the largest temporary
-_MAX_WORKERS = 4
+_MAX_WORKERS = 4                   # float / q8_0 outputs: the stream is read- and write-bound
+# llama.cpp's k-quant / IQ kernels are CPU-bound (Q4_K ~16 M values per CPU-second here): one worker
+# per core, as llama-quantize runs one thread per core (std::thread::hardware_concurrency), up to
+# this many; 2 x workers chunks of ~13 MB in flight keep 16 workers near 0.4 GB
+_MAX_KERNEL_WORKERS = 16
 _RAW_DTYPES = ("F32", "F16", "BF16")   # read as stored bytes and decoded in the worker
 # transforms that only move values (rows permuted, a transpose): BF16 -> F16 skips float32
 _MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
@@ -49,8 +53,11 @@ _MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
 _ROW_LOCAL = ("none", "norm_shift", "raw")     # raw: stored bytes copied as they are (GGUF -> GGUF)
 
 
-def _workers() -> int:
-    return max(1, min(_MAX_WORKERS, os.cpu_count() or 1))
+def _workers(plan=()) -> int:
+    """Worker threads for ``plan``: one per core up to :data:`_MAX_KERNEL_WORKERS` when a tensor goes
+    through llama.cpp's kernels (ctypes releases the GIL for the call), else up to :data:`_MAX_WORKERS`."""
+    kernel = any(getattr(p, "ggml_type", "F32") not in ("F32", "F16", "BF16", "Q8_0") for p in plan)
+    return max(1, min(_MAX_KERNEL_WORKERS if kernel else _MAX_WORKERS, os.cpu_count() or 1))
 
 
 def _digest(data, crc: int = 0) -> int:
@@ -175,7 +182,7 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
     for messages.  ``progress``: a bar (``update(n)``).  ``readback``: each chunk is read back
     and compared as soon as it is written (``fd`` must be open for reading too).
     """
-    workers = workers or _workers()
+    workers = workers or _workers(plan)
     done: list[Chunk] = []
     pending: collections.deque = collections.deque()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-surgeon-gguf")
