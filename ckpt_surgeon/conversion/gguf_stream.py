@@ -36,7 +36,7 @@ from ..formats import safetensors as st
 from ..formats.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.shard_io import pwrite_all
 
-__all__ = ["Chunk", "write_tensor_data", "verify_chunks", "CHUNK_ELEMS"]
+__all__ = ["Chunk", "write_tensor_data", "verify_chunks", "verify_written", "CHUNK_ELEMS"]
 
 CHUNK_ELEMS = 1 << 21              # values per chunk: 8 MB as f32, the largest temporary
 _MAX_WORKERS = 4                   # float / q8_0 outputs: the stream is read- and write-bound
@@ -267,3 +267,29 @@ def verify_chunks(path, chunks: list[Chunk], tensors: dict, *, label: str, worke
                     raise FormatError("bytes read back differ from the bytes written", path=label, tensor=c.tensor)
     finally:
         os.close(fd)
+
+
+def verify_written(tmp, out, tensors, chunks, *, architecture: str | None = None) -> None:
+    """Re-parse the written file ``tmp`` with our validated GGUF reader (every offset, size and
+    alignment checked), compare each planned tensor's type and shape (``tensors``: records with
+    ``dst``, ``ggml_type``, ``shape``) and the chunks' bytes (each read back as written) with the
+    plan; ``architecture``: the ``general.architecture`` it must carry.  ``out``: the name in messages."""
+    from ..errors import CkptError
+    from ..formats.gguf import GGUFFile
+    try:
+        g = GGUFFile(tmp)
+    except CkptError as e:
+        raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
+    try:
+        got = g.tensors
+        if len(got) != len(tensors):
+            raise FormatError(f"wrote {len(got)} tensors, planned {len(tensors)}", path=str(out))
+        for p in tensors:
+            info = got.get(p.dst)
+            if info is None or info.missing or info.dtype != p.ggml_type or tuple(info.shape) != tuple(p.shape):
+                raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
+        verify_chunks(tmp, chunks, got, label=str(out), reread=False)    # each chunk was read back as written
+        if architecture is not None and g.metadata.get("general.architecture") != architecture:
+            raise FormatError("general.architecture did not survive writing", path=str(out))
+    finally:
+        g.close()

@@ -65,7 +65,7 @@ def _read_gguf(path: Path) -> dict:
         for base in sorted(set(sums) | set(counts)):
             if base not in sums or base not in counts:
                 raise FormatError(f"mismatched sums and counts for {base}", path=str(path), tensor=base)
-            (sname, sinfo), (cname, cinfo) = sums[base], counts[base]
+            (_, sinfo), (_, cinfo) = sums[base], counts[base]
             if sinfo.dtype != "F32" or cinfo.dtype != "F32":
                 raise FormatError(f"sums and counts for {base} must be F32", path=str(path), tensor=base)
             s = np.asarray(g.read(sinfo), np.float32).reshape(-1)

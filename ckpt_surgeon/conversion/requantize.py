@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, FormatError, UnsupportedError
+from ..errors import FormatError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
 from . import _io
-from .gguf_stream import verify_chunks, write_tensor_data
+from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
 from .report import ConvertReport, TensorRecord
 
@@ -213,7 +213,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
             os.close(fd)
         wbar.close()
         if verify:
-            _verify(staging.path, out, plan, chunks)
+            verify_written(staging.path, out, plan, chunks)
         staging.publish(replace=True)
     except BaseException:
         wbar.close()
@@ -226,20 +226,3 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     return ConvertReport("gguf->gguf", str(src), str(out), h.architecture, None, dtype, len(plan),
                          out.stat().st_size, time.perf_counter() - t0, "output.weight" not in h.tensors, None,
                          records, tuple(warnings), {})
-
-
-def _verify(tmp: Path, out: Path, plan: list, chunks) -> None:
-    from ..formats.gguf import GGUFFile
-    try:
-        g = GGUFFile(tmp)
-    except CkptError as e:
-        raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
-    try:
-        got = g.tensors
-        for p in plan:
-            info = got.get(p.dst)
-            if info is None or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
-                raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
-        verify_chunks(tmp, chunks, got, label=str(out), reread=False)
-    finally:
-        g.close()

@@ -32,7 +32,7 @@ import numpy as np
 from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
 from ..arch.rope import full_attention_rope
-from ..errors import CkptError, ConfigError, FormatError, UnsupportedError
+from ..errors import ConfigError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
 from ..formats.shard_io import pwrite_all, stage
@@ -40,7 +40,7 @@ from ..progress import bar
 from ..publish import Staging
 from . import _io
 from . import names as N
-from .gguf_stream import verify_chunks, write_tensor_data
+from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, file_type_name
 from .report import ConvertReport, TensorRecord
 
@@ -587,7 +587,7 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
         stage("shard-written:0")
         wbar.close()
         if verify:
-            _verify_written(staging.path, out, plan, chunks)
+            verify_written(staging.path, out, plan.tensors, chunks, architecture=plan.spec.gguf_arch)
         stage("before-rename")
         staging.publish(replace=True)      # check_output refused an existing OUT without force
     except BaseException:
@@ -685,26 +685,3 @@ def gguf_kvs(spec: N.ArchSpec, hp: dict, dtype: str, name: str, vocab) -> list[g
         vtype, item = _KV_KINDS[kind]
         kvs.append(gw.KV(key, vtype, value, item))
     return kvs
-
-
-def _verify_written(tmp: Path, out: Path, plan: GGUFPlan, chunks) -> None:
-    """Re-parse the file with our validated GGUF reader (every offset, size and alignment checked)
-    and compare every tensor's type and shape with the plan and its bytes with what was written."""
-    from ..formats.gguf import GGUFFile
-    try:
-        g = GGUFFile(tmp)
-    except CkptError as e:
-        raise FormatError(f"the written file does not parse ({e.detail})", path=str(out)) from None
-    try:
-        got = g.tensors
-        if len(got) != len(plan.tensors):
-            raise FormatError(f"wrote {len(got)} tensors, planned {len(plan.tensors)}", path=str(out))
-        for p in plan.tensors:
-            info = got.get(p.dst)
-            if info is None or info.missing or info.dtype != p.ggml_type or tuple(info.shape) != p.shape:
-                raise FormatError("tensor info differs from the plan after writing", path=str(out), tensor=p.dst)
-        verify_chunks(tmp, chunks, got, label=str(out), reread=False)    # each chunk was read back as written
-        if g.metadata.get("general.architecture") != plan.spec.gguf_arch:
-            raise FormatError("general.architecture did not survive writing", path=str(out))
-    finally:
-        g.close()
