@@ -29,14 +29,18 @@ _RUNNER = Path(__file__).with_name("llamacpp_ref_convert.py")
 # - Qwen2.5-VL ``fullatt_block_indexes`` evenly spaced below the depth (the converter derives n_wa_pattern
 #   from it and refuses irregular spacing); Qwen3-VL ``deepstack_visual_indexes`` below the depth;
 # - Gemma 3 without SigLIP's pooling head (``vision_use_head``: Gemma 3 checkpoints have none; the
-#   converter drops ``vision_model.head.*``).
+#   converter drops ``vision_model.head.*``), and a 128-pixel image (8 x 8 patches) pooled to 2 x 2 tokens
+#   (``mm_tokens_per_image``), which llama.cpp's default pooling (4, clip.cpp) also gives: the zoo's
+#   224 / 16 = 14 patches per side do not pool evenly, and clip.cpp then refuses to encode.
+# Non-dict values are set at the top level of the config.
 SPECS = {
     "qwen2_vl@mm": {"vision_config": {"depth": 3}},
     "qwen2_5_vl@mm": {"vision_config": {"depth": 4, "fullatt_block_indexes": [1, 3]}},
     "qwen3_vl@mm": {"vision_config": {"depth": 3, "deepstack_visual_indexes": [1]}},
     "idefics3@mm": {"vision_config": {"num_hidden_layers": 3}},
     "smolvlm@mm": {"vision_config": {"num_hidden_layers": 3}},
-    "gemma3": {"vision_config": {"num_hidden_layers": 3, "vision_use_head": False}},
+    "gemma3": {"vision_config": {"num_hidden_layers": 3, "vision_use_head": False, "image_size": 128},
+               "mm_tokens_per_image": 4},
     "qwen2_audio@mm": {"audio_config": {"encoder_layers": 3}},
     "voxtral@mm": {"audio_config": {"num_hidden_layers": 3}},
 }
@@ -79,8 +83,13 @@ def _build(key: str, out: Path) -> None:
     from llamacpp_src import llamacpp_source
     cfg = zoo_config(key)
     for sub, values in SPECS[key].items():
-        cfg[sub] = {**cfg[sub], **values}
+        cfg[sub] = {**cfg[sub], **values} if isinstance(values, dict) else values
     _, model = random_instance(cfg, getattr(transformers, _class_name(key)), seed=0, max_params=MM_MAX_PARAMS)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():       # a weight transformers initialises to zero (Gemma 3's mm_input_projection_weight)
+        for p in model.parameters():    # would make the encoder's output, which the runtime test compares, 0
+            if p.ndim >= 2 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
     hf = out / "hf"
     model.to(torch.float32).save_pretrained(hf)
     if key in _HUB_PREFIX:
@@ -105,9 +114,11 @@ def mmproj_pair(key: str) -> tuple[Path, Path]:
     return root / "hf", root / "mmproj-f32.gguf"
 
 
-def rewrite_gguf(src: Path, dst: Path, *, drop=(), values: dict | None = None, tensors: dict | None = None) -> Path:
+def rewrite_gguf(src: Path, dst: Path, *, drop=(), values: dict | None = None, tensors: dict | None = None,
+                 replace: bool = False) -> Path:
     """``src`` rewritten with gguf-py's writer (the reference one): metadata keys in ``drop`` left out, those in
-    ``values`` set to ``(value, GGUFValueType)``, extra ``tensors`` (name -> float32 array) added."""
+    ``values`` set to ``(value, GGUFValueType)``, extra ``tensors`` (name -> float32 array) added (``replace``:
+    they replace the file's tensors of those names, in place)."""
     import gguf
     import numpy as np
     r = gguf.GGUFReader(src)
@@ -122,9 +133,10 @@ def rewrite_gguf(src: Path, dst: Path, *, drop=(), values: dict | None = None, t
             w.add_key_value(k, f.contents(), f.types[0])
     for k, (v, t) in values.items():
         w.add_key_value(k, v, t)
+    tensors = dict(tensors or {})
     for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data))
-    for name, arr in (tensors or {}).items():
+        w.add_tensor(t.name, np.asarray(tensors.pop(t.name) if replace and t.name in tensors else t.data))
+    for name, arr in tensors.items():
         w.add_tensor(name, np.asarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

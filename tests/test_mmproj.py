@@ -8,6 +8,7 @@ llama.cpp's clip.cpp / models/*.cpp from the same sdist.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -114,7 +115,7 @@ def test_mmproj_tower_rows_equal_the_hf_towers(key):
     assert g["layers"] == gt["layers"] and gt["name"] == kinds[0]
     for k in ("num_layers", "num_heads", "num_kv_heads", "head_dim"):
         assert gt[k] == ht[k], (k, gt[k], ht[k])
-    depth = next(v for sub in SPECS[key].values() for k, v in sub.items()
+    depth = next(v for sub in SPECS[key].values() if isinstance(sub, dict) for k, v in sub.items()
                  if k in ("depth", "num_hidden_layers", "encoder_layers"))
     assert gt["num_layers"] == depth
     for gl, hl in zip(_rows(gt), _rows(ht)):
@@ -280,3 +281,97 @@ def test_vision_and_audio_encoders_in_one_file(tmp_path):
     res = _run("fold-bias", f, "-o", tmp_path / "out.gguf", "--k")
     assert res.exit_code == 0, res.output
     assert "audio" in res.output and "biases kept" in res.output
+
+
+# --- llama.cpp's own runtime: the encoder's output embeddings (libmtmd, through llama-cpp-python) ------------
+
+def _text_gguf(tiny, tmp_path, n_embd: int):
+    """A text model GGUF of width ``n_embd`` (mtmd checks the mmproj's output width against it and tokenizes the
+    image's marker text with its vocabulary; its weights play no part in the encoder's output): a tiny
+    transformers Llama with the llama fixture's tokenizer, written by tests/gguf_util.py."""
+    import shutil
+
+    import transformers
+
+    from gguf_util import write_gguf
+    tok = tiny("llama")
+    cfg = transformers.LlamaConfig(hidden_size=n_embd, intermediate_size=2 * n_embd, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2,
+                                   vocab_size=json.loads((tok / "config.json").read_text())["vocab_size"])
+    folder = tmp_path / f"text{n_embd}"
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / f, folder / f)
+    return write_gguf(folder, tmp_path / f"text{n_embd}.gguf")
+
+
+def _encode(mmproj, text_gguf, side: int) -> np.ndarray:
+    """llama.cpp's encoder output (tokens x n_embd, float32) for one fixed random side x side RGB image, flash
+    attention off (its F16 accumulation would blur the comparison to ~1e-4)."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp import mtmd_cpp as M
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(str(text_gguf).encode(), llama_cpp.llama_model_default_params())
+    assert model
+    p = M.mtmd_context_params_default()
+    p.use_gpu, p.n_threads, p.warmup, p.print_timings, p.flash_attn_type = False, 2, False, False, 0
+    ctx = M.mtmd_init_from_file(str(mmproj).encode(), model, p)
+    assert ctx, f"llama.cpp could not load {mmproj}"
+    img = np.random.default_rng(0).integers(0, 256, size=side * side * 3, dtype=np.uint8)
+    bmp = M.mtmd_bitmap_init(side, side, (ctypes.c_uint8 * img.size).from_buffer_copy(img.tobytes()))
+    chunks = M.mtmd_input_chunks_init()
+    part = M.mtmd_input_part(text=None, bitmap=bmp)
+    assert M.mtmd_tokenize_from_parts(ctx, chunks, (ctypes.POINTER(M.mtmd_input_part) * 1)(ctypes.pointer(part)),
+                                      1, False) == 0
+    n_embd = llama_cpp.llama_model_n_embd(model)
+    out = []
+    for i in range(M.mtmd_input_chunks_size(chunks)):
+        ch = M.mtmd_input_chunks_get(chunks, i)
+        if M.mtmd_input_chunk_get_type(ch) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            continue
+        n = M.mtmd_input_chunk_get_n_tokens(ch)
+        assert M.mtmd_encode_chunk(ctx, ch) == 0
+        out.append(np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n * n_embd,)).reshape(n, n_embd).copy())
+    M.mtmd_input_chunks_free(chunks)
+    M.mtmd_bitmap_free(bmp)
+    M.mtmd_free(ctx)
+    llama_cpp.llama_model_free(model)
+    assert len(out) == 1
+    return out[0]
+
+
+def _scaled(path, out, suffix: str, factor: float):
+    """A copy of ``path`` with every ``*<suffix>`` tensor multiplied by ``factor`` (gguf-py's writer)."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    return rewrite_gguf(path, out, tensors={t.name: np.asarray(t.data) * np.float32(factor) for t in r.tensors
+                                            if t.name.endswith(suffix)}, replace=True)
+
+
+def test_llamacpp_runs_the_folded_mmproj_to_the_same_embeddings(tiny, tmp_path):
+    """llama.cpp itself (libmtmd) encodes an image with Gemma 3's mmproj before and after fold-bias --k --v:
+    the same output embeddings (to 1e-6 of their scale: float32 softmax of logits shifted by a constant per
+    row, and W_o b_v added before instead of after the attention average).  Controls that the comparison can
+    fail: zeroing the query biases moves the output; on Qwen2-VL's 2-D rotary tower, which fold-bias refuses,
+    zeroing the key biases moves it too."""
+    _, g3 = mmproj_pair("gemma3")
+    out = tmp_path / "folded.gguf"
+    assert _run("fold-bias", g3, "-o", out, "--k", "--v").exit_code == 0
+    text64 = _text_gguf(tiny, tmp_path, 64)
+    base = _encode(g3, text64, 128)
+    scale = float(np.abs(base).max())
+    assert base.shape == (4, 64) and scale > 0.1
+    assert np.abs(_encode(out, text64, 128) - base).max() <= 1e-6 * scale
+    q0 = _scaled(g3, tmp_path / "q0.gguf", "attn_q.bias", 0.0)
+    assert np.abs(_encode(q0, text64, 128) - base).max() > 1e-3 * scale
+    _, qv = mmproj_pair("qwen2_vl@mm")
+    import gguf
+    width = next(t for t in gguf.GGUFReader(qv).tensors if t.name == "mm.2.bias").data.shape[0]
+    text = _text_gguf(tiny, tmp_path, width)
+    rope = _encode(qv, text, 56)           # resized to 84 px by llama.cpp: 6 x 6 patches, merged to 3 x 3 tokens
+    k0 = _scaled(qv, tmp_path / "k0.gguf", "attn_k.bias", 0.0)
+    # measured 6.6e-5 of the output's scale (the merger's LayerNorm and the tiny random tower damp it): 65 times
+    # the tolerance the exact fold is held to above, which it meets with 0.0
+    assert np.abs(_encode(k0, text, 56) - rope).max() > 1e-5 * float(np.abs(rope).max())
