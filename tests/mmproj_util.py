@@ -22,6 +22,8 @@ from ckpt_surgeon import tiny_cache
 from fixtures.build_fixtures import fixture_base
 
 _RUNNER = Path(__file__).with_name("llamacpp_ref_convert.py")
+# the converter's output types written per model: float32, and Q8_0 (2-D weights quantized, 1-D tensors F32)
+OUTTYPES = ("f32", "q8_0")
 
 # zoo key -> sub-config values set on top of the zoo's tiny config, and why:
 # - 3 (Qwen2.5-VL: 4) encoder layers: the converter names tensors through gguf-py's TensorNameMap built for
@@ -101,17 +103,18 @@ def _build(key: str, out: Path) -> None:
     _processor(hf, cfg["model_type"])
     root = llamacpp_source()
     env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
-    r = subprocess.run([sys.executable, str(_RUNNER), str(root), str(hf), str(out), "gpt-2", "mmproj-f32"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, str(_RUNNER), str(root), str(hf), str(out), "gpt-2",
+                        *(f"mmproj-{t}" for t in OUTTYPES)], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {key} (--mmproj): {r.stderr[-1500:]}")
 
 
-def mmproj_pair(key: str) -> tuple[Path, Path]:
-    """(HF folder, mmproj GGUF llama.cpp's converter wrote from it) for a :data:`SPECS` key."""
+def mmproj_pair(key: str, outtype: str = "f32") -> tuple[Path, Path]:
+    """(HF folder, mmproj GGUF llama.cpp's converter wrote from it with ``--outtype outtype``, one of
+    :data:`OUTTYPES`) for a :data:`SPECS` key."""
     final = fixture_base() / "mmproj" / f"{key}-{_fingerprint(key)}"
     root = tiny_cache.cached_build(final, lambda tmp: _build(key, Path(tmp)))
-    return root / "hf", root / "mmproj-f32.gguf"
+    return root / "hf", root / f"mmproj-{outtype}.gguf"
 
 
 def rewrite_gguf(src: Path, dst: Path, *, drop=(), values: dict | None = None, tensors: dict | None = None,

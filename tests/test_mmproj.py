@@ -157,17 +157,24 @@ def _gguf_tensors(path) -> dict:
     return {t.name: np.asarray(t.data).copy() for t in r.tensors}
 
 
+def _weight(path, name) -> np.ndarray:
+    import gguf
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == name)
+    return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+
+
 def _gguf_fields(path) -> dict:
     import gguf
     r = gguf.GGUFReader(path)
     return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
 
 
-def test_fold_k_and_v_on_an_mmproj_is_exact_and_leaves_the_rest(tmp_path):
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_fold_k_and_v_on_an_mmproj_is_exact_and_leaves_the_rest(outtype, tmp_path):
     """fold-bias --k --v --tower vision on Gemma 3's mmproj (SigLIP: absolute positions): the key biases are
     zeroed (softmax ignores q.b_k, constant over the keys), each output bias takes W_o b_v (attention rows
-    sum to 1), every other tensor and every metadata key is as the converter wrote it."""
-    hf, path = mmproj_pair("gemma3")
+    sum to 1), every other tensor (Q8_0 weights too) and every metadata key is as the converter wrote it."""
+    hf, path = mmproj_pair("gemma3", outtype)
     out = tmp_path / "folded.gguf"
     res = _run("fold-bias", path, "-o", out, "--k", "--v", "--tower", "vision")
     assert res.exit_code == 0, res.output
@@ -181,7 +188,7 @@ def test_fold_k_and_v_on_an_mmproj_is_exact_and_leaves_the_rest(tmp_path):
         assert got[name].tobytes() == src[name].tobytes() and got[name].dtype == src[name].dtype, name
     for i in range(n):
         assert not got[f"v.blk.{i}.attn_k.bias"].any() and not got[f"v.blk.{i}.attn_v.bias"].any()
-        w_o = src[f"v.blk.{i}.attn_out.weight"].astype(np.float64)         # numpy [out, in]
+        w_o = _weight(path, f"v.blk.{i}.attn_out.weight")        # numpy [out, in], dequantized by gguf-py
         want = src[f"v.blk.{i}.attn_out.bias"].astype(np.float64) + w_o @ src[f"v.blk.{i}.attn_v.bias"].astype(np.float64)
         # computed in float64, stored F32 once: float32 rounding (2^-24 relative) of values of scale ~1-10
         assert np.allclose(got[f"v.blk.{i}.attn_out.bias"], want, rtol=1e-6, atol=1e-6)
