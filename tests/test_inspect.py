@@ -147,7 +147,7 @@ def test_json_contract(tiny):
     for key in ("architecture", "num_layers", "num_heads", "num_kv_heads", "head_dim", "position_encoding",
                 "qk_norm", "norm_placement", "layers"):
         assert key in d
-    assert d["position_encoding"] == {"type": "rope", "rotary_dim": 16, "theta": 10000.0}
+    assert d["position_encoding"] == {"type": "rope", "rotary_dim": 16, "theta": 10000.0, "axes": 1}
     lay = d["layers"][0]
     assert {"layer", "q_bias", "k_bias", "v_bias", "fused_qkv"} <= set(lay)
     assert set(lay["k_bias"]) >= {"l2", "max_abs", "per_head_l2"}

@@ -108,8 +108,7 @@ class TowerReport:
                 "layers_with_qkv_bias": self.layers_with_qkv_bias, "layers": [lr.to_dict() for lr in self.layers]}
 
     def summary(self) -> str:
-        pos = self.position.type + (" (rotary_dim {})".format(self.position.rotary_dim)
-                                    if self.position.type == "rope" and self.position.rotary_dim else "")
+        pos = self.position.describe(self.head_dim)
         return (f"{self.kind}: {len(self.layers)} block(s), heads {self.num_heads} / {self.num_kv_heads} / "
                 f"{self.head_dim}, position {pos}, with qkv bias {self.layers_with_qkv_bias} of {len(self.layers)}")
 
@@ -221,9 +220,7 @@ class InspectReport(LayoutSummary):
 
     def summary_items(self) -> list[tuple[str, str]]:
         pe = self.position_encoding
-        pos = pe.type
-        if pe.type == "rope":
-            pos = f"rope (rotary_dim {pe.rotary_dim}/{self.head_dim}, theta {pe.theta:g}, pairs {pe.pair_layout})"
+        pos = pe.describe(self.head_dim)
         dt = ", ".join(f"{k} {v / max(self.parameter_count, 1):.1%}" for k, v in sorted(self.dtypes.items(), key=lambda kv: -kv[1]))
         return [
             ("source", f"{self.source} ({self.format})"),

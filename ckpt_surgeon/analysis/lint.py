@@ -179,8 +179,8 @@ def check_layer_count(ctx: _Ctx) -> list[Finding]:
 
 
 def check_rope_freq_base(ctx: _Ctx) -> list[Finding]:
-    if not ctx.gguf or ctx.layout is None or ctx.layout.position.type != "rope":
-        return []
+    if not ctx.gguf or ctx.layout is None or ctx.layout.position.type != "rope" or ctx.layout.tower_kind != "text":
+        return []       # (an mmproj file's encoders: llama.cpp's clip.cpp sets their theta per projector type)
     key = f"{ctx.ck.gguf_arch}.rope.freq_base"
     if key in ctx.ck.metadata:
         return []

@@ -62,6 +62,8 @@ def memory_figures(tensors: dict, config: dict | None, layout) -> MemoryFigures:
     weight: dict[str, int] = {}
     for info in tensors.values():
         weight[info.dtype] = weight.get(info.dtype, 0) + info.nbytes
+    if layout.tower_kind in ("vision", "audio"):     # an mmproj file: encoders only, run once per image / clip
+        return MemoryFigures(weight, None, {}, f"no KV cache: a {layout.tower_kind} encoder, not a decoder")
     cfg = dict(config or {})
     n_layers = layout.num_layers
     where = layout.config_source

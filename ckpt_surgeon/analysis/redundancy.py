@@ -819,9 +819,8 @@ class AnalysisReport(LayoutSummary):
 
     def summary_items(self) -> list[tuple[str, str]]:
         pe = self.position
-        pos = pe.type
+        pos = pe.describe(self.head_dim)
         if pe.type == "rope":
-            pos = f"rope (rotary_dim {pe.rotary_dim}/{self.head_dim}, theta {pe.theta:g}, pairs {pe.pair_layout})"
             if self.rope and self.rope.rope_type != "default":
                 pos += f", scaling {self.rope.rope_type} (attention factor {self.rope.attention_factor:g})"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.class_counts().items())) or "no layer has a key bias"
@@ -923,7 +922,7 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
                      "(beta passes through W_q / W_k and differs from b_q / b_k); this report does not treat it as one")
     if rope and rope.note:
         notes.append(rope.note)
-    if L is None:
+    if L is None and rope is not None:      # a context only matters to the bounds of rotated pairs
         notes.append(L_src)
     q = getattr(ck, "quantization", None)
     if q is not None:

@@ -162,6 +162,9 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "expert_weights_norm": Bounds("bool"),
     "expert_group_count": COUNT,
     "expert_group_used_count": COUNT,
+    # mmproj files (clip.vision.* / clip.audio.*, read by arch/gguf_clip.py): the same suffixes, plus these
+    "attention.head_dim": COUNT,
+    "projector_type": Bounds("str"),
 }
 TOKEN_ID = Bounds("int", 0, 2 ** 64 - 1)  # tokenizer.ggml.*_token_id (compared with the vocabulary where used)
 

@@ -928,6 +928,52 @@ FAMILIES: tuple[Family, ...] = (
 ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra",
                                  "deberta", "deberta-v2", "camembert", "albert", "nomic_bert", "modernbert"})
 
+@dataclass(frozen=True)
+class ClipProjector:
+    """How llama.cpp runs the encoder of an mmproj file (``general.architecture`` ``clip``: the vision /
+    audio projector file llama.cpp and Ollama ship beside a VLM) of some projector types: which graph,
+    and what that graph does with positions.  The file itself does not say (its tensors and
+    ``clip.*`` keys are the same for a learned-position SigLIP and a 2-D rotary Qwen2-VL tower);
+    llama.cpp decides in ``tools/mtmd/clip.cpp`` ``clip_get_graph_builder`` (projector type -> graph
+    class) and the graph's ``build()`` in ``tools/mtmd/models/<graph>.cpp``: ``build_vit`` adds a
+    learned table (``learned_pos_embd``) and rotates q / k only through its ``add_pos`` callback
+    (``build_rope_2d``, ``ggml_rope_multi`` in vision mode: every dimension, rows and columns).
+    tests/test_mmproj.py checks each row against those sources (a rotary graph mentions rope, an
+    absolute one does not)."""
+
+    types: tuple[str, ...]        # clip.projector_type / clip.vision.projector_type / clip.audio.projector_type
+    graph: str                    # clip.cpp graph class
+    position: str                 # absolute (a table added to the input, no rotation) | rope
+    rope_axes: int | None = None  # rope: position coordinates the rotation reads (2: image rows and columns)
+
+
+CLIP_PROJECTORS: tuple[ClipProjector, ...] = (
+    # models/siglip.cpp: build_vit(inp, ..., learned_pos_embd = model.position_embeddings, nullptr)
+    ClipProjector(("gemma3", "idefics3", "lfm2", "janus_pro", "phi4"), "clip_graph_siglip", "absolute"),
+    # models/llava.cpp: its own layer loop; inp + get_rows(position_embeddings, positions), no rotation
+    ClipProjector(("mlp", "ldp", "ldpv2", "adapter"), "clip_graph_llava", "absolute"),
+    # models/whisper-enc.cpp: Whisper's encoder, a view of position_embeddings as the learned table
+    ClipProjector(("ultravox", "voxtral", "qwen2a", "glma", "meralion", "musicflamingo"), "clip_graph_whisper_enc",
+                  "absolute"),
+    # models/internvl.cpp: build_vit(..., model.position_embeddings, nullptr)
+    ClipProjector(("internvl",), "clip_graph_internvl", "absolute"),
+    # models/pixtral.cpp: add_pos = build_rope_2d(cur, pos_h, pos_w, rope_theta)
+    ClipProjector(("pixtral", "lightonocr"), "clip_graph_pixtral", "rope", 2),
+    # models/qwen2vl.cpp: ggml_rope_multi(..., d_head/2, mrope_sections, GGML_ROPE_TYPE_VISION) on Q and K
+    ClipProjector(("qwen2vl_merger", "qwen2.5vl_merger"), "clip_graph_qwen2vl", "rope", 2),
+    # models/qwen3vl.cpp: a learned table resized to the image, and the same vision rope on Q and K
+    ClipProjector(("qwen3vl_merger",), "clip_graph_qwen3vl", "rope", 2),
+    # models/llama4.cpp, models/kimivl.cpp: a learned table and build_rope_2d
+    ClipProjector(("llama4",), "clip_graph_llama4", "rope", 2),
+    ClipProjector(("kimivl",), "clip_graph_kimivl", "rope", 2),
+)
+
+
+def clip_projector(projector_type: str | None) -> ClipProjector | None:
+    """The :data:`CLIP_PROJECTORS` row of an mmproj projector type (None: not in the registry)."""
+    return next((p for p in CLIP_PROJECTORS if projector_type in p.types), None)
+
+
 # GGUF layer prefix, the same for every architecture (gguf-py TENSOR_NAMES "blk.{bid}.*"; the role
 # names under it are read from gguf-py in ckpt_surgeon.arch.gguf_names).
 GGUF_LAYER = "blk.{L}."

@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from . import families as F
 from .checked import GGUF_BOUNDS, TOKEN_ID, Bounds, describe, gguf_hparam, gguf_value
+from .gguf_clip import clip_arch, clip_config
 
 
 def _by_arch(attr: str) -> dict:
@@ -105,6 +106,9 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     arch = metadata.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
     cfg: dict = {"model_type": ARCH_MODEL_TYPE.get(arch, arch)}
+    if arch is not None and arch == clip_arch():
+        # an mmproj file: no text stack, one sub-config per encoder (clip.vision.* / clip.audio.*)
+        return {**cfg, **clip_config(metadata, path=path)}
     if arch in ARCH_HF_CLASS:
         cfg["architectures"] = [ARCH_HF_CLASS[arch]]
     for suffix, key in ARCH_KEYS:

@@ -17,9 +17,24 @@ class PositionEncoding:
     rotary_dim: int | None = None
     theta: float | None = None
     pair_layout: str | None = None  # rotate_half | interleaved (rope only)
+    axes: int = 1                  # rope: position coordinates the rotation reads (2: an image's rows and
+    #                                columns, whose geometry the bounds of arch/rope.py do not cover)
 
     def to_dict(self) -> dict:
-        return {"type": self.type, "rotary_dim": self.rotary_dim, "theta": self.theta}
+        return {"type": self.type, "rotary_dim": self.rotary_dim, "theta": self.theta,
+                "axes": self.axes if self.type == "rope" else None}
+
+    def describe(self, head_dim: int | None) -> str:
+        """One line for the tables: ``rope (rotary_dim 64/64, theta 10000, pairs rotate_half)``."""
+        if self.type != "rope":
+            return self.type
+        what = "2-D rope" if self.axes == 2 else "rope" if self.axes == 1 else f"{self.axes}-axis rope"
+        parts = [f"rotary_dim {self.rotary_dim}/{head_dim}"] if self.rotary_dim is not None else []
+        if self.theta is not None:
+            parts.append(f"theta {self.theta:g}")
+        if self.pair_layout is not None:
+            parts.append(f"pairs {self.pair_layout}")
+        return f"{what} ({', '.join(parts)})" if parts else what
 
 
 @dataclass(frozen=True)

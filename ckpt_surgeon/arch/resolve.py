@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from . import families as F
 from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int, describe
 from . import gguf_names as G
+from .gguf_clip import clip_arch, clip_encoders, is_attention_bias
 from .modtree import _TOWER
 # the layout records live below this module (arch/derive builds them too); re-exported here
 from .model_layout import (  # noqa: F401
@@ -77,6 +78,14 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError(f"architectures is {describe(archs)}; it must be a list of class names (strings)",
                           path=config_source)
+    if naming == "gguf" and gguf_arch is not None and gguf_arch == clip_arch():
+        # an mmproj file: vision / audio encoders only, named by gguf-py (arch/gguf_clip.py)
+        layout = _clip_layout(cfg, tensors, config_source, partial)
+        for _, _, lay, _ in layout.stacks():
+            if shapes:
+                check_shapes(lay, tensors)
+            _check_consistent(lay, config_source)
+        return layout
     if naming == "gguf":
         fam = F.by_gguf_arch(gguf_arch)
         arch_name = gguf_arch or "unknown"
@@ -170,16 +179,22 @@ def _match_roles(fam, naming: str, tensors: dict) -> tuple:
     if not layer_pat:
         found, placed = _generic_match(tensors)
         return layer_pat, found, placed
+    found, placed = _match(layer_pat, role_map, tensors, prefixed=naming != "gguf")
+    return layer_pat, found, placed
+
+
+def _match(layer_pat: str, role_map: dict, tensors: dict, *, prefixed: bool) -> tuple[dict, set]:
+    """({layer: {role_kind: name}}, names placed) for one stack's layer pattern and role -> module map."""
     found: dict[int, dict] = {}
     placed = set()
     # one regex per (role, alternative); an earlier alternative wins when a layer has both
-    regs = [(role, rank, _role_regex(layer_pat, mod, prefixed=naming != "gguf"))
+    regs = [(role, rank, _role_regex(layer_pat, mod, prefixed=prefixed))
             for role, mods in role_map.items()
             for rank, mod in enumerate((mods,) if isinstance(mods, str) else mods)]
     ranks: dict = {}
     lead = layer_pat.split("{L}")[0]
     for name in tensors:
-        if naming != "gguf" and _TOWER.search(name[:max(name.find(lead), 0)]):
+        if prefixed and _TOWER.search(name[:max(name.find(lead), 0)]):
             continue    # a vision / audio tower's layers.N (Gemma 3's SigLIP) is not the text stack's layer N
         for role, rank, rx in regs:
             m = rx.match(name)
@@ -190,7 +205,79 @@ def _match_roles(fam, naming: str, tensors: dict) -> tuple:
                     ranks[key] = rank
                 placed.add(name)
                 break
-    return layer_pat, found, placed
+    return found, placed
+
+
+def _clip_layout(cfg: dict, tensors: dict, where: str | None, partial: bool) -> ModelLayout:
+    """An mmproj file's layout: its first encoder (vision, else audio) as the main stack, the other as a
+    tower; every attention bias gguf-py names that no encoder holds (a resampler's, a Q-Former's) is skipped,
+    which the reports say in their warning."""
+    from dataclasses import replace
+
+    from .model_layout import Tower
+    stacks, placed = [], set()
+    for enc in clip_encoders():
+        sub = cfg.get(f"{enc.kind}_config") or {}
+        found, got = _match(enc.layer, enc.roles, tensors, prefixed=False)
+        if not sub and not found:
+            continue
+        placed |= got
+        stacks.append(_clip_stack(enc, sub, found, tensors, where, partial))
+    skipped = tuple(sorted(n for n in tensors if n not in placed
+                           and (is_attention_bias(n) or _looks_attention_bias(n))))
+    notes = [f"mmproj file ({clip_arch()} architecture: a VLM's encoder(s) and projector, no text stack): "
+             + "; ".join(f"{lay.tower_kind} encoder {lay.tower_how}" for lay in stacks)] if stacks else \
+        [f"mmproj file ({clip_arch()} architecture) without a vision or audio encoder gguf-py names"]
+    if not stacks:
+        return ModelLayout(architecture=clip_arch(), family=None, naming="gguf", num_layers=0, num_heads=None,
+                           num_kv_heads=None, head_dim=None, hidden_size=None, position=PositionEncoding("unknown"),
+                           norm_placement=None, qk_norm=False, fused_layout=None, conv1d=False, qk_permuted=False,
+                           max_positions=None, softcap=None, notes=tuple(notes), skipped=skipped,
+                           config_source=where, input_norm=None)
+    towers = tuple(Tower(t.tower_name, t.tower_kind, t, t.tower_how) for t in stacks[1:])
+    return replace(stacks[0], towers=towers, skipped=skipped, notes=tuple(notes))
+
+
+def _clip_stack(enc, sub: dict, found: dict, tensors: dict, where: str | None, partial: bool) -> ModelLayout:
+    """One encoder of an mmproj file: its heads from the ``clip.<encoder>.*`` keys (one line naming the key
+    when one the tensors need is missing), its position encoding from the registry's projector row."""
+    keys = enc.keys
+    n_heads = config_int(sub, ("num_attention_heads",), path=where, minimum=1, maximum=MAX_WIDTH)
+    hidden = config_int(sub, ("hidden_size",), path=where, minimum=1, maximum=MAX_WIDTH)
+    head_dim = config_int(sub, ("head_dim",), path=where, minimum=1, maximum=MAX_WIDTH)
+    if found and n_heads is None:
+        raise ConfigError(f"GGUF metadata key '{keys['num_attention_heads']}' is missing: the {enc.kind} "
+                          "encoder's q/k/v rows cannot be split into heads (llama.cpp requires it too)", path=where)
+    if found and head_dim is None and hidden is None:
+        raise ConfigError(f"GGUF metadata key '{keys['hidden_size']}' is missing: the {enc.kind} encoder's head "
+                          "width (embedding length / heads) is unknown (llama.cpp requires it too)", path=where)
+    n_kv = config_int(sub, ("num_key_value_heads",), path=where, minimum=1, maximum=MAX_WIDTH) or n_heads
+    if head_dim is None and hidden and n_heads:
+        head_dim = hidden // n_heads        # clip.cpp: d_head = n_embd / n_head
+    n_layers = _layer_count(sub, found, tensors, enc.layer, partial, where)
+    layers = _layer_records(n_layers, found)
+    ptype = sub.get("projector_type")
+    proj = F.clip_projector(ptype)
+    if proj is None:
+        position = PositionEncoding("unknown")
+        how = (f"{enc.layer.replace('{L}', 'N')}* (gguf-py), projector type {ptype!r}: not in the registry "
+               "(families.CLIP_PROJECTORS), so how its llama.cpp graph encodes positions is unknown")
+    else:
+        position = PositionEncoding("rope", head_dim, None, None, axes=proj.rope_axes or 1) \
+            if proj.position == "rope" else PositionEncoding(proj.position)
+        what = f"{proj.rope_axes}-D rotary on q and k" if proj.position == "rope" else \
+            "a position table added to the input, no rotation"
+        how = (f"{enc.layer.replace('{L}', 'N')}* (gguf-py), projector type {ptype!r}: llama.cpp's {proj.graph} "
+               f"({what}) [registry]")
+    return ModelLayout(
+        architecture=clip_arch(), family=None, naming="gguf", num_layers=n_layers, num_heads=n_heads,
+        num_kv_heads=n_kv, head_dim=head_dim, hidden_size=hidden, position=position,
+        # gguf-py's INPUT_NORM (ln1) feeds the projections: clip.cpp's build_vit normalises before attention
+        norm_placement="pre" if any(lt.attn_norm for lt in layers) else None,
+        qk_norm=any(lt.q_norm or lt.k_norm for lt in layers),
+        fused_layout="concat" if any(lt.fused for lt in layers) else None,    # clip.cpp views Q, K, V in turn
+        conv1d=False, qk_permuted=False, max_positions=None, softcap=None, layers=tuple(layers),
+        config_source=where, input_norm=None, tower_name=enc.kind, tower_kind=enc.kind, tower_how=how)
 
 
 def _resolve_notes(fam, naming: str, arch_name: str, tensors: dict, placed: set) -> tuple:
@@ -203,7 +290,8 @@ def _resolve_notes(fam, naming: str, arch_name: str, tensors: dict, placed: set)
         notes.append(f"architecture {arch_name!r} is not in the registry: tensors were recognised by {how}; "
                      "position encoding, per-head statistics and redundancy classes are unknown")
     buffers = _buffers(fam, tensors) if naming == "hf" else ()
-    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n)
+    skipped = tuple(sorted(n for n in tensors if n not in placed
+                           and (_looks_attention_bias(n) or (naming == "gguf" and is_attention_bias(n)))
                            and n not in buffers and not _is_mask_buffer(n)))
     return notes, buffers, skipped   # skipped: said as a warning by the reports (model_layout.unplaced_warning)
 

@@ -152,6 +152,10 @@ def rope_geometry(layout: ModelLayout, config: dict | None) -> RopeGeometry | No
     pe = layout.position
     if pe.type != "rope" or not layout.head_dim or not pe.rotary_dim:
         return None
+    if pe.axes != 1:
+        # 2-D rope (an image tower's rows and columns): the phase between two positions depends on both
+        # coordinates' distances, which the 1-D frequency / context bounds here do not describe
+        return None
     r = int(pe.rotary_dim)
     pairs = rotary_pairs(layout.head_dim, r, pe.pair_layout or "rotate_half")
     cfg = dict(config or {})

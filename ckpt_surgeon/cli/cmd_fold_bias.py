@@ -67,7 +67,7 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
               "has a config switch for them (e.g. attention_bias) and every bias it controls becomes zero; the switch is set to false.")
 @click.option("--tower", default=None, metavar="NAME",
               help="A file with several attention stacks (vision / audio towers, see inspect's 'tower' rows): fold only "
-                   "this one ('text' for the main stack). Without it, --k/--v fold every stack where the fold is exact "
+                   "this one ('text' for the main stack; 'vision' / 'audio' in an mmproj GGUF). Without it, --k/--v fold every stack where the fold is exact "
                    "and name the others in a note.")
 @surgery_output_options
 @source_options

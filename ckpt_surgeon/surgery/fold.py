@@ -122,7 +122,13 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     if center:
         _check_centering(layout, ckpt.config, src)
     fam = family_of(layout)
-    if fam is None and layout.derived is None:
+    if fam is None and layout.derived is None and all(lay.position.type == "unknown" for _, _, lay, _ in
+                                                      layout.stacks()):
+        # (an mmproj file's encoders are outside the registry's families, but their projector type's graph
+        # is in it, families.CLIP_PROJECTORS: their position encoding is known, and the analysis classes them)
+        if layout.tower_how:
+            raise UnsupportedError(f"{layout.architecture} {layout.tower_kind} encoder {layout.tower_how}; nothing "
+                                   "was folded", path=src)
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
                                "rotary embedding and norms sit is unknown; nothing was folded", path=src)
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
@@ -258,6 +264,12 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
     by_layer = {lr.layer: lr for lr in rep.layers if lr.layer in located}
     if rope_layers and not approximate:
         _refuse_rope(layout, by_layer, rope_layers, src)
+    blind = [i for i, lr in by_layer.items() if lr.k_class in ("rope", "partial") and lr.near_fraction is None]
+    if approximate and blind:
+        # no rotary geometry for this stack (2-D rope of an image tower): no pair has a bound, none is chosen
+        raise RefusedError(f"refused: --approximate needs the rotary geometry of the attention stack, which is not "
+                           f"established for {layout.architecture} ({layout.position.describe(layout.head_dim)}): no "
+                           f"rotary pair of layers {_fmt_layers(blind)} has a bound; nothing was removed", path=src)
 
     worst = 0.0
     n_pairs = n_dims = 0
@@ -325,11 +337,18 @@ def _refuse_rope(layout, by_layer: dict, rope_layers: list[int], src: str):
             parts.append(f"removing it all could move a logit by up to {lr.bound_all:.3g}")
         return ", ".join(parts)
     detail = "; ".join(one(i) for i in rope_layers[:3]) + (f"; ... ({len(rope_layers)} layers)" if len(rope_layers) > 3 else "")
+    rope = "2-D RoPE (an image's rows and columns)" if layout.position.axes == 2 else "RoPE"
+    if any(by_layer[i].near_fraction is None for i in rope_layers):
+        # no rotary geometry established for this stack (2-D, windowed, a derived tower): no bound either
+        after = ("; no near-redundant pairs or bounds are established for this stack's rotary geometry, so "
+                 "--approximate cannot remove any of it either")
+    else:
+        after = ("; pass --approximate --max-logit-change X to remove only the near-redundant frequency pairs "
+                 "whose summed bound stays <= X")
     raise RefusedError(
-        f"refused: the key bias is not exactly removable in {layout.architecture}: RoPE rotates every dimension "
+        f"refused: the key bias is not exactly removable in {layout.architecture}: {rope} rotates every dimension "
         f"after the biased projection (k = rope(W_k x + b_k)), so its logit term depends on the distance "
-        f"between tokens ({detail}); pass --approximate --max-logit-change X to remove only the near-redundant "
-        f"frequency pairs whose summed bound stays <= X", path=src)
+        f"between tokens ({detail}){after}", path=src)
 
 
 def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -> list[TensorStep]:
