@@ -84,3 +84,15 @@ def test_columns_is_honoured_and_cells_wrap(long_names):
     # the JSON says the same as the table, whatever the width
     js = json.loads(_cli("lint", fused, "--format", "json", columns="40").stdout)
     assert any(f["tensor"] == "model.layers.0.self_attn.qkv_proj.bias" for f in js["findings"])
+
+
+def test_bracketed_text_is_shown_not_taken_for_markup(tiny):
+    """The architecture line's "[registry: qwen2]" tag (and any bracketed text in a cell or note) is
+    data: rich's markup parser used to swallow it, so no table ever showed where the facts came from."""
+    r = _cli("inspect", tiny("qwen2"))
+    assert r.returncode == 0, r.stderr
+    assert "[registry: qwen2]" in r.stdout, r.stdout
+    from ckpt_surgeon.cli.render import to_table
+    text = to_table([{"tensor": "w[0]", "note": "[bold]x"}], summary=[("k", "v [not in registry]")], notes=["n [y]"])
+    for s in ("w[0]", "[bold]x", "v [not in registry]", "note: n [y]"):
+        assert s in text, text

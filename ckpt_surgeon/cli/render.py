@@ -139,7 +139,9 @@ def to_table(rows: list[dict], summary=None, notes=(), title: str | None = None,
     from rich.table import Table
 
     buf = io.StringIO()
+    # markup=False: a report's text is data ("[not in registry]", tensor names with brackets), never rich markup
     con = Console(file=buf, width=width or _UNLIMITED, force_terminal=False, color_system=None, highlight=False,
+                  markup=False,
                   soft_wrap=width is None)
     if summary:
         kv = Table(show_header=False, box=None, pad_edge=False, title=title)
