@@ -244,3 +244,15 @@ def test_bitsandbytes_nf4_runtime_equals_ours(tmp_path):
     tol = 4 * 2.0 ** -7
     assert np.abs(nat - ours).max() <= tol, np.abs(nat - ours).max()
     assert np.abs(nat - base).max() > 2.5 * tol
+
+
+def test_verify_corpus_says_what_ran(tmp_path):
+    """Corpus mode (perplexity / KL over a text) runs a quantized side the same way and says so."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text((QUANT / "README.md").read_text()[:3000])
+    res = _run("verify", BASE, QUANT / "ct_fp8_dynamic", "--corpus", corpus, "--device", "cpu", "--format", "json")
+    assert res.exit_code in (0, 1), res.output
+    d = json.loads(res.stdout)
+    assert d["mode"] == "corpus"
+    assert any("weights dequantized by ckpt-surgeon (compressed-tensors, 8-bit)" in n and "which this measurement "
+               "excludes" in n for n in d["notes"]), d["notes"]

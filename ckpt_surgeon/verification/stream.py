@@ -210,7 +210,7 @@ def prepared(src: StreamSource, work: Path, role: str):
     archs = src.config.get("architectures") or [src.config.get("model_type") or "?"]
     kind = model_kind(src.config, path=src.given)
     return PreparedModel(src.given, str(folder), src.config, kind, str(archs[0]), src.storage_dtype, src.n_params,
-                         has_tokenizer(folder), False, role)
+                         has_tokenizer(folder), False, role, src.dequantized)
 
 
 # --------------------------------------------------------------------------- records
