@@ -10,6 +10,12 @@ share lives here:
   through our converter (:func:`ckpt_surgeon.conversion.gguf_to_hf`), not transformers'
   ``gguf_file`` loader, which silently drops the attention biases of llama-arch files (it sets
   ``attention_bias=False``) and so would run a different model;
+* :func:`quantized_to_folder` / :func:`quantized_as_folder`: a quantized HF checkpoint (GPTQ, AWQ,
+  compressed-tensors, FP8, bitsandbytes, MLX ...) -> the dense folder of the same model, its
+  weights dequantized by our reader (:func:`ckpt_surgeon.conversion.dense.quantized_to_dense`),
+  which transformers builds as the unquantized model: every scheme runs on a CPU, with the
+  producer's own dequantized values, without the method's package;
+* :func:`is_quantized_folder`: whether a folder's config.json declares a quantization;
 * :data:`TOKENIZER_FILES` / :func:`has_tokenizer`: whether a folder carries a tokenizer;
 * :func:`load_pretrained`: ``from_pretrained`` with eager attention, quiet, as one typed error;
 * :func:`load_tokenizer`: the tokenizer of a folder, Hub id or ``tokenizer.json``, as one typed error;
@@ -89,6 +95,32 @@ def gguf_as_folder(path: str | os.PathLike, *, dtype: str, prefix: str = "ckpt-s
     tmp = tempfile.mkdtemp(prefix=prefix)
     try:
         yield gguf_to_folder(path, Path(tmp) / "hf", dtype)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_quantized_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder/config.json`` declares a quantization (``quantization_config`` with a
+    ``quant_method``, or MLX's ``quantization``)."""
+    from .formats.quant_schemes import config_method
+    from .formats.safe_input import read_json
+    cfg = Path(folder) / "config.json"
+    return cfg.is_file() and config_method(read_json(cfg, error=ConfigError)) is not None
+
+
+def quantized_to_folder(path: str | os.PathLike, out: Path) -> Path:
+    """Quantized HF checkpoint -> dense HF folder ``out`` (quantized weights float32, as dequantized
+    by our reader; everything else as stored; config without its quantization keys)."""
+    from .conversion.dense import quantized_to_dense
+    return quantized_to_dense(path, out)
+
+
+@contextlib.contextmanager
+def quantized_as_folder(path: str | os.PathLike, *, prefix: str = "ckpt-surgeon-run-") -> Iterator[Path]:
+    """:func:`quantized_to_folder` into a temp dir that lives only inside the ``with`` block."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield quantized_to_folder(path, Path(tmp) / "hf")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

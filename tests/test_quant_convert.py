@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from test_llamacpp_converter import OUTTYPES, _reference, _run_reference, assert_matches_reference
 from test_quant_read import BASE, QUANT, SCHEMES, _oracle
+from test_quantize import assert_same_tensors, llama_quantize
 
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.conversion import hf_to_gguf
@@ -81,3 +82,20 @@ def test_convert_equals_producer_where_llama_cpp_cannot(scheme, tmp_path):
             assert sum(int(np.count_nonzero(np.isinf(ref.read(_gguf_name(n))))) for n in oracle) > 0
     else:
         assert r.returncode != 0 and expect in r.stderr, r.stderr[-1500:]
+
+
+@pytest.mark.parametrize("scheme", ["mlx_4bit", "gptqmodel_gptq", "ct_fp8_block", "gptqmodel_fp8_block", "bnb_nf4",
+                                    "autoawq_gemm"])
+def test_quantized_source_to_q4_k_m_is_llama_quantize(scheme, tmp_path):
+    """``convert --dtype q4_k_m`` from a quantized checkpoint takes the same one-pass path as a dense
+    one (issue 26): every tensor equals llama.cpp's own quantizer (``llama_model_quantize``) run
+    on our F32 GGUF of the same checkpoint (byte-identical to llama.cpp's converter where it reads
+    the scheme, the producer's dequantization where it cannot: the tests above).  Every Linear
+    here is a multiple of 256 wide, so the mixture uses the real k-quant types."""
+    src = QUANT / scheme
+    f32 = hf_to_gguf(src, tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    ref = tmp_path / "ref.q4_k_m.gguf"
+    llama_quantize(f32, ref, "q4_k_m")
+    ours = hf_to_gguf(src, tmp_path / "ours.q4_k_m.gguf", dtype="q4_k_m", name="tiny")
+    types = assert_same_tensors(ours, ref, f"{scheme} q4_k_m")
+    assert {"Q4_K", "Q6_K"} <= set(types.values()), sorted(set(types.values()))

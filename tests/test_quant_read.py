@@ -348,12 +348,6 @@ def test_gptq_shape_contradicting_group_size_refused(tmp_path):
     assert "contradicts bits x group size" in line and "(gptq)" in line and "qweight" in line
 
 
-@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek", "autoawq_gemm"])
-def test_measured_mode_refused_in_one_line(scheme):
-    line = _one_line_exit_2(["analyze", str(QUANT / scheme), "--measure"])
-    assert "measured mode" in line and "quantized" in line
-
-
 def test_quantized_tensors_without_quantization_config_refused(tmp_path):
     """Codes are never read as weights: a config that declares no quantization beside packed
     tensors is refused, naming one of them."""

@@ -328,7 +328,9 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
         # nothing profiled (q/k-norm, no biases, not rotary): nothing to measure, and said so
         return replace(static, notes=tuple(static.notes) + ("--measure: no layer has a profile, nothing was measured",))
     dev = resolve_device(device)
+    dq = None
     if model is None:
+        dq = M.quantized_run(source)
         model, tokenizer, _ = M.load_model(source, device=dev, dtype=dtype)
     else:
         dev = str(next(model.parameters()).device)
@@ -360,8 +362,11 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     facts = {"prompts": len(encoded), "tokens": sum(int(e.shape[1]) for e in encoded), "max_prompt_tokens": longest,
              "skip_first": int(skip_first), "device": dev, "dtype": dtype,
              "max_delta": int(max(0, longest - 1 - skip_first)), "rope_evaluated_at": rf.length,
-             "attention_factor": rf.attention_factor}
+             "attention_factor": rf.attention_factor,
+             "quantization": dq.to_dict() if dq is not None else None}
     notes = list(static.notes)
+    if dq is not None:
+        notes.append(f"measured: {dq.note()}")
     if rf.length is not None and static.rope is not None and static.rope.length != rf.length:
         notes.append(f"measured terms use the rope frequencies at the prompt length {rf.length} "
                      f"(the static profile: at {static.rope.length})")

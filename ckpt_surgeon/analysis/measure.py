@@ -104,6 +104,7 @@ class MeasuredReport:
     outputs: tuple
     notes: tuple = ()
     static: object | None = field(default=None, repr=False)   # AnalysisReport of the loaded weights
+    dequantized: object | None = None   # conversion.dense.DequantizedRun: a quantized source, run dequantized
 
     @property
     def all_within_bound(self) -> bool:
@@ -116,6 +117,7 @@ class MeasuredReport:
         return {"model": self.model, "device": self.device, "dtype": self.dtype, "prompts": self.prompts,
                 "tokens": list(self.tokens), "all_within_bound": self.all_within_bound,
                 "layers": [lm.to_dict() for lm in self.layers], "outputs": [o.to_dict() for o in self.outputs],
+                "quantization": self.dequantized.to_dict() if self.dequantized is not None else None,
                 "notes": list(self.notes)}
 
     def rows(self) -> list[dict]:
@@ -136,6 +138,7 @@ class MeasuredReport:
     def summary_items(self) -> list[tuple[str, str]]:
         items = [("measured on", f"{self.prompts} prompt(s), {sum(self.tokens)} tokens (max {max(self.tokens, default=0)}), "
                                  f"{self.device} {self.dtype}"),
+                 *([("quantized model", self.dequantized.note())] if self.dequantized is not None else []),
                  ("measured <= bound + noise", "yes, every layer and variant" if self.all_within_bound else "NO (see rows)"),
                  ("noise", "the float rounding budget of the measured logits (column noise), allowed beyond the "
                            "static bound: a measured change under it is rounding, not a removed bias")]
@@ -175,7 +178,10 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
 
     HF folders (or a .safetensors beside its config.json) load with ``from_pretrained``;
     GGUF files are converted to a temporary HF folder (:func:`ckpt_surgeon.runtime.gguf_as_folder`:
-    dequantized, llama Q/K rows un-permuted, attention biases kept) and loaded from there.
+    dequantized, llama Q/K rows un-permuted, attention biases kept) and loaded from there; so are
+    quantized HF checkpoints (:func:`ckpt_surgeon.runtime.quantized_as_folder`: each quantized
+    weight as our reader dequantizes it, element-exact against its producer; the model built as the
+    unquantized architecture, activations not quantized: :func:`quantized_run` says so).
     """
     import transformers
 
@@ -201,7 +207,11 @@ def load_model(source: str, *, device: str = "cpu", dtype: str = "float32"):
     if not runtime.has_tokenizer(folder):
         raise UnsupportedError("measured mode needs a tokenizer beside the model "
                                f"(none of {', '.join(runtime.TOKENIZER_FILES)})", path=str(folder))
-    _check_quantized_runtime(folder, source)
+    if runtime.is_quantized_folder(folder):
+        # transformers runs a quantized checkpoint only through its method's package (and FP8 not
+        # on a CPU, MLX not at all): run the same model from its dequantized weights instead
+        with runtime.quantized_as_folder(p, prefix="ckpt-surgeon-measure-") as dense:
+            return load_model(dense, device=device, dtype=dtype)
     try:
         with quiet_transformers():
             cfg = transformers.AutoConfig.from_pretrained(folder)
@@ -329,27 +339,17 @@ def _variant_bound(lr, variant: str):
     return lr.bound            # the exact part adds 0, so exact + near == near
 
 
-def _check_quantized_runtime(folder, source) -> None:
-    """A quantized checkpoint runs in transformers only through its method's package (and FP8 /
-    MLX not on a CPU at all): refused in one line naming why, before anything is loaded."""
-    import importlib.util
-
-    from ..formats.quant_schemes import TRANSFORMERS_RUNTIME, config_method
-    from ..formats.safe_input import read_json
-    cfg = read_json(folder / "config.json", error=UnsupportedError)
-    method = config_method(cfg)
-    if method is None:
-        return
-    package, never = TRANSFORMERS_RUNTIME.get(method, (None, f"transformers has no loader for quant_method {method!r}"))
-    if never:
-        raise UnsupportedError(f"measured mode runs the model in transformers, and this checkpoint is quantized "
-                               f"({method}): {never}; the static bound (without --measure) reads the dequantized "
-                               "weights", path=str(source))
-    if package and importlib.util.find_spec(package) is None:
-        raise UnsupportedError(f"measured mode runs the model in transformers, and this checkpoint is quantized "
-                               f"({method}): transformers runs it through the {package} package, which is not "
-                               "installed; the static bound (without --measure) reads the dequantized weights",
-                               path=str(source))
+def quantized_run(source):
+    """How measured mode runs ``source`` when it is a quantized HF checkpoint (a
+    :class:`~ckpt_surgeon.conversion.dense.DequantizedRun`: weights dequantized by ckpt-surgeon,
+    activations not quantized), else None."""
+    from ..checkpoint import open_checkpoint
+    from ..conversion import is_gguf
+    from ..conversion.dense import dequantized_run
+    if is_gguf(source):
+        return None
+    with open_checkpoint(source) as ck:
+        return dequantized_run(ck)
 
 
 def _check_key_biases_loaded(source, layout) -> None:
@@ -575,6 +575,7 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     from .prompts import default_prompts
 
     dev = resolve_device(device)
+    dq = quantized_run(source)
     model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
     view = model_checkpoint(model, str(source))
     layout = view.layout()
@@ -600,4 +601,4 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     notes.append("logit/tv: layer l's attention logits with the part removed in layer l only (identical inputs); "
                   "outputs: removed in every layer at once")
     return MeasuredReport(str(source), dev, dtype, len(encoded), tuple(int(e.shape[1]) for e in encoded),
-                          tuple(layers_out), tuple(outputs), tuple(notes), static)
+                          tuple(layers_out), tuple(outputs), tuple(notes), static, dq)

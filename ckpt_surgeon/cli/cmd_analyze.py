@@ -29,7 +29,9 @@ _PROFILE_HELP = """\
               help="A rotary pair is near-redundant when it turns less than RAD radians over L positions.")
 @click.option("--measure", is_flag=True,
               help="Also run the model with transformers on sample prompts and measure the real effect of "
-                   "removing each part (needs torch + transformers; HF folders and GGUF files).")
+                   "removing each part (needs torch + transformers; HF folders and GGUF files; quantized HF "
+                   "checkpoints run as the unquantized model from their weights dequantized by ckpt-surgeon, "
+                   "activations not quantized, and the report says so).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="With --measure: prompts to use instead of the built-in set (JSON list of strings, "
                    "or one prompt per line).")
@@ -91,7 +93,12 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     prompts (short multilingual text, code, one long document) and reports
     the measured logit change and attention total variation per layer next to
     the bound, and KL / top-1 agreement at the output.  Exit code 1 if a
-    measurement ever exceeds its bound.
+    measurement ever exceeds its bound.  A quantized checkpoint (GPTQ, AWQ,
+    compressed-tensors, FP8, bitsandbytes, MLX ...) runs as the unquantized
+    model from its weights dequantized by ckpt-surgeon; activations are not
+    quantized (the table's "quantized model" row and JSON measured.quantization
+    say so, and name the runtime activation quantization a W8A8 / FP8 /
+    LLM.int8 checkpoint would apply, which the measurement excludes).
 
     """
     from dataclasses import replace

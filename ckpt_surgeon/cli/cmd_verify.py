@@ -88,8 +88,8 @@ def _max_memory(specs) -> dict | None:
               help="Fail when greedy continuations differ. Default: required for float32, reported only for "
                    "float16/bfloat16 (a near-tie flips them legitimately).")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
-              help="Directory for temporary files: GGUF inputs converted to HF folders (float32: ~4 bytes per "
-                   "parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
+              help="Directory for temporary files: GGUF inputs converted to HF folders and quantized HF checkpoints "
+                   "dequantized into dense ones (float32: ~4 bytes per parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
                    "dir ($TMPDIR). Removed at the end.")
 @click.option("--revision", default=None, metavar="REV",
               help="Hub revision (branch, tag or commit) of REFERENCE when it is a Hub id. Default: the repo's "
@@ -155,7 +155,10 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
     compared on the last hidden state). Each is a local Hugging Face folder (config.json +
     safetensors), a single .safetensors file with config.json beside it, a .gguf file
-    (converted to a temporary folder by ckpt-surgeon's own converter), or a Hub repo id
+    (converted to a temporary folder by ckpt-surgeon's own converter), a quantized HF
+    checkpoint (GPTQ, AWQ, compressed-tensors, FP8, bitsandbytes, MLX ...: run as the
+    unquantized model from its weights dequantized by ckpt-surgeon, activations not
+    quantized; a note says so), or a Hub repo id
     (owner/name; --revision / --candidate-revision pick a branch, tag or commit): the files
     the model needs are downloaded with huggingface_hub into the normal Hugging Face cache
     (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE honoured; reused by later runs), then loaded

@@ -103,18 +103,6 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
            row_members=("weight", "scales", "biases")),
 )}
 
-# What transformers needs to *run* a method (its quantizer classes, transformers/quantizers/), for
-# measured mode: a package that must be importable, or why it cannot run on a CPU at all.
-TRANSFORMERS_RUNTIME: dict[str, tuple[str | None, str | None]] = {
-    "gptq": ("gptqmodel", None),
-    "awq": ("gptqmodel", None),
-    "auto-round": ("auto_round", None),
-    "compressed-tensors": ("compressed_tensors", None),
-    "bitsandbytes": ("bitsandbytes", None),
-    "fp8": (None, "transformers' FineGrainedFP8 loader needs a GPU or XPU"),
-    "mlx": (None, "MLX's quantization is read by mlx-lm, not by transformers"),
-}
-
 SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "bitsandbytes", "mlx")
 
 
@@ -175,6 +163,38 @@ def config_method(config: dict | None) -> str | None:
         return None
     q, _ = _qcfg(config)
     return None if q is None else str(q.get("quant_method"))
+
+
+def activation_quantization(config: dict | None) -> str | None:
+    """The activation quantization a checkpoint asks its runtime for, in words, or None for a
+    weight-only scheme.  Read from the config as each runtime reads it: compressed-tensors'
+    ``config_groups[*].input_activations`` (W8A8, FP8 dynamic / block); ``fp8``'s
+    ``activation_scheme`` (DeepSeek-V3: ``dynamic``, per token and 128-wide group; gptqmodel's FP8
+    writes none and runs weight-only); bitsandbytes 8-bit (LLM.int8: every Linear input quantized
+    to int8 per row, columns with an outlier above ``llm_int8_threshold`` kept in float16)."""
+    q, _ = _qcfg(config) if isinstance(config, dict) else (None, "")
+    if q is None:
+        return None
+    method = str(q.get("quant_method")).lower()
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") if isinstance(q.get("config_groups"), dict) else {}
+        acts = [g.get("input_activations") for g in groups.values() if isinstance(g, dict)]
+        acts = [a for a in acts if isinstance(a, dict)]
+        if not acts:
+            return None
+        a = acts[0]
+        how = "dynamic" if a.get("dynamic") else "static"
+        gs = f" of {a['group_size']}" if a.get("strategy") == "group" and a.get("group_size") else ""
+        return f"{a.get('type', 'int')} {a.get('num_bits', 8)}-bit, {how} per {a.get('strategy', 'tensor')}{gs}"
+    if method == "fp8":
+        scheme = q.get("activation_scheme")
+        if scheme in ("dynamic", "static"):
+            return f"float8, {scheme}" + (" per token and 128-wide group" if scheme == "dynamic" else " per tensor")
+        return None
+    if method == "bitsandbytes" and (q.get("load_in_8bit") or q.get("_load_in_8bit")):
+        return (f"LLM.int8: int8 per row, outlier columns above {q.get('llm_int8_threshold', 6.0)} kept in "
+                "float16")
+    return None
 
 
 def _modules_of(tensors, suffix: str) -> list[str]:

@@ -148,6 +148,9 @@ def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revisi
         if pm.converted_from_gguf:
             notes.append(f"{pm.given}: GGUF converted to a temporary HF folder ({dtype}) in {work.parent} "
                          "by ckpt_surgeon.conversion (removed at the end)")
+        if pm.dequantized is not None:
+            notes.append(f"{pm.given}: {pm.dequantized.note()} (run as the unquantized architecture from a "
+                         f"temporary dense folder in {work.parent}, removed at the end)")
     return ref, cand, kind
 
 
@@ -427,6 +430,9 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
         for pm, src in ((ref, ref_src), (cand, cand_src)):
             if src.gguf:
                 notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
+            if src.dequantized is not None:
+                notes.append(f"{pm.given}: {src.dequantized.note()} (streamed tensor by tensor as the unquantized "
+                             "architecture)")
         thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
         tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, 0, notes)
         notes.append(f"stream: {plan.why}")

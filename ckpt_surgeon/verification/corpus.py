@@ -569,6 +569,8 @@ class _Side:
             if self.pm.converted_from_gguf:
                 notes.append(f"{given}: GGUF converted to a temporary HF folder ({dtype}) for transformers "
                              "(--runtime llama.cpp runs it in llama.cpp instead)")
+        if self.pm is not None and self.pm.dequantized is not None:
+            notes.append(f"{given}: {self.pm.dequantized.note()}")
 
     def check_context(self, ctx: int) -> None:
         if self.pm is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CkptError, ConfigError, UnsupportedError
-from ..runtime import gguf_to_folder, has_tokenizer, load_pretrained
+from ..runtime import gguf_to_folder, has_tokenizer, load_pretrained, quantized_to_folder
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
 
@@ -45,6 +45,7 @@ class PreparedModel:
     has_tokenizer: bool
     converted_from_gguf: bool = False
     role: str = "candidate"    # reference | candidate (for messages)
+    dequantized: object | None = None   # conversion.dense.DequantizedRun: a quantized checkpoint, run dequantized
 
     def estimated_bytes(self, dtype: str) -> int:
         """Weights in memory once loaded in ``dtype``."""
@@ -78,6 +79,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
         raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
                         path=given)
     ck, precision, n_params = open_validated(p, given)
+    dequantized = None
     try:
         if ck.format == "gguf":
             folder = gguf_to_folder(Path(ck.source), workdir / role, dtype)
@@ -91,15 +93,22 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
                 raise ConfigError("no config.json: verify builds the model with transformers, which needs "
                                   "config.json beside the weights", path=str(where))
             config = ck.config
-            folder = p if p.is_dir() else _single_file_folder(p, workdir / role)
             converted = False
+            if ck.quantization is not None:
+                # transformers runs it only through the method's package (FP8 not on a CPU, MLX not at
+                # all): the same model from its dequantized weights instead, activations not quantized
+                from ..conversion.dense import dequantized_run
+                dequantized = dequantized_run(ck)
+                folder = quantized_to_folder(p, workdir / role)
+            else:
+                folder = p if p.is_dir() else _single_file_folder(p, workdir / role)
     finally:
         ck.close()
     archs = config.get("architectures") or [config.get("model_type") or "?"]
     kind = model_kind(config, path=str(Path(folder) / "config.json") if not converted else given)
     has_tok = has_tokenizer(folder)
     return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted,
-                         role)
+                         role, dequantized)
 
 
 def open_validated(p: Path, given: str):
@@ -114,7 +123,8 @@ def open_validated(p: Path, given: str):
                                path=given) from None
     try:
         floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
-        precision = storage_precision(i.dtype for i in floats)
+        # a quantized checkpoint's logical weights read as float32, but are stored quantized
+        precision = "quantized" if ck.quantization is not None else storage_precision(i.dtype for i in floats)
         n_params = sum(i.numel for i in floats)
         if ck.missing_bytes:
             raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)

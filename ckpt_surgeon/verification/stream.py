@@ -33,7 +33,11 @@ one decoder layer plus the activations, not a model:
 
 GGUF inputs are streamed directly: :func:`ckpt_surgeon.conversion.from_gguf.hf_view` gives the HF
 config and the GGUF -> HF tensor plan the converter uses, and each HF tensor is dequantized and
-un-permuted when its layer is loaded (no temporary float32 folder).
+un-permuted when its layer is loaded (no temporary float32 folder).  A quantized HF checkpoint
+(GPTQ, AWQ, compressed-tensors, FP8, bitsandbytes, MLX) is streamed the same way: the model is the
+unquantized architecture (config without ``quantization_config``) and each quantized weight is
+read through :class:`~ckpt_surgeon.formats.quantized.QuantizedSource`, dequantized as its producer
+dequantizes it; activations are not quantized (the report says so).
 """
 from __future__ import annotations
 
@@ -89,6 +93,7 @@ class StreamSource:
     n_params: int = 0
     gguf: bool = False
     warnings: tuple = ()
+    dequantized: object | None = None   # conversion.dense.DequantizedRun: a quantized checkpoint, read dequantized
     _plan: dict | None = field(default=None, repr=False)      # GGUF: HF name -> plan entry
     _hp: dict | None = field(default=None, repr=False)
     _stack_cache: dict = field(default_factory=dict, repr=False)
@@ -154,7 +159,10 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
             raise ConfigError("no config.json: the model is built with transformers, which needs config.json "
                               "beside the weights", path=str(where))
         folder = str(Path(ck.config_path).parent)
-        return StreamSource(given, ck.config, folder, ck, precision, n_params)
+        from ..conversion.dense import dequantized_run
+        # a quantized checkpoint streams its logical layout: every quantized weight dequantized by
+        # our reader as its layer loads, into the unquantized architecture
+        return StreamSource(given, ck.config, folder, ck, precision, n_params, dequantized=dequantized_run(ck))
     except BaseException:
         ck.close()
         raise
@@ -202,7 +210,7 @@ def prepared(src: StreamSource, work: Path, role: str):
     archs = src.config.get("architectures") or [src.config.get("model_type") or "?"]
     kind = model_kind(src.config, path=src.given)
     return PreparedModel(src.given, str(folder), src.config, kind, str(archs[0]), src.storage_dtype, src.n_params,
-                         has_tokenizer(folder), False, role)
+                         has_tokenizer(folder), False, role, src.dequantized)
 
 
 # --------------------------------------------------------------------------- records
@@ -260,6 +268,9 @@ class _Model:
             with quiet_transformers():
                 if src.folder is not None:
                     cfg = transformers.AutoConfig.from_pretrained(src.folder, local_files_only=True)
+                    for key in ("quantization_config", "quantization"):
+                        if src.dequantized is not None and hasattr(cfg, key):
+                            delattr(cfg, key)    # the unquantized architecture, fed dequantized weights
                 else:
                     c = dict(src.config)
                     cfg = transformers.AutoConfig.for_model(c.pop("model_type"), **c)

@@ -1,0 +1,88 @@
+"""A quantized Hugging Face checkpoint -> the dense folder of the same model (what runs it).
+
+transformers runs a quantized checkpoint only through its method's package (gptqmodel,
+auto_round, compressed_tensors, bitsandbytes), not FP8 on a CPU and not MLX at all.  Measured mode
+and ``verify`` run every scheme the reader knows instead by writing the checkpoint's **logical**
+layout (:class:`~ckpt_surgeon.formats.quantized.QuantizedSource`: each quantized Linear as the
+dense float32 weight its producer dequantizes it to, element-exact against the producer's own
+code) into a folder transformers loads as the unquantized model: ``config.json`` without
+``quantization_config`` / MLX's ``quantization`` (so ``from_pretrained`` builds the model's own
+``nn.Linear`` classes), every other tensor copied byte for byte (norms, biases, an unquantized
+head keep their stored dtype), side files (tokenizer, generation config) copied.
+
+What this runs is the dequantized weights: activation quantization a scheme applies at runtime
+(compressed-tensors W8A8 / FP8 ``input_activations``, FP8 ``activation_scheme: dynamic``,
+bitsandbytes' LLM.int8) is not; :class:`DequantizedRun` says so, for the reports.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DequantizedRun:
+    """How a quantized checkpoint was run: its weights dequantized by ckpt-surgeon, activations in
+    the compute dtype.  ``activations``: the activation quantization the checkpoint asks its
+    runtime for (None: weight-only scheme), which a dequantized run leaves out."""
+
+    method: str
+    format: str
+    bits: tuple
+    activations: str | None = None
+
+    @property
+    def label(self) -> str:
+        bits = "/".join(str(b) for b in self.bits)
+        return f"{self.method}, {bits}-bit"
+
+    def note(self) -> str:
+        s = f"weights dequantized by ckpt-surgeon ({self.label}); activations not quantized"
+        if self.activations:
+            s += (f": the checkpoint quantizes activations at runtime ({self.activations}), which this "
+                  "measurement excludes")
+        return s
+
+    def to_dict(self) -> dict:
+        return {"weights": "dequantized by ckpt-surgeon", "method": self.method, "format": self.format,
+                "bits": list(self.bits), "activations": "not quantized",
+                "runtime_activation_quantization": self.activations,
+                "activation_quantization_excluded": self.activations is not None, "note": self.note()}
+
+
+def dequantized_run(ck) -> DequantizedRun | None:
+    """The :class:`DequantizedRun` of an open checkpoint (None when it is not quantized)."""
+    from ..formats.quant_schemes import activation_quantization
+    q = ck.quantization
+    if q is None:
+        return None
+    return DequantizedRun(q.method, q.format, tuple(q.bits), activation_quantization(ck.config))
+
+
+def dense_config(config: dict) -> dict:
+    """``config`` without its quantization keys (transformers then builds the plain model)."""
+    return {k: v for k, v in config.items() if k not in ("quantization_config", "quantization")}
+
+
+def quantized_to_dense(source, out: str | os.PathLike) -> Path:
+    """Write the dense folder of quantized checkpoint ``source`` at ``out`` (see the module doc):
+    quantized weights as float32 (exact: the reader's values), every other tensor's bytes as
+    stored.  Returns ``out``."""
+    from ..checkpoint import open_checkpoint
+    from ..errors import CkptError
+    from ..formats.writer import CheckpointWriter
+
+    with open_checkpoint(source) as ck:
+        if ck.quantization is None:
+            raise CkptError("is not a quantized checkpoint: nothing to dequantize", path=str(source))
+        # headers-only source hash: this folder is a throw-away copy for a run, not a publication
+        with CheckpointWriter(out, source=ck, copy_untouched=False, source_hash="headers") as w:
+            for name, info in ck.tensors.items():
+                if info.quantized:
+                    w.put(name, (lambda n=name: ck.read(n)), dtype="F32", shape=tuple(info.shape))
+                else:
+                    w.copy(name)
+            w.set_config(dense_config(ck.config))
+            w.record("dequantize", {"method": ck.quantization.method})
+    return Path(out)
