@@ -211,7 +211,7 @@ class Conversion:
     # transformers architecture computing the same function, which answers the checkpoint check
     # (its tensors, mapped through both conversions of the GGUF architecture) and reads the tokenizer
     hf_equivalent: tuple | None = None
-    # the vocabulary walks tokenizer.model piece by piece with these quirks (conversion/tokenizer.py
+    # the vocabulary walks tokenizer.model piece by piece with these quirks (conversion/tokenizer/spm.py
     # spm_model_vocab: InternLM2Model.set_vocab's "\x00" -> "🐉", [UNUSED*] pieces, <|im_end|> as eos)
     spm_quirks: dict | None = None
 
