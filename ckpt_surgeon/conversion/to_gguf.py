@@ -485,9 +485,35 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     quantized ``dtype`` (:mod:`.imatrix`)."""
     from .quant_plan import check_quant_request
     check_quant_request(dtype, imatrix)
-    from .model_check import check_tensors
-    from .tokenizer import hf_vocab
+    folder, raw = _checked_source(ck, src, out, force)
+    facts, spec, cfg = _transformers_facts(ck, folder, raw, isolate)
+    got = _checked_against_transformers(ck, src, facts, spec, raw, cfg)
 
+    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
+    base = "f32" if dtype in QUANT_ONLY else dtype       # llama.cpp quantizes from an F32 file
+    _plan_tensors(ck, got, spec, base, src, [], None)   # names and shapes judged before the config values
+    emb = _embedding_shape(got, spec)
+    if emb is None:
+        raise ConfigError("no token embedding tensor", path=str(src))
+    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+    longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
+    warnings += longrope_warnings
+    plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
+            + _plan_tensors(ck, got, spec, base, src, warnings, hp))
+    if dtype in QUANT_ONLY:
+        from .quant_plan import quantize_plan
+        plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
+    vocab = _vocab(folder, emb[0], cfg, facts, spec)
+    # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
+    # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
+    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
+    return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
+
+
+def _checked_source(ck, src: Path, out: Path | None, force: bool) -> tuple[Path, dict]:
+    """(the HF folder, its config.json as written), after the checks that need no transformers:
+    an HF source, config values and layer count, the destination, no remote code we cannot map."""
     if ck.naming != "hf":
         raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
                                path=str(src))
@@ -505,6 +531,12 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
                                f"GGUF mapping here (supported: {', '.join(N.supported_model_types())})",
                                path=ck.config_path)
     _check_longrope_raw(raw, ck.config_path)
+    return folder, raw
+
+
+def _transformers_facts(ck, folder: Path, raw: dict, isolate: bool) -> tuple[dict, N.ArchSpec, dict]:
+    """(what transformers says of the folder, the GGUF architecture spec, the config as transformers
+    reads it); a model without a transformers class is asked as the one computing the same function."""
     own = N.by_model_type(raw.get("model_type"))
     if own is not None and own.hf_equivalent:
         # no transformers class (remote code): transformers answers for the model computing the same
@@ -522,10 +554,16 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    return facts, spec, cfg
+
+
+def _checked_against_transformers(ck, src: Path, facts: dict, spec: N.ArchSpec, raw: dict, cfg: dict) -> dict:
+    """The checkpoint's tensor shapes (name -> shape), after checking that llama.cpp runs what the
+    config asks and that the tensors are exactly the model transformers builds from the config."""
+    from .model_check import check_tensors
     if spec.rope:
         _check_rope_scaling(ck.config or {}, cfg, ck.config_path, spec.rope_scalings)
     _check_llamacpp_needs(raw if spec.hf_equivalent else cfg, spec, ck.config_path)
-    # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
         raise ConfigError(f"transformers cannot build a model from this config ({facts['shapes_error']})",
                           path=ck.config_path)
@@ -535,30 +573,17 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec.hf_equivalent:
         what = f"{raw.get('model_type')} checkpoint (checked as the {what} it computes)"
     check_tensors(expected, got, path=str(src), what=what)
+    return got
 
-    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
-    base = "f32" if dtype in QUANT_ONLY else dtype       # llama.cpp quantizes from an F32 file
-    _plan_tensors(ck, got, spec, base, src, [], None)   # names and shapes judged before the config values
-    emb = _embedding_shape(got, spec)
-    if emb is None:
-        raise ConfigError("no token embedding tensor", path=str(src))
-    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-    longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
-    warnings += longrope_warnings
-    plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
-            + _plan_tensors(ck, got, spec, base, src, warnings, hp))
-    if dtype in QUANT_ONLY:
-        from .quant_plan import quantize_plan
-        plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
-    vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
+
+def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec):
+    """The GGUF vocabulary: from tokenizer.json as transformers runs it, or walked from
+    tokenizer.model with a converter's quirks (``spec.spm_quirks``)."""
+    from .tokenizer import hf_vocab, spm_model_vocab
+    vocab = hf_vocab(folder, n_vocab, cfg, effective_json=facts["tokenizer_json"])
     if spec.spm_quirks is not None:
-        from .tokenizer import spm_model_vocab
         vocab = spm_model_vocab(vocab, folder, spec.spm_quirks)
-    # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
-    # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
-    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
-    return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
+    return vocab
 
 
 def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
