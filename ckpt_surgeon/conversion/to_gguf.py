@@ -142,9 +142,11 @@ def check_hparam_values(cfg: dict, path: str | None) -> None:
             hf_hparam(cfg, key, path)
 
 
-def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
+def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str, rotary_width: int | None = None) -> None:
     """RoPE hyper-parameters into ``hp``; a missing theta is refused (a scaled RoPE was, by
-    :func:`_check_rope_scaling`)."""
+    :func:`_check_rope_scaling`).  ``rotary_width``: the width the model class rotates, where
+    transformers said it (:func:`.model_check.rotary_widths`): the class decides whether a
+    partial_rotary_factor applies (modeling_llama's default RoPE ignores one, modeling_phi's reads it)."""
     theta = hf_hparam(cfg, "rope_theta", path)
     if theta is None:
         raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
@@ -154,7 +156,7 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
     if local is not None:
         hp["rope_local_theta"] = local
     partial = hf_hparam(cfg, "partial_rotary", path)
-    hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
+    hp["rotary_dim"] = rotary_width if rotary_width is not None else int(head_dim * (1.0 if partial is None else partial))
     hp["key_length"] = hp["value_length"] = head_dim
 
 
@@ -296,9 +298,10 @@ def _check_llamacpp_needs(cfg: dict, spec: N.ArchSpec, path: str) -> None:
             raise UnsupportedError(f"{key} = {got!r} is not converted ({why}); only {key} = {value!r} is", path=path)
 
 
-def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
+def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str,
+                        rotary_width: int | None = None) -> dict:
     """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
-    each checked where read (:func:`hf_hparam`)."""
+    each checked where read (:func:`hf_hparam`); ``rotary_width``: see :func:`_rope_hparams`."""
     # keys the family's config class does not have (BLOOM: num_key_value_heads): transformers ignores
     # a stray one in config.json, and so does llama.cpp's converter (issue 24)
     absent = {k for k, v in spec.hf_rename.items() if v is None}
@@ -324,7 +327,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS['n_ff'])}", path=path)
     hp["n_ff"] = n_ff
     if spec.rope:
-        _rope_hparams(cfg, hp, head_dim, path)
+        _rope_hparams(cfg, hp, head_dim, path, rotary_width)
     eps_key = "rms_eps" if spec.norm == "rms" else "ln_eps"
     eps = get(eps_key)
     if eps is None:
@@ -495,7 +498,8 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     emb = _embedding_shape(got, spec)
     if emb is None:
         raise ConfigError("no token embedding tensor", path=str(src))
-    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
+    widths = facts.get("rotary_widths") or []
+    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path, widths[0] if len(widths) == 1 else None)
     longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
     warnings += longrope_warnings
     plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
@@ -554,7 +558,9 @@ def _transformers_facts(ck, folder: Path, raw: dict, isolate: bool) -> tuple[dic
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
-    return facts, spec, cfg
+    # every hyper-parameter read as the model class reads it: a key its config class does not declare
+    # (another family's spelling, a made-up one) is ignored, as transformers ignores it (issue 24)
+    return facts, spec, N.class_config(cfg, facts.get("config_keys"))
 
 
 def _checked_against_transformers(ck, src: Path, facts: dict, spec: N.ArchSpec, raw: dict, cfg: dict) -> dict:
