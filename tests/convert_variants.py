@@ -180,6 +180,29 @@ LLAMACPP_FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias",
                      "cohere", "stablelm", "bloom", "gemma2", "gemma2_softcap", "gemma2_spm", "falcon_nobias",
                      "falcon_mq_nobias", "falcon_11b", "falcon_mha", "phimoe", "deepseek_v2_lite", "phi3_longrope",
                      "phimoe_longrope", "gemma3_linear", "phi4mini_longrope")
+# Config keys of other families' classes (and one made up), each with a plausible but wrong value:
+# a converter that reads one where the model class does not writes another file, or fails.
+STRAYS = {
+    "ckpt_surgeon_made_up": 7,
+    "num_key_value_heads": 1, "num_kv_heads": 1, "n_head_kv": 1, "multi_query_group_num": 1, "multi_query": True,
+    "head_dim": 8, "num_attention_heads": 3, "n_head": 3, "num_heads": 3, "n_heads": 3,
+    "hidden_size": 40, "n_embd": 40, "d_model": 40, "dim": 40,
+    "num_hidden_layers": 5, "n_layer": 5, "num_layers": 5, "n_layers": 5,
+    "max_position_embeddings": 24, "n_positions": 24, "seq_length": 24, "max_seq_len": 24, "n_ctx": 24,
+    "intermediate_size": 40, "n_inner": 40, "ffn_hidden_size": 40,
+    "rope_theta": 1234.0, "rotary_emb_base": 1234.0, "rope_base": 1234.0, "rope_local_base_freq": 1234.0,
+    "partial_rotary_factor": 0.5, "rotary_pct": 0.5, "rotary_dim": 4,
+    "rms_norm_eps": 0.25, "layer_norm_eps": 0.25, "layer_norm_epsilon": 0.25, "norm_eps": 0.25, "norm_epsilon": 0.25,
+    "sliding_window": 8, "original_max_position_embeddings": 12,
+    "num_experts": 3, "num_local_experts": 3, "n_routed_experts": 3, "num_experts_per_tok": 1,
+    "moe_intermediate_size": 40, "shared_expert_intermediate_size": 40, "norm_topk_prob": True,
+    "attention_multiplier": 0.5, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+    "logits_scaling": 3.0, "logit_scale": 3.0, "use_parallel_residual": False,
+    "attn_logit_softcapping": 5.0, "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 3,
+    "first_k_dense_replace": 1, "q_lora_rank": 8, "kv_lora_rank": 8, "n_shared_experts": 1,
+    "routed_scaling_factor": 2.0, "n_group": 2, "topk_group": 1,
+    "qk_rope_head_dim": 4, "qk_nope_head_dim": 4, "v_head_dim": 4,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "tokenizer.model")
 

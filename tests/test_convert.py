@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from convert_variants import (LLAMACPP_FAMILIES, MULTILINGUAL, build_variant, gguf_metadata, hf_tensor_bytes,
+from convert_variants import (LLAMACPP_FAMILIES, MULTILINGUAL, STRAYS, build_variant, gguf_metadata, hf_tensor_bytes,
                               read_json, spm_llama, with_dtype)
 
 from ckpt_surgeon.conversion import gguf_to_hf, gguf_to_hf_report, hf_to_gguf
@@ -1210,47 +1210,151 @@ def test_yarn_parameters_gguf_cannot_carry_are_refused(extra, family_dir, tmp_pa
     assert not (tmp_path / "y.gguf").exists()
 
 
-# --- stray config keys a family's class ignores (issue 24) ----------------------------------------
+# --- stray config keys (issue 24) ----------------------------------------------------------------
 
-# Plausible but wrong values: reading one changes the file, or fails.
-_STRAY_VALUES = {"num_key_value_heads": 1, "head_dim": 6, "intermediate_size": 40, "max_position_embeddings": 24}
+# Every registry family HF -> GGUF converts -> the fixture or variant of it that converts as it is
+# (InternLM2's own layout has no transformers class: tests/test_internlm2.py covers it).
+STRAY_VARIANTS = {
+    "qwen2": "qwen2", "llama": "llama", "mistral": "mistral", "qwen3": "qwen3", "gemma3": "gemma3",
+    "gemma2": "gemma2", "olmo2": "olmo2", "starcoder2": "starcoder2", "phi3": "phi3", "phi": "phi", "gpt2": "gpt2",
+    "gpt_neox": "gpt_neox", "bloom": "bloom", "falcon": "falcon_nobias", "qwen2_moe": "qwen2_moe",
+    "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "deepseek_v2": "deepseek_v2", "mixtral": "mixtral",
+    "phimoe": "phimoe", "granite": "granite", "cohere": "cohere", "stablelm": "stablelm", "internlm2_hf": None,
+}
 
 
-def _families_with_ignored_keys():
+def test_every_converted_family_has_a_stray_key_variant():
     from ckpt_surgeon.arch import families as F
-    out = []
-    for fam in F.FAMILIES:
-        keys = sorted(F.absent_config_keys(fam))
-        # (Falcon's only one, head_dim, is a read-only property of FalconConfig: transformers refuses a
-        # config.json that sets it, so it is not a stray key that loads)
-        variant = {"gpt2": "gpt2", "bloom": "bloom", "gpt_neox": "gpt_neox"}.get(fam.name)
-        if keys and variant:
-            out.append((variant, keys))
-    return out
+    converted = {f.name for f in F.FAMILIES if f.conversion is not None and f.conversion.hf_to_gguf}
+    assert converted == set(STRAY_VARIANTS)
 
 
-@pytest.mark.parametrize("family, keys", _families_with_ignored_keys())
-def test_stray_config_keys_the_class_ignores_change_nothing(family, keys, family_dir, tmp_path):
-    """BLOOM with a num_key_value_heads key crashed HF -> GGUF with a traceback; transformers (and
-    llama.cpp's converter) ignore it.  For every family whose config class lacks a generic key
-    (registry: hf_rename to None), a stray one is checked to be ignored by transformers itself
-    (same logits) and by us (byte-identical GGUF)."""
+def _strays_split(fam_name: str, folder: Path) -> tuple[dict, dict]:
+    """(keys the model class does not read, keys it reads) among :data:`STRAYS` absent from the
+    folder's config.json: read are the keys its config class declares (fields and attribute_map
+    aliases) and those transformers' modeling code asks for by name (names.UNDECLARED_READ) unless
+    the registry says the class ignores them (hf_rename to None)."""
+    import transformers
+
+    from ckpt_surgeon.arch import families as F
+    from ckpt_surgeon.conversion.model_check import declared_config_keys
+    cfg = read_json(folder / "config.json")
+    cls = type(transformers.AutoConfig.from_pretrained(folder))
+    ignored_by_name = F.absent_config_keys(F.by_name(fam_name))
+    # (a key the class defines as a property, FalconConfig's head_dim, is one transformers refuses to set)
+    read = set(declared_config_keys(cls)) | (N.UNDECLARED_READ - ignored_by_name) | {k for k in STRAYS if hasattr(cls, k)}
+    absent = {k: v for k, v in STRAYS.items() if k not in cfg}
+    return ({k: v for k, v in absent.items() if k not in read}, {k: v for k, v in absent.items() if k in read})
+
+
+def _with_config(src: Path, dst: Path, extra: dict) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "config.json").write_text(json.dumps({**read_json(src / "config.json"), **extra}))
+    return dst
+
+
+def _logits(folder: Path):
+    """transformers' logits on a fixed input, or the first line of why it cannot give them."""
     import torch
     import transformers
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])
+    step = "load"
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        step = "forward"
+        with torch.no_grad():
+            return model(ids).logits
+    except Exception as e:  # noqa: BLE001 - a model transformers will not build or run from this config
+        return f"{step}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+@pytest.mark.parametrize("family", [f for f, v in STRAY_VARIANTS.items() if v])
+def test_stray_config_keys_the_class_ignores_change_nothing(family, family_dir, gguf_of, tmp_path):
+    """issue 24: BLOOM with a num_key_value_heads key crashed HF -> GGUF with a traceback, GPT-NeoX with
+    num_kv_heads too, and another family's spelling changed the file (rotary_pct / partial_rotary_factor
+    halved the rotary width of llama-style families, rope_local_base_freq wrote a sliding-window theta,
+    GPT-2 took intermediate_size for n_inner, Starcoder2 / Phi / Cohere another family's epsilon, Cohere
+    logits_scaling for logit_scale, Qwen3-MoE / OLMoE / Mixtral the expert widths of other families).
+    Every stray key of :data:`STRAYS` that the class does not read is put into config.json at once:
+    transformers gives the same logits (the premise, asserted), and our GGUF is byte-identical."""
+    import torch
+    src = family_dir(STRAY_VARIANTS[family])
+    ignored, _ = _strays_split(family, src)
+    assert len(ignored) >= 30, sorted(ignored)
+    noisy = _with_config(src, tmp_path / "noisy", ignored)
+    ref, got = _logits(src), _logits(noisy)
+    assert isinstance(got, torch.Tensor) and torch.equal(ref, got), got     # transformers ignores them
+    b = hf_to_gguf(noisy, tmp_path / "b.gguf", dtype="f32", name="tiny")
+    assert b.read_bytes() == gguf_of(STRAY_VARIANTS[family]).read_bytes(), sorted(ignored)
+
+
+@pytest.mark.parametrize("family", [f for f, v in STRAY_VARIANTS.items() if v])
+def test_stray_config_keys_the_class_reads_are_read_as_it_does(family, family_dir, gguf_of, tmp_path):
+    """Each stray key the class does read (one of its fields or aliases, or head_dim, which modeling
+    code asks for by name): where transformers cannot build or load the model from such a config,
+    our conversion refuses with one CkptError (its one line on the CLI, exit 2) and writes nothing;
+    where it runs another model, our file differs from the clean one (we read the key too).  GPT-NeoX
+    reads head_dim only for its rotary width, checked against transformers' own below."""
+    import torch
+    src = family_dir(STRAY_VARIANTS[family])
+    _, reads = _strays_split(family, src)
+    ref = _logits(src)
+    for key, value in reads.items():
+        noisy = _with_config(src, tmp_path / key, {key: value})
+        got = _logits(noisy)
+        out = tmp_path / f"{key}.gguf"
+        try:
+            hf_to_gguf(noisy, out, dtype="f32", name="tiny")
+        except CkptError as e:
+            assert isinstance(got, str) or not torch.equal(ref, got), (key, str(e))
+            assert "\n" not in str(e) and not out.exists(), key
+            continue
+        if key in N.UNDECLARED_READ - {"head_dim"}:
+            # context lengths llama.cpp's converter reads (BLOOM's seq_length, Phi-3.5-MoE's
+            # original_max_position_embeddings): metadata only, every tensor the same
+            meta, ref_meta = (gguf_metadata(p)[0] for p in (out, gguf_of(STRAY_VARIANTS[family])))
+            changed = {k for k in set(meta) | set(ref_meta) if meta.get(k) != ref_meta.get(k)}
+            assert all(k.endswith("context_length") for k in changed), (key, changed)
+            assert hf_tensor_bytes(out) == hf_tensor_bytes(gguf_of(STRAY_VARIANTS[family])), key
+            continue
+        if isinstance(got, str) and got.startswith("forward"):
+            # transformers builds the model but cannot run it (StableLM with a head_dim that is not
+            # hidden / heads: its rotary embedding reads head_dim, its attention does not): no model
+            # to agree with; converting it did not crash (any other exception fails the test)
+            continue
+        same_file = out.read_bytes() == gguf_of(STRAY_VARIANTS[family]).read_bytes()
+        assert isinstance(got, torch.Tensor), (key, got)          # transformers runs it: so do we
+        assert same_file == torch.equal(ref, got), (key, same_file)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "bloom"])
+def test_stray_kv_head_counts_leave_the_layout_of_mha_families_alone(family, family_dir, tmp_path):
+    """inspect / lint / analyze read the layout from config.json without transformers: a GPT-NeoX
+    config.json with num_kv_heads 1 was refused ("config says 4 heads + 2 x 1 kv heads x head_dim 16
+    = 96 qkv rows") although its class has no kv head count and ignores the key; every spelling of
+    one is now ignored for the MHA families (registry hf_rename to None), shapes checked."""
+    from ckpt_surgeon.arch.families import CONFIG_KEYS
+    from ckpt_surgeon.checkpoint import open_checkpoint
     src = family_dir(family)
-    cfg = read_json(src / "config.json")
-    stray = {k: _STRAY_VALUES[k] for k in keys if k not in cfg and k in _STRAY_VALUES}
-    assert stray, (family, keys)
-    noisy = tmp_path / "noisy"
-    shutil.copytree(src, noisy)
-    (noisy / "config.json").write_text(json.dumps({**cfg, **stray}))
-    ids = torch.tensor([[1, 5, 9, 2, 7]])
-    with torch.no_grad():
-        ref, got = (transformers.AutoModelForCausalLM.from_pretrained(d).eval()(ids).logits for d in (src, noisy))
-    assert torch.equal(ref, got), stray                 # transformers ignores them: the premise
-    a = hf_to_gguf(src, tmp_path / "a.gguf", dtype="f32", name="x")
-    b = hf_to_gguf(noisy, tmp_path / "b.gguf", dtype="f32", name="x")
-    assert a.read_bytes() == b.read_bytes(), sorted(stray)
+    with open_checkpoint(src) as ck:
+        want = ck.layout()
+    for key in CONFIG_KEYS["num_kv_heads"]:
+        noisy = _with_config(src, tmp_path / key, {key: 1})
+        with open_checkpoint(noisy) as ck:
+            got = ck.layout()
+        assert (got.num_heads, got.num_kv_heads, got.head_dim) == (want.num_heads, want.num_kv_heads, want.head_dim)
+
+
+def test_gpt_neox_head_dim_sets_the_rotary_width_as_transformers_does(family_dir, tmp_path):
+    """GPTNeoXConfig has no head_dim field, but its rotary embedding asks for one by name
+    (``getattr(config, "head_dim", None)``): a config.json with head_dim 8 (hidden / heads = 16)
+    rotates int(8 * rotary_pct) dims; rope.dimension_count says the same."""
+    import transformers
+    noisy = _with_config(family_dir("gpt_neox"), tmp_path / "neox", {"head_dim": 8})
+    model = transformers.AutoModelForCausalLM.from_pretrained(noisy)
+    rotated = 2 * model.gpt_neox.rotary_emb.inv_freq.shape[0]
+    meta, _ = gguf_metadata(hf_to_gguf(noisy, tmp_path / "n.gguf", dtype="f32"))
+    assert int(meta["gptneox.rope.dimension_count"]) == rotated == 2
 
 
 def test_bloom_with_num_key_value_heads_converts_and_any_escape_is_one_line(family_dir, tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert_variants import MULTILINGUAL, gguf_metadata, hf_tensor_bytes, train_spm
+from convert_variants import MULTILINGUAL, STRAYS, gguf_metadata, hf_tensor_bytes, train_spm
 from test_llamacpp_converter import OUTTYPES, _run_reference, assert_matches_reference
 
 from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
@@ -225,6 +225,29 @@ def test_hf_to_gguf_is_identical_to_llama_cpp_converter(internlm2, tmp_path):
     for outtype in OUTTYPES:
         ours = hf_to_gguf(ilm, tmp_path / f"{outtype}.gguf", dtype=outtype, name="tiny")
         assert_matches_reference(ours, ref.with_name(f"{outtype}.gguf"), "internlm2", outtype)
+
+
+def test_stray_config_keys_change_nothing(internlm2, tmp_path):
+    """issue 24 for the one converted family without a transformers class: the config keys of
+    :data:`convert_variants.STRAYS` that neither InternLM2's config (the fixture's, as the remote
+    code declares it) nor the LlamaForCausalLM it is checked as declares, all at once, leave our
+    f32 file byte-identical (the remote-code class cannot run here to show it ignores them; the
+    keys are other families' spellings and one made up)."""
+    import transformers
+
+    from ckpt_surgeon.conversion import names as N
+    from ckpt_surgeon.conversion.model_check import declared_config_keys
+    _, ilm, _ = internlm2
+    cfg = json.loads((ilm / "config.json").read_text())
+    known = set(cfg) | set(declared_config_keys(transformers.LlamaConfig)) | N.UNDECLARED_READ
+    stray = {k: v for k, v in STRAYS.items() if k not in known}
+    assert len(stray) >= 30, sorted(stray)
+    noisy = tmp_path / "noisy"
+    shutil.copytree(ilm, noisy)
+    (noisy / "config.json").write_text(json.dumps({**cfg, **stray}))
+    a = hf_to_gguf(ilm, tmp_path / "a.gguf", dtype="f32", name="tiny")
+    b = hf_to_gguf(noisy, tmp_path / "b.gguf", dtype="f32", name="tiny")
+    assert a.read_bytes() == b.read_bytes(), sorted(stray)
 
 
 def test_internlm2_round_trips_through_llama(internlm2, tmp_path):

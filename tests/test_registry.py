@@ -228,9 +228,12 @@ def test_unregistered_gguf_arch_through_subprocess(tmp_path):
 # Files where a family-looking literal means something else, and which literals:
 _ALLOWED = {
     # tokenizer.ggml.model / tokenizer.ggml.pre values (gguf-py Keys.Tokenizer), vocabulary kinds:
-    # "bert" is the WordPiece model, "falcon" and "command-r" pre-tokenizer regex sets (llama-vocab.cpp),
-    # not families
-    "conversion/tokenizer.py": {"gpt2", "llama", "qwen2", "bert", "falcon", "command-r"},
+    # "gpt2" byte-level BPE, "llama" SentencePiece BPE, "bert" the WordPiece model, "qwen2" a
+    # pre-tokenizer regex set (llama-vocab.cpp), not families
+    "conversion/tokenizer/bpe.py": {"gpt2"},
+    "conversion/tokenizer/from_hf.py": {"gpt2", "llama"},
+    "conversion/tokenizer/pretokenizers.py": {"qwen2"},
+    "conversion/tokenizer/to_hf.py": {"gpt2", "llama", "bert"},
 }
 # Fixture catalogue: ids of tiny test/demo checkpoints (with their transformers config classes),
 # built by name and never consulted by analysis, surgery or conversion.

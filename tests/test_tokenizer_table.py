@@ -406,7 +406,7 @@ def test_add_sep_token_as_gguf_py_decides(tmp_path, post, tcfg):
     """Our value (None: no key) against gguf-py's SpecialVocab, which llama.cpp's converter uses."""
     import gguf
 
-    from ckpt_surgeon.conversion.tokenizer import _add_sep, _token_content
+    from ckpt_surgeon.conversion.tokenizer.specials import adds_sep, token_content
     vocab = {t: i for i, t in enumerate(["<s>", "</s>", "[CLS]", "[SEP]", "a", "b"])}
     tj = {"version": "1.0", "added_tokens": [{"id": i, "content": t, "special": True} for t, i in vocab.items()
                                              if not t.isalpha()],
@@ -414,4 +414,4 @@ def test_add_sep_token_as_gguf_py_decides(tmp_path, post, tcfg):
     (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(tcfg))
     ref = gguf.SpecialVocab(tmp_path, load_merges=False, n_vocab=len(vocab)).add_special_token.get("sep")
-    assert _add_sep(tj, tcfg, _token_content(tcfg.get("sep_token")), _token_content(tcfg.get("eos_token"))) == ref
+    assert adds_sep(tj, tcfg, token_content(tcfg.get("sep_token")), token_content(tcfg.get("eos_token"))) == ref

@@ -19,7 +19,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Tokenizer
 
-from ckpt_surgeon.conversion.tokenizer import _bytes_to_unicode, hf_tokenizer_files, vocab_from_metadata
+from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
+from ckpt_surgeon.conversion.tokenizer.bpe import bytes_to_unicode
 from ckpt_surgeon.formats.gguf import read_header
 from test_tokenizer_table import EXTRA_TEXTS, SPECIAL_TEXTS, LlamaCppRun, all_test_texts
 from test_tokenizer_vectors import vocab_dir  # noqa: F401 - session fixture
@@ -80,7 +81,7 @@ def write_t5_gguf(path: Path, corpus: list[str], rule: str, merge: bool, prefix:
 
 def _gpt2_words(vocab_dir: Path) -> list[str]:
     """The text of ggml-vocab-gpt-2.gguf's first 20000 tokens, twelve to a line."""
-    decode = {c: b for b, c in _bytes_to_unicode().items()}
+    decode = {c: b for b, c in bytes_to_unicode().items()}
     words = []
     for t in read_header(vocab_dir / "ggml-vocab-gpt-2.gguf").metadata["tokenizer.ggml.tokens"]:
         try:

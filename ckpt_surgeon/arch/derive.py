@@ -369,12 +369,39 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
     or None when transformers does not implement it (the caller then falls back to names).
     ``family``: the registry record of a family that leaves its attention layout to this
     derivation (``latent_attention``): the layout is tagged with it and carries its note."""
-    from .model_layout import LayerTensors, ModelLayout, PositionEncoding, _rope_params
+    from . import families as F
+    from .model_layout import ModelLayout, _get, _is_mask_buffer, _looks_attention_bias
     try:
         arch = derive(cfg)
     except DeriveUnavailable:
         return None
     heads = (arch.num_heads, arch.num_kv_heads, arch.head_dim)
+    names, pieces, notes = _file_names(arch, cfg, tensors)
+    gated = next((b.q_gate for b in arch.blocks if b.kind != "none" and b.heads == heads), False)
+    main, stacks = split_stacks(arch, heads, gated)
+    layers = [_record(i, b, names, pieces) for i, b in enumerate(main)]
+    towers = _build_towers(arch, stacks, names, pieces, arch_name, config_source)
+    if towers:
+        notes.append(f"{len(towers)} more attention stack(s) (towers) with their own head counts are reported "
+                     "per tower: " + ", ".join(f"{t.name} ({t.kind}, {t.layout.num_layers} blocks)" for t in towers[:4])
+                     + (" ..." if len(towers) > 4 else ""))
+    _lead_notes(notes, arch, arch_name, family)
+    placed = {n for lay in [layers] + [t.layout.layers for t in towers] for lt in lay
+              for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
+    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n) and not _is_mask_buffer(n)))
+    return ModelLayout(
+        architecture=arch_name, family=family.name if family is not None else None, naming="hf", num_layers=len(layers), num_heads=heads[0],
+        num_kv_heads=heads[1], head_dim=heads[2], hidden_size=arch.hidden_size, position=_main_position(arch, main, cfg),
+        norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=_fused_of(arch, layers),
+        conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
+        max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
+        notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch,
+        q_gate=_q_gate(arch, main) if gated else None, towers=tuple(towers), tower_name=_main_name(layers),
+        tower_kind="text", tower_how="derived from transformers' module tree, key-bias facts probed in float64")
+
+
+def _file_names(arch: DerivedArch, cfg: dict, tensors) -> tuple[dict, dict, list]:
+    """(parameter name -> file tensor name, fused pieces, notes) for the derived blocks' projections."""
     expected = []
     for b in arch.blocks:
         for _, rel in b.roles:
@@ -387,29 +414,29 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
         names, pieces, note = _renamed_names(cfg, expected, tensors)
         if note:
             notes.append(note)
-    gated = next((b.q_gate for b in arch.blocks if b.kind != "none" and b.heads == heads), False)
-    main, stacks = split_stacks(arch, heads, gated)
-    layers = [_record(i, b, names, pieces) for i, b in enumerate(main)]
-    towers = _build_towers(arch, stacks, names, pieces, arch_name, config_source)
-    if towers:
-        notes.append(f"{len(towers)} more attention stack(s) (towers) with their own head counts are reported "
-                     "per tower: " + ", ".join(f"{t.name} ({t.kind}, {t.layout.num_layers} blocks)" for t in towers[:4])
-                     + (" ..." if len(towers) > 4 else ""))
-    q_gate = None
-    if gated:   # one query-row layout for the model: the one the probe established, else "unknown"
-        seen = {g.q_gate for g in arch.groups if g.kind != "none" and any(b.group == g.group and b.q_gate
-                                                                          for b in main)}
-        q_gate = seen.pop() if len(seen) == 1 and None not in seen else "unknown"
+    return names, pieces, notes
+
+
+def _q_gate(arch: DerivedArch, main: list) -> str | None:
+    """One query-row layout for a gated model: the one the probe established, else "unknown"."""
+    seen = {g.q_gate for g in arch.groups if g.kind != "none" and any(b.group == g.group and b.q_gate
+                                                                      for b in main)}
+    return seen.pop() if len(seen) == 1 and None not in seen else "unknown"
+
+
+def _main_position(arch: DerivedArch, main: list, cfg: dict):
+    """The main stack's position encoding; rotary width from a probed partial-rotary group when one is."""
+    from .model_layout import PositionEncoding, _rope_params
+    if arch.position != "rope":
+        return PositionEncoding(arch.position)
     mine = {b.group for b in main}
     partial = [g for g in arch.groups if g.group in mine and g.k_class == "partial" and g.pass_dims]
     rotary_dim = partial[0].pass_dims[0] if partial else arch.rotary_dim
-    if arch.position == "rope":
-        position = PositionEncoding("rope", rotary_dim, _rope_params(cfg)["theta"], None)
-    else:
-        position = PositionEncoding(arch.position)
-    fused = _fused_of(arch, layers)
-    placed = {n for lay in [layers] + [t.layout.layers for t in towers] for lt in lay
-              for n in lt.__dict__.values() if isinstance(n, str) and n in tensors}
+    return PositionEncoding("rope", rotary_dim, _rope_params(cfg)["theta"], None)
+
+
+def _lead_notes(notes: list, arch: DerivedArch, arch_name: str, family) -> None:
+    """Put first in ``notes`` how the layout was established (and the family's bias note)."""
     how = (f"architecture {arch_name!r} is not in the registry" if family is None else
            f"registry family {family.name!r} has latent attention")
     notes.insert(0, f"{how}: its attention layout was derived from "
@@ -417,18 +444,6 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
                     f"probed in float64" + (" (cached)" if arch.cached else f" ({arch.seconds:.1f} s)"))
     if family is not None and family.bias_note:
         notes.insert(1, family.bias_note)
-    from .model_layout import _get, _looks_attention_bias, _is_mask_buffer
-    from . import families as F
-    skipped = tuple(sorted(n for n in tensors if n not in placed and _looks_attention_bias(n) and not _is_mask_buffer(n)))
-    return ModelLayout(
-        architecture=arch_name, family=family.name if family is not None else None, naming="hf", num_layers=len(layers), num_heads=heads[0],
-        num_kv_heads=heads[1], head_dim=heads[2], hidden_size=arch.hidden_size, position=position,
-        norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=fused,
-        conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
-        max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
-        notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch,
-        q_gate=q_gate, towers=tuple(towers), tower_name=_main_name(layers), tower_kind="text",
-        tower_how="derived from transformers' module tree, key-bias facts probed in float64")
 
 
 def split_stacks(arch: DerivedArch, heads: tuple, gated: bool) -> tuple[list, dict]:

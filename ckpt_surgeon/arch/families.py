@@ -211,7 +211,7 @@ class Conversion:
     # transformers architecture computing the same function, which answers the checkpoint check
     # (its tensors, mapped through both conversions of the GGUF architecture) and reads the tokenizer
     hf_equivalent: tuple | None = None
-    # the vocabulary walks tokenizer.model piece by piece with these quirks (conversion/tokenizer.py
+    # the vocabulary walks tokenizer.model piece by piece with these quirks (conversion/tokenizer/spm.py
     # spm_model_vocab: InternLM2Model.set_vocab's "\x00" -> "🐉", [UNUSED*] pieces, <|im_end|> as eos)
     spm_quirks: dict | None = None
 
@@ -555,6 +555,11 @@ _QKNORM_ROLES = dict(_LLAMA_ROLES, q_norm="self_attn.q_norm", k_norm="self_attn.
 _FUSE_OUT = ("qkv",)          # unfused families: "qkv" is where `qkv fuse` writes
 _SPLIT_OUT = ("q", "k", "v")   # fused families: q/k/v are where `qkv split` writes
 
+# Every spelling of a kv head count (CONFIG_KEYS["num_kv_heads"]): an MHA family's config class has
+# none of them, so a stray one in its config.json (num_kv_heads in a GPT-NeoX config) is ignored, as
+# transformers ignores it (issue 24); hf_rename maps each to None (absent_config_keys)
+_NO_KV_KEYS = {"num_key_value_heads": None, "num_kv_heads": None, "n_head_kv": None, "multi_query_group_num": None}
+
 FAMILIES: tuple[Family, ...] = (
     # residual readers: modeling_qwen2: Qwen2RMSNorm input/post_attention_layernorm, model.norm
     Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
@@ -708,7 +713,7 @@ FAMILIES: tuple[Family, ...] = (
                _GPT2_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "ln_eps", "vocab_size"),
                hf_rename={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
                           "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
-                          "num_key_value_heads": None, "head_dim": None},
+                          **_NO_KV_KEYS, "head_dim": None},
                hf_config_extra={"activation_function": "gelu_new"}, ff_default_mult=4),
            residual_readers_centering=True),
     # residual readers: modeling_gpt_neox: both use_parallel_residual branches read a LayerNorm; final_layer_norm
@@ -719,10 +724,10 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(_GPT_NEOX_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "rope_theta",
                                                      "rotary_dim", "parallel_residual", "ln_eps", "vocab_size"),
                                  hf_config_extra={"hidden_act": "gelu"},
-                                 # GPTNeoXConfig has no num_key_value_heads (MHA): modeling_gpt_neox never
+                                 # GPTNeoXConfig has no kv head count (MHA): modeling_gpt_neox never
                                  # reads one, so a stray one in config.json is ignored here too (its rotary
                                  # embedding does read a head_dim: that one is kept)
-                                 hf_rename={"num_key_value_heads": None}),
+                                 hf_rename=dict(_NO_KV_KEYS)),
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
@@ -733,7 +738,7 @@ FAMILIES: tuple[Family, ...] = (
            conversion=Conversion(
                _BLOOM_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "ln_eps", "vocab_size"),
                ff_default_mult=4, hparam_fallback={"n_ctx": "n_embd"},
-               hf_rename={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "num_key_value_heads": None,
+               hf_rename={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", **_NO_KV_KEYS,
                           "head_dim": None, "intermediate_size": None, "max_position_embeddings": None}),     # BLOOM is MHA: head_count_kv = head_count, as BloomModel writes it
            residual_readers_centering=True),
     # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)

@@ -118,6 +118,30 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     per = 2 if isinstance(cfg.get("layer_types"), list) and "mlp" in cfg["layer_types"] else 1
     sections = _sections(cfg, old_layers)
     layers = max(layers, len(sections)) * per      # one layer per section at least
+    h2, kv2 = _shrunk_heads(cfg, heads)
+    hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    old_hd = _head_size(cfg, hidden, heads[0] if heads else 0)
+    hd = head_dim if head_dim is not None else old_hd
+    _shrink_top_level(cfg, out, old_layers, layers=layers, heads=heads, h2=h2, kv2=kv2, hd=hd, ff=ff)
+    if heads:
+        _follow_head_size(cfg, out, old_hd, hd)
+    if heads and hidden:
+        _follow_hidden(cfg, out, hidden, h2)
+    if heads:
+        _prefixed_heads(cfg, out, hd, head_dim)
+        _linear_heads(cfg, out)
+    _shrink_sub_configs(cfg, out, sub_layers, heads, head_dim, vocab, ff)
+    if isinstance(cfg.get("per_layer_config"), dict):
+        out["per_layer_config"] = _per_layer(cfg["per_layer_config"], sub_layers, heads, head_dim, vocab, ff,
+                                             (old_hd, hd))
+    _split_sections(cfg, out, sections, per)
+    _shrink_vocab(cfg, out, vocab)
+    return out
+
+
+def _shrunk_heads(cfg: dict, heads: tuple | None) -> tuple[int, int]:
+    """(query heads, kv heads) of the copy: up to 2 kv heads and 2 query heads per kv head, or the
+    multiple a modeling file needs (:data:`_MIN_HEADS`)."""
     h, kv = heads or (0, 0)
     kv2 = max(1, min(kv, 2))
     h2 = kv2 * max(1, min(h // max(kv, 1), 2))
@@ -125,11 +149,20 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     if heads and h2 < min_h <= h and h % min_h == 0:
         h2 = min_h
         kv2 = h2 if kv == h else kv2
-    hidden = next((v for k, v in cfg.items() if _HIDDEN_KEYS.match(k) and isinstance(v, int)), None)
+    return h2, kv2
+
+
+def _head_size(cfg: dict, hidden: int | None, h: int) -> int | None:
+    """The original per-head size: a config key that says it, else hidden / heads."""
     old_hd = next((cfg[k] for k in ("head_dim", "d_head", "attention_head_size") if type(cfg.get(k)) is int), None)
     if old_hd is None and hidden and h:
         old_hd = hidden // h
-    hd = head_dim if head_dim is not None else old_hd
+    return old_hd
+
+
+def _shrink_top_level(cfg: dict, out: dict, old_layers: int | None, *, layers: int, heads, h2: int, kv2: int,
+                      hd: int | None, ff: int | None) -> None:
+    """Every top-level int shrunk (:func:`_shrunk_int`), and every per-layer list cut to ``layers``."""
     for k, v in cfg.items():
         if not isinstance(v, int) or isinstance(v, bool):
             if isinstance(v, list) and old_layers and len(v) == old_layers and k != "architectures":
@@ -140,36 +173,47 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
         new = _shrunk_int(cfg, k, v, layers=layers, heads=heads, h2=h2, kv2=kv2, hd=hd, ff=ff)
         if new is not None:
             out[k] = new
-    if heads and "head_dim" in cfg and hd:
+
+
+def _follow_head_size(cfg: dict, out: dict, old_hd: int | None, hd: int | None) -> None:
+    """The keys that restate the per-head size (head_dim, d_head, a partial rotary_dim, MLA's parts,
+    multimodal rotary sections) follow the new one."""
+    if "head_dim" in cfg and hd:
         out["head_dim"] = hd
     for k in ("d_head", "attention_head_size"):     # XLNet (d_head = d_model // n_head, checked), Reformer
-        if heads and type(cfg.get(k)) is int and hd:
+        if type(cfg.get(k)) is int and hd:
             out[k] = hd
-    if heads and hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
+    if hd and old_hd and isinstance(cfg.get("rotary_dim"), int) and cfg["rotary_dim"] < old_hd:
         # partial rotary given in dims (GPT-J, CodeGen: the first rotary_dim dims of each head rotate): the
         # same fraction of the new head, even, at least 2
         out["rotary_dim"] = max(2, cfg["rotary_dim"] * hd // old_hd // 2 * 2)
-    if heads and isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
+    if isinstance(out.get("qk_rope_head_dim"), int) and "head_dim" in cfg:
         out["head_dim"] = out["qk_rope_head_dim"]       # MLA configs: head_dim is the rotary part
-    if heads and type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
+    if type(cfg.get("qk_head_dim")) is int and all(type(out.get(k)) is int for k in (
             "qk_nope_head_dim", "qk_rope_head_dim")):      # MLA: the derived query/key head size, saved by to_dict()
         out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
-    if heads and hd and old_hd and hd != old_hd:
+    if hd and old_hd and hd != old_hd:
         _mrope_sections(cfg, out, hd)
-    if heads and hidden:
-        _follow_hidden(cfg, out, hidden, h2)
-    if heads:
-        _prefixed_heads(cfg, out, hd, head_dim)
-    if heads and all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
+
+
+def _linear_heads(cfg: dict, out: dict) -> None:
+    """Linear-attention mixers: up to 2 key heads, value heads a multiple of them, per-head sizes <= 16."""
+    if all(isinstance(cfg.get(k), int) for k in _LINEAR_HEADS):
         nk = cfg[_LINEAR_HEADS[0]]
         out[_LINEAR_HEADS[0]] = min(nk, 2)
         out[_LINEAR_HEADS[1]] = min(nk, 2) * max(1, min(cfg[_LINEAR_HEADS[1]] // max(nk, 1), 2))
     for k, v in cfg.items():
-        if heads and _LINEAR_DIM.match(k) and isinstance(v, int):
+        if _LINEAR_DIM.match(k) and isinstance(v, int):
             out[k] = min(v, 16)
-        elif isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
+
+
+def _shrink_sub_configs(cfg: dict, out: dict, layers: int, heads, head_dim, vocab, ff) -> None:
+    """Sub-configs (``*_config``) shrunk like the top level (the language model's with ``layers``,
+    the others with at most 2); then BLT's ``hidden_size_<x>`` keys follow ``<x>_config``'s hidden size."""
+    for k, v in cfg.items():
+        if isinstance(v, dict) and k.endswith("_config") and _has_layers_or_heads(v):
             text = bool(_TEXT_SUB.match(k))
-            out[k] = shrink_config(v, layers=sub_layers if text else min(sub_layers, 2),
+            out[k] = shrink_config(v, layers=layers if text else min(layers, 2),
                                    heads=config_heads(v) if heads else None, head_dim=head_dim, vocab=vocab, ff=ff)
         elif isinstance(v, dict) and k.endswith("_config") and ff:
             # a feed-forward sub-config without layers or heads (DBRX ffn_config: ffn_hidden_size per expert)
@@ -180,12 +224,6 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
                 other = out.get(kk[len("hidden_size_"):] + "_config") if kk.startswith("hidden_size_") else None
                 if isinstance(other, dict) and type(other.get("hidden_size")) is int and type(v[kk]) is int:
                     v[kk] = other["hidden_size"]
-    if isinstance(cfg.get("per_layer_config"), dict):
-        out["per_layer_config"] = _per_layer(cfg["per_layer_config"], sub_layers, heads, head_dim, vocab, ff,
-                                             (old_hd, hd))
-    _split_sections(cfg, out, sections, per)
-    _shrink_vocab(cfg, out, vocab)
-    return out
 
 
 def _mrope_sections(cfg: dict, out: dict, hd: int) -> None:

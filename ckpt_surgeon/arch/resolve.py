@@ -71,28 +71,10 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     a sharded model) every layer the config counts has tensors; ``shapes``: projection shapes agree
     with heads, kv heads, head_dim and hidden_size (:func:`check_shapes`)."""
     cfg = dict(config or {})
-    model_type = cfg.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise ConfigError(f"model_type is {describe(model_type)}; it must be a string", path=config_source)
-    archs = cfg.get("architectures")
-    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
-        raise ConfigError(f"architectures is {describe(archs)}; it must be a list of class names (strings)",
-                          path=config_source)
+    model_type = _checked_names(cfg, config_source)
     if naming == "gguf" and gguf_arch is not None and gguf_arch == clip_arch():
-        # an mmproj file: vision / audio encoders only, named by gguf-py (arch/gguf_clip.py)
-        layout = _clip_layout(cfg, tensors, config_source, partial)
-        for _, _, lay, _ in layout.stacks():
-            if shapes:
-                check_shapes(lay, tensors)
-            _check_consistent(lay, config_source)
-        return layout
-    if naming == "gguf":
-        fam = F.by_gguf_arch(gguf_arch)
-        arch_name = gguf_arch or "unknown"
-    else:
-        fam = F.by_model_type(model_type)
-        arch_name = model_type or (cfg.get("architectures") or ["unknown"])[0]
-
+        return _clip_resolved(cfg, tensors, config_source, partial, shapes)
+    fam, arch_name = _family(cfg, naming, gguf_arch, model_type)
     if (fam is None or fam.latent_attention) and naming == "hf" and model_type:
         # the one seam to arch/derive.py: transformers' own module tree + float64 probes.  A
         # model_type transformers implements is authoritative: the class-name prefix fallback
@@ -108,8 +90,51 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         # no model_type, or one transformers does not implement (remote code): the class name
         fam = F.by_architectures(cfg.get("architectures"))
 
-    where = config_source
-    cfg_all = cfg
+    layout = _registry_layout(cfg, tensors, fam, naming, arch_name, config_source, partial)
+    if layout.skipped and naming == "hf" and fam is not None and model_type:
+        # attention biases outside the family's text stack (a multimodal file's vision / audio tower):
+        # their towers are derived from transformers (imports torch, only for such files)
+        from .derive import registry_towers
+        layout = registry_towers(cfg, tensors, layout)
+    if shapes:
+        for _, _, lay, _ in layout.stacks():
+            check_shapes(lay, tensors)
+    _check_consistent(layout, config_source)   # after the shapes: a shape error names the tensor
+    return layout
+
+
+def _clip_resolved(cfg: dict, tensors, config_source, partial: bool, shapes: bool):
+    """An mmproj file: vision / audio encoders only, named by gguf-py (arch/gguf_clip.py)."""
+    layout = _clip_layout(cfg, tensors, config_source, partial)
+    for _, _, lay, _ in layout.stacks():
+        if shapes:
+            check_shapes(lay, tensors)
+        _check_consistent(lay, config_source)
+    return layout
+
+
+def _checked_names(cfg: dict, where: str | None) -> str | None:
+    """The config's ``model_type``, after checking it and ``architectures`` have the right types."""
+    model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"model_type is {describe(model_type)}; it must be a string", path=where)
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"architectures is {describe(archs)}; it must be a list of class names (strings)",
+                          path=where)
+    return model_type
+
+
+def _family(cfg: dict, naming: str, gguf_arch: str | None, model_type: str | None) -> tuple:
+    """(registry family or None, architecture name) by GGUF architecture or HF model_type."""
+    if naming == "gguf":
+        return F.by_gguf_arch(gguf_arch), gguf_arch or "unknown"
+    return F.by_model_type(model_type), model_type or (cfg.get("architectures") or ["unknown"])[0]
+
+
+def _registry_layout(cfg: dict, tensors: dict, fam, naming: str, arch_name: str, where: str | None,
+                     partial: bool) -> ModelLayout:
+    """The layout from the registry family ``fam`` (or name matching alone when None), unchecked shapes."""
     cfg, (n_heads, n_kv, hidden, head_dim) = _head_sizes(cfg, fam, where, naming)
     permuted = bool(fam and fam.gguf_qk_permuted and naming == "gguf")
     position = _position(fam, cfg, head_dim, naming, permuted, where)
@@ -122,27 +147,16 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     if any(lt.fused for lt in layers):
         fused_layout = "concat" if naming == "gguf" else (_fused_layout(fam, cfg) if fam else None)
     softcap = config_float(cfg, (fam.softcap_key,), path=where, positive=True) if fam and fam.softcap_key else None
-
-    layout = ModelLayout(
+    return ModelLayout(
         architecture=arch_name, family=fam.name if fam else None, naming=naming,
         num_layers=n_layers, num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim, hidden_size=hidden,
         position=position, norm_placement=fam.norm_placement if fam else None, qk_norm=qk_norm,
         fused_layout=fused_layout, conv1d=bool(fam and fam.conv1d and naming == "hf"), qk_permuted=permuted,
         max_positions=config_int(cfg, F.CONFIG_KEYS["max_positions"], path=where, minimum=1, maximum=1 << 40),
         softcap=softcap,
-        layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=config_source,
+        layers=tuple(layers), notes=tuple(notes), skipped=skipped, config_source=where,
         input_norm=fam.input_norm if fam else None,
         norm_weight_offset=(fam.norm_weight_offset if (fam and naming == "hf") else 0.0), buffers=buffers)
-    if skipped and naming == "hf" and fam is not None and model_type:
-        # attention biases outside the family's text stack (a multimodal file's vision / audio tower):
-        # their towers are derived from transformers (imports torch, only for such files)
-        from .derive import registry_towers
-        layout = registry_towers(cfg_all, tensors, layout)
-    if shapes:
-        for _, _, lay, _ in layout.stacks():
-            check_shapes(lay, tensors)
-    _check_consistent(layout, where)   # after the shapes: a shape error names the tensor
-    return layout
 
 
 def _head_sizes(cfg: dict, fam, where: str | None, naming: str = "hf") -> tuple[dict, tuple]:

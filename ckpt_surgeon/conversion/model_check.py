@@ -35,6 +35,12 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
     (``core_model_loading.revert_weight_conversion``, which ``save_pretrained`` calls); the
     same reversal is applied here, on the meta tensors.
     """
+    return _checkpoint_shapes(_meta_model(config))
+
+
+def _meta_model(config):
+    """The model transformers builds for ``config`` (a ``PretrainedConfig`` or a dict with
+    ``model_type``), on the meta device: shapes only, no memory."""
     import torch
     import transformers
 
@@ -43,7 +49,18 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     with quiet_transformers(), torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def rotary_widths(model) -> list[int]:
+    """The widths the model's rotary embeddings rotate, 2 x each ``inv_freq`` buffer's length (one
+    frequency per pair of dims): how the class itself read head_dim and partial_rotary_factor
+    (modeling_llama's default RoPE ignores a partial_rotary_factor that modeling_phi's applies)."""
+    return sorted({2 * int(b.shape[-1]) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] == "inv_freq"})
+
+
+def _checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
+    """``name -> shape`` of the tensors a checkpoint of ``model`` stores (see :func:`expected_tensors`)."""
     from transformers.core_model_loading import revert_weight_conversion
 
     unique = {n for n, _ in model.named_parameters()}
@@ -210,11 +227,25 @@ def _llama3_rope_freqs(config) -> list | None:
         return None          # transformers validates these keys; a config it let through unusable stays refused
 
 
+def declared_config_keys(config_class) -> list[str] | None:
+    """The top-level config keys ``config_class`` declares: the fields a default instance saves
+    (``to_dict()``) and its ``attribute_map`` aliases (GPT-2's ``hidden_size`` for ``n_embd``).
+    Any other key in config.json is kept by transformers as a plain attribute that the model class
+    reads only where its code asks for it by name (:data:`.names.UNDECLARED_READ`).  None when the
+    class cannot be instantiated with its defaults (nothing is then filtered)."""
+    try:
+        with quiet_transformers():
+            keys = set(config_class().to_dict())
+    except Exception:  # noqa: BLE001 - a class without usable defaults: no filtering, as before
+        return None
+    return sorted(keys | set(getattr(config_class, "attribute_map", None) or {}))
+
+
 def probe_folder(folder: str) -> dict:
     """What transformers makes of an HF folder, as JSON-able data (one answer, so that a child
     process can give all of it): ``config`` (``AutoConfig``'s ``to_dict()``, defaults filled in)
-    and ``config_class`` or ``config_error``; ``tokenizer_json`` (:func:`~.tokenizer.effective_tokenizer_json`); and
-    ``shapes`` (:func:`expected_tensors`) or ``shapes_error``."""
+    and ``config_class`` (``config_keys``: :func:`declared_config_keys`) or ``config_error``; ``tokenizer_json`` (:func:`~.tokenizer.effective_tokenizer_json`); and
+    ``shapes`` (:func:`expected_tensors`) and ``rotary_widths`` (:func:`rotary_widths`) or ``shapes_error``."""
     import transformers
     from huggingface_hub.errors import StrictDataclassError
 
@@ -222,11 +253,13 @@ def probe_folder(folder: str) -> dict:
     try:
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (ValueError, KeyError, OSError, TypeError, StrictDataclassError) as e:
+    except (ValueError, KeyError, OSError, TypeError, AttributeError, StrictDataclassError) as e:
         # transformers 5 validates field types (huggingface_hub's strict dataclasses): its message
-        # spans lines, joined here into the one line the CLI prints
+        # spans lines, joined here into the one line the CLI prints.  AttributeError: a config.json
+        # setting a read-only property (FalconConfig's head_dim, derived from hidden_size / heads)
         return {"config_error": " ".join(str(e).split())[:300]}
     out: dict = {"config": config.to_dict(), "config_class": type(config).__name__,
+                 "config_keys": declared_config_keys(type(config)),
                  "tokenizer_json": effective_tokenizer_json(folder)}
     rope = _llama3_rope_freqs(config)
     if rope is not None:
@@ -235,7 +268,9 @@ def probe_folder(folder: str) -> dict:
     # that their memory reuses its pages instead of adding to the peak.
     gc.collect()
     try:
-        out["shapes"] = {k: list(v) for k, v in expected_tensors(config).items()}
+        model = _meta_model(config)
+        out["shapes"] = {k: list(v) for k, v in _checkpoint_shapes(model).items()}
+        out["rotary_widths"] = rotary_widths(model)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:   # as expected_tensors_or_error
         out["shapes_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return out

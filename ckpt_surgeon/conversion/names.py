@@ -184,6 +184,27 @@ HF_HPARAM_KEYS: dict[str, tuple[str, ...]] = {
     "n_expert_group": ("n_group",),
     "n_expert_group_used": ("topk_group",),
 }
+# Keys read even where the model's config class does not declare them (issue 24): transformers'
+# modeling code asks for head_dim by name (modeling_qwen2: ``getattr(config, "head_dim", None) or
+# hidden_size // num_attention_heads``; Qwen3-MoE's config saves one it does not declare), and
+# llama.cpp's converter reads these two context lengths, which change no computed value, from
+# config.json (BloomModel: ``seq_length``; PhiMoeModel, a Phi3MiniModel: ``original_max_position_embeddings``).
+# Families whose class ignores one of them say so in the registry (``hf_rename`` to None).
+UNDECLARED_READ = frozenset({"head_dim", "seq_length", "original_max_position_embeddings"})
+
+
+def class_config(cfg: dict, declared) -> dict:
+    """``cfg`` (transformers' ``to_dict()``) as the model class reads it: without the top-level keys
+    its config class does not declare (``declared``: :func:`.model_check.declared_config_keys`;
+    None keeps everything), but for :data:`UNDECLARED_READ`.  transformers keeps such a key as a
+    plain attribute that no code of the class reads: a stray ``rotary_pct`` in a Llama config.json,
+    or GPT-2's ``intermediate_size`` (it reads ``n_inner``), must not be read here either."""
+    if declared is None:
+        return cfg
+    keep = set(declared) | UNDECLARED_READ
+    return {k: v for k, v in cfg.items() if k in keep}
+
+
 # Hyper-parameters written only when the config has them (MoE sizes, Granite's multipliers,
 # Gemma 2's soft-capping; an arch's ``hparam_required`` refuses a config without them).
 OPTIONAL_HPARAMS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "attention_scale", "embedding_scale",

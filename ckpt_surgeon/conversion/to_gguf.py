@@ -142,9 +142,11 @@ def check_hparam_values(cfg: dict, path: str | None) -> None:
             hf_hparam(cfg, key, path)
 
 
-def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
+def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str, rotary_width: int | None = None) -> None:
     """RoPE hyper-parameters into ``hp``; a missing theta is refused (a scaled RoPE was, by
-    :func:`_check_rope_scaling`)."""
+    :func:`_check_rope_scaling`).  ``rotary_width``: the width the model class rotates, where
+    transformers said it (:func:`.model_check.rotary_widths`): the class decides whether a
+    partial_rotary_factor applies (modeling_llama's default RoPE ignores one, modeling_phi's reads it)."""
     theta = hf_hparam(cfg, "rope_theta", path)
     if theta is None:
         raise ConfigError("config gives no rope theta (rope_parameters.rope_theta / rope_theta); llama.cpp would "
@@ -154,7 +156,7 @@ def _rope_hparams(cfg: dict, hp: dict, head_dim: int, path: str) -> None:
     if local is not None:
         hp["rope_local_theta"] = local
     partial = hf_hparam(cfg, "partial_rotary", path)
-    hp["rotary_dim"] = int(head_dim * (1.0 if partial is None else partial))
+    hp["rotary_dim"] = rotary_width if rotary_width is not None else int(head_dim * (1.0 if partial is None else partial))
     hp["key_length"] = hp["value_length"] = head_dim
 
 
@@ -296,9 +298,10 @@ def _check_llamacpp_needs(cfg: dict, spec: N.ArchSpec, path: str) -> None:
             raise UnsupportedError(f"{key} = {got!r} is not converted ({why}); only {key} = {value!r} is", path=path)
 
 
-def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) -> dict:
+def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str,
+                        rotary_width: int | None = None) -> dict:
     """Canonical hyper-parameters (see :data:`names.GGUF_HPARAM_KEYS`) from an HF config dict,
-    each checked where read (:func:`hf_hparam`)."""
+    each checked where read (:func:`hf_hparam`); ``rotary_width``: see :func:`_rope_hparams`."""
     # keys the family's config class does not have (BLOOM: num_key_value_heads): transformers ignores
     # a stray one in config.json, and so does llama.cpp's converter (issue 24)
     absent = {k for k, v in spec.hf_rename.items() if v is None}
@@ -324,7 +327,7 @@ def hparams_from_config(cfg: dict, spec: N.ArchSpec, n_vocab: int, path: str) ->
         raise ConfigError(f"config has none of {', '.join(N.HF_HPARAM_KEYS['n_ff'])}", path=path)
     hp["n_ff"] = n_ff
     if spec.rope:
-        _rope_hparams(cfg, hp, head_dim, path)
+        _rope_hparams(cfg, hp, head_dim, path, rotary_width)
     eps_key = "rms_eps" if spec.norm == "rms" else "ln_eps"
     eps = get(eps_key)
     if eps is None:
@@ -485,9 +488,36 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     quantized ``dtype`` (:mod:`.imatrix`)."""
     from .quant_plan import check_quant_request
     check_quant_request(dtype, imatrix)
-    from .model_check import check_tensors
-    from .tokenizer import hf_vocab
+    folder, raw = _checked_source(ck, src, out, force)
+    facts, spec, cfg = _transformers_facts(ck, folder, raw, isolate)
+    got = _checked_against_transformers(ck, src, facts, spec, raw, cfg)
 
+    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
+    base = "f32" if dtype in QUANT_ONLY else dtype       # llama.cpp quantizes from an F32 file
+    _plan_tensors(ck, got, spec, base, src, [], None)   # names and shapes judged before the config values
+    emb = _embedding_shape(got, spec)
+    if emb is None:
+        raise ConfigError("no token embedding tensor", path=str(src))
+    widths = facts.get("rotary_widths") or []
+    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path, widths[0] if len(widths) == 1 else None)
+    longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
+    warnings += longrope_warnings
+    plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
+            + _plan_tensors(ck, got, spec, base, src, warnings, hp))
+    if dtype in QUANT_ONLY:
+        from .quant_plan import quantize_plan
+        plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
+    vocab = _vocab(folder, emb[0], cfg, facts, spec)
+    # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
+    # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
+    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
+    return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
+
+
+def _checked_source(ck, src: Path, out: Path | None, force: bool) -> tuple[Path, dict]:
+    """(the HF folder, its config.json as written), after the checks that need no transformers:
+    an HF source, config values and layer count, the destination, no remote code we cannot map."""
     if ck.naming != "hf":
         raise UnsupportedError("is already GGUF; convert it to an HF folder instead (output a folder path)",
                                path=str(src))
@@ -505,6 +535,12 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
                                f"GGUF mapping here (supported: {', '.join(N.supported_model_types())})",
                                path=ck.config_path)
     _check_longrope_raw(raw, ck.config_path)
+    return folder, raw
+
+
+def _transformers_facts(ck, folder: Path, raw: dict, isolate: bool) -> tuple[dict, N.ArchSpec, dict]:
+    """(what transformers says of the folder, the GGUF architecture spec, the config as transformers
+    reads it); a model without a transformers class is asked as the one computing the same function."""
     own = N.by_model_type(raw.get("model_type"))
     if own is not None and own.hf_equivalent:
         # no transformers class (remote code): transformers answers for the model computing the same
@@ -522,10 +558,18 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec is None:
         raise UnsupportedError(f"model_type {cfg.get('model_type')!r} has no GGUF mapping here "
                                f"(supported: {', '.join(N.supported_model_types())})", path=ck.config_path)
+    # every hyper-parameter read as the model class reads it: a key its config class does not declare
+    # (another family's spelling, a made-up one) is ignored, as transformers ignores it (issue 24)
+    return facts, spec, N.class_config(cfg, facts.get("config_keys"))
+
+
+def _checked_against_transformers(ck, src: Path, facts: dict, spec: N.ArchSpec, raw: dict, cfg: dict) -> dict:
+    """The checkpoint's tensor shapes (name -> shape), after checking that llama.cpp runs what the
+    config asks and that the tensors are exactly the model transformers builds from the config."""
+    from .model_check import check_tensors
     if spec.rope:
         _check_rope_scaling(ck.config or {}, cfg, ck.config_path, spec.rope_scalings)
     _check_llamacpp_needs(raw if spec.hf_equivalent else cfg, spec, ck.config_path)
-    # The checkpoint must be exactly the model transformers builds from its config.
     if "shapes_error" in facts:
         raise ConfigError(f"transformers cannot build a model from this config ({facts['shapes_error']})",
                           path=ck.config_path)
@@ -535,30 +579,17 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     if spec.hf_equivalent:
         what = f"{raw.get('model_type')} checkpoint (checked as the {what} it computes)"
     check_tensors(expected, got, path=str(src), what=what)
+    return got
 
-    warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
-    base = "f32" if dtype in QUANT_ONLY else dtype       # llama.cpp quantizes from an F32 file
-    _plan_tensors(ck, got, spec, base, src, [], None)   # names and shapes judged before the config values
-    emb = _embedding_shape(got, spec)
-    if emb is None:
-        raise ConfigError("no token embedding tensor", path=str(src))
-    hp = hparams_from_config(cfg, spec, emb[0], ck.config_path)
-    longrope, longrope_kvs, longrope_warnings = _longrope_parts(cfg, raw, spec, hp, ck.config_path)
-    warnings += longrope_warnings
-    plan = (_rope_freqs_planned(facts, cfg, ck.config_path) + longrope
-            + _plan_tensors(ck, got, spec, base, src, warnings, hp))
-    if dtype in QUANT_ONLY:
-        from .quant_plan import quantize_plan
-        plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
-    vocab = hf_vocab(folder, emb[0], cfg, effective_json=facts["tokenizer_json"])
+
+def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec):
+    """The GGUF vocabulary: from tokenizer.json as transformers runs it, or walked from
+    tokenizer.model with a converter's quirks (``spec.spm_quirks``)."""
+    from .tokenizer import hf_vocab, spm_model_vocab
+    vocab = hf_vocab(folder, n_vocab, cfg, effective_json=facts["tokenizer_json"])
     if spec.spm_quirks is not None:
-        from .tokenizer import spm_model_vocab
         vocab = spm_model_vocab(vocab, folder, spec.spm_quirks)
-    # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
-    # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
-    kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
-    return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
+    return vocab
 
 
 def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
