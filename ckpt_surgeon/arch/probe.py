@@ -41,13 +41,14 @@ import numpy as np
 
 from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
+# inputs of a forward pass (re-exported: tests and fixtures import them from here)
+from .feeds import MAX_TOWER_TOKENS, SEQ_LEN, model_inputs, tower_input, tower_outputs  # noqa: F401
 
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
-SEQ_LEN = 12
-MAX_TOWER_TOKENS = 1024          # image patches of a tower probe (float64 attention is quadratic in them)
 PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
+_MIN_INIT = 1e-4      # initializer_range below this is raised to 0.02 in a shrunken config (see shrink_config)
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
                          r"num_decoder_layers|num_encoder_layers|depth|num_blocks)$")
@@ -111,6 +112,16 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     count (``layer_types`` ...) are cut to ``layers``; token ids beyond ``vocab`` are clamped.
     """
     out = dict(cfg)
+    if isinstance(cfg.get("initializer_range"), float) and 0 < cfg["initializer_range"] < _MIN_INIT:
+        # BLIP / BLIP-2 / SAM / Pix2Struct vision configs init weights with std 1e-10 (a trained checkpoint never has
+        # them): a random instance's tower would pass its input through unchanged and every probe control would fail
+        out["initializer_range"] = 0.02
+    size, patch = cfg.get("image_size"), cfg.get("patch_size")
+    if type(size) is int and type(patch) is int and patch > 0 and (size // patch) ** 2 > MAX_TOWER_TOKENS:
+        # a vision tower of more patches than a float64 probe runs alone (SAM's 1024 / 16 = 64 x 64): 16 x 16
+        # patches, its position table sized from the config likewise (what an attention block computes does
+        # not depend on how many patches it sees)
+        out["image_size"] = 16 * patch
     old_layers = next((v for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
     sub_layers = layers
     # configuration_dory.py to_dict(): every decoder layer saved as two layer_types entries (attention, "mlp")
@@ -468,47 +479,10 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
     return conf, model
 
 
-def model_inputs(conf, seed: int = 0) -> dict:
-    """Random token ids (and decoder ids for encoder-decoders) for one forward pass."""
-    import torch
-    g = torch.Generator().manual_seed(seed + 2)
-    vocab = int(getattr(conf, "vocab_size", 0) or 0) or 100
-    hi = max(2, min(vocab, 1000))
-    inputs = {"input_ids": torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN), generator=g)}
-    if getattr(conf, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN - 3), generator=g)
-    return inputs
-
-
 def first_output(out):
     """Logits when the model has a head, else its first output tensor."""
     t = getattr(out, "logits", None)
     return out[0] if t is None else t
-
-
-def tower_input(root, group: str):
-    """(module, inputs) that run the vision tower holding ``group`` (a module path, ``{L}`` for
-    the layer index) on seeded random float64 pixels, or None: the deepest module above the group
-    whose forward takes ``pixel_values`` and whose config gives ``image_size`` / ``num_channels`` /
-    ``patch_size``, at most ``MAX_TOWER_TOKENS`` patches."""
-    import inspect
-
-    import torch
-    parts = group.split(".{L}")[0].split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            mod = root.get_submodule(".".join(parts[:i]))
-        except AttributeError:
-            continue
-        c = getattr(mod, "config", None)
-        size, ch, patch = (getattr(c, k, None) for k in ("image_size", "num_channels", "patch_size"))
-        if not all(isinstance(x, int) and x > 0 for x in (size, ch, patch)):
-            continue
-        if "pixel_values" not in inspect.signature(mod.forward).parameters or (size // patch) ** 2 > MAX_TOWER_TOKENS:
-            continue
-        g = torch.Generator().manual_seed(3)
-        return mod, {"pixel_values": torch.randn((1, ch, size, size), generator=g, dtype=torch.float64)}
-    return None
 
 
 class _Instance:
@@ -519,15 +493,15 @@ class _Instance:
         self.torch = torch
         self.conf, self.model = random_instance(cfg, klass, seed=seed, max_params=PROBE_MAX_PARAMS)
         self.root = self.model       # module paths are relative to it; ``model`` is what ``run`` calls
-        conf = self.conf
-        self.inputs = model_inputs(conf, seed)
+        self.outputs = first_output
+        self.inputs = model_inputs(self.conf, seed, self.model)
         self.base = self.run()
         self.scale = float(self.base.abs().max()) or 1.0
 
     def run(self):
         with self.torch.no_grad(), float64_softmax():
             out = self.model(**self.inputs)
-        return first_output(out).detach().clone()
+        return self.outputs(out).detach().clone()
 
     def rel(self) -> float:
         return float((self.run() - self.base).abs().max()) / self.scale
@@ -548,6 +522,7 @@ class _Instance:
         view = object.__new__(_Instance)
         view.torch, view.root = self.torch, self.root
         view.model, view.inputs = found
+        view.outputs = tower_outputs
         view.conf = getattr(view.model, "config", None)
         view.base = view.run()
         view.scale = float(view.base.abs().max()) or 1.0
