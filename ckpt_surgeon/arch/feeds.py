@@ -80,7 +80,18 @@ def model_inputs(conf, seed: int = 0, model=None) -> dict:
         mask = torch.zeros_like(text["input_ids"])
         mask[:, 1:1 + latent] = 1
         text["image_embeds_position_mask"] = mask
-    cands = [dict(text, **c) for c in feeds(model, main, seed, whole=True)]
+    queries = _get(_configs(model), ("num_query_tokens",))
+    image_id = next((v for k in ("image_token_id", "image_token_index") if type(v := getattr(model.config, k, None)) is int),
+                    None)
+    texts = [text]
+    if isinstance(queries, int) and image_id is not None and "input_ids" in text:
+        # BLIP-2 / InstructBLIP: the Q-Former's query outputs replace that many image tokens at the start of the
+        # text (Blip2ForConditionalGenerationDecoderOnlyModelTester: image_token_index x num_query_tokens + ids);
+        # without them the pixels never reach the logits (tried first; the text alone if the model refuses them)
+        import torch
+        ids = text["input_ids"]
+        texts.insert(0, dict(text, input_ids=torch.cat([ids.new_full((1, queries), image_id), ids], dim=1)))
+    cands = [dict(t, **c) for t in texts for c in feeds(model, main, seed, whole=True)]
     found = first_run(model, cands)
     return found if found is not None else dict(text)
 
