@@ -12,7 +12,6 @@ import json
 import shutil
 
 import pytest
-
 from cli_util import _run
 
 IDS = [[5, 17, 33, 101, 7, 250]]

@@ -223,12 +223,12 @@ def first_run(mod, candidates: list[dict]):
     """The first of ``candidates`` that ``mod`` runs on (float64, no grad), or None."""
     import torch
 
-    from .probe import float64_softmax
+    from .float64 import float64_softmax
     for c in candidates:
         try:
             with torch.no_grad(), float64_softmax():
                 mod(**c)
-        except Exception:   # noqa: BLE001 - a shape the modeling file does not take: the next candidate
+        except Exception:   # noqa: BLE001, S112 - a shape the modeling file does not take: the next candidate
             continue
         return c
     return None

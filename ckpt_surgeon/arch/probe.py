@@ -41,8 +41,9 @@ import numpy as np
 
 from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
-# inputs of a forward pass (re-exported: tests and fixtures import them from here)
+# inputs of a forward pass and the float64 guards (re-exported: tests and fixtures import them from here)
 from .feeds import MAX_TOWER_TOKENS, SEQ_LEN, model_inputs, tower_input, tower_outputs  # noqa: F401
+from .float64 import float64_softmax
 
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
@@ -302,6 +303,9 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
             out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
         if cfg.get("embedding_dim") == hidden:     # xLSTM: embedding_dim is the model width too
             out["embedding_dim"] = new_hidden
+        for k, v in cfg.items():   # Phi-4-multimodal's audio encoder: its depthwise conv's output channels are the
+            if k.endswith("_out_channel") and v == hidden:      # width the attention reads (1024 = hidden_size)
+                out[k] = new_hidden
         axial = cfg.get("axial_pos_embds_dim")      # Reformer: the axial position embedding parts add up to hidden
         if isinstance(axial, list) and all(type(x) is int for x in axial) and sum(axial) == hidden:
             parts = [max(1, x * new_hidden // hidden) for x in axial]
@@ -387,64 +391,6 @@ def layers_needed(blocks, per_group: int = 1) -> int:
     for found in idx.values():
         need = max(need, sorted(found)[:per_group][-1] + 1)
     return need
-
-
-@contextlib.contextmanager
-def float64_softmax():
-    """Keep softmax in float64 while probing.
-
-    transformers' eager attention asks for ``softmax(..., dtype=torch.float32)`` (a guard for
-    fp16/bf16 inputs, e.g. modeling_opt / modeling_stablelm ``eager_attention_forward``); on a
-    float64 probe that request is a *downcast* that adds ~1e-8 of rounding noise and would hide
-    an exact invariance.  Inside this context a float32 request on a float64 input is dropped;
-    every other call is untouched.
-
-    Likewise ``torch.full((), torch.finfo(x.dtype).min)`` without a dtype (modeling_xglm
-    ``XGLMAttention`` clamping the masked weights) is a float32 tensor, and float64's min does not
-    fit one: such a call (no dtype, a finite fill beyond float32's range) gets float64 instead of
-    raising.  Every call float32 can hold is untouched.
-
-    And a float32 operand of ``F.linear`` next to a float64 one (a modeling file's fp32 guard that
-    downcasts on a float64 model: modeling_inkling2 ``Inkling2TopKRouter`` routes ``hidden.float()``
-    through its weight, modeling_mra runs its attention in ``.float()`` and feeds the result to a
-    Linear) is promoted to float64, as torch promotes elementwise ops, instead of raising; calls with
-    one dtype are untouched.
-    """
-    import torch
-    nnf = torch.nn.functional
-    orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
-    orig_full, orig_linear = torch.full, nnf.linear
-    f32_max = torch.finfo(torch.float32).max
-
-    def full(size, fill_value, *args, **kwargs):
-        if (not args and kwargs.get("dtype") is None and kwargs.get("out") is None and isinstance(fill_value, float)
-                and f32_max < abs(fill_value) < float("inf")):
-            kwargs["dtype"] = torch.float64
-        return orig_full(size, fill_value, *args, **kwargs)
-
-    def linear(input, weight, bias=None):   # noqa: A002
-        if input.dtype != weight.dtype and {input.dtype, weight.dtype} == {torch.float32, torch.float64}:
-            input, weight = input.double(), weight.double()
-            bias = bias.double() if bias is not None else None
-        return orig_linear(input, weight, bias)
-
-    def keep(x, dtype):
-        return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
-
-    def f(input, dim=None, _stacklevel=3, dtype=None):   # noqa: A002 - torch's own argument name
-        return orig_f(input, dim=dim, dtype=keep(input, dtype))
-
-    def t(input, dim, dtype=None):   # noqa: A002
-        return orig_t(input, dim, dtype=keep(input, dtype))
-
-    def m(self, dim, dtype=None):
-        return orig_m(self, dim, dtype=keep(self, dtype))
-    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full, nnf.linear = f, t, m, full, linear
-    try:
-        yield
-    finally:
-        nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
-        torch.full, nnf.linear = orig_full, orig_linear
 
 
 def meta_params(klass, conf) -> int:
@@ -841,9 +787,9 @@ def _probe_through_tower(inst, pblocks, g: str, k: str, pos: str, heads: tuple, 
         view = inst.tower(g)
         gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
         if gf2.k_class != "invisible" and view is not None:
-            note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
-                        "a token-id forward never runs this vision-tower block; probed through the tower on "
-                        "random pixels")
+            note = Fact("probe_input", f"{type(view.model).__name__}({', '.join(view.inputs)})", "derived",
+                        "a token-id forward never runs this tower block; probed through the tower alone on seeded "
+                        "inputs built from its config")
             gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
     except Exception as e:   # noqa: BLE001 - a probe that cannot run claims nothing (and says why)
         gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))

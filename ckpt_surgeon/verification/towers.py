@@ -64,7 +64,7 @@ def tower_targets(source, revision: str | None = None) -> list[tuple[str, str]]:
 def tower_arrays(model, targets, torch) -> dict:
     """{tower name: (module path, inputs description, float64 numpy outputs) or (None, reason, None)}."""
     from ..arch.feeds import tower_input, tower_outputs
-    from ..arch.probe import float64_softmax
+    from ..arch.float64 import float64_softmax
     out, modules = {}, {id(m): p for p, m in model.named_modules()}
     for name, _ in targets:
         try:
@@ -92,7 +92,7 @@ def compare_towers(targets, ref: dict, cand: dict, max_rel: float) -> tuple:
     results = []
     for name, kind in targets:
         r_mod, r_desc, r = ref.get(name, (None, "not run", None))
-        c_mod, _, c = cand.get(name, (None, "not run", None))
+        _, _, c = cand.get(name, (None, "not run", None))
         if r is None or c is None:
             results.append(TowerResult(name, kind, None, note=f"not run alone: {r_desc}"))
             continue
