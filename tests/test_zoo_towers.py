@@ -26,9 +26,9 @@ DEFAULT = ("exaone", "sarvam_moe", "gemma3", "phi4_multimodal", "qwen2_vl@mm", "
            "qwen2_audio@mm", "florence2@mm", "deepseek_vl_hybrid@mm", "whisper@mm", "pp_formulanet@mm",
            "minimax_m3_vl@mm")
 # output projections of an attention module (their bias is not a q/k/v bias); the test's own list (Aria's
-# cross-attention calls its output projection ``linear``, InternVL's ``projection_layer``)
+# cross-attention calls its output projection ``linear``, InternVL's ``projection_layer``, BLIP's ``projection``)
 _OUT = re.compile(r"^(o|out|o_proj|out_proj|dense|c_proj|wo|proj|output|attn_out|o_linear|linear_out|out_lin|"
-                  r"output_proj|to_out|projection_layer|linear)$")
+                  r"output_proj|to_out|projection_layer|linear|projection)$")
 _POS = re.compile(r"pos|rel|gate|norm|lora|router|sink", re.I)
 _KEY = re.compile(r"(^|_)(k|key|wk)(_|$)|k_proj|k_lin|linear_k|to_k")
 

@@ -17,7 +17,7 @@ def logits64(folder) -> "torch.Tensor":
     import transformers
 
     from ckpt_surgeon.arch.derive import config_object
-    from ckpt_surgeon.arch.probe import first_output, float64_softmax, model_inputs
+    from ckpt_surgeon.arch.probe import first_output, float64_softmax, model_inputs, tower_outputs
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = json.loads((Path(folder) / "config.json").read_text())
     conf = config_object(cfg)
@@ -25,14 +25,14 @@ def logits64(folder) -> "torch.Tensor":
     with quiet_transformers():
         model = klass.from_pretrained(folder, config=conf, dtype=torch.float64).eval()
     with torch.no_grad(), float64_softmax():
-        out = [first_output(model(**model_inputs(conf))).detach().reshape(-1)]
-        out += [first_output(mod(**inputs)).detach().reshape(-1) for mod, inputs in _towers(model)]
+        out = [first_output(model(**model_inputs(conf, model=model))).detach().reshape(-1)]
+        out += [tower_outputs(mod(**inputs)).detach() for mod, inputs in _towers(model)]
     return torch.cat(out)
 
 
 def _towers(model) -> list:
-    """Vision towers a token-id forward never runs (arch.probe.tower_input), so that claims about
-    their blocks are judged too: their outputs on fixed pixels join the logits."""
+    """Vision / audio towers a token-id forward never runs (arch.feeds.tower_input), so that claims about
+    their blocks are judged too: their outputs on fixed pixels / features join the logits."""
     from ckpt_surgeon.arch.derive import _TOWER, read_blocks
     from ckpt_surgeon.arch.probe import tower_input
     blocks, _ = read_blocks(model, model.config)

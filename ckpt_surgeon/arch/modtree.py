@@ -19,7 +19,7 @@ _V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear")
 _FUSED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "W_pack", "wqkv", "qkv", "att_proj", "qkv_linear",
           "in_proj_qkv")
 _O = ("o_proj", "out_proj", "dense", "c_proj", "wo", "out_lin", "o", "out", "proj", "to_out", "output_proj",
-      "attn_out", "o_linear")
+      "attn_out", "o_linear", "projection")     # BLIP's vision attention: projection
 _QK_NORM = re.compile(r"^(q|k|query|key)_?(norm|layernorm|ln)$", re.I)
 # Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).
 _NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|ssm|retention|gla|hyena|xlstm|conv", re.I)
@@ -400,10 +400,10 @@ def static_position(model) -> tuple[str, str]:
         if "rotary" in type(mod).__name__.lower() or name.endswith("rotary_emb"):
             return "rope", f"rotary module {name or '<root>'} ({type(mod).__name__})"
     for name, _ in model.named_parameters():
-        if re.search(r"(embed_positions|position_embeddings|wpe|pos_emb)", name):
+        if re.search(r"(embed_positions|position_embedding|wpe|pos_emb)", name):   # CLIP: position_embedding.weight
             return "absolute", f"learned/sinusoidal position table {name}"
     for name, _ in model.named_buffers():
-        if re.search(r"(embed_positions|position_embeddings|wpe|pos_emb)", name):
+        if re.search(r"(embed_positions|position_embedding|wpe|pos_emb)", name):
             return "absolute", f"position table buffer {name}"
     return "none", "no rotary module and no position table (relative, ALiBi-style or none)"
 

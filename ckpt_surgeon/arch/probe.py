@@ -41,13 +41,15 @@ import numpy as np
 
 from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
 from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
+# inputs of a forward pass and the float64 guards (re-exported: tests and fixtures import them from here)
+from .feeds import MAX_TOWER_TOKENS, SEQ_LEN, model_inputs, tower_input, tower_outputs  # noqa: F401
+from .float64 import float64_softmax
 
 INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
-SEQ_LEN = 12
-MAX_TOWER_TOKENS = 1024          # image patches of a tower probe (float64 attention is quadratic in them)
 PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
+_MIN_INIT = 1e-4      # initializer_range below this is raised to 0.02 in a shrunken config (see shrink_config)
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
                          r"num_decoder_layers|num_encoder_layers|depth|num_blocks)$")
@@ -111,6 +113,16 @@ def shrink_config(cfg: dict, *, layers: int, heads: tuple | None, head_dim: int 
     count (``layer_types`` ...) are cut to ``layers``; token ids beyond ``vocab`` are clamped.
     """
     out = dict(cfg)
+    if isinstance(cfg.get("initializer_range"), float) and 0 < cfg["initializer_range"] < _MIN_INIT:
+        # BLIP / BLIP-2 / SAM / Pix2Struct vision configs init weights with std 1e-10 (a trained checkpoint never has
+        # them): a random instance's tower would pass its input through unchanged and every probe control would fail
+        out["initializer_range"] = 0.02
+    size, patch = cfg.get("image_size"), cfg.get("patch_size")
+    if type(size) is int and type(patch) is int and patch > 0 and (size // patch) ** 2 > MAX_TOWER_TOKENS:
+        # a vision tower of more patches than a float64 probe runs alone (SAM's 1024 / 16 = 64 x 64): 16 x 16
+        # patches, its position table sized from the config likewise (what an attention block computes does
+        # not depend on how many patches it sees)
+        out["image_size"] = 16 * patch
     old_layers = next((v for k, v in cfg.items() if _LAYER_KEYS.match(k) and isinstance(v, int)), None)
     sub_layers = layers
     # configuration_dory.py to_dict(): every decoder layer saved as two layer_types entries (attention, "mlp")
@@ -329,6 +341,9 @@ def _follow_hidden(cfg: dict, out: dict, hidden: int, h2: int) -> None:
             out["embedding_size"] = max(min(8, new_hidden), cfg["embedding_size"] * new_hidden // hidden)
         if cfg.get("embedding_dim") == hidden:     # xLSTM: embedding_dim is the model width too
             out["embedding_dim"] = new_hidden
+        for k, v in cfg.items():   # Phi-4-multimodal's audio encoder: its depthwise conv's output channels are the
+            if k.endswith("_out_channel") and v == hidden:      # width the attention reads (1024 = hidden_size)
+                out[k] = new_hidden
         axial = cfg.get("axial_pos_embds_dim")      # Reformer: the axial position embedding parts add up to hidden
         if isinstance(axial, list) and all(type(x) is int for x in axial) and sum(axial) == hidden:
             parts = [max(1, x * new_hidden // hidden) for x in axial]
@@ -416,64 +431,6 @@ def layers_needed(blocks, per_group: int = 1) -> int:
     return need
 
 
-@contextlib.contextmanager
-def float64_softmax():
-    """Keep softmax in float64 while probing.
-
-    transformers' eager attention asks for ``softmax(..., dtype=torch.float32)`` (a guard for
-    fp16/bf16 inputs, e.g. modeling_opt / modeling_stablelm ``eager_attention_forward``); on a
-    float64 probe that request is a *downcast* that adds ~1e-8 of rounding noise and would hide
-    an exact invariance.  Inside this context a float32 request on a float64 input is dropped;
-    every other call is untouched.
-
-    Likewise ``torch.full((), torch.finfo(x.dtype).min)`` without a dtype (modeling_xglm
-    ``XGLMAttention`` clamping the masked weights) is a float32 tensor, and float64's min does not
-    fit one: such a call (no dtype, a finite fill beyond float32's range) gets float64 instead of
-    raising.  Every call float32 can hold is untouched.
-
-    And a float32 operand of ``F.linear`` next to a float64 one (a modeling file's fp32 guard that
-    downcasts on a float64 model: modeling_inkling2 ``Inkling2TopKRouter`` routes ``hidden.float()``
-    through its weight, modeling_mra runs its attention in ``.float()`` and feeds the result to a
-    Linear) is promoted to float64, as torch promotes elementwise ops, instead of raising; calls with
-    one dtype are untouched.
-    """
-    import torch
-    nnf = torch.nn.functional
-    orig_f, orig_t, orig_m = nnf.softmax, torch.softmax, torch.Tensor.softmax
-    orig_full, orig_linear = torch.full, nnf.linear
-    f32_max = torch.finfo(torch.float32).max
-
-    def full(size, fill_value, *args, **kwargs):
-        if (not args and kwargs.get("dtype") is None and kwargs.get("out") is None and isinstance(fill_value, float)
-                and f32_max < abs(fill_value) < float("inf")):
-            kwargs["dtype"] = torch.float64
-        return orig_full(size, fill_value, *args, **kwargs)
-
-    def linear(input, weight, bias=None):   # noqa: A002
-        if input.dtype != weight.dtype and {input.dtype, weight.dtype} == {torch.float32, torch.float64}:
-            input, weight = input.double(), weight.double()
-            bias = bias.double() if bias is not None else None
-        return orig_linear(input, weight, bias)
-
-    def keep(x, dtype):
-        return None if (dtype == torch.float32 and getattr(x, "dtype", None) == torch.float64) else dtype
-
-    def f(input, dim=None, _stacklevel=3, dtype=None):   # noqa: A002 - torch's own argument name
-        return orig_f(input, dim=dim, dtype=keep(input, dtype))
-
-    def t(input, dim, dtype=None):   # noqa: A002
-        return orig_t(input, dim, dtype=keep(input, dtype))
-
-    def m(self, dim, dtype=None):
-        return orig_m(self, dim, dtype=keep(self, dtype))
-    nnf.softmax, torch.softmax, torch.Tensor.softmax, torch.full, nnf.linear = f, t, m, full, linear
-    try:
-        yield
-    finally:
-        nnf.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
-        torch.full, nnf.linear = orig_full, orig_linear
-
-
 def meta_params(klass, conf) -> int:
     """Parameter count of ``klass(conf)`` without allocating it (meta device)."""
     import torch
@@ -506,47 +463,10 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
     return conf, model
 
 
-def model_inputs(conf, seed: int = 0) -> dict:
-    """Random token ids (and decoder ids for encoder-decoders) for one forward pass."""
-    import torch
-    g = torch.Generator().manual_seed(seed + 2)
-    vocab = int(getattr(conf, "vocab_size", 0) or 0) or 100
-    hi = max(2, min(vocab, 1000))
-    inputs = {"input_ids": torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN), generator=g)}
-    if getattr(conf, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(1 if hi > 2 else 0, hi, (1, SEQ_LEN - 3), generator=g)
-    return inputs
-
-
 def first_output(out):
     """Logits when the model has a head, else its first output tensor."""
     t = getattr(out, "logits", None)
     return out[0] if t is None else t
-
-
-def tower_input(root, group: str):
-    """(module, inputs) that run the vision tower holding ``group`` (a module path, ``{L}`` for
-    the layer index) on seeded random float64 pixels, or None: the deepest module above the group
-    whose forward takes ``pixel_values`` and whose config gives ``image_size`` / ``num_channels`` /
-    ``patch_size``, at most ``MAX_TOWER_TOKENS`` patches."""
-    import inspect
-
-    import torch
-    parts = group.split(".{L}")[0].split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            mod = root.get_submodule(".".join(parts[:i]))
-        except AttributeError:
-            continue
-        c = getattr(mod, "config", None)
-        size, ch, patch = (getattr(c, k, None) for k in ("image_size", "num_channels", "patch_size"))
-        if not all(isinstance(x, int) and x > 0 for x in (size, ch, patch)):
-            continue
-        if "pixel_values" not in inspect.signature(mod.forward).parameters or (size // patch) ** 2 > MAX_TOWER_TOKENS:
-            continue
-        g = torch.Generator().manual_seed(3)
-        return mod, {"pixel_values": torch.randn((1, ch, size, size), generator=g, dtype=torch.float64)}
-    return None
 
 
 class _Instance:
@@ -557,15 +477,15 @@ class _Instance:
         self.torch = torch
         self.conf, self.model = random_instance(cfg, klass, seed=seed, max_params=PROBE_MAX_PARAMS)
         self.root = self.model       # module paths are relative to it; ``model`` is what ``run`` calls
-        conf = self.conf
-        self.inputs = model_inputs(conf, seed)
+        self.outputs = first_output
+        self.inputs = model_inputs(self.conf, seed, self.model)
         self.base = self.run()
         self.scale = float(self.base.abs().max()) or 1.0
 
     def run(self):
         with self.torch.no_grad(), float64_softmax():
             out = self.model(**self.inputs)
-        return first_output(out).detach().clone()
+        return self.outputs(out).detach().clone()
 
     def rel(self) -> float:
         return float((self.run() - self.base).abs().max()) / self.scale
@@ -586,6 +506,7 @@ class _Instance:
         view = object.__new__(_Instance)
         view.torch, view.root = self.torch, self.root
         view.model, view.inputs = found
+        view.outputs = tower_outputs
         view.conf = getattr(view.model, "config", None)
         view.base = view.run()
         view.scale = float(view.base.abs().max()) or 1.0
@@ -904,9 +825,9 @@ def _probe_through_tower(inst, pblocks, g: str, k: str, pos: str, heads: tuple, 
         view = inst.tower(g)
         gf2 = _probe_group(view, pblocks, g, k, pos, heads) if view is not None else gf
         if gf2.k_class != "invisible" and view is not None:
-            note = Fact("probe_input", f"{type(view.model).__name__}(pixel_values)", "derived",
-                        "a token-id forward never runs this vision-tower block; probed through the tower on "
-                        "random pixels")
+            note = Fact("probe_input", f"{type(view.model).__name__}({', '.join(view.inputs)})", "derived",
+                        "a token-id forward never runs this tower block; probed through the tower alone on seeded "
+                        "inputs built from its config")
             gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
     except Exception as e:   # noqa: BLE001 - a probe that cannot run claims nothing (and says why)
         gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))

@@ -35,6 +35,7 @@ from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
 from .tokens import _tokenize
 from .report import PromptResult, VerifyReport, aggregate, judge
+from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 from .thresholds import coarsest, thresholds_for
 
 DEVICE_MAPS = ("auto",)
@@ -113,28 +114,34 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
 
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
                    progress=progress, seed=seed, torch=torch)
+        # a multimodal model's towers are run alone in both models (verification/towers.py)
+        run["towers"] = tower_targets(ref.folder) if kind.name == "multimodal" else []
+        run["tower_out"] = {}
         load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory)
         mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
         results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
         del pairs     # the suspended generators hold the models
         _free(torch)
+        towers = compare_towers(run["towers"], run["tower_out"].get("reference", {}),
+                                run["tower_out"].get("candidate", {}), thr.max_logit_diff)
 
     return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=device_map, dtype=dtype,
-                   mode=mode, max_new_tokens=max_new_tokens, notes=notes, warnings=warnings, t0=t0, torch=torch)
+                   mode=mode, max_new_tokens=max_new_tokens, notes=notes, warnings=warnings, t0=t0, torch=torch,
+                   towers=towers)
 
 
 def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_map, dtype, mode, max_new_tokens,
-            notes, warnings, t0, torch, localize=None) -> VerifyReport:
+            notes, warnings, t0, torch, localize=None, towers=()) -> VerifyReport:
     """Aggregate the per-prompt results, judge them and build the report."""
     metrics = aggregate(results, kind)
-    failures = judge(metrics, thr, kind, results)
+    failures = tuple(judge(metrics, thr, kind, results)) + tuple(tower_failures(towers))
     return VerifyReport(
         reference=os.fspath(reference), candidate=os.fspath(candidate), kind=kind.name, output=kind.output,
         architectures=(ref.architecture, cand.architecture), storage_dtypes=(ref.storage_dtype, cand.storage_dtype),
         device=("device_map=auto" if device_map else dev), dtype=dtype, mode=mode, max_new_tokens=max_new_tokens,
         thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
         notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
-        environment=_environment(dev, torch), localize=localize)
+        environment=_environment(dev, torch), localize=localize, towers=tuple(towers))
 
 
 def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revision, candidate_revision,
@@ -206,6 +213,8 @@ def _run_parallel(ref: PreparedModel, cand: PreparedModel, run: dict, load: dict
     for the pair) -> pairs ``((ref_out, ref_cont), (cand_out, cand_cont))``."""
     ref_model = load_model(ref, **load)
     cand_model = load_model(cand, **load)
+    _tower_run(ref_model, "reference", run)
+    _tower_run(cand_model, "candidate", run)
     return zip(_outputs(ref_model, "both models", **run), _outputs(cand_model, "candidate", **{**run, "progress": False}))
 
 
@@ -219,11 +228,19 @@ def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: di
     for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", **run)):
         np.save(saved / f"{i}.npy", arr)
         ref_conts.append(cont)
+    _tower_run(ref_model, "reference", run)
     del ref_model
     _free(run["torch"])
     cand_model = load_model(cand, **load)
+    _tower_run(cand_model, "candidate", run)
     return (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
             for i, out in enumerate(_outputs(cand_model, "candidate", **run)))
+
+
+def _tower_run(model, side: str, run: dict) -> None:
+    """The outputs of each tower of ``run["towers"]`` run alone in ``model`` (kept in ``run["tower_out"]``)."""
+    if run["towers"]:
+        run["tower_out"][side] = tower_arrays(model, run["towers"], run["torch"])
 
 
 # --- steps ------------------------------------------------------------------------------------
@@ -427,6 +444,9 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
         ref = prepared(ref_src, work, "reference")
         cand = prepared(cand_src, work, "candidate")
         kind = _comparable_kind(ref, cand)
+        if kind.name == "multimodal":
+            raise CkptError("a vision/audio-language model is not run layer by layer: verify loads it whole "
+                            "(drop --stream, or give a memory budget both models fit one at a time: --sequential)")
         for pm, src in ((ref, ref_src), (cand, cand_src)):
             if src.gguf:
                 notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
@@ -460,7 +480,8 @@ def _size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
 
 
-def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch):
+def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch, towers=(),
+             tower_out=None):
     """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt."""
     from tqdm.auto import tqdm
 

@@ -27,7 +27,12 @@ KINDS: dict[str, ModelKind] = {
     "causal-lm": ModelKind("causal-lm", "AutoModelForCausalLM", "logits", distribution=True, generates=True),
     "masked-lm": ModelKind("masked-lm", "AutoModelForMaskedLM", "logits", distribution=True, generates=False),
     "encoder": ModelKind("encoder", "AutoModel", "last_hidden_state", distribution=False, generates=False),
+    # a vision- / audio-language model (LLaVA, Qwen2-VL ...): its own class (architectures[0]) runs the text path on
+    # token ids; its towers are judged alone on their own outputs (verification/towers.py)
+    "multimodal": ModelKind("multimodal", "", "logits", distribution=True, generates=True),
 }
+# sub-configs that make a decoder-only config multimodal (a text decoder beside a vision / audio tower)
+_TOWER_CONFIGS = ("vision_config", "audio_config")
 
 # Suffix of the config's ``architectures[0]`` class name -> kind.  First match wins, so the
 # longer suffixes come before the bare "Model" (GPT2LMHeadModel is a causal LM, BertModel is not).
@@ -46,14 +51,19 @@ ENCODER_MODEL_TYPES = _ENCODER_MODEL_TYPES
 
 def model_kind(config: dict, *, path: str | None = None) -> ModelKind:
     """The :class:`ModelKind` for a parsed ``config.json``; raises UnsupportedError for other heads
-    (sequence classifiers, encoder-decoders, vision-language models)."""
+    (sequence classifiers, encoder-decoders).  A ``*ForConditionalGeneration`` decoder with a vision / audio
+    sub-config is ``multimodal``."""
     archs = config.get("architectures") or []
     if archs:
         arch = str(archs[0])
+        if (arch.endswith("ForConditionalGeneration") and not config.get("is_encoder_decoder")
+                and any(isinstance(config.get(k), dict) for k in _TOWER_CONFIGS)):
+            return KINDS["multimodal"]
         for suffix, kind in ARCH_SUFFIX_KIND:
             if arch.endswith(suffix):
                 return KINDS[kind]
         raise UnsupportedError(
-            f"architecture {arch} is not a causal LM, masked LM or bare encoder; verify compares those only",
+            f"architecture {arch} is not a causal LM, masked LM, bare encoder or vision/audio-language decoder; "
+            "verify compares those only",
             path=path)
     return KINDS["encoder" if config.get("model_type") in ENCODER_MODEL_TYPES else "causal-lm"]

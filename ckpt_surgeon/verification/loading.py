@@ -166,7 +166,8 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
     import torch
     import transformers
 
-    cls = getattr(transformers, pm.kind.auto_class)
+    # multimodal: the checkpoint's own class (an Auto class would pick the text-only model of some types)
+    cls = getattr(transformers, pm.kind.auto_class or pm.architecture)
     kw = dict(local_files_only=True, output_loading_info=True)
     if device_map:
         kw["device_map"] = device_map

@@ -21,7 +21,7 @@ from .thresholds import Thresholds
 JSON_KEYS: dict[str, str] = {
     "reference": "REFERENCE as given",
     "candidate": "CANDIDATE as given",
-    "kind": "causal-lm | masked-lm | encoder (from config.json architectures / model_type)",
+    "kind": "causal-lm | masked-lm | encoder | multimodal (from config.json architectures / model_type)",
     "output": "what was compared: logits, or last_hidden_state for encoders",
     "architectures.reference": "config architectures[0] of the reference",
     "architectures.candidate": "config architectures[0] of the candidate",
@@ -202,11 +202,14 @@ class VerifyReport:
     elapsed_s: float = 0.0
     environment: dict = field(default_factory=dict)
     localize: object = None                  # LocalizeReport: per-layer divergence (stream mode computes it)
+    towers: tuple = ()                       # TowerResult per vision / audio tower of a multimodal model
 
     def to_dict(self) -> dict:
         d = self._dict()
         if self.localize is not None:
             d["localize"] = self.localize.to_dict()
+        if self.towers:
+            d["towers"] = [t.to_dict() for t in self.towers]
         return d
 
     def _dict(self) -> dict:
@@ -216,7 +219,7 @@ class VerifyReport:
             "architectures": {"reference": self.architectures[0], "candidate": self.architectures[1]},
             "storage_dtypes": {"reference": self.storage_dtypes[0], "candidate": self.storage_dtypes[1]},
             "device": self.device, "dtype": self.dtype, "mode": self.mode,
-            "max_new_tokens": self.max_new_tokens if self.kind == "causal-lm" else None,
+            "max_new_tokens": self.max_new_tokens if self.kind in ("causal-lm", "multimodal") else None,
             "passed": self.passed, "failures": list(self.failures),
             "metrics": self.metrics.to_dict(),
             "thresholds": self.thresholds.to_dict(),
@@ -268,6 +271,10 @@ class VerifyReport:
             items.append(("greedy", "not compared (layer-streamed: one forward pass, no generation)"))
         items.append(("thresholds", self.thresholds.describe(distribution=m.mean_kl is not None,
                                                              generates=m.greedy_identical is not None)))
+        for t in self.towers:
+            items.append((f"tower {t.name}", f"{t.kind}, not run alone: {t.note}" if t.passed is None else
+                          f"{t.kind}, run alone as {t.module} ({t.inputs}): max |Δ| {t.max_abs_diff:.4g} (scale "
+                          f"{t.scale:.4g}, relative {t.max_rel_diff:.3g}) {'ok' if t.passed else 'FAILS'}"))
         items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)))
         if self.localize is not None:
             items += self.localize.summary_items()
