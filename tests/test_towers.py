@@ -141,3 +141,53 @@ def test_gemma3_siglip_tower_is_reported_and_folded_per_tower(tmp_path):
         fold_bias(str(src), str(tmp_path / "t"), k=True, tower="text")
     with pytest.raises(CkptError, match="no such attention stack"):
         fold_bias(str(src), str(tmp_path / "n"), k=True, tower="nope")
+
+
+def _tiny_seamless(out):
+    """A tiny SeamlessM4T speech-to-text model (conformer speech encoder with ``linear_q/k/v``, its adapter,
+    a text decoder with self- and cross-attention), every bias drawn with std 0.5, saved by transformers."""
+    import transformers
+
+    from ckpt_surgeon.arch.probe import random_instance
+    from ckpt_surgeon.runtime import quiet_transformers
+    cfg = transformers.SeamlessM4TConfig(
+        vocab_size=64, t2u_vocab_size=64, hidden_size=16, speech_encoder_layers=2, speech_encoder_attention_heads=2,
+        speech_encoder_intermediate_size=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, feature_projection_input_dim=16,
+        num_adapter_layers=1, adaptor_kernel_size=2, adaptor_stride=2, conv_depthwise_kernel_size=3,
+        t2u_encoder_layers=1, t2u_decoder_layers=1, t2u_encoder_attention_heads=2, t2u_decoder_attention_heads=2,
+        t2u_encoder_ffn_dim=16, t2u_decoder_ffn_dim=16, max_position_embeddings=64, t2u_max_position_embeddings=64,
+        architectures=["SeamlessM4TForSpeechToText"]).to_dict()
+    _, model = random_instance(cfg, transformers.SeamlessM4TForSpeechToText, seed=0)
+    with quiet_transformers():
+        model.save_pretrained(out)
+    return out
+
+
+def test_seamless_conformer_biases_land_in_an_audio_tower_row(tmp_path):
+    """SeamlessM4T: its attention class names once read as an SSM mixer ("SeamlessM4T") and its conformer's
+    ``linear_q/k/v`` as no projection, so all its biases were unplaced.  Now the speech encoder is an audio
+    tower with one row per conformer layer, the adapter its own stack, the text decoder (self- and
+    cross-attention) the main one; every key bias is classified by the float64 probe, and transformers'
+    float64 forward pass (the logits and the speech encoder's own outputs) agrees with the exact fold."""
+    from ckpt_surgeon import fold_bias, inspect
+    src = _tiny_seamless(tmp_path / "src")
+    rep = inspect(str(src))
+    assert rep.skipped == () and not rep.warnings
+    by_kind = {t.kind: t for t in rep.towers}
+    audio = by_kind["audio"]
+    assert audio.name == "speech_encoder.encoder.layers" and len(audio.layers) == 2
+    assert (audio.num_heads, audio.num_kv_heads, audio.head_dim) == (2, 2, 8)
+    for i, lr in enumerate(audio.layers):
+        for role, b in zip("qkv", (lr.q_bias, lr.k_bias, lr.v_bias)):
+            assert b.tensor == f"speech_encoder.encoder.layers.{i}.self_attn.linear_{role}.bias"
+        assert (lr.extra.get("k_bias_redundancy") or {}).get("class") not in (None, "unknown")
+    assert by_kind["projector"].layers[0].k_bias.tensor == "speech_encoder.adapter.layers.0.self_attn.linear_k.bias"
+    text = rep.towers[0]
+    assert text.kind == "text" and {lr.k_bias.tensor for lr in text.layers} == {
+        "text_decoder.layers.0.self_attn.k_proj.bias", "text_decoder.layers.0.cross_attention.k_proj.bias"}
+    fold_bias(str(src), str(tmp_path / "k"), k=True)
+    from safetensors.numpy import load_file
+    folded = {k: v for f in (tmp_path / "k").glob("*.safetensors") for k, v in load_file(f).items()}
+    assert not folded[audio.layers[0].k_bias.tensor].any()
+    assert rel_change(logits64(src), logits64(tmp_path / "k")) < EXACT_RTOL

@@ -57,7 +57,8 @@ from .modtree import (  # noqa: F401
 )
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
-CACHE_VERSION = 3     # 3: DerivedArch.renames (transformers' checkpoint key conversions)
+CACHE_VERSION = 4     # 3: DerivedArch.renames (transformers' checkpoint key conversions); 4: conformer
+#                       linear_q/k/v blocks, SeamlessM4T's attention no longer taken for an SSM mixer
 _CACHE_MAX_BYTES = 16 << 20    # a derived record is a few KB; a larger file is not ours
 
 
@@ -220,6 +221,8 @@ def main_heads(attn) -> tuple:
     with_heads = [b for b in attn if b.heads]
     lang = [b for b in with_heads if _LANGUAGE.search(b.path) and not _TOWER.search(b.path)]
     text = [b for b in with_heads if not _TOWER.search(b.path)]
+    if not (lang or text) and any(not _TOWER.search(b.path) for b in attn):
+        return ()      # a text stack whose heads cannot be read (latent attention) is not a tower's
     return (lang or text or with_heads or [Block("", "", "none")])[0].heads
 
 
@@ -450,7 +453,8 @@ def split_stacks(arch: DerivedArch, heads: tuple, gated: bool) -> tuple[list, di
     """(blocks of the main stack in order, {(stack path, heads, q_gate): [blocks]} of the others)."""
     stacks: dict = {}
     # a vision / audio path makes a tower only beside a text stack (a model of towers alone keeps its first)
-    by_path = any(b.kind != "none" and b.heads == heads and not _in_tower(b, heads, gated) for b in arch.blocks)
+    # (a text stack whose heads cannot be read, MLA's latent attention, is a text stack all the same)
+    by_path = any(b.kind != "none" and not _in_tower(b, heads, gated) for b in arch.blocks)
     for b in arch.blocks:
         if b.kind != "none" and _in_tower(b, heads, gated, by_path):
             stacks.setdefault((stack_of(b.path), b.heads, b.q_gate), []).append(b)

@@ -191,8 +191,9 @@ def _rope_params(cfg: dict, path: str | None = None) -> dict:
     return out
 
 
+# q_a_proj / q_b_proj / kv_a_proj(_with_mqa) / kv_b_proj: MLA's low-rank query and latent key-value projections
 _ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|query_key_value|attn_q|attn_k|attn_v|wq|wk|wv|"
-                         r"linear_[qkv]|to_[qkv])")
+                         r"linear_[qkv]|to_[qkv]|q_[ab]_proj|kv_[ab]_proj)")
 # a norm's bias under an attention-like name (Sarvam's query_layernorm, BLOOM's input_layernorm) is no projection bias
 _NORM_MODULE = re.compile(r"(norm|^ln_?\d*$|layer_norm|layernorm)", re.I)
 

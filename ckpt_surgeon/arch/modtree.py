@@ -13,16 +13,18 @@ import re
 from dataclasses import asdict, dataclass
 
 # Direct-child names of an attention module, per role (transformers 5 modeling files).
-_Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear")
-_K = ("k_proj", "key", "k", "wk", "k_lin", "to_k", "key_proj", "k_linear")
-_V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear")
+# linear_q / linear_k / linear_v / linear_out: conformer self-attention (SeamlessM4T, Wav2Vec2-Conformer)
+_Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear", "linear_q")
+_K = ("k_proj", "key", "k", "wk", "k_lin", "to_k", "key_proj", "k_linear", "linear_k")
+_V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear", "linear_v")
 _FUSED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "W_pack", "wqkv", "qkv", "att_proj", "qkv_linear",
           "in_proj_qkv")
 _O = ("o_proj", "out_proj", "dense", "c_proj", "wo", "out_lin", "o", "out", "proj", "to_out", "output_proj",
-      "attn_out", "o_linear", "projection")     # BLIP's vision attention: projection
+      "attn_out", "o_linear", "projection", "linear_out")     # BLIP's vision attention: projection
 _QK_NORM = re.compile(r"^(q|k|query|key)_?(norm|layernorm|ln)$", re.I)
-# Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).
-_NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|ssm|retention|gla|hyena|xlstm|conv", re.I)
+# Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).  "SSM" is
+# matched in capitals only: "SeamlessM4TAttention" is softmax attention ("sea-m-le-ssM4T")
+_NOT_SOFTMAX = re.compile(r"mamba|linear|lightning|delta|rwkv|(?-i:SSM)|retention|gla|hyena|xlstm|conv", re.I)
 _ATTN_CLASS = re.compile(r"Attention$")
 _CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
 _LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
