@@ -9,6 +9,7 @@ transformers loads from the same file.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,26 @@ def test_seamless_conformer_biases_land_in_an_audio_tower_row(tmp_path):
     folded = {k: v for f in (tmp_path / "k").glob("*.safetensors") for k, v in load_file(f).items()}
     assert not folded[audio.layers[0].k_bias.tensor].any()
     assert rel_change(logits64(src), logits64(tmp_path / "k")) < EXACT_RTOL
+
+
+def test_renamed_layout_is_matched_once_then_read_from_the_cache(tmp_path):
+    """A file in a layout transformers renames at load (EXAONE here, the Hub's LLaVA likewise) is matched
+    through the meta-device model's rules on the first run; later runs read the match from the derivation
+    cache and import neither torch nor transformers (before the cache: every run, ~4 s)."""
+    import os
+    import subprocess
+    import sys
+    src = _zoo("exaone")
+    code = ("import json, sys; from ckpt_surgeon import inspect; d = inspect(sys.argv[1]).to_dict(); "
+            "print(json.dumps([[(r.get('k_bias'), r.get('q_bias')) for r in d['layers']], sorted(d.get('skipped', []))])); "
+            "print('torch' in sys.modules)")
+    env = dict(os.environ, CKPT_SURGEON_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    runs = [subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, env=env)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    (rows1, torch1), (rows2, torch2) = (r.stdout.strip().splitlines() for r in runs)
+    assert rows1 == rows2 and "transformer.h.0.attn.attention.k_proj.bias" in rows1, rows1
+    assert torch1 == "True" and torch2 == "False", (torch1, torch2)
+    assert list((tmp_path / "cache").rglob("*.names-*.json"))

@@ -334,6 +334,27 @@ def _renamed_names(cfg: dict, expected: list[str], tensors) -> tuple[dict, dict,
     return names, pieces, note
 
 
+def _renamed_names_cached(cfg: dict, expected: list[str], tensors) -> tuple[dict, dict, str | None]:
+    """:func:`_renamed_names`, cached beside the derivation (per config, transformers version and the
+    file's tensor names): matching through the rules needs the meta-device model, so without the cache
+    every run of a file in a renamed layout (the Hub's LLaVA, EXAONE ...) imported torch + transformers."""
+    key = hashlib.sha256(json.dumps([sorted(tensors), expected]).encode()).hexdigest()[:16]
+    path = _cache_path(cfg, _transformers_version())
+    path = path.with_name(f"{path.stem}.names-{key}.json")
+    try:
+        d = read_json(path, max_bytes=_CACHE_MAX_BYTES, what="derived-architecture cache")
+        return dict(d["names"]), {k: (f, int(i)) for k, (f, i) in d["pieces"].items()}, d["note"]
+    except (CkptError, OSError, ValueError, TypeError, KeyError):
+        pass                # absent, corrupt or another version's: match through the rules again
+    names, pieces, note = _renamed_names(cfg, expected, tensors)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, json.dumps({"names": names, "pieces": pieces, "note": note}).encode())
+    except OSError:
+        pass                # a read-only cache only costs the next run the matching again
+    return names, pieces, note
+
+
 def _fused_pieces(b: Block, pieces: dict) -> dict:
     """qkv_weight / qkv_bias of a block whose q, k and v parameters are pieces 0, 1, 2 of one file tensor."""
     out = {}
@@ -414,7 +435,7 @@ def _file_names(arch: DerivedArch, cfg: dict, tensors) -> tuple[dict, dict, list
     pieces: dict = {}
     if arch.renames and any(e.endswith(".weight") and e not in names for e in expected):
         # a file in the layout transformers renames at load (EXAONE, Sarvam-MoE): match through its rules
-        names, pieces, note = _renamed_names(cfg, expected, tensors)
+        names, pieces, note = _renamed_names_cached(cfg, expected, tensors)
         if note:
             notes.append(note)
     return names, pieces, notes
