@@ -215,3 +215,44 @@ def test_renamed_layout_is_matched_once_then_read_from_the_cache(tmp_path):
     assert rows1 == rows2 and "transformer.h.0.attn.attention.k_proj.bias" in rows1, rows1
     assert torch1 == "True" and torch2 == "False", (torch1, torch2)
     assert list((tmp_path / "cache").rglob("*.names-*.json"))
+
+
+def test_speech_encoder_is_an_audio_tower_and_its_conformer_is_classified(tmp_path):
+    """A speech seq2seq model's encoder (``get_encoder()`` of a model whose main input is audio features) is an
+    audio tower beside the text decoder, not one "text" stack with it (Canary / Cohere-ASR / Whisper were
+    reported as ``model.decoder.layers + model.encoder.layers``).  Canary's conformer was ``unknown``: a conv
+    front end at transformers' std-0.02 init passed only its biases, every frame reached attention as the same
+    vector and the probe's control saw nothing; with variance-preserving conv weights in the probe instance it
+    is classified, and the fold of every key bias is exact in transformers' float64 forward pass."""
+    from ckpt_surgeon import fold_bias, inspect
+    src = _zoo("canary@mm")
+    rep = inspect(str(src))
+    kinds = {t.name: t.kind for t in rep.towers}
+    assert kinds == {"model.decoder.layers": "text", "model.encoder.layers": "audio"}, kinds
+    for t in rep.towers:
+        classes = {(lr.extra.get("k_bias_redundancy") or {}).get("class") for lr in t.layers if lr.k_bias is not None}
+        assert classes == {"exact"}, (t.name, classes)
+    fold_bias(str(src), str(tmp_path / "k"), k=True)
+    from safetensors.numpy import load_file
+    folded = {k: v for f in (tmp_path / "k").glob("*.safetensors") for k, v in load_file(f).items()}
+    audio = next(t for t in rep.towers if t.kind == "audio")
+    assert not folded[audio.layers[0].k_bias.tensor].any()
+    assert rel_change(logits64(src), logits64(tmp_path / "k")) < EXACT_RTOL
+
+
+@pytest.mark.parametrize("key, group", [
+    ("blip-2@mm", "qformer.encoder.layer"),                           # a Q-Former: query embeddings + image states
+    ("minicpmv4_6@mm", "model.vision_tower.vit_merger.self_attn"),    # target_sizes; the merger kept in the shrink
+    ("lfm2_vl@mm", "model.vision_tower.encoder.layers"),             # SigLIP-2 NaFlex: spatial_shapes
+    ("video_llama_3@mm", "model.vision_model.encoder.layers"),       # merge_sizes
+    ("omniasr@mm", "model.audio_tower.layers"),                      # [b, 1, samples]
+    ("trocr", "model.decoder.layers"),                               # cross-attention: seeded encoder states
+])
+def test_towers_a_token_forward_never_runs_are_probed_alone(key, group):
+    """Each of these stacks was ``unknown`` (the probe's control saw nothing): it is now run alone, or fed the
+    input it needs, and every key-bias row of it is classified."""
+    from ckpt_surgeon import inspect
+    rep = inspect(str(_zoo(key)))
+    t = next(t for t in rep.towers if t.name == group)
+    classes = {(lr.extra.get("k_bias_redundancy") or {}).get("class") for lr in t.layers if lr.k_bias is not None}
+    assert classes and None not in classes and "unknown" not in classes, classes

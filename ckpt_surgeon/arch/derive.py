@@ -57,8 +57,9 @@ from .modtree import (  # noqa: F401
 )
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
-CACHE_VERSION = 4     # 3: DerivedArch.renames (transformers' checkpoint key conversions); 4: conformer
-#                       linear_q/k/v blocks, SeamlessM4T's attention no longer taken for an SSM mixer
+CACHE_VERSION = 5     # 3: DerivedArch.renames (transformers' checkpoint key conversions); 4: conformer
+#                       linear_q/k/v blocks, SeamlessM4T's attention no longer taken for an SSM mixer; 5: towers
+#                       probed alone on more inputs (Q-Formers, NaFlex, conformers), DerivedArch.audio
 _CACHE_MAX_BYTES = 16 << 20    # a derived record is a few KB; a larger file is not ours
 
 
@@ -81,6 +82,7 @@ class DerivedArch:
     cached: bool = False
     renames: bool = False    # transformers has checkpoint key conversions for this class (arch/renames.py)
     positions: tuple = ()    # ((tower root module path, position, how seen), ...): each non-main stack's own
+    audio: tuple = ()        # module paths of a speech model's encoder (Whisper's model.encoder): an audio tower
 
     def group(self, name: str | None) -> GroupFacts | None:
         for g in self.groups:
@@ -106,7 +108,7 @@ class DerivedArch:
         groups = tuple(GroupFacts(**dict(g, reasons=tuple(g["reasons"]), pass_dims=tuple(g["pass_dims"]),
                                          facts=facts(g["facts"]))) for g in d["groups"])
         return cls(**dict(d, blocks=blocks, groups=groups, facts=facts(d["facts"]), notes=tuple(d["notes"]),
-                          positions=tuple(tuple(p) for p in d.get("positions", ()))))
+                          positions=tuple(tuple(p) for p in d.get("positions", ())), audio=tuple(d.get("audio", ()))))
 
 
 def cache_dir() -> Path:
@@ -192,7 +194,7 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
         num_kv_heads=heads[1] if heads else None, head_dim=heads[2] if heads else None,
         hidden_size=_int_attr(conf, ("hidden_size", "d_model")), position=pos, rotary_dim=rotary_dim,
         facts=tuple(facts), notes=notes, seconds=round(time.perf_counter() - t0, 3), renames=_has_renames(model),
-        positions=_tower_positions(model, attn, heads))
+        positions=_tower_positions(model, attn, heads, _speech_encoders(model)), audio=_speech_encoders(model))
     if use_cache and probe:
         _cache_store(path, arch)
     return arch
@@ -253,12 +255,30 @@ def tower_root(stack: str) -> str:
     return ".".join(parts[:-1])
 
 
-def _tower_positions(model, attn, heads) -> tuple:
+def _speech_encoders(model) -> tuple:
+    """The module path of a speech model's encoder (``get_encoder()`` of a model whose main input is audio
+    features or samples: Whisper, Moonshine, Canary), else (): its layers are an audio tower, not text."""
+    main = getattr(model, "main_input_name", None)
+    get = getattr(model, "get_encoder", None)
+    if main not in ("input_features", "input_values") or not callable(get):
+        return ()
+    try:
+        enc = get()
+    except Exception:   # noqa: BLE001 - a model without a separate encoder: nothing to split off
+        return ()
+    return next(((p,) for p, m in model.named_modules() if m is enc and p and enc is not model), ())
+
+
+def _under(path: str, roots: tuple) -> bool:
+    return any(path.startswith(r + ".") for r in roots)
+
+
+def _tower_positions(model, attn, heads, audio: tuple = ()) -> tuple:
     """(root, position, how) for the roots of the stacks that are not the main one (their own module trees)."""
     out, seen = [], set()
     for b in attn:
         root = tower_root(stack_of(b.path))
-        if b.heads == heads and not _TOWER.search(b.path) or root in seen:
+        if b.heads == heads and not _TOWER.search(b.path) and not _under(b.path, audio) or root in seen:
             continue
         seen.add(root)
         try:
@@ -475,12 +495,12 @@ def split_stacks(arch: DerivedArch, heads: tuple, gated: bool) -> tuple[list, di
     stacks: dict = {}
     # a vision / audio path makes a tower only beside a text stack (a model of towers alone keeps its first)
     # (a text stack whose heads cannot be read, MLA's latent attention, is a text stack all the same)
-    by_path = any(b.kind != "none" and not _in_tower(b, heads, gated) for b in arch.blocks)
+    by_path = any(b.kind != "none" and not _in_tower(b, heads, gated, audio=arch.audio) for b in arch.blocks)
     for b in arch.blocks:
-        if b.kind != "none" and _in_tower(b, heads, gated, by_path):
+        if b.kind != "none" and _in_tower(b, heads, gated, by_path, arch.audio):
             stacks.setdefault((stack_of(b.path), b.heads, b.q_gate), []).append(b)
     tower_stacks = {k[0] for k in stacks}
-    main = [b for b in arch.blocks if not ((b.kind != "none" and _in_tower(b, heads, gated, by_path))
+    main = [b for b in arch.blocks if not ((b.kind != "none" and _in_tower(b, heads, gated, by_path, arch.audio))
                                            or (b.kind == "none" and stack_of(b.path) in tower_stacks))]
     for key, members in stacks.items():     # a tower's layers without attention stay in that tower
         nones = [b for b in arch.blocks if b.kind == "none" and stack_of(b.path) == key[0]]
@@ -523,14 +543,15 @@ def registry_towers(cfg: dict, tensors, layout):
     return replace(layout, towers=tuple(towers), skipped=skipped, notes=layout.notes + (note,))
 
 
-def _in_tower(b: Block, heads: tuple, gated: bool, by_path: bool = True) -> bool:
+def _in_tower(b: Block, heads: tuple, gated: bool, by_path: bool = True, audio: tuple = ()) -> bool:
     """Whether an attention block belongs to another stack than the main (text) one: other head counts or
     another q-gate layout, or a vision / audio tower's path (whatever its head counts: a tiny or a real tower
     may have the language model's head sizes, and a tower block whose heads could not be read is not checked
     against the language model's)."""
     if b.heads and (b.heads != heads or b.q_gate != gated):
         return True
-    return by_path and bool(_TOWER.search(b.path) or _KINDS[0][1].search(b.path))   # a projector's attention too
+    return by_path and bool(_TOWER.search(b.path) or _KINDS[0][1].search(b.path)   # a projector's attention too
+                            or _under(b.path, audio))                             # a speech model's encoder
 
 
 def _block_order_key(b: Block):
@@ -587,6 +608,7 @@ def _tower(arch: DerivedArch, stack: str, hs: tuple, members: list, names: dict,
     position = PositionEncoding("rope", partial[0].pass_dims[0] if partial else None, None, None) if pos == "rope" \
         else PositionEncoding(pos)
     kind = tower_kind(stack)
+    kind = "audio" if kind in ("text", "other") and _under(stack, arch.audio) else kind   # an adapter stays one
     how = (f"derived from transformers' module tree ({root or '<root>'}: {pos_how}); key-bias facts probed in "
            "float64" + ("" if hs else "; head counts could not be read: biases not split per head"))
     layout = ModelLayout(

@@ -165,17 +165,29 @@ def feeds(mod, name: str, seed: int = 0, *, whole: bool = False) -> list[dict]:
                 for width in dict.fromkeys((ch * tp * ph * pw, ch * ph * pw)):
                     out.append({name: noise(side * side, width),
                                 grid_name: torch.tensor([grid], dtype=torch.long)})
+                    if "merge_sizes" in params:     # VideoLLaMA-3: the merge size of each image
+                        out[-1]["merge_sizes"] = torch.tensor([merge], dtype=torch.long)
             elif name == "flattened_patches":
                 # Pix2Struct / Kosmos-2.5: [b, n, 2 + C*p*p], the first two values a patch's row and column
                 width = _get(confs, ("patch_embed_hidden_size",)) or ch * ph * pw
                 n = 16
                 rc = torch.tensor([[i // 4 + 1, i % 4 + 1] for i in range(n)], dtype=torch.float64)[None]
                 out.append({name: torch.cat([rc, noise(1, n, width)], dim=-1)})
+            elif "spatial_shapes" in params:
+                # SigLIP-2 NaFlex (LFM2-VL): [b, n, C*p*p] patches, their mask and the (h, w) patch grid
+                # (Siglip2VisionModelTester: pixel_values [b, n, C*p*p], spatial_shapes [[h, w]])
+                side = 4
+                out.append({name: noise(1, side * side, ch * ph * pw),
+                            "pixel_attention_mask": torch.ones((1, side * side), dtype=torch.long),
+                            "spatial_shapes": torch.tensor([[side, side]], dtype=torch.long)})
             elif size is not None:
                 hs, ws = _square(size)
                 tokens = (hs // ph) * (ws // pw)
                 if tokens <= MAX_TOWER_TOKENS:
                     out.append({name: noise(1, ch, hs, ws)})
+                    if "target_sizes" in params:     # MiniCPM-V: the patch grid of each image
+                        out.append({name: noise(1, ch, hs, ws),
+                                    "target_sizes": torch.tensor([[hs // ph, ws // pw]], dtype=torch.int32)})
                     if whole:
                         out.append({name: noise(1, 1, ch, hs, ws)})   # [batch, images, C, H, W] (Idefics3)
                 if "interpolate_pos_encoding" in params:
@@ -202,11 +214,35 @@ def feeds(mod, name: str, seed: int = 0, *, whole: bool = False) -> list[dict]:
     elif name in ("input_values", "inputs", "audio_values"):
         for n in (16000, 4000):
             out.append({name: noise(1, n)})
+        out += [{name: noise(1, 1, n)} for n in (16000, 4000)]     # [b, 1, samples] (OmniASR's conv front end)
+    elif name in ("query_embeds", "input_ids"):
+        out = _query_feeds(mod, name, confs, noise, seed)
     elif name == "state":
         dim = _get(confs, ("max_state_dim", "state_dim"))
         if dim:
             out.append({name: noise(1, dim)})
     return out
+
+
+def _query_feeds(mod, name: str, confs, noise, seed: int) -> list[dict]:
+    """A Q-Former (BLIP-2, InstructBLIP, Granite-Speech's projector) or another sub-encoder of token ids
+    (Evolla's protein encoder) run alone: ``query_embeds`` [b, queries, hidden] attending to
+    ``encoder_hidden_states`` [b, n, encoder_hidden_size] (Blip2QFormerModelTester), token ids of its own
+    vocabulary, whichever of them its forward takes."""
+    import torch
+    params = _params(mod)
+    hidden = _get(confs, ("hidden_size", "d_model"))
+    d: dict = {}
+    if name == "input_ids":
+        d["input_ids"] = token_inputs(confs[0], seed)["input_ids"][:, : SEQ_LEN // 2]
+        if "attention_mask" in params:
+            d["attention_mask"] = torch.ones_like(d["input_ids"])
+    if "query_embeds" in params and isinstance(hidden, int):
+        d["query_embeds"] = noise(1, 4, hidden)
+        enc = _get(confs, ("encoder_hidden_size",)) or hidden
+        if "encoder_hidden_states" in params and isinstance(enc, int):
+            d["encoder_hidden_states"] = noise(1, 10, enc)
+    return [d] if name in d else []
 
 
 def _with_required(mod, inputs: dict) -> dict:
@@ -243,8 +279,10 @@ def _first_param(mod) -> str | None:
 
 def tower_input(root, group: str, seed: int = 0):
     """(module, inputs) that run the tower holding ``group`` (a module path, ``{L}`` for the layer index) alone
-    on seeded noise, or None: the deepest module above the group whose forward takes pixels, patches or audio
-    features (its first argument) that the modeling file runs with candidates from its config (:func:`feeds`)."""
+    on seeded noise, or None: the deepest module above the group whose forward takes pixels, patches, audio
+    features, a Q-Former's query embeddings or a sub-encoder's own token ids (its first argument) that the
+    modeling file runs with candidates from its config (:func:`feeds`).  Only modules with a config: their
+    forward builds its own positions from its inputs, as it does inside the whole model."""
     parts = group.split(".{L}")[0].split(".")
     for i in range(len(parts), 0, -1):
         try:
@@ -255,7 +293,7 @@ def tower_input(root, group: str, seed: int = 0):
             continue
         name = _first_param(mod)
         if name is None or name not in ("pixel_values", "hidden_states", "flattened_patches", "patch_embeds",
-                                        "input_features", "input_values"):
+                                        "input_features", "input_values", "query_embeds", "input_ids"):
             continue
         if name == "hidden_states" and not (any(n in _params(mod) for n in _GRIDS) or _get(_configs(mod), _MEL)):
             continue     # a plain encoder stack's hidden states: its caller's input is the tower's

@@ -13,14 +13,15 @@ import re
 from dataclasses import asdict, dataclass
 
 # Direct-child names of an attention module, per role (transformers 5 modeling files).
-# linear_q / linear_k / linear_v / linear_out: conformer self-attention (SeamlessM4T, Wav2Vec2-Conformer)
-_Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear", "linear_q")
-_K = ("k_proj", "key", "k", "wk", "k_lin", "to_k", "key_proj", "k_linear", "linear_k")
-_V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear", "linear_v")
+# linear_q / linear_k / linear_v / linear_out: conformer self-attention (SeamlessM4T, Wav2Vec2-Conformer);
+# Wq / Wk / Wv: CTRL; q_head / k_head / v_head / post_proj: Funnel; Wo: ModernBERT
+_Q = ("q_proj", "query", "q", "wq", "q_lin", "to_q", "query_proj", "q_linear", "linear_q", "Wq", "q_head")
+_K = ("k_proj", "key", "k", "wk", "k_lin", "to_k", "key_proj", "k_linear", "linear_k", "Wk", "k_head")
+_V = ("v_proj", "value", "v", "wv", "v_lin", "to_v", "value_proj", "v_linear", "linear_v", "Wv", "v_head")
 _FUSED = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "W_pack", "wqkv", "qkv", "att_proj", "qkv_linear",
           "in_proj_qkv")
 _O = ("o_proj", "out_proj", "dense", "c_proj", "wo", "out_lin", "o", "out", "proj", "to_out", "output_proj",
-      "attn_out", "o_linear", "projection", "linear_out")     # BLIP's vision attention: projection
+      "attn_out", "o_linear", "projection", "linear_out", "Wo", "post_proj")     # BLIP's vision attention: projection
 _QK_NORM = re.compile(r"^(q|k|query|key)_?(norm|layernorm|ln)$", re.I)
 # Mixers that are not softmax attention over q.k (their k bias is never softmax-shift redundant).  "SSM" is
 # matched in capitals only: "SeamlessM4TAttention" is softmax attention ("sea-m-le-ssM4T")

@@ -303,6 +303,10 @@ def _shrunk_int(cfg: dict, k: str, v: int, *, layers: int, heads, h2: int, kv2: 
     """The smaller value of the integer config key ``k`` (None: it stays)."""
     if _LAYER_KEYS.match(k):
         return min(v, layers)
+    if k == "insert_layer_id" and layers > 0:
+        # MiniCPM-V's merger runs after this vision layer (the top-level key overrides the vision config's): kept
+        # inside the vision stack, which a shrink cuts to 2 layers
+        return min(v, min(layers, 2) - 1)
     if heads and _HEAD_KEYS.match(k):
         return h2
     if heads and _KV_KEYS.match(k):
@@ -460,6 +464,13 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
         for name, p in model.named_parameters():
             if name.endswith("bias") and p.ndim == 1:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * _BIAS_STD)
+        # convolutions get variance-preserving weights (std 1 / sqrt(fan-in), as trained front ends roughly have):
+        # at transformers' std 0.02 each conv shrinks its input ~20x, a conformer's subsampling stack then passes
+        # the biases alone and every audio frame reaches attention as the same vector (nothing to probe)
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.conv._ConvNd):
+                fan_in = m.weight[0].numel()
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g, dtype=torch.float64) / fan_in ** 0.5)
     return conf, model
 
 
@@ -765,6 +776,8 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
                                                  "bias to analyse",)))
     if not attn:
         return tuple(out)
+    # a latent-attention text stack has no readable heads: a tower beside it is probed with its own
+    heads = heads or next((b.heads for b in blocks if b.heads and b.group in attn), ())
     if not heads:
         return tuple(out) + tuple(GroupFacts(g, k, "unknown", ("head counts could not be read",)) for g, k in attn.items())
     inst, pblocks, used, err = _small_instance(cfg, klass, blocks, heads)
@@ -790,7 +803,9 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
                     gf = GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
             except Exception as e:   # noqa: BLE001 - as above: the reason is reported, nothing claimed
                 gf = GroupFacts(g, k, "unknown", (_failure(e),))
-        if gf.k_class == "invisible" and _TOWER.search(g):
+        if gf.k_class == "invisible" and k == "cross":
+            gf = _probe_with_encoder_states(inst, pblocks, g, k, pos, heads, gf)
+        if gf.k_class == "invisible":     # a tower, Q-Former or sub-encoder the whole forward never runs
             gf = _probe_through_tower(inst, pblocks, g, k, pos, heads, gf)
         if gf.k_class == "invisible":
             tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
@@ -832,6 +847,32 @@ def _probe_through_tower(inst, pblocks, g: str, k: str, pos: str, heads: tuple, 
     except Exception as e:   # noqa: BLE001 - a probe that cannot run claims nothing (and says why)
         gf = GroupFacts(g, k, "unknown", (_failure(e).replace("built or run", "run on this block"),))
     return gf
+
+
+def _probe_with_encoder_states(inst, pblocks, g: str, k: str, pos: str, heads: tuple, gf):
+    """A decoder's cross-attention that a token-id forward never runs (TrOCRForCausalLM, no encoder of its
+    own), probed with seeded ``encoder_hidden_states`` of the width its config names (``gf`` unchanged when the
+    forward takes none or that sees nothing either)."""
+    from .feeds import _configs, _get, _params
+    width = _get(_configs(inst.model), ("cross_attention_hidden_size", "encoder_hidden_size", "hidden_size", "d_model"))
+    if "encoder_hidden_states" not in _params(inst.model) or not isinstance(width, int):
+        return gf
+    try:
+        g64 = inst.torch.Generator().manual_seed(5)
+        view = object.__new__(_Instance)
+        view.torch, view.root, view.model, view.outputs, view.conf = inst.torch, inst.root, inst.model, inst.outputs, inst.conf
+        view.inputs = dict(inst.inputs, encoder_hidden_states=inst.torch.randn((1, 10, width), generator=g64,
+                                                                                dtype=inst.torch.float64))
+        view.base = view.run()
+        view.scale = float(view.base.abs().max()) or 1.0
+        gf2 = _probe_group(view, pblocks, g, k, pos, heads)
+    except Exception:   # noqa: BLE001 - the forward refuses encoder states: nothing more is claimed
+        return gf
+    if gf2.k_class == "invisible":
+        return gf
+    note = Fact("probe_input", "encoder_hidden_states", "derived", "a token-id forward never runs this cross-attention; "
+                "probed with seeded encoder states of the width the config names")
+    return GroupFacts(**{**gf2.__dict__, "facts": gf2.facts + (note,)})
 
 
 def _failure(e: Exception) -> str:

@@ -131,9 +131,6 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
                                    "was folded", path=src)
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
                                "rotary embedding and norms sit is unknown; nothing was folded", path=src)
-    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    if not (h and kv and d):
-        raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)", path=src)
 
     rows_to_zero: dict[str, set] = {}
     tensor_layer: dict[str, int] = {}
@@ -158,13 +155,17 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         recs = records if main else {lt.layer: {"layer": lt.layer, "tower": name} for lt in lay.layers}
         stack_notes: list[str] = []
         try:
+            if not (lay.num_heads and lay.num_kv_heads and lay.head_dim):
+                # (MLA's latent text stack beside a vision tower: the tower is still folded)
+                raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)"
+                                       if len(stacks) == 1 else "its heads / kv heads / head_dim are unknown", path=src)
             if k:
                 out_k = _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
                                 approximate, max_logit_change, context, params, epsilon, pairs)
                 outcome = out_k if main else outcome
             if v:
                 steps += _plan_v(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes)
-        except RefusedError as e:
+        except (RefusedError, UnsupportedError) as e:
             if len(stacks) == 1:
                 raise
             refused.append((name, e))
