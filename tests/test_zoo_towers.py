@@ -3,12 +3,13 @@ named in the table's warning ("N attention bias tensor(s) could not be placed"),
 reports an error.  Bias tensors are counted by introspecting the model's attention modules (module
 classes named ``*Attention``, torch's ``nn.MultiheadAttention``), not by the report's own matching.
 
-Which models: ``ZOO_TOWERS`` (comma-separated zoo keys; ``all`` = both zoos: causal / masked-LM and the
-multimodal ``<model_type>@mm`` one of fixtures/zoo.py); by default a fixed set that covers the issue's
-cases (renamed layouts, vision / audio towers, a pooling head, tower head counts unlike the text
-model's).  The full run prints the figures (share of attention-bias and key-bias tensors reported
-per tower kind); ``tests/zoo_mm_unbuildable.txt`` lists the multimodal architectures that cannot be
-built tiny here, and the full run fails when that list and reality differ.
+Which models: by default every model of both zoos (causal / masked-LM and the multimodal
+``<model_type>@mm`` one of fixtures/zoo.py); ``ZOO_TOWERS`` = comma-separated zoo keys runs those only
+(``default`` = a fixed set covering the issue's cases: renamed layouts, vision / audio towers, a pooling
+head, tower head counts unlike the text model's).  The full run prints the figures (share of
+attention-bias and key-bias tensors reported per tower kind, key-bias stacks classified), holds them to
+the issue's targets (>= 95 % each), and fails when ``tests/zoo_mm_unbuildable.txt`` (the multimodal
+architectures that cannot be built tiny here) and reality differ.
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ DEFAULT = ("exaone", "sarvam_moe", "gemma3", "phi4_multimodal", "qwen2_vl@mm", "
 # output projections of an attention module (their bias is not a q/k/v bias); the test's own list (Aria's
 # cross-attention calls its output projection ``linear``, InternVL's ``projection_layer``, BLIP's ``projection``)
 _OUT = re.compile(r"^(o|out|o_proj|out_proj|dense|c_proj|wo|proj|output|attn_out|o_linear|linear_out|out_lin|"
-                  r"output_proj|to_out|projection_layer|linear|projection)$")
-_POS = re.compile(r"pos|rel|gate|norm|lora|router|sink", re.I)
+                  r"output_proj|to_out|projection_layer|linear|projection|post_proj)$", re.I)
+# not q/k/v projections: positions, gates, norms, adapters, routers, sinks, Doge's dynamic-mask ``dt_proj``,
+# ConvBERT's span-based dynamic convolution (``conv_kernel_layer`` / ``conv_out_layer``)
+_POS = re.compile(r"pos|rel|gate|norm|lora|router|sink|^dt_|conv", re.I)
 _KEY = re.compile(r"(^|_)(k|key|wk)(_|$)|k_proj|k_lin|linear_k|to_k")
 
 
@@ -72,7 +75,7 @@ def _judge_folds(src: Path, rep, tmp: Path) -> dict:
     pass (logits, and the outputs of vision towers on fixed pixels: zoo_util.logits64): an unsound claim
     moves them by more than EXACT_RTOL; a refusal of a claimed exact fold is counted too."""
     from ckpt_surgeon import analyze, fold_bias
-    from ckpt_surgeon.errors import RefusedError
+    from ckpt_surgeon.errors import CkptError
     from zoo_util import EXACT_RTOL, logits64, rel_change
     ana = analyze(str(src))
     out = {"unsound": [], "refused": [], "folded": []}
@@ -87,8 +90,8 @@ def _judge_folds(src: Path, rep, tmp: Path) -> dict:
         dst = tmp / flag
         try:
             fold_bias(str(src), str(dst), **{flag: True})
-        except RefusedError as e:
-            out["refused"].append(f"--{flag}: {e}")
+        except CkptError as e:      # refused, or unsupported: either way a claimed exact fold not made
+            out["refused"].append(f"--{flag}: {type(e).__name__}: {e}")
             continue
         base = logits64(src) if base is None else base
         r = rel_change(base, logits64(dst))
@@ -146,9 +149,13 @@ def check(key: str, tmp: Path | None = None) -> dict:
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _full() -> bool:
+    return os.environ.get("ZOO_TOWERS", "all") == "all"
+
+
 def _keys() -> list[str]:
-    want = os.environ.get("ZOO_TOWERS")
-    if not want:
+    want = os.environ.get("ZOO_TOWERS", "all")
+    if want == "default":
         return list(DEFAULT)
     if want == "all":
         from fixtures.zoo import mm_mapping, zoo_mapping
@@ -201,7 +208,8 @@ def test_no_unsound_claims_and_no_refused_exact_folds(results):
 
 
 def test_figures(results):
-    """Printed figures (the issue's targets are measured, asserted only where reached: see the README)."""
+    """Printed figures; on the full run, issue 27's targets: >= 95 % of the key-bias tensors reported in a
+    tower row, >= 95 % of the key-bias stacks classified."""
     ok = [r for r in results.values() if r["status"] == "ok"]
     tot: dict = {}
     for r in ok:
@@ -220,16 +228,20 @@ def test_figures(results):
     unknown = sorted(f"{r['key']}:{n}" for r in ok for n, s in r["stacks"].items() if "unknown" in s["classes"])
     print(f"zoo-towers: key-bias stacks classified {classified}/{len(kb)} ({classified / max(len(kb), 1):.1%}); "
           f"unknown: {unknown}")
-    assert placed_k <= allk and classified <= len(kb)
+    assert 0 < placed_k <= allk and 0 < classified <= len(kb)
+    if _full():
+        assert placed_k >= 0.95 * allk, (placed_k, allk)
+        assert classified >= 0.95 * len(kb), (classified, len(kb), unknown)
 
 
 def test_mm_unbuildable_list_is_current(results):
-    if os.environ.get("ZOO_TOWERS") != "all":
-        pytest.skip("the unbuildable list is checked by the full run (ZOO_TOWERS=all)")
-    got = {k: r["reason"] for k, r in results.items() if r["status"] == "unbuildable" and k.endswith("@mm")}
+    """Every multimodal key run that could not be built is listed with its reason, and nothing else (on a
+    subset: the listed keys of the subset)."""
     listed = {}
     for line in MM_UNBUILDABLE.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             k, _, why = line.partition(": ")
             listed[k.strip()] = why
-    assert set(got) == set(listed), (sorted(set(got) - set(listed)), sorted(set(listed) - set(got)))
+    got = {k for k, r in results.items() if r["status"] == "unbuildable" and k.endswith("@mm")}
+    want = {k for k in listed if k in results}
+    assert got == want, (sorted(got - want), sorted(want - got))
