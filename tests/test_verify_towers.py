@@ -89,3 +89,46 @@ def test_a_broken_tower_fails_verify_though_the_text_path_is_identical(tmp_path)
 def test_a_text_only_model_has_no_towers_key(tiny, tmp_path):
     res = _run("verify", tiny("qwen2"), tiny("qwen2"), "--max-new-tokens", "0", "--format", "json")
     assert res.exit_code == 0 and "towers" not in json.loads(res.stdout)
+
+
+def test_speech_encoder_decoder_fold_is_verified_on_the_decoder_and_the_audio_tower(tmp_path):
+    """An encoder-decoder (``seq2seq``): the prompt's ids are the decoder's input and the encoder reads seeded
+    audio features built from the config, the same in both models; the speech encoder is an audio tower, also
+    run alone.  A sound fold of Canary's key and value biases passes; a broken value fold (one conformer
+    block's value bias dropped, the output bias not compensated) fails on the tower."""
+    from safetensors.numpy import load_file, save_file
+    src, out, bad = _zoo("canary@mm"), tmp_path / "folded", tmp_path / "bad"
+    res = _run("fold-bias", src, "-o", out, "--k", "--v")
+    assert res.exit_code == 0, res.output
+    res, d = _verify_json(src, out, tmp_path)
+    assert res.exit_code == 0, res.output
+    assert d["kind"] == "seq2seq" and d["passed"] and d["max_new_tokens"] is None
+    assert any("the encoder reads seeded input_features [1, " in n for n in d["notes"])
+    (t,) = d["towers"]
+    assert (t["name"], t["kind"], t["module"]) == ("model.encoder.layers", "audio", "model.encoder")
+    # float32 rounding of the folded biases (verify computes in float32), far below the float32 row's 1e-4
+    assert 0 < t["max_rel_diff"] < 1e-5 and t["passed"] is True
+    assert d["metrics"]["max_rel_diff"] < 1e-5
+    shutil.copytree(src, bad)
+    for f in bad.glob("*.safetensors"):
+        w = load_file(f)
+        name = "model.encoder.layers.0.self_attn.v_proj.bias"
+        if name in w:
+            w[name] = w[name] * 0
+            save_file(w, f, metadata={"format": "pt"})
+    res, d = _verify_json(src, bad, tmp_path)
+    assert res.exit_code == 1 and d["passed"] is False, res.output
+    assert d["towers"][0]["passed"] is False and d["towers"][0]["max_rel_diff"] > 1e-3
+
+
+def test_text_encoder_decoder_reads_the_prompt_on_both_sides(tmp_path):
+    """BART: the encoder and the decoder both read the prompt's ids; a key-bias fold (absolute positions) passes,
+    and an encoder-decoder is refused layer by layer in one line."""
+    src, out = _zoo("bart@mm"), tmp_path / "folded"
+    res = _run("fold-bias", src, "-o", out, "--k")
+    assert res.exit_code == 0, res.output
+    res, d = _verify_json(src, out, tmp_path)
+    assert res.exit_code == 0 and d["kind"] == "seq2seq" and d["passed"], res.output
+    assert any("the encoder reads the same token ids" in n for n in d["notes"]) and "towers" not in d
+    res = _run("verify", src, out, "--token-ids", tmp_path / "ids.json", "--stream")
+    assert res.exit_code == 2 and "encoder-decoder model is not run layer by layer" in res.stderr

@@ -297,10 +297,41 @@ def tower_input(root, group: str, seed: int = 0):
             continue
         if name == "hidden_states" and not (any(n in _params(mod) for n in _GRIDS) or _get(_configs(mod), _MEL)):
             continue     # a plain encoder stack's hidden states: its caller's input is the tower's
-        found = first_run(mod, [_with_required(mod, c) for c in feeds(mod, name, seed)])
+        found = first_run(mod, [_with_required(mod, _like_params(mod, c)) for c in feeds(mod, name, seed)])
         if found is not None:
             return mod, found
     return None
+
+
+def _like_params(mod, inputs: dict) -> dict:
+    """``inputs`` with floating tensors in the dtype and on the device of ``mod``'s parameters (the noise is
+    float64; a float32 model whose front end does not cast its input, a conformer's subsampling, refuses it)."""
+    import torch
+    p = next(mod.parameters(), None)
+    if p is None:
+        return inputs
+    return {k: (v.to(p.device, p.dtype) if v.is_floating_point() else v.to(p.device)) if isinstance(v, torch.Tensor)
+            else v for k, v in inputs.items()}
+
+
+def encoder_decoder_inputs(model, decoder_ids, seed: int = 0) -> tuple[dict, str]:
+    """(inputs, what the encoder reads) for one forward pass of an encoder-decoder ``model`` whose decoder
+    reads ``decoder_ids`` ([1, T] long): a text encoder reads the same ids; a speech encoder reads the first
+    seeded candidate of its main input (:func:`feeds`, cast to the model's dtype and device) that the model
+    runs.  The same ``seed`` gives both models of a comparison the same inputs.  Raises ValueError when no
+    candidate runs."""
+    import torch
+    main = getattr(model, "main_input_name", "input_ids")
+    main = main[0] if isinstance(main, (list, tuple)) else main
+    if main == "input_ids":
+        return ({"input_ids": decoder_ids, "attention_mask": torch.ones_like(decoder_ids),
+                 "decoder_input_ids": decoder_ids}, "the same token ids")
+    cands = [_like_params(model, c) | {"decoder_input_ids": decoder_ids} for c in feeds(model, main, seed, whole=True)]
+    found = first_run(model, cands)
+    if found is None:
+        raise ValueError(f"none of {len(cands)} seeded {main} shapes built from the config runs in {type(model).__name__}")
+    desc = ", ".join(f"{k} {list(v.shape)}" for k, v in found.items() if k != "decoder_input_ids")
+    return found, f"seeded {desc} built from the config (no processor)"
 
 
 def tower_outputs(out):

@@ -154,7 +154,9 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
     AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
     compared on the last hidden state; a vision/audio-language model with its own class, on the
-    text path and on each vision / audio tower run alone on seeded inputs). Each is a local Hugging Face folder (config.json +
+    text path and on each vision / audio tower run alone on seeded inputs; an encoder-decoder such as
+    Whisper or BART with its own class, on the decoder's logits for the prompt's ids, its encoder reading
+    the same ids or seeded audio features, a speech encoder also run alone). Each is a local Hugging Face folder (config.json +
     safetensors), a single .safetensors file with config.json beside it, a .gguf file
     (converted to a temporary folder by ckpt-surgeon's own converter), a quantized HF
     checkpoint (GPTQ, AWQ, compressed-tensors, FP8, bitsandbytes, MLX ...: run as the

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError
+from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from ..runtime import quiet_transformers, resolve_device
 from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
 from .metrics import compare_outputs, first_difference
@@ -115,7 +115,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
                    progress=progress, seed=seed, torch=torch)
         # a multimodal model's towers are run alone in both models (verification/towers.py)
-        run["towers"] = tower_targets(ref.folder) if kind.name == "multimodal" else []
+        run["towers"] = tower_targets(ref.folder) if kind.name in ("multimodal", "seq2seq") else []
+        run["notes"] = notes
         run["tower_out"] = {}
         load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory)
         mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
@@ -444,9 +445,10 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
         ref = prepared(ref_src, work, "reference")
         cand = prepared(cand_src, work, "candidate")
         kind = _comparable_kind(ref, cand)
-        if kind.name == "multimodal":
-            raise CkptError("a vision/audio-language model is not run layer by layer: verify loads it whole "
-                            "(drop --stream, or give a memory budget both models fit one at a time: --sequential)")
+        if kind.name in ("multimodal", "seq2seq"):
+            raise CkptError(f"a {'vision/audio-language' if kind.name == 'multimodal' else 'encoder-decoder'} model "
+                            "is not run layer by layer: verify loads it whole (drop --stream, or give a memory "
+                            "budget both models fit one at a time: --sequential)")
         for pm, src in ((ref, ref_src), (cand, cand_src)):
             if src.gguf:
                 notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
@@ -480,9 +482,25 @@ def _size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
 
 
+def _seq2seq_inputs(model, x, seed: int, notes: list) -> dict:
+    """An encoder-decoder's inputs for decoder ids ``x`` (:func:`~ckpt_surgeon.arch.feeds.encoder_decoder_inputs`);
+    what its encoder read is said once in the notes."""
+    from ..arch.feeds import encoder_decoder_inputs
+    try:
+        inputs, desc = encoder_decoder_inputs(model, x, seed)
+    except ValueError as e:
+        raise UnsupportedError(f"{type(model).__name__}: the encoder's input could not be built ({e}); verify "
+                               "compares this encoder-decoder only on inputs built from its config") from None
+    note = f"encoder-decoder: the prompts' token ids are the decoder's input; the encoder reads {desc}"
+    if note not in notes:
+        notes.append(note)
+    return inputs
+
+
 def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch, towers=(),
-             tower_out=None):
+             tower_out=None, notes=None):
     """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt."""
+    notes = [] if notes is None else notes
     from tqdm.auto import tqdm
 
     # No context managers in here: in parallel mode two of these generators are interleaved, and
@@ -494,7 +512,8 @@ def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_ma
         torch.manual_seed(seed)   # nothing here samples; fixed so that any stray randomness repeats
         x = torch.tensor([ids], dtype=torch.long, device=in_dev)
         mask = torch.ones_like(x)
-        out = getattr(model(input_ids=x, attention_mask=mask), kind.output)[0]
+        inputs = _seq2seq_inputs(model, x, seed, notes) if kind.name == "seq2seq" else dict(input_ids=x, attention_mask=mask)
+        out = getattr(model(**inputs), kind.output)[0]
         arr = out.float().cpu().numpy()
         cont = ()
         if gen_config is not None:

@@ -30,7 +30,13 @@ KINDS: dict[str, ModelKind] = {
     # a vision- / audio-language model (LLaVA, Qwen2-VL ...): its own class (architectures[0]) runs the text path on
     # token ids; its towers are judged alone on their own outputs (verification/towers.py)
     "multimodal": ModelKind("multimodal", "", "logits", distribution=True, generates=True),
+    # an encoder-decoder that generates (Whisper, Canary, BART, T5 ...): its own class; the prompt's ids are the
+    # decoder's input, the encoder reads the same ids (text) or seeded audio features built from its config
+    # (speech: no processor runs), identical in both models; a speech encoder is also judged alone as a tower
+    "seq2seq": ModelKind("seq2seq", "", "logits", distribution=True, generates=False),
 }
+# encoder-decoder heads that generate text (others, e.g. a sequence classifier, are not compared)
+_SEQ2SEQ_SUFFIXES = ("ForConditionalGeneration", "MTModel", "ForSpeechToText")
 # sub-configs that make a decoder-only config multimodal (a text decoder beside a vision / audio tower)
 _TOWER_CONFIGS = ("vision_config", "audio_config")
 
@@ -51,19 +57,22 @@ ENCODER_MODEL_TYPES = _ENCODER_MODEL_TYPES
 
 def model_kind(config: dict, *, path: str | None = None) -> ModelKind:
     """The :class:`ModelKind` for a parsed ``config.json``; raises UnsupportedError for other heads
-    (sequence classifiers, encoder-decoders).  A ``*ForConditionalGeneration`` decoder with a vision / audio
-    sub-config is ``multimodal``."""
+    (sequence classifiers ...).  A ``*ForConditionalGeneration`` decoder with a vision / audio sub-config is
+    ``multimodal``; an encoder-decoder generation class (``is_encoder_decoder``) is ``seq2seq``."""
     archs = config.get("architectures") or []
     if archs:
         arch = str(archs[0])
         if (arch.endswith("ForConditionalGeneration") and not config.get("is_encoder_decoder")
                 and any(isinstance(config.get(k), dict) for k in _TOWER_CONFIGS)):
             return KINDS["multimodal"]
+        if config.get("is_encoder_decoder") and arch.endswith(_SEQ2SEQ_SUFFIXES):
+            return KINDS["seq2seq"]
         for suffix, kind in ARCH_SUFFIX_KIND:
             if arch.endswith(suffix):
                 return KINDS[kind]
         raise UnsupportedError(
-            f"architecture {arch} is not a causal LM, masked LM, bare encoder or vision/audio-language decoder; "
+            f"architecture {arch} is not a causal LM, masked LM, bare encoder, vision/audio-language decoder or "
+            "encoder-decoder generation model; "
             "verify compares those only",
             path=path)
     return KINDS["encoder" if config.get("model_type") in ENCODER_MODEL_TYPES else "causal-lm"]

@@ -21,7 +21,7 @@ from .thresholds import Thresholds
 JSON_KEYS: dict[str, str] = {
     "reference": "REFERENCE as given",
     "candidate": "CANDIDATE as given",
-    "kind": "causal-lm | masked-lm | encoder | multimodal (from config.json architectures / model_type)",
+    "kind": "causal-lm | masked-lm | encoder | multimodal | seq2seq (from config.json architectures / model_type)",
     "output": "what was compared: logits, or last_hidden_state for encoders",
     "architectures.reference": "config architectures[0] of the reference",
     "architectures.candidate": "config architectures[0] of the candidate",
@@ -184,7 +184,7 @@ class VerifyReport:
 
     reference: str
     candidate: str
-    kind: str                                # causal-lm | masked-lm | encoder
+    kind: str                                # causal-lm | masked-lm | encoder | multimodal | seq2seq
     output: str                              # logits | last_hidden_state
     architectures: tuple                     # (reference, candidate) config architectures[0]
     storage_dtypes: tuple                    # (reference, candidate) coarsest weight precision
@@ -272,7 +272,7 @@ class VerifyReport:
         items.append(("thresholds", self.thresholds.describe(distribution=m.mean_kl is not None,
                                                              generates=m.greedy_identical is not None)))
         for t in self.towers:
-            items.append((f"tower {t.name}", f"{t.kind}, not run alone: {t.note}" if t.passed is None else
+            items.append((f"tower {t.name}", f"{t.kind}, {t.note}" if t.passed is None else
                           f"{t.kind}, run alone as {t.module} ({t.inputs}): max |Δ| {t.max_abs_diff:.4g} (scale "
                           f"{t.scale:.4g}, relative {t.max_rel_diff:.3g}) {'ok' if t.passed else 'FAILS'}"))
         items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)))
