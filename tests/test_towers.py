@@ -256,3 +256,22 @@ def test_towers_a_token_forward_never_runs_are_probed_alone(key, group):
     t = next(t for t in rep.towers if t.name == group)
     classes = {(lr.extra.get("k_bias_redundancy") or {}).get("class") for lr in t.layers if lr.k_bias is not None}
     assert classes and None not in classes and "unknown" not in classes, classes
+
+
+@pytest.mark.parametrize("key, want", [
+    ("blip-2@mm", {"language_model.model.decoder.layers": "pre", "qformer.encoder.layer": "post",
+                   "vision_model.encoder.layers": "pre"}),
+    ("bert", {"text": "post"}),
+    ("whisper@mm", {"model.decoder.layers": "pre", "model.encoder.layers": "pre"}),
+])
+def test_norm_placement_of_each_stack_is_traced(key, want):
+    """Every derived stack says whether its attention reads a norm's output (pre) or the layer's input with a
+    norm after it (post), traced with forward hooks in the probe; BLIP-2's Q-Former is post-norm (BERT-style)
+    beside a pre-norm ViT and OPT.  The Q-Former's feed-forward for query tokens (``intermediate_query.dense``)
+    is no attention bias: no unplaced-bias warning names it."""
+    from ckpt_surgeon import analyze, inspect
+    rep = inspect(str(_zoo(key)))
+    assert {t.name: t.norm_placement for t in rep.towers} == want
+    assert not any("could not be placed" in w for w in rep.warnings), rep.warnings
+    d = analyze(str(_zoo(key))).to_dict()
+    assert {t["name"]: t["norm_placement"] for t in d["towers"]} == want

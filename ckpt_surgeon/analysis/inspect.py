@@ -110,7 +110,8 @@ class TowerReport:
     def summary(self) -> str:
         pos = self.position.describe(self.head_dim)
         return (f"{self.kind}: {len(self.layers)} block(s), heads {self.num_heads} / {self.num_kv_heads} / "
-                f"{self.head_dim}, position {pos}, with qkv bias {self.layers_with_qkv_bias} of {len(self.layers)}")
+                f"{self.head_dim}, position {pos}, {self.norm_placement or 'unknown'}-norm, with qkv bias "
+                f"{self.layers_with_qkv_bias} of {len(self.layers)}")
 
 
 @dataclass(frozen=True)

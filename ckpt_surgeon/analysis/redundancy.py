@@ -726,6 +726,8 @@ class AnalysisReport(LayoutSummary):
     derivation: dict | None = None      # derived layouts: attention blocks per layer, their groups' classes
     distance_profile: object | None = None   # distance_profile.DistanceProfile with --distance-profile: its rows
     towers: tuple = ()                  # (name, kind, how, layers) per attention stack, the main one first
+    tower_shapes: tuple = ()            # per stack of ``towers``: {num_heads, num_kv_heads, head_dim, position_encoding,
+    #                                     norm_placement} (the stack's own)
     missing_config: str | None = None   # where config.json was looked for, when an HF source has none
 
     # -- views ---------------------------------------------------------------------------------
@@ -757,8 +759,9 @@ class AnalysisReport(LayoutSummary):
              "bias_consumers": self.consumers.to_dict() if self.consumers is not None else None,
              "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
              "towers": [{"name": n, "kind": k, "how": how, "num_layers": len(ls),
+                         **(self.tower_shapes[i] if i < len(self.tower_shapes) else {}),
                          "class_counts": _counts(ls), "layers": [lr.to_dict() for lr in ls]}
-                        for n, k, how, ls in self.towers]}
+                        for i, (n, k, how, ls) in enumerate(self.towers)]}
         if self.distance_profile is not None:
             d["distance_profile"] = self.distance_profile.to_dict()
         return d
@@ -845,8 +848,11 @@ class AnalysisReport(LayoutSummary):
             ("value bias", ("foldable into the output bias in every layer" if vb and all(v.foldable for v in vb) else
                             vb[0].reason if vb else "none")),
         ]
-        for n, k, _, ls in self.towers[1:]:
-            items.append((f"tower {n}", f"{k}: {len(ls)} block(s), key-bias classes "
+        for i, (n, k, _, ls) in enumerate(self.towers[1:], 1):
+            sh = self.tower_shapes[i] if i < len(self.tower_shapes) else {}
+            shape = (f"heads {sh['num_heads']} / {sh['num_kv_heads']} / {sh['head_dim']}, position "
+                     f"{sh['position_encoding']['type']}, {sh['norm_placement'] or 'unknown'}-norm, " if sh else "")
+            items.append((f"tower {n}", f"{k}: {len(ls)} block(s), {shape}key-bias classes "
                                         + (", ".join(f"{c} {v}" for c, v in sorted(_counts(ls).items()))
                                            or "no block has a key bias")))
         if self.consumers is not None:
@@ -960,6 +966,9 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         **layout.summary(), source=ck.source, format=ck.format, input_norm=layout.input_norm, context=L, context_source=L_src, epsilon=float(epsilon), attn_scale=scale, rope=rope, layers=tuple(layers),
         notes=tuple(notes), warnings=tuple(warnings), bytes_read=ck.bytes_read, consumers=cons,
         facts=tuple(layout.facts()), derivation=layout.derivation(), towers=tuple(towers),
+        tower_shapes=tuple({"num_heads": lay.num_heads, "num_kv_heads": lay.num_kv_heads, "head_dim": lay.head_dim,
+                            "position_encoding": lay.position.to_dict(), "norm_placement": lay.norm_placement}
+                           for _, _, lay, _ in layout.stacks()),
         missing_config=missing_config)
 
 

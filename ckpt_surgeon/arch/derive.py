@@ -57,9 +57,10 @@ from .modtree import (  # noqa: F401
 )
 
 CACHE_ENV = "CKPT_SURGEON_CACHE_DIR"
-CACHE_VERSION = 5     # 3: DerivedArch.renames (transformers' checkpoint key conversions); 4: conformer
+CACHE_VERSION = 6     # 3: DerivedArch.renames (transformers' checkpoint key conversions); 4: conformer
 #                       linear_q/k/v blocks, SeamlessM4T's attention no longer taken for an SSM mixer; 5: towers
-#                       probed alone on more inputs (Q-Formers, NaFlex, conformers), DerivedArch.audio
+#                       probed alone on more inputs (Q-Formers, NaFlex, conformers), DerivedArch.audio;
+#                       6: GroupFacts.norm (norm placement traced)
 _CACHE_MAX_BYTES = 16 << 20    # a derived record is a few KB; a larger file is not ours
 
 
@@ -255,18 +256,35 @@ def tower_root(stack: str) -> str:
     return ".".join(parts[:-1])
 
 
+_AUDIO_INPUTS = ("input_features", "input_values")
+
+
 def _speech_encoders(model) -> tuple:
-    """The module path of a speech model's encoder (``get_encoder()`` of a model whose main input is audio
-    features or samples: Whisper, Moonshine, Canary), else (): its layers are an audio tower, not text."""
+    """Module paths of a speech model's audio encoder: ``get_encoder()`` of a model whose main input is audio
+    features or samples (Whisper, Moonshine, Canary), and in a model whose forward takes them, the module
+    built from its ``audio_config`` / ``speech_config`` / ``encoder_config`` (Granite-Speech's
+    ``model.encoder``).  Their layers are an audio tower, not text."""
+    import inspect as _inspect
     main = getattr(model, "main_input_name", None)
+    out = []
     get = getattr(model, "get_encoder", None)
-    if main not in ("input_features", "input_values") or not callable(get):
-        return ()
+    if main in _AUDIO_INPUTS and callable(get):
+        try:
+            enc = get()
+        except Exception:   # noqa: BLE001 - a model without a separate encoder: nothing to split off
+            enc = None
+        out += [p for p, m in model.named_modules() if enc is not None and m is enc and p and enc is not model][:1]
     try:
-        enc = get()
-    except Exception:   # noqa: BLE001 - a model without a separate encoder: nothing to split off
-        return ()
-    return next(((p,) for p, m in model.named_modules() if m is enc and p and enc is not model), ())
+        params = _inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if any(n in params for n in _AUDIO_INPUTS):
+        for attr in ("audio_config", "speech_config", "encoder_config"):
+            sub = getattr(model.config, attr, None)
+            if sub is None or isinstance(sub, dict):
+                continue
+            out += [p for p, m in model.named_modules() if p and getattr(m, "config", None) is sub][:1]
+    return tuple(dict.fromkeys(out))
 
 
 def _under(path: str, roots: tuple) -> bool:
@@ -436,7 +454,7 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
     return ModelLayout(
         architecture=arch_name, family=family.name if family is not None else None, naming="hf", num_layers=len(layers), num_heads=heads[0],
         num_kv_heads=heads[1], head_dim=heads[2], hidden_size=arch.hidden_size, position=_main_position(arch, main, cfg),
-        norm_placement=None, qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=_fused_of(arch, layers),
+        norm_placement=_norm_of(arch, main), qk_norm=any(b.qk_norm for b in arch.blocks), fused_layout=_fused_of(arch, layers),
         conv1d=any(b.conv1d for b in arch.blocks), qk_permuted=False,
         max_positions=_get(cfg, F.CONFIG_KEYS["max_positions"]), softcap=None, layers=tuple(layers),
         notes=tuple(notes), skipped=skipped, config_source=config_source, input_norm=None, derived=arch,
@@ -583,6 +601,17 @@ def _fused_of(arch: DerivedArch, layers) -> str | None:
     return "concat" if not probed and any(lt.qkv_weight and not lt.q_weight for lt in layers) else None
 
 
+def _norm_of(arch: DerivedArch, blocks) -> str | None:
+    """pre | post of a stack: as traced for its first self-attention group (else its first traced group)."""
+    seen = []
+    for b in blocks:
+        if b.kind != "none" and b.group not in seen:
+            seen.append(b.group)
+    groups = [g for g in (arch.group(x) for x in seen) if g is not None and g.norm]
+    groups.sort(key=lambda g: g.kind != "self")
+    return groups[0].norm if groups else None
+
+
 def _main_name(layers) -> str:
     stacks = []
     for lt in layers:
@@ -613,7 +642,7 @@ def _tower(arch: DerivedArch, stack: str, hs: tuple, members: list, names: dict,
            "float64" + ("" if hs else "; head counts could not be read: biases not split per head"))
     layout = ModelLayout(
         architecture=arch_name, family=None, naming="hf", num_layers=len(layers), num_heads=h, num_kv_heads=kv,
-        head_dim=d, hidden_size=None, position=position, norm_placement=None,
+        head_dim=d, hidden_size=None, position=position, norm_placement=_norm_of(arch, members),
         qk_norm=any(b.qk_norm for b in members), fused_layout=_fused_of(arch, layers),
         conv1d=any(b.conv1d for b in members), qk_permuted=False, max_positions=None, softcap=None,
         layers=tuple(layers), notes=(), skipped=(), config_source=config_source, input_norm=None, derived=arch,

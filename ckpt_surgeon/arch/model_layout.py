@@ -196,6 +196,9 @@ _ATTN_WORDS = re.compile(r"(q_proj|k_proj|v_proj|query|key|value|qkv|c_attn|quer
                          r"linear_[qkv]|to_[qkv]|q_[ab]_proj|kv_[ab]_proj)")
 # a norm's bias under an attention-like name (Sarvam's query_layernorm, BLOOM's input_layernorm) is no projection bias
 _NORM_MODULE = re.compile(r"(norm|^ln_?\d*$|layer_norm|layernorm)", re.I)
+# a Q-Former's feed-forward for its query tokens (BLIP-2 / InstructBLIP ``intermediate_query.dense``,
+# ``output_query.dense``) is no attention projection
+_FFN_QUERY = re.compile(r"(^|\.)(intermediate|output)_query\.")
 
 
 def _looks_attention_bias(name: str) -> bool:
@@ -206,7 +209,7 @@ def _looks_attention_bias(name: str) -> bool:
     if not name.endswith(".bias"):
         return False
     module = name[:-len(".bias")].rsplit(".", 1)[-1]
-    return bool(_ATTN_WORDS.search(name)) and not _NORM_MODULE.search(module)
+    return bool(_ATTN_WORDS.search(name)) and not _NORM_MODULE.search(module) and not _FFN_QUERY.search(name)
 
 
 def unreported(layout) -> tuple:

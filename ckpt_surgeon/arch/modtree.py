@@ -78,6 +78,7 @@ class GroupFacts:
     v_foldable: bool | None = None
     facts: tuple = ()        # Fact records
     q_gate: str | None = None   # gated q projection: which rows are the query (layouts.GATE_LAYOUTS) or "unknown"
+    norm: str | None = None     # pre | post: a norm of the layer feeds the attention, or follows it (traced)
 
 
 class DeriveUnavailable(Exception):

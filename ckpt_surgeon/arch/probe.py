@@ -49,6 +49,7 @@ INVARIANT_TOL = 1e-11
 SENSITIVE_TOL = 1e-7
 PROBE_MAX_PARAMS = 20_000_000    # float64: 160 MB; a probe instance is a few 100k parameters
 _BIAS_STD = 0.5
+_LAYER_PATH = re.compile(r"^(.*?\.\d+)\.(.+)$")      # (layer module, block path within it)
 _MIN_INIT = 1e-4      # initializer_range below this is raised to 0.02 in a shrunken config (see shrink_config)
 
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layer|num_layers|n_layers|encoder_layers|decoder_layers|"
@@ -747,7 +748,70 @@ def _probe_group(inst, pblocks, g: str, k: str, pos: str, heads: tuple) -> Group
     cls, reasons, pass_dims, kf = _probe_k(inst, members, layout, pos, kept)
     vf, vfact = _probe_v(inst, members, layout)
     facts += list(kf) + ([vfact] if vfact else [])
-    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts), gate)
+    try:
+        norm, how = norm_placement(inst, members[0])
+    except Exception:   # noqa: BLE001 - a trace that cannot run claims no placement; the key-bias facts stand
+        norm, how = None, ""
+    if norm:
+        facts.append(Fact("norm_placement", norm, "probed", how))
+    return GroupFacts(g, k, cls, tuple(reasons), tuple(int(x) for x in pass_dims), layout, vf, tuple(facts), gate,
+                      norm)
+
+
+def norm_placement(inst, b: Block) -> tuple[str | None, str]:
+    """("pre" | "post" | None, how) for block ``b``, traced in one forward pass of ``inst``: ``pre`` when the
+    attention's input is the output of a norm of its own layer (x + attn(norm(x))), ``post`` when it is the
+    layer's input and a norm of the layer runs after it (norm(x + attn(x))); None otherwise (a block outside a
+    layer list, or a data flow neither describes)."""
+    m = _LAYER_PATH.match(b.path)
+    if not m:
+        return None, ""
+    layer_path, rel = m.group(1), m.group(2)
+    layer, attn = inst.root.get_submodule(layer_path), inst.root.get_submodule(b.path)
+    norms = [(n, mod) for n, mod in layer.named_modules() if "norm" in type(mod).__name__.lower()
+             and not (n == rel or n.startswith(rel + "."))]
+    if not norms:
+        return None, ""
+    seen: dict = {"norm_out": [], "order": []}
+
+    def first_tensor(args, kwargs):
+        x = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+        return x if isinstance(x, inst.torch.Tensor) else None
+
+    def same(a, c):
+        return a is not None and c is not None and (a is c or (a.data_ptr() == c.data_ptr() and a.shape == c.shape))
+
+    # (hooks return None: a value returned would replace the module's inputs or output)
+    def on_layer(mod, a, kw):
+        seen.setdefault("layer_in", first_tensor(a, kw))
+
+    def on_attn(mod, a, kw):
+        seen.setdefault("attn_in", first_tensor(a, kw))
+        seen["order"].append("attn")
+
+    def on_norm(name):
+        def hook(mod, a, out):
+            seen["norm_out"].append(out if isinstance(out, inst.torch.Tensor) else None)
+            seen["order"].append(name)
+        return hook
+
+    hooks = [layer.register_forward_pre_hook(on_layer, with_kwargs=True),
+             attn.register_forward_pre_hook(on_attn, with_kwargs=True)]
+    hooks += [mod.register_forward_hook(on_norm(name)) for name, mod in norms]
+    try:
+        inst.run()
+    finally:
+        for h in hooks:
+            h.remove()
+    x = seen.get("attn_in")
+    if x is None or "attn" not in seen["order"]:
+        return None, ""
+    if any(same(x, o) for o in seen["norm_out"]):
+        return "pre", "probe: the attention's input is the output of a norm of its layer (forward hooks)"
+    after = seen["order"][seen["order"].index("attn") + 1:]
+    if same(x, seen.get("layer_in")) and after:
+        return "post", (f"probe: the attention reads the layer's input; {after[0]} runs after it (forward hooks)")
+    return None, ""
 
 
 def _seq2seq_class(model_type: str, klass):
@@ -811,8 +875,24 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
             tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
                       "pass never runs",) if _TOWER.search(g) else ())
             gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown", "reasons": tower + tuple(gf.reasons)})
-        out.append(gf)
+        out.append(_with_tower_norm(inst, pblocks, gf))
     return tuple(out)
+
+
+def _with_tower_norm(inst, pblocks, gf):
+    """``gf`` with its norm placement traced through the tower run alone when the whole forward never ran the
+    block and nothing else made the probe run it (a Whisper-style encoder without key biases)."""
+    member = next((b for b in pblocks if b.group == gf.group and b.heads), None)
+    if gf.norm is not None or member is None:
+        return gf
+    try:
+        view = inst.tower(gf.group)
+        norm, how = norm_placement(view, member) if view is not None else (None, "")
+    except Exception:   # noqa: BLE001 - no placement claimed
+        return gf
+    if norm is None:
+        return gf
+    return GroupFacts(**{**gf.__dict__, "norm": norm, "facts": gf.facts + (Fact("norm_placement", norm, "probed", how),)})
 
 
 def _small_instance(cfg: dict, klass, blocks, heads: tuple) -> tuple:
