@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 
 SEQ_LEN = 12
 MAX_TOWER_TOKENS = 1024          # image patches / audio frames of a tower run (float64 attention is quadratic)
@@ -279,11 +280,19 @@ def _first_param(mod) -> str | None:
 
 def tower_input(root, group: str, seed: int = 0):
     """(module, inputs) that run the tower holding ``group`` (a module path, ``{L}`` for the layer index) alone
-    on seeded noise, or None: the deepest module above the group whose forward takes pixels, patches, audio
-    features, a Q-Former's query embeddings or a sub-encoder's own token ids (its first argument) that the
-    modeling file runs with candidates from its config (:func:`feeds`).  Only modules with a config: their
-    forward builds its own positions from its inputs, as it does inside the whole model."""
+    on seeded noise, or None.  First the deepest module above the group with a config whose forward takes
+    pixels, patches, audio features or a Q-Former's query embeddings (its first argument) and runs on
+    candidates from its config (:func:`feeds`): such a forward builds its own positions from its inputs, as
+    it does inside the whole model; then a config-less projector fed features (:func:`_bare_input`); last a
+    module with a config taking token ids (a sub-encoder of its own vocabulary: Evolla's protein encoder).
+    The last comes last because the language model above a projector takes token ids too, and never runs it."""
     parts = group.split(".{L}")[0].split(".")
+    found = _config_input(root, parts, seed, ("pixel_values", "hidden_states", "flattened_patches", "patch_embeds",
+                                              "input_features", "input_values", "query_embeds"))
+    return found or _bare_input(root, parts, seed) or _config_input(root, parts, seed, ("input_ids",))
+
+
+def _config_input(root, parts: list, seed: int, names: tuple):
     for i in range(len(parts), 0, -1):
         try:
             mod = root.get_submodule(".".join(parts[:i]))
@@ -292,12 +301,44 @@ def tower_input(root, group: str, seed: int = 0):
         if getattr(mod, "config", None) is None:
             continue
         name = _first_param(mod)
-        if name is None or name not in ("pixel_values", "hidden_states", "flattened_patches", "patch_embeds",
-                                        "input_features", "input_values", "query_embeds", "input_ids"):
+        if name is None or name not in names:
             continue
         if name == "hidden_states" and not (any(n in _params(mod) for n in _GRIDS) or _get(_configs(mod), _MEL)):
             continue     # a plain encoder stack's hidden states: its caller's input is the tower's
         found = first_run(mod, [_with_required(mod, _like_params(mod, c)) for c in feeds(mod, name, seed)])
+        if found is not None:
+            return mod, found
+    return None
+
+
+# forward arguments that carry positions: a module taking one is not run without them (it might skip them)
+_POSITIONAL = re.compile(r"pos|rot|rope|cos|sin|grid|spatial|shape|size|seqlen|window", re.I)
+
+
+def _bare_input(root, parts: list, seed: int):
+    """(module, inputs) for a projector with no config of its own that takes one tensor and nothing about
+    positions (Kosmos-2.5's image-to-text projection, Aria's projector: latent queries attending to image
+    features), run alone on seeded features [1, n, width], or None.  Widths: its linear layers' input
+    sizes; lengths: 16 and the patch counts of an int-keyed table it holds (Aria's patch_to_query_dict).
+    Attention modules are never run bare: their caller decides their positions."""
+    import torch
+    g = torch.Generator().manual_seed(seed + 4)
+    for i in range(len(parts), 0, -1):
+        try:
+            mod = root.get_submodule(".".join(parts[:i]))
+        except AttributeError:
+            continue
+        if getattr(mod, "config", None) is not None or type(mod).__name__.endswith("Attention"):
+            continue
+        params = {n: p for n, p in _params(mod).items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        required = [n for n, p in params.items() if p.default is inspect.Parameter.empty]
+        if len(required) != 1 or any(_POSITIONAL.search(n) for n in params):
+            continue
+        widths = list(dict.fromkeys(m.in_features for m in mod.modules() if isinstance(m, torch.nn.Linear)))[:4]
+        lengths = [16] + sorted({k for v in vars(mod).values() if isinstance(v, dict) for k in v
+                                 if type(k) is int and 0 < k <= 4 * MAX_TOWER_TOKENS})[:3]
+        cands = [{required[0]: torch.randn((1, n, w), generator=g, dtype=torch.float64)} for w in widths for n in lengths]
+        found = first_run(mod, [_like_params(mod, c) for c in cands])
         if found is not None:
             return mod, found
     return None
