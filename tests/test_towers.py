@@ -247,6 +247,8 @@ def test_speech_encoder_is_an_audio_tower_and_its_conformer_is_classified(tmp_pa
     ("video_llama_3@mm", "model.vision_model.encoder.layers"),       # merge_sizes
     ("omniasr@mm", "model.audio_tower.layers"),                      # [b, 1, samples]
     ("trocr", "model.decoder.layers"),                               # cross-attention: seeded encoder states
+    ("kosmos-2.5@mm", "image_to_text_projection.x_attn"),            # a projector without a config: features
+    ("aria@mm", "model.multi_modal_projector.cross_attn.multihead_attn"),   # ... at its table's patch count
 ])
 def test_towers_a_token_forward_never_runs_are_probed_alone(key, group):
     """Each of these stacks was ``unknown`` (the probe's control saw nothing): it is now run alone, or fed the
