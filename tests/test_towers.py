@@ -265,6 +265,8 @@ def test_towers_a_token_forward_never_runs_are_probed_alone(key, group):
                    "vision_model.encoder.layers": "pre"}),
     ("bert", {"text": "post"}),
     ("whisper@mm", {"model.decoder.layers": "pre", "model.encoder.layers": "pre"}),
+    # SpeechT5: every path starts "speecht5." ("speech"); its text decoder is still the main stack
+    ("speecht5@mm", {"speecht5.decoder.wrapped_decoder.layers": "post", "speecht5.encoder.wrapped_encoder.layers": "post"}),
 ])
 def test_norm_placement_of_each_stack_is_traced(key, want):
     """Every derived stack says whether its attention reads a norm's output (pre) or the layer's input with a

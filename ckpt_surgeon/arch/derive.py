@@ -291,12 +291,29 @@ def _under(path: str, roots: tuple) -> bool:
     return any(path.startswith(r + ".") for r in roots)
 
 
+def _root_of(stack: str, audio: tuple) -> str:
+    """The module holding ``stack``'s position encoding: its audio encoder when it is under one, else
+    :func:`tower_root`."""
+    return next((r for r in audio if stack.startswith(r + ".")), None) or tower_root(stack)
+
+
+def _tower_path(path: str, audio: tuple) -> bool:
+    """Whether ``path`` names a vision / audio tower or a projector, read below the module that holds a speech
+    model's encoder (SpeechT5's ``speecht5.`` prefix says "speech" of every stack, its text decoder's too)."""
+    for r in audio:
+        parent = r.rsplit(".", 1)[0] if "." in r else ""
+        if parent and path.startswith(parent + "."):
+            path = path[len(parent) + 1:]
+            break
+    return bool(_TOWER.search(path) or _KINDS[0][1].search(path))
+
+
 def _tower_positions(model, attn, heads, audio: tuple = ()) -> tuple:
     """(root, position, how) for the roots of the stacks that are not the main one (their own module trees)."""
     out, seen = [], set()
     for b in attn:
-        root = tower_root(stack_of(b.path))
-        if b.heads == heads and not _TOWER.search(b.path) and not _under(b.path, audio) or root in seen:
+        root = _root_of(stack_of(b.path), audio)
+        if b.heads == heads and not _tower_path(b.path, audio) and not _under(b.path, audio) or root in seen:
             continue
         seen.add(root)
         try:
@@ -568,8 +585,8 @@ def _in_tower(b: Block, heads: tuple, gated: bool, by_path: bool = True, audio: 
     against the language model's)."""
     if b.heads and (b.heads != heads or b.q_gate != gated):
         return True
-    return by_path and bool(_TOWER.search(b.path) or _KINDS[0][1].search(b.path)   # a projector's attention too
-                            or _under(b.path, audio))                             # a speech model's encoder
+    return by_path and (_tower_path(b.path, audio)         # a vision / audio path, a projector's attention too
+                        or _under(b.path, audio))          # a speech model's encoder
 
 
 def _block_order_key(b: Block):
@@ -625,7 +642,7 @@ def _tower(arch: DerivedArch, stack: str, hs: tuple, members: list, names: dict,
     """One tower's layout: its blocks' records with their own head counts and position encoding."""
     from .model_layout import ModelLayout, PositionEncoding, Tower
     layers = [_record(i, b, names, pieces) for i, b in enumerate(members)]
-    root = tower_root(stack)
+    root = _root_of(stack, arch.audio)
     pos, pos_how = next(((p, h) for r, p, h in arch.positions if r == root), ("unknown", "not read"))
     h, kv, d = hs if hs else (None, None, None)
     groups = {b.group for b in members}
