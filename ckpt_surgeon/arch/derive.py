@@ -173,6 +173,7 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
              Fact("attention_blocks", len(attn), "derived", "modules with q/k/v or fused qkv projections"),
              Fact("no_attention_layers", sum(b.kind == "none" for b in blocks), "derived",
                   "layers of a layer list without softmax attention")]
+    audio = _speech_encoders(model)
     rotary_dim = None
     if pos == "rope" and heads:
         from .model_layout import _rope_params
@@ -195,7 +196,7 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
         num_kv_heads=heads[1] if heads else None, head_dim=heads[2] if heads else None,
         hidden_size=_int_attr(conf, ("hidden_size", "d_model")), position=pos, rotary_dim=rotary_dim,
         facts=tuple(facts), notes=notes, seconds=round(time.perf_counter() - t0, 3), renames=_has_renames(model),
-        positions=_tower_positions(model, attn, heads, _speech_encoders(model)), audio=_speech_encoders(model))
+        positions=_tower_positions(model, attn, heads, audio), audio=audio)
     if use_cache and probe:
         _cache_store(path, arch)
     return arch

@@ -355,24 +355,23 @@ def _like_params(mod, inputs: dict) -> dict:
             else v for k, v in inputs.items()}
 
 
-def encoder_decoder_inputs(model, decoder_ids, seed: int = 0) -> tuple[dict, str]:
-    """(inputs, what the encoder reads) for one forward pass of an encoder-decoder ``model`` whose decoder
-    reads ``decoder_ids`` ([1, T] long): a text encoder reads the same ids; a speech encoder reads the first
-    seeded candidate of its main input (:func:`feeds`, cast to the model's dtype and device) that the model
-    runs.  The same ``seed`` gives both models of a comparison the same inputs.  Raises ValueError when no
+def encoder_feed(model, decoder_ids, seed: int = 0) -> tuple[dict | None, str]:
+    """(encoder inputs or None, what the encoder reads) for an encoder-decoder ``model`` whose decoder reads
+    ``decoder_ids`` ([1, T] long).  None: a text encoder, which reads the decoder's own ids.  Else a speech
+    encoder's input: the first seeded candidate of its main input (:func:`feeds`, in the model's dtype and on
+    its device) that the model runs; the same ``seed`` gives both models of a comparison the same features,
+    and they do not depend on the ids (chosen once, reused for every prompt).  Raises ValueError when no
     candidate runs."""
-    import torch
     main = getattr(model, "main_input_name", "input_ids")
     main = main[0] if isinstance(main, (list, tuple)) else main
     if main == "input_ids":
-        return ({"input_ids": decoder_ids, "attention_mask": torch.ones_like(decoder_ids),
-                 "decoder_input_ids": decoder_ids}, "the same token ids")
+        return None, "the same token ids"
     cands = [_like_params(model, c) | {"decoder_input_ids": decoder_ids} for c in feeds(model, main, seed, whole=True)]
     found = first_run(model, cands)
     if found is None:
         raise ValueError(f"none of {len(cands)} seeded {main} shapes built from the config runs in {type(model).__name__}")
-    desc = ", ".join(f"{k} {list(v.shape)}" for k, v in found.items() if k != "decoder_input_ids")
-    return found, f"seeded {desc} built from the config (no processor)"
+    feed = {k: v for k, v in found.items() if k != "decoder_input_ids"}
+    return feed, "seeded " + ", ".join(f"{k} {list(v.shape)}" for k, v in feed.items()) + " built from the config (no processor)"
 
 
 def tower_outputs(out):

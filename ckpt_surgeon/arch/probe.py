@@ -513,17 +513,18 @@ class _Instance:
         """The same instance, run through the vision tower holding ``group`` on random pixels
         (a token-id forward never runs it), or None (see :func:`tower_input`)."""
         found = tower_input(self.root, group)
-        if found is None:
-            return None
+        return None if found is None else self.view(found[0], found[1], tower_outputs)
+
+    def view(self, model, inputs: dict, outputs) -> "_Instance":
+        """The same instance (module paths relative to the same root), run as ``model(**inputs)`` with
+        ``outputs`` taken from its result, its baseline computed."""
         view = object.__new__(_Instance)
         view.torch, view.root = self.torch, self.root
-        view.model, view.inputs = found
-        view.outputs = tower_outputs
-        view.conf = getattr(view.model, "config", None)
+        view.model, view.inputs, view.outputs = model, inputs, outputs
+        view.conf = getattr(model, "config", None)
         view.base = view.run()
         view.scale = float(view.base.abs().max()) or 1.0
         return view
-
 
     @contextlib.contextmanager
     def patched(self, changes):
@@ -939,12 +940,8 @@ def _probe_with_encoder_states(inst, pblocks, g: str, k: str, pos: str, heads: t
         return gf
     try:
         g64 = inst.torch.Generator().manual_seed(5)
-        view = object.__new__(_Instance)
-        view.torch, view.root, view.model, view.outputs, view.conf = inst.torch, inst.root, inst.model, inst.outputs, inst.conf
-        view.inputs = dict(inst.inputs, encoder_hidden_states=inst.torch.randn((1, 10, width), generator=g64,
-                                                                                dtype=inst.torch.float64))
-        view.base = view.run()
-        view.scale = float(view.base.abs().max()) or 1.0
+        states = inst.torch.randn((1, 10, width), generator=g64, dtype=inst.torch.float64)
+        view = inst.view(inst.model, dict(inst.inputs, encoder_hidden_states=states), inst.outputs)
         gf2 = _probe_group(view, pblocks, g, k, pos, heads)
     except Exception:   # noqa: BLE001 - the forward refuses encoder states: nothing more is claimed
         return gf

@@ -482,25 +482,28 @@ def _size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
 
 
-def _seq2seq_inputs(model, x, seed: int, notes: list) -> dict:
-    """An encoder-decoder's inputs for decoder ids ``x`` (:func:`~ckpt_surgeon.arch.feeds.encoder_decoder_inputs`);
-    what its encoder read is said once in the notes."""
-    from ..arch.feeds import encoder_decoder_inputs
-    try:
-        inputs, desc = encoder_decoder_inputs(model, x, seed)
-    except ValueError as e:
-        raise UnsupportedError(f"{type(model).__name__}: the encoder's input could not be built ({e}); verify "
-                               "compares this encoder-decoder only on inputs built from its config") from None
-    note = f"encoder-decoder: the prompts' token ids are the decoder's input; the encoder reads {desc}"
-    if note not in notes:
-        notes.append(note)
-    return inputs
+def _seq2seq_inputs(model, x, seed: int, notes: list, memo: dict, torch) -> dict:
+    """An encoder-decoder's inputs for decoder ids ``x``: the encoder's feed is chosen once per model
+    (:func:`~ckpt_surgeon.arch.feeds.encoder_feed`, kept in ``memo``) and said once in the notes."""
+    if "feed" not in memo:
+        from ..arch.feeds import encoder_feed
+        try:
+            memo["feed"], desc = encoder_feed(model, x, seed)
+        except ValueError as e:
+            raise UnsupportedError(f"{type(model).__name__}: the encoder's input could not be built ({e}); verify "
+                                   "compares this encoder-decoder only on inputs built from its config") from None
+        note = f"encoder-decoder: the prompts' token ids are the decoder's input; the encoder reads {desc}"
+        if note not in notes:
+            notes.append(note)
+    enc = memo["feed"] if memo["feed"] is not None else {"input_ids": x, "attention_mask": torch.ones_like(x)}
+    return {**enc, "decoder_input_ids": x}
 
 
 def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch, towers=(),
              tower_out=None, notes=None):
     """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt."""
     notes = [] if notes is None else notes
+    memo: dict = {}      # an encoder-decoder's encoder feed, chosen once for this model
     from tqdm.auto import tqdm
 
     # No context managers in here: in parallel mode two of these generators are interleaved, and
@@ -512,7 +515,7 @@ def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_ma
         torch.manual_seed(seed)   # nothing here samples; fixed so that any stray randomness repeats
         x = torch.tensor([ids], dtype=torch.long, device=in_dev)
         mask = torch.ones_like(x)
-        inputs = _seq2seq_inputs(model, x, seed, notes) if kind.name == "seq2seq" else dict(input_ids=x, attention_mask=mask)
+        inputs = _seq2seq_inputs(model, x, seed, notes, memo, torch) if kind.name == "seq2seq" else dict(input_ids=x, attention_mask=mask)
         out = getattr(model(**inputs), kind.output)[0]
         arr = out.float().cpu().numpy()
         cont = ()
