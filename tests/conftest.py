@@ -92,3 +92,15 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub-cache"))
     monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")   # retries in milliseconds, not seconds
     return tmp_path
+
+
+def pytest_sessionstart(session):
+    """A llama.cpp build that would crash on this CPU (compiled for instructions it lacks, or with
+    the AMX kernels that segfault here) stops the run with one line, before hundreds of tests die
+    in SIGILL / SIGSEGV one by one."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return  # the tests that need it fail with the install command (a broken set-up, not a skip)
+    from ckpt_surgeon.verification.llama_build import build_problem
+    problem = build_problem()
+    if problem:
+        pytest.exit(problem, returncode=2)

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError
+from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
@@ -160,6 +160,11 @@ def open_llama(path: str, *, ctx: int, kv_cache: str, vocab_only: bool = False):
     import io
 
     import llama_cpp
+
+    from .llama_build import build_problem
+    problem = build_problem()
+    if problem:  # a crash (SIGILL / SIGSEGV) cannot be caught once the decode starts
+        raise UnsupportedError(problem, path=path)
     kw = dict(model_path=path, verbose=False)
     if not vocab_only:
         kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
