@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fixtures.oracle import oracle_bytes
+
 ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
 LAYERS = 2
 LINEARS = [
@@ -111,9 +113,12 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int6
 
 
 def _read(path: Path, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    return _parse(path.read_bytes(), names)
+
+
+def _parse(raw: bytes, names: list[str] | None = None) -> dict[str, np.ndarray]:
     """Float tensors as float32 (BF16 widened by a 16-bit shift); others in their dtype.
     Tensors of dtypes numpy cannot hold (F8_E4M3, U32) are skipped unless named."""
-    raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     header.pop("__metadata__", None)
@@ -137,8 +142,7 @@ def _read(path: Path, names: list[str] | None = None) -> dict[str, np.ndarray]:
 def _read_folder(folder: Path, names: list[str] | None = None) -> dict[str, np.ndarray]:
     out = {}
     for f in sorted(folder.glob("*.safetensors")):
-        if f.name != "oracle.safetensors":
-            out.update(_read(f, names))
+        out.update(_read(f, names))
     return out
 
 
@@ -277,7 +281,7 @@ def test_biases_are_the_base_biases(scheme, base):
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_oracle_is_a_dequantization_of_the_base(scheme, base):
     spec = SCHEMES[scheme]
-    oracle = _read(ROOT / scheme / "oracle.safetensors")
+    oracle = _parse(oracle_bytes(ROOT / scheme))
     expected = LINEARS + spec.get("extra", [])
     assert sorted(oracle) == sorted(expected)
     folder = _read_folder(ROOT / scheme) if spec.get("awq_rescale") else {}
@@ -298,7 +302,7 @@ def test_oracle_is_a_dequantization_of_the_base(scheme, base):
 def test_bounds_reject_a_wrong_tensor(base):
     """The bounds above are tight enough to tell W from a neighbouring tensor: the oracle of
     k_proj against v_proj's base weight (same shape) fails both checks."""
-    oracle = _read(ROOT / "mlx_8bit" / "oracle.safetensors")
+    oracle = _parse(oracle_bytes(ROOT / "mlx_8bit"))
     o = oracle["model.layers.0.self_attn.k_proj.weight"]
     w = base["model.layers.0.self_attn.v_proj.weight"]
     assert np.linalg.norm(o - w) / np.linalg.norm(w) > 1.0

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_util import _run
+from fixtures.oracle import read_oracle
 from test_quant_measure import _ids, _logits, _native
 
 from ckpt_surgeon.checkpoint import open_checkpoint
-from ckpt_surgeon.formats import safetensors as st
 
 OBIAS = Path(__file__).resolve().parent.parent / "fixtures" / "quant_obias"
 BASE, NF4 = OBIAS / "base", OBIAS / "bnb_nf4"
@@ -28,8 +28,7 @@ assert NF4.is_dir(), f"{NF4}: committed test data (fixtures/quant/build_quant_fi
 
 
 def _oracle() -> dict:
-    f = st.LocalFile(NF4 / "oracle.safetensors")
-    return {n: f.read(i) for n, i in f.tensors.items()}
+    return read_oracle(NF4)
 
 
 def _stored(folder: Path) -> dict:

@@ -17,18 +17,18 @@ from click.testing import CliRunner
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.formats import safetensors as st
+from fixtures.oracle import has_oracle, read_oracle
 from hubenv import hub  # noqa: F401  (the local Hub fixture)
 
 QUANT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
 BASE = QUANT / "base"
-SCHEMES = sorted(p.name for p in QUANT.glob("*") if (p / "PRODUCER.json").is_file() and (p / "oracle.safetensors").is_file())
+SCHEMES = sorted(p.name for p in QUANT.glob("*") if (p / "PRODUCER.json").is_file() and has_oracle(p))
 
 assert BASE.is_dir(), f"{BASE}: the quantized fixtures are committed test data (fixtures/quant/README.md)"
 
 
 def _oracle(scheme: str) -> dict:
-    f = st.LocalFile(QUANT / scheme / "oracle.safetensors")
-    return {n: f.read(i) for n, i in f.tensors.items()}
+    return read_oracle(QUANT / scheme)
 
 
 def test_fixtures_present():
