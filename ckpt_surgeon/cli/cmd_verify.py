@@ -206,7 +206,9 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     --format markdown gives the blocks as a table for model cards. Gates: --max-mean-kl,
     --max-p99-kl, --min-same-top, --max-ln-ppl-ratio. --save-reference / --reference compute
     the reference once (also in llama.cpp's --kl-divergence-base format, both ways);
-    --runtime llama.cpp judges a GGUF in llama.cpp itself. See docs/verify.md.
+    --runtime llama.cpp judges a GGUF in llama.cpp itself; --cache-type-k / --cache-type-v give the
+    candidate a quantized KV cache there (a fidelity run, not an exactness run) and --cache-sweep
+    q8_0/f16,q4_0/f16 scores one GGUF under several caches in one table. See docs/verify.md.
 
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
