@@ -109,9 +109,10 @@ def line(variant: str, model: str, k: str, st, dt: float) -> str:
 
 
 def equalized(hf: Path, work: Path, variant: str, k: str) -> Path | None:
-    try:
-        from ckpt_surgeon import kv_equalize
-    except ImportError:
+    import ckpt_surgeon
+    # looked up by name: the surgery comes from another branch (kvstatic) until they are merged
+    kv_equalize = getattr(ckpt_surgeon, "kv_equalize", None)
+    if kv_equalize is None:
         return None
     out = work / f"{variant}-eq-{k}"
     if not (out / "config.json").is_file():
