@@ -128,9 +128,25 @@ def _max_memory(specs) -> dict | None:
 @click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,
               help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python), the runtime people "
                    "deploy with, instead of converting it for transformers.")
-@click.option("--kv-cache", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
-              help="llama.cpp's KV cache type with --runtime llama.cpp (f16 is llama.cpp's default and rounds K and V: "
-                   "f32 for exactness checks).")
+@click.option("--kv-cache", default="f16", show_default=True, metavar="TYPE",
+              help="llama.cpp's cache type for K and V of every side run in llama.cpp (--runtime llama.cpp): f32, f16, "
+                   "bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1. f16 is llama.cpp's default and rounds K and V: f32 "
+                   "for exactness checks.")
+@click.option("--cache-type-k", "cache_type_k", default=None, metavar="TYPE",
+              help="The candidate's K cache type in llama.cpp (llama.cpp's names, as --kv-cache); the reference keeps "
+                   "--kv-cache. Implies --runtime llama.cpp; CANDIDATE may be left out (the REFERENCE .gguf again). "
+                   "A quantized cache is a fidelity run, not an exactness run.")
+@click.option("--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
+              help="The candidate's V cache type in llama.cpp (a quantized V needs flash attention: see --flash-attn).")
+@click.option("--cache-sweep", "cache_sweep", default=None, metavar="K[/V],...",
+              help="Run the candidate .gguf in llama.cpp under each of these caches (K/V, or one type for both: "
+                   "q8_0,q4_0/f16,q4_0) against one reference run (the same model with --kv-cache, or REFERENCE, or "
+                   "--reference FILE) and report one table row per cache: mean KLD, Δp, RMS Δp, same top (± SE), "
+                   "PPL ratio. Gates are judged only when given.")
+@click.option("--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True,
+              help="llama.cpp's flash attention for every side run in llama.cpp; auto = on when a V cache is "
+                   "quantized (llama.cpp refuses a quantized V without it), else off.")
 @click.option("--max-mean-kl", type=float, default=None,
               help="Fidelity gate: fail when the mean KL(ref‖cand) over the corpus exceeds this. Default: the "
                    "thresholds row's --max-kl.")
@@ -147,8 +163,9 @@ def _max_memory(specs) -> dict | None:
 def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map,
             max_memory, dtype, sequential, stream, memory_budget, thresholds_dtype, max_logit_diff, max_kl, min_top1,
             require_greedy, tmp_dir, revision, candidate_revision, localize, localize_threshold, corpus, corpus_ids, ctx,
-            score, save_reference, reference_format, reference_file, runtime, kv_cache, max_mean_kl, max_p99_kl,
-            min_same_top, max_ln_ppl_ratio, progress, fmt, output, force):
+            score, save_reference, reference_format, reference_file, runtime, kv_cache, cache_type_k, cache_type_v,
+            cache_sweep, flash_attn, max_mean_kl, max_p99_kl, min_same_top, max_ln_ppl_ratio, progress, fmt, output,
+            force):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -189,7 +206,9 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     --format markdown gives the blocks as a table for model cards. Gates: --max-mean-kl,
     --max-p99-kl, --min-same-top, --max-ln-ppl-ratio. --save-reference / --reference compute
     the reference once (also in llama.cpp's --kl-divergence-base format, both ways);
-    --runtime llama.cpp judges a GGUF in llama.cpp itself. See docs/verify.md.
+    --runtime llama.cpp judges a GGUF in llama.cpp itself; --cache-type-k / --cache-type-v give the
+    candidate a quantized KV cache there (a fidelity run, not an exactness run) and --cache-sweep
+    q8_0/f16,q4_0/f16 scores one GGUF under several caches in one table. See docs/verify.md.
 
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
@@ -204,12 +223,19 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
             raise click.UsageError("--corpus / --corpus-ids do not combine with --prompts, --token-ids, --localize, "
                                    "--device-map or --sequential")
         if candidate is None:
-            if reference_file is None:
+            if reference_file is not None:
+                reference, candidate = None, reference
+            elif cache_sweep or cache_type_k or cache_type_v:
+                candidate = reference          # the same GGUF under another cache
+            else:
                 raise click.UsageError("give REFERENCE and CANDIDATE (or --reference FILE and CANDIDATE)")
-            reference, candidate = None, reference
         check_report_path(output, force, (reference, candidate, corpus, corpus_ids, reference_file))
+        if cache_sweep:
+            _cache_sweep(reference, candidate, cache_sweep, locals())
+            return
         report = verify_corpus(reference, candidate, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx, score=score,
                                tokenizer=tokenizer, device=device, dtype=dtype, runtime=runtime, kv_cache=kv_cache,
+                               cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                reference_file=reference_file, save_reference=save_reference,
                                reference_format=reference_format, replace=force, thresholds=thresholds_dtype,
                                max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
@@ -222,8 +248,9 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
         return
     if candidate is None:
         raise click.UsageError("Missing argument 'CANDIDATE'.")
-    if save_reference or reference_file or runtime != "transformers":
-        raise click.UsageError("--save-reference, --reference and --runtime need --corpus FILE or --corpus-ids FILE")
+    if save_reference or reference_file or runtime != "transformers" or cache_sweep or cache_type_k or cache_type_v:
+        raise click.UsageError("--save-reference, --reference, --runtime and the cache options need --corpus FILE or "
+                               "--corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
     if prompts_file and token_ids_file:
         raise click.UsageError("give --prompts or --token-ids, not both")
@@ -251,5 +278,23 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
                              candidate_revision=candidate_revision)
         report = LocalizedVerify(report, where)
     emit(report, fmt, output, title="ckpt-surgeon verify", force=force)
+    if not report.passed:
+        raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
+
+
+def _cache_sweep(reference, candidate, spec, o: dict) -> None:
+    """``--cache-sweep``: one table, one row per cache (verification.cache_sweep)."""
+    from ..errors import VerificationFailed
+    from ..verification.cache_sweep import verify_cache_sweep
+    if o["cache_type_k"] or o["cache_type_v"] or o["save_reference"] or o["stream"]:
+        raise click.UsageError("--cache-sweep does not combine with --cache-type-k/-v, --save-reference or --stream")
+    report = verify_cache_sweep(reference, candidate, cache_sweep=spec, corpus=o["corpus"],
+                                corpus_ids=o["corpus_ids"], ctx=o["ctx"], score=o["score"], tokenizer=o["tokenizer"],
+                                device=o["device"], dtype=o["dtype"], kv_cache=o["kv_cache"],
+                                flash_attn=o["flash_attn"], reference_file=o["reference_file"],
+                                max_mean_kl=o["max_mean_kl"], max_p99_kl=o["max_p99_kl"],
+                                min_same_top=o["min_same_top"], max_ln_ppl_ratio=o["max_ln_ppl_ratio"],
+                                progress=o["progress"], tmp_dir=o["tmp_dir"])
+    emit(report, o["fmt"], o["output"], title="ckpt-surgeon verify --cache-sweep", force=o["force"])
     if not report.passed:
         raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)

@@ -22,7 +22,7 @@ import hashlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,14 +30,14 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
+from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
-from .thresholds import coarsest, thresholds_for
+from .thresholds import coarsest
 
 SCORES = ("half", "all")
 RUNTIMES = ("transformers", "llama.cpp")
-KV_CACHES = ("f16", "f32")
-_GGML_TYPE = {"f32": 0, "f16": 1}      # ggml_type values llama.cpp's type_k / type_v take
+KV_CACHES = CACHE_TYPES             # llama.cpp's cache type names (verification.kv_types)
 
 
 # --- the corpus -----------------------------------------------------------------------------------
@@ -152,10 +152,13 @@ def llamacpp_source(llm) -> Single:
     return run
 
 
-def open_llama(path: str, *, ctx: int, kv_cache: str, vocab_only: bool = False):
-    """A llama-cpp-python ``Llama`` for ``path``.  llama-cpp-python prints llama.cpp's warnings and
-    errors to ``sys.stderr`` even with ``verbose=False`` (its log callback passes ERROR level on);
-    library code never prints, so they are captured and the last line names a failure."""
+def open_llama(path: str, *, ctx: int, kv_cache: str | CacheTypes = "f16", flash_attn: bool = False,
+               vocab_only: bool = False):
+    """A llama-cpp-python ``Llama`` for ``path`` with the K and V cache types ``kv_cache`` (one
+    name for both, or :class:`.kv_types.CacheTypes`) and flash attention as asked.
+    llama-cpp-python prints llama.cpp's warnings and errors to ``sys.stderr`` even with
+    ``verbose=False`` (its log callback passes ERROR level on); library code never prints, so they
+    are captured and the last line names a failure."""
     import contextlib
     import io
 
@@ -165,17 +168,19 @@ def open_llama(path: str, *, ctx: int, kv_cache: str, vocab_only: bool = False):
     problem = build_problem()
     if problem:  # a crash (SIGILL / SIGSEGV) cannot be caught once the decode starts
         raise UnsupportedError(problem, path=path)
+    cache = kv_cache if isinstance(kv_cache, CacheTypes) else CacheTypes(kv_cache, kv_cache)
     kw = dict(model_path=path, verbose=False)
     if not vocab_only:
         kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
-                  type_k=_GGML_TYPE[kv_cache], type_v=_GGML_TYPE[kv_cache])
+                  type_k=ggml_id(cache.k), type_v=ggml_id(cache.v), flash_attn=bool(flash_attn))
     log = io.StringIO()
     try:
         with contextlib.redirect_stderr(log):
             return llama_cpp.Llama(vocab_only=vocab_only, **kw)
     except (ValueError, RuntimeError) as e:
         last = (log.getvalue().strip().splitlines() or [str(e)])[-1].strip()
-        raise ConfigError(f"llama.cpp cannot load this GGUF: {last}", path=path) from None
+        what = "" if vocab_only else f" with a {cache.label} cache"
+        raise ConfigError(f"llama.cpp cannot load this GGUF{what}: {last}", path=path) from None
 
 
 def pair_in_memory(ref: Single, cand: Single, sequences, *, rows: slice):
@@ -184,176 +189,8 @@ def pair_in_memory(ref: Single, cand: Single, sequences, *, rows: slice):
         yield i, r, c
 
 
-# --- the report ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Gates:
-    """Fidelity criteria; None = not judged (said in the report)."""
-
-    dtype: str
-    max_mean_kl: float | None
-    max_p99_kl: float | None
-    min_same_top: float | None
-    max_ln_ppl_ratio: float | None
-    overridden: tuple = ()
-
-    def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "max_mean_kl": self.max_mean_kl, "max_p99_kl": self.max_p99_kl,
-                "min_same_top": self.min_same_top, "max_ln_ppl_ratio": self.max_ln_ppl_ratio,
-                "overridden": list(self.overridden)}
-
-    def describe(self) -> str:
-        parts = [f"mean KL <= {self.max_mean_kl:g}" if self.max_mean_kl is not None else "mean KL not gated",
-                 f"p99 KL <= {self.max_p99_kl:g}" if self.max_p99_kl is not None else "p99 KL not gated",
-                 f"same top >= {self.min_same_top:g}" if self.min_same_top is not None else "same top not gated",
-                 f"ln(PPL(cand)/PPL(ref)) <= {self.max_ln_ppl_ratio:g}" if self.max_ln_ppl_ratio is not None
-                 else "ln PPL ratio not gated (--max-ln-ppl-ratio)"]
-        s = f"{self.dtype} defaults: " + ", ".join(parts)
-        return s + (f" (overridden: {', '.join(self.overridden)})" if self.overridden else "")
-
-    def judge(self, st: FidelityStats) -> tuple[str, ...]:
-        """Failed criteria, one sentence each (NaN never passes)."""
-        out = []
-        if self.max_mean_kl is not None and not (st.kl_mean <= self.max_mean_kl):
-            out.append(f"mean KL(ref‖cand) = {st.kl_mean:.3g} ± {st.kl_se:.2g} > {self.max_mean_kl:g}")
-        if self.max_p99_kl is not None and not (st.kl["p99"] <= self.max_p99_kl):
-            out.append(f"99th percentile KL = {st.kl['p99']:.3g} > {self.max_p99_kl:g}")
-        if self.min_same_top is not None and not (st.same_top >= self.min_same_top):
-            out.append(f"same top {st.same_top:.4g} ± {st.same_top_se:.2g} < {self.min_same_top:g}")
-        if self.max_ln_ppl_ratio is not None and not (st.ln_ratio <= self.max_ln_ppl_ratio):
-            out.append(f"ln(PPL(cand)/PPL(ref)) = {st.ln_ratio:.3g} ± {st.ln_ratio_se:.2g} > "
-                       f"{self.max_ln_ppl_ratio:g} (the candidate is worse)")
-        return tuple(out)
-
-
-def gates_for(row: str, *, max_mean_kl=None, max_p99_kl=None, min_same_top=None, max_ln_ppl_ratio=None) -> Gates:
-    """Defaults from the exactness row (:mod:`.thresholds`): mean and 99th-percentile KL held to the
-    row's per-position ``max_kl``, same-top to its ``min_top1``; the ln PPL ratio is judged only
-    when asked (one-sided: a candidate better than the reference never fails it)."""
-    for name, v in (("max_mean_kl", max_mean_kl), ("max_p99_kl", max_p99_kl), ("max_ln_ppl_ratio", max_ln_ppl_ratio)):
-        if v is not None and not (v >= 0 or name == "max_ln_ppl_ratio"):
-            raise CkptError(f"{name.replace('_', '-')} must be >= 0, got {v!r}")
-    if min_same_top is not None and not (0 <= min_same_top <= 1):
-        raise CkptError(f"min-same-top must be within [0, 1], got {min_same_top!r}")
-    t = thresholds_for(row)
-    given = {"max_mean_kl": max_mean_kl, "max_p99_kl": max_p99_kl, "min_same_top": min_same_top,
-             "max_ln_ppl_ratio": max_ln_ppl_ratio}
-    return Gates(row, t.max_kl if max_mean_kl is None else max_mean_kl,
-                 t.max_kl if max_p99_kl is None else max_p99_kl,
-                 t.min_top1 if min_same_top is None else min_same_top, max_ln_ppl_ratio,
-                 tuple(k for k, v in given.items() if v is not None))
-
-
-# The JSON contract of fidelity mode (keys only ever added; "a.b" = key b inside a).
-JSON_KEYS: dict[str, str] = {
-    "reference": "REFERENCE as given (or the reference file when --reference replaced the run)",
-    "candidate": "CANDIDATE as given",
-    "mode": "corpus",
-    "runtimes.reference": "transformers | llama.cpp | file (a saved reference)",
-    "runtimes.candidate": "transformers | llama.cpp",
-    "kv_cache": "llama.cpp's KV cache type (f16 | f32) when a side ran in llama.cpp, else null",
-    "device": "cpu | cuda",
-    "dtype": "compute dtype of the transformers side(s)",
-    "passed": "the verdict",
-    "failures": "one sentence per failed gate",
-    "gates.dtype": "the exactness row the defaults came from",
-    "gates.max_mean_kl": "bound on corpus.kl.mean",
-    "gates.max_p99_kl": "bound on corpus.kl.p99",
-    "gates.min_same_top": "lower bound on corpus.same_top.p",
-    "gates.max_ln_ppl_ratio": "bound on corpus.ppl.ln_ratio.mean, one-sided (null: not judged)",
-    "gates.overridden": "the gates set explicitly",
-    "corpus.tokens": "corpus length in tokens (before cutting into whole chunks)",
-    "corpus.chunks": "chunks of ctx tokens scored",
-    "corpus.ctx": "tokens per chunk",
-    "corpus.scored": "tokens scored, all chunks together",
-    "corpus.convention": "llama.cpp (positions ctx/2 … ctx−2) | all (positions 0 … ctx−2)",
-    "corpus.source": "the corpus file",
-    "corpus.sha256": "sha256 of the corpus file's bytes",
-    "corpus.bos": "the BOS id that replaced each chunk's first token, or null",
-    "corpus.reference_file": "{path, format, saved} of the reference file read or written, or null",
-    "corpus.ppl.ref": "PPL of the reference, exp(mean NLL)",
-    "corpus.ppl.cand": "PPL of the candidate",
-    "corpus.ppl.ratio": "PPL(cand)/PPL(ref)",
-    "corpus.ppl.cor": "correlation of the per-token NLLs (null when an SE is 0)",
-    "corpus.ppl.ln_ratio.mean": "mean ln(PPL(cand)/PPL(ref))",
-    "corpus.ppl.ln_ratio.se": "its paired SE, sqrt(SE_c² + SE_r² − 2 cov)",
-    "corpus.ppl.ref_se": "SE of PPL(ref), PPL·SE(NLL)",
-    "corpus.ppl.cand_se": "SE of PPL(cand)",
-    "corpus.ppl.ratio_se": "SE of the ratio",
-    "corpus.ppl.diff": "PPL(cand) − PPL(ref)",
-    "corpus.ppl.diff_se": "its SE",
-    "corpus.kl": "KL(ref‖cand) per token, nats: mean, se, max, p99_9 … p0_1, median, min, max_at {chunk, position}",
-    "corpus.dp": "Δp = p_cand − p_ref of the next token: mean, se, rms, rms_se, max, p99_9 … p0_1 (p75, p25 too), min",
-    "corpus.same_top": "{p, se}: fraction of tokens whose arg-max agrees, binomial SE",
-    "notes": "how the run was done",
-    "warnings": "loading findings",
-    "elapsed_s": "wall time",
-    "environment": "torch / transformers / llama-cpp-python versions, threads",
-}
-
-
-@dataclass(frozen=True)
-class CorpusReport:
-    """What ``verify_corpus`` found.  ``passed`` is the verdict."""
-
-    reference: str
-    candidate: str
-    runtimes: tuple            # (reference, candidate)
-    kv_cache: str | None
-    device: str
-    dtype: str
-    corpus: Corpus
-    ctx: int
-    score: str
-    stats: FidelityStats
-    gates: Gates
-    passed: bool
-    failures: tuple = ()
-    reference_file: dict | None = None
-    notes: tuple = ()
-    warnings: tuple = ()
-    elapsed_s: float = 0.0
-    environment: dict = field(default_factory=dict)
-
-    @property
-    def convention(self) -> str:
-        return "llama.cpp" if self.score == "half" else "all"
-
-    def to_dict(self) -> dict:
-        c = {"tokens": self.corpus.total_tokens, "chunks": int(self.corpus.tokens.shape[0]), "ctx": self.ctx,
-             "scored": self.stats.n, "convention": self.convention}
-        c.update(self.stats.to_dict())
-        c.update({"source": self.corpus.path, "sha256": self.corpus.sha256, "bos": self.corpus.bos,
-                  "reference_file": self.reference_file})
-        return {"reference": self.reference, "candidate": self.candidate, "mode": "corpus",
-                "runtimes": {"reference": self.runtimes[0], "candidate": self.runtimes[1]},
-                "kv_cache": self.kv_cache, "device": self.device, "dtype": self.dtype,
-                "passed": self.passed, "failures": list(self.failures), "gates": self.gates.to_dict(),
-                "corpus": c, "notes": list(self.notes), "warnings": list(self.warnings),
-                "elapsed_s": round(self.elapsed_s, 3), "environment": dict(self.environment)}
-
-    def rows(self) -> list[dict]:
-        """One row per statistic, llama.cpp's three blocks in its order and wording."""
-        return [{"block": title, "statistic": label, "value": value}
-                for title, items in self.stats.blocks() for label, value in items]
-
-    def summary_items(self) -> list[tuple[str, str]]:
-        st = self.stats
-        items = [("reference", f"{self.reference} ({self.runtimes[0]})"),
-                 ("candidate", f"{self.candidate} ({self.runtimes[1]})"),
-                 ("corpus", f"{self.corpus.path}: {self.corpus.total_tokens} tokens, {self.corpus.tokens.shape[0]} "
-                            f"chunks of {self.ctx}, {st.n} scored ({'positions ctx/2 … ctx−2, llama.cpp' if self.score == 'half' else 'every position'})"),
-                 ("run", f"{self.device}, {self.dtype}" + (f", llama.cpp KV cache {self.kv_cache}" if self.kv_cache else ""))]
-        if self.reference_file:
-            rf = self.reference_file
-            items.append(("reference file", f"{rf['path']} ({rf['format']}, {'written' if rf['saved'] else 'read'})"))
-        items += [("mean KL(ref‖cand)", f"{st.kl_mean:.6g} ± {st.kl_se:.2g}  (99%: {st.kl['p99']:.4g}, max "
-                                        f"{st.kl['max']:.4g} at chunk {st.kl_max_at[0]} position {st.kl_max_at[1]})"),
-                  ("same top", f"{100 * st.same_top:.3f} ± {100 * st.same_top_se:.3f} %"),
-                  ("PPL cand / ref", f"{st.ppl_cand:.6g} / {st.ppl_ref:.6g}, ln ratio {st.ln_ratio:.4g} ± {st.ln_ratio_se:.2g}"),
-                  ("gates", self.gates.describe()),
-                  ("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures))]
-        return items
+# the report (gates, JSON contract, record) lives in .corpus_report; re-exported here
+from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for  # noqa: E402,F401
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -362,6 +199,7 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
                   corpus: str | os.PathLike | None = None, corpus_ids: str | os.PathLike | None = None,
                   ctx: int = 512, score: str = "half", tokenizer: str | os.PathLike | None = None,
                   device: str = "auto", dtype: str = "float32", runtime: str = "transformers", kv_cache: str = "f16",
+                  cache_type_k: str | None = None, cache_type_v: str | None = None, flash_attn: str = "auto",
                   reference_file: str | os.PathLike | None = None, save_reference: str | os.PathLike | None = None,
                   reference_format: str = "ckpt-surgeon", replace: bool = False, thresholds: str | None = None,
                   max_mean_kl: float | None = None, max_p99_kl: float | None = None, min_same_top: float | None = None,
@@ -373,8 +211,13 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     ``corpus``: a UTF-8 text file, tokenized with the reference's tokenizer (or ``tokenizer``);
     ``corpus_ids``: token ids instead (JSON).  ``ctx``: tokens per chunk; ``score``: ``half``
     (llama.cpp's positions ctx/2 … ctx−2) or ``all``.  ``runtime="llama.cpp"``: every ``.gguf``
-    side runs in llama.cpp (llama-cpp-python) with a ``kv_cache`` of f16 (llama.cpp's default) or
-    f32; other sides run in transformers.  ``reference_file``: a saved reference (ours or
+    side runs in llama.cpp (llama-cpp-python) with ``kv_cache`` (one of llama.cpp's cache types,
+    :data:`.kv_types.CACHE_TYPES`, default f16, llama.cpp's own) for K and V; ``cache_type_k`` /
+    ``cache_type_v`` set the candidate's K / V cache alone (they imply ``runtime="llama.cpp"`` and a
+    ``.gguf`` candidate, which may be the reference file itself).  ``flash_attn``: auto (on when a
+    V cache is quantized, as llama.cpp requires), on or off, for every llama.cpp side alike.  A
+    quantized cache makes the run a fidelity run, judged by the quantized row's gates unless given.
+    ``reference_file``: a saved reference (ours or
     llama.cpp's ``--kl-divergence-base`` file) replaces the reference run (``reference`` may then
     be None, or a model whose tokenizer encodes the corpus).  ``save_reference``: write the
     reference run to this file (``reference_format`` ckpt-surgeon | llama.cpp; ``replace``: an
@@ -388,17 +231,77 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
 
     Returns a :class:`CorpusReport`; raises CkptError for bad input (nothing is written then).
     """
+    ref_cache, cand_cache = cache_types(kv_cache, cache_type_k, cache_type_v)
+    if cache_type_k is not None or cache_type_v is not None:
+        runtime = _needs_llama(runtime, candidate, "--cache-type-k / --cache-type-v")
+    llama = LlamaRun(ref_cache, (cand_cache,), use_flash_attn(flash_attn, (ref_cache, cand_cache)))
+    out = run_corpus(reference, candidate, llama=llama, sweep=False, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx,
+                     score=score, tokenizer=tokenizer, device=device, dtype=dtype, runtime=runtime,
+                     reference_file=reference_file, save_reference=save_reference,
+                     reference_format=reference_format, replace=replace, thresholds=thresholds,
+                     gate_args=dict(max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
+                                    max_ln_ppl_ratio=max_ln_ppl_ratio),
+                     progress=progress, tmp_dir=tmp_dir, stream=stream, memory_budget=memory_budget)
+    return _report(out, llama, dtype, ctx, score)
+
+
+@dataclass(frozen=True)
+class LlamaRun:
+    """How the llama.cpp sides of a run are set: the reference's cache, the candidate's (one per
+    row of a cache sweep) and flash attention (every llama.cpp side alike)."""
+
+    reference: CacheTypes
+    candidates: tuple
+    flash_attn: bool
+
+    def quantized(self) -> bool:
+        return self.reference.quantized or any(c.quantized for c in self.candidates)
+
+
+@dataclass
+class Outcome:
+    """What :func:`run_corpus` measured: one :class:`FidelityStats` per candidate cache."""
+
+    reference: str
+    candidate: str
+    stats: list
+    corpus: Corpus
+    gates: Gates
+    reference_file: dict | None
+    runtimes: tuple
+    llama_sides: tuple         # roles ("reference", "candidate") that ran in llama.cpp
+    device: str
+    notes: list
+    warnings: list
+    environment: dict
+    t0: float
+
+
+def _needs_llama(runtime: str, candidate, what: str) -> str:
+    """Cache options run the candidate in llama.cpp: it must be a GGUF file."""
+    if candidate is None or not os.fspath(candidate).endswith(".gguf"):
+        raise CkptError(f"{what} set llama.cpp's cache; the candidate must be a .gguf file run in llama.cpp",
+                        path=os.fspath(candidate) if candidate is not None else None,
+                        hint="convert it first (ckpt-surgeon convert MODEL -o model.gguf)")
+    return "llama.cpp"
+
+
+def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, corpus_ids, ctx, score, tokenizer,
+               device, dtype, runtime, reference_file, save_reference, reference_format, replace, thresholds,
+               gate_args: dict, progress, tmp_dir, stream, memory_budget) -> Outcome:
+    """The run behind :func:`verify_corpus` and the cache sweep (:mod:`.cache_sweep`): checks,
+    sides, corpus, then the candidate scored under each of ``llama.candidates`` (``sweep``: the
+    reference runs once into a temporary file, each cache is scored against it)."""
     import torch
 
     from ..runtime import quiet_transformers, resolve_device
-    from .core import _ieee_float32
+    from .core import _environment, _ieee_float32
     from .loading import TORCH_DTYPES
 
     t0 = time.perf_counter()
-    _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference, reference_file, save_reference,
+    _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference_file, save_reference,
                    reference_format, dtype, TORCH_DTYPES, replace)
-    gates_for("float32", max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-              max_ln_ppl_ratio=max_ln_ppl_ratio)        # bad gate values fail before any model loads
+    gates_for("float32", **gate_args)        # bad gate values fail before any model loads
     dev = resolve_device(device)
     if tmp_dir is not None and not os.path.isdir(tmp_dir):
         raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
@@ -408,24 +311,30 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
         stream = _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes,
-                                together=reference_file is None and save_reference is None)
-        sides = _Sides(reference, candidate, work, runtime=runtime, dtype=dtype, ctx=ctx, kv_cache=kv_cache,
+                                together=reference_file is None and save_reference is None and not sweep)
+        sides = _Sides(reference, candidate, work, llama, runtime=runtime, dtype=dtype, ctx=ctx,
                        progress=progress, notes=notes, stream=_streaming() if stream else None)
         try:
-            stats, corp, gates, ref_file_info = _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score,
-                                                     dtype, dev, thresholds, dict(max_mean_kl=max_mean_kl,
-                                                     max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                                                     max_ln_ppl_ratio=max_ln_ppl_ratio), stream, save_reference,
-                                                     reference_format, replace, progress, work, notes, warnings)
+            stats, corp, gates, ref_file_info = _run(sides, llama, sweep, reference_file, tokenizer, corpus,
+                                                     corpus_ids, ctx, score, dtype, dev, thresholds, gate_args, stream,
+                                                     save_reference, reference_format, replace, progress, work, notes,
+                                                     warnings)
         finally:
             sides.close()
-    return _report(reference, candidate, reference_file, sides, kv_cache, dev, dtype, corp, ctx, score, stats, gates,
-                   ref_file_info, notes, warnings, t0, runtime, torch)
+    env = _environment(dev, torch)
+    on_llama = tuple(s.role for s in sides.models() if s.runtime == "llama.cpp")
+    if on_llama:
+        import llama_cpp
+        env["llama_cpp_python"] = llama_cpp.__version__
+    return Outcome(os.fspath(reference if reference is not None else reference_file), os.fspath(candidate), stats,
+                   corp, gates, ref_file_info, (sides.ref.runtime if sides.ref is not None else "file",
+                   sides.cand.runtime), on_llama, dev, notes, warnings, env, t0)
 
 
-def _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype, dev, thresholds, gate_args, stream,
-         save_reference, reference_format, replace, progress, work, notes, warnings):
-    """Tokenize, check, run both sides chunk by chunk, accumulate -> (stats, corpus, gates, reference file info)."""
+def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype, dev, thresholds,
+         gate_args, stream, save_reference, reference_format, replace, progress, work, notes, warnings):
+    """Tokenize, check, run both sides chunk by chunk, accumulate -> ([stats per candidate cache],
+    corpus, gates, reference file info)."""
     first, nrows = scored_rows(ctx, score)
     rows = slice(first, first + nrows)
     reader = ReferenceReader(reference_file) if reference_file is not None else None
@@ -436,17 +345,13 @@ def _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype
         _check_reference_file(reader.info, corp, ctx, score, tok)
     for s in sides.models():
         s.check_context(ctx)
-    row = thresholds or coarsest(dtype, *sides.storage_dtypes())
-    gates = gates_for(row, **gate_args)
-    if row == "quantized":
-        notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
-                     "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
-    _check_memory(sides, dtype, dev, together=reader is None and save_reference is None and not stream)
-    acc = FidelityAccumulator()
+    gates = _gates(sides, llama, thresholds, dtype, gate_args, notes)
+    _check_memory(sides, dtype, dev, together=reader is None and save_reference is None and not stream and not sweep)
     seqs = corp.sequences
     ref_file_info = None
-    bar = _bar(progress, len(seqs))
-    if reader is None and save_reference is None:
+    bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
+    if reader is None and save_reference is None and not sweep:
+        acc = FidelityAccumulator()
         if stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
@@ -458,57 +363,95 @@ def _run(sides, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype
             acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i,
                     positions=np.arange(first, first + nrows))
             bar.update(1)
-    else:
-        if reader is None:
-            reader = _save_reference(sides.ref, save_reference, reference_format, replace, corp, score, seqs,
-                                     rows, dev, warnings, progress)
+        bar.close()
+        return [acc.result()], corp, gates, ref_file_info
+    if reader is None:
+        saved = save_reference is not None
+        dest = save_reference if saved else work / "reference.safetensors"
+        reader = _save_reference(sides.ref, dest, reference_format if saved else "ckpt-surgeon", replace, corp,
+                                 score, seqs, rows, dev, warnings, progress)
+        if saved:
             ref_file_info = {"path": os.fspath(save_reference), "format": reference_format, "saved": True}
         else:
-            ref_file_info = {"path": reader.path, "format": reader.info.format, "saved": False}
-            if reader.info.format == "llama.cpp":
-                notes.append("reference read from llama.cpp's uint16 log-probs: each within 1.2e-4 nats of "
-                             "llama.cpp's float32 value, entries below max − 16 not stored (KL floor ~1e-4)")
-        for i, c in sides.cand.source(dev, warnings)(seqs, rows=rows):
-            kind, r = reader.chunk(i)
-            targets = corp.tokens[i, first + 1:first + 1 + nrows]
-            pos = np.arange(first, first + nrows)
-            r, c = _common_width(r, c, tok, notes)
-            if kind == "logprobs":
-                acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
-            else:
-                acc.add(r, c, targets, chunk=i, positions=pos)
-            bar.update(1)
-        reader.close()
+            notes.append("the reference ran once, its float32 logits kept in a temporary file; each cache type "
+                         "was scored against them")
+    else:
+        ref_file_info = {"path": reader.path, "format": reader.info.format, "saved": False}
+        if reader.info.format == "llama.cpp":
+            notes.append("reference read from llama.cpp's uint16 log-probs: each within 1.2e-4 nats of "
+                         "llama.cpp's float32 value, entries below max − 16 not stored (KL floor ~1e-4)")
+    stats = []
+    for cache in (llama.candidates if sweep else llama.candidates[:1]):
+        sides.cand.cache = cache
+        stats.append(_score_against(reader, sides.cand, corp, rows, tok, dev, warnings, notes, bar))
+    reader.close()
     bar.close()
-    return acc.result(), corp, gates, ref_file_info
+    return stats, corp, gates, ref_file_info
 
 
-def _report(reference, candidate, reference_file, sides, kv_cache, dev, dtype, corp, ctx, score, stats, gates,
-            ref_file_info, notes, warnings, t0, runtime, torch) -> CorpusReport:
-    from .core import _environment
+def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, bar) -> FidelityStats:
+    """The candidate side run over the corpus against a saved reference."""
+    acc = FidelityAccumulator()
+    first, nrows = rows.start, rows.stop - rows.start
+    for i, c in side.source(dev, warnings)(corp.sequences, rows=rows):
+        kind, r = reader.chunk(i)
+        targets = corp.tokens[i, first + 1:first + 1 + nrows]
+        pos = np.arange(first, first + nrows)
+        r, c = _common_width(r, c, tok, notes)
+        if kind == "logprobs":
+            acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
+        else:
+            acc.add(r, c, targets, chunk=i, positions=pos)
+        bar.update(1)
+    return acc.result()
+
+
+def _gates(sides, llama: LlamaRun, thresholds, dtype, gate_args, notes) -> Gates:
+    """Default gates from the coarsest precision in play; a quantized weight or KV cache makes it
+    the quantized row (a fidelity run, not an exactness run)."""
+    cache_q = llama.quantized() and any(s.runtime == "llama.cpp" for s in sides.models())
+    row = thresholds or coarsest(dtype, *sides.storage_dtypes(), *(("quantized",) if cache_q else ()))
+    gates = gates_for(row, **gate_args)
+    if cache_q:
+        notes.append("quantized KV cache: a fidelity run, not an exactness run (the cache rounds K / V to a few "
+                     "bits; no exact model can match it)" + ("" if thresholds else "; default gates from the "
+                     "bfloat16 row: pass explicit gates (--max-mean-kl, --min-same-top, ...) for your tolerance"))
+    elif row == "quantized":
+        notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
+                     "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
+    return gates
+
+
+def _report(out: Outcome, llama: LlamaRun, dtype: str, ctx: int, score: str) -> CorpusReport:
+    stats = out.stats[0]
+    notes = out.notes
     if stats.n < LLAMACPP_MIN_TOKENS:
         notes.append(f"only {stats.n} tokens scored: llama-perplexity prints no distribution statistics below "
                      f"{LLAMACPP_MIN_TOKENS}; these percentiles rest on few values")
-    for s in (sides.ref, sides.cand):
-        if s is not None and s.runtime == "llama.cpp":
-            notes.append(f"{s.given}: run in llama.cpp with a {kv_cache} KV cache" +
+    caches = {"reference": llama.reference, "candidate": llama.candidates[0]}
+    for role, given in (("reference", out.reference), ("candidate", out.candidate)):
+        if role in out.llama_sides:
+            c = caches[role]
+            notes.append(f"{given}: run in llama.cpp with a {c.label} KV cache" +
                          (" (llama.cpp's default; it rounds K and V to float16, which limits exactness: "
-                          "--kv-cache f32 removes that floor)" if kv_cache == "f16" else ""))
-    failures = gates.judge(stats)
-    env = _environment(dev, torch)
-    if runtime == "llama.cpp":
-        import llama_cpp
-        env["llama_cpp_python"] = llama_cpp.__version__
+                          "--kv-cache f32 removes that floor)" if c == CacheTypes("f16", "f16") else "") +
+                         (", flash attention on" if llama.flash_attn else ""))
+    cache = None
+    if out.llama_sides:
+        cache = {r: (caches[r].to_dict() if r in out.llama_sides else None) for r in ("reference", "candidate")}
+        cache.update(flash_attn=llama.flash_attn,
+                     quantized=any(caches[r].quantized for r in out.llama_sides))
+    failures = out.gates.judge(stats)
     return CorpusReport(
-        reference=os.fspath(reference if reference is not None else reference_file), candidate=os.fspath(candidate),
-        runtimes=(sides.ref.runtime if sides.ref is not None else "file", sides.cand.runtime),
-        kv_cache=kv_cache if any(s is not None and s.runtime == "llama.cpp" for s in (sides.ref, sides.cand)) else None,
-        device=dev, dtype=dtype, corpus=corp, ctx=ctx, score=score, stats=stats, gates=gates, passed=not failures,
-        failures=failures, reference_file=ref_file_info, notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings),
-        elapsed_s=time.perf_counter() - t0, environment=env)
+        reference=out.reference, candidate=out.candidate, runtimes=out.runtimes,
+        kv_cache=llama.reference.k if out.llama_sides else None,
+        device=out.device, dtype=dtype, corpus=out.corpus, ctx=ctx, score=score, stats=stats, gates=out.gates,
+        passed=not failures, failures=failures, reference_file=out.reference_file, cache=cache,
+        notes=tuple(dict.fromkeys(notes)), warnings=tuple(out.warnings),
+        elapsed_s=time.perf_counter() - out.t0, environment=out.environment)
 
 
-def _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference, reference_file, save_reference,
+def _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference_file, save_reference,
                    reference_format, dtype, dtypes, replace) -> None:
     if (corpus is None) == (corpus_ids is None):
         raise CkptError("give --corpus FILE or --corpus-ids FILE (one of them)")
@@ -518,8 +461,6 @@ def _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference,
         raise CkptError(f"unknown --score {score!r}; choose half (llama.cpp's) or all")
     if runtime not in RUNTIMES:
         raise CkptError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if kv_cache not in KV_CACHES:
-        raise CkptError(f"unknown --kv-cache {kv_cache!r}; choose f16 or f32")
     if dtype not in dtypes:
         raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(dtypes)}")
     if reference_format not in REFERENCE_FORMATS:
@@ -540,13 +481,13 @@ def _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference,
 class _Side:
     """One model of the pair: how it runs and where its logits come from."""
 
-    def __init__(self, given: str, role: str, work: Path, *, runtime: str, dtype: str, ctx: int, kv_cache: str,
-                 progress, notes: list, stream=None):
+    def __init__(self, given: str, role: str, work: Path, *, runtime: str, dtype: str, ctx: int, cache: CacheTypes,
+                 flash_attn: bool, progress, notes: list, stream=None):
         self.given, self.role, self.stream, self.work, self.progress = given, role, stream, work, progress
         self.pm = None
         self.llm = None
         self.runtime = "llama.cpp" if runtime == "llama.cpp" and given.endswith(".gguf") else "transformers"
-        self.ctx, self.kv_cache, self.dtype = ctx, kv_cache, dtype
+        self.ctx, self.cache, self.flash_attn, self.dtype = ctx, cache, flash_attn, dtype
         if self.runtime == "llama.cpp":
             if not os.path.isfile(given):
                 raise SourceNotFoundError("no such GGUF file", path=given)
@@ -557,7 +498,7 @@ class _Side:
                 self.storage = storage_precision(i.dtype for i in ck.tensors.values())
             finally:
                 ck.close()
-            self.vocab = open_llama(given, ctx=ctx, kv_cache=kv_cache, vocab_only=True)
+            self.vocab = open_llama(given, ctx=ctx, vocab_only=True)
         elif stream is not None:       # headers only: a GGUF is streamed, never converted to a temp folder
             self.pm = stream.prepared(stream.open_source(given, role=role, progress=progress), work, role)
             self.storage = self.pm.storage_dtype
@@ -593,7 +534,9 @@ class _Side:
 
     def source(self, dev: str, warnings: list) -> Single:
         if self.runtime == "llama.cpp":
-            self.llm = open_llama(self.given, ctx=self.ctx, kv_cache=self.kv_cache)
+            if self.llm is not None:       # a cache sweep reopens the model with the next cache
+                self.llm.close()
+            self.llm = open_llama(self.given, ctx=self.ctx, kv_cache=self.cache, flash_attn=self.flash_attn)
             return llamacpp_source(self.llm)
         if self.stream is not None:
             def run(sequences, *, rows):
@@ -611,9 +554,11 @@ class _Side:
 
 
 class _Sides:
-    def __init__(self, reference, candidate, work: Path, **kw):
-        self.ref = _Side(os.fspath(reference), "reference", work, **kw) if reference is not None else None
-        self.cand = _Side(os.fspath(candidate), "candidate", work, **kw)
+    def __init__(self, reference, candidate, work: Path, llama: LlamaRun, **kw):
+        fa = llama.flash_attn
+        self.ref = _Side(os.fspath(reference), "reference", work, cache=llama.reference, flash_attn=fa,
+                         **kw) if reference is not None else None
+        self.cand = _Side(os.fspath(candidate), "candidate", work, cache=llama.candidates[0], flash_attn=fa, **kw)
 
     def models(self):
         return [s for s in (self.ref, self.cand) if s is not None]
