@@ -503,7 +503,14 @@ def predict_layer(st: KvLayerStats, geom: KvGeometry, types) -> list[KvHeadPredi
     return out
 
 
-def _check_blocks(layout, types, src) -> None:
+def layer_error(st: KvLayerStats, geom: KvGeometry, cache_type: str, kind: str) -> float:
+    """One layer's predicted error (RMS over kv heads) for ``kind`` ``k`` (logit) or ``v`` (output)."""
+    ct = CACHE_TYPES[cache_type]
+    e = k_errors(st, geom, ct)["error"] if kind == "k" else v_errors(st, np.arange(geom.head_dim), ct)["error"]
+    return float(np.sqrt(np.mean(e ** 2)))
+
+
+def check_blocks(layout, types, src) -> None:
     for t in types:
         b = CACHE_TYPES[t].block
         if b and (layout.num_kv_heads * layout.head_dim) % b:
@@ -584,7 +591,7 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
     types = parse_cache_types(cache_types, path=ckpt.source)
     layout = ckpt.layout()
     check_pairable(ckpt, layout)
-    _check_blocks(layout, types, ckpt.source)
+    check_blocks(layout, types, ckpt.source)
     geom = kv_geometry(ckpt, layout, context)
     heads, sampled = [], False
     for lt in layout.layers:
