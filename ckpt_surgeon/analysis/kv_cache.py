@@ -21,7 +21,9 @@ biases):
   mean and variance of each dimension are computed exactly in the file's own pair layout.
 * a block's largest |value| is modelled as ``max_i |m_i| + z sigma_i`` (z = 2.0: the expected
   largest of 32 standard normals is 2.04); its step is that over the type's largest level, and the
-  rounding error per element is uniform: ``step^2 / 12``.
+  rounding error per element is uniform, ``step^2 / 12``, except that a value far below one step of a
+  symmetric type (zero is one of its levels) rounds to zero: its error is at most its own second
+  moment ``m_i^2 + sigma_i^2``.
 * logit error (attention-logit units, after the ``1/sqrt(d)`` scale): the K error seen through q,
   ``sum_i E[q_i^2] var(e_k,i) / d``, plus Q's own quantization seen through k, ``sum_i var(e_q,i)
   E[k_i^2] / d``; RMS over the query heads of the kv group.
@@ -148,6 +150,10 @@ def block_error_var(mean: np.ndarray, var: np.ndarray, ct: CacheType, *, z: floa
     step = span / ct.levels
     share = np.where(span > 0, (span - np.minimum(span_c, span)) / np.where(span > 0, span, 1.0), 0.0)
     ev = np.repeat((step ** 2 / 12.0)[..., None], b, axis=-1).reshape(shape)
+    if ct.rule == "absmax":
+        # zero is a level of the symmetric types: a value far below one step rounds to 0 and its error
+        # is the value itself (the content "falls below one step"), never more than its own second moment
+        ev = np.minimum(ev, mean ** 2 + var)
     return ev, np.repeat(share[..., None], b, axis=-1).reshape(shape)
 
 
