@@ -21,12 +21,13 @@ biases):
   mean and variance of each dimension are computed exactly in the file's own pair layout.
 * a block's largest |value| is modelled as ``max_i |m_i| + z sigma_i`` (z = 2.0: the expected
   largest of 32 standard normals is 2.04); its step is that over the type's largest level, and the
-  rounding error per element is uniform, ``step^2 / 12``, except that a value far below one step of a
-  symmetric type (zero is one of its levels) rounds to zero: its error is at most its own second
-  moment ``m_i^2 + sigma_i^2``.
-* logit error (attention-logit units, after the ``1/sqrt(d)`` scale): the K error seen through q,
-  ``sum_i E[q_i^2] var(e_k,i) / d``, plus Q's own quantization seen through k, ``sum_i var(e_q,i)
-  E[k_i^2] / d``; RMS over the query heads of the kv group.
+  rounding error per element is uniform, ``step^2 / 12``, but over the keys it varies no more than the
+  value does (the error is a sawtooth of the value): ``min(step^2 / 12, var_n(x_i))``, where
+  ``var_n`` is the content variance plus the spread of the rotated bias over the sampled positions.
+* logit error (attention-logit units, after the ``1/sqrt(d)`` scale), counted as softmax sees it:
+  by how it varies over the keys of one query (a shift common to a row changes nothing).  The K error
+  seen through q, ``sum_i E[q_i^2] var_n(e_k,i) / d``, plus Q's own quantization seen through k,
+  ``sum_i var(e_q,i) var_n(k_i) / d``; RMS over the query heads of the kv group.
 * value error reaching the output: ``sum_i |W_o[:, i]|^2 var(e_v,i)`` for the attention row that
   puts all its weight on one key (attention rows sum to 1, so spreading weight over keys with
   independent errors only lowers it: an upper model), RMS over the query heads of the group.
@@ -122,21 +123,22 @@ def parse_cache_types(spec, *, path=None) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- the error model
 
 def block_error_var(mean: np.ndarray, var: np.ndarray, ct: CacheType, *, z: float = Z_BLOCK_MAX,
-                    tensor_amax: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    tensor_amax: float | None = None, key_var: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-element rounding-error variance and the bias's share of the step, for rows ``[..., n]``.
 
     ``mean``/``var`` ``[..., n]``: the modelled mean and variance of each element of a cache row (``n``
     a multiple of the block); blocks are consecutive ``ct.block`` elements.  Share: ``(step - step
     without the mean) / step`` of each element's block.  fp8: relative model (3 mantissa bits, the
     mean squared step of a binade is ``2^-7 x^2``) with the subnormal floor ``2^-9 scale`` of the
-    per-tensor scale ``tensor_amax / 448``.
+    per-tensor scale ``tensor_amax / 448``.  ``key_var`` (same shape): how much each element varies over
+    the keys; the error's variance over the keys is capped by it (see the body).
     """
     sd = np.sqrt(np.maximum(var, 0.0))
     if ct.rule == "fp8":
         scale = (tensor_amax if tensor_amax is not None else float(np.max(np.abs(mean) + z * sd))) / 448.0
         ev = np.maximum((mean ** 2 + var) * 2.0 ** -7, (2.0 ** -9 * scale) ** 2) / 12.0
         share = np.where(mean ** 2 + var > 0, mean ** 2 / np.maximum(mean ** 2 + var, 1e-300), 0.0)
-        return ev, share
+        return (ev if key_var is None else np.minimum(ev, key_var)), share
     b = ct.block
     shape = mean.shape
     m = mean.reshape(shape[:-1] + (shape[-1] // b, b))
@@ -150,11 +152,30 @@ def block_error_var(mean: np.ndarray, var: np.ndarray, ct: CacheType, *, z: floa
     step = span / ct.levels
     share = np.where(span > 0, (span - np.minimum(span_c, span)) / np.where(span > 0, span, 1.0), 0.0)
     ev = np.repeat((step ** 2 / 12.0)[..., None], b, axis=-1).reshape(shape)
-    if ct.rule == "absmax":
-        # zero is a level of the symmetric types: a value far below one step rounds to 0 and its error
-        # is the value itself (the content "falls below one step"), never more than its own second moment
-        ev = np.minimum(ev, mean ** 2 + var)
+    if key_var is not None:
+        ev = np.minimum(ev, _grid_cap(m, s, key_var.reshape(m.shape), span, z).reshape(shape))
     return ev, np.repeat(share[..., None], b, axis=-1).reshape(shape)
+
+
+def _grid_cap(m: np.ndarray, s: np.ndarray, key_var: np.ndarray, span: np.ndarray, z: float) -> np.ndarray:
+    """``[..., blocks, b]``: how much an element's rounding error can vary over the keys.
+
+    The error is a sawtooth of the value in grid units ``x / step``; over the keys that moves by the
+    value's own variation and by the grid's (the step follows the block's largest |value|, token by
+    token): ``var(x) + x^2 var(span) / span^2``.  A constant value (an unrotated bias) on a steady grid
+    keeps a constant error, which softmax ignores; content far below one step varies like itself.  The
+    span moves with the elements that can be a token's largest |value| (those whose peak reaches the top
+    element's low edge): as that element when one or two stand clear (biases), and by about half the
+    content spread when many compete (the largest of several normals varies about half as much).
+    """
+    peak = np.abs(m) + z * s
+    top = peak.argmax(-1)[..., None]
+    top_low = np.abs(np.take_along_axis(m, top, -1)) - z * np.take_along_axis(s, top, -1)
+    cand = peak >= top_low                     # the elements that can be a token's largest |value|
+    n_cand = cand.sum(-1)
+    sd_span = np.where(cand, np.sqrt(key_var), 0.0).max(-1) * np.where(n_cand > 2, 0.5, 1.0)
+    rel = (sd_span / np.where(span > 0, span, 1.0)) ** 2
+    return key_var + (m ** 2 + s ** 2) * rel[..., None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -245,10 +266,13 @@ def k_errors(st: KvLayerStats, geom: KvGeometry, ct: CacheType) -> dict[str, np.
     km, kvar = rotate(st.k_mean, st.k_var, geom)           # [P, kv, d]
     qm, qvar = rotate(st.q_mean, st.q_var, geom)           # [P, h, d]
     amax = float(np.max(np.abs(km) + Z_BLOCK_MAX * np.sqrt(kvar))) if ct.rule == "fp8" else None
-    ek, share = block_error_var(_cache_rows(km, order), _cache_rows(kvar, order), ct, tensor_amax=amax)
+    # softmax ignores what is constant over the keys: every error is counted by how it varies over them
+    k_key = kvar + (km - km.mean(0)) ** 2                   # [P, kv, d]
+    ek, share = block_error_var(_cache_rows(km, order), _cache_rows(kvar, order), ct, tensor_amax=amax,
+                                key_var=_cache_rows(k_key, order))
     ek, share = _from_cache(ek, kv, order).mean(0), _from_cache(share, kv, order).mean(0)   # [kv, d]
     q2 = (qm ** 2 + qvar).mean(0)                          # [h, d]
-    k2 = (km ** 2 + kvar).mean(0)
+    k2 = k_key.mean(0)                                     # variance of each key dim over the keys
     var_k = (q2 * np.repeat(ek, g, axis=0)).sum(-1) / d    # [h]
     if ct.dot_type is not None:
         dot = CACHE_TYPES[ct.dot_type]
@@ -268,7 +292,11 @@ def v_errors(st: KvLayerStats, order: np.ndarray, ct: CacheType) -> dict[str, np
     kv, d = st.v_mean.shape
     g = st.q_mean.shape[0] // kv
     amax = float(np.max(np.abs(st.v_mean) + Z_BLOCK_MAX * np.sqrt(st.v_var))) if ct.rule == "fp8" else None
-    ev, share = block_error_var(_cache_rows(st.v_mean, order), _cache_rows(st.v_var, order), ct, tensor_amax=amax)
+    # values: a constant error passes through attention whole (rows sum to 1), so the cap is the value's
+    # whole second moment (a value far below one step of a symmetric type rounds to zero)
+    cap = _cache_rows(st.v_mean ** 2 + st.v_var, order) if ct.rule == "absmax" else None
+    ev, share = block_error_var(_cache_rows(st.v_mean, order), _cache_rows(st.v_var, order), ct, tensor_amax=amax,
+                                key_var=cap)
     ev, share = _from_cache(ev, kv, order), _from_cache(share, kv, order)
     ow = st.o_weight if st.o_weight is not None else np.ones((kv * g, d))
     per_q = (ow * np.repeat(ev, g, axis=0)).sum(-1)

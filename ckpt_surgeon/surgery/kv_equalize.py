@@ -18,7 +18,8 @@ The scales are chosen from the weights and biases (no calibration prompts) to mi
 prediction of :mod:`ckpt_surgeon.analysis.kv_cache` for the target cache types, Q's own quantization
 to the K type's dot type included: for each kv head a family of candidates (balancing each pair's
 modelled peak in q against k, ``alpha = (A_k / A_q)^(t/2)``, and flattening k's peaks alone,
-``alpha = (A_k / rms A_k)^t``) is scored and the best kept; ``t = 0`` (no change) is always a
+``alpha = (A_k / rms A_k)^t``, and bringing only the outlier pairs down to ``c`` x the median peak) is
+scored and the best kept; ``t = 0`` (no change) is always a
 candidate, so the prediction never gets worse.  Values: ``m_i = (rms A_v / A_v,i)^t``, same rule.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .plan import Plan, TensorStep, step_params
 _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 _T_FLATTEN = (0.25, 0.5, 0.75, 1.0)
 _T_VALUE = (0.25, 0.5, 0.75, 1.0)
+_C_OUTLIER = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     cands += [_expand(ratio ** (t / 2), groups, d) for t in _T_BALANCE]
     ref = np.sqrt((a_k ** 2).mean(-1, keepdims=True)) + tiny
     cands += [_expand(((a_k + tiny) / ref) ** t, groups, d) for t in _T_FLATTEN]
+    # the outlier pairs alone, brought down to c x the head's median peak (the rest untouched)
+    med = np.median(a_k, -1, keepdims=True) + tiny
+    cands += [_expand(np.maximum(1.0, a_k / (c * med)), groups, d) for c in _C_OUTLIER]
     cts = [KC.CACHE_TYPES[t] for t in types]
     base = [KC.k_errors(st, geom, ct)["error"] for ct in cts]
     costs = np.stack([_cost([KC.k_errors(st.scaled(alpha=a), geom, ct)["error"] for ct in cts], base)
