@@ -137,3 +137,12 @@ def test_equalize_measured(tmp_path, variant, k_type, gain):
     before, after = measured_logit_error(folder, k_type), measured_logit_error(tmp_path / "eq", k_type)
     ratio = float(np.sqrt(np.mean(before ** 2)) / np.sqrt(np.mean(after ** 2)))
     assert ratio >= gain, (ratio, before, after)
+
+
+def test_lint_row():
+    from ckpt_surgeon import lint
+    rep = lint(str(kv_fixture_path("concentrated")))
+    hits = [f for f in rep.findings if f.check == "kv-cache-risk"]
+    assert {f.tensor for f in hits} == {f"model.layers.{i}.self_attn.k_proj.bias" for i in PLANTED}
+    assert all(f.severity == "warning" and "kv-equalize" in f.fix for f in hits)
+    assert not [f for f in lint(str(kv_fixture_path("clean"))).findings if f.check == "kv-cache-risk"]
