@@ -48,10 +48,11 @@ from ..records import finite_or_none
 RISK_RATIO = 4.0          # x the median layer's predicted error, per cache type
 RISK_LOGIT = 0.5          # attention-logit units: e^0.5 = 1.65x on an attention weight
 Z_BLOCK_MAX = 2.0         # expected largest of 32 standard normals (2.04)
-POSITIONS = 64            # positions sampled over the context for the rotated bias
+POSITIONS = 32            # positions sampled over the context for the rotated bias
 DEFAULT_CONTEXT = 4096
-# rows of W_q read per kv group when W_q is large (see kv_layer_stats): one query head
-FULL_READ_ELEMENTS = 64 * 1024 * 1024
+# W_q / W_o larger than this are sampled by the static report (kv_layer_stats, o_column_weight)
+FULL_READ_ELEMENTS = 4 * 1024 * 1024   # per tensor
+O_SAMPLE_ROWS = 256        # rows of a large W_o read for its column norms (static report only)
 
 
 @dataclass(frozen=True)
@@ -257,14 +258,14 @@ def _from_cache(x: np.ndarray, heads: int, order: np.ndarray) -> np.ndarray:
     return out
 
 
-def k_errors(st: KvLayerStats, geom: KvGeometry, ct: CacheType) -> dict[str, np.ndarray]:
-    """Per kv head: predicted logit error (RMS over its query heads), its K and Q parts, bias share."""
+def k_errors(st: KvLayerStats, geom: KvGeometry, ct: CacheType, rotated: tuple | None = None) -> dict[str, np.ndarray]:
+    """Per kv head: predicted logit error (RMS over its query heads), its K and Q parts, bias share.
+    ``rotated``: ``(rotate(k), rotate(q))`` when the caller already has them (several types, one layer)."""
     h, d = st.q_mean.shape
     kv = st.k_mean.shape[0]
     g = h // kv
     order = geom.cache_order
-    km, kvar = rotate(st.k_mean, st.k_var, geom)           # [P, kv, d]
-    qm, qvar = rotate(st.q_mean, st.q_var, geom)           # [P, h, d]
+    (km, kvar), (qm, qvar) = rotated or (rotate(st.k_mean, st.k_var, geom), rotate(st.q_mean, st.q_var, geom))
     amax = float(np.max(np.abs(km) + Z_BLOCK_MAX * np.sqrt(kvar))) if ct.rule == "fp8" else None
     # softmax ignores what is constant over the keys: every error is counted by how it varies over them
     k_key = kvar + (km - km.mean(0)) ** 2                   # [P, kv, d]
@@ -385,8 +386,7 @@ def projection(ckpt, layout, lt, role: str, rows: tuple[int, int] | None = None)
 
 def _moments(w: np.ndarray, b: np.ndarray, gamma: np.ndarray | None, beta: np.ndarray | None):
     """Mean and variance of ``W x_hat + b`` for unit-variance features scaled by ``gamma`` (+ ``beta``)."""
-    g2 = np.ones(w.shape[1], np.float32) if gamma is None else (gamma.astype(np.float32) ** 2)
-    var = (w * w) @ g2
+    var = np.einsum("ij,ij->i", w, w) if gamma is None else np.einsum("ij,ij,j->i", w, w, (gamma ** 2).astype(np.float32))
     mean = b + (w @ beta.astype(np.float32) if beta is not None else 0.0)
     return np.asarray(mean, np.float64), np.asarray(var, np.float64)
 
@@ -408,7 +408,8 @@ def _after_norm(mean, var, w, heads: int, d: int):
     return (m / rms * wd).reshape(-1), (v / rms ** 2 * wd ** 2).reshape(-1)
 
 
-def kv_layer_stats(ckpt, layout, lt, *, values: bool = True, sample_q: bool | None = None) -> KvLayerStats:
+def kv_layer_stats(ckpt, layout, lt, *, values: bool = True, sample_q: bool | None = None,
+                   sample_o: bool = True) -> KvLayerStats:
     """The modelled moments of one layer (see the module docstring).  ``sample_q``: read W_q rows of one
     query head per kv group (its moments stand for the group's other heads; their biases are exact);
     default: when W_q has more than :data:`FULL_READ_ELEMENTS` elements."""
@@ -439,15 +440,27 @@ def kv_layer_stats(ckpt, layout, lt, *, values: bool = True, sample_q: bool | No
     if values:
         vm, vv = _moments(*projection(ckpt, layout, lt, "v"), gamma, beta)
         vm, vv = vm.reshape(kv, d), vv.reshape(kv, d)
-        ow = o_column_weight(ckpt, layout, lt)
+        ow = o_column_weight(ckpt, layout, lt, sample=sample_o)
     return KvLayerStats(lt.layer, qm.reshape(h, d), qv.reshape(h, d), km.reshape(kv, d), kvar.reshape(kv, d),
                         vm, vv, ow, bool(sample_q))
 
 
-def o_column_weight(ckpt, layout, lt) -> np.ndarray | None:
-    """``|W_o[:, c]|^2`` for each input column c (query head h's value dims) -> ``[h, d]``; None if absent."""
+def o_column_weight(ckpt, layout, lt, *, sample: bool = True) -> np.ndarray | None:
+    """``|W_o[:, c]|^2`` for each input column c (query head h's value dims) -> ``[h, d]``; None if absent.
+    ``sample``: estimate it from a few output rows when W_o is large (the static report; kv-equalize reads
+    it all)."""
     if not lt.o_weight:
         return None
+    info = ckpt.tensors[lt.o_weight]
+    rows = info.shape[0]
+    if sample and not layout.conv1d and len(info.shape) == 2 and rows * info.shape[1] > FULL_READ_ELEMENTS:
+        # a large W_o [hidden, h*d]: its column norms estimated from O_SAMPLE_ROWS output rows in four spread
+        # chunks (each column's squared norm is a sum over rows; the sample's sum is scaled up to all rows)
+        n = O_SAMPLE_ROWS // 4
+        starts = np.linspace(0, rows - n, 4).astype(int)
+        w = np.concatenate([_read(ckpt, lt.o_weight, (int(a), int(a) + n)) for a in starts])
+        col = np.einsum("ij,ij->j", w, w) * (rows / w.shape[0])
+        return np.asarray(col, np.float64).reshape(layout.num_heads, layout.head_dim)
     w = _read(ckpt, lt.o_weight)
     col = (w * w).sum(1) if layout.conv1d else (w * w).sum(0)
     return np.asarray(col, np.float64).reshape(layout.num_heads, layout.head_dim)
@@ -525,9 +538,10 @@ def predict_layer(st: KvLayerStats, geom: KvGeometry, types) -> list[KvHeadPredi
     """Every kv head of one layer under every cache type in ``types``."""
     out = []
     v_order = np.arange(geom.head_dim)
+    rot = (rotate(st.k_mean, st.k_var, geom), rotate(st.q_mean, st.q_var, geom))
     for t in types:
         ct = CACHE_TYPES[t]
-        k = k_errors(st, geom, ct)
+        k = k_errors(st, geom, ct, rot)
         v = v_errors(st, v_order, ct)
         for g in range(st.k_mean.shape[0]):
             out.append(KvHeadPrediction(st.layer, g, t, float(k["share"][g]), float(k["error"][g]),
@@ -636,7 +650,8 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
              "features after the pre-attention norm; --measure-style numbers come from verify / kv_measure"]
     if sampled:
         notes.append("W_q is large: the content moments of one query head per kv group stand for the group "
-                     "(every head's own bias is used)")
+                     f"(every head's own bias is used); a large W_o's column norms come from {O_SAMPLE_ROWS} of "
+                     "its rows (kv-equalize reads both whole)")
     if not any(lt.attn_norm for lt in layout.layers):
         notes.append("no norm before attention in this layout (post-norm): features modelled as unit variance")
     if layout.softcap:

@@ -206,7 +206,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         if types_v and not lt.o_weight:
             raise UnsupportedError("the layer has no output projection the layout could place, so the value map "
                                    "has nowhere to put M^-1", path=src, tensor=lt.v_weight)
-        st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False)
+        st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
         shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
                       == layout.head_dim and layout.num_heads > 1)
         alpha = choose_alpha(st, geom, types_k, shared)
