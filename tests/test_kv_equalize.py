@@ -64,9 +64,32 @@ def test_exact(tiny, tmp_path, name):
     t_k, t_v = ("q4_0", "q8_0") if blocks else ("fp8_e4m3", "fp8_e4m3")
     rep = _equalize(src, tmp_path / "eq", cache_type_k=t_k, cache_type_v=t_v)
     assert rep.plan.changed, "nothing was rescaled"
-    assert any(r.alpha_max / r.alpha_min > 1.01 for r in rep.layers), "the scales are all 1: a vacuous test"
     d, rel = _max_delta(logits64(src), logits64(tmp_path / "eq"))
     assert rel < REL_TOL, (name, d, rel)
+    if not any(r.alpha_max / r.alpha_min > 1.01 for r in rep.layers):
+        # the optimizer kept alpha = 1 (falcon_mq's per-tensor fp8 has nothing to gain): the same steps with
+        # random pair scales, so the family's exactness is still judged on a real transform
+        _random_scales(src, tmp_path / "rnd")
+        d, rel = _max_delta(logits64(src), logits64(tmp_path / "rnd"))
+        assert rel < REL_TOL, (name, "random scales", d, rel)
+
+
+def _random_scales(src, out):
+    from ckpt_surgeon.analysis.kv_cache import kv_geometry
+    from ckpt_surgeon.surgery.kv_equalize import layer_steps
+    from ckpt_surgeon.surgery.plan import Plan
+    rng = np.random.default_rng(0)
+    with open_checkpoint(str(src)) as ck:
+        lay = ck.layout()
+        geom = kv_geometry(ck, lay)
+        steps = []
+        for lt in lay.layers:
+            alpha = np.ones((lay.num_kv_heads, lay.head_dim))
+            for g in geom.groups():
+                alpha[:, g] = np.exp(rng.uniform(-1, 1, (lay.num_kv_heads, 1)))
+            m = np.exp(rng.uniform(-1, 1, (lay.num_kv_heads, lay.head_dim)))
+            steps += layer_steps(ck, lay, lt, alpha, m)
+        execute(ck, Plan("kv-equalize", str(src), {}, tuple(steps)), out)
 
 
 def test_exact_rope_scaling(tiny, tmp_path):

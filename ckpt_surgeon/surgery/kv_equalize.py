@@ -192,6 +192,22 @@ def _v_steps(layout, lt, m) -> list[TensorStep]:
     return out
 
 
+def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None) -> list[TensorStep]:
+    """The steps writing given scales into one layer: q pairs x ``alpha [kv, d]``, k pairs / ``alpha`` (pairs
+    must share a scale), value dims x ``m [kv, d]`` and W_o columns / ``m`` (None: values untouched).
+    Exact for any positive scales that are equal on both dims of each rotary pair (see ops.scale_axis)."""
+    steps = _qk_steps(ckpt, layout, lt, alpha)
+    if lt.qkv_weight:
+        steps += _fused_steps(layout, lt, alpha, m)
+    elif m is not None:
+        steps += _v_steps(layout, lt, m)
+    if m is not None and lt.qkv_weight:
+        steps += [_step(lt.o_weight, (1.0 / np.repeat(m, layout.num_heads // layout.num_kv_heads, 0)).reshape(-1),
+                        0 if layout.conv1d else -1, lt.layer, "W_o columns / m")]
+    _check_writable(ckpt, [s.out for s in steps], ckpt.source)
+    return steps
+
+
 def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None) -> Plan:
     """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing)."""
     src = ckpt.source
@@ -212,16 +228,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         alpha = choose_alpha(st, geom, types_k, shared)
         m = choose_m(st, types_v) if types_v else None
         new = st.scaled(alpha=alpha, m=m)
-        lsteps = _qk_steps(ckpt, layout, lt, alpha)
-        if lt.qkv_weight:
-            lsteps += _fused_steps(layout, lt, alpha, m)
-        elif m is not None:
-            lsteps += _v_steps(layout, lt, m)
-        if m is not None and lt.qkv_weight:
-            lsteps += [_step(lt.o_weight, (1.0 / np.repeat(m, layout.num_heads // layout.num_kv_heads, 0)).reshape(-1),
-                             0 if layout.conv1d else -1, lt.layer, "W_o columns / m")]
-        _check_writable(ckpt, [s.out for s in lsteps], src)
-        steps += lsteps
+        steps += layer_steps(ckpt, layout, lt, alpha, m)
         t0 = types_k[0]
         recs.append(KvEqualizeLayer(
             lt.layer, KC.layer_error(st, geom, t0, "k"), KC.layer_error(new, geom, t0, "k"),
