@@ -8,9 +8,10 @@
   whole model through the writer), wall time and peak RSS; targets: <= 1.1x fold-bias's time, < 1 GB.
 
 ``--sparse`` builds the shape with file holes for the big weights (fast to make, no 15 GB on disk; reads
-of holes cost no I/O, so the timings then measure the computation, not the disk).
+of holes cost no I/O, and fold-bias's kernel copy skips them while kv-equalize writes the rescaled weights as
+real bytes: the write ratio then flatters fold-bias; ``--shape small`` writes real bytes in 0.5 GB).
 
-Usage: python benchmarks/bench_kv.py [--dir .bench/qwen2.5-7b-shape] [--sparse] [--inner 3] [--no-write]
+Usage: python benchmarks/bench_kv.py [--dir .bench/qwen2.5-7b-shape] [--sparse] [--shape 7b] [--inner 3] [--no-write]
 """
 from __future__ import annotations
 
@@ -46,10 +47,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=".bench/qwen2.5-7b-shape")
     ap.add_argument("--sparse", action="store_true")
+    ap.add_argument("--shape", default="7b", help="7b | 0.5b | small (make_qwen25_shape.py)")
     ap.add_argument("--inner", type=int, default=3)
     ap.add_argument("--no-write", action="store_true", help="only the static prediction")
     a = ap.parse_args(argv)
-    src = make_qwen25_shape(a.dir, sparse=a.sparse, quiet=True)
+    src = make_qwen25_shape(a.dir, sparse=a.sparse, quiet=True, shape=a.shape)
     res = json.loads(run([sys.executable, "-c", STATIC, str(src), REPO, str(a.inner)])["stdout"])
     print(f"static kv_cache_report (q4_0,q8_0): {res['seconds']:.2f} s (best of {a.inner}); at risk {res['at_risk']}; "
           f"torch imported: {res['torch']}")
