@@ -157,3 +157,24 @@ def test_input_untouched_and_bad_input(tiny, tmp_path):
     assert {p.name: p.read_bytes() for p in Path(src).iterdir() if p.is_file()} == before
     with open_checkpoint(str(tmp_path / "z")) as a, open_checkpoint(str(src)) as b:
         assert np.array_equal(a.read("model.embed_tokens.weight"), b.read("model.embed_tokens.weight"))
+
+
+def test_quantized_weights_refused(tiny, tmp_path):
+    """A quantized GGUF's Q/K rows cannot be rescaled without re-quantizing them: one line, exit 2."""
+    from ckpt_surgeon.conversion.to_gguf import hf_to_gguf
+    g = hf_to_gguf(tiny("qwen2"), tmp_path / "m.gguf", dtype="q8_0")
+    r = CliRunner().invoke(cli_main, ["kv-equalize", str(g), "-o", str(tmp_path / "eq.gguf")])
+    assert r.exit_code == 2 and "quantized type" in r.output and r.output.count("\n") == 1, r.output
+    assert not (tmp_path / "eq.gguf").exists()
+    r = CliRunner().invoke(cli_main, ["kv-equalize", str(tiny("qwen2")), "-o", str(tmp_path / "x.gguf")])
+    assert r.exit_code == 2 and "source's own format" in r.output
+
+
+def test_report_records(tiny):
+    rep = kv_equalize(str(tiny("qwen2")), "unused", cache_type_k="q8_0", dry_run=True)
+    d = rep.to_dict()
+    assert d["out"] is None and d["write"] is None and len(d["layers"]) == 2
+    assert {"K before", "K after", "K ratio"} <= set(rep.rows()[0])
+    from ckpt_surgeon.analysis.kv_cache import analyze_kv_cache
+    frame = analyze_kv_cache(str(tiny("qwen2")), "q4_0,fp8").to_frame()
+    assert set(frame["cache_type"]) == {"q4_0", "fp8_e4m3"} and len(frame) == 2 * 2 * 2
