@@ -18,7 +18,8 @@ from . import redundancy as R
 def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSILON, measure: bool = False,
             prompts=None, *, device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
             distance_profile: bool = False, deltas=None, rope_theta: float | None = None,
-            rope_scaling: str | dict | None = None, skip_first: int = 4, **open_kwargs) -> R.AnalysisReport:
+            rope_scaling: str | dict | None = None, skip_first: int = 4, kv_cache=None, per_head: bool = False,
+            **open_kwargs):
     """Python API twin of ``ckpt-surgeon analyze``.
 
     ``source``: folder, .safetensors, .gguf, Hub repo id or an open Checkpoint.  Static analysis
@@ -31,7 +32,20 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
     comma list or an array), ``rope_theta`` / ``rope_scaling`` (``"yarn:4"`` or a dict) for a
     what-if beside it.  With ``measure`` the profile is measured (:mod:`.distance_measure`,
     ``skip_first`` tokens per prompt left out) instead of the key-bias removal.
+
+    ``kv_cache`` (``"q4_0,q8_0"`` or a list): the static quantized-KV-cache prediction instead
+    (:mod:`.kv_cache`), returned as a :class:`~ckpt_surgeon.analysis.kv_cache.KvCacheReport` (rows per
+    kv head with ``per_head``); it reads only what the prediction needs and is not combined with the
+    other modes.
     """
+    if kv_cache is not None:
+        from .kv_cache import analyze_kv_cache, parse_cache_types
+        parse_cache_types(kv_cache, path=str(getattr(source, "source", source)))
+        if measure or distance_profile:
+            from ..errors import CkptError
+            raise CkptError("kv_cache is a static prediction of its own: run it without measure / "
+                            "distance_profile (the measured KV error: verify --cache-type-k)")
+        return analyze_kv_cache(source, kv_cache, context=context, per_head=per_head, **open_kwargs)
     where = source.source if isinstance(source, Checkpoint) else source
     if measure:
         M.check_local(where)     # before the static pass: a Hub source cannot be measured

@@ -385,6 +385,38 @@ def check_key_bias_nonrotary(ctx: _Ctx) -> list[Finding]:
     return out
 
 
+# KV-cache check: the cache types llama.cpp users pick first; a layer at risk under either (analysis/kv_cache.py:
+# predicted error > 4 x the model's median layer, or >= 0.5 logit) is named with its key bias.
+KV_LINT_TYPES = ("q8_0", "q4_0")
+
+
+def check_kv_cache_risk(ctx: _Ctx) -> list[Finding]:
+    lay = ctx.layout
+    if lay is None or ctx.ck.missing_config or not any(lt.k_bias or lt.qkv_bias for lt in lay.layers):
+        return []
+    if ctx.remote:
+        ctx.skipped.append(("kv-cache-risk", "reads q/k/v/o weights of every layer; not over HTTP (lint a local copy)"))
+        return []
+    from ..errors import CkptError
+    from .kv_cache import kv_cache_report
+    try:
+        rep = kv_cache_report(ctx.ck, KV_LINT_TYPES, values=False)
+    except CkptError:
+        return []       # MLA, unpaired heads, rows that hold no block: the cache model does not apply
+    out = []
+    by_layer = {lt.layer: lt for lt in lay.layers}
+    for r in rep.layers:
+        lt = by_layer.get(r.layer)
+        if not r.k_at_risk or lt is None or not (lt.k_bias or lt.qkv_bias):
+            continue
+        out.append(_finding(ctx, "kv-cache-risk", "warning", lt.k_bias or lt.qkv_bias,
+                            f"layer {r.layer}: a {r.cache_type} K cache is predicted to move attention logits by "
+                            f"{r.k_error:.3g} RMS (the key bias sets {r.k_share:.0%} of its block steps)",
+                            "keep this layer's K cache in f16, or run `ckpt-surgeon kv-equalize SRC -o OUT "
+                            f"--cache-type-k {r.cache_type}` (exact); `analyze --kv-cache` has the table"))
+    return out
+
+
 def _frequency_trend(w: np.ndarray, n_head: int) -> tuple[float, float] | None:
     """Mean over heads of the rank correlation between a row's norm and its rotary frequency
     index, if the rows are (rotate_half, interleaved) pairs.  Row i has frequency index
@@ -642,6 +674,8 @@ CHECKS: tuple[Check, ...] = (
           "no quantized module in the ignore list"),
     Check("key-bias-nonrotary", "warning", check_key_bias_nonrotary,
           "without RoPE, the key bias is near zero relative to the query bias"),
+    Check("kv-cache-risk", "warning", check_kv_cache_risk,
+          "no layer whose key bias makes a q8_0 / q4_0 K cache much worse than the model's median layer"),
     Check("nonfinite", "error", check_nonfinite_zero, "--scan: no NaN/Inf values", scan_only=True),
     Check("all-zero", "warning", check_nonfinite_zero, "--scan: no all-zero tensor", scan_only=True),
 )

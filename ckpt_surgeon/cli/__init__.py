@@ -54,7 +54,7 @@ class SurgeonGroup(click.Group):
 
     def list_commands(self, ctx):
         # Keep the documented order; anything else after it.
-        order = ["inspect", "analyze", "fold-bias", "qkv", "convert", "verify", "diff", "lint", "demo"]
+        order = ["inspect", "analyze", "fold-bias", "kv-equalize", "qkv", "convert", "verify", "diff", "lint", "demo"]
         names = super().list_commands(ctx)
         return [n for n in order if n in names] + [n for n in names if n not in order]
 

@@ -63,10 +63,17 @@ _PROFILE_HELP = """\
                    "sinks / BOS).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="With --distance-profile: write PNGs into DIR (needs matplotlib: the plot extra).")
+@click.option("--kv-cache", "kv_cache", default=None, metavar="TYPES",
+              help="Predict what a quantized KV cache does, per layer (per kv head with --per-head), from the "
+                   "weights and biases alone: TYPES is a comma list of q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 "
+                   "(llama.cpp's --cache-type-k/-v) and fp8_e4m3 (vLLM).  Columns: predicted attention-logit RMS "
+                   "error (K, incl. Q's own quantization to the dot type), the bias's share of the K block "
+                   "steps, the value error reaching the output (V), and an 'at risk' flag; JSON under kv_cache.  "
+                   "Fast (reads q/k/v/o of each layer once); see docs/analyze.md.")
 @source_options
 @output_options
 def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
-            distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir,
+            distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir, kv_cache,
             allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Which attention biases of SOURCE are really redundant, per layer and kv head.
 
@@ -107,6 +114,14 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     from ..errors import VerificationFailed
 
     check_report_path(output, force, (source, prompts_file))
+    if kv_cache is not None:
+        if measure or distance_profile or by_bias or prompts_file:
+            raise click.UsageError("--kv-cache is a static prediction of its own: drop --measure, --prompts, "
+                                   "--distance-profile and --by-bias (the measured KV error: verify --cache-type-k)")
+        report = analyze(source, context=context, kv_cache=kv_cache, per_head=per_head,
+                         **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
+        emit(report, fmt, output, title="ckpt-surgeon analyze --kv-cache", force=force)
+        return
     profile = _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir)
     prompts = None
     if prompts_file:

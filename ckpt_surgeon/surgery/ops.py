@@ -166,3 +166,28 @@ def raw_rows(buf: bytes, shape: tuple, itemsize: int) -> np.ndarray:
     """
     unit = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
     return np.frombuffer(buf, dtype=np.dtype(unit).newbyteorder("<")).reshape(shape)
+
+
+def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 0.0) -> np.ndarray:
+    """``(x + offset) * scale - offset`` with ``scale`` broadcast along ``axis`` (float64).
+
+    Used by ``kv-equalize`` (:mod:`ckpt_surgeon.surgery.kv_equalize`) for three exact identities:
+
+    * rotary pair j of every query head in a kv group times ``alpha_j``, the same pair of the kv
+      head's key times ``1 / alpha_j``: rows of ``W_q``/``b_q`` and ``W_k``/``b_k`` (axis 0 of ``[out, in]``),
+      or the q/k-norm weights when a norm follows the projection (``offset`` = the stored weight's
+      offset, Gemma's ``1 + w``).  ``q_m^T R_(n-m) k_n`` is unchanged because a scalar on a 2-D
+      rotation plane commutes with the rotation, for every rope type and scaling; a pass-through dim
+      takes its own scale on the same grounds without a rotation;
+    * a value dim times ``m_i`` (``W_v``/``b_v`` rows) and the matching ``W_o`` columns (axis 1, or axis 0
+      of a Conv1D ``[in, out]``) times ``1 / m_i``: ``W_o diag(1/m) diag(m) v = W_o v``.
+    Shapes: ``x [n, ...]`` (or ``[..., n]`` on the last axis), ``scale [n]``.
+    """
+    v = np.asarray(x, dtype=np.float64)
+    s = np.asarray(scale, dtype=np.float64)
+    ax = axis % v.ndim
+    if v.shape[ax] != s.shape[0]:
+        raise ValueError(f"scale has {s.shape[0]} entries, axis {axis} has {v.shape[ax]}")
+    shape = [1] * v.ndim
+    shape[ax] = s.shape[0]
+    return (v + offset) * s.reshape(shape) - offset

@@ -13,6 +13,7 @@ Step ops (``TensorStep.op``):
 ``fold_v_bias``   value op: ``ops.fold_v_bias(b_o=inputs[0], w_o=inputs[1], b_v=inputs[2][v_rows])``
                   (then ``ops.center`` when ``center`` is set: ``fold-bias --v --center``)
 ``center``        value op: ``ops.center(inputs[0], axis)`` (mean over the hidden-size axis removed)
+``scale_axis``    value op: ``ops.scale_axis(inputs[0], scale, axis, offset)`` (kv-equalize)
 ``split_qkv``     layout op on raw bytes: part ``q|k|v`` of ``inputs[0]``
 ``fuse_qkv``      layout op on raw bytes: ``inputs = (q, k, v)``
 ``split_halves``  layout op on raw bytes: part ``0|1`` of ``inputs[0]`` along ``axis``
@@ -33,7 +34,7 @@ import numpy as np
 
 from . import ops
 
-VALUE_OPS = ("zero_rows", "fold_v_bias", "center")
+VALUE_OPS = ("zero_rows", "fold_v_bias", "center", "scale_axis")
 LAYOUT_OPS = ("split_qkv", "fuse_qkv", "split_halves")
 STRUCT_OPS = ("delete", "rename")
 
@@ -236,6 +237,9 @@ class _Evaluator:
             return ops.center(out) if step.param("center", False) else out
         if op == "center":
             return ops.center(self.value(step.inputs[0]), int(step.param("axis", 0)))
+        if op == "scale_axis":
+            return ops.scale_axis(self.value(step.inputs[0]), np.asarray(step.param("scale"), dtype=np.float64),
+                                  int(step.param("axis", 0)), float(step.param("offset", 0.0)))
         if op == "split_qkv":
             axis = int(step.param("axis", 0))
             name = step.inputs[0]

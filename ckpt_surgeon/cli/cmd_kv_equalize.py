@@ -1,0 +1,48 @@
+"""``ckpt-surgeon kv-equalize SOURCE -o OUT --cache-type-k T [--cache-type-v T]``."""
+from __future__ import annotations
+
+import click
+
+from .cmd_fold_bias import surgery_output_options
+from .render import check_report_path, emit, open_kwargs, source_options
+
+
+@click.command("kv-equalize")
+@click.argument("source")
+@click.option("--cache-type-k", "cache_type_k", default="q4_0", show_default=True, metavar="TYPE",
+              help="The K cache type to equalize for: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (llama.cpp) or fp8_e4m3 "
+                   "(vLLM); a comma list optimises for several.")
+@click.option("--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
+              help="Also rescale the value dims (and the W_o columns by the inverse) for this V cache type; "
+                   "without it the values are untouched.")
+@click.option("--context", type=int, default=None, metavar="L",
+              help="Positions the prediction samples the rotated bias over (default: min(max positions, 4096)).")
+@surgery_output_options
+@source_options
+def command(source, cache_type_k, cache_type_v, context, out, force, check, dry_run, fmt, report_path,
+            allow_pickle, revision, hub_file, allow_full_download, progress):
+    """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
+
+    Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
+    the key by 1/alpha_j (a scalar on a rotation plane commutes with the rotation, so every
+    attention logit is unchanged); with --cache-type-v each value dim is multiplied by m_i and the
+    matching W_o columns by 1/m_i. The scales are chosen from the weights and biases to minimise
+    the static prediction of `analyze --kv-cache` (Q's own quantization to the dot type included);
+    the table shows each layer's predicted error before and after. OUT is written atomically;
+    untouched tensors are copied byte for byte; the source is never modified.
+
+    \b
+    Examples:
+      ckpt-surgeon kv-equalize ./Qwen2.5-7B -o ./q-eq --cache-type-k q4_0
+      ckpt-surgeon kv-equalize model.gguf -o eq.gguf --cache-type-k q8_0 --cache-type-v q8_0
+    """
+    from ..surgery.kv_equalize import kv_equalize
+
+    check_report_path(report_path, force, (source,))
+    report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
+                         force=force, check=check, dry_run=dry_run,
+                         **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
+    emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
+         force=force)
+    if not dry_run:
+        click.echo(f"wrote {report.out}", err=True)

@@ -1,0 +1,320 @@
+"""``kv-equalize``: rescale q/k rotary pairs (and value dims) so a quantized KV cache hurts less, exactly.
+
+The transform (docs/surgery.md has the argument; :func:`ckpt_surgeon.surgery.ops.scale_axis` the
+identities):
+
+* rotary pair j of every query head in a kv group times ``alpha_j``, the same pair of the kv head's
+  key times ``1 / alpha_j``.  Every attention logit ``q_m^T R_(n-m) k_n`` is unchanged: a scalar on a
+  2-D rotation plane commutes with the rotation (any rope type, any scaling).  A pass-through dim of
+  partial rotary takes its own scale.  Applied to the rows of ``W_q``/``b_q`` and ``W_k``/``b_k`` (fused
+  QKV rows through the registry's layout), or to the q-norm / k-norm weights where a norm follows the
+  projection (a per-head norm weight shared by every head takes one scale per pair for the whole layer).
+  Pairs are the file's own (rotate_half, or llama.cpp's interleaved rows in a permuted GGUF).
+* value dim i of a kv head times ``m_i`` (rows of ``W_v``/``b_v``) and the ``W_o`` columns of that dim
+  in every query head of the group times ``1 / m_i``: the head output reaches the residual stream
+  unchanged (``W_o M^-1 M v``).
+
+The scales are chosen from the weights and biases (no calibration prompts) to minimise the static
+prediction of :mod:`ckpt_surgeon.analysis.kv_cache` for the target cache types, Q's own quantization
+to the K type's dot type included: for each kv head a family of candidates (balancing each pair's
+modelled peak in q against k, ``alpha = (A_k / A_q)^(t/2)``, and flattening k's peaks alone,
+``alpha = (A_k / rms A_k)^t``, and bringing only the outlier pairs down to ``c`` x the median peak) is
+scored and the best kept; ``t = 0`` (no change) is always a
+candidate, so the prediction never gets worse.  Values: ``m_i = (rms A_v / A_v,i)^t``, same rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..analysis import kv_cache as KC
+from ..errors import CkptError, UnsupportedError
+from ..records import finite_or_none
+from .plan import Plan, TensorStep, step_params
+
+_T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+_T_FLATTEN = (0.25, 0.5, 0.75, 1.0)
+_T_VALUE = (0.25, 0.5, 0.75, 1.0)
+_C_OUTLIER = (1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+@dataclass(frozen=True)
+class KvEqualizeLayer:
+    """Predicted error of one layer before and after (RMS over kv heads), and the scales' spread."""
+
+    layer: int
+    k_before: float
+    k_after: float
+    v_before: float | None = None
+    v_after: float | None = None
+    alpha_min: float = 1.0
+    alpha_max: float = 1.0
+    m_min: float | None = None
+    m_max: float | None = None
+
+    def to_dict(self) -> dict:
+        return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+    def row(self) -> dict:
+        d = {"layer": self.layer, "K before": self.k_before, "K after": self.k_after,
+             "K ratio": self.k_after / self.k_before if self.k_before else float("nan"),
+             "alpha range": f"{self.alpha_min:.3g}..{self.alpha_max:.3g}"}
+        if self.v_before is not None:
+            d.update({"V before": self.v_before, "V after": self.v_after,
+                      "m range": f"{self.m_min:.3g}..{self.m_max:.3g}"})
+        return d
+
+
+def _peak(mean: np.ndarray, var: np.ndarray, groups) -> np.ndarray:
+    """``[heads, n_groups]``: modelled peak magnitude of each pair (rotation-invariant) or single dim."""
+    return np.stack([np.sqrt((mean[:, g] ** 2).sum(-1) + KC.Z_BLOCK_MAX ** 2 * var[:, g].max(-1)) for g in groups], -1)
+
+
+def _expand(per_group: np.ndarray, groups, d: int) -> np.ndarray:
+    out = np.ones(per_group.shape[:-1] + (d,))
+    for j, g in enumerate(groups):
+        out[..., g] = per_group[..., j:j + 1]
+    return out
+
+
+def _cost(errs: list[np.ndarray], base: list[np.ndarray]) -> np.ndarray:
+    """Per kv head: sum over target types of (error / error before)^2."""
+    return sum((e / np.where(b > 0, b, 1.0)) ** 2 for e, b in zip(errs, base))
+
+
+def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) -> np.ndarray:
+    """``alpha [kv, d]`` minimising the predicted K error (Q's own quantization included) over ``types``;
+    ``shared``: one scale per pair for every kv head (a per-head q/k-norm weight shared by all heads)."""
+    kv, d = st.k_mean.shape
+    g = st.q_mean.shape[0] // kv
+    groups = geom.groups()
+    a_k = _peak(st.k_mean, st.k_var, groups)
+    a_q = np.sqrt((_peak(st.q_mean, st.q_var, groups) ** 2).reshape(kv, g, -1).mean(1))
+    if shared:
+        a_k = np.sqrt((a_k ** 2).mean(0, keepdims=True)).repeat(kv, 0)
+        a_q = np.sqrt((a_q ** 2).mean(0, keepdims=True)).repeat(kv, 0)
+    tiny = 1e-12
+    cands = [np.ones((kv, d))]
+    ratio = (a_k + tiny) / (a_q + tiny)
+    cands += [_expand(ratio ** (t / 2), groups, d) for t in _T_BALANCE]
+    ref = np.sqrt((a_k ** 2).mean(-1, keepdims=True)) + tiny
+    cands += [_expand(((a_k + tiny) / ref) ** t, groups, d) for t in _T_FLATTEN]
+    # the outlier pairs alone, brought down to c x the head's median peak (the rest untouched)
+    med = np.median(a_k, -1, keepdims=True) + tiny
+    cands += [_expand(np.maximum(1.0, a_k / (c * med)), groups, d) for c in _C_OUTLIER]
+    cts = [KC.CACHE_TYPES[t] for t in types]
+    base = [KC.k_errors(st, geom, ct)["error"] for ct in cts]
+    costs = np.stack([_cost([KC.k_errors(st.scaled(alpha=a), geom, ct)["error"] for ct in cts], base)
+                      for a in cands])                               # [candidates, kv]
+    if shared:
+        best = np.full(kv, int(np.argmin(costs.sum(1))))
+    else:
+        best = costs.argmin(0)
+    return np.stack([cands[b][i] for i, b in enumerate(best)])
+
+
+def choose_m(st: KC.KvLayerStats, types) -> np.ndarray | None:
+    """``m [kv, d]`` minimising the predicted value error reaching the output over ``types``."""
+    if st.v_mean is None:
+        return None
+    kv, d = st.v_mean.shape
+    order = np.arange(d)
+    a_v = np.sqrt(st.v_mean ** 2 + KC.Z_BLOCK_MAX ** 2 * st.v_var) + 1e-12
+    ref = np.sqrt((a_v ** 2).mean(-1, keepdims=True))
+    cands = [np.ones((kv, d))] + [(ref / a_v) ** t for t in _T_VALUE]
+    cts = [KC.CACHE_TYPES[t] for t in types]
+    base = [KC.v_errors(st, order, ct)["error"] for ct in cts]
+    costs = np.stack([_cost([KC.v_errors(st.scaled(m=m), order, ct)["error"] for ct in cts], base) for m in cands])
+    best = costs.argmin(0)
+    return np.stack([cands[b][i] for i, b in enumerate(best)])
+
+
+def _check_writable(ckpt, names, src) -> None:
+    for n in names:
+        info = ckpt.tensors[n]
+        if info.quantized or (ckpt.quantization is not None and n in ckpt.quantization.tensors):
+            raise UnsupportedError(f"{info.dtype} is a quantized type: rescaling its values would re-quantize them "
+                                   "(not exact); equalize the float checkpoint, then quantize", path=src, tensor=n)
+
+
+def _step(name: str, scale: np.ndarray, axis: int, layer: int, why: str, offset: float = 0.0) -> TensorStep:
+    return TensorStep("scale_axis", name, (name,), step_params(scale=[float(x) for x in scale], axis=axis,
+                                                              offset=float(offset)),
+                      like=name, layer=layer, why=why)
+
+
+def _qk_steps(ckpt, layout, lt, alpha: np.ndarray) -> list[TensorStep]:
+    """Steps writing ``alpha`` into q and ``1/alpha`` into k (norm weights, separate or fused projections)."""
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    qs, ks = np.repeat(alpha, h // kv, axis=0).reshape(-1), (1.0 / alpha).reshape(-1)
+    if lt.q_norm and lt.k_norm:
+        off = layout.norm_weight_offset
+        out = []
+        for name, s in ((lt.q_norm, qs), (lt.k_norm, ks)):
+            n = int(np.prod(ckpt.tensors[name].shape))
+            out.append(_step(name, s[:d] if n == d else s, 0, lt.layer, "q/k-norm weight x pair scale", off))
+        return out
+    if lt.q_weight and lt.k_weight:
+        out = []
+        for w, b, s in ((lt.q_weight, lt.q_bias, qs), (lt.k_weight, lt.k_bias, ks)):
+            out.append(_step(w, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)"))
+            if b:
+                out.append(_step(b, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)"))
+        return out
+    return []          # fused: written together with v by _fused_steps
+
+
+def _fused_steps(layout, lt, alpha, m) -> list[TensorStep]:
+    from ..arch.layouts import qkv_row_index
+    h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
+    iq, ik, iv = qkv_row_index(layout.fused_layout or "concat", h, kv, d)
+    s = np.ones(len(iq) + len(ik) + len(iv))
+    s[iq] = np.repeat(alpha, h // kv, axis=0).reshape(-1)
+    s[ik] = (1.0 / alpha).reshape(-1)
+    if m is not None:
+        s[iv] = m.reshape(-1)
+    out = [_step(lt.qkv_weight, s, -1 if layout.conv1d else 0, lt.layer, "fused qkv rows scaled")]
+    if lt.qkv_bias:
+        out.append(_step(lt.qkv_bias, s, 0, lt.layer, "fused qkv bias scaled"))
+    return out
+
+
+def _v_steps(layout, lt, m) -> list[TensorStep]:
+    h, kv = layout.num_heads, layout.num_kv_heads
+    out = []
+    if lt.v_weight:
+        out.append(_step(lt.v_weight, m.reshape(-1), 0, lt.layer, "value dims x m"))
+        if lt.v_bias:
+            out.append(_step(lt.v_bias, m.reshape(-1), 0, lt.layer, "value dims x m"))
+    inv = (1.0 / np.repeat(m, h // kv, axis=0)).reshape(-1)
+    out.append(_step(lt.o_weight, inv, 0 if layout.conv1d else -1, lt.layer, "W_o columns / m"))
+    return out
+
+
+def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None) -> list[TensorStep]:
+    """The steps writing given scales into one layer: q pairs x ``alpha [kv, d]``, k pairs / ``alpha`` (pairs
+    must share a scale), value dims x ``m [kv, d]`` and W_o columns / ``m`` (None: values untouched).
+    Exact for any positive scales that are equal on both dims of each rotary pair (see ops.scale_axis)."""
+    steps = _qk_steps(ckpt, layout, lt, alpha)
+    if lt.qkv_weight:
+        steps += _fused_steps(layout, lt, alpha, m)
+    elif m is not None:
+        steps += _v_steps(layout, lt, m)
+    if m is not None and lt.qkv_weight:
+        steps += [_step(lt.o_weight, (1.0 / np.repeat(m, layout.num_heads // layout.num_kv_heads, 0)).reshape(-1),
+                        0 if layout.conv1d else -1, lt.layer, "W_o columns / m")]
+    _check_writable(ckpt, [s.out for s in steps], ckpt.source)
+    return steps
+
+
+def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None) -> Plan:
+    """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing)."""
+    src = ckpt.source
+    types_k = KC.parse_cache_types(cache_type_k, path=src)
+    types_v = KC.parse_cache_types(cache_type_v, path=src) if cache_type_v else ()
+    layout = ckpt.layout()
+    KC.check_pairable(ckpt, layout)
+    KC.check_blocks(layout, types_k + types_v, src)
+    geom = KC.kv_geometry(ckpt, layout, context)
+    steps, recs = [], []
+    for lt in layout.layers:
+        if types_v and not lt.o_weight:
+            raise UnsupportedError("the layer has no output projection the layout could place, so the value map "
+                                   "has nowhere to put M^-1", path=src, tensor=lt.v_weight)
+        st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
+        shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
+                      == layout.head_dim and layout.num_heads > 1)
+        alpha = choose_alpha(st, geom, types_k, shared)
+        m = choose_m(st, types_v) if types_v else None
+        new = st.scaled(alpha=alpha, m=m)
+        steps += layer_steps(ckpt, layout, lt, alpha, m)
+        t0 = types_k[0]
+        recs.append(KvEqualizeLayer(
+            lt.layer, KC.layer_error(st, geom, t0, "k"), KC.layer_error(new, geom, t0, "k"),
+            KC.layer_error(st, geom, types_v[0], "v") if types_v else None,
+            KC.layer_error(new, geom, types_v[0], "v") if types_v else None,
+            float(alpha.min()), float(alpha.max()),
+            float(m.min()) if m is not None else None, float(m.max()) if m is not None else None))
+    notes = ["scales chosen from the weights and biases (no calibration prompts) to minimise the static prediction "
+             f"for K {', '.join(types_k)}" + (f" and V {', '.join(types_v)}" if types_v else "")
+             + ", Q's own quantization to the dot type included; 'before/after' are that prediction",
+             "exact: every attention logit and head output is unchanged (q pair x alpha, k pair / alpha commute with "
+             "the rotation; W_o M^-1 M v = W_o v); changed tensors computed in float64 and cast once"]
+    params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
+              "pair_layout": geom.pair_layout}
+    return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
+                notes=tuple(notes))
+
+
+@dataclass(frozen=True)
+class KvEqualizeReport:
+    """What ``kv-equalize`` did: per layer the predicted error before and after, and the write."""
+
+    plan: Plan
+    out: str | None
+    write: object | None = None     # formats.writer.WriteResult (None: dry run)
+
+    @property
+    def layers(self) -> tuple:
+        return self.plan.layers
+
+    @property
+    def notes(self) -> tuple:
+        return self.plan.notes
+
+    def improvement(self, kind: str = "k") -> float:
+        """Model-level predicted error before / after (RMS over layers)."""
+        b = [getattr(r, f"{kind}_before") for r in self.layers]
+        a = [getattr(r, f"{kind}_after") for r in self.layers]
+        if not b or b[0] is None:
+            return float("nan")
+        return float(np.sqrt(np.mean(np.square(b))) / max(np.sqrt(np.mean(np.square(a))), 1e-300))
+
+    def to_dict(self) -> dict:
+        return {"operation": "kv-equalize", "source": self.plan.source, "out": self.out,
+                "params": self.plan.to_dict()["params"], "layers": [r.to_dict() for r in self.layers],
+                "tensors_changed": sorted(self.plan.changed), "notes": list(self.notes),
+                "write": self.write.to_dict() if self.write is not None else None}
+
+    def rows(self) -> list[dict]:
+        return [r.row() for r in self.layers]
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        p = self.plan.params
+        items = [("operation", "kv-equalize"), ("source", self.plan.source),
+                 ("output", self.out or "dry run: nothing written"),
+                 ("cache type K", ", ".join(p["cache_type_k"])),
+                 ("cache type V", ", ".join(p["cache_type_v"]) or "- (values untouched)"),
+                 ("pairs", p["pair_layout"]), ("tensors changed", str(len(self.plan.changed))),
+                 ("predicted K error", f"{self.improvement('k'):.3g}x lower (RMS over layers)")]
+        if p["cache_type_v"]:
+            items.append(("predicted V error", f"{self.improvement('v'):.3g}x lower (RMS over layers)"))
+        if self.write is not None:
+            items += [("written", f"{self.write.bytes_written:,} bytes in {self.write.seconds:.2f} s"),
+                      ("reread check", self.write.check_scope)]
+        return items
+
+
+def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
+                force: bool = False, check: str = "auto", dry_run: bool = False, **open_kw) -> KvEqualizeReport:
+    """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T]``.
+
+    Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
+    ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
+    """
+    from ..checkpoint import open_checkpoint
+    from .plan import execute
+
+    KC.parse_cache_types(cache_type_k, path=str(source))
+    if cache_type_v:
+        KC.parse_cache_types(cache_type_v, path=str(source))
+    with open_checkpoint(source, **open_kw) as ck:
+        if str(out).endswith(".gguf") != (ck.naming == "gguf"):
+            raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
+                            "or .safetensors for an HF source (convert before or after)", path=str(out))
+        plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context)
+        if dry_run:
+            return KvEqualizeReport(plan, None)
+        result = execute(ck, plan, out, force=force, check=check, progress=open_kw.get("progress", False))
+    return KvEqualizeReport(plan, result.out, result.write)
