@@ -31,10 +31,12 @@ def test_child_reports_an_unbuildable_config():
         child.result()
 
 
-def test_cli_conversion_in_a_fresh_process_round_trips(tiny, tmp_path):
+def test_cli_conversion_in_a_fresh_process_round_trips(tiny, tmp_path, monkeypatch):
     """A fresh interpreter (no transformers imported) converts HF -> GGUF -> HF, so the
-    GGUF -> HF step validates through the child process; the result equals the source."""
+    GGUF -> HF step validates through the child process; the result equals the source.  An
+    empty answer cache, so that the child is asked (conversion/answer_cache.py)."""
     from safetensors.numpy import load_file
+    monkeypatch.setenv("CKPT_SURGEON_CACHE_DIR", str(tmp_path / "answer-cache"))
     src = tiny("qwen2")
     gguf, back = tmp_path / "m.gguf", tmp_path / "back"
     for a, b, dt in ((src, gguf, "f32"), (gguf, back, "float32")):

@@ -100,12 +100,13 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
 def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
     """transformers' view of the folder (config with defaults, effective tokenizer.json, the
     model's tensor shapes): :func:`~.model_check.probe_folder`, with ``isolate`` in a short-lived
-    child process (:func:`~.model_check.probe_folder_isolated`)."""
-    from .model_check import probe_folder, probe_folder_isolated
+    child process (:func:`~.model_check.probe_folder_isolated`); answered from the cache when this
+    config and tokenizer were probed before (:func:`~.model_check.probe_folder_cached`)."""
+    from .model_check import probe_folder_cached
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
                           path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
-    facts = probe_folder_isolated(str(folder), cfg_path) if isolate else probe_folder(str(folder))
+    facts = probe_folder_cached(str(folder), cfg_path, isolate=isolate)
     if "config_error" in facts:
         raise ConfigError(f"transformers cannot read it ({facts['config_error']})", path=cfg_path)
     return facts
