@@ -511,7 +511,10 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     vocab = _vocab(folder, emb[0], cfg, facts, spec)
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    name = name if name is not None else hf_cache.display_name(folder)
+    from .tokenizer import check_name_for_llamacpp
+    check_name_for_llamacpp(name, vocab, ck.config_path)
+    kvs = gguf_kvs(spec, hp, dtype, name, vocab)
     kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
     return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
 

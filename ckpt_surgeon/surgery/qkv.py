@@ -15,6 +15,7 @@ kept and the fused layout is recorded in ``__metadata__`` so ``fuse`` can restor
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..arch import families as F
@@ -215,6 +216,19 @@ def _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, layer) -> l
     return steps
 
 
+def _check_llamacpp_takes_split(fam, fused: str, roles: dict, src) -> None:
+    """A GGUF is for llama.cpp: refuse a split whose q/k/v tensors its graph for this architecture has
+    no slot for (the registry's ``llamacpp_absent``), which would give a file it does not load."""
+    absent = fam.conversion.llamacpp_absent if fam.conversion is not None else ()
+    q_name = _swap_module(fused, roles["qkv"], roles["q"])
+    layer = re.sub(r"^blk\.(\d+)\..*", r"\1", q_name)
+    if any(t.replace("{L}", layer) == q_name for t in absent):
+        raise UnsupportedError(f"llama.cpp's {fam.gguf_archs[0] if fam.gguf_archs else fam.name} graph takes only the "
+                           f"fused {roles['qkv']} (it has no {roles['q']} / {roles['k']} / {roles['v']} slots), so a "
+                           "split GGUF would not load there; nothing was written", path=src, tensor=fused,
+                           hint="convert the GGUF to an HF folder and split that")
+
+
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
     """Separate q/k/v from each layer's fused projection (weights and biases)."""
     src = ckpt.source
@@ -227,6 +241,8 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
     roles = _roles(fam, ckpt)
     if not all(isinstance(roles.get(r), str) for r in ("q", "k", "v", "qkv")):
         raise UnsupportedError(f"the registry names no separate q/k/v modules for {fam.name}", path=src)
+    if ckpt.naming == "gguf":
+        _check_llamacpp_takes_split(fam, fused_layers[0].qkv_weight, roles, src)
     rec = _recorded_layout(ckpt)
     row_layout, axis = _resolve_layout(layout, rec or (lay_.fused_layout if not lay_.conv1d else "conv1d"), fam, src)
     _check_layout(row_layout, h, kv, d, src)
@@ -269,6 +285,10 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
         steps += extra
         notes.append(f"written as {rewrite.architectures[0]} ({rewrite.model_type}): q/k/v split from {qkv_mod}"
                      + "".join(f", {m} split into {a} + {b}" for m, (a, b) in rewrite.tensor_splits))
+    elif ckpt.naming == "gguf":
+        # _check_llamacpp_takes_split let it through: the graph takes separate q/k/v too
+        notes.append("llama.cpp loads blk.N.attn_q / attn_k / attn_v in place of attn_qkv for this architecture "
+                     "(llama-model.cpp create_tensor_qkv), so this GGUF runs there as it is")
     elif "qkv" in fam.surgery_roles:
         # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
         # gives back the layout transformers reads (issue 24: this note used to say the opposite)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ...arch.families import LLAMACPP_NAME_TOKENS
 from ...errors import ConfigError, FormatError, UnsupportedError
 from .bpe import gpt2_pre_name, merge_strings
 from .hf_files import read_chat_template, read_folder_json, vocab_sources
@@ -69,6 +70,21 @@ def _check_kind(kind, tj_path: Path) -> None:
         raise UnsupportedError(f"tokenizer model type {kind!r} is not converted: llama.cpp's vocabularies are BPE, "
                                "SentencePiece, WordPiece and Unigram (no WordLevel), and this converter writes "
                                f"{_WRITTEN}; nothing was written", path=str(tj_path))
+
+
+def check_name_for_llamacpp(name: str, vocab: GGUFVocab, path: str | None) -> None:
+    """Refuse a ``general.name`` on which llama.cpp keys a tokenizer quirk needing tokens this
+    vocabulary lacks: the file would not load (the default name is the source folder's)."""
+    low = (name or "").lower()
+    have = set(vocab.tokens)
+    for needles, tokens in LLAMACPP_NAME_TOKENS:
+        hit = next((n for n in needles if n in low), None)
+        missing = [t for t in tokens if t not in have]
+        if hit is not None and missing:
+            raise UnsupportedError(f"general.name {name!r} contains {hit!r}, on which llama.cpp requires the tokens "
+                                   f"{', '.join(tokens)}, and this vocabulary lacks {', '.join(missing)}: "
+                                   "the file would not load; nothing was written", path=path,
+                                   hint=f"give --name NAME without {' / '.join(repr(n) for n in needles)}")
 
 
 def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
