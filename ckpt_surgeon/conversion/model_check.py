@@ -14,6 +14,7 @@ leaves with ``os._exit`` once its answer is written, skipping torch's interprete
 """
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -46,7 +47,9 @@ def _meta_model(config):
     import transformers
 
     if isinstance(config, dict):
-        cfg = dict(config)
+        # a deep copy: transformers' config classes standardise nested dicts in place (rope_parameters
+        # gains partial_rotary_factor), and the caller may write this dict as config.json afterwards
+        cfg = copy.deepcopy(config)
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     with quiet_transformers(), torch.device("meta"):
