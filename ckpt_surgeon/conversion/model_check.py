@@ -330,6 +330,8 @@ def probe_folder_cached(folder: str, path: str | None = None, *, isolate: bool =
     if hit is not None:
         return dict(hit, cached=True)
     facts = probe_folder_isolated(folder, path) if isolate else probe_folder(folder)
+    # as JSON gives it (the child's and the cache's way): every path hands the converter the same values
+    facts = json.loads(json.dumps(facts))
     C.store(key, facts)
     return facts
 
