@@ -285,24 +285,28 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
         steps += extra
         notes.append(f"written as {rewrite.architectures[0]} ({rewrite.model_type}): q/k/v split from {qkv_mod}"
                      + "".join(f", {m} split into {a} + {b}" for m, (a, b) in rewrite.tensor_splits))
-    elif ckpt.naming == "gguf":
-        # _check_llamacpp_takes_split let it through: the graph takes separate q/k/v too
-        notes.append("llama.cpp loads blk.N.attn_q / attn_k / attn_v in place of attn_qkv for this architecture "
-                     "(llama-model.cpp create_tensor_qkv), so this GGUF runs there as it is")
-    elif "qkv" in fam.surgery_roles:
-        # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
-        # gives back the layout transformers reads (issue 24: this note used to say the opposite)
-        notes.append(f"config kept ({lay_.architecture}); q/k/v are split back into {roles['q']}, {roles['k']} and "
-                     f"{roles['v']}, the modules transformers' {fam.hf_class or lay_.architecture} has, so it loads "
-                     "this folder as it is")
     else:
-        notes.append(f"config kept ({lay_.architecture}); transformers' {fam.hf_class or lay_.architecture} reads "
-                     f"the fused {qkv_mod}, not separate q/k/v (it would initialise that at random), so load this "
-                     f"with a runtime that takes separate q/k/v, or run `qkv fuse` to restore it (the "
-                     f"{record['qkv_layout']} layout is recorded in the metadata)")
+        notes.append(_split_note(ckpt, fam, lay_, roles, record["qkv_layout"]))
     return Plan("qkv-split", src, {"layout": record["qkv_layout"], "to": rewrite.model_type if rewrite else None},
                 tuple(steps), config=config, config_changes=changes, layers=tuple(layers), notes=tuple(notes),
                 record=record)
+
+
+def _split_note(ckpt, fam, lay_, roles: dict, layout: str) -> str:
+    """What loads a split checkpoint that keeps its config (no architecture rewrite)."""
+    if ckpt.naming == "gguf":
+        # _check_llamacpp_takes_split let it through: the graph takes separate q/k/v too
+        return ("llama.cpp loads blk.N.attn_q / attn_k / attn_v in place of attn_qkv for this architecture "
+                "(llama-model.cpp create_tensor_qkv), so this GGUF runs there as it is")
+    cls = fam.hf_class or lay_.architecture
+    if "qkv" in fam.surgery_roles:
+        # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
+        # gives back the layout transformers reads (issue 24: this note used to say the opposite)
+        return (f"config kept ({lay_.architecture}); q/k/v are split back into {roles['q']}, {roles['k']} and "
+                f"{roles['v']}, the modules transformers' {cls} has, so it loads this folder as it is")
+    return (f"config kept ({lay_.architecture}); transformers' {cls} reads the fused {roles['qkv']}, not separate "
+            "q/k/v (it would initialise that at random), so load this with a runtime that takes separate q/k/v, "
+            f"or run `qkv fuse` to restore it (the {layout} layout is recorded in the metadata)")
 
 
 def _pick_rewrite(fam, cfg, to, src):
