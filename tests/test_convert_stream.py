@@ -112,7 +112,7 @@ def test_same_bytes_from_bf16_source_and_small_chunks(name, dtype, family, tmp_p
     assert ours == ref, _first_difference(ours, ref)
     monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 256)
     with open_checkpoint(src) as ck:
-        plan = plan_hf_to_gguf(ck, src, dtype)
+        plan = plan_hf_to_gguf(ck, src, dtype, name="tiny")
         q = next((p for p in plan.tensors if p.transform == "perm_q" and len(p.shape) == 2), None) or \
             next(p for p in plan.tensors if p.dst == "token_embd.weight")
         n_chunks = len(gguf_stream._row_ranges(q, tuple(ck.tensors[q.src].shape), plan.hp))

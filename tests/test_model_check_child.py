@@ -31,10 +31,12 @@ def test_child_reports_an_unbuildable_config():
         child.result()
 
 
-def test_cli_conversion_in_a_fresh_process_round_trips(tiny, tmp_path):
+def test_cli_conversion_in_a_fresh_process_round_trips(tiny, tmp_path, monkeypatch):
     """A fresh interpreter (no transformers imported) converts HF -> GGUF -> HF, so the
-    GGUF -> HF step validates through the child process; the result equals the source."""
+    GGUF -> HF step validates through the child process; the result equals the source.  An
+    empty answer cache, so that the child is asked (conversion/answer_cache.py)."""
     from safetensors.numpy import load_file
+    monkeypatch.setenv("CKPT_SURGEON_CACHE_DIR", str(tmp_path / "answer-cache"))
     src = tiny("qwen2")
     gguf, back = tmp_path / "m.gguf", tmp_path / "back"
     for a, b, dt in ((src, gguf, "f32"), (gguf, back, "float32")):
@@ -45,3 +47,15 @@ def test_cli_conversion_in_a_fresh_process_round_trips(tiny, tmp_path):
     assert set(got) <= set(want)
     for k, v in got.items():
         assert (v == want[k]).all(), k   # f32 round trip: bit-exact
+
+
+def test_the_model_check_leaves_the_config_unchanged(tiny):
+    """transformers standardises a config's nested dicts in place (Phi-3's rope_parameters gains
+    partial_rotary_factor): the in-process check ran beside the writer of that very config.json,
+    so a library conversion wrote a config the CLI's child process did not."""
+    from ckpt_surgeon.conversion.model_check import expected_tensors
+    cfg = json.loads((tiny("phi3") / "config.json").read_text())
+    cfg["rope_parameters"].pop("partial_rotary_factor", None)     # as GGUF -> HF writes it
+    before = json.dumps(cfg, sort_keys=True)
+    assert len(expected_tensors(cfg)) > 10
+    assert json.dumps(cfg, sort_keys=True) == before

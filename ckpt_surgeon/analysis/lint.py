@@ -68,6 +68,7 @@ class LintReport:
     scanned: bool = False
     bytes_read: int = 0
     skipped: tuple = ()      # (check, reason): checks not run on this source (Hub: no weight reads)
+    cached: tuple = ()       # (check, how): checks answered from the on-disk cache (conversion.answer_cache)
 
     @property
     def errors(self) -> list[Finding]:
@@ -82,7 +83,8 @@ class LintReport:
                 "counts": {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES},
                 "findings": [f.to_dict() for f in self.findings], "checks": list(self.checks),
                 "scanned": self.scanned, "bytes_read": self.bytes_read,
-                "skipped": [{"check": c, "reason": r} for c, r in self.skipped]}
+                "skipped": [{"check": c, "reason": r} for c, r in self.skipped],
+                "cached": [{"check": c, "how": h} for c, h in self.cached]}
 
     def rows(self) -> list[dict]:
         return [f.to_dict() for f in self.findings]
@@ -96,7 +98,8 @@ class LintReport:
         verdict = "no problems found" if not self.findings else ", ".join(f"{v} {k}(s)" for k, v in c.items() if v)
         return [("source", f"{self.source} ({self.format})"), ("result", verdict),
                 ("checks run", f"{len(self.checks)}" + (" (with --scan)" if self.scanned else "")),
-                ("bytes read", f"{self.bytes_read:,}")] + [(f"skipped {c}", r) for c, r in self.skipped]
+                ("bytes read", f"{self.bytes_read:,}")] + [(f"skipped {c}", r) for c, r in self.skipped] + \
+            [(f"cached {c}", h) for c, h in self.cached]
 
 
 @dataclass
@@ -108,6 +111,7 @@ class _Ctx:
     file: str | None                 # the config / metadata file findings about settings name
     progress: object = None
     skipped: list = field(default_factory=list)   # (check, reason) for checks not run on this source
+    cached: list = field(default_factory=list)    # (check, how) for checks answered from a cache
 
     @property
     def remote(self) -> bool:
@@ -499,8 +503,8 @@ def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
         ctx.skipped.append(("loads-cleanly", "config.json has no model_type"))
         return []
     try:
-        from ..conversion.model_check import load_keys_report
-        got = load_keys_report(ctx.cfg, {n: i.shape for n, i in ctx.ck.tensors.items()})
+        from ..conversion.model_check import load_keys_report_cached
+        got = load_keys_report_cached(ctx.cfg, {n: i.shape for n, i in ctx.ck.tensors.items()})
     except ImportError as e:
         ctx.skipped.append(("loads-cleanly", f"transformers is not available ({e})"))
         return []
@@ -510,6 +514,9 @@ def check_loads_cleanly(ctx: _Ctx) -> list[Finding]:
         ctx.skipped.append(("loads-cleanly", f"transformers cannot build the model from config.json "
                                              f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"))
         return []
+    if got.get("cached"):
+        ctx.cached.append(("loads-cleanly", "from the cache: an earlier run asked transformers about this config "
+                                            "and tensor set (same release); not imported this time"))
     if "skipped" in got:
         ctx.skipped.append(("loads-cleanly", got["skipped"]))
         return []
@@ -733,7 +740,7 @@ def lint_checkpoint(ck: Checkpoint, *, scan: bool = False, progress=None) -> Lin
     findings.sort(key=lambda f: order[f.severity])
     ran = [c for c in ran if c not in {s for s, _ in ctx.skipped}]
     return LintReport(ck.source, ck.format, tuple(findings), tuple(ran), scanned=scan, bytes_read=ck.bytes_read,
-                      skipped=tuple(ctx.skipped))
+                      skipped=tuple(ctx.skipped), cached=tuple(ctx.cached))
 
 
 def lint(source, *, scan: bool = False, progress=None, **open_kwargs) -> LintReport:

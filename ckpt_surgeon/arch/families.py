@@ -560,6 +560,19 @@ _SPLIT_OUT = ("q", "k", "v")   # fused families: q/k/v are where `qkv split` wri
 # transformers ignores it (issue 24); hf_rename maps each to None (absent_config_keys)
 _NO_KV_KEYS = {"num_key_value_heads": None, "num_kv_heads": None, "n_head_kv": None, "multi_query_group_num": None}
 
+# llama-vocab.cpp (llama_vocab::impl::load, "set attributes by model/tokenizer/architecture name"):
+# a lower-cased general.name containing one of these strings makes llama.cpp look up each of the
+# tokens with token_to_id.at(), which throws for one the vocabulary lacks ("error loading model
+# vocabulary: unordered_map::at"): (name substrings, tokens it then requires).
+LLAMACPP_NAME_TOKENS = ((("phi-3", "phi3"), ("<unk>", "<s>", "</s>", "<|endoftext|>")),)
+
+# llama.cpp's graphs for these architectures create only the fused blk.N.attn_qkv (src/models/gpt2.cpp,
+# bloom.cpp, gptneox.cpp, falcon.cpp call create_tensor(LLM_TENSOR_ATTN_QKV), not create_tensor_qkv,
+# which also takes separate q/k/v): a GGUF with attn_q / attn_k / attn_v does not load ("tensor
+# 'blk.0.attn_qkv.weight' not found"), so `qkv split` of such a GGUF is refused.
+_FUSED_QKV_ONLY = tuple(f"blk.{{L}}.attn_{r}.{kind}" for kind in ("weight", "bias") for r in "qkv")
+
+
 FAMILIES: tuple[Family, ...] = (
     # residual readers: modeling_qwen2: Qwen2RMSNorm input/post_attention_layernorm, model.norm
     Family("qwen2", ("qwen2",), ("qwen2",), "layers.{L}.", _LLAMA_ROLES, fused_layout="concat",
@@ -714,7 +727,8 @@ FAMILIES: tuple[Family, ...] = (
                hf_rename={"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
                           "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
                           **_NO_KV_KEYS, "head_dim": None},
-               hf_config_extra={"activation_function": "gelu_new"}, ff_default_mult=4),
+               hf_config_extra={"activation_function": "gelu_new"}, ff_default_mult=4,
+               llamacpp_absent=_FUSED_QKV_ONLY),
            residual_readers_centering=True),
     # residual readers: modeling_gpt_neox: both use_parallel_residual branches read a LayerNorm; final_layer_norm
     Family("gpt_neox", ("gpt_neox",), ("gptneox",), "layers.{L}.",
@@ -727,7 +741,7 @@ FAMILIES: tuple[Family, ...] = (
                                  # GPTNeoXConfig has no kv head count (MHA): modeling_gpt_neox never
                                  # reads one, so a stray one in config.json is ignored here too (its rotary
                                  # embedding does read a head_dim: that one is kept)
-                                 hf_rename=dict(_NO_KV_KEYS)),
+                                 hf_rename=dict(_NO_KV_KEYS), llamacpp_absent=_FUSED_QKV_ONLY),
            residual_readers_centering=True),
     # residual readers: modeling_bloom: word_embeddings_layernorm, input/post_attention_layernorm, ln_f (LayerNorm)
     Family("bloom", ("bloom",), ("bloom",), "h.{L}.",
@@ -739,7 +753,8 @@ FAMILIES: tuple[Family, ...] = (
                _BLOOM_TENSORS, ("n_ctx", "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "ln_eps", "vocab_size"),
                ff_default_mult=4, hparam_fallback={"n_ctx": "n_embd"},
                hf_rename={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", **_NO_KV_KEYS,
-                          "head_dim": None, "intermediate_size": None, "max_position_embeddings": None}),     # BLOOM is MHA: head_count_kv = head_count, as BloomModel writes it
+                          "head_dim": None, "intermediate_size": None, "max_position_embeddings": None},
+               llamacpp_absent=_FUSED_QKV_ONLY),     # BLOOM is MHA: head_count_kv = head_count, as BloomModel writes it
            residual_readers_centering=True),
     # residual readers: modeling_falcon: ln_attn/ln_mlp or input_layernorm, post_attention_layernorm, ln_f (LayerNorm)
     Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), ("falcon",), "h.{L}.",
@@ -765,7 +780,7 @@ FAMILIES: tuple[Family, ...] = (
                hf_rename={"num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size",
                           "head_dim": None},
                llamacpp_needs=_FALCON_NEEDS, hf_config_cases=_FALCON_CASES,
-               hf_alt_when=("num_ln_in_parallel_attn", 1)),
+               hf_alt_when=("num_ln_in_parallel_attn", 1), llamacpp_absent=_FUSED_QKV_ONLY),
            residual_readers_centering=True),
     # residual readers: modeling_opt: self_attn_layer_norm / final_layer_norm per layer and the
     # decoder's final_layer_norm (nn.LayerNorm) read the pre-LN stream; the (tied) head reads the last.

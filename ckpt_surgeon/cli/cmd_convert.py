@@ -16,9 +16,11 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--output", "-o", "--out", "out", required=True, type=click.Path(),
               help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
-                   "GGUF quantization, with a quantized --dtype; --out is accepted too, as for fold-bias and qkv).")
+                   "GGUF quantization, with a quantized --dtype); a folder for a quantized HF source (GPTQ, AWQ, "
+                   "FP8, bitsandbytes, MLX ...): its dense HF folder.  --out is accepted too, as for fold-bias and qkv.")
 @click.option("--dtype", default=None, metavar="TYPE",
-              help="Output dtype.  GGUF -> HF: float32 (default) | float16 | bfloat16 for every tensor.  "
+              help="Output dtype.  GGUF -> HF, and quantized HF -> dense HF folder: float32 (default) | float16 | "
+                   "bfloat16 for every floating tensor.  "
                    "HF -> GGUF: f16 (default) | bf16 | f32 | q8_0 for 2-D weights; norms and biases stay F32; "
                    "or a llama.cpp file type (" + " ".join(t for t in QUANT_FTYPES if t != "q8_0") + "): each "
                    "tensor's type chosen by llama.cpp's mixture rules and quantized by its own kernels (needs "
@@ -63,6 +65,12 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
     Conv1D weights are transposed.  The tensor set is checked against the model transformers
     builds from the config: a missing or unexpected tensor is an error, and nothing is written.
 
+    A quantized HF folder (GPTQ, AWQ, auto-round, compressed-tensors, FP8, bitsandbytes, MLX)
+    with a folder OUT becomes the dense HF folder of the same model: each quantized weight as
+    its producer dequantizes it, rounded once to --dtype (float32 by default), config.json
+    without its quantization keys, tokenizer and other side files copied; transformers loads
+    it as the plain model, without the quantizer's package.
+
     Outputs are written beside OUT and renamed into place; inputs are never modified.
 
     \b
@@ -71,6 +79,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q8_0.gguf --dtype q8_0
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q4_k_m.gguf --dtype q4_k_m
       ckpt-surgeon convert qwen2.f16.gguf -o qwen2.iq4_xs.gguf --dtype iq4_xs --imatrix imatrix.gguf
+      ckpt-surgeon convert ./qwen2-gptq-int4 -o qwen2-dense --dtype bfloat16
     """
     from ..conversion import convert
     from .render import table_width, to_json, to_table

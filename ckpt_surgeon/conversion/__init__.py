@@ -51,6 +51,18 @@ def _gguf_in_folder(p: Path) -> Path | None:
     return p / groups[0][0]
 
 
+def _quantized_folder(p: Path) -> bool:
+    """Whether ``p`` is an HF folder (or a file beside one) whose config.json declares a quantization."""
+    from ..errors import CkptError
+    from ..formats.quant_schemes import config_method
+    from ..formats.safe_input import read_json
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        return cfg.is_file() and config_method(read_json(cfg)) is not None
+    except (CkptError, OSError):   # an unreadable config is reported by the conversion that reads it
+        return False
+
+
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
@@ -63,7 +75,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     :func:`~.to_gguf.hf_to_gguf_report`).  A ``.gguf`` source with a ``.gguf`` output is quantized
     (GGUF -> GGUF, ``dtype`` one of llama.cpp's file types: :mod:`.requantize`).  ``imatrix``: an
     importance matrix file (llama-imatrix's GGUF or legacy .dat) for a quantized ``dtype``;
-    ``allow_requantize``: let an already-quantized GGUF tensor change type.
+    ``allow_requantize``: let an already-quantized GGUF tensor change type.  A quantized HF
+    folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
+    the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
+    :func:`~.dense.quantized_to_dense_report`.
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
@@ -88,7 +103,16 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force,
                                  progress=progress)
     if not str(out).endswith(".gguf"):
-        raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf",
+        if _quantized_folder(Path(os.fspath(source))):
+            # a quantized HF folder -> the dense HF folder of the same model (.dense)
+            from .dense import quantized_to_dense_report
+            from .dtypes import normalize_dtype
+            if name is not None or imatrix is not None:
+                raise UnsupportedError("--name and --imatrix apply to a GGUF output, not to a dense HF folder")
+            return quantized_to_dense_report(source, out, normalize_dtype(dtype, to_gguf=False), force=force,
+                                             progress=progress)
+        raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf "
+                               "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix)

@@ -86,3 +86,72 @@ def quantized_to_dense(source, out: str | os.PathLike) -> Path:
             w.set_config(dense_config(ck.config))
             w.record("dequantize", {"method": ck.quantization.method})
     return Path(out)
+
+
+# ``convert QUANTIZED_FOLDER -o OUT_FOLDER --dtype D``: the output dtype of every floating tensor.
+DENSE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+_FLOATS = ("F32", "F16", "BF16", "F64")
+
+
+def _dense_config(config: dict, dtype: str) -> dict:
+    """:func:`dense_config`, its dtype key (transformers 5's ``dtype``, older ``torch_dtype``) saying ``dtype``."""
+    cfg = dense_config(config)
+    keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
+    for k in keys:
+        cfg[k] = dtype
+    return cfg
+
+
+def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: bool = False,
+                              progress: bool | None = False):
+    """``convert QUANTIZED_FOLDER -o OUT_FOLDER``: the dense HF folder of a quantized checkpoint,
+    every floating tensor in ``dtype`` (float32 | float16 | bfloat16; the quantized weights as the
+    reader dequantizes them, exact against each producer's own code, then rounded once to
+    ``dtype``), written through the atomic streaming writer (``force``: replace OUT), config.json
+    without its quantization keys, tokenizer and other side files copied.  Returns a
+    :class:`~.report.ConvertReport` (direction ``quantized->dense``)."""
+    import time
+
+    from ..checkpoint import open_checkpoint
+    from ..errors import UnsupportedError
+    from ..formats.writer import CheckpointWriter
+    from .report import ConvertReport
+
+    t0 = time.perf_counter()
+    target = DENSE_DTYPES[dtype]
+    with open_checkpoint(source) as ck:
+        q = ck.quantization
+        if q is None:
+            raise UnsupportedError("is not a quantized checkpoint: an HF folder converts to a GGUF file (give a path "
+                                   "ending in .gguf)", path=str(source))
+        run = dequantized_run(ck)
+        with CheckpointWriter(out, source=ck, force=force, copy_untouched=False, progress=progress) as w:
+            records = [_dense_tensor(w, ck, name, info, target, run.label) for name, info in ck.tensors.items()]
+            config = _dense_config(ck.config, dtype)
+            w.set_config(config)
+            w.record("dequantize", {"method": q.method, "format": q.format, "dtype": dtype})
+        result = w.result
+    warnings = ()
+    if run.activations:
+        warnings = (f"the checkpoint quantizes activations at runtime ({run.activations}); the dense model "
+                    "holds the dequantized weights and runs its activations unquantized",)
+    out_p = Path(out)
+    tok = [f for f in ("tokenizer.json", "tokenizer.model") if (out_p / f).is_file()]
+    return ConvertReport("quantized->dense", str(source), str(out), f"{run.label} -> dense",
+                         str(config.get("model_type") or ""), dtype, len(records), result.bytes_written,
+                         time.perf_counter() - t0, bool(config.get("tie_word_embeddings")),
+                         f"copied ({', '.join(tok)})" if tok else None, tuple(records), warnings, config)
+
+
+def _dense_tensor(w, ck, name: str, info, target: str, label: str):
+    """Declare one output tensor: a quantized weight dequantized to ``target``, another floating
+    tensor cast to it (raw bytes when it is stored so), anything else copied -> its TensorRecord."""
+    from .report import TensorRecord
+    stored = ck.stored_tensors.get(name)
+    src_dtype = label if info.quantized else info.dtype
+    if info.quantized or (info.dtype in _FLOATS and info.dtype != target):
+        w.put(name, (lambda n=name: ck.read(n)), dtype=target, shape=tuple(info.shape))
+        return TensorRecord(name, name, "dequantize" if info.quantized else "cast", src_dtype, target, tuple(info.shape))
+    w.copy(name)
+    return TensorRecord(name, name, "none", stored.dtype if stored is not None else src_dtype, info.dtype,
+                        tuple(info.shape))

@@ -14,13 +14,15 @@ leaves with ``os._exit`` once its answer is written, skipping torch's interprete
 """
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import CkptError, ConfigError
 from ..quiet import quiet_transformers
 
 
@@ -45,7 +47,9 @@ def _meta_model(config):
     import transformers
 
     if isinstance(config, dict):
-        cfg = dict(config)
+        # a deep copy: transformers' config classes standardise nested dicts in place (rope_parameters
+        # gains partial_rotary_factor), and the caller may write this dict as config.json afterwards
+        cfg = copy.deepcopy(config)
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     with quiet_transformers(), torch.device("meta"):
@@ -126,6 +130,21 @@ def load_keys_report(config: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     return {"class": cls_name, "missing": sorted(info.missing_keys - tied), "unexpected": sorted(info.unexpected_keys),
             "mismatched": sorted(mismatched)}
+
+
+def load_keys_report_cached(config: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """:func:`load_keys_report`, answered from :mod:`.answer_cache` when this config and tensor
+    set were checked before with this transformers release (then neither torch nor transformers
+    is imported; the answer carries ``"cached": True``).  A failure to build is raised, not kept."""
+    from . import answer_cache as C
+    key = C.answer_path("load_keys", config.get("model_type"),
+                        {"config": C.config_inputs(config), "shapes": {n: list(s) for n, s in shapes.items()}})
+    hit = C.load(key)
+    if hit is not None:
+        return dict(hit, cached=True)
+    got = load_keys_report(config, shapes)
+    C.store(key, got)
+    return got
 
 
 def expected_tensors_or_error(config, *, path: str | None, what: str = "this config") -> dict[str, tuple[int, ...]]:
@@ -295,15 +314,72 @@ def probe_folder_isolated(folder: str, path: str | None = None) -> dict:
         child.kill()
 
 
-def expected_tensors_in_subprocess(path: str | None = None):
-    """Start building the model for a config that :meth:`submit` gives later.
+def probe_folder_cached(folder: str, path: str | None = None, *, isolate: bool = True) -> dict:
+    """:func:`probe_folder` (``isolate``: :func:`probe_folder_isolated`), answered from
+    :mod:`.answer_cache` when this folder's config and tokenizer files were probed before with
+    this transformers release: then neither torch nor transformers is imported.  The answer
+    carries ``"cached": True`` when it came from the cache."""
+    from . import answer_cache as C
+    from ..formats.safe_input import read_json
+    try:
+        model_type = read_json(Path(folder) / "config.json", what="config.json").get("model_type")
+    except (CkptError, OSError, AttributeError):
+        model_type = None       # transformers' own reading says what is wrong
+    key = C.answer_path("probe_folder", model_type, C.folder_inputs(folder))
+    hit = C.load(key)
+    if hit is not None:
+        return dict(hit, cached=True)
+    facts = probe_folder_isolated(folder, path) if isolate else probe_folder(folder)
+    # as JSON gives it (the child's and the cache's way): every path hands the converter the same values
+    facts = json.loads(json.dumps(facts))
+    C.store(key, facts)
+    return facts
 
-    In a child process (see module docstring) unless this process has imported torch and
-    transformers already, in which case building the model here is cheaper than a new process.
+
+class _CachedExpected:
+    """:class:`ExpectedTensors`' interface, answered from :mod:`.answer_cache` when the config was
+    checked before; the child process starts only on a miss, when :meth:`submit` gives the config
+    (reading a GGUF's header before that takes milliseconds, so starting late costs little)."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._child: ExpectedTensors | _InProcess | None = None
+        self._key = None
+        self._shapes: dict | None = None
+        self.cached = False
+
+    def submit(self, config: dict) -> None:
+        from . import answer_cache as C
+        self._key = C.answer_path("expected_tensors", config.get("model_type"), C.config_inputs(config))
+        hit = C.load(self._key)
+        if hit is not None and isinstance(hit.get("shapes"), dict):
+            self._shapes, self.cached = hit["shapes"], True
+            return
+        self._child = _InProcess(self.path) if _in_process() else ExpectedTensors(self.path)
+        self._child.submit(config)
+
+    def result(self) -> dict[str, tuple[int, ...]]:
+        if self._shapes is None:
+            if self._child is None:
+                raise RuntimeError("submit(config) first")
+            from . import answer_cache as C
+            self._shapes = {k: list(v) for k, v in self._child.result().items()}
+            C.store(self._key, {"shapes": self._shapes})
+        return {k: tuple(v) for k, v in self._shapes.items()}
+
+    def kill(self) -> None:
+        if self._child is not None:
+            self._child.kill()
+
+
+def expected_tensors_in_subprocess(path: str | None = None):
+    """The model's tensor shapes for a config that :meth:`submit` gives later.
+
+    From :mod:`.answer_cache` when the config was checked before; else built in a child process
+    (see module docstring), unless this process has imported torch and transformers already, in
+    which case building the model here is cheaper than a new process; the answer is kept.
     """
-    if _in_process():
-        return _InProcess(path)
-    return ExpectedTensors(path)
+    return _CachedExpected(path)
 
 
 def check_tensors(expected: dict[str, tuple[int, ...]], got: dict[str, tuple[int, ...]], *,

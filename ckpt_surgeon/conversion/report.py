@@ -10,7 +10,7 @@ class TensorRecord:
 
     source: str          # name in the input file
     target: str          # name in the output
-    transform: str       # none | perm_q | perm_k | conv1d | norm_shift
+    transform: str       # none | perm_q | perm_k | conv1d | norm_shift (quantized->dense: dequantize | cast)
     source_dtype: str    # safetensors dtype or GGUF type name
     target_dtype: str
     shape: tuple         # output shape, numpy order
@@ -21,7 +21,7 @@ class TensorRecord:
 
 @dataclass(frozen=True)
 class ConvertReport:
-    direction: str                      # hf->gguf | gguf->hf
+    direction: str                      # hf->gguf | gguf->hf | gguf->gguf | quantized->dense
     source: str
     output: str
     arch: str                           # GGUF architecture

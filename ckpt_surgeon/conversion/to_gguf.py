@@ -100,12 +100,13 @@ def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
 def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
     """transformers' view of the folder (config with defaults, effective tokenizer.json, the
     model's tensor shapes): :func:`~.model_check.probe_folder`, with ``isolate`` in a short-lived
-    child process (:func:`~.model_check.probe_folder_isolated`)."""
-    from .model_check import probe_folder, probe_folder_isolated
+    child process (:func:`~.model_check.probe_folder_isolated`); answered from the cache when this
+    config and tokenizer were probed before (:func:`~.model_check.probe_folder_cached`)."""
+    from .model_check import probe_folder_cached
     if cfg_path is None:
         raise ConfigError("no config.json next to the weights: the architecture cannot be known",
                           path=str(folder), hint="HF -> GGUF needs the model folder with config.json")
-    facts = probe_folder_isolated(str(folder), cfg_path) if isolate else probe_folder(str(folder))
+    facts = probe_folder_cached(str(folder), cfg_path, isolate=isolate)
     if "config_error" in facts:
         raise ConfigError(f"transformers cannot read it ({facts['config_error']})", path=cfg_path)
     return facts
@@ -510,7 +511,10 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     vocab = _vocab(folder, emb[0], cfg, facts, spec)
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
     # "phi3" / "phi-3" requires Phi-3's <s>, </s>, <unk> tokens), so it is the caller's to choose.
-    kvs = gguf_kvs(spec, hp, dtype, name if name is not None else hf_cache.display_name(folder), vocab)
+    name = name if name is not None else hf_cache.display_name(folder)
+    from .tokenizer import check_name_for_llamacpp
+    check_name_for_llamacpp(name, vocab, ck.config_path)
+    kvs = gguf_kvs(spec, hp, dtype, name, vocab)
     kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
     return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
 

@@ -15,6 +15,7 @@ kept and the fused layout is recorded in ``__metadata__`` so ``fuse`` can restor
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..arch import families as F
@@ -215,6 +216,19 @@ def _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, layer) -> l
     return steps
 
 
+def _check_llamacpp_takes_split(fam, fused: str, roles: dict, src) -> None:
+    """A GGUF is for llama.cpp: refuse a split whose q/k/v tensors its graph for this architecture has
+    no slot for (the registry's ``llamacpp_absent``), which would give a file it does not load."""
+    absent = fam.conversion.llamacpp_absent if fam.conversion is not None else ()
+    q_name = _swap_module(fused, roles["qkv"], roles["q"])
+    layer = re.sub(r"^blk\.(\d+)\..*", r"\1", q_name)
+    if any(t.replace("{L}", layer) == q_name for t in absent):
+        raise UnsupportedError(f"llama.cpp's {fam.gguf_archs[0] if fam.gguf_archs else fam.name} graph takes only the "
+                           f"fused {roles['qkv']} (it has no {roles['q']} / {roles['k']} / {roles['v']} slots), so a "
+                           "split GGUF would not load there; nothing was written", path=src, tensor=fused,
+                           hint="convert the GGUF to an HF folder and split that")
+
+
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
     """Separate q/k/v from each layer's fused projection (weights and biases)."""
     src = ckpt.source
@@ -227,6 +241,8 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
     roles = _roles(fam, ckpt)
     if not all(isinstance(roles.get(r), str) for r in ("q", "k", "v", "qkv")):
         raise UnsupportedError(f"the registry names no separate q/k/v modules for {fam.name}", path=src)
+    if ckpt.naming == "gguf":
+        _check_llamacpp_takes_split(fam, fused_layers[0].qkv_weight, roles, src)
     rec = _recorded_layout(ckpt)
     row_layout, axis = _resolve_layout(layout, rec or (lay_.fused_layout if not lay_.conv1d else "conv1d"), fam, src)
     _check_layout(row_layout, h, kv, d, src)
@@ -269,20 +285,28 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
         steps += extra
         notes.append(f"written as {rewrite.architectures[0]} ({rewrite.model_type}): q/k/v split from {qkv_mod}"
                      + "".join(f", {m} split into {a} + {b}" for m, (a, b) in rewrite.tensor_splits))
-    elif "qkv" in fam.surgery_roles:
-        # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
-        # gives back the layout transformers reads (issue 24: this note used to say the opposite)
-        notes.append(f"config kept ({lay_.architecture}); q/k/v are split back into {roles['q']}, {roles['k']} and "
-                     f"{roles['v']}, the modules transformers' {fam.hf_class or lay_.architecture} has, so it loads "
-                     "this folder as it is")
     else:
-        notes.append(f"config kept ({lay_.architecture}); transformers' {fam.hf_class or lay_.architecture} reads "
-                     f"the fused {qkv_mod}, not separate q/k/v (it would initialise that at random), so load this "
-                     f"with a runtime that takes separate q/k/v, or run `qkv fuse` to restore it (the "
-                     f"{record['qkv_layout']} layout is recorded in the metadata)")
+        notes.append(_split_note(ckpt, fam, lay_, roles, record["qkv_layout"]))
     return Plan("qkv-split", src, {"layout": record["qkv_layout"], "to": rewrite.model_type if rewrite else None},
                 tuple(steps), config=config, config_changes=changes, layers=tuple(layers), notes=tuple(notes),
                 record=record)
+
+
+def _split_note(ckpt, fam, lay_, roles: dict, layout: str) -> str:
+    """What loads a split checkpoint that keeps its config (no architecture rewrite)."""
+    if ckpt.naming == "gguf":
+        # _check_llamacpp_takes_split let it through: the graph takes separate q/k/v too
+        return ("llama.cpp loads blk.N.attn_q / attn_k / attn_v in place of attn_qkv for this architecture "
+                "(llama-model.cpp create_tensor_qkv), so this GGUF runs there as it is")
+    cls = fam.hf_class or lay_.architecture
+    if "qkv" in fam.surgery_roles:
+        # the family's own modules are separate q/k/v (Qwen2, Llama): splitting a `qkv fuse` output
+        # gives back the layout transformers reads (issue 24: this note used to say the opposite)
+        return (f"config kept ({lay_.architecture}); q/k/v are split back into {roles['q']}, {roles['k']} and "
+                f"{roles['v']}, the modules transformers' {cls} has, so it loads this folder as it is")
+    return (f"config kept ({lay_.architecture}); transformers' {cls} reads the fused {roles['qkv']}, not separate "
+            "q/k/v (it would initialise that at random), so load this with a runtime that takes separate q/k/v, "
+            f"or run `qkv fuse` to restore it (the {layout} layout is recorded in the metadata)")
 
 
 def _pick_rewrite(fam, cfg, to, src):

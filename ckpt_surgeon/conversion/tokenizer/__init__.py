@@ -29,7 +29,7 @@ The names callers use are importable from this package itself.
 """
 from __future__ import annotations
 
-from .from_hf import hf_vocab
+from .from_hf import check_name_for_llamacpp, hf_vocab
 from .hf_files import effective_tokenizer_json
 from .pretokenizers import PRE_TOKENIZERS, PRE_TYPE_REGEXES, PreTokenizer, pre_by_name, pre_name_for
 from .spm import spm_model_vocab
@@ -38,4 +38,5 @@ from .vocab import BYTE, CONTROL, NORMAL, SPECIAL_KEYS, UNKNOWN, UNUSED, USER_DE
 
 __all__ = ["BYTE", "CONTROL", "NORMAL", "PRE_TOKENIZERS", "PRE_TYPE_REGEXES", "SPECIAL_KEYS", "UNKNOWN", "UNUSED",
            "USER_DEFINED", "GGUFVocab", "HFTokenizerFiles", "PreTokenizer", "effective_tokenizer_json",
-           "hf_tokenizer_files", "hf_vocab", "pre_by_name", "pre_name_for", "spm_model_vocab", "vocab_from_metadata"]
+           "check_name_for_llamacpp", "hf_tokenizer_files", "hf_vocab", "pre_by_name", "pre_name_for",
+           "spm_model_vocab", "vocab_from_metadata"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ...arch.families import LLAMACPP_NAME_TOKENS
 from ...errors import ConfigError, FormatError, UnsupportedError
 from .bpe import gpt2_pre_name, merge_strings
-from .hf_files import read_chat_template, vocab_sources
+from .hf_files import read_chat_template, read_folder_json, vocab_sources
 from .specials import HF_SPECIAL_NAMES, adds_bos_eos, adds_sep, special_token_ids, token_content
 from .spm import spm_adds_prefix, spm_scores
 from .vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab
@@ -57,6 +58,35 @@ def _tokens_and_types(id_to_tok: dict[int, str], n_vocab: int, unk, special_adde
     return tokens, types
 
 
+# The tokenizer.json model kinds llama.cpp has a vocabulary for (llama-vocab.cpp's vocab types:
+# SPM 'llama', BPE 'gpt2', WPM 'bert', UGM 't5', RWKV, PLaMo-2), and the ones written here.
+_WRITTEN = "BPE (byte-level: 'gpt2'; with byte fallback, SentencePiece-style: 'llama')"
+
+
+def _check_kind(kind, tj_path: Path) -> None:
+    """Refuse a tokenizer model kind that would give a GGUF llama.cpp cannot load (or that this
+    converter does not write), in one line naming it."""
+    if kind != "BPE":
+        raise UnsupportedError(f"tokenizer model type {kind!r} is not converted: llama.cpp's vocabularies are BPE, "
+                               "SentencePiece, WordPiece and Unigram (no WordLevel), and this converter writes "
+                               f"{_WRITTEN}; nothing was written", path=str(tj_path))
+
+
+def check_name_for_llamacpp(name: str, vocab: GGUFVocab, path: str | None) -> None:
+    """Refuse a ``general.name`` on which llama.cpp keys a tokenizer quirk needing tokens this
+    vocabulary lacks: the file would not load (the default name is the source folder's)."""
+    low = (name or "").lower()
+    have = set(vocab.tokens)
+    for needles, tokens in LLAMACPP_NAME_TOKENS:
+        hit = next((n for n in needles if n in low), None)
+        missing = [t for t in tokens if t not in have]
+        if hit is not None and missing:
+            raise UnsupportedError(f"general.name {name!r} contains {hit!r}, on which llama.cpp requires the tokens "
+                                   f"{', '.join(tokens)}, and this vocabulary lacks {', '.join(missing)}: "
+                                   "the file would not load; nothing was written", path=path,
+                                   hint=f"give --name NAME without {' / '.join(repr(n) for n in needles)}")
+
+
 def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
              effective_json: str | None | bool = False) -> GGUFVocab:
     """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
@@ -67,9 +97,11 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
     folder = Path(folder)
     tj_path, tj, tcfg = vocab_sources(folder, effective_json)
     model = tj.get("model") or {}
-    if model.get("type") != "BPE":
-        raise UnsupportedError(f"tokenizer model type {model.get('type')!r}: only BPE (byte-level or SentencePiece-style) "
-                               "vocabularies convert to GGUF here", path=str(tj_path))
+    if tj_path.name == "tokenizer.json":
+        # transformers may rebuild another model kind as BPE (Qwen2Tokenizer makes a BPE without
+        # merges from a WordLevel vocab): the kind written in the file decides what it is
+        _check_kind((read_folder_json(tj_path).get("model") or {}).get("type"), tj_path)
+    _check_kind(model.get("type"), tj_path)
     vocab: dict = dict(model.get("vocab") or {})
     added = tj.get("added_tokens") or []
     for a in added:
@@ -88,6 +120,11 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
     tokens, types = _tokens_and_types(id_to_tok, n_vocab, unk, special_added, spm)
 
     merges = merge_strings(model.get("merges") or [], str(tj_path))
+    if not spm and not merges:
+        # llama.cpp's BPE vocabulary needs its merges (llama_vocab::impl::load: "cannot find
+        # tokenizer merges in model file"): such a file would not load
+        raise UnsupportedError("byte-level BPE tokenizer without merges: llama.cpp refuses a 'gpt2' vocabulary that "
+                               "has none, so nothing was written", path=str(tj_path))
     scores = None
     add_space_prefix = None
     if spm:
