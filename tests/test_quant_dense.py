@@ -1,7 +1,7 @@
 """``convert QUANTIZED_FOLDER -o OUT_FOLDER``: the dense HF folder of a quantized checkpoint (issue 36
 item 18), on every committed fixture (``fixtures/quant/<scheme>``, written by the real quantizers).
 
-Each quantized weight equals the producer's own dequantization (``oracle.safetensors``) exactly in
+Each quantized weight equals the producer's own dequantization (``oracle.safetensors.xz``) exactly in
 float32, and that value rounded once (torch's round-to-nearest-even) in bfloat16 / float16; every
 other tensor is the stored one; config.json has no quantization keys; the tokenizer files are
 copied byte for byte; transformers loads the folder as the plain model with no missing or
