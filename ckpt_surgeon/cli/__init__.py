@@ -15,6 +15,7 @@ import pkgutil
 import click
 
 from ..errors import CkptError
+from .paths import guard_command
 
 
 def debug_enabled(ctx: click.Context | None = None) -> bool:
@@ -79,7 +80,7 @@ def _register() -> None:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name.startswith("cmd_"):
             module = importlib.import_module(f"{__name__}.{mod.name}")
-            cli.add_command(module.command)
+            cli.add_command(guard_command(module.command))
 
 
 _register()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from .paths import ReadPath, WriteInto
 from .render import check_report_path, emit, open_kwargs, output_options, source_options
 
 
@@ -32,7 +33,7 @@ _PROFILE_HELP = """\
                    "removing each part (needs torch + transformers; HF folders and GGUF files; quantized HF "
                    "checkpoints run as the unquantized model from their weights dequantized by ckpt-surgeon, "
                    "activations not quantized, and the report says so).")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--prompts", "prompts_file", type=ReadPath(dir_okay=False), default=None,
               help="With --measure: prompts to use instead of the built-in set (JSON list of strings, "
                    "or one prompt per line).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -61,7 +62,7 @@ _PROFILE_HELP = """\
 @click.option("--skip-first", "skip_first", type=int, default=4, show_default=True, metavar="K",
               help="With --distance-profile --measure: leave out the first K tokens of each prompt (attention "
                    "sinks / BOS).")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+@click.option("--plot", "plot_dir", type=WriteInto(), default=None, metavar="DIR",
               help="With --distance-profile: write PNGs into DIR (needs matplotlib: the plot extra).")
 @source_options
 @output_options

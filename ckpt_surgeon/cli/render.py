@@ -16,6 +16,8 @@ import sys
 
 import click
 
+from .paths import WritePath
+
 FORMATS = ("table", "json", "csv", "markdown")
 
 
@@ -24,7 +26,7 @@ def output_options(fn):
     fn = click.option("--force", is_flag=True,
                       help="Replace --output FILE if it exists (atomically). Without it an existing file is an "
                            "error, checked before any work, as for surgery outputs.")(fn)
-    fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+    fn = click.option("--output", "-o", "output", type=WritePath(dir_okay=False), default=None,
                       help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
                            "refused unless --force.  (-o/--output names what a command writes: this report "
                            "here; the model for convert, fold-bias and qkv.)")(fn)
