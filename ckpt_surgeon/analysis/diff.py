@@ -531,6 +531,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     """Compare two open checkpoints (see the module docstring).  ``progress(nbytes)`` is called
     with the bytes read after each step."""
     for ck in (a, b):
+        ck.refuse_truncated()      # as every command but inspect: a verdict needs every tensor
         # config values checked and in agreement with the tensors, as in every command: "identical"
         # about a checkpoint whose config contradicts its tensors would be a wrong verdict
         ck.layout()

@@ -995,6 +995,8 @@ def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON
     mode too: :func:`ckpt_surgeon.analysis.api.analyze` (``ckpt_surgeon.analyze``)."""
     from ..checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
+        source.refuse_truncated()
         return analyze_checkpoint(source, context=context, epsilon=epsilon)
     with open_checkpoint(source, **open_kwargs) as ck:
+        ck.refuse_truncated()        # as every command but inspect (which shows the structure)
         return analyze_checkpoint(ck, context=context, epsilon=epsilon)

@@ -115,6 +115,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     a note (refused only when no stack can be folded); ``tower`` selects one stack by name (the main one:
     its name or ``text``), refused as a single-stack file would be."""
     src = ckpt.source
+    ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
     center = center or center_weights
     epsilon = _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon)
 
