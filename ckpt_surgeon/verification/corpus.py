@@ -388,8 +388,10 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     from ..runtime import quiet_transformers, resolve_device
     from .core import _ieee_float32
     from .loading import TORCH_DTYPES
+    from .tokens import check_tokenizer_source
 
     t0 = time.perf_counter()
+    check_tokenizer_source(tokenizer)
     _check_options(corpus, corpus_ids, ctx, score, runtime, kv_cache, reference, reference_file, save_reference,
                    reference_format, dtype, TORCH_DTYPES, replace)
     gates_for("float32", max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
