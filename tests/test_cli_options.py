@@ -216,3 +216,34 @@ def test_convert_summary_is_on_stdout(tiny, tmp_path):
                         str(tmp_path / "g.gguf")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "ckpt-surgeon convert" and "hf->gguf" in r.stdout and r.stderr == ""
+
+
+# --- issue 36, item 17: options that disagreed ----------------------------------------------------
+
+def test_debug_after_the_command_name_too(tmp_path, monkeypatch):
+    """--debug worked only before the subcommand; after it, it was an unknown option."""
+    monkeypatch.delenv("CKPT_SURGEON_DEBUG", raising=False)
+    missing = tmp_path / "missing"
+    from ckpt_surgeon.errors import SourceNotFoundError
+    _one_line_exit_2(_run("inspect", missing), "no such file or folder")
+    for argv in (["--debug", "inspect", missing], ["inspect", missing, "--debug"],
+                 ["qkv", "fuse", missing, "-o", tmp_path / "o", "--debug"]):
+        res = _run(*argv)
+        assert isinstance(res.exception, SourceNotFoundError), (argv, res.output)   # raised: the traceback
+
+
+def test_convert_names_a_hub_id_and_says_how(tmp_path):
+    _one_line_exit_2(_run("convert", "someone/some-model", "-o", tmp_path / "x.gguf"),
+                     "error: someone/some-model: convert reads a local model, and this is a Hub repo id: download it "
+                     "first (hf download someone/some-model --local-dir DIR) and convert DIR")
+    _one_line_exit_2(_run("convert", tmp_path / "nothing", "-o", tmp_path / "x.gguf"), "no such file or folder")
+    assert not list(tmp_path.iterdir())
+
+
+def test_epsilon_is_one_option_and_format_help_says_what_rows():
+    from ckpt_surgeon.cli import cli
+    eps = [next(p for p in cli.commands[c].params if p.name == "epsilon") for c in ("analyze", "fold-bias")]
+    assert {(type(p.type), p.default, p.metavar, p.show_default) for p in eps} == {(type(eps[0].type), 0.1, "RAD", True)}
+    for c in ("lint", "diff", "verify", "inspect", "analyze"):
+        fmt = next(p for p in cli.commands[c].params if p.name == "fmt")
+        assert "per-layer rows" not in fmt.help, c

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from .paths import ReadPath, WriteInto
-from .render import check_report_path, emit, open_kwargs, output_options, source_options
+from .render import check_report_path, emit, epsilon_option, open_kwargs, output_options, source_options
 
 
 _PROFILE_HELP = """\
@@ -26,8 +26,7 @@ _PROFILE_HELP = """\
 @click.argument("source")
 @click.option("--context", "context", type=int, default=None, metavar="L",
               help="Context window L in positions for the rope analysis (default: the config's max positions).")
-@click.option("--epsilon", type=float, default=0.1, show_default=True, metavar="RAD",
-              help="A rotary pair is near-redundant when it turns less than RAD radians over L positions.")
+@epsilon_option()
 @click.option("--measure", is_flag=True,
               help="Also run the model with transformers on sample prompts and measure the real effect of "
                    "removing each part (needs torch + transformers; HF folders and GGUF files; quantized HF "

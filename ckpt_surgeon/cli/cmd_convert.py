@@ -14,7 +14,7 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 
 
 @click.command("convert")
-@click.argument("source", type=click.Path(exists=True))
+@click.argument("source", type=ReadPath())
 @click.option("--output", "-o", "--out", "out", required=True, type=WritePath(),
               help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
                    "GGUF quantization, with a quantized --dtype; --out is accepted too, as for fold-bias and qkv).")
@@ -65,6 +65,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
     builds from the config: a missing or unexpected tensor is an error, and nothing is written.
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
+    SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
 
     \b
     Examples:

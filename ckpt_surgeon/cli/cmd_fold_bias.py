@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from .paths import WritePath
-from .render import FORMATS, check_report_path, emit, open_kwargs, source_options
+from .render import FORMATS, check_report_path, emit, epsilon_option, open_kwargs, source_options
 
 
 def surgery_output_options(fn):
@@ -53,8 +53,7 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
               help="With --approximate: budget per layer and kv head, in attention-logit units (after the 1/sqrt(d) scale).")
 @click.option("--context", type=int, default=None, metavar="L",
               help="With --approximate: context window the bound assumes (default: the config's max positions).")
-@click.option("--epsilon", type=float, default=None,
-              help="With --approximate: a pair is near-redundant when it turns less than this many radians over the context (default 0.1).")
+@epsilon_option("With --approximate: ")
 @click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
               help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
 @click.option("--center", is_flag=True, help="Subtract the mean component from every residual-writing bias "

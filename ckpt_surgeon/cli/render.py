@@ -31,8 +31,16 @@ def output_options(fn):
                            "refused unless --force.  (-o/--output names what a command writes: this report "
                            "here; the model for convert, fold-bias and qkv.)")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-                      help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
+                      help="Report format: a human table, JSON (the stable contract), or CSV / Markdown of the table's "
+                           "rows (per layer, per finding, per tensor: what the command reports).")(fn)
     return fn
+
+
+def epsilon_option(when: str = ""):
+    """``--epsilon RAD``, one type, default and spelling in analyze and fold-bias (issue 36)."""
+    return click.option("--epsilon", type=float, default=0.1, show_default=True, metavar="RAD",
+                        help=f"{when}A rotary pair is near-redundant when it turns less than RAD radians over the "
+                             "context (L positions).")
 
 
 def progress_option(fn):
