@@ -185,6 +185,7 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None, forc
         text = to_markdown(rows, summary)
     else:
         notes = list(getattr(report, "notes", ())) + [f"warning: {w}" for w in getattr(report, "warnings", ())]
+        rows = report.table_rows() if hasattr(report, "table_rows") else rows
         text = to_table(rows, summary, notes, title=title, width=None if output else table_width())
     if output:
         write_atomic(output, text, force=force)
