@@ -83,9 +83,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
     t0 = time.perf_counter()
+    check_tokenizer_source(tokenizer)          # before torch is even imported
     dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
     _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
-    check_tokenizer_source(tokenizer)
     overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
     thresholds_for(thresholds or "float32", **overrides)
