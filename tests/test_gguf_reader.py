@@ -826,7 +826,9 @@ def test_every_command_refuses_a_truncated_gguf_alike(base, tmp_path):
         argv = [*prefix, *args]
         for q in cmd.params:
             if isinstance(q, click.Option) and q.required and role(q) in ("output", "into"):
-                argv += [max(q.opts, key=len), str(tmp_path / f"out-{'-'.join(prefix)}")]
+                # a GGUF source: convert writes a folder, the surgeries a GGUF
+                ext = "" if prefix == ("convert",) else ".gguf"
+                argv += [max(q.opts, key=len), str(tmp_path / f"out-{'-'.join(prefix)}{ext}")]
         if prefix == ("fold-bias",):
             argv.append("--center")            # an operation to plan (the file is refused before it)
         res = CliRunner().invoke(cli, argv)
