@@ -22,7 +22,7 @@ import numpy as np
 
 from .arch.gguf_config import config_from_gguf
 from .arch.resolve import resolve
-from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError
+from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError, TruncatedError
 from .formats import gguf as gg
 from .formats import safetensors as st
 from .formats.hub import open_hub
@@ -92,6 +92,19 @@ class Checkpoint:
     def missing_bytes(self) -> int:
         """Truncated file: bytes the header promises that are absent."""
         return self.reader.missing_bytes
+
+    def refuse_truncated(self, hint: str | None = None) -> None:
+        """TruncatedError when tensor data lies past the end of the file (a GGUF cut short): the one
+        line every command that needs the data gives, before any work (issue 36: analyze used to
+        report a truncated file with exit 0).  Only ``inspect`` shows such a file's structure."""
+        names = [n for n, t in self.tensors.items() if t.missing]
+        if not names and not self.missing_bytes:
+            return
+        raise TruncatedError(
+            f"file is truncated: {self.missing_bytes:,} bytes missing; {len(names)} tensor(s) lie past the end of "
+            f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
+            path=(self.tensors[names[0]].file if names else None) or self.source, missing_bytes=self.missing_bytes,
+            tensors=tuple(names), hint=hint)
 
     @property
     def bytes_read(self) -> int:

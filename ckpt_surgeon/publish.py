@@ -33,7 +33,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .errors import OutputExistsError
+from .errors import OutputExistsError, RefusedError, WriteError
 
 TAG = "ckpt-surgeon"
 GRACE_SECONDS = 60.0
@@ -214,3 +214,103 @@ def write_file_atomic(dest: str | os.PathLike, data: bytes, *, replace: bool = T
         with open(s.path, "wb") as f:
             f.write(data)
         s.publish(replace=replace)
+
+
+# ------------------------------------------------------------------ outputs never touch inputs
+# Every output path of every command (reports, checkpoints, GGUFs, saved references, plot folders)
+# is checked here against every input before any work (issue 36: ``inspect M -o
+# M/model.safetensors --force`` destroyed the weights it had just read).
+
+# Files a reader takes from beside a single weight file (a .safetensors file opened alone reads
+# its folder's config.json; verify and convert read the tokenizer and generation config there).
+BESIDE_WEIGHTS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "spiece.model",
+                  "sentencepiece.bpe.model", "vocab.txt", "vocab.json", "merges.txt", "chat_template.jinja",
+                  "chat_template.json", "preprocessor_config.json", "processor_config.json",
+                  "model.safetensors.index.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-\d{5}-of-\d{5}\.gguf$")
+_WALK_LIMIT = 10_000        # entries of one input folder resolved one by one (symlinked HF cache blobs)
+
+
+def input_footprint(source: str | os.PathLike) -> tuple[set[str], set[str]]:
+    """(folders, files): the real paths (symlinks resolved) that reading ``source`` may touch.
+    A folder counts whole, and every symlink inside it counts where it points; a file counts with
+    its companions (the other parts of a split GGUF; a weight file's config and tokenizer beside
+    it).  A source that is not a local path (a Hub id) touches nothing here."""
+    src = os.fspath(source)
+    if not src or not os.path.exists(src):
+        return set(), set()
+    real = os.path.realpath(src)
+    if os.path.isdir(real):
+        folders, files, seen = {real}, set(), 0
+        for root, dirs, names in os.walk(src):
+            for n in dirs + names:
+                seen += 1
+                p = os.path.join(root, n)
+                if os.path.islink(p):
+                    (folders if os.path.isdir(p) else files).add(os.path.realpath(p))
+            if seen > _WALK_LIMIT:
+                break
+        return folders, files
+    files = {real}
+    folder, name = os.path.split(src)
+    folder = folder or "."
+    m = _SPLIT_GGUF.match(name)
+    try:
+        beside = os.listdir(folder) if m or name.endswith(_WEIGHT_SUFFIXES) else []
+    except OSError:
+        beside = []
+    for n in beside:
+        part = _SPLIT_GGUF.match(n)
+        if (m and part and part["prefix"] == m["prefix"]) or (not m and n in BESIDE_WEIGHTS):
+            files.add(os.path.realpath(os.path.join(folder, n)))
+    return set(), files
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def refuse_onto_inputs(out: str | os.PathLike, sources, *, into: bool = False) -> None:
+    """RefusedError when writing ``out`` could change an input, whatever ``--force`` says: ``out``
+    is an input file, lies inside an input folder, or (``into=False``: ``out`` is replaced whole) is
+    a folder holding an input.  ``into=True``: ``out`` is a folder files are written into."""
+    real = os.path.realpath(out)
+    folders, files = set(), set()
+    for s in sources:
+        if s is not None:
+            fo, fi = input_footprint(s)
+            folders |= fo
+            files |= fi
+    what = None
+    if real in files or real in folders:
+        what = "overwrite the input"
+    elif any(_inside(real, f) for f in folders):
+        f = min(f for f in folders if _inside(real, f))
+        what = (f"overwrite a file of the input folder {f}" if os.path.lexists(real) else
+                f"be written inside the input folder {f}")
+    elif not into and any(_inside(f, real) for f in files | folders):
+        what = f"replace a folder holding the input {min(f for f in files | folders if _inside(f, real))}"
+    if what is not None:
+        raise RefusedError(f"the output would {what}", path=os.fspath(out),
+                           hint="choose a path outside every input: inputs are never modified, even with --force")
+
+
+def check_writable(out: str | os.PathLike, *, into: bool = False) -> None:
+    """WriteError, before any work, when ``out`` cannot be created: the folder it goes into (for
+    ``into``, the nearest existing folder of ``out`` itself) is missing or refuses a new file.  A
+    probe file is created and removed there (``os.access`` says yes to root on a read-only folder)."""
+    folder = Path(os.path.abspath(out))
+    folder = folder if into else folder.parent
+    while into and not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise WriteError("the folder to write into does not exist (or is not a folder)", path=folder)
+    probe = folder / f".{Path(out).name or 'out'}.{TAG}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        raise WriteError(f"cannot write the output: {e.strerror or e}", path=folder,
+                         hint=f"check write permission on {folder}; nothing was written") from None
+    os.unlink(probe)

@@ -216,3 +216,77 @@ def test_convert_summary_is_on_stdout(tiny, tmp_path):
                         str(tmp_path / "g.gguf")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "ckpt-surgeon convert" and "hf->gguf" in r.stdout and r.stderr == ""
+
+
+# --- issue 36, item 17: options that disagreed ----------------------------------------------------
+
+def test_debug_after_the_command_name_too(tmp_path, monkeypatch):
+    """--debug worked only before the subcommand; after it, it was an unknown option."""
+    monkeypatch.delenv("CKPT_SURGEON_DEBUG", raising=False)
+    missing = tmp_path / "missing"
+    from ckpt_surgeon.errors import SourceNotFoundError
+    _one_line_exit_2(_run("inspect", missing), "no such file or folder")
+    for argv in (["--debug", "inspect", missing], ["inspect", missing, "--debug"],
+                 ["qkv", "fuse", missing, "-o", tmp_path / "o", "--debug"]):
+        res = _run(*argv)
+        assert isinstance(res.exception, SourceNotFoundError), (argv, res.output)   # raised: the traceback
+
+
+def test_convert_names_a_hub_id_and_says_how(tmp_path):
+    _one_line_exit_2(_run("convert", "someone/some-model", "-o", tmp_path / "x.gguf"),
+                     "error: someone/some-model: convert reads a local model, and this is a Hub repo id: download it "
+                     "first (hf download someone/some-model --local-dir DIR) and convert DIR")
+    _one_line_exit_2(_run("convert", tmp_path / "nothing", "-o", tmp_path / "x.gguf"), "no such file or folder")
+    assert not list(tmp_path.iterdir())
+
+
+def test_epsilon_is_one_option_and_format_help_says_what_rows():
+    from ckpt_surgeon.cli import cli
+    eps = [next(p for p in cli.commands[c].params if p.name == "epsilon") for c in ("analyze", "fold-bias")]
+    assert {(type(p.type), p.default, p.metavar, p.show_default) for p in eps} == {(type(eps[0].type), 0.1, "RAD", True)}
+    for c in ("lint", "diff", "verify", "inspect", "analyze"):
+        fmt = next(p for p in cli.commands[c].params if p.name == "fmt")
+        assert "per-layer rows" not in fmt.help, c
+
+
+# --- issue 36, items 15 / 16: misleading or overlong output -------------------------------------
+
+def test_no_python_none_and_one_post_norm_note(minilm_dir, tiny, tmp_path):
+    """Python's None reached tables ("norm placement / input norm  post / None"); MiniLM's post-norm
+    note was printed twice (the registry's line and analyze's own)."""
+    bare = tmp_path / "bare.safetensors"                     # no config.json beside it: settings unknown
+    shutil.copy(tiny("qwen2") / "model.safetensors", bare)
+    for argv in (["inspect", minilm_dir], ["analyze", minilm_dir], ["lint", minilm_dir], ["inspect", bare],
+                 ["analyze", bare], ["fold-bias", minilm_dir, "--v", "--k", "--dry-run", "-o", tmp_path / "o"]):
+        res = _run(*argv)
+        assert res.exit_code in (0, 1), (argv, res.output)
+        assert not re.search(r"\bNone\b", res.stdout), (argv, res.stdout)
+    out = _run("analyze", minilm_dir).stdout
+    assert "post / none" in out and sum(line.startswith("note: post-norm") for line in out.splitlines()) == 1
+
+
+def test_fold_bias_shows_only_the_columns_of_what_it_did(minilm_dir, tmp_path):
+    """`fold-bias --v` alone printed k_class none, k_total 0, k_norm 0.0 beside a real key bias."""
+    res = _run("fold-bias", minilm_dir, "--v", "--dry-run", "-o", tmp_path / "o")
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.stdout.splitlines() if "layer" in line and "v_folded" in line)
+    assert "k_class" not in header and "k_norm" not in header and "centered" not in header
+    both = _run("fold-bias", minilm_dir, "--v", "--k", "--dry-run", "-o", tmp_path / "o").stdout
+    assert "k_class" in both and "exact" in both                          # MiniLM's key bias: exactly redundant
+
+
+def test_diff_names_the_quantized_types():
+    """Two quantized folders: "F32 -> F32" was listed as dtype_changed (the dequantized view)."""
+    q = REPO / "fixtures" / "quant"
+    res = _run("diff", q / "mlx_4bit", q / "mlx_8bit", "--format", "json")
+    rows = [t for t in json.loads(res.stdout)["tensors"] if t["status"] == "dtype_changed"]
+    assert rows and all(t["dtype_a"] != t["dtype_b"] for t in rows)
+    assert {(t["dtype_a"], t["dtype_b"]) for t in rows} == {("mlx 4-bit g64", "mlx 8-bit g64")}
+
+
+def test_inspect_folds_layers_that_agree(smollm_gguf):
+    """SmolLM2 (30 layers, no biases) gave 30 rows of "-": one row "0–29" in the table; CSV keeps 30."""
+    table = _run("inspect", smollm_gguf).stdout
+    assert re.search(r"│\s+0–29\s+│", table) and not re.search(r"│\s+17\s+│", table)
+    csv_rows = _run("inspect", smollm_gguf, "--format", "csv").stdout.strip().splitlines()
+    assert len(csv_rows) == 31

@@ -1382,3 +1382,20 @@ def test_bloom_with_num_key_value_heads_converts_and_any_escape_is_one_line(fami
     assert res.exit_code == 2 and res.stderr == (
         "error: internal error (ValueError: per-head interleaved [h, 3, d] needs n_kv_heads == n_heads); this is a "
         "bug in ckpt-surgeon: rerun with --debug for the traceback and report it\n")
+
+
+def test_gguf_floats_become_their_shortest_decimal_in_config(tiny, tmp_path):
+    """Issue 36: a converted config.json held rms_norm_eps 9.999999747378752e-06, the float64
+    widening of GGUF's float32 1e-05.  It now holds the shortest decimal giving the same float32,
+    and converting back writes the same bits."""
+    from ckpt_surgeon.formats.gguf import GGUFFile
+    from gguf_util import write_gguf
+    g = write_gguf(tiny("qwen2"), tmp_path / "q.gguf")
+    out = gguf_to_hf(g, tmp_path / "hf")
+    text = (out / "config.json").read_text()
+    assert '"rms_norm_eps": 1e-06' in text, text
+    assert not re.search(r"\d{12,}e-", text), text        # no float32 artifact anywhere in the config
+    back = hf_to_gguf(out, tmp_path / "back.gguf", dtype="f32")
+    key = "qwen2.attention.layer_norm_rms_epsilon"
+    a, b = GGUFFile(str(g)), GGUFFile(str(back))
+    assert np.float32(a.metadata[key]).tobytes() == np.float32(b.metadata[key]).tobytes()

@@ -794,3 +794,48 @@ def test_data_out_of_tensor_info_order_warned_linted_refused_by_ggml_never_writt
         assert not ck.warnings
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "folded.gguf")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-800:]
+
+
+def _every_command():
+    """(argv prefix, command) of every runnable command, found in the click tree (new ones included)."""
+    import click
+    todo = [((), cli)]
+    while todo:
+        prefix, group = todo.pop()
+        for name, cmd in sorted(group.commands.items()):
+            if isinstance(cmd, click.Group):
+                todo.append((prefix + (name,), cmd))
+            else:
+                yield prefix + (name,), cmd
+
+
+def test_every_command_refuses_a_truncated_gguf_alike(base, tmp_path):
+    """Issue 36: analyze reported a truncated GGUF with exit 0 (layer 1 all '-') while inspect,
+    convert and lint exited 2.  Every command that reads a SOURCE now exits 2 with one line on
+    stderr naming the file and the cut (inspect still prints the structure on stdout first)."""
+    import click
+    from ckpt_surgeon.cli.paths import role
+    _, blob, off = base
+    s, _ = off["tensor_data"]["blk.1.attn_q.bias"]
+    p = _write(tmp_path, blob[:s + 10])
+    ran = []
+    for prefix, cmd in _every_command():
+        args = [p for q in cmd.params if isinstance(q, click.Argument)]
+        if not args:
+            continue
+        argv = [*prefix, *args]
+        for q in cmd.params:
+            if isinstance(q, click.Option) and q.required and role(q) in ("output", "into"):
+                # a GGUF source: convert writes a folder, the surgeries a GGUF
+                ext = "" if prefix == ("convert",) else ".gguf"
+                argv += [max(q.opts, key=len), str(tmp_path / f"out-{'-'.join(prefix)}{ext}")]
+        if prefix == ("fold-bias",):
+            argv.append("--center")            # an operation to plan (the file is refused before it)
+        res = CliRunner().invoke(cli, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {p}: file is truncated: "), (argv, res.stderr)
+        assert "tensor(s) lie past the end of the file (blk.1.attn_q" in lines[0], (argv, lines[0])
+        ran.append(" ".join(prefix))
+    assert {"inspect", "analyze", "lint", "convert", "verify", "diff", "fold-bias", "qkv split", "qkv fuse"} <= set(ran)
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith("out")]      # nothing written

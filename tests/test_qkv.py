@@ -191,3 +191,19 @@ def test_gguf_fuse_split_round_trip(tiny, tmp_path):
     assert set(a.tensors) == set(b.tensors)
     for n, info in a.tensors.items():
         assert (b.tensors[n].dtype, b.tensors[n].shape) == (info.dtype, info.shape) and b.read_raw(n) == a.read_raw(n), n
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
+def test_gguf_source_to_a_folder_says_how(tiny, tmp_path, qtype):
+    """Issue 36, item 12: `qkv fuse model.gguf -o folder` said "unknown safetensors dtype 'Q8_0'"
+    (and an F32 GGUF silently gave a safetensors folder of GGUF names no loader reads).  A GGUF
+    source writes a GGUF: one line saying so and how to get an HF folder, nothing written."""
+    from tests.cli_util import _one_line_exit_2
+    from tests.gguf_util import write_gguf
+    src = write_gguf(tiny("qwen2"), tmp_path / "q.gguf", qtype=qtype)
+    for argv in (["qkv", "fuse", src, "-o", tmp_path / "folder"], ["qkv", "fuse", src, "-o", tmp_path / "f.safetensors"],
+                 ["fold-bias", src, "--k", "--approximate", "--max-logit-change", "1e9", "-o", tmp_path / "folder"]):
+        res = CliRunner().invoke(cli, list(map(str, argv)))
+        _one_line_exit_2(res, f"error: {src}: is a GGUF file, so the output is a GGUF file too: give -o a path "
+                              "ending in .gguf", f"ckpt-surgeon convert {src} -o FOLDER")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.gguf"]

@@ -216,3 +216,24 @@ def test_verify_compares_two_revisions_of_one_hub_repo(hub_env, tiny, tmp_path):
     local_rev = _run("verify", src, src, "--candidate-revision", "bumped")
     assert local_rev.exit_code == 2
     assert local_rev.stderr == f"error: {src}: a revision ('bumped') applies to Hub repo ids only; this is a local path\n"
+
+
+def test_a_gguf_or_weights_file_as_tokenizer_is_refused_up_front(bare, tiny, tmp_path):
+    """Issue 36, item 11: `verify A B --tokenizer model.gguf` loaded both models (25 s), then said
+    "internal error (Exception: stream did not contain valid UTF-8)".  Now one line before any
+    model loads (the candidate here does not even exist: a run that loaded first would say so),
+    naming the file and how to get a tokenizer.json out of a GGUF."""
+    from gguf_util import write_gguf
+    ref, _, _ = bare
+    g = write_gguf(tiny("qwen2"), tmp_path / "m.gguf")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text " * 50)
+    for extra in ([], ["--corpus", corpus]):
+        res = _run("verify", ref, tmp_path / "missing", "--tokenizer", g, *extra)
+        assert res.exit_code == 2 and res.stdout == "", res.output
+        assert res.stderr == (f"error: {g}: --tokenizer is a GGUF file, not a tokenizer (a folder, a tokenizer.json "
+                              f"file or a Hub id) (its vocabulary becomes tokenizer.json with ckpt-surgeon convert {g} "
+                              "-o DIR; then pass --tokenizer DIR)\n")
+    res = _run("verify", ref, tmp_path / "missing", "--tokenizer", tiny("qwen2") / "model.safetensors")
+    assert res.exit_code == 2 and "--tokenizer is a safetensors file, not a tokenizer" in res.stderr
+    assert res.stderr.count("\n") == 1

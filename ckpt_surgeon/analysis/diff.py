@@ -363,12 +363,22 @@ def _quant_kind(ck: Checkpoint, name: str, info) -> tuple | None:
     return None if t is None else (t.scheme, t.bits, t.group_size)
 
 
+def _dtype_label(ck: Checkpoint, name: str, info) -> str:
+    """The stored type as a user reads it: a quantized HF weight by its scheme (issue 36: two
+    quantized folders showed "F32 -> F32" as dtype_changed, their dequantized view)."""
+    qk = _quant_kind(ck, name, info)
+    if qk is None:
+        return info.dtype
+    scheme, bits, group = qk
+    return f"{scheme} {bits}-bit" + (f" g{group}" if group else "")
+
+
 def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: BufferPool) -> TensorDiff:
     na, ta = sa.names[name]
     nb, tb = sb.names[name]
     ia, ib = sa.ck.tensors[na], sb.ck.tensors[nb]
     base = dict(name=name, layer=_layer_of(name), name_a=na, name_b=nb, shape_a=sa.shapes[name],
-                shape_b=sb.shapes[name], dtype_a=ia.dtype, dtype_b=ib.dtype,
+                shape_b=sb.shapes[name], dtype_a=_dtype_label(sa.ck, na, ia), dtype_b=_dtype_label(sb.ck, nb, ib),
                 transform=ta if ta != "none" else tb)
     if sa.shapes[name] != sb.shapes[name]:
         return TensorDiff(status="shape_changed", **base)
@@ -531,6 +541,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     """Compare two open checkpoints (see the module docstring).  ``progress(nbytes)`` is called
     with the bytes read after each step."""
     for ck in (a, b):
+        ck.refuse_truncated()      # as every command but inspect: a verdict needs every tensor
         # config values checked and in agreement with the tensors, as in every command: "identical"
         # about a checkpoint whose config contradicts its tensors would be a wrong verdict
         ck.layout()

@@ -191,6 +191,28 @@ class InspectReport(LayoutSummary):
             out += [{"tower": t.name, **r} for r in self._rows(t.layers)]
         return out
 
+    def table_rows(self) -> list[dict]:
+        """The human table's rows: :meth:`rows` with each run of 3+ consecutive layers that agree in
+        every other column folded into one row "first–last" (issue 36: a model without biases gave
+        30 rows of "-").  CSV, Markdown and JSON keep one row per layer."""
+        out: list[dict] = []
+        for r in self.rows():
+            rest = {k: v for k, v in r.items() if k != "layer"}
+            last = out[-1] if out else None
+            if last is not None and {k: v for k, v in last.items() if k not in ("layer", "_last")} == rest and \
+                    isinstance(r["layer"], int) and last["_last"] == r["layer"] - 1:
+                last["_last"] = r["layer"]
+            else:
+                out.append({**r, "_last": r["layer"]})
+        folded = []
+        for r in out:
+            first, end = r["layer"], r.pop("_last")
+            if isinstance(first, int) and end - first >= 2:
+                folded.append({**r, "layer": f"{first}–{end}"})
+            else:
+                folded += [{**r, "layer": i} for i in range(first, end + 1)] if isinstance(first, int) else [r]
+        return folded
+
     def _rows(self, layers) -> list[dict]:
         rows = []
         for lr in layers:
@@ -232,7 +254,7 @@ class InspectReport(LayoutSummary):
             ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
              f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
-            ("norm placement", str(self.norm_placement)),
+            ("norm placement", self.norm_placement or "unknown"),
             ("q/k-norm", "yes" if self.qk_norm else "no"),
             ("fused qkv", self.fused_layout or "no"),
             ("parameters", f"{self.parameter_count:,}"),
@@ -256,8 +278,10 @@ class InspectReport(LayoutSummary):
         red = [lr.extra.get("k_bias_redundancy") for lr in self.layers if lr.extra.get("k_bias_redundancy")]
         if not red:
             return []
+        over = (f"{red[0]['context']} positions" if red[0]['context'] else
+                "the context (unknown: no max positions in the config)")
         return [("k-bias redundancy", f"k_exact / k_near: energy shares removable exactly / with pairs turning "
-                                      f"< {red[0]['epsilon']:g} rad over {red[0]['context']} positions; "
+                                      f"< {red[0]['epsilon']:g} rad over {over}; "
                                       "k_bound: max logit change (analyze computes it where W_q is needed)")]
 
 

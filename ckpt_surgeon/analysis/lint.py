@@ -721,6 +721,7 @@ def _layout(ck: Checkpoint, cfg: dict, findings: list, file: str | None) -> Mode
 
 
 def lint_checkpoint(ck: Checkpoint, *, scan: bool = False, progress=None) -> LintReport:
+    ck.refuse_truncated()       # the source cannot be read: exit 2, as every command but inspect
     cfg = dict(ck.config or {})
     gguf = ck.naming == "gguf"
     file = ck.config_path if not gguf else (ck.files[0] if ck.files else ck.source)

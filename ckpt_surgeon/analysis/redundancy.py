@@ -838,7 +838,7 @@ class AnalysisReport(LayoutSummary):
             ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
              f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
             ("position encoding", pos),
-            ("norm placement / input norm", f"{self.norm_placement} / {self.input_norm}"),
+            ("norm placement / input norm", f"{self.norm_placement or 'unknown'} / {self.input_norm or ('none' if self.norm_placement == 'post' else 'unknown')}"),
             ("attention scale", f"{self.attn_scale:.6g}" if self.attn_scale is not None and math.isfinite(self.attn_scale) else "-"),
             ("context L", f"{self.context} ({self.context_source})" if self.context else f"unknown ({self.context_source})"),
             ("epsilon (rad)", f"{self.epsilon:g}: near-redundant pairs turn less than this over L"),
@@ -924,6 +924,7 @@ def analyze_checkpoint(ck, *, context: int | None = None, epsilon: float = DEFAU
         warnings.insert(0, ck.missing_config_warning())
         notes = [n for n in notes if "is not in the registry" not in n]
     if layout.norm_placement == "post":
+        notes = [n for n in notes if not n.startswith("post-norm:")]   # the registry's shorter line says the same
         notes.append("post-norm: the claim that LayerNorm's beta makes the q/k/v biases redundant is not an identity "
                      "(beta passes through W_q / W_k and differs from b_q / b_k); this report does not treat it as one")
     if rope and rope.note:
@@ -995,6 +996,8 @@ def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON
     mode too: :func:`ckpt_surgeon.analysis.api.analyze` (``ckpt_surgeon.analyze``)."""
     from ..checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
+        source.refuse_truncated()
         return analyze_checkpoint(source, context=context, epsilon=epsilon)
     with open_checkpoint(source, **open_kwargs) as ck:
+        ck.refuse_truncated()        # as every command but inspect (which shows the structure)
         return analyze_checkpoint(ck, context=context, epsilon=epsilon)

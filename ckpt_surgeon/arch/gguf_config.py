@@ -15,6 +15,10 @@ class, LayerNorm epsilon key, bias switch) are fields of the registry's
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ..errors import ConfigError
 from . import families as F
 from .checked import GGUF_BOUNDS, TOKEN_ID, Bounds, describe, gguf_hparam, gguf_value
@@ -120,11 +124,11 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     for suffix, key in FLOAT_KEYS:
         v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:
-            cfg[key] = float(v)
+            cfg[key] = f32_decimal(v)
     for suffix, key in EPS_KEYS:
         v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:
-            cfg[EPS_KEY_BY_ARCH.get(arch, key) if key == "layer_norm_eps" else key] = float(v)
+            cfg[EPS_KEY_BY_ARCH.get(arch, key) if key == "layer_norm_eps" else key] = f32_decimal(v)
 
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     key_len = gguf_hparam(metadata, arch, "attention.key_length", path=path)
@@ -141,6 +145,16 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     return cfg
 
 
+def f32_decimal(v) -> float:
+    """A GGUF FLOAT32 value as the shortest decimal that reads back as the same float32: 1e-05, not
+    its exact float64 widening 9.999999747378752e-06 (issue 36: a converted config.json held the
+    latter).  Writing it to a GGUF again gives the same bits; a value no float32 holds is kept."""
+    f = float(v)
+    if not math.isfinite(f) or float(np.float32(f)) != f:
+        return f
+    return float(np.format_float_positional(np.float32(f), unique=True, trim="0"))
+
+
 def _rope_keys(cfg: dict, metadata: dict, arch: str | None, head_dim, path: str | None) -> None:
     """rope_theta, partial_rotary_factor, rope_scaling and rope_parameters into ``cfg``."""
     theta = gguf_hparam(metadata, arch, "rope.freq_base", path=path)
@@ -155,14 +169,14 @@ def _rope_keys(cfg: dict, metadata: dict, arch: str | None, head_dim, path: str 
         if stype is not None and stype != "none":
             rp["rope_type"] = ROPE_SCALING_TYPES.get(stype, stype)
             if factor is not None:
-                rp["factor"] = float(factor)
+                rp["factor"] = f32_decimal(factor)
             orig = gguf_hparam(metadata, arch, "rope.scaling.original_context_length", path=path)
             if orig is not None:
                 rp["original_max_position_embeddings"] = int(orig)
             for suffix, key in YARN_KEYS:
                 v = gguf_hparam(metadata, arch, suffix, path=path)
                 if v is not None:
-                    rp[key] = float(v)
+                    rp[key] = f32_decimal(v)
             cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
         cfg["rope_parameters"] = rp
 

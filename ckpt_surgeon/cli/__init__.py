@@ -15,6 +15,7 @@ import pkgutil
 import click
 
 from ..errors import CkptError
+from .paths import guard_command
 
 
 def debug_enabled(ctx: click.Context | None = None) -> bool:
@@ -68,18 +69,37 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
     SOURCE arguments accept a Hugging Face folder (config.json + safetensors
     shards), a single .safetensors file, a .gguf file (any part of a split
-    GGUF opens all its parts), or a Hub repo id (owner/name).  Exit codes: 0
-    success, 1 verification mismatch, 2 bad input.
+    GGUF opens all its parts), or a Hub repo id (owner/name; not for convert,
+    which reads a local copy).  Exit codes: 0 success, 1 verification
+    mismatch, 2 bad input.  --debug may also follow the command's name.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+
+
+def _set_debug(ctx: click.Context, _param, value: bool) -> None:
+    if value:
+        root = ctx.find_root()
+        root.ensure_object(dict)
+        root.obj["debug"] = True
+
+
+def _accept_debug(cmd: click.Command) -> click.Command:
+    """``--debug`` after the command's name too (``ckpt-surgeon inspect M --debug``), as before it."""
+    if not any(p.name == "debug" for p in cmd.params):
+        cmd.params.append(click.Option(["--debug"], is_flag=True, expose_value=False, is_eager=True,
+                                       callback=_set_debug, help="Show full tracebacks on errors (as ckpt-surgeon "
+                                                                 "--debug COMMAND)."))
+    for sub in getattr(cmd, "commands", {}).values():
+        _accept_debug(sub)
+    return cmd
 
 
 def _register() -> None:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name.startswith("cmd_"):
             module = importlib.import_module(f"{__name__}.{mod.name}")
-            cli.add_command(module.command)
+            cli.add_command(_accept_debug(guard_command(module.command)))
 
 
 _register()

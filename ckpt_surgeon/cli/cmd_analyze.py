@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from .render import check_report_path, emit, open_kwargs, output_options, source_options
+from .paths import ReadPath, WriteInto
+from .render import check_report_path, emit, epsilon_option, open_kwargs, output_options, source_options
 
 
 _PROFILE_HELP = """\
@@ -25,14 +26,13 @@ _PROFILE_HELP = """\
 @click.argument("source")
 @click.option("--context", "context", type=int, default=None, metavar="L",
               help="Context window L in positions for the rope analysis (default: the config's max positions).")
-@click.option("--epsilon", type=float, default=0.1, show_default=True, metavar="RAD",
-              help="A rotary pair is near-redundant when it turns less than RAD radians over L positions.")
+@epsilon_option()
 @click.option("--measure", is_flag=True,
               help="Also run the model with transformers on sample prompts and measure the real effect of "
                    "removing each part (needs torch + transformers; HF folders and GGUF files; quantized HF "
                    "checkpoints run as the unquantized model from their weights dequantized by ckpt-surgeon, "
                    "activations not quantized, and the report says so).")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--prompts", "prompts_file", type=ReadPath(dir_okay=False), default=None,
               help="With --measure: prompts to use instead of the built-in set (JSON list of strings, "
                    "or one prompt per line).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -61,7 +61,7 @@ _PROFILE_HELP = """\
 @click.option("--skip-first", "skip_first", type=int, default=4, show_default=True, metavar="K",
               help="With --distance-profile --measure: leave out the first K tokens of each prompt (attention "
                    "sinks / BOS).")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+@click.option("--plot", "plot_dir", type=WriteInto(), default=None, metavar="DIR",
               help="With --distance-profile: write PNGs into DIR (needs matplotlib: the plot extra).")
 @click.option("--kv-cache", "kv_cache", default=None, metavar="TYPES",
               help="Predict what a quantized KV cache does, per layer (per kv head with --per-head), from the "

@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from .paths import ReadPath, WritePath
 from .render import progress_option
 
 from ..arch.quant_mix import QUANT_FTYPES
@@ -13,8 +14,8 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 
 
 @click.command("convert")
-@click.argument("source", type=click.Path(exists=True))
-@click.option("--output", "-o", "--out", "out", required=True, type=click.Path(),
+@click.argument("source", type=ReadPath())
+@click.option("--output", "-o", "--out", "out", required=True, type=WritePath(),
               help="Where to write: a folder for GGUF -> HF, a file ending in .gguf for HF -> GGUF (and for GGUF -> "
                    "GGUF quantization, with a quantized --dtype); a folder for a quantized HF source (GPTQ, AWQ, "
                    "FP8, bitsandbytes, MLX ...): its dense HF folder.  --out is accepted too, as for fold-bias and qkv.")
@@ -27,7 +28,7 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
                    "llama-cpp-python: pip install 'ckpt-surgeon[llama]'), bytes identical to llama-quantize's, in "
                    "one streaming pass.  GGUF -> GGUF (a .gguf OUT): quantize that file the same way.  "
                    "The short and long spellings are interchangeable (bf16 = bfloat16).")
-@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--imatrix", type=ReadPath(exists=True, dir_okay=False), default=None,
               help="Importance matrix for a quantized --dtype: llama-imatrix's output (GGUF, or its legacy .dat), "
                    "applied as llama-quantize applies it.  Entries for tensors the model lacks, or of the wrong "
                    "size, are refused (made for another model).")
@@ -72,6 +73,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
     it as the plain model, without the quantizer's package.
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
+    SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
 
     \b
     Examples:

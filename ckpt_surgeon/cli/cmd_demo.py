@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import click
 
+from .paths import WriteInto
+
 
 @click.command("demo")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+@click.option("--workdir", type=WriteInto(), default=None,
               help="Folder for the demo model and outputs (default: a new folder under ~/.cache/ckpt-surgeon).")
 def command(workdir):
     """Run the main job end to end on a small built-in Qwen2-architecture model.

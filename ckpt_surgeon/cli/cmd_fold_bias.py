@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import click
 
-from .render import FORMATS, check_report_path, emit, open_kwargs, source_options
+from .paths import WritePath
+from .render import FORMATS, check_report_path, emit, epsilon_option, open_kwargs, source_options
 
 
 def surgery_output_options(fn):
     """Options shared by the surgery commands (-o is the checkpoint written, not the report)."""
-    fn = click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+    fn = click.option("--report", "report_path", type=WritePath(dir_okay=False), default=None,
                       help="Also write the report (in --format) to FILE, atomically; an existing FILE is "
                            "refused unless --force.")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
@@ -19,7 +20,7 @@ def surgery_output_options(fn):
                            "per tensor (sampled), or full up to 1 GiB of output (auto).")(fn)
     fn = click.option("--force", is_flag=True, help="Replace OUT (and the --report FILE) if it exists (never the "
                                                     "source).")(fn)
-    fn = click.option("-o", "--output", "--out", "out", required=True, type=click.Path(),
+    fn = click.option("-o", "--output", "--out", "out", required=True, type=WritePath(),
                       help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF "
                            "sources.  -o/--output is what every command writes (--out: the older spelling, kept).")(fn)
     return fn
@@ -52,8 +53,7 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
               help="With --approximate: budget per layer and kv head, in attention-logit units (after the 1/sqrt(d) scale).")
 @click.option("--context", type=int, default=None, metavar="L",
               help="With --approximate: context window the bound assumes (default: the config's max positions).")
-@click.option("--epsilon", type=float, default=None,
-              help="With --approximate: a pair is near-redundant when it turns less than this many radians over the context (default 0.1).")
+@epsilon_option("With --approximate: ")
 @click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
               help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
 @click.option("--center", is_flag=True, help="Subtract the mean component from every residual-writing bias "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import CkptError
+from .paths import ReadPath, ReadPathOrId, ScratchDir, WritePath
 from .render import check_report_path, emit, output_options, progress_option
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -38,13 +39,13 @@ def _max_memory(specs) -> dict | None:
 @click.command("verify")
 @click.argument("reference")
 @click.argument("candidate", required=False)
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--prompts", "prompts_file", type=ReadPath(dir_okay=False), default=None,
               help="Prompts to run: a JSON list of strings, or one prompt per line. Default: a built-in set of 8 "
                    "(English, code, digits, Chinese, a chat turn, emoji, a repetition).")
-@click.option("--token-ids", "token_ids_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--token-ids", "token_ids_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Feed these token ids instead of prompts: a JSON list of ids (one prompt) or a list of such "
                    "lists. Needs no tokenizer at all (models that have none, weights-only checkpoints).")
-@click.option("--tokenizer", "tokenizer", default=None, metavar="PATH_OR_ID",
+@click.option("--tokenizer", "tokenizer", type=ReadPathOrId(), default=None, metavar="PATH_OR_ID",
               help="Tokenize the prompts with this tokenizer instead of the REFERENCE's files: a folder, a "
                    "tokenizer.json file or a Hub id (anything AutoTokenizer takes). For weights-only checkpoints.")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
@@ -87,7 +88,7 @@ def _max_memory(specs) -> dict | None:
 @click.option("--require-greedy/--no-require-greedy", default=None,
               help="Fail when greedy continuations differ. Default: required for float32, reported only for "
                    "float16/bfloat16 (a near-tie flips them legitimately).")
-@click.option("--tmp-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--tmp-dir", type=ScratchDir(), default=None,
               help="Directory for temporary files: GGUF inputs converted to HF folders and quantized HF checkpoints "
                    "dequantized into dense ones (float32: ~4 bytes per parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
                    "dir ($TMPDIR). Removed at the end.")
@@ -104,10 +105,10 @@ def _max_memory(specs) -> dict | None:
 @click.option("--localize-threshold", type=float, default=None,
               help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
-@click.option("--corpus", "corpus", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: score CANDIDATE against REFERENCE over this UTF-8 text, tokenized with the "
                    "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top.")
-@click.option("--corpus-ids", "corpus_ids", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--corpus-ids", "corpus_ids", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode over token ids instead of text (a JSON list of ids).")
 @click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True,
               help="Fidelity mode: tokens per chunk; the corpus is cut into len // ctx chunks (at least 2 × ctx tokens "
@@ -115,14 +116,14 @@ def _max_memory(specs) -> dict | None:
 @click.option("--score", type=click.Choice(["half", "all"]), default="half", show_default=True,
               help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2 (each predicting the "
                    "next token), all = 0 … ctx−2.")
-@click.option("--save-reference", "save_reference", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--save-reference", "save_reference", type=WritePath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: also save the reference run to FILE (atomically; replaced only with --force) so that "
                    "later runs skip it with --reference FILE.")
 @click.option("--reference-format", type=click.Choice(["ckpt-surgeon", "llama.cpp"]), default="ckpt-surgeon",
               show_default=True,
               help="Format --save-reference writes: ckpt-surgeon (safetensors with the raw float32 logits: statistics "
                    "identical to a live run) or llama.cpp (its --kl-divergence-base uint16 file, ~1e-4 nats floor).")
-@click.option("--reference", "reference_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+@click.option("--reference", "reference_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: a saved reference (ours, or llama-perplexity's --kl-divergence-base file) replaces "
                    "the reference run. Then REFERENCE may be left out (verify --reference FILE CANDIDATE ...).")
 @click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,

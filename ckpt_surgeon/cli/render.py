@@ -16,6 +16,8 @@ import sys
 
 import click
 
+from .paths import WritePath
+
 FORMATS = ("table", "json", "csv", "markdown")
 
 
@@ -24,13 +26,21 @@ def output_options(fn):
     fn = click.option("--force", is_flag=True,
                       help="Replace --output FILE if it exists (atomically). Without it an existing file is an "
                            "error, checked before any work, as for surgery outputs.")(fn)
-    fn = click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+    fn = click.option("--output", "-o", "output", type=WritePath(dir_okay=False), default=None,
                       help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
                            "refused unless --force.  (-o/--output names what a command writes: this report "
                            "here; the model for convert, fold-bias and qkv.)")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-                      help="Report format: a human table, JSON (the stable contract), CSV or Markdown of the per-layer rows.")(fn)
+                      help="Report format: a human table, JSON (the stable contract), or CSV / Markdown of the table's "
+                           "rows (per layer, per finding, per tensor: what the command reports).")(fn)
     return fn
+
+
+def epsilon_option(when: str = ""):
+    """``--epsilon RAD``, one type, default and spelling in analyze and fold-bias (issue 36)."""
+    return click.option("--epsilon", type=float, default=0.1, show_default=True, metavar="RAD",
+                        help=f"{when}A rotary pair is near-redundant when it turns less than RAD radians over the "
+                             "context (L positions).")
 
 
 def progress_option(fn):
@@ -175,6 +185,7 @@ def emit(report, fmt: str, output: str | None, *, title: str | None = None, forc
         text = to_markdown(rows, summary)
     else:
         notes = list(getattr(report, "notes", ())) + [f"warning: {w}" for w in getattr(report, "warnings", ())]
+        rows = report.table_rows() if hasattr(report, "table_rows") else rows
         text = to_table(rows, summary, notes, title=title, width=None if output else table_width())
     if output:
         write_atomic(output, text, force=force)

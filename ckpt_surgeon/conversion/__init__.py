@@ -84,7 +84,14 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     from .from_gguf import gguf_to_hf_report
     from .to_gguf import hf_to_gguf_report
     if not os.path.exists(os.fspath(source)):
-        raise SourceNotFoundError("no such file or folder", path=os.fspath(source))
+        from ..checkpoint import is_hub_source, missing_local
+        s = os.fspath(source)
+        if is_hub_source(s):
+            # convert reads every byte and writes beside it: a local copy first (issue 36: it said
+            # "Path ... does not exist" while the help says SOURCE may be a Hub id)
+            raise SourceNotFoundError("convert reads a local model, and this is a Hub repo id: download it first "
+                                      f"(hf download {s} --local-dir DIR) and convert DIR", path=s)
+        raise missing_local(s)
     source = _gguf_in_folder(Path(os.fspath(source))) or source
     if is_gguf(source) and str(out).endswith(".gguf") and dtype is not None:
         # GGUF -> GGUF quantization (without a dtype, a .gguf OUT for a GGUF source is refused below)

@@ -4,20 +4,15 @@ input.  Publishing (temp beside the destination, fsync, rename, stale temps) is
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from ..errors import OutputExistsError, RefusedError
+from ..errors import OutputExistsError
+from ..publish import refuse_onto_inputs
 
 
 def check_output(out: Path, sources: list[str], force: bool) -> None:
     """``out`` may be written: not an input, and absent unless ``force``."""
-    real_out = os.path.realpath(out)
-    for s in sources:
-        rs = os.path.realpath(s)
-        if real_out == rs or rs.startswith(real_out.rstrip(os.sep) + os.sep):
-            raise RefusedError("the output would overwrite the input", path=str(out),
-                               hint="choose another output path: inputs are never modified")
+    refuse_onto_inputs(out, sources)       # the one rule of every output (publish.py)
     if (out.exists() or out.is_symlink()) and not force:
         raise OutputExistsError("already exists", path=str(out), hint="pass --force to replace it")
     if not out.parent.exists():

@@ -300,10 +300,7 @@ def _source_arch(ck, src: Path) -> tuple[dict, str, N.ArchSpec]:
     if spec is None:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF mapping here "
                                f"(supported: {', '.join(a.gguf_arch for a in N.ARCHS)})", path=str(src))
-    missing = [t.name for t in ck.tensors.values() if t.missing]
-    if missing:
-        raise FormatError(f"file is truncated: {len(missing)} tensor(s) lie past the end of the file",
-                          path=str(src), tensor=missing[0])
+    ck.refuse_truncated()          # the same line as every command but inspect
     # config values and layer count checked before any work; every shape is compared with the
     # transformers model below, with that check's own message
     ck.layout(shapes=False)

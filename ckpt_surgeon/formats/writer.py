@@ -102,7 +102,7 @@ import numpy as np
 
 from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
 from ..progress import NO_BAR, bar
-from ..publish import Staging, fsync_path, sweep_stale
+from ..publish import Staging, fsync_path, refuse_onto_inputs, sweep_stale
 from ..records import TensorInfo
 from . import gguf_write as gw
 from . import safetensors as st
@@ -359,11 +359,7 @@ class CheckpointWriter:
         return paths
 
     def _check_destination(self) -> None:
-        out_real = os.path.realpath(self.out)
-        for p in self._source_paths():
-            if p == out_real or p.startswith(out_real + os.sep) or out_real.startswith(p + os.sep):
-                raise CkptError("the output would overwrite or sit inside the source; choose another -o path",
-                                path=self.out)
+        refuse_onto_inputs(self.out, self._source_paths())     # the one rule of every output (publish.py)
         if os.path.lexists(self.out) and not self.force:
             raise OutputExistsError("already exists; pass --force to replace it", path=self.out)
         if self.single_file and self.out.is_dir():
@@ -833,7 +829,16 @@ class GGUFCheckpointWriter(CheckpointWriter):
 
 
 def open_writer(out, source=None, **kw):
-    """The writer for ``out``: GGUF when it ends in ``.gguf``, else safetensors (file or folder)."""
+    """The writer for ``out``: GGUF when it ends in ``.gguf``, else safetensors (file or folder).
+    A GGUF source is written as a GGUF only: its tensors keep GGUF names and ggml types, which no
+    safetensors loader reads (issue 36: ``qkv fuse model.gguf -o folder`` wrote such a folder, or
+    failed on a Q8_0 dtype)."""
     if os.fspath(out).endswith(".gguf"):
         return GGUFCheckpointWriter(out, source, **kw)
+    if source is not None and getattr(source, "naming", None) == "gguf":
+        src = source.files[0] if source.files else source.source
+        raise UnsupportedError("is a GGUF file, so the output is a GGUF file too: give -o a path ending in .gguf "
+                               f"(-o {Path(os.fspath(out)).name.removesuffix('.safetensors')}.gguf); for an HF "
+                               f"folder, convert first (ckpt-surgeon convert {src} -o FOLDER) and run this on FOLDER",
+                               path=src)
     return CheckpointWriter(out, source, **kw)

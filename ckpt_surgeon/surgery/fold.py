@@ -69,11 +69,18 @@ class FoldLayer:
                 "k_bias": self.k_bias, "v_bias": self.v_bias, "o_bias": self.o_bias}
 
     def row(self) -> dict:
-        """Table row (tensor names only in JSON)."""
+        """Table row (tensor names only in JSON).  The columns of an operation that did not touch this
+        layer are left out (shown "-"; issue 36: `--v` alone printed "k_class none, k_total 0" beside
+        a key bias of L2 4.4, as if the key bias were absent)."""
         d = self.to_dict()
-        for key in ("k_bias", "v_bias", "o_bias"):
-            d.pop(key)
-        return d
+        skip = {"k_bias", "v_bias", "o_bias"}
+        if self.k_bias is None:
+            skip |= {"k_class", "k_removed", "k_total", "k_removed_energy", "k_norm", "k_bound"}
+        if self.v_bias is None and not self.v_folded:
+            skip |= {"v_folded", "v_norm"}
+        if not self.centered and self.center_energy is None:
+            skip |= {"centered", "center_energy"}
+        return {k: v for k, v in d.items() if k not in skip}
 
 
 def family_of(layout) -> F.Family | None:
@@ -115,6 +122,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     a note (refused only when no stack can be folded); ``tower`` selects one stack by name (the main one:
     its name or ``text``), refused as a single-stack file would be."""
     src = ckpt.source
+    ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
     center = center or center_weights
     epsilon = _check_options(src, k, v, center, approximate, max_logit_change, context, pairs, epsilon)
 

@@ -232,6 +232,7 @@ def _check_llamacpp_takes_split(fam, fused: str, roles: dict, src) -> None:
 def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) -> Plan:
     """Separate q/k/v from each layer's fused projection (weights and biases)."""
     src = ckpt.source
+    ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
     lay_ = ckpt.layout()
     fam = _family(lay_, src)
     h, kv, d = _heads(lay_, src)
@@ -378,6 +379,7 @@ def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
 def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
     """Fuse each layer's separate q/k/v projections (weights and biases) into one tensor."""
     src = ckpt.source
+    ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
     lay_ = ckpt.layout()
     fam = _family(lay_, src)
     h, kv, d = _heads(lay_, src)

@@ -33,7 +33,7 @@ from ..runtime import quiet_transformers, resolve_device
 from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
-from .tokens import _tokenize
+from .tokens import _tokenize, check_tokenizer_source
 from .report import PromptResult, VerifyReport, aggregate, judge
 from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 from .thresholds import coarsest, thresholds_for
@@ -83,6 +83,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
     """
     t0 = time.perf_counter()
+    check_tokenizer_source(tokenizer)          # before torch is even imported
     dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
     _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
     overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)

@@ -297,8 +297,10 @@ def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, co
     from ..runtime import quiet_transformers, resolve_device
     from .core import _environment, _ieee_float32
     from .loading import TORCH_DTYPES
+    from .tokens import check_tokenizer_source
 
     t0 = time.perf_counter()
+    check_tokenizer_source(tokenizer)
     _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference_file, save_reference,
                    reference_format, dtype, TORCH_DTYPES, replace)
     gates_for("float32", **gate_args)        # bad gate values fail before any model loads

@@ -126,8 +126,7 @@ def open_validated(p: Path, given: str):
         # a quantized checkpoint's logical weights read as float32, but are stored quantized
         precision = "quantized" if ck.quantization is not None else storage_precision(i.dtype for i in floats)
         n_params = sum(i.numel for i in floats)
-        if ck.missing_bytes:
-            raise CkptError(f"file is truncated: {ck.missing_bytes:,} bytes of tensor data are missing", path=given)
+        ck.refuse_truncated()          # the same line as every command but inspect
         ck.layout()
     except BaseException:
         ck.close()

@@ -11,6 +11,26 @@ from .loading import PreparedModel
 from .metrics import first_difference
 
 
+def check_tokenizer_source(tokenizer) -> None:
+    """``--tokenizer`` checked before any work (issue 36: a GGUF there cost 25 s of loading, then an
+    internal error): a local file must be a ``tokenizer.json``; a folder or a Hub id is left to
+    ``AutoTokenizer``.  A GGUF's vocabulary is not read here: ``convert`` writes it as tokenizer.json."""
+    from ..formats.magic import kind_of_bytes
+    if tokenizer is None or not os.path.isfile(os.fspath(tokenizer)):
+        return
+    p = os.fspath(tokenizer)
+    with open(p, "rb") as f:
+        head = f.read(64)
+    kind = kind_of_bytes(head, os.path.getsize(p))
+    if kind is None and head.lstrip()[:1] == b"{":
+        return
+    what = f"a {'GGUF' if kind == 'gguf' else kind} file" if kind else "not a tokenizer.json (JSON) file"
+    hint = (f"its vocabulary becomes tokenizer.json with ckpt-surgeon convert {p} -o DIR; then pass --tokenizer DIR"
+            if kind == "gguf" else "pass a folder, a tokenizer.json file or a Hub id")
+    raise ConfigError(f"--tokenizer is {what}, not a tokenizer (a folder, a tokenizer.json file or a Hub id)",
+                      path=p, hint=hint)
+
+
 def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens, notes):
     """Ids per prompt -> (tokenizer or None, ids).  The tokenizer is ``tokenizer`` when given, else
     the reference's; every model that ships its own tokenizer must encode each prompt the same.
