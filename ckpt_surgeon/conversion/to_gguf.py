@@ -43,6 +43,7 @@ from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, file_type_name
 from .report import ConvertReport, TensorRecord
+from .transforms import forward, lookup
 
 # Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
 # causal-mask buffers `attn.bias` / `attn.masked_bias` in transformers < 4.x exports).
@@ -371,28 +372,6 @@ def _sum_hparams(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
     hp.update(spec.gguf_values)
 
 
-def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:
-    """HF tensor -> GGUF tensor (numpy order), exact except for ``norm_shift`` (one f32 add)."""
-    if transform in ("perm_q", "perm_k"):
-        from ..arch.layouts import llama_permute_index
-        n_head = hp["n_head"] if transform == "perm_q" else hp["n_head_kv"]
-        rows = arr.shape[0]
-        if rows % n_head or (rows // n_head) % 2:
-            raise ConfigError(f"{rows} rows do not split into {n_head} heads of even size", path=path, tensor=tensor)
-        return arr[llama_permute_index(n_head, rows // n_head)]
-    if transform == "conv1d":
-        return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
-    if transform == "norm_shift":
-        return (arr.astype(np.float64) + 1.0).astype(np.float32)
-    if transform in ("qkv_per_head", "qkv_grouped"):
-        from ..arch.layouts import concat_index
-        return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
-    if ":" in transform:          # one part of a Split row (.splits)
-        from .splits import split_part
-        return split_part(transform, arr, hp, path=path, tensor=tensor)
-    return arr
-
-
 def _weight_type(dtype: str, shape: tuple, name: str, dst: str, warnings: list) -> str:
     """The ggml type llama.cpp's converter gives tensor ``dst`` (``ModelBase.prepare_tensors``):
     F32 for 1-D tensors, ``*_norm.weight``, anything not named ``.weight`` and the always-F32
@@ -444,9 +423,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
     plan: list[_Planned] = []
     for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
         info = ck.tensors[tnames[0]]
-        shape = tuple(info.shape)
-        if rule.transform == "conv1d" and len(shape) == 2:
-            shape = (shape[1], shape[0])
+        shape = lookup(rule.transform).gguf_shape(info.shape)
         if rule.experts:
             odd = next((t for t in tnames if tuple(ck.tensors[t].shape) != tuple(info.shape)), None)
             if odd is not None:
@@ -610,7 +587,7 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
             # padding before the data: a padding range wrongly computed over data would be
             # overwritten by it, and the data is what each chunk's readback checks
             gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
-            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
+            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, forward,
                                        labels=(str(src), str(out)), progress=wbar, readback=verify)
             os.ftruncate(fd, lay.end)
         finally:
