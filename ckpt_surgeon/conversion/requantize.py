@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedError
 from ..formats import gguf_write as gw
+from ..formats.ggml_types import nbytes as ggml_nbytes
 from ..formats.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
@@ -142,12 +143,6 @@ def _hparams(h) -> dict:
             "n_expert": int(first("expert_count", 0) or 0)}
 
 
-def _nbytes(t: str, shape: tuple) -> int:
-    import gguf
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
-    return int(np.prod(shape, dtype=np.int64)) // block * size
-
-
 def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, imatrix=None,
                            allow_requantize: bool = False, progress: bool | None = False,
                            verify: bool = True) -> ConvertReport:
@@ -187,7 +182,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
             fell.append(name)
         raw = new == sdt
         plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
-                             (h.tensors[name].end - h.tensors[name].start) if raw else _nbytes(new, shape), sdt,
+                             (h.tensors[name].end - h.tensors[name].start) if raw else ggml_nbytes(new, shape), sdt,
                              imatrix=None if raw else weights.get(name)))
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "

@@ -35,6 +35,7 @@ from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
+from ..formats.ggml_types import nbytes as ggml_nbytes
 from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
@@ -86,16 +87,6 @@ def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str)
             raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
         out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
     return list(out.values())
-
-
-def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
-    import gguf
-    qt = gguf.GGMLQuantizationType[ggml_type]
-    block, size = gguf.GGML_QUANT_SIZES[qt]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block * size
 
 
 def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
@@ -442,7 +433,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                 gt = _weight_type(dtype, pshape, tnames[0], pdst, scratch)
                 if scratch:
                     fell.append((pdst, pshape[-1]))
-                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, _ggml_nbytes(gt, pshape),
+                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, ggml_nbytes(gt, pshape),
                                      info.dtype))
             if fell:
                 sizes = "/".join(dict.fromkeys(str(r) for _, r in fell))
@@ -452,7 +443,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
-        plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
+        plan.append(_Planned(label, dst, rule.transform, shape, gt, ggml_nbytes(gt, shape), info.dtype,
                              tnames if rule.experts else ()))
     return plan
 
