@@ -198,7 +198,7 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
     if not to_hf or ck.naming != "gguf":
         return _Side(ck, {n: (n, "none") for n in ck.tensors}, {n: tuple(i.shape) for n, i in ck.tensors.items()})
     from ..conversion import names as N
-    from ..conversion.from_gguf import _hparams
+    from ..conversion.from_gguf import hparams_from_gguf
     from ..conversion.transforms import lookup
     arch = ck.gguf_arch or ck.metadata.get("general.architecture")
     spec = N.by_gguf_arch(arch)
@@ -206,7 +206,7 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
                                f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
                                "with another GGUF instead", path=ck.source)
-    hp = _hparams(ck.metadata, arch, ck.source)
+    hp = hparams_from_gguf(ck.metadata, arch, ck.source)
     # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
     table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))
     names, shapes, derived = {}, {}, []

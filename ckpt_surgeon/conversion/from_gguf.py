@@ -43,7 +43,7 @@ _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_t
 _RAW_SAME = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 
 
-def _hparams(meta: dict, arch: str, path: str | None = None) -> dict:
+def hparams_from_gguf(meta: dict, arch: str, path: str | None = None) -> dict:
     """Canonical hyper-parameters present in the GGUF metadata (what the tensor transforms need),
     each type- and range-checked where read (:data:`ckpt_surgeon.arch.checked.GGUF_BOUNDS`)."""
     hp = {}
@@ -133,7 +133,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
     emb = _required_inputs(meta, arch, tensors, path)
     base = config_from_gguf(meta, tensors, path=path)
-    hp = _hparams(meta, arch, path)
+    hp = hparams_from_gguf(meta, arch, path)
     if "value_length" not in spec.hparam_sums and hp.get("value_length") not in (None, base.get("head_dim")):
         raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
                                "not representable in this HF config", path=path)
@@ -428,7 +428,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src),
                                                rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
-        hp = _hparams(meta, arch, str(src))
+        hp = hparams_from_gguf(meta, arch, str(src))
         plan = _tensor_plan(ck, spec, arch, tied, src, config)
 
         # The model check runs in a child while the tensors are written; the writer waits for it
@@ -612,7 +612,7 @@ def hf_view(ck, src: Path) -> tuple[dict, dict, list, list[str]]:
     rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
     config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype="float32", tied=tied, path=str(src),
                                            rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
-    hp = _hparams(meta, arch, str(src))
+    hp = hparams_from_gguf(meta, arch, str(src))
     return config, hp, _tensor_plan(ck, spec, arch, tied, src, config), warnings
 
 

@@ -30,7 +30,7 @@ from ..formats.ggml_types import nbytes as ggml_nbytes
 from ..formats.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
-from . import _io
+from . import output_path
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
 from .report import ConvertReport, TensorRecord
@@ -164,7 +164,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     if split is not None and int(split) > 1:
         raise UnsupportedError(f"is part of a split GGUF ({split} parts): merge it first "
                                "(llama-gguf-split --merge)", path=str(src))
-    _io.check_output(out, [str(src)], force)
+    output_path.check_output(out, [str(src)], force)
     entries = [(n, tuple(i.shape), i.dtype) for n, i in h.tensors.items()]
     types, weights = mixture(entries, dtype, h.architecture or "", _hparams(h), imatrix, str(src))
     plan, warnings, fell = [], [], []

@@ -39,7 +39,7 @@ from ..formats.ggml_types import nbytes as ggml_nbytes
 from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
-from . import _io
+from . import output_path
 from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, file_type_name
@@ -494,7 +494,7 @@ def _checked_source(ck, src: Path, out: Path | None, force: bool) -> tuple[Path,
     ck.layout(shapes=False)
     folder = src if src.is_dir() else src.parent
     if out is not None:
-        _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+        output_path.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
     check_hparam_values(ck.config or {}, ck.config_path)
     raw = ck.config or {}
     if raw.get("auto_map") and N.by_model_type(raw.get("model_type")) is None:

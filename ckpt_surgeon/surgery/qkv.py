@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..arch import families as F
 from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
-from ..arch.resolve import _fused_layout, _rope_params
+from ..arch.resolve import family_fused_layout, rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
 from ..formats.quant_schemes import SCHEMES
 from .fold import family_of
@@ -347,7 +347,7 @@ def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
             changes.append((k, cfg.get(k), v))
         new[k] = v
     if "rope_parameters" not in new and "rope_theta" not in new:
-        new["rope_theta"] = _rope_params(cfg)["theta"]
+        new["rope_theta"] = rope_params(cfg)["theta"]
     return steps, new, tuple(changes)
 
 
@@ -365,7 +365,7 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
         raise UnsupportedError(f"the registry names no fused qkv module for {fam.name}", path=src)
     rec = _recorded_layout(ckpt)
     default = rec or ("concat" if ckpt.naming == "gguf" else
-                      (_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
+                      (family_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
     row_layout, axis = _resolve_layout(layout, default, fam, src)
     _check_layout(row_layout, h, kv, d, src)
     qkv_mod, q_mod = roles["qkv"], roles["q"]
