@@ -75,12 +75,7 @@ LONG_OK = {
     ("verification/corpus.py", "verify_corpus"): "issue 35 step 4 composes verify from records",
     ("verification/stream.py", "StreamedPair._stream"): "issue 35 step 4 (verify's memory planning in its own module)",
     ("analysis/redundancy.py", "analyze_checkpoint"): "issue 35 step 5 splits redundancy.py",
-    ("conversion/requantize.py", "gguf_requantize_report"): "one pass: plan, stage, stream, verify, publish",
     ("surgery/fold.py", "plan_fold_bias"): "the fold planner, step by step per layer",
-    ("surgery/fold.py", "_plan_k"): "the K-bias fold plan with its refusals",
-    ("surgery/fold.py", "_plan_center"): "the centering plan with its refusals",
-    ("surgery/qkv.py", "plan_qkv_split"): "split planner: layout, refusals and moves in one place",
-    ("surgery/qkv.py", "plan_qkv_fuse"): "fuse planner: layout, refusals and moves in one place",
 }
 
 

@@ -33,9 +33,9 @@ from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
 from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
+from ..formats import ggml_types as GT
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
-from ..formats.ggml_types import nbytes as ggml_nbytes
 from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
@@ -433,7 +433,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                 gt = _weight_type(dtype, pshape, tnames[0], pdst, scratch)
                 if scratch:
                     fell.append((pdst, pshape[-1]))
-                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, ggml_nbytes(gt, pshape),
+                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, GT.nbytes(gt, pshape),
                                      info.dtype))
             if fell:
                 sizes = "/".join(dict.fromkeys(str(r) for _, r in fell))
@@ -443,7 +443,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
-        plan.append(_Planned(label, dst, rule.transform, shape, gt, ggml_nbytes(gt, shape), info.dtype,
+        plan.append(_Planned(label, dst, rule.transform, shape, gt, GT.nbytes(gt, shape), info.dtype,
                              tnames if rule.experts else ()))
     return plan
 
@@ -563,9 +563,7 @@ def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec)
 def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
     """Write the planned file through a temp beside ``out``: the header block, then the tensor
     data streamed chunk by chunk (:mod:`.gguf_stream`), reread, renamed into place."""
-    import gguf
-
-    slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan.tensors]
+    slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan.tensors]
     lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
     staging = Staging(out, folder=False)
     wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
