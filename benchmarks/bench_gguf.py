@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ckpt_surgeon.formats import dequant as dq  # noqa: E402
+from ckpt_surgeon.formats import ggml_types as GT  # noqa: E402
 from ckpt_surgeon.formats.gguf import GGUFFile  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / ".bench"
@@ -118,7 +119,7 @@ def bench_dequant(rows: int, cols: int, repeat: int) -> None:
     print(f"  {'type':<6}{'gguf-py':>10}{'ours 1 thr':>12}{'ours':>10}{'ratio 1 thr':>13}{'ratio':>8}   exact")
     weights = None
     for name in ("Q4_K", "Q6_K", "Q8_0", "Q4_1"):
-        t = dq.TYPES_BY_NAME[name]
+        t = GT.TYPES_BY_NAME[name]
         if name in F16_FIELDS:
             raw = rng.integers(0, 256, size=(rows, cols // t.block_size, t.type_size), dtype=np.uint8)
             for off in F16_FIELDS[name]:

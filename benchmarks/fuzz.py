@@ -423,7 +423,7 @@ def _hostile_gguf_value(rng: random.Random):
 class GGUFHparamsTarget(Target):
     """What ``convert`` (GGUF -> HF) reads from the metadata before it writes anything: the
     config mapping and layout (as ``Checkpoint.layout``), the converter's own hyper-parameters
-    (``hf_config_from_gguf``, ``_hparams``) and the tokenizer keys; one to three values replaced
+    (``hf_config_from_gguf``, ``hparams_from_gguf``) and the tokenizer keys; one to three values replaced
     by hostile ones of every GGUF type, or removed.  The header is parsed once (the bytes are
     the ``gguf`` target's); the values are swapped in the parsed metadata."""
 
@@ -451,7 +451,7 @@ class GGUFHparamsTarget(Target):
         from ckpt_surgeon.arch.gguf_config import config_from_gguf
         from ckpt_surgeon.arch.resolve import resolve
         from ckpt_surgeon.conversion import names as N
-        from ckpt_surgeon.conversion.from_gguf import _hparams, hf_config_from_gguf
+        from ckpt_surgeon.conversion.from_gguf import hparams_from_gguf, hf_config_from_gguf
         from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
         meta = dict(self.meta)
         for _ in range(rng.randint(1, 3)):
@@ -468,7 +468,7 @@ class GGUFHparamsTarget(Target):
         if spec is None:
             return
         hf_config_from_gguf(meta, spec, self.tensors, dtype="float32", tied=True, path=path)
-        _hparams(meta, spec.gguf_arch, path)
+        hparams_from_gguf(meta, spec.gguf_arch, path)
         vocab = vocab_from_metadata(meta, path)
         if vocab is not None:
             hf_tokenizer_files(vocab, model_max_length=128, path=path)

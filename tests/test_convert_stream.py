@@ -27,7 +27,8 @@ from convert_variants import build_variant, with_dtype  # noqa: E402
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.conversion import gguf_stream
 from ckpt_surgeon.conversion import names as N
-from ckpt_surgeon.conversion.to_gguf import _transform_to_gguf, hf_to_gguf, plan_hf_to_gguf
+from ckpt_surgeon.conversion.to_gguf import hf_to_gguf, plan_hf_to_gguf
+from ckpt_surgeon.conversion.transforms import forward as _transform_to_gguf
 from ckpt_surgeon.formats.quantize import quantize_q8_0
 
 FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2",

@@ -15,6 +15,8 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 
 from ckpt_surgeon.formats import dequant as dq
+from ckpt_surgeon.formats import ggml_types as GT
+from ckpt_surgeon.errors import UnsupportedError
 from ckpt_surgeon.formats.gguf import GGUFFile
 
 from gguf_util import write_gguf
@@ -44,7 +46,7 @@ def assert_same_floats(ours: np.ndarray, ref: np.ndarray, what: str = "") -> Non
 
 def reference(raw: np.ndarray, name: str) -> np.ndarray:
     """gguf-py's dequantization of a flat byte array, as float32 rows of blocks."""
-    t = dq.TYPES_BY_NAME[name]
+    t = GT.TYPES_BY_NAME[name]
     rows = raw.reshape(-1, t.type_size)
     with np.errstate(all="ignore"):
         if name == "F32":
@@ -55,12 +57,40 @@ def reference(raw: np.ndarray, name: str) -> np.ndarray:
 
 
 def test_type_table_matches_ggml():
-    # ids, block sizes and byte sizes agree with gguf-py's mirror of ggml's type_traits
+    # ids, block sizes and byte sizes agree with gguf-py's mirror of ggml's type_traits ...
     for qt in Q:
-        t = dq.GGML_TYPES[int(qt)]
+        t = GT.GGML_TYPES[int(qt)]
         assert t.name == qt.name
         assert (t.block_size, t.type_size) == tuple(gguf.GGML_QUANT_SIZES[qt])
-    assert len(dq.GGML_TYPES) == len(Q)
+    assert len(GT.GGML_TYPES) == len(Q)
+    # ... and with ggml.c's type_traits for a few types, written out (the table is not empty or shifted)
+    facts = {0: ("F32", 1, 4), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 30: ("BF16", 1, 2)}
+    for tid, (name, block, size) in facts.items():
+        t = GT.ggml_type(tid)
+        assert (t.name, t.block_size, t.type_size, t.quantized) == (name, block, size, block > 1)
+        assert GT.ggml_type(name) is t and GT.nbytes(name, (3, 2 * block)) == 6 * size
+    assert not GT.known(4) and not GT.known("Q4_2")
+
+
+def test_type_table_matches_the_ggml_library():
+    """Every type the installed libggml has: its own traits (block size, bytes, quantized) are the table's."""
+    pytest.importorskip("llama_cpp")
+    from ckpt_surgeon.formats import ggml_quant
+    g, seen, differ = ggml_quant.lib(), 0, {}
+    for t in GT.GGML_TYPES.values():
+        try:
+            tr = g.ggml_get_type_traits(ggml_quant.type_id(t.name)).contents
+        except UnsupportedError:            # a type newer than this library
+            continue
+        seen += 1
+        if (tr.blck_size, tr.type_size, tr.is_quantized) != (t.block_size, t.type_size, t.quantized):
+            differ[t.name] = (int(tr.type_size), t.type_size)
+        assert ggml_quant.is_quantized(t.name) == t.quantized
+    assert seen >= 30
+    # The one known difference: gguf-py lists Q8_1 blocks as 40 bytes (two float32), ggml's block_q8_1
+    # is 36 (a ggml_half2 and 32 int8).  Q8_1 is a dot-product intermediate that no quantizer writes to
+    # a file; the table keeps gguf-py's figure, as the reader always has.
+    assert differ == {"Q8_1": (36, 40)}
 
 
 def test_we_dequantize_every_type_gguf_py_does():
@@ -72,7 +102,7 @@ def test_we_dequantize_every_type_gguf_py_does():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_blocks_match_gguf_py(name, data):
-    t = dq.TYPES_BY_NAME[name]
+    t = GT.TYPES_BY_NAME[name]
     n_blocks = data.draw(st.integers(1, 24), label="blocks")
     raw = np.frombuffer(data.draw(st.binary(min_size=n_blocks * t.type_size, max_size=n_blocks * t.type_size)),
                         dtype=np.uint8)
@@ -83,7 +113,7 @@ def test_random_blocks_match_gguf_py(name, data):
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_random_blocks_with_finite_scales_match_gguf_py(name, data):
-    t = dq.TYPES_BY_NAME[name]
+    t = GT.TYPES_BY_NAME[name]
     n_blocks = data.draw(st.integers(1, 16), label="blocks")
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     rng = np.random.default_rng(seed)
@@ -102,14 +132,14 @@ def test_random_blocks_with_finite_scales_match_gguf_py(name, data):
 def test_chunked_and_threaded_paths_are_exact(monkeypatch, name, threads):
     # Small chunks force many chunks (and a ragged last one) through the thread pool.
     monkeypatch.setattr(dq, "CHUNK_ELEMENTS", 3 * 256)
-    t = dq.TYPES_BY_NAME[name]
+    t = GT.TYPES_BY_NAME[name]
     rng = np.random.default_rng(7)
     raw = rng.integers(0, 256, size=37 * t.type_size, dtype=np.uint8)
     assert_same_floats(dq.dequantize(raw, name, threads=threads), reference(raw, name), name)
 
 
 def test_shape_and_errors():
-    t = dq.TYPES_BY_NAME["Q4_K"]
+    t = GT.TYPES_BY_NAME["Q4_K"]
     raw = np.zeros(2 * t.type_size, np.uint8)
     assert dq.dequantize(raw, "Q4_K", (2, 256)).shape == (2, 256)
     assert dq.dequantize(bytes(raw), 12).shape == (512,)   # by id, from bytes
@@ -133,7 +163,7 @@ def test_torch_wrapper_float32_and_bfloat16():
     import torch
 
     rng = np.random.default_rng(3)
-    t = dq.TYPES_BY_NAME["Q6_K"]
+    t = GT.TYPES_BY_NAME["Q6_K"]
     raw = rng.integers(0, 256, size=(4, t.type_size), dtype=np.uint8)
     raw[:, 208:210] = rng.uniform(-0.1, 0.1, size=4).astype(np.float16).view(np.uint8).reshape(4, 2)
     ref = reference(raw.reshape(-1), "Q6_K")

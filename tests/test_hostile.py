@@ -384,7 +384,7 @@ _COUNT = "it must be between 1 and 16,777,216"
     ("qwen2.rope.freq_base", "f32", -1.0, "is -1; it must be a finite number above 0 and at most 3.40282e+38"),
     ("qwen2.rope.freq_base", "str", "1e4", "is '1e4' (a string); it must be a finite number above 0 and at most "
                                           "3.40282e+38"),
-    # read only by the converter's own hyper-parameters (_hparams) and its special-token ids
+    # read only by the converter's own hyper-parameters (hparams_from_gguf) and its special-token ids
     ("qwen2.attention.value_length", "str", "4", f"is '4' (a string); {_INT}"),
     ("tokenizer.ggml.unknown_token_id", "i32s", [1, 2], f"is [1, 2] (a list); {_INT}"),
 ])

@@ -49,11 +49,16 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
     where = source.source if isinstance(source, Checkpoint) else source
     if measure:
         M.check_local(where)     # before the static pass: a Hub source cannot be measured
-    report = R.analyze(source, context=context, epsilon=epsilon, **open_kwargs)
-    if distance_profile:
+    profile = dict(context=context, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling) \
+        if distance_profile else None
+    if isinstance(source, Checkpoint):
+        report, prof = _static(source, context, epsilon, profile)
+    else:
+        from ..checkpoint import open_checkpoint
+        with open_checkpoint(source, **open_kwargs) as ck:      # opened once for both static passes
+            report, prof = _static(ck, context, epsilon, profile)
+    if prof is not None:
         from .distance_measure import measure_profile
-        prof = _profile(source, context=context, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling,
-                        open_kwargs=open_kwargs)
         if measure:
             prof = measure_profile(where, prof, prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens,
                                    skip_first=skip_first)
@@ -66,13 +71,15 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
     return report
 
 
-def _profile(source, *, context, deltas, rope_theta, rope_scaling, open_kwargs):
-    """The static distance profile of ``source`` (opened again: the static pass closed it)."""
+def _static(ck: Checkpoint, context, epsilon, profile: dict | None):
+    """The static report of open checkpoint ``ck`` and, when ``profile`` gives its settings
+    (context, deltas, rope_theta, rope_scaling), its static distance profile (else None)."""
+    report = R.analyze_checkpoint(ck, context=context, epsilon=epsilon)
+    if profile is None:
+        return report, None
     from ..arch.rope_frequencies import parse_rope_scaling
-    from ..checkpoint import open_checkpoint
     from .distance_profile import distance_profile
-    scaling = parse_rope_scaling(rope_scaling) if isinstance(rope_scaling, str) else rope_scaling
-    if isinstance(source, Checkpoint):
-        return distance_profile(source, context=context, deltas=deltas, theta=rope_theta, scaling=scaling)
-    with open_checkpoint(source, **open_kwargs) as ck:
-        return distance_profile(ck, context=context, deltas=deltas, theta=rope_theta, scaling=scaling)
+    scaling = profile["rope_scaling"]
+    scaling = parse_rope_scaling(scaling) if isinstance(scaling, str) else scaling
+    return report, distance_profile(ck, context=profile["context"], deltas=profile["deltas"],
+                                    theta=profile["rope_theta"], scaling=scaling)

@@ -198,14 +198,15 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
     if not to_hf or ck.naming != "gguf":
         return _Side(ck, {n: (n, "none") for n in ck.tensors}, {n: tuple(i.shape) for n, i in ck.tensors.items()})
     from ..conversion import names as N
-    from ..conversion.from_gguf import _hparams
+    from ..conversion.from_gguf import hparams_from_gguf
+    from ..conversion.transforms import lookup
     arch = ck.gguf_arch or ck.metadata.get("general.architecture")
     spec = N.by_gguf_arch(arch)
     if spec is None:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
                                f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
                                "with another GGUF instead", path=ck.source)
-    hp = _hparams(ck.metadata, arch, ck.source)
+    hp = hparams_from_gguf(ck.metadata, arch, ck.source)
     # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
     table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))
     names, shapes, derived = {}, {}, []
@@ -216,7 +217,7 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
         hit = table.match(gname)
         hname, transform = (hit[0], hit[1].transform) if hit else (gname, "none")
         shape = tuple(info.shape)
-        if transform == "conv1d" and len(shape) == 2:
+        if lookup(transform).transposes and len(shape) == 2:
             shape = shape[::-1]
         names[hname] = (gname, transform)
         shapes[hname] = shape
@@ -340,9 +341,9 @@ def _values_streamed(ck_a, na, ck_b, nb, progress) -> _Acc:
 def _values_whole(sa: _Side, na: str, ta: str, sb: _Side, nb: str, tb: str, progress) -> _Acc:
     """Decode both whole tensors, apply the GGUF -> HF transform, compare (the permutation and the
     transpose need the whole tensor)."""
-    from ..conversion.from_gguf import _transform_to_hf
-    a = _transform_to_hf(sa.ck.read(na), ta, sa.hp)
-    b = _transform_to_hf(sb.ck.read(nb), tb, sb.hp)
+    from ..conversion.transforms import inverse
+    a = inverse(sa.ck.read(na), ta, sa.hp)
+    b = inverse(sb.ck.read(nb), tb, sb.hp)
     if progress:
         progress(sa.ck.tensors[na].nbytes + sb.ck.tensors[nb].nbytes)
     acc = _Acc()
@@ -397,7 +398,9 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
         acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)
     else:
         acc = _values_whole(sa, na, ta, sb, nb, tb, progress)
-    equal = acc.equal or ("norm_shift" in (ta, tb) and acc.max_abs <= NORM_SHIFT_ROUNDING)
+    from ..conversion.transforms import lookup
+    inexact = not (lookup(ta).exact and lookup(tb).exact)        # norm_shift: one rounding
+    equal = acc.equal or (inexact and acc.max_abs <= NORM_SHIFT_ROUNDING)
     status = "dtype_changed" if not same_dtype else ("identical" if equal else "changed")
     mx, rel, cos = acc.figures()
     return TensorDiff(status=status, max_abs=mx, rel_fro=rel, cosine=cos, method="values", **base)

@@ -176,8 +176,8 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
     audio = _speech_encoders(model)
     rotary_dim = None
     if pos == "rope" and heads:
-        from .model_layout import _rope_params
-        rp = _rope_params(cfg)
+        from .model_layout import rope_params
+        rp = rope_params(cfg)
         rotary_dim = int(cfg.get("rotary_dim") or int(heads[2] * rp["partial"]))
     from .probe import probe_groups
     # only attention with q/k/v biases has facts to probe (the module tree says whether it has)
@@ -506,13 +506,13 @@ def _q_gate(arch: DerivedArch, main: list) -> str | None:
 
 def _main_position(arch: DerivedArch, main: list, cfg: dict):
     """The main stack's position encoding; rotary width from a probed partial-rotary group when one is."""
-    from .model_layout import PositionEncoding, _rope_params
+    from .model_layout import PositionEncoding, rope_params
     if arch.position != "rope":
         return PositionEncoding(arch.position)
     mine = {b.group for b in main}
     partial = [g for g in arch.groups if g.group in mine and g.k_class == "partial" and g.pass_dims]
     rotary_dim = partial[0].pass_dims[0] if partial else arch.rotary_dim
-    return PositionEncoding("rope", rotary_dim, _rope_params(cfg)["theta"], None)
+    return PositionEncoding("rope", rotary_dim, rope_params(cfg)["theta"], None)
 
 
 def _lead_notes(notes: list, arch: DerivedArch, arch_name: str, family) -> None:

@@ -169,7 +169,7 @@ def _get(cfg: dict, keys, default=None):
     return default
 
 
-def _rope_params(cfg: dict, path: str | None = None) -> dict:
+def rope_params(cfg: dict, path: str | None = None) -> dict:
     """Rope settings from either spelling.
 
     transformers >= 5 writes ``rope_parameters`` ({rope_theta, partial_rotary_factor,

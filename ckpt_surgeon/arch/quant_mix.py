@@ -335,10 +335,9 @@ def tensor_types(tensors: list, ftype: str, model: MixModel, *, has_imatrix: boo
     """``tensors``: ``(GGUF name, numpy-order shape, source ggml type)`` for every tensor of the
     file.  Returns name -> :class:`TensorType`, as ``llama_model_quantize`` decides them
     (default parameters: no overrides, not pure, output quantized) for file type ``ftype``.
-    ``block``: ggml block size by type name (default: gguf-py's table)."""
+    ``block``: ggml block size by type name (default: :func:`~ckpt_surgeon.formats.ggml_types.block_size`)."""
     if block is None:
-        import gguf
-        block = lambda t: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]   # noqa: E731
+        from ..formats.ggml_types import block_size as block
     default = FTYPES[ftype][1]
     ordered = sorted(tensors, key=lambda t: _weights_order(t[0]))
     qs = _State([t[0] for t in ordered], model, has_imatrix)

@@ -24,7 +24,7 @@ from .model_layout import (  # noqa: F401
     _get,
     _is_mask_buffer,
     _looks_attention_bias,
-    _rope_params,
+    rope_params,
 )
 
 
@@ -37,7 +37,7 @@ def _role_regex(layer: str, module, *, prefixed: bool = True, suffix: str = r"\.
     return re.compile("^" + (r"(?:.*\.)?" if prefixed else "") + lay + alt + suffix + "$")
 
 
-def _fused_layout(fam: F.Family, cfg: dict) -> str | None:
+def family_fused_layout(fam: F.Family, cfg: dict) -> str | None:
     for key, val, layout in fam.fused_layout_rules:
         if cfg.get(key) == val:
             return layout
@@ -54,7 +54,7 @@ def _position(fam: F.Family | None, cfg: dict, head_dim: int | None, naming: str
             ptype = pos
     if ptype != "rope":
         return PositionEncoding(ptype)
-    rp = _rope_params(cfg, path)
+    rp = rope_params(cfg, path)
     rotary_dim = int(head_dim * min(max(rp["partial"], 0.0), 1.0)) if head_dim else None
     if cfg.get("rotary_dim"):
         rotary_dim = config_int(cfg, ("rotary_dim",), path=path, minimum=0, maximum=MAX_WIDTH)
@@ -145,7 +145,7 @@ def _registry_layout(cfg: dict, tensors: dict, fam, naming: str, arch_name: str,
     qk_norm = bool(fam and fam.qk_norm) or any(lt.q_norm or lt.k_norm for lt in layers)
     fused_layout = None
     if any(lt.fused for lt in layers):
-        fused_layout = "concat" if naming == "gguf" else (_fused_layout(fam, cfg) if fam else None)
+        fused_layout = "concat" if naming == "gguf" else (family_fused_layout(fam, cfg) if fam else None)
     softcap = config_float(cfg, (fam.softcap_key,), path=where, positive=True) if fam and fam.softcap_key else None
     return ModelLayout(
         architecture=arch_name, family=fam.name if fam else None, naming=naming,

@@ -53,12 +53,12 @@ def progress_option(fn):
 def check_report_path(path: str | None, force: bool, sources=()) -> None:
     """Refuse a report FILE before any work: one that exists (unless ``force``), one that is an
     input, or one whose folder does not exist.  The same rule and messages as surgery and
-    conversion outputs (:func:`ckpt_surgeon.conversion._io.check_output`)."""
+    conversion outputs (:func:`ckpt_surgeon.conversion.output_path.check_output`)."""
     if path is None:
         return
     from pathlib import Path
 
-    from ..conversion._io import check_output
+    from ..conversion.output_path import check_output
     local = [os.fspath(s) for s in sources if s is not None and os.path.exists(os.fspath(s))]
     check_output(Path(path), local, force)    # (a folder FILE is refused by click's dir_okay=False)
 

@@ -30,6 +30,7 @@ from ..arch.gguf_config import LONGROPE_TENSORS      # llama.cpp's longrope fact
 from ..errors import FormatError, UnsupportedError
 from . import names as N
 from .report import ConvertReport, TensorRecord
+from .transforms import inverse, lookup
 
 if TYPE_CHECKING:     # numpy is imported where used, after the model-check child has started
     import numpy as np
@@ -42,7 +43,7 @@ _LLAMACPP_DEFAULT_THETA = 10000.0  # llama.cpp llama-model.cpp: rope_freq_base_t
 _RAW_SAME = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 
 
-def _hparams(meta: dict, arch: str, path: str | None = None) -> dict:
+def hparams_from_gguf(meta: dict, arch: str, path: str | None = None) -> dict:
     """Canonical hyper-parameters present in the GGUF metadata (what the tensor transforms need),
     each type- and range-checked where read (:data:`ckpt_surgeon.arch.checked.GGUF_BOUNDS`)."""
     hp = {}
@@ -132,7 +133,7 @@ def hf_config_from_gguf(meta: dict, spec: N.ArchSpec, tensors: dict, *, dtype: s
     warnings: list[str] = [spec.llamacpp_differs] if spec.llamacpp_differs else []
     emb = _required_inputs(meta, arch, tensors, path)
     base = config_from_gguf(meta, tensors, path=path)
-    hp = _hparams(meta, arch, path)
+    hp = hparams_from_gguf(meta, arch, path)
     if "value_length" not in spec.hparam_sums and hp.get("value_length") not in (None, base.get("head_dim")):
         raise UnsupportedError(f"key_length {base.get('head_dim')} != value_length {hp['value_length']}: "
                                "not representable in this HF config", path=path)
@@ -251,26 +252,6 @@ def arch_keys(spec: N.ArchSpec, sums: dict) -> str:
     return ", ".join(f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]}" for k in sums)
 
 
-def _transform_to_hf(arr: np.ndarray, transform: str, cfg_hp: dict) -> np.ndarray:
-    """GGUF tensor -> HF tensor (numpy order).  Exact except ``norm_shift`` (one float64 subtraction)."""
-    import numpy as np
-    if transform in ("perm_q", "perm_k"):
-        from ..arch.layouts import llama_unpermute_index
-        n_head = cfg_hp["n_head"] if transform == "perm_q" else cfg_hp["n_head_kv"]
-        rows = arr.shape[0]
-        return arr[llama_unpermute_index(n_head, rows // n_head)]
-    if transform == "conv1d":
-        return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
-    if transform == "norm_shift":
-        return arr.astype(np.float64) - 1.0
-    if transform == "row" and arr.ndim == 1:
-        return arr[None, :]
-    if transform in ("qkv_per_head", "qkv_grouped"):
-        from ..arch.layouts import concat_index
-        return arr[np.argsort(concat_index(transform[4:], cfg_hp["n_head"], cfg_hp["n_head_kv"], arr.shape[0]))]
-    return arr
-
-
 def _looks_gguf(p: Path) -> bool:
     """By magic, regular files only (a FIFO named x.gguf must not block here); the real open
     reports whatever is wrong."""
@@ -329,11 +310,7 @@ def _tensor_plan(ck, spec: N.ArchSpec, arch: str, tied: bool, src: Path, config:
             if joined is not None:
                 plan.append(joined)
             continue
-        shape = tuple(info.shape)
-        if rule.transform == "conv1d" and len(shape) == 2:
-            shape = (shape[1], shape[0])
-        if rule.transform == "row" and len(shape) == 1:
-            shape = (1,) + shape
+        shape = lookup(rule.transform).hf_shape(info.shape)
         if rule.experts:      # one GGUF tensor [n_expert, ...] -> one HF tensor per expert
             if len(shape) < 2:
                 raise FormatError(f"expert tensor has shape {list(shape)}; expected [experts, ...]",
@@ -448,7 +425,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
         config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype=dtype, tied=tied, path=str(src),
                                                rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
-        hp = _hparams(meta, arch, str(src))
+        hp = hparams_from_gguf(meta, arch, str(src))
         plan = _tensor_plan(ck, spec, arch, tied, src, config)
 
         # The model check runs in a child while the tensors are written; the writer waits for it
@@ -542,7 +519,7 @@ class _Gate:
 def _producer(ck, gname: str, transform: str, hp: dict, st_dtype: str):
     """Lazy value for the writer: read (dequantize), transform, encode; called once, when written."""
     def make():
-        return _encode_hf(_transform_to_hf(ck.read(gname), transform, hp), st_dtype)
+        return _encode_hf(inverse(ck.read(gname), transform, hp), st_dtype)
     return make
 
 
@@ -574,7 +551,7 @@ class _ExpertStack:
         def make():
             if self._arr is None:
                 self._arr = self._ck.read(self._gname)
-            part = _encode_hf(_transform_to_hf(self._arr[e], self._transform, hp), st_dtype)
+            part = _encode_hf(inverse(self._arr[e], self._transform, hp), st_dtype)
             self._left -= 1
             if self._left == 0:
                 self._arr = None
@@ -632,7 +609,7 @@ def hf_view(ck, src: Path) -> tuple[dict, dict, list, list[str]]:
     rope_freqs = ck.read(ROPE_FREQS) if ROPE_FREQS in ck.tensors and "llama3" in spec.rope_scalings else None
     config, warnings = hf_config_from_gguf(meta, spec, ck.tensors, dtype="float32", tied=tied, path=str(src),
                                            rope_freqs=rope_freqs, longrope=_longrope_tensors(ck, spec, src))
-    hp = _hparams(meta, arch, str(src))
+    hp = hparams_from_gguf(meta, arch, str(src))
     return config, hp, _tensor_plan(ck, spec, arch, tied, src, config), warnings
 
 
@@ -643,7 +620,7 @@ def hf_array(ck, entry: tuple, hp: dict, cache: dict | None = None) -> np.ndarra
     from .splits import join
     gname, _hname, transform, _shape, _gdtype, extra = entry
     if extra is None:
-        return _transform_to_hf(ck.read(gname), transform, hp)
+        return inverse(ck.read(gname), transform, hp)
     obj, slot = extra
     if isinstance(obj, _Join):
         parts = [ck.read(g) for g in obj._gnames]
@@ -653,7 +630,7 @@ def hf_array(ck, entry: tuple, hp: dict, cache: dict | None = None) -> np.ndarra
     cache = {} if cache is None else cache
     if gname not in cache:
         cache[gname] = ck.read(gname)
-    return _transform_to_hf(cache[gname][slot], transform, hp)
+    return inverse(cache[gname][slot], transform, hp)
 
 
 def write_hf_tokenizer(ck, config: dict, out: Path) -> bool:

@@ -35,6 +35,7 @@ from ..errors import FormatError
 from ..formats import safetensors as st
 from ..formats.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.shard_io import pwrite_all
+from .transforms import lookup
 
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "verify_written", "CHUNK_ELEMS"]
 
@@ -45,12 +46,10 @@ _MAX_WORKERS = 4                   # float / q8_0 outputs: the stream is read- a
 # this many; 2 x workers chunks of ~13 MB in flight keep 16 workers near 0.4 GB
 _MAX_KERNEL_WORKERS = 16
 _RAW_DTYPES = ("F32", "F16", "BF16")   # read as stored bytes and decoded in the worker
-# transforms that only move values (rows permuted, a transpose): BF16 -> F16 skips float32
-_MOVES_ONLY = ("none", "perm_q", "perm_k", "conv1d")
-# transforms that act row by row (a chunk of rows is transformed alone); perm_q / perm_k act
-# within heads (chunks are cut on head boundaries); any other (conv1d's transpose, the fused-QKV
-# reorders of BLOOM / GPT-NeoX) moves rows across the whole tensor, which is then taken whole
-_ROW_LOCAL = ("none", "norm_shift", "raw")     # raw: stored bytes copied as they are (GGUF -> GGUF)
+# each planned tensor's transform record (.transforms) says how it may be cut: ``rows`` (a chunk of
+# rows is transformed alone), ``heads`` (perm_q / perm_k act within heads: chunks are cut on head
+# boundaries) or ``whole`` (conv1d's transpose, the fused-QKV reorders of BLOOM / GPT-NeoX move rows
+# across the whole tensor); and whether it only moves values (BF16 -> F16 then skips float32)
 
 
 def _workers(plan=()) -> int:
@@ -83,12 +82,13 @@ def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
     (``shape``: the source tensor's) of planned tensor ``p``."""
     rows = shape[0] if shape else 1
     whole = [(0, rows, 0, p.nbytes)]
-    if len(shape) < 2 or p.transform not in _ROW_LOCAL + ("perm_q", "perm_k"):
+    rec = lookup(p.transform)
+    if len(shape) < 2 or rec.chunking == "whole":
         return whole
     cols = int(np.prod(shape[1:]))
     per_row = p.nbytes // rows              # row-wise transforms keep the row count
-    if p.transform in ("perm_q", "perm_k"):
-        n_head = hp["n_head"] if p.transform == "perm_q" else hp["n_head_kv"]
+    if rec.chunking == "heads":
+        n_head = hp[rec.needs[0]]
         if rows % n_head or (rows // n_head) % 2:
             return whole                    # the transform refuses it, with the whole tensor's numbers
         hd = rows // n_head
@@ -148,7 +148,8 @@ def _read(ck, p, a: int, b: int):
 
 def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str], readback: bool) -> Chunk:
     p = job.p
-    bits = job.info is not None and job.info.dtype == "BF16" and p.ggml_type == "F16" and p.transform in _MOVES_ONLY
+    rec = lookup(p.transform)
+    bits = job.info is not None and job.info.dtype == "BF16" and p.ggml_type == "F16" and rec.moves_only
     if bits:            # move the stored bfloat16 bits, convert them at the end (bf16_bits_to_f16)
         arr = job.src.view(np.uint16).reshape(job.info.shape)
     else:
@@ -156,7 +157,7 @@ def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, s
     job.src = None
     if job.heads:       # a whole number of heads: permute within them, as over the whole tensor
         hp = dict(hp, n_head=job.heads, n_head_kv=job.heads)
-    if p.transform == "raw":
+    if rec.stored_bytes:
         data = np.ascontiguousarray(arr).view(np.uint8)
     else:
         arr = transform(arr, p.transform, hp, path=labels[0], tensor=p.src)

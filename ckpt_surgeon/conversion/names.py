@@ -17,19 +17,11 @@ Where the rows come from:
 - hyper-parameter keys: ``gguf_writer.py`` ``add_*`` methods (``{arch}.context_length`` ...)
   and each model's ``set_gguf_parameters``.
 
-Transforms (applied HF -> GGUF; their inverses GGUF -> HF):
-
-``perm_q`` / ``perm_k``
-    rows reordered by :func:`ckpt_surgeon.arch.layouts.llama_permute_index` with the query /
-    kv head count (weights and biases alike).
-``conv1d``
-    2-D weight transposed (GPT-2 ``Conv1D`` keeps ``[in, out]``, GGUF wants ``[out, in]``).
-``norm_shift``
-    ``+1`` (Gemma stores ``w``, llama.cpp wants ``1 + w``).
-``row``
-    an HF ``[1, n]`` weight (Qwen2-MoE ``shared_expert_gate``): written 2-D as llama.cpp's converter
-    writes it; read back 2-D also from files llama.cpp re-wrote 1-D (its quantizer drops
-    trailing ggml dims of size 1).
+Transforms (the registry names them; each is written once, forward and inverse, in
+:mod:`ckpt_surgeon.conversion.transforms`): ``perm_q`` / ``perm_k`` (llama's rotary row order),
+``conv1d`` (GPT-2's transposed weights), ``norm_shift`` (Gemma's ``1 + w``), ``row`` (an HF
+``[1, n]`` weight that llama.cpp's quantizer may re-write 1-D), ``qkv_per_head`` / ``qkv_grouped``
+(fused QKV rows reordered to ``[Q; K; V]``).
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ..arch.quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
 from ..errors import UnsupportedError
+from ..formats.ggml_types import nbytes as ggml_nbytes
 
 __all__ = ["QUANT_ONLY", "file_type_name", "check_quant_request", "quantize_plan", "mixture", "ggml_shape"]
 
@@ -45,20 +46,6 @@ def ggml_shape(shape: tuple) -> tuple:
     return shape
 
 
-def _block(t: str) -> int:
-    import gguf
-    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0]
-
-
-def _nbytes(t: str, shape: tuple) -> int:
-    import gguf
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block * size
-
-
 def mixture(entries: list, dtype: str, arch: str, hp: dict, imatrix_path, path: str) -> tuple[dict, dict]:
     """``entries``: ``(GGUF name, numpy shape, source ggml type)``.  Returns (name -> TensorType,
     name -> importance weights) after every check llama.cpp makes before writing (imatrix from
@@ -69,7 +56,7 @@ def mixture(entries: list, dtype: str, arch: str, hp: dict, imatrix_path, path: 
     if imatrix_path is not None:
         from .imatrix import read_imatrix
         im = read_imatrix(imatrix_path)
-    types = tensor_types(entries, dtype, model, has_imatrix=im is not None, block=_block)
+    types = tensor_types(entries, dtype, model, has_imatrix=im is not None)
     weights = {}
     if im is not None:
         from .imatrix import imatrix_for_plan
@@ -94,7 +81,7 @@ def quantize_plan(plan: list, dtype: str, arch: str, hp: dict, imatrix_path, war
         t = types[p.dst]
         if t.fell_back:
             fell.append(f"{p.dst} ({t.ggml_type})")
-        out.append(replace(p, ggml_type=t.ggml_type, nbytes=_nbytes(t.ggml_type, p.shape), shape=ggml_shape(p.shape),
+        out.append(replace(p, ggml_type=t.ggml_type, nbytes=ggml_nbytes(t.ggml_type, p.shape), shape=ggml_shape(p.shape),
                            imatrix=weights.get(p.dst)))
     if fell:
         warnings.append(f"{len(fell)} tensor(s) have rows that are not whole blocks of the mixture's type and fall "

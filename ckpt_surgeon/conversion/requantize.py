@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
+from ..formats import ggml_types as GT
 from ..formats import gguf_write as gw
 from ..formats.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
-from . import _io
+from . import output_path
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
 from .report import ConvertReport, TensorRecord
@@ -142,10 +143,32 @@ def _hparams(h) -> dict:
             "n_expert": int(first("expert_count", 0) or 0)}
 
 
-def _nbytes(t: str, shape: tuple) -> int:
-    import gguf
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
-    return int(np.prod(shape, dtype=np.int64)) // block * size
+def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requantize: bool,
+          src: str) -> tuple[list, list[str]]:
+    """Each tensor of header ``h`` as written: its stored bytes copied (``raw``: the type stays) or
+    quantized to the mixture's type; refused where that would requantize without ``allow_requantize``.
+    Returns (the plan, warnings)."""
+    plan, warnings, fell = [], [], []
+    for name, shape, sdt in entries:
+        t = types[name]
+        new = t.ggml_type
+        if new != sdt and sdt not in _FLOATS:
+            if not allow_requantize:
+                raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
+                                       "pass --allow-requantize to do it anyway)", path=src, tensor=name)
+            if dtype not in QUANT_ONLY:
+                from ..formats import ggml_quant
+                ggml_quant.lib()      # the decoder of a quantized source is ggml's
+        if t.fell_back:
+            fell.append(name)
+        raw = new == sdt
+        plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
+                             (h.tensors[name].end - h.tensors[name].start) if raw else GT.nbytes(new, shape), sdt,
+                             imatrix=None if raw else weights.get(name)))
+    if fell:
+        warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "
+                        + ", ".join(fell[:4]) + (" ..." if len(fell) > 4 else ""))
+    return plan, warnings
 
 
 def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, imatrix=None,
@@ -169,34 +192,15 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     if split is not None and int(split) > 1:
         raise UnsupportedError(f"is part of a split GGUF ({split} parts): merge it first "
                                "(llama-gguf-split --merge)", path=str(src))
-    _io.check_output(out, [str(src)], force)
+    output_path.check_output(out, [str(src)], force)
     entries = [(n, tuple(i.shape), i.dtype) for n, i in h.tensors.items()]
     types, weights = mixture(entries, dtype, h.architecture or "", _hparams(h), imatrix, str(src))
-    plan, warnings, fell = [], [], []
-    for name, shape, sdt in entries:
-        t = types[name]
-        new = t.ggml_type
-        if new != sdt and sdt not in _FLOATS:
-            if not allow_requantize:
-                raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
-                                       "pass --allow-requantize to do it anyway)", path=str(src), tensor=name)
-            if dtype not in QUANT_ONLY:
-                from ..formats import ggml_quant
-                ggml_quant.lib()      # the decoder of a quantized source is ggml's
-        if t.fell_back:
-            fell.append(name)
-        raw = new == sdt
-        plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
-                             (h.tensors[name].end - h.tensors[name].start) if raw else _nbytes(new, shape), sdt,
-                             imatrix=None if raw else weights.get(name)))
-    if fell:
-        warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "
-                        + ", ".join(fell[:4]) + (" ..." if len(fell) > 4 else ""))
+    plan, warnings = _plan(h, entries, types, weights, dtype, allow_requantize, str(src))
     import gguf
     kv, count = _kv_bytes(h)
     kv += gw.encode_kv(gw.KV("general.quantization_version", gw.VT.UINT32, gguf.GGML_QUANT_VERSION))
     kv += gw.encode_kv(gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[file_type_name(dtype)])))
-    slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan]
+    slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan]
     lay = gw.layout(kv, count + 2, slots, alignment=h.alignment, version=h.version)
     source = _Source(h, str(src))
     staging = Staging(out, folder=False)

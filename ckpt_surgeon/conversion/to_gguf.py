@@ -33,16 +33,18 @@ from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
 from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
+from ..formats import ggml_types as GT
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
 from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
-from . import _io
+from . import output_path
 from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, file_type_name
 from .report import ConvertReport, TensorRecord
+from .transforms import forward, lookup
 
 # Source tensors that are not weights: buffers some exporters save (rotary caches, GPT-2's
 # causal-mask buffers `attn.bias` / `attn.masked_bias` in transformers < 4.x exports).
@@ -85,16 +87,6 @@ def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str)
             raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
         out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
     return list(out.values())
-
-
-def _ggml_nbytes(ggml_type: str, shape: tuple) -> int:
-    import gguf
-    qt = gguf.GGMLQuantizationType[ggml_type]
-    block, size = gguf.GGML_QUANT_SIZES[qt]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block * size
 
 
 def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
@@ -372,28 +364,6 @@ def _sum_hparams(cfg: dict, spec: N.ArchSpec, hp: dict, path: str) -> None:
     hp.update(spec.gguf_values)
 
 
-def _transform_to_gguf(arr: np.ndarray, transform: str, hp: dict, *, path: str = "", tensor: str = "") -> np.ndarray:
-    """HF tensor -> GGUF tensor (numpy order), exact except for ``norm_shift`` (one f32 add)."""
-    if transform in ("perm_q", "perm_k"):
-        from ..arch.layouts import llama_permute_index
-        n_head = hp["n_head"] if transform == "perm_q" else hp["n_head_kv"]
-        rows = arr.shape[0]
-        if rows % n_head or (rows // n_head) % 2:
-            raise ConfigError(f"{rows} rows do not split into {n_head} heads of even size", path=path, tensor=tensor)
-        return arr[llama_permute_index(n_head, rows // n_head)]
-    if transform == "conv1d":
-        return np.ascontiguousarray(arr.T) if arr.ndim == 2 else arr
-    if transform == "norm_shift":
-        return (arr.astype(np.float64) + 1.0).astype(np.float32)
-    if transform in ("qkv_per_head", "qkv_grouped"):
-        from ..arch.layouts import concat_index
-        return arr[concat_index(transform[4:], hp["n_head"], hp["n_head_kv"], arr.shape[0])]
-    if ":" in transform:          # one part of a Split row (.splits)
-        from .splits import split_part
-        return split_part(transform, arr, hp, path=path, tensor=tensor)
-    return arr
-
-
 def _weight_type(dtype: str, shape: tuple, name: str, dst: str, warnings: list) -> str:
     """The ggml type llama.cpp's converter gives tensor ``dst`` (``ModelBase.prepare_tensors``):
     F32 for 1-D tensors, ``*_norm.weight``, anything not named ``.weight`` and the always-F32
@@ -445,9 +415,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
     plan: list[_Planned] = []
     for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
         info = ck.tensors[tnames[0]]
-        shape = tuple(info.shape)
-        if rule.transform == "conv1d" and len(shape) == 2:
-            shape = (shape[1], shape[0])
+        shape = lookup(rule.transform).gguf_shape(info.shape)
         if rule.experts:
             odd = next((t for t in tnames if tuple(ck.tensors[t].shape) != tuple(info.shape)), None)
             if odd is not None:
@@ -466,7 +434,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                 gt = _weight_type(dtype, pshape, tnames[0], pdst, scratch)
                 if scratch:
                     fell.append((pdst, pshape[-1]))
-                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, _ggml_nbytes(gt, pshape),
+                plan.append(_Planned(tnames[0], pdst, rule.part_transform(i), pshape, gt, GT.nbytes(gt, pshape),
                                      info.dtype))
             if fell:
                 sizes = "/".join(dict.fromkeys(str(r) for _, r in fell))
@@ -476,7 +444,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
-        plan.append(_Planned(label, dst, rule.transform, shape, gt, _ggml_nbytes(gt, shape), info.dtype,
+        plan.append(_Planned(label, dst, rule.transform, shape, gt, GT.nbytes(gt, shape), info.dtype,
                              tnames if rule.experts else ()))
     return plan
 
@@ -530,7 +498,7 @@ def _checked_source(ck, src: Path, out: Path | None, force: bool) -> tuple[Path,
     ck.layout(shapes=False)
     folder = src if src.is_dir() else src.parent
     if out is not None:
-        _io.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+        output_path.check_output(out, list(ck.files) + [str(folder / "config.json")], force)
     check_hparam_values(ck.config or {}, ck.config_path)
     raw = ck.config or {}
     if raw.get("auto_map") and N.by_model_type(raw.get("model_type")) is None:
@@ -599,9 +567,7 @@ def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec)
 def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
     """Write the planned file through a temp beside ``out``: the header block, then the tensor
     data streamed chunk by chunk (:mod:`.gguf_stream`), reread, renamed into place."""
-    import gguf
-
-    slots = [gw.Slot(p.dst, p.shape, int(gguf.GGMLQuantizationType[p.ggml_type]), p.nbytes) for p in plan.tensors]
+    slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan.tensors]
     lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
     staging = Staging(out, folder=False)
     wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
@@ -614,7 +580,7 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
             # padding before the data: a padding range wrongly computed over data would be
             # overwritten by it, and the data is what each chunk's readback checks
             gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
-            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, _transform_to_gguf,
+            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, forward,
                                        labels=(str(src), str(out)), progress=wbar, readback=verify)
             os.ftruncate(fd, lay.end)
         finally:

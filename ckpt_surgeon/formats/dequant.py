@@ -1,9 +1,8 @@
 """ggml tensor types and vectorised dequantization to float32 (numpy; no torch at import).
 
-The type table (:data:`GGML_TYPES`) is the format fact ``type id -> (name, elements per
-block, bytes per block)`` from ggml (``ggml/src/ggml.c`` ``type_traits``; gguf-py mirrors
-it as ``GGML_QUANT_SIZES``).  A tensor of type ``T`` whose innermost dimension (ggml
-``ne[0]``, the *last* numpy axis) is ``n`` stores ``n / block_size`` blocks per row.
+The type facts (``id -> name, elements per block, bytes per block``) are the one table of
+:mod:`.ggml_types`.  A tensor of type ``T`` whose innermost dimension (ggml ``ne[0]``, the
+*last* numpy axis) is ``n`` stores ``n / block_size`` blocks per row.
 
 Each kernel below decodes a 2-D array of blocks ``[n_blocks, type_size] (uint8)`` into
 ``[n_blocks, block_size] (float32)``.  The block layouts follow ggml's
@@ -30,7 +29,7 @@ axes (per-row loop overhead).  Here (measured on this 2-core machine; ``benchmar
 The IQ grid and sign tables are *data* from llama.cpp (``ggml-common.h`` ``iq2xxs_grid``
 ...).  Rather than duplicate several thousand table entries, they are read at first use
 from the installed gguf-py package (``gguf.quants.<TYPE>.grid`` / ``IQ2_XXS.ksigns``),
-a declared dependency; nothing else here calls gguf-py.
+a declared dependency; nothing else here calls gguf-py (the type table aside: :mod:`.ggml_types`).
 
 :func:`dequantize_torch` is the thin torch wrapper (float32 or bfloat16); it imports
 torch inside the function so that reading a GGUF (``inspect``) never imports torch.
@@ -39,44 +38,10 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
-QK_K = 256
-
-
-@dataclass(frozen=True)
-class GGMLType:
-    id: int
-    name: str
-    block_size: int      # elements per block
-    type_size: int       # bytes per block
-
-    @property
-    def quantized(self) -> bool:
-        return self.block_size > 1
-
-    def nbytes(self, numel: int) -> int:
-        """Bytes of ``numel`` elements (``numel`` must be a multiple of ``block_size``)."""
-        return numel // self.block_size * self.type_size
-
-
-# ggml type ids (ggml.h `enum ggml_type`).  Ids 4, 5 (Q4_2/Q4_3) and 31-33, 36-38
-# (runtime-repacked Q4_0_4_4 ..., IQ4_NL_4_4 ...) were removed from the format: unknown.
-_TYPE_ROWS = (
-    (0, "F32", 1, 4), (1, "F16", 1, 2), (2, "Q4_0", 32, 18), (3, "Q4_1", 32, 20),
-    (6, "Q5_0", 32, 22), (7, "Q5_1", 32, 24), (8, "Q8_0", 32, 34), (9, "Q8_1", 32, 40),
-    (10, "Q2_K", QK_K, 84), (11, "Q3_K", QK_K, 110), (12, "Q4_K", QK_K, 144), (13, "Q5_K", QK_K, 176),
-    (14, "Q6_K", QK_K, 210), (15, "Q8_K", QK_K, 292), (16, "IQ2_XXS", QK_K, 66), (17, "IQ2_XS", QK_K, 74),
-    (18, "IQ3_XXS", QK_K, 98), (19, "IQ1_S", QK_K, 50), (20, "IQ4_NL", 32, 18), (21, "IQ3_S", QK_K, 110),
-    (22, "IQ2_S", QK_K, 82), (23, "IQ4_XS", QK_K, 136), (24, "I8", 1, 1), (25, "I16", 1, 2),
-    (26, "I32", 1, 4), (27, "I64", 1, 8), (28, "F64", 1, 8), (29, "IQ1_M", QK_K, 56),
-    (30, "BF16", 1, 2), (34, "TQ1_0", QK_K, 54), (35, "TQ2_0", QK_K, 66), (39, "MXFP4", 32, 17),
-    (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18),
-)
-GGML_TYPES: dict[int, GGMLType] = {r[0]: GGMLType(*r) for r in _TYPE_ROWS}
-TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES.values()}
+from .ggml_types import GGMLType, ggml_type
 
 # Types read as their native numpy dtype (not "dequantized"): integers and F64.
 NATIVE_DTYPES = {"I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F64": np.float64}
@@ -84,15 +49,6 @@ NATIVE_DTYPES = {"I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int6
 # Output elements per chunk: 256 Ki float32 = 1 MiB, inside one core's L2 (2 MiB here),
 # so the several passes a kernel makes over its chunk stay in cache.
 CHUNK_ELEMENTS = 1 << 18
-
-
-def ggml_type(t: int | str | GGMLType) -> GGMLType:
-    """Look a type up by id, name or record.  ``KeyError`` if unknown."""
-    if isinstance(t, GGMLType):
-        return t
-    if isinstance(t, str):
-        return TYPES_BY_NAME[t]
-    return GGML_TYPES[int(t)]
 
 
 # --------------------------------------------------------------------------- helpers

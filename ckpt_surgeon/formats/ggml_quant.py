@@ -2,7 +2,8 @@
 
 ``libggml-base`` exports ``ggml_quantize_chunk`` (the function ``llama_model_quantize`` calls,
 ``src/llama-quant.cpp`` ``llama_tensor_quantize_impl``), ``ggml_quantize_requires_imatrix`` and
-the type traits (``ggml_get_type_traits``: name, block size, block bytes, ``to_float``).  Calling
+the type traits (``ggml_get_type_traits``: the name, checked against gguf-py's, and ``to_float``;
+block sizes and bytes are the one table of :mod:`.ggml_types`).  Calling
 them gives llama-quantize's bytes by construction, at its speed, with no kernel of ours to
 maintain.  ctypes releases the GIL for the duration of each call, so the converter's worker
 threads quantize in parallel.
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..errors import UnsupportedError
 
-__all__ = ["lib", "type_id", "type_name", "block_size", "type_size", "row_size", "is_quantized",
+__all__ = ["lib", "type_id", "type_name", "is_quantized",
            "quantize_rows", "dequantize", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'ckpt-surgeon[llama]' (llama-cpp-python ships the ggml library whose kernels are used)"
@@ -107,20 +108,12 @@ def type_name(tid: int) -> str:
     return lib().ggml_get_type_traits(int(tid)).contents.type_name.decode().upper()
 
 
-def block_size(name: str) -> int:
-    return int(_traits(name).blck_size)
-
-
-def type_size(name: str) -> int:
-    return int(_traits(name).type_size)
-
-
 def is_quantized(name: str) -> bool:
-    return bool(_traits(name).is_quantized)
-
-
-def row_size(name: str, n_per_row: int) -> int:
-    return int(lib().ggml_row_size(type_id(name), int(n_per_row)))
+    """Whether ``name`` is a quantized type (:mod:`.ggml_types`) this ggml library has; refused
+    (:class:`UnsupportedError`) when the library lacks it."""
+    from .ggml_types import ggml_type
+    type_id(name)
+    return ggml_type(name.upper()).quantized
 
 
 def quantize_rows(x: np.ndarray, name: str, imatrix: np.ndarray | None = None) -> np.ndarray:

@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import FormatError, SourceNotFoundError, TruncatedError
 from ..records import TensorInfo
 from . import dequant as dq
+from . import ggml_types as GT
 from .safe_input import open_regular
 from .source import ByteSource, FileSource, LocalBytes, ShardSet
 
@@ -415,7 +416,7 @@ def _tensor_records(infos: list, path: str, file_size: int, data_start: int,
                               "weight", path=path, tensor=name)
         if offset % alignment:
             raise FormatError(f"data offset {offset} is not a multiple of the alignment {alignment}", path=path, tensor=name)
-        t = dq.GGML_TYPES.get(type_id)
+        t = GT.GGML_TYPES.get(type_id)
         start = data_start + offset
         if t is None:
             dtype, end, quant = f"UNKNOWN_{type_id}", start, False
@@ -425,7 +426,7 @@ def _tensor_records(infos: list, path: str, file_size: int, data_start: int,
             if ne[0] % t.block_size:
                 raise FormatError(f"row length {ne[0]} is not a multiple of the {t.name} block size {t.block_size}",
                                   path=path, tensor=name)
-            nbytes = numel // t.block_size * t.type_size
+            nbytes = t.nbytes(numel)
             if nbytes >= 1 << 63:
                 raise FormatError(f"{list(ne)} x {t.name} is {nbytes:,} bytes, beyond the 2**63 limit", path=path, tensor=name)
             dtype, end, quant = t.name, start + nbytes, t.quantized
@@ -585,8 +586,8 @@ class GGUFFile(_GGUFReading, FileSource):
     def check(self, info: TensorInfo) -> None:
         self._ggml_type(info)
 
-    def _ggml_type(self, info: TensorInfo) -> dq.GGMLType:
-        t = dq.TYPES_BY_NAME.get(info.dtype)
+    def _ggml_type(self, info: TensorInfo) -> GT.GGMLType:
+        t = GT.TYPES_BY_NAME.get(info.dtype)
         if t is None:
             tid = self.header.ggml_type_ids.get(info.name)
             raise FormatError(f"has unknown ggml type id {tid}; its data cannot be read", path=self.path, tensor=info.name)

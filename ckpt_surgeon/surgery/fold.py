@@ -247,11 +247,36 @@ def _with_centering(steps: list[TensorStep], centered: list[TensorStep]) -> list
     return steps + [c for c in centered if c.out not in folded_o]
 
 
+def _k_dims(lr, approximate: bool, max_logit_change, pairs_mode: str, notes: list) -> tuple:
+    """(dims removed from layer ``lr``'s key bias, their bound, the energy share removed, rotary pairs
+    chosen): the exact dims, or with ``approximate`` the pairs :func:`select_pairs` chooses."""
+    from ..analysis.redundancy import select_pairs
+    if approximate:
+        sel = select_pairs(lr, float(max_logit_change), include_exact=True, only_near=(pairs_mode == "near"))
+        if sel.note:
+            notes.append(f"layer {lr.layer}: {sel.note}")
+        return np.asarray(sel.dims, dtype=np.int64), sel.bound, sel.removed_energy_fraction, len(sel.pairs)
+    bound = 0.0 if lr.k_class in ("exact", "partial") else None
+    return np.asarray(lr.exact_dims, dtype=np.int64), bound, lr.exact_fraction or 0.0, 0
+
+
+def _k_class_notes(layout, classes: set) -> list[str]:
+    """What the plan says of the key-bias classes it removes exactly."""
+    notes = []
+    if "exact" in classes:
+        notes.append(f"key bias: no rotary ({layout.position.type} positions), so q·b_k is constant over the keys and "
+                     "softmax ignores it: it is removed exactly")
+    if "partial" in classes:
+        notes.append(f"key bias: partial rotary (rotary_dim {layout.position.rotary_dim} of head_dim {layout.head_dim}): "
+                     "the pass-through dimensions are removed exactly")
+    return notes
+
+
 def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate, max_logit_change,
             context, params, epsilon, pairs_mode) -> str | None:
     """Key-bias part of the plan, from the analyzer's classes, exact dims and per-pair bounds
     (:mod:`ckpt_surgeon.analysis.redundancy`: module docstring has the derivation)."""
-    from ..analysis.redundancy import analyze_checkpoint, select_pairs
+    from ..analysis.redundancy import analyze_checkpoint
 
     src = ckpt.source
     located = {lt.layer: bias_rows(layout, lt, "k") for lt in layout.layers}
@@ -284,15 +309,8 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
     n_pairs = n_dims = 0
     for i, (t, rows) in sorted(located.items()):
         lr = by_layer[i]
-        if approximate:
-            sel = select_pairs(lr, float(max_logit_change), include_exact=True, only_near=(pairs_mode == "near"))
-            dims, bound, frac = np.asarray(sel.dims, dtype=np.int64), sel.bound, sel.removed_energy_fraction
-            n_pairs += len(sel.pairs)
-            if sel.note:
-                notes.append(f"layer {i}: {sel.note}")
-        else:
-            dims, bound = np.asarray(lr.exact_dims, dtype=np.int64), (0.0 if lr.k_class in ("exact", "partial") else None)
-            frac = lr.exact_fraction or 0.0
+        dims, bound, frac, pairs = _k_dims(lr, approximate, max_logit_change, pairs_mode, notes)
+        n_pairs += pairs
         removed = rows[dims] if dims.size else np.zeros(0, dtype=np.int64)
         n_dims += int(dims.size)
         rows_to_zero.setdefault(t, set()).update(int(r) for r in removed)
@@ -300,13 +318,7 @@ def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, a
         worst = max(worst, bound or 0.0)
         records[i].update(k_bias=t, k_class=lr.k_class, k_removed=int(dims.size), k_total=int(rows.size),
                           k_removed_energy=float(frac), k_norm=float(lr.k_bias_l2 or 0.0), k_bound=bound)
-    classes = sorted({by_layer[i].k_class for i in located})
-    if "exact" in classes:
-        notes.append(f"key bias: no rotary ({layout.position.type} positions), so q·b_k is constant over the keys and "
-                     "softmax ignores it: it is removed exactly")
-    if "partial" in classes:
-        notes.append(f"key bias: partial rotary (rotary_dim {layout.position.rotary_dim} of head_dim {layout.head_dim}): "
-                     "the pass-through dimensions are removed exactly")
+    notes += _k_class_notes(layout, {by_layer[i].k_class for i in located})
     if approximate:
         params.update(context=rep.context, epsilon=rep.epsilon, pairs=pairs_mode, bound=worst)
         if n_dims == 0:
@@ -407,6 +419,24 @@ def _check_centering(layout, config, src) -> None:
                            f"mean (LayerNorm); {readers.reason}; nothing was centered", path=src)
 
 
+def _centerable(ckpt, name: str, axis: int, n: int | None):
+    """The info of tensor ``name``, refused when centering it along ``axis`` would not be exact
+    (quantized values) or that axis is not the hidden size ``n``."""
+    src, info = ckpt.source, ckpt.tensors[name]
+    if info.quantized and ckpt.quantization is not None:
+        raise UnsupportedError(f"--center-weights: the weight is quantized ({ckpt.quantization.method}); centering "
+                               "its values would re-quantize them (not exact); use --center (biases only)",
+                               path=src, tensor=name)
+    if info.quantized:
+        raise UnsupportedError(f"--center-weights: {info.dtype} is a block-quantized type; centering its "
+                               "values would re-quantize them (not exact); use --center (biases only)",
+                               path=src, tensor=name)
+    if n and info.shape[axis] != n:
+        raise UnsupportedError(f"--center: expected the hidden size {n} along axis {axis} of this "
+                               f"residual-writing tensor, found shape {list(info.shape)}", path=src, tensor=name)
+    return info
+
+
 def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep]:
     """``center`` steps for every residual-writing bias (and weight, with ``weights``): see the
     module docstring; the stream's readers were checked by :func:`_check_centering`."""
@@ -433,18 +463,7 @@ def _plan_center(ckpt, layout, weights: bool, records, notes) -> list[TensorStep
             # embedding tables [rows, hidden]
             todo.append((t.weight, -1 if (t.role.startswith("embed") or layout.conv1d) else 0))
         for name, axis in todo:
-            info = ckpt.tensors[name]
-            if info.quantized and ckpt.quantization is not None:
-                raise UnsupportedError(f"--center-weights: the weight is quantized ({ckpt.quantization.method}); centering "
-                                       "its values would re-quantize them (not exact); use --center (biases only)",
-                                       path=src, tensor=name)
-            if info.quantized:
-                raise UnsupportedError(f"--center-weights: {info.dtype} is a block-quantized type; centering its "
-                                       "values would re-quantize them (not exact); use --center (biases only)",
-                                       path=src, tensor=name)
-            if n and info.shape[axis] != n:
-                raise UnsupportedError(f"--center: expected the hidden size {n} along axis {axis} of this "
-                                       f"residual-writing tensor, found shape {list(info.shape)}", path=src, tensor=name)
+            info = _centerable(ckpt, name, axis, n)
             steps.append(TensorStep("center", name, (name,), step_params(axis=axis), like=name, layer=t.layer,
                                     why="mean over the hidden size removed (every stream reader is a LayerNorm)"))
             if t.layer is not None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..arch import families as F
 from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
-from ..arch.resolve import _fused_layout, _rope_params
+from ..arch.resolve import family_fused_layout, rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
 from ..formats.quant_schemes import SCHEMES
 from .fold import family_of
@@ -265,16 +264,7 @@ def plan_qkv_split(ckpt, *, layout: str | None = None, to: str | None = None) ->
                     raise UnsupportedError("qkv split: refused: a quantized Conv1D weight", path=src, tensor=fused)
                 steps += _split_stored(ckpt, moves, qkv_mod, roles, row_layout, h, kv, d, lt.layer)
                 continue
-            for r, out in zip("qkv", names):
-                rows = (h if r == "q" else kv) * d
-                shape = list(info.shape)
-                shape[a] = rows
-                if info.quantized and a != 0:
-                    raise UnsupportedError("cannot split a quantized tensor along its inner axis", tensor=fused)
-                steps.append(TensorStep("split_qkv", out, (fused,), step_params(
-                    part=r, layout=row_layout, axis=a, n_heads=h, n_kv_heads=kv, head_dim=d),
-                    like=fused, dtype=info.dtype, shape=tuple(shape), layer=lt.layer,
-                    why=f"{r} rows of the {row_layout} fused {kind}"))
+            steps += _split_steps(info, fused, names, a, row_layout, (h, kv, d), lt.layer, kind)
             steps.append(TensorStep("delete", None, (fused,), layer=lt.layer, why="replaced by q/k/v"))
         q, k, v = (_swap_module(lt.qkv_weight, qkv_mod, roles[r]) for r in ("q", "k", "v"))
         layers.append(QkvLayer(lt.layer, lt.qkv_weight, q, k, v, row_layout if axis == 0 else "conv1d",
@@ -308,6 +298,24 @@ def _split_note(ckpt, fam, lay_, roles: dict, layout: str) -> str:
     return (f"config kept ({lay_.architecture}); transformers' {cls} reads the fused {roles['qkv']}, not separate "
             "q/k/v (it would initialise that at random), so load this with a runtime that takes separate q/k/v, "
             f"or run `qkv fuse` to restore it (the {layout} layout is recorded in the metadata)")
+
+
+def _split_steps(info, fused: str, names: list, a: int, row_layout: str, heads: tuple, layer: int,
+                 kind: str) -> list:
+    """The three ``split_qkv`` steps taking q, k and v (``names``) out of tensor ``fused`` along axis ``a``."""
+    h, kv, d = heads
+    steps = []
+    for r, out in zip("qkv", names):
+        rows = (h if r == "q" else kv) * d
+        shape = list(info.shape)
+        shape[a] = rows
+        if info.quantized and a != 0:
+            raise UnsupportedError("cannot split a quantized tensor along its inner axis", tensor=fused)
+        steps.append(TensorStep("split_qkv", out, (fused,), step_params(
+            part=r, layout=row_layout, axis=a, n_heads=h, n_kv_heads=kv, head_dim=d),
+            like=fused, dtype=info.dtype, shape=tuple(shape), layer=layer,
+            why=f"{r} rows of the {row_layout} fused {kind}"))
+    return steps
 
 
 def _pick_rewrite(fam, cfg, to, src):
@@ -372,7 +380,7 @@ def _apply_rewrite(ckpt, layout, fam, rw, fused_layers, src):
             changes.append((k, cfg.get(k), v))
         new[k] = v
     if "rope_parameters" not in new and "rope_theta" not in new:
-        new["rope_theta"] = _rope_params(cfg)["theta"]
+        new["rope_theta"] = rope_params(cfg)["theta"]
     return steps, new, tuple(changes)
 
 
@@ -391,7 +399,7 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
         raise UnsupportedError(f"the registry names no fused qkv module for {fam.name}", path=src)
     rec = _recorded_layout(ckpt)
     default = rec or ("concat" if ckpt.naming == "gguf" else
-                      (_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
+                      (family_fused_layout(fam, ckpt.config or {}) if not lay_.conv1d else "conv1d")) or "concat"
     row_layout, axis = _resolve_layout(layout, default, fam, src)
     _check_layout(row_layout, h, kv, d, src)
     qkv_mod, q_mod = roles["qkv"], roles["q"]
@@ -427,19 +435,27 @@ def plan_qkv_fuse(ckpt, *, layout: str | None = None) -> Plan:
         layers.append(QkvLayer(lt.layer, _swap_module(lt.q_weight, q_mod, qkv_mod), lt.q_weight, lt.k_weight,
                                lt.v_weight, row_layout if axis == 0 else "conv1d", lt.q_bias is not None))
     record = {"qkv_layout": row_layout if axis == 0 else "conv1d"}
-    notes = [f"q/k/v fused into {qkv_mod} ({record['qkv_layout']} layout, recorded in the metadata); config kept"]
-    if "qkv" in fam.surgery_roles:
-        # the family's own modules are separate: say what the fused file is for (issue 24)
-        if ckpt.naming == "gguf":
-            notes.append("llama.cpp loads blk.N.attn_qkv in place of attn_q / attn_k / attn_v (llama-model.cpp "
-                         "create_tensor_qkv), so this GGUF runs there as it is")
-        else:
-            notes.append(f"transformers' {fam.hf_class or lay_.architecture} has no {qkv_mod}: it would drop it and "
-                         f"initialise {roles['q']} / {roles['k']} / {roles['v']} at random (`ckpt-surgeon lint` says "
-                         "so), so this folder is for tools that take one fused [Q; K; V] tensor (as GGUF's attn_qkv, "
-                         "which llama.cpp loads for this architecture); `qkv split` restores the original bit for bit")
+    notes = _fuse_notes(ckpt, fam, lay_, roles, record["qkv_layout"])
     return Plan("qkv-fuse", src, {"layout": record["qkv_layout"]}, tuple(steps), layers=tuple(layers),
                 notes=tuple(notes), record=record)
+
+
+def _fuse_notes(ckpt, fam, lay_, roles: dict, fused_layout: str) -> list[str]:
+    """What a fuse plan says: where the fused tensor went and, when the family's own modules are
+    separate, what the fused file is for (issue 24)."""
+    qkv_mod = roles["qkv"]
+    notes = [f"q/k/v fused into {qkv_mod} ({fused_layout} layout, recorded in the metadata); config kept"]
+    if "qkv" not in fam.surgery_roles:
+        return notes
+    if ckpt.naming == "gguf":
+        notes.append("llama.cpp loads blk.N.attn_qkv in place of attn_q / attn_k / attn_v (llama-model.cpp "
+                     "create_tensor_qkv), so this GGUF runs there as it is")
+    else:
+        notes.append(f"transformers' {fam.hf_class or lay_.architecture} has no {qkv_mod}: it would drop it and "
+                     f"initialise {roles['q']} / {roles['k']} / {roles['v']} at random (`ckpt-surgeon lint` says "
+                     "so), so this folder is for tools that take one fused [Q; K; V] tensor (as GGUF's attn_qkv, "
+                     "which llama.cpp loads for this architecture); `qkv split` restores the original bit for bit")
+    return notes
 
 
 def qkv_split(source, out, *, layout: str | None = None, to: str | None = None, force: bool = False,

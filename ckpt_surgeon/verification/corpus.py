@@ -472,7 +472,7 @@ def _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference
     if reference_file is not None and save_reference is not None:
         raise CkptError("--reference FILE skips the reference run; there is nothing to --save-reference")
     if save_reference is not None:
-        from ..conversion._io import check_output    # the same output rules as every --output
+        from ..conversion.output_path import check_output    # the same output rules as every --output
         check_output(Path(os.fspath(save_reference)),
                      [os.fspath(x) for x in (reference, corpus, corpus_ids) if x and os.path.exists(os.fspath(x))],
                      replace)
