@@ -72,7 +72,6 @@ LONG_OK = {
                                     "kept in its order so it can be read beside the C++",
     ("arch/feeds.py", "feeds"): "issue 35 step 3 moves the derivation engine (arch/derive/)",
     ("verification/core.py", "verify"): "issue 35 step 4 composes verify from records",
-    ("verification/corpus.py", "verify_corpus"): "issue 35 step 4 composes verify from records",
     ("verification/stream.py", "StreamedPair._stream"): "issue 35 step 4 (verify's memory planning in its own module)",
     ("analysis/redundancy.py", "analyze_checkpoint"): "issue 35 step 5 splits redundancy.py",
     ("surgery/fold.py", "plan_fold_bias"): "the fold planner, step by step per layer",
