@@ -122,3 +122,34 @@ def test_plot_without_matplotlib_is_one_line(hot, tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "matplotlib" in out.stderr and "[plot]" in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
     assert not plots.exists() and out.stdout == ""
+
+
+def _tiny_deepseek_v3(out: Path) -> Path:
+    """A 2-layer DeepSeek-V3 (MLA with a query LoRA, as V3 has; ckpt_surgeon.tiny has no V3 spec), built
+    with transformers' own class and saved as safetensors."""
+    import torch
+    import transformers
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, head_dim=8, first_k_dense_replace=2, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.DeepseekV3ForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def test_mla_latent_cache_is_refused_with_what_remains(tmp_path):
+    """MLA caches a latent c_kv and one shared rotary key: no per-head key blocks, no pairs to rescale.
+    ``--kv-cache`` (with --measure and --plot too) is one line, exit 2, before any measuring or plotting,
+    and it names what plain ``analyze`` still gives, which then runs."""
+    model = _tiny_deepseek_v3(tmp_path / "dsv3")
+    plots = tmp_path / "plots"
+    for extra in ([], ["--measure", "--device", "cpu", "--plot", str(plots)]):
+        r = CliRunner().invoke(cli, ["analyze", str(model), "--kv-cache", "q4_0", *extra])
+        assert r.exit_code == 2 and r.output.count("\n") == 1, (extra, r.output)
+        assert "latent" in r.output and "without --kv-cache still reports the bias classes" in r.output
+    assert not plots.exists()
+    r = CliRunner().invoke(cli, ["analyze", str(model), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["layers"], r.output
