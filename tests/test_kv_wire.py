@@ -153,3 +153,22 @@ def test_mla_latent_cache_is_refused_with_what_remains(tmp_path):
     r = CliRunner().invoke(cli, ["analyze", str(model), "--format", "json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["layers"], r.output
+
+
+def test_plot_without_measure_on_a_gguf(hot, tmp_path):
+    """Predicted only: one single-panel PNG per type; a GGUF source is equalized in its own format (the
+    planner in dry run: nothing written beside the source)."""
+    pytest.importorskip("matplotlib")
+    from ckpt_surgeon import convert
+    model, _ = hot
+    gguf = tmp_path / "hot.gguf"
+    convert(str(model), str(gguf))
+    plots = tmp_path / "plots"
+    r = CliRunner().invoke(cli, ["analyze", str(gguf), "--kv-cache", "q4_0,q5_1,fp8_e4m3", "--plot", str(plots)])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in plots.iterdir()) == ["kv_fp8_e4m3.png", "kv_q4_0.png", "kv_q5_1.png"]
+    for p in plots.iterdir():
+        w, h = _png_size(p)
+        assert 500 < w < 1000 and h > 300, (p, w, h)      # one panel (6.5 in at 110 dpi), not two
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["hot.gguf", "plots"]
+    assert "meas K" not in r.output and "worst (meas)" not in r.output
