@@ -55,6 +55,8 @@ def test_measure_json_and_plots(hot, tmp_path):
     assert m["worst_layers"]["q4_0"][0] == 1 and m["worst_layers"]["q8_0"][0] == 1
     assert {(x["layer"], x["cache_type"]) for x in m["layers"]} == {(i, t) for i in range(3) for t in ("q4_0", "q8_0")}
     assert m["prompts"] == 2 and all(t <= 24 for t in m["tokens"])
+    # 3 layers: the planted one first in both rankings, so Spearman is 1 or 0.5 (the clean pair's order)
+    assert all(d["rank_agreement"][t] in (pytest.approx(1.0), pytest.approx(0.5)) for t in ("q4_0", "q8_0"))
     for x in m["layers"]:
         assert x["k_logit_rms"] > 0 and x["k_row_kl"] > 0
     # one PNG per cache type, each a real image of plausible size
@@ -85,7 +87,7 @@ def test_measure_table_names_worst_layers(hot):
     assert _row(r.output, 1)[wp] == "q4_0, q8_0" and _row(r.output, 1)[wm] == "q4_0, q8_0"
     for i in (0, 2):
         assert _row(r.output, i)[wp] == "-" and _row(r.output, i)[wm] == "-"
-    assert "worst layers (q4_0)  predicted 1; measured 1" in r.output
+    assert "worst layers (q4_0)  predicted 1; measured 1; rank agreement (Spearman)" in r.output
 
 
 def test_static_kv_path_stays_torch_free(hot):

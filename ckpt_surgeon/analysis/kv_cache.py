@@ -612,7 +612,9 @@ class KvCacheReport:
             "layers": [r.to_dict() for r in self.layers], "heads": [h.to_dict() for h in self.heads],
             "at_risk": {t: self.at_risk(t) for t in self.cache_types},
             "worst_predicted": {t: list(self.worst_predicted(t)) for t in self.cache_types},
-            "measured": None if self.measured is None else self.measured.to_dict()}, "notes": list(self.notes)}
+            "measured": None if self.measured is None else self.measured.to_dict(),
+            "rank_agreement": None if self.measured is None else {
+                t: finite_or_none(self.rank_agreement(t)) for t in self.cache_types}}, "notes": list(self.notes)}
 
     def rows(self) -> list[dict]:
         """One row per layer (per layer and kv head with ``per_head``): each type's K logit error and V
@@ -636,6 +638,20 @@ class KvCacheReport:
         if self.measured is not None:
             self._measured_columns(out.values())
         return list(out.values())
+
+    def rank_agreement(self, cache_type: str) -> float | None:
+        """With ``measured``: Spearman correlation of the layers' predicted K error and measured row KL
+        (None under 3 layers or without a measurement)."""
+        if self.measured is None or cache_type not in self.measured.cache_types:
+            return None
+        pred = {r.layer: r.k_error for r in self.layers if r.cache_type == cache_type}
+        meas = {r.layer: r.k_row_kl for r in self.measured.layers if r.cache_type == cache_type}
+        common = sorted(set(pred) & set(meas))
+        if len(common) < 3:
+            return None
+        ra = np.argsort(np.argsort([pred[i] for i in common]))
+        rb = np.argsort(np.argsort([meas[i] for i in common]))
+        return float(np.corrcoef(ra, rb)[0, 1])
 
     def _measured_columns(self, rows) -> None:
         """``--measure``: each type's measured logit RMS error and row KL beside the prediction, and the
@@ -670,8 +686,10 @@ class KvCacheReport:
             items.append(("measured", f"{m.prompts} prompt(s), {sum(m.tokens)} tokens on {m.device}: K logit RMS "
                                       "error and attention-row KL (nats), ggml's kernels on the real Q, K, V"))
             for t in self.cache_types:
+                rho = self.rank_agreement(t)
                 items.append((f"worst layers ({t})", f"predicted {', '.join(map(str, self.worst_predicted(t)))}; "
-                                                     f"measured {', '.join(map(str, self.worst_measured(t)))}"))
+                                                     f"measured {', '.join(map(str, self.worst_measured(t)))}"
+                              + ("" if rho is None else f"; rank agreement (Spearman) {rho:.2f}")))
         return items
 
 
