@@ -17,6 +17,7 @@ IMPLEMENTED_IN = {
     "hf_to_gguf": "ckpt_surgeon.conversion.to_gguf", "fold_bias": "ckpt_surgeon.surgery.fold",
     "qkv_fuse": "ckpt_surgeon.surgery.qkv", "qkv_split": "ckpt_surgeon.surgery.qkv",
     "diff": "ckpt_surgeon.analysis.diff", "lint": "ckpt_surgeon.analysis.lint",
+    "kv_equalize": "ckpt_surgeon.surgery.kv_equalize",
 }
 
 

@@ -36,16 +36,14 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
     ``kv_cache`` (``"q4_0,q8_0"`` or a list): the static quantized-KV-cache prediction instead
     (:mod:`.kv_cache`), returned as a :class:`~ckpt_surgeon.analysis.kv_cache.KvCacheReport` (rows per
     kv head with ``per_head``); it reads only what the prediction needs and is not combined with the
-    other modes.
+    distance profile.  With ``measure`` the real Q, K, V of a float32 forward pass go through ggml's
+    kernels too (:func:`.kv_measure.measure_kv_cache` on ``prompts``, ``max_tokens`` each, default
+    256), attached as ``report.measured``; the static part never imports torch.
     """
     if kv_cache is not None:
-        from .kv_cache import analyze_kv_cache, parse_cache_types
-        parse_cache_types(kv_cache, path=str(getattr(source, "source", source)))
-        if measure or distance_profile:
-            from ..errors import CkptError
-            raise CkptError("kv_cache is a static prediction of its own: run it without measure / "
-                            "distance_profile (the measured KV error: verify --cache-type-k)")
-        return analyze_kv_cache(source, kv_cache, context=context, per_head=per_head, **open_kwargs)
+        return _kv_cache(source, kv_cache, context=context, per_head=per_head, measure=measure,
+                         distance_profile=distance_profile, prompts=prompts, device=device, dtype=dtype,
+                         max_tokens=max_tokens, open_kwargs=open_kwargs)
     where = source.source if isinstance(source, Checkpoint) else source
     if measure:
         M.check_local(where)     # before the static pass: a Hub source cannot be measured
@@ -83,3 +81,26 @@ def _static(ck: Checkpoint, context, epsilon, profile: dict | None):
     scaling = parse_rope_scaling(scaling) if isinstance(scaling, str) else scaling
     return report, distance_profile(ck, context=profile["context"], deltas=profile["deltas"],
                                     theta=profile["rope_theta"], scaling=scaling)
+
+
+def _kv_cache(source, kv_cache, *, context, per_head, measure, distance_profile, prompts, device, dtype,
+              max_tokens, open_kwargs):
+    """``analyze(kv_cache=...)``: the static prediction, and with ``measure`` the measured table beside it."""
+    from ..errors import CkptError
+    from .kv_cache import analyze_kv_cache, parse_cache_types
+    where = source.source if isinstance(source, Checkpoint) else source
+    parse_cache_types(kv_cache, path=str(where))
+    if distance_profile:
+        raise CkptError("kv_cache and distance_profile are separate reports: run them one at a time")
+    if measure:
+        M.check_local(where)
+        if dtype != "float32":
+            raise CkptError(f"kv_cache with measure runs the model in float32 (the cache's input), not {dtype}",
+                            path=str(where))
+    report = analyze_kv_cache(source, kv_cache, context=context, per_head=per_head, **open_kwargs)
+    if not measure:
+        return report
+    from .kv_measure import DEFAULT_MAX_TOKENS, measure_kv_cache
+    m = measure_kv_cache(where, report.cache_types, prompts=prompts, device=device,
+                         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    return replace(report, measured=m, notes=tuple(report.notes) + tuple(m.notes))

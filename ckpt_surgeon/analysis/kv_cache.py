@@ -582,10 +582,26 @@ class KvCacheReport:
     notes: tuple = ()
     per_head: bool = False
     warnings: tuple = field(default_factory=tuple)
+    measured: object | None = None  # analysis.kv_measure.KvMeasureReport (``--measure``), else None
 
     def at_risk(self, cache_type: str | None = None) -> list[int]:
         return sorted({r.layer for r in self.layers if (cache_type in (None, r.cache_type))
                        and (r.k_at_risk or r.v_at_risk)})
+
+    def n_worst(self) -> int:
+        """How many layers the table names worst per type: a third of the layers, 1 to 3."""
+        return max(1, min(3, len({r.layer for r in self.layers}) // 3))
+
+    def worst_predicted(self, cache_type: str) -> tuple:
+        """The layers with the largest predicted K logit error under ``cache_type``, worst first."""
+        rows = sorted((r for r in self.layers if r.cache_type == cache_type), key=lambda r: -r.k_error)
+        return tuple(r.layer for r in rows[:self.n_worst()])
+
+    def worst_measured(self, cache_type: str) -> tuple:
+        """With ``measured``: the layers with the largest measured attention-row KL, worst first."""
+        if self.measured is None or cache_type not in self.measured.cache_types:
+            return ()
+        return tuple(self.measured.worst_layers(cache_type, self.n_worst()))
 
     def to_dict(self) -> dict:
         return {"source": self.source, "architecture": self.architecture, "kv_cache": {
@@ -594,7 +610,11 @@ class KvCacheReport:
                       "risk_ratio": RISK_RATIO, "risk_logit": RISK_LOGIT, "pair_layout": self.pair_layout,
                       "cache_order": self.cache_order},
             "layers": [r.to_dict() for r in self.layers], "heads": [h.to_dict() for h in self.heads],
-            "at_risk": {t: self.at_risk(t) for t in self.cache_types}}, "notes": list(self.notes)}
+            "at_risk": {t: self.at_risk(t) for t in self.cache_types},
+            "worst_predicted": {t: list(self.worst_predicted(t)) for t in self.cache_types},
+            "measured": None if self.measured is None else self.measured.to_dict(),
+            "rank_agreement": None if self.measured is None else {
+                t: finite_or_none(self.rank_agreement(t)) for t in self.cache_types}}, "notes": list(self.notes)}
 
     def rows(self) -> list[dict]:
         """One row per layer (per layer and kv head with ``per_head``): each type's K logit error and V
@@ -615,7 +635,38 @@ class KvCacheReport:
                 row[f"V {r.cache_type}"] = r.v_error
         for row in out.values():
             row["at risk"] = ", ".join(risk.get(row["layer"], [])) or "-"
+        if self.measured is not None:
+            self._measured_columns(out.values())
         return list(out.values())
+
+    def rank_agreement(self, cache_type: str) -> float | None:
+        """With ``measured``: Spearman correlation of the layers' predicted K error and measured row KL
+        (None under 3 layers or without a measurement)."""
+        if self.measured is None or cache_type not in self.measured.cache_types:
+            return None
+        pred = {r.layer: r.k_error for r in self.layers if r.cache_type == cache_type}
+        meas = {r.layer: r.k_row_kl for r in self.measured.layers if r.cache_type == cache_type}
+        common = sorted(set(pred) & set(meas))
+        if len(common) < 3:
+            return None
+        ra = np.argsort(np.argsort([pred[i] for i in common]))
+        rb = np.argsort(np.argsort([meas[i] for i in common]))
+        return float(np.corrcoef(ra, rb)[0, 1])
+
+    def _measured_columns(self, rows) -> None:
+        """``--measure``: each type's measured logit RMS error and row KL beside the prediction, and the
+        worst layers by prediction and by measurement."""
+        m = self.measured
+        worst_p = {t: self.worst_predicted(t) for t in self.cache_types}
+        worst_m = {t: self.worst_measured(t) for t in self.cache_types}
+        for row in rows:
+            i = row["layer"]
+            for t in self.cache_types:
+                r = next((x for x in m.layers if x.layer == i and x.cache_type == t), None)
+                row[f"meas K {t}"] = None if r is None else r.k_logit_rms
+                row[f"KL {t}"] = None if r is None else r.k_row_kl
+            row["worst (pred)"] = ", ".join(t for t in self.cache_types if i in worst_p[t]) or "-"
+            row["worst (meas)"] = ", ".join(t for t in self.cache_types if i in worst_m[t]) or "-"
 
     def to_frame(self):
         import pandas as pd
@@ -630,6 +681,15 @@ class KvCacheReport:
         for t in self.cache_types:
             bad = self.at_risk(t)
             items.append((f"at risk ({t})", ", ".join(map(str, bad)) if bad else "none"))
+        if self.measured is not None:
+            m = self.measured
+            items.append(("measured", f"{m.prompts} prompt(s), {sum(m.tokens)} tokens on {m.device}: K logit RMS "
+                                      "error and attention-row KL (nats), ggml's kernels on the real Q, K, V"))
+            for t in self.cache_types:
+                rho = self.rank_agreement(t)
+                items.append((f"worst layers ({t})", f"predicted {', '.join(map(str, self.worst_predicted(t)))}; "
+                                                     f"measured {', '.join(map(str, self.worst_measured(t)))}"
+                              + ("" if rho is None else f"; rank agreement (Spearman) {rho:.2f}")))
         return items
 
 
@@ -647,7 +707,7 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
         sampled = sampled or st.q_sampled
         heads += predict_layer(st, geom, types)
     notes = ["predicted from weights and biases only (no forward pass): content modelled as unit-variance "
-             "features after the pre-attention norm; --measure-style numbers come from verify / kv_measure"]
+             "features after the pre-attention norm (--measure: the real Q, K, V beside it)"]
     if sampled:
         notes.append("W_q is large: the content moments of one query head per kv group stand for the group "
                      f"(every head's own bias is used); a large W_o's column norms come from {O_SAMPLE_ROWS} of "

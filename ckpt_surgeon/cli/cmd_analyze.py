@@ -40,7 +40,8 @@ _PROFILE_HELP = """\
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "float16"]), default="float32",
               show_default=True, help="With --measure: dtype to run the model in.")
 @click.option("--max-tokens", type=int, default=None, metavar="N",
-              help="With --measure: truncate each prompt to N tokens (default 1024, and the model's max positions).")
+              help="With --measure: truncate each prompt to N tokens (default 1024, and the model's max positions; "
+                   "256 with --kv-cache).")
 @click.option("--per-head", is_flag=True, help="Table/CSV/Markdown: one row per layer and kv head (with "
               "--distance-profile: per layer and query head).")
 @click.option("--by-bias", is_flag=True, help="Table/CSV/Markdown: one row per bias (q/k/v/o, MLP in/out, "
@@ -62,14 +63,19 @@ _PROFILE_HELP = """\
               help="With --distance-profile --measure: leave out the first K tokens of each prompt (attention "
                    "sinks / BOS).")
 @click.option("--plot", "plot_dir", type=WriteInto(), default=None, metavar="DIR",
-              help="With --distance-profile: write PNGs into DIR (needs matplotlib: the plot extra).")
+              help="With --distance-profile or --kv-cache: write PNGs into DIR (needs matplotlib: the plot extra). "
+                   "--kv-cache: kv_<type>.png per cache type, the per-layer predicted (and with --measure measured) "
+                   "K error before and after kv-equalize's scales for that type.")
 @click.option("--kv-cache", "kv_cache", default=None, metavar="TYPES",
               help="Predict what a quantized KV cache does, per layer (per kv head with --per-head), from the "
                    "weights and biases alone: TYPES is a comma list of q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 "
                    "(llama.cpp's --cache-type-k/-v) and fp8_e4m3 (vLLM).  Columns: predicted attention-logit RMS "
                    "error (K, incl. Q's own quantization to the dot type), the bias's share of the K block "
-                   "steps, the value error reaching the output (V), and an 'at risk' flag; JSON under kv_cache.  "
-                   "Fast (reads q/k/v/o of each layer once); see docs/analyze.md.")
+                   "steps, the value error reaching the output (V), an 'at risk' flag and the worst layers; JSON under "
+                   "kv_cache.  Fast (reads q/k/v/o of each layer once; no torch).  With --measure [--prompts F] "
+                   "[--max-tokens N] [--device]: also the real Q, K, V of a float32 forward pass through ggml's "
+                   "kernels, per layer the measured logit RMS error and attention-row KL and the worst layers "
+                   "measured (JSON kv_cache.measured); see docs/analyze.md and docs/kv-cache.md.")
 @source_options
 @output_options
 def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
@@ -115,12 +121,10 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
 
     check_report_path(output, force, (source, prompts_file))
     if kv_cache is not None:
-        if measure or distance_profile or by_bias or prompts_file:
-            raise click.UsageError("--kv-cache is a static prediction of its own: drop --measure, --prompts, "
-                                   "--distance-profile and --by-bias (the measured KV error: verify --cache-type-k)")
-        report = analyze(source, context=context, kv_cache=kv_cache, per_head=per_head,
-                         **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
-        emit(report, fmt, output, title="ckpt-surgeon analyze --kv-cache", force=force)
+        _kv_cache(source, kv_cache, context=context, per_head=per_head, measure=measure, prompts_file=prompts_file,
+                  device=device, dtype=dtype, max_tokens=max_tokens, plot_dir=plot_dir, fmt=fmt, output=output,
+                  force=force, bad=distance_profile or by_bias,
+                  open_kw=open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
         return
     profile = _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir)
     prompts = None
@@ -150,7 +154,8 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
 def _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir) -> dict:
     """``analyze``'s distance-profile arguments; its options need --distance-profile (checked before any work)."""
     if not distance_profile and (deltas or rope_theta is not None or rope_scaling or plot_dir):
-        raise click.UsageError("--deltas, --rope-theta, --rope-scaling and --plot need --distance-profile")
+        raise click.UsageError("--deltas, --rope-theta and --rope-scaling need --distance-profile; --plot needs "
+                               "--distance-profile or --kv-cache")
     return dict(distance_profile=distance_profile, deltas=deltas, rope_theta=rope_theta, rope_scaling=rope_scaling,
                 skip_first=skip_first)
 
@@ -161,3 +166,33 @@ def _plots(report, plot_dir) -> None:
         from ..analysis.distance_plots import plot_profile
         written = plot_profile(report.distance_profile, plot_dir)
         click.echo(f"wrote {len(written)} plot(s) into {plot_dir}", err=True)
+
+
+def _kv_cache(source, kv_cache, *, context, per_head, measure, prompts_file, device, dtype, max_tokens, plot_dir,
+              fmt, output, force, bad, open_kw) -> None:
+    """``--kv-cache TYPES [--measure] [--plot DIR]``: the table, and the before/after-equalizing PNGs.
+
+    The plots compose analysis with surgery (the "after" is kv-equalize's own choice of scales), so they
+    are put together here, above both: ``surgery.kv_effect`` (docs/analyze.md#kv-cache-plots)."""
+    from ..analysis.api import analyze
+    if bad:
+        raise click.UsageError("--kv-cache is a report of its own: drop --distance-profile and --by-bias")
+    if (prompts_file or max_tokens is not None) and not measure:
+        raise click.UsageError("--prompts and --max-tokens only make sense with --measure")
+    prompts = None
+    if prompts_file:
+        from ..analysis.prompts import load_prompts
+        prompts = load_prompts(prompts_file)
+    if plot_dir:
+        from ..analysis.kv_plots import check_matplotlib
+        check_matplotlib()
+    report = analyze(source, context=context, kv_cache=kv_cache, per_head=per_head, measure=measure,
+                     prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens, **open_kw)
+    if plot_dir:
+        from ..analysis.kv_plots import plot_kv_cache
+        from ..surgery.kv_effect import equalize_effect
+        effect = equalize_effect(source, report, context=context, prompts=prompts, device=device,
+                                 max_tokens=max_tokens, **open_kw)
+        written = plot_kv_cache(effect, plot_dir)
+        click.echo(f"wrote {len(written)} plot(s) into {plot_dir}", err=True)
+    emit(report, fmt, output, title="ckpt-surgeon analyze --kv-cache", force=force)
