@@ -104,6 +104,16 @@ def test_unknown_cache_type_is_one_line_exit_2(tmp_path):
     assert "unknown KV-cache type 'q3_k'" in r.stderr and all(t in r.stderr for t in CACHE_TYPES)
 
 
+def test_python_options_are_checked_alike():
+    from ckpt_surgeon.analysis.memory import MemoryOptions
+    from ckpt_surgeon.errors import CkptError
+    assert MemoryOptions(type_k="FP8_E4M3", type_v="Q4_0").types == ("fp8", "q4_0")
+    with pytest.raises(CkptError, match="known: f32, f16"):
+        MemoryOptions(type_v="q2_k")
+    with pytest.raises(CkptError, match="batch must be a positive integer"):
+        MemoryOptions(batch=0)
+
+
 def test_context_beyond_max_positions_is_a_note(tmp_path):
     m = _memory(_model(tmp_path / "m"), "--context", "5000")
     assert "context 5,000 is beyond the model's 2,048 positions" in m["kv_cache_note"]
@@ -158,6 +168,18 @@ def test_mla_latent_by_hand(tiny):
     assert "MLA" in m["kv_cache_note"]
     d = m["per_device"]          # the latent serves every head: each device keeps all of it
     assert d["kv_cache_bytes"] == m["kv_cache_bytes_k"] and "replicated" in d["kv_split"]
+
+
+def test_mla_gguf_counts_the_same_latent(tiny, tmp_path):
+    """A GGUF's derived config has no kv_lora_rank: the file's own attention.kv_lora_rank is read, so the
+    converted file reports the same latent bytes as its HF source (not K and V of one 24-wide 'head')."""
+    gguf = tmp_path / "ds.gguf"
+    r = CliRunner().invoke(main, ["convert", str(tiny("deepseek_v2")), "-o", str(gguf)])
+    assert r.exit_code == 0, r.output
+    args = ("--context", "300", "--cache-type", "q8_0")
+    hf, g = _memory(tiny("deepseek_v2"), *args), _memory(gguf, *args)
+    assert g["kv_cache_layers"] == hf["kv_cache_layers"] and g["kv_cache_layers"]["mla"] == 2
+    assert (g["kv_cache_bytes_k"], g["kv_cache_bytes_v"]) == (hf["kv_cache_bytes_k"], 0)
 
 
 # --- hybrid (recurrent) layers ----------------------------------------------------------------

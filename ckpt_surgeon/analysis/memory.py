@@ -66,6 +66,15 @@ class MemoryOptions:
     type_v: str | None = None
     devices: int = 1
 
+    def __post_init__(self):
+        for name in ("type_k", "type_v"):        # canonical names (fp8_e4m3 -> fp8); unknown: one line
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, cache_type(getattr(self, name)))
+        for name in ("context", "batch", "devices"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise UnsupportedError(f"memory figures: {name} must be a positive integer, got {v!r}")
+
     @property
     def default(self) -> bool:
         return self == MemoryOptions()
@@ -194,7 +203,18 @@ def _notes(plan, rows, head: int, options: MemoryOptions, max_positions: int | N
     return notes
 
 
-def memory_figures(tensors: dict, config: dict | None, layout, options: MemoryOptions | None = None) -> MemoryFigures:
+def _gguf_mla(cfg: dict, metadata: dict | None) -> dict:
+    """A GGUF's config has no ``kv_lora_rank``: read it (and the rotary width) from the file's own keys."""
+    arch = (metadata or {}).get("general.architecture")
+    if not isinstance(arch, str) or f"{arch}.attention.kv_lora_rank" not in metadata or "kv_lora_rank" in cfg:
+        return cfg
+    return {**cfg, "kv_lora_rank": metadata[f"{arch}.attention.kv_lora_rank"],
+            "qk_rope_head_dim": metadata.get(f"{arch}.rope.dimension_count")}
+
+
+def memory_figures(tensors: dict, config: dict | None, layout, options: MemoryOptions | None = None,
+                   metadata: dict | None = None) -> MemoryFigures:
+    """``metadata``: a GGUF file's key-values (its MLA rank is not in the derived config)."""
     options = options or MemoryOptions()
     weight: dict[str, int] = {}
     for info in tensors.values():
@@ -202,7 +222,7 @@ def memory_figures(tensors: dict, config: dict | None, layout, options: MemoryOp
     if layout.tower_kind in ("vision", "audio"):     # an mmproj file: encoders only, run once per image / clip
         return MemoryFigures(weight, None, {}, f"no KV cache: a {layout.tower_kind} encoder, not a decoder",
                              options)
-    cfg, n_layers, where = dict(config or {}), layout.num_layers, layout.config_source
+    cfg, n_layers, where = _gguf_mla(dict(config or {}), metadata), layout.num_layers, layout.config_source
     # config.json values are untrusted: type and range checked where read (arch/checked.py)
     rank = config_int(cfg, ("kv_lora_rank",), path=where, minimum=0, maximum=MAX_WIDTH)
     if not n_layers or not (rank or (layout.num_kv_heads and layout.head_dim)):

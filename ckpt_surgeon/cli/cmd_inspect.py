@@ -70,6 +70,5 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
 
 def _memory_options(context, batch, cache_type, cache_type_k, cache_type_v, devices):
     """The MemoryOptions the memory options ask for (an unknown cache type: one line, exit code 2)."""
-    from ..analysis.memory import MemoryOptions, cache_type as known_type
-    tk, tv = (cache_type_k or cache_type), (cache_type_v or cache_type)
-    return MemoryOptions(context, batch, tk and known_type(tk), tv and known_type(tv), devices)
+    from ..analysis.memory import MemoryOptions
+    return MemoryOptions(context, batch, cache_type_k or cache_type, cache_type_v or cache_type, devices)
