@@ -210,6 +210,11 @@ def test_short_conv_and_mamba_states():
     m1 = layer_plan({"attn_layer_period": 2, "attn_layer_offset": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
                      "mamba_expand": 2}, 4, None, mla=False, hidden=64)
     assert m1.kinds == ("recurrent", "full", "recurrent", "full") and m1.state_elements == 3 * 128 + 128 * 16
+    # the older spellings transformers still reads: LFM2's full_attn_idxs, Qwen3-Next's full_attention_interval
+    assert layer_plan({"full_attn_idxs": [1], "conv_L_cache": 3}, 3, None, mla=False, hidden=8).kinds == \
+        ("recurrent", "full", "recurrent")
+    assert layer_plan({"full_attention_interval": 2}, 4, None, mla=False, hidden=8).kinds == \
+        ("recurrent", "full", "recurrent", "full")
 
 
 # --- tensor parallel ----------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Each layer is one of:
   rotary key, ``kv_lora_rank + qk_rope_head_dim`` elements per token, one copy for all heads
   (llama.cpp's and vLLM's MLA caches; transformers expands it to full K and V per head);
 * ``recurrent``: a linear-attention / state-space / short-convolution layer (``layer_types`` entries
-  such as ``linear_attention``, ``mamba``, ``conv``; ``hybrid_override_pattern`` ``M``;
+  such as ``linear_attention``, ``mamba``, ``conv``; ``full_attn_idxs`` (the others short-conv);
+  ``full_attention_interval`` (every N-th layer full); ``hybrid_override_pattern`` ``M``;
   ``attn_layer_period``/``attn_layer_offset``).  It keeps a fixed-size state per sequence, not per
   token: the convolution window plus the recurrent matrix, stored in f32 whatever the KV cache
   type (llama.cpp's ``llama_memory_recurrent``: ``type_r`` / ``type_s`` are F32).
@@ -61,6 +62,13 @@ def layer_kinds(cfg: dict, n_layers: int, where) -> tuple[list[str], str]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n_layers:
         return _from_layer_types(types), "layer_types"
+    idxs = cfg.get("full_attn_idxs")        # LFM2 before layer_types: the attention layers, the rest short-conv
+    if isinstance(idxs, list) and all(isinstance(i, int) for i in idxs):
+        return ["full" if i in idxs else "recurrent" for i in range(n_layers)], "full_attn_idxs"
+    interval = _int(cfg, "full_attention_interval", where, MAX_LAYERS)
+    if interval:                            # Qwen3-Next before layer_types: every interval-th layer full
+        return (["recurrent" if (i + 1) % interval else "full" for i in range(n_layers)],
+                f"full_attention_interval {interval}")
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern.replace("-", "")) == n_layers:   # M mamba, * attention, - MLP only
         return ["recurrent" if c == "M" else "full" for c in pattern.replace("-", "")], "hybrid_override_pattern"

@@ -225,9 +225,10 @@ def memory_figures(tensors: dict, config: dict | None, layout, options: MemoryOp
     cfg, n_layers, where = _gguf_mla(dict(config or {}), metadata), layout.num_layers, layout.config_source
     # config.json values are untrusted: type and range checked where read (arch/checked.py)
     rank = config_int(cfg, ("kv_lora_rank",), path=where, minimum=0, maximum=MAX_WIDTH)
-    if not n_layers or not (rank or (layout.num_kv_heads and layout.head_dim)):
+    plan = layer_plan(cfg, n_layers, where, mla=bool(rank), hidden=layout.hidden_size) if n_layers else None
+    attention_only_unknown = not (rank or (layout.num_kv_heads and layout.head_dim))
+    if plan is None or (attention_only_unknown and plan.count("recurrent") < n_layers):   # all-recurrent: no K/V
         return MemoryFigures(weight, None, {}, "kv heads / head_dim unknown", options)
-    plan = layer_plan(cfg, n_layers, where, mla=bool(rank), hidden=layout.hidden_size)
     attn = (layout.num_kv_heads or 0) * (layout.head_dim or 0)
     mla_row = (rank or 0) + (config_int(cfg, ("qk_rope_head_dim",), path=where, minimum=0, maximum=MAX_WIDTH) or 0)
     rows = {"full": (attn, attn), "sliding": (attn, attn), "mla": (mla_row, 0)}
