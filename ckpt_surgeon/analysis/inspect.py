@@ -356,7 +356,8 @@ def _parameter_counts(ck: Checkpoint, layout: ModelLayout) -> tuple[int, dict]:
     return params, dtypes
 
 
-def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
+def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
+    """``memory``: a :class:`.memory.MemoryOptions` (context, batch, cache types, devices), default 1,000 tokens."""
     layout = ck.layout()
     missing: list = []
     warnings = list(ck.warnings)
@@ -402,7 +403,8 @@ def inspect_checkpoint(ck: Checkpoint) -> InspectReport:
         notes=notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
-        memory=memory_figures(ck.stored_tensors, ck.config, layout),
+        memory=memory_figures(ck.stored_tensors, ck.config, layout, memory,
+                              ck.metadata if ck.naming == "gguf" else None),
         facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
         towers=tuple(towers), missing_config=ck.missing_config)
 
@@ -425,12 +427,13 @@ def _stack_reports(ck: Checkpoint, layout: ModelLayout, missing: list, warnings:
     return out, nbias
 
 
-def inspect(source, **open_kwargs) -> InspectReport:
-    """Python API twin of ``ckpt-surgeon inspect``.  ``source``: path, .safetensors, .gguf or repo id."""
+def inspect(source, memory=None, **open_kwargs) -> InspectReport:
+    """Python API twin of ``ckpt-surgeon inspect``.  ``source``: path, .safetensors, .gguf or repo id;
+    ``memory``: a :class:`.memory.MemoryOptions` for the memory figures (context, batch, cache types, devices)."""
     if isinstance(source, Checkpoint):
-        return inspect_checkpoint(source)
+        return inspect_checkpoint(source, memory)
     with open_checkpoint(source, **open_kwargs) as ck:
-        return inspect_checkpoint(ck)
+        return inspect_checkpoint(ck, memory)
 
 
 def report_as_dict(obj) -> dict:

@@ -13,8 +13,21 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
 @click.option("--allow-truncated", is_flag=True,
               help="Exit 0 for a GGUF truncated in its tensor data (only the structure is wanted); by default it is "
                    "exit code 2.  A truncated safetensors file is refused either way (one line, exit code 2).")
+@click.option("--context", type=click.IntRange(1, 1 << 40), default=1000, show_default=True,
+              help="Memory figures: tokens per sequence the KV cache holds.  Beyond the model's max positions "
+                   "is a note, not an error.")
+@click.option("--batch", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+              help="Memory figures: sequences held at once (KV cache and recurrent state scale with it).")
+@click.option("--cache-type", "cache_type", default=None, metavar="TYPE",
+              help="Memory figures: KV-cache type of K and V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
+                   "q5_1 (llama.cpp's) or fp8 (e4m3: 1 byte + a per-tensor scale).  Default: f16 and q8_0 "
+                   "side by side.")
+@click.option("--cache-type-k", default=None, metavar="TYPE", help="K only (overrides --cache-type for K).")
+@click.option("--cache-type-v", default=None, metavar="TYPE", help="V only (overrides --cache-type for V).")
+@click.option("--devices", type=click.IntRange(1, 1 << 16), default=1, show_default=True,
+              help="Memory figures: weights + KV per device of an N-way tensor-parallel split.")
 def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force,
-            allow_truncated):
+            allow_truncated, **memory):
     """Summarise SOURCE and its per-layer attention q/k/v biases.
 
     Reads headers and the bias vectors only (no model is instantiated).  Shows
@@ -23,9 +36,10 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     q/k/v biases exist (separately or inside a fused qkv) with their L2 norm and
     max |x|.  --format json gives the stable contract documented in the README.
 
-    Memory figures (summary and JSON "memory"): weight bytes per stored dtype, and
-    KV-cache bytes per 1,000 tokens at f16 and q8_0 (layers x kv heads x head_dim x 2;
-    sliding-window layers hold at most their window, MLA layers their latent).
+    Memory (summary, JSON "memory"): weight bytes per dtype; KV cache for --context tokens
+    x --batch sequences at f16 and q8_0 or --cache-type(-k/-v) (sliding layers: at most the
+    window; MLA: the latent; linear-attention / Mamba / short-conv: a fixed f32 state per
+    sequence); --devices N: weights + KV per device of an N-way tensor-parallel split.
 
     Split GGUFs (llama.cpp gguf-split: name-00001-of-00003.gguf ...): any part
     opens the whole set (the other parts are found beside it by name, or in the
@@ -41,8 +55,9 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     from ..analysis.inspect import inspect
     from ..errors import TruncatedError
 
+    memory = _memory_options(**memory)
     check_report_path(output, force, (source,))
-    report = inspect(source, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
+    report = inspect(source, memory, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, output, title="ckpt-surgeon inspect", force=force)
     if report.missing and not allow_truncated:
         names = [t for t, _ in report.missing]
@@ -51,3 +66,9 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
             f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
             path=report.source, missing_bytes=report.missing_bytes, tensors=tuple(names),
             hint="--allow-truncated exits 0 with the structure only")
+
+
+def _memory_options(context, batch, cache_type, cache_type_k, cache_type_v, devices):
+    """The MemoryOptions the memory options ask for (an unknown cache type: one line, exit code 2)."""
+    from ..analysis.memory import MemoryOptions
+    return MemoryOptions(context, batch, cache_type_k or cache_type, cache_type_v or cache_type, devices)
