@@ -10,6 +10,9 @@ scored, as llama.cpp's perplexity tool scores).
 
     python benchmarks/bench_kv_share.py --models concentrated=DIR,static=DIR,calibrated=DIR [--type q4_0]
 
+With ``--no-attn-rot`` Q and K are rounded as they are; by default both are first rotated by the
+Hadamard matrix llama.cpp applies for a quantized K cache (``attn_rot_k``, head_dim a multiple of 64).
+
 Prints, per model: all layers Q+K (compare with llama.cpp's figure), K only, Q only, and each layer alone.
 """
 from __future__ import annotations
@@ -25,26 +28,32 @@ if str(_REPO) not in sys.path:
 
 
 @contextlib.contextmanager
-def quantized_attention(layers, parts: str, cache_type: str):
-    """Round K (``"k" in parts``) and Q (``"q"``) as a ``cache_type`` cache does, in ``layers`` only."""
+def quantized_attention(layers, parts: str, cache_type: str, attn_rot: bool = True):
+    """Round K (``"k" in parts``) and Q (``"q"``) as a ``cache_type`` cache does, in ``layers`` only; ``attn_rot``:
+    both first rotated by llama.cpp's Hadamard (``surgery.kv_calibrate.hadamard``), as llama.cpp does."""
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from ckpt_surgeon.analysis.kv_measure import query_type, roundtrip
+    from ckpt_surgeon.surgery.kv_calibrate import hadamard
     orig = ALL_ATTENTION_FUNCTIONS.get_interface
 
     def rt(x, name):
-        return torch.from_numpy(roundtrip(x.detach().float().cpu().numpy(), name)).to(x.dtype)
+        # rotated (H orthogonal, chunks of n along the head dim): every q.k is unchanged before rounding
+        a = x.detach().float().cpu().numpy()
+        h = hadamard(a.shape[-1], (cache_type,)) if attn_rot else None
+        if h is not None:
+            a = (a.reshape(a.shape[:-1] + (-1, h.shape[0])) @ h).reshape(a.shape)
+        return torch.from_numpy(a if name == "exact" else roundtrip(a, name)).to(x.dtype)
 
     def get_interface(impl, default):
         fn = orig(impl, default)
 
         def wrapped(module, query, key, value, *args, **kwargs):
             if module.layer_idx in layers:
-                if "q" in parts:
-                    query = rt(query, query_type(cache_type))
-                if "k" in parts:
-                    key = rt(key, cache_type)
+                # both rotated even when only one is rounded (the other exact): logits stay consistent
+                query = rt(query, query_type(cache_type) if "q" in parts else "exact")
+                key = rt(key, cache_type if "k" in parts else "exact")
             return fn(module, query, key, value, *args, **kwargs)
         return wrapped
 
@@ -63,10 +72,10 @@ def windows(hf: Path, ctx: int, chunks: int):
     return [torch.tensor([ids[i * ctx:(i + 1) * ctx]]) for i in range(chunks)]
 
 
-def mean_kld(model, wins, layers, parts, cache_type, ref) -> float:
+def mean_kld(model, wins, layers, parts, cache_type, ref, attn_rot=True) -> float:
     import torch
     tot = n = 0.0
-    with torch.no_grad(), quantized_attention(layers, parts, cache_type):
+    with torch.no_grad(), quantized_attention(layers, parts, cache_type, attn_rot):
         for w, lp in zip(wins, ref):
             lq = torch.log_softmax(model(input_ids=w).logits[0].double(), -1)
             h = lp.shape[0] // 2            # the second half of each window, as llama.cpp's perplexity scores
@@ -84,6 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="only all layers Q+K and layer 0 alone")
+    ap.add_argument("--no-attn-rot", dest="attn_rot", action="store_false",
+                    help="without llama.cpp's Hadamard rotation of Q and K (LLAMA_ATTN_ROT_DISABLE=1)")
     a = ap.parse_args(argv)
     for item in a.models.split(","):
         name, path = item.split("=", 1)
@@ -93,11 +104,11 @@ def main(argv=None) -> int:
         with torch.no_grad():
             ref = [torch.log_softmax(model(input_ids=w).logits[0].double(), -1) for w in wins]
         every = set(range(model.config.num_hidden_layers))
-        row = {"Q+K": mean_kld(model, wins, every, "qk", a.type, ref)}
+        row = {"Q+K": mean_kld(model, wins, every, "qk", a.type, ref, a.attn_rot)}
         if not a.quick:
-            row.update({"K only": mean_kld(model, wins, every, "k", a.type, ref),
-                        "Q only": mean_kld(model, wins, every, "q", a.type, ref)})
-        row.update({f"layer {i}": mean_kld(model, wins, {i}, "qk", a.type, ref)
+            row.update({"K only": mean_kld(model, wins, every, "k", a.type, ref, a.attn_rot),
+                        "Q only": mean_kld(model, wins, every, "q", a.type, ref, a.attn_rot)})
+        row.update({f"layer {i}": mean_kld(model, wins, {i}, "qk", a.type, ref, a.attn_rot)
                     for i in (sorted(every) if not a.quick else [0])})
         print(f"{name:<12} {a.type} " + "  ".join(f"{k} {v:.5f}" for k, v in row.items()), flush=True)
     return 0

@@ -61,6 +61,7 @@ def test_calibrated_exact(tiny, tmp_path, name):
                       **FAST)
     assert rep.plan.params["scales"].startswith("calibrated on 2 prompts")
     assert all(r.kl_after <= r.kl_static * (1 + 1e-9) for r in rep.layers), rep.rows()
+    assert rep.plan.params["calibration"]["attn_rot"] is True
     assert any(r.alpha_max / r.alpha_min > 1.01 for r in rep.layers), "nothing was rescaled"
     a, b = logits64(src), logits64(tmp_path / "eq")
     d = float((a - b).abs().max())
@@ -72,7 +73,8 @@ def test_calibrated_beats_static(tiny, tmp_path):
     src = build_kv_qwen2(tiny, tmp_path / "planted", plant={0: 60.0, 2: 90.0})
     kw = {"cache_type_k": "q4_0", "prompts": PROMPTS}
     st = kv_equalize(str(src), str(tmp_path / "static"), **kw)
-    cal = kv_equalize(str(src), str(tmp_path / "cal"), calibrate=True, max_tokens=32, rows=32, **kw)
+    # kv_measure rounds the plain post-RoPE blocks: calibrate on that (llama.cpp's Hadamard rotation off)
+    cal = kv_equalize(str(src), str(tmp_path / "cal"), calibrate=True, max_tokens=32, rows=32, attn_rot=False, **kw)
     assert st.plan.params["scales"] == "from the weights and biases"
     m = {k: measure_kv_cache(str(tmp_path / k), ("q4_0",), prompts=PROMPTS, max_tokens=32)
          for k in ("static", "cal")}
@@ -92,6 +94,7 @@ def test_calibrate_cli_and_bad_input(tmp_path, tiny):
     assert r.exit_code == 0, r.output
     flat = " ".join(r.output.split())          # the table may wrap at the runner's width
     assert "scales chosen calibrated on 2 prompts" in flat and "KL calibrated" in flat, r.output
+    assert "attn_rot Hadamard on" in flat
     r = CliRunner().invoke(cli_main, ["kv-equalize", str(src), "-o", str(tmp_path / "x"), "--calibrate",
                                       "--cache-type-k", "fp8", "--max-tokens", "16"])
     assert r.exit_code == 2 and "per-tensor scale" in r.output and r.output.count("\n") == 1, r.output
@@ -99,3 +102,13 @@ def test_calibrate_cli_and_bad_input(tmp_path, tiny):
                                       "--max-tokens", "16"])
     assert r.exit_code == 2 and "head_dim 16" in r.output, r.output
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_hadamard_is_llamacpp_rotation():
+    """Orthogonal, symmetric (llama.cpp assumes k_rot^2 = I), Sylvester order, the size llama.cpp picks."""
+    from ckpt_surgeon.surgery.kv_calibrate import hadamard
+    h = hadamard(128, ("q4_0",))
+    assert h.shape == (128, 128) and np.allclose(h @ h, np.eye(128), atol=1e-6) and np.allclose(h, h.T)
+    assert h[0, 0] == h[1, 0] == -h[1, 1] == pytest.approx(128 ** -0.5)
+    assert hadamard(192, ("q8_0",)).shape == (64, 64) and hadamard(80, ("q4_0",)) is None
+    assert hadamard(128, ("fp8_e4m3",)) is None

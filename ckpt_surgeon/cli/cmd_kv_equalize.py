@@ -27,9 +27,12 @@ from .render import check_report_path, emit, open_kwargs, source_options
               help="--calibrate: cut each prompt to N tokens.")
 @click.option("--rows", type=int, default=64, show_default=True, metavar="R",
               help="--calibrate: query rows kept per prompt (evenly spaced; every key is kept).")
+@click.option("--attn-rot/--no-attn-rot", "attn_rot", default=True, show_default=True,
+              help="--calibrate: measure K and Q as llama.cpp does when it Hadamard-rotates them for a quantized "
+                   "K cache (head_dim a multiple of 64; llama.cpp's LLAMA_ATTN_ROT_DISABLE=1 turns that off).")
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, out, force, check,
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, out, force, check,
             dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
@@ -55,6 +58,7 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
                          force=force, check=check, dry_run=dry_run, calibrate=calibrate,
                          prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
+                         attn_rot=attn_rot,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)

@@ -49,17 +49,19 @@ class Calibration:
     tokens: tuple
     rows: int
     layers: dict = field(repr=False)
+    attn_rot: bool = True           # measure as llama.cpp's Hadamard-rotated K cache (see hadamard)
 
     def describe(self) -> str:
         return (f"calibrated on {self.prompts} prompts, {sum(self.tokens)} tokens "
-                f"(up to {self.rows} query rows per prompt)")
+                f"(up to {self.rows} query rows per prompt; "
+                f"{'llama.cpp attn_rot Hadamard on' if self.attn_rot else 'no Hadamard rotation'})")
 
     def to_dict(self) -> dict:
-        return {"prompts": self.prompts, "tokens": list(self.tokens), "rows": self.rows}
+        return {"prompts": self.prompts, "tokens": list(self.tokens), "rows": self.rows, "attn_rot": self.attn_rot}
 
 
 def collect(source, *, prompts=None, max_tokens: int = KM.DEFAULT_MAX_TOKENS, rows: int = DEFAULT_ROWS,
-            device: str = "cpu") -> Calibration:
+            device: str = "cpu", attn_rot: bool = True) -> Calibration:
     """Run ``source`` on the prompts and keep each layer's Q (``rows`` evenly spaced query rows) and K."""
     if not isinstance(rows, int) or rows < 1:
         raise CkptError(f"rows (query rows kept per prompt) must be an integer >= 1, got {rows!r}", path=str(source))
@@ -70,7 +72,7 @@ def collect(source, *, prompts=None, max_tokens: int = KM.DEFAULT_MAX_TOKENS, ro
             t = q.shape[1]
             keep = np.unique(np.linspace(0, t - 1, min(rows, t)).round().astype(np.int64))
             layers.setdefault(layer, []).append((np.ascontiguousarray(q[:, keep]), k, scaling, keep))
-    return Calibration(len(caps), tokens, rows, layers)
+    return Calibration(len(caps), tokens, rows, layers, bool(attn_rot))
 
 
 def cache_perm(geom, naming: str) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -95,6 +97,23 @@ def cache_perm(geom, naming: str) -> tuple[np.ndarray, list[np.ndarray]]:
     return perm, positions
 
 
+def hadamard(d: int, types) -> np.ndarray | None:
+    """llama.cpp's ``attn_rot_k``: with a quantized K cache and ``head_dim % 64 == 0`` it multiplies Q and K
+    (after RoPE, in the cache's dim order) by a normalized Sylvester Hadamard matrix of size ``n`` = the largest
+    power of two dividing head_dim, chunk by chunk, before the cache stores K (``LLAMA_ATTN_ROT_DISABLE=1``
+    turns it off).  The logits are unchanged (H orthogonal); the blocks then see rotated values.  None: no
+    rotation for this head_dim or these types."""
+    if d % 64 or not all(t in KM.BLOCK_TYPES for t in types):
+        return None
+    n = 64
+    while d % (2 * n) == 0:
+        n *= 2
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
@@ -103,7 +122,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 class _Prompt:
     """One prompt of one layer: exact attention and, per type and block, the current quantized products."""
 
-    def __init__(self, q, k, scaling, keep, perm, kv, types):
+    def __init__(self, q, k, scaling, keep, perm, kv, types, rot=None):
         h, r, d = q.shape
         self.q = q[..., perm].reshape(kv, h // kv, r, d).astype(np.float32)
         self.k = np.ascontiguousarray(k[..., perm], dtype=np.float32)
@@ -114,14 +133,19 @@ class _Prompt:
         self.lp = _log_softmax(exact + self.neg)
         self.p = np.exp(self.lp)
         self.types = types
-        self.blocks = {t: [None] * (d // BLOCK) for t in types}
+        self.rot = rot
+        self.unit = BLOCK if rot is None else rot.shape[0]       # dims one scale change can reach
+        self.blocks = {t: [None] * (d // self.unit) for t in types}
         self.rows = h // kv * r                                              # rows per kv head
 
     def product(self, t: str, b: int, scale: np.ndarray) -> np.ndarray:
-        """``s q_hat k_hat^T`` of block b under per-head scales ``scale [kv, 32]`` (q x scale, k / scale)."""
-        sl = slice(b * BLOCK, (b + 1) * BLOCK)
+        """``s q_hat k_hat^T`` of unit b (a block of 32, or llama.cpp's Hadamard chunk) under per-head scales
+        ``scale [kv, unit]`` (q x scale, k / scale; then both rotated where llama.cpp rotates)."""
+        sl = slice(b * self.unit, (b + 1) * self.unit)
         q = self.q[..., sl] * scale[:, None, None, :].astype(np.float32)
         k = self.k[..., sl] / scale[:, None, :].astype(np.float32)
+        if self.rot is not None:
+            q, k = q @ self.rot, k @ self.rot
         qt = KM.query_type(t)
         qh = KM.roundtrip(q, qt) if qt else q
         kh = KM.roundtrip(k, t)
@@ -138,8 +162,9 @@ class _Prompt:
 class LayerProblem:
     """The measured cost of one layer as a function of the per-head, per-dim scales (cache order)."""
 
-    def __init__(self, samples, perm, kv: int, types, d: int):
-        self.prompts = [_Prompt(q, k, s, keep, perm, kv, types) for q, k, s, keep in samples]
+    def __init__(self, samples, perm, kv: int, types, d: int, rot=None):
+        self.prompts = [_Prompt(q, k, s, keep, perm, kv, types, rot) for q, k, s, keep in samples]
+        self.unit = self.prompts[0].unit
         self.types, self.kv, self.d = tuple(types), kv, d
         self.rows = sum(p.rows for p in self.prompts)
         self.scale = np.ones((kv, d))
@@ -150,8 +175,8 @@ class LayerProblem:
         self.scale = np.array(scale, dtype=np.float64)
         for pr in self.prompts:
             for t in self.types:
-                for b in range(self.d // BLOCK):
-                    pr.blocks[t][b] = pr.product(t, b, self.scale[:, b * BLOCK:(b + 1) * BLOCK])
+                for b in range(self.d // self.unit):
+                    pr.blocks[t][b] = pr.product(t, b, self.scale[:, b * self.unit:(b + 1) * self.unit])
         return self.measure({})
 
     def _halves(self) -> list:
@@ -180,8 +205,8 @@ class LayerProblem:
         scale = self.scale.copy()
         scale[:, pos] = values[:, None]
         repl = {}
-        for b in sorted(set(int(x) // BLOCK for x in pos)):
-            sl = slice(b * BLOCK, (b + 1) * BLOCK)
+        for b in sorted(set(int(x) // self.unit for x in pos)):
+            sl = slice(b * self.unit, (b + 1) * self.unit)
             for i, pr in enumerate(self.prompts):
                 for t in self.types:
                     repl[(i, t, b)] = pr.product(t, b, scale[:, sl])
@@ -238,15 +263,16 @@ def check_types(types, src) -> None:
 
 
 def calibrate_layer(samples, geom, naming: str, kv: int, types, alpha_static: np.ndarray,
-                    shared: bool) -> LayerCalibration:
-    """Calibrated ``alpha [kv, d]`` (file dims) for one layer, starting from ``alpha_static``."""
+                    shared: bool, attn_rot: bool = True) -> LayerCalibration:
+    """Calibrated ``alpha [kv, d]`` (file dims) for one layer, starting from ``alpha_static``; ``attn_rot``:
+    measure as llama.cpp does with its Hadamard rotation of Q and K (:func:`hadamard`), else plain blocks."""
     check_types(types, None)
     d = geom.head_dim
     if d % BLOCK:
         raise UnsupportedError(f"--calibrate: head_dim {d} is not a multiple of {BLOCK}, the block llama.cpp's cache "
                                "types quantize along (llama.cpp refuses such a cache too): use the static choice")
     perm, positions = cache_perm(geom, naming)
-    pb = LayerProblem(samples, perm, kv, types, d)
+    pb = LayerProblem(samples, perm, kv, types, d, hadamard(d, types) if attn_rot else None)
     kl1 = pb.set_scale(np.ones((kv, d)))
     pb.norm = {t: max(float(kl1[i].mean()), 1e-30) for i, t in enumerate(types)}
     start = np.ones((kv, d))

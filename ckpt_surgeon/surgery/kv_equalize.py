@@ -281,7 +281,8 @@ def _calibrate(calibration, layer: int, geom, layout, types_k, alpha, shared: bo
     if not samples:
         raise UnsupportedError(f"--calibrate: the forward pass recorded no attention call for layer {layer}, so its "
                                "scales cannot be calibrated (use the static choice)", path=src)
-    return calibrate_layer(samples, geom, layout.naming, layout.num_kv_heads, types_k, alpha, shared)
+    return calibrate_layer(samples, geom, layout.naming, layout.num_kv_heads, types_k, alpha, shared,
+                           calibration.attn_rot)
 
 
 @dataclass(frozen=True)
@@ -341,13 +342,14 @@ class KvEqualizeReport:
 
 def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
                 force: bool = False, check: str = "auto", dry_run: bool = False, calibrate: bool = False,
-                prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu",
+                prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool = True,
                 **open_kw) -> KvEqualizeReport:
     """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
 
     ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
     to ``max_tokens``, keep ``rows`` query rows per prompt, and choose alpha on the measured attention error
-    (:mod:`ckpt_surgeon.surgery.kv_calibrate`).
+    (:mod:`ckpt_surgeon.surgery.kv_calibrate`); ``attn_rot``: measure K and Q as llama.cpp does when it
+    Hadamard-rotates them for a quantized K cache (head_dim a multiple of 64; off: plain blocks).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
@@ -362,7 +364,8 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     if calibrate:
         from .kv_calibrate import check_types, collect
         check_types(KC.parse_cache_types(cache_type_k, path=str(source)), str(source))
-        calibration = collect(source, prompts=prompts, max_tokens=max_tokens, rows=rows, device=device)
+        calibration = collect(source, prompts=prompts, max_tokens=max_tokens, rows=rows, device=device,
+                              attn_rot=attn_rot)
     with open_checkpoint(source, **open_kw) as ck:
         if str(out).endswith(".gguf") != (ck.naming == "gguf"):
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
