@@ -8,12 +8,14 @@ model of the activations (a mean and a variance per dim).  Calibrating runs the 
 
 * the keys go through the target cache type and the queries through its vec_dot type with ggml's own
   kernels (:func:`ckpt_surgeon.analysis.kv_measure.roundtrip`), in blocks of 32 along the head dim in the
-  order the cache stores them (``KvGeometry.cache_order``: llama.cpp's permuted rows for llama-arch);
+  order the cache stores them (``KvGeometry.cache_order``: llama.cpp's permuted rows for llama-arch),
+  after the Hadamard rotation llama.cpp applies to Q and K for a quantized K cache (:func:`hadamard`;
+  ``attn_rot=False`` for plain blocks);
 * the cost of a kv head is the mean over its query heads and the sampled query rows of the attention-row
   ``KL(softmax(l) || softmax(l_hat))`` (nats; causal rows, all keys), summed over prompts; with several K
   types the sum over types of KL / KL-at-alpha-1;
-* one pair's scale touches only the (one or two) cache blocks its dims sit in, so each candidate re-quantizes
-  those blocks alone and re-uses the others' products;
+* one pair's scale touches only the (one or two) cache blocks its dims sit in (with the rotation: the whole
+  rotated chunk), so each candidate re-quantizes those alone and re-uses the others' products;
 * start at the static choice; sweep every pair over ``alpha x 2^(i/2)``, ``i = -4..4``, then over
   ``alpha x 2^(i/4)``, ``i = -2..2``; a move is kept only if it lowers the cost, so the calibrated cost is
   never above the static choice's on the calibration rows.  Scales stay in [2^-12, 2^12].
