@@ -12,6 +12,10 @@ against the *original* model's f16-cache run, and the ratio before / after is pr
 the equalized concentrated model stays from the clean one.
 
     python benchmarks/bench_kv_cache.py [--ctx 256] [--chunks 16] [--out DIR] [--variants concentrated,spread,clean]
+                                        [--calibrate]
+
+``--calibrate`` also scores ``kv_equalize(..., calibrate=True)`` (scales chosen on the measured attention
+error of the built-in prompts) next to the static choice.
 
 If ``fixtures/kv_fixture.py`` is not in this checkout, an equivalent model is built inline (same
 shape and bias profile; said in the output).  Prints one line per (variant, model, K type): mean KLD
@@ -108,15 +112,17 @@ def line(variant: str, model: str, k: str, st, dt: float) -> str:
             f"  ({dt:.1f} s)")
 
 
-def equalized(hf: Path, work: Path, variant: str, k: str) -> Path | None:
+def equalized(hf: Path, work: Path, variant: str, k: str, calibrate: bool = False) -> Path | None:
     import ckpt_surgeon
-    # looked up by name: the surgery comes from another branch (kvstatic) until they are merged
     kv_equalize = getattr(ckpt_surgeon, "kv_equalize", None)
     if kv_equalize is None:
         return None
-    out = work / f"{variant}-eq-{k}"
+    out = work / f"{variant}-{'cal' if calibrate else 'eq'}-{k}"
     if not (out / "config.json").is_file():
-        kv_equalize(hf, out, cache_type_k=k)
+        t0 = time.perf_counter()
+        rep = kv_equalize(hf, out, cache_type_k=k, calibrate=calibrate)
+        print(f"# kv-equalize {variant} {k}: scales chosen {rep.plan.params.get('scales')} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return out
 
 
@@ -126,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--out", default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--variants", default="concentrated,spread,clean")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also score kv-equalize --calibrate (scales chosen on the built-in prompts)")
     a = ap.parse_args(argv)
     from ckpt_surgeon.conversion import hf_to_gguf
     work = Path(a.out or tempfile.mkdtemp(prefix="bench-kv-cache-"))
@@ -143,17 +151,18 @@ def main(argv=None) -> int:
             base[variant, k] = st
             print(line(variant, "original", k, st, dt), flush=True)
         for k in TYPES:
-            eq = equalized(hf, work, variant, k)
-            if eq is None:
-                print(f"{variant:<13} equalized  (ckpt_surgeon.kv_equalize not importable: skipped)")
-                break
-            ge = work / f"{variant}-eq-{k}.f16.gguf"
-            if not ge.is_file():
-                hf_to_gguf(eq, ge, dtype="f16", name=f"kv-{variant}-eq")
-            (_, st, dt), = sweep(g, ge, text, a.ctx, (k,))
-            base[variant, "eq", k] = st
-            print(line(variant, "equalized", k, st, dt) +
-                  f"  -> {base[variant, k].kl_mean / st.kl_mean:.2f}x lower mean KLD", flush=True)
+            for kind in ("eq", "cal") if a.calibrate else ("eq",):
+                eq = equalized(hf, work, variant, k, calibrate=kind == "cal")
+                if eq is None:
+                    print(f"{variant:<13} equalized  (ckpt_surgeon.kv_equalize not importable: skipped)")
+                    break
+                ge = work / f"{variant}-{kind}-{k}.f16.gguf"
+                if not ge.is_file():
+                    hf_to_gguf(eq, ge, dtype="f16", name=f"kv-{variant}-{kind}")
+                (_, st, dt), = sweep(g, ge, text, a.ctx, (k,))
+                base[variant, kind, k] = st
+                print(line(variant, "static" if kind == "eq" else "calibrated", k, st, dt) +
+                      f"  -> {base[variant, k].kl_mean / st.kl_mean:.2f}x lower mean KLD", flush=True)
     _summary(base)
     return 0
 
@@ -162,9 +171,10 @@ def _summary(base: dict) -> None:
     for k in TYPES:
         clean = base.get(("clean", k))
         for v in ("concentrated", "spread"):
-            eq, orig = base.get((v, "eq", k)), base.get((v, k))
+            eq, cal, orig = base.get((v, "eq", k)), base.get((v, "cal", k)), base.get((v, k))
             if clean is not None and orig is not None:
-                tail = f"; equalized {eq.kl_mean / clean.kl_mean:.2f}x" if eq is not None else ""
+                tail = f"; static choice {eq.kl_mean / clean.kl_mean:.2f}x" if eq is not None else ""
+                tail += f"; calibrated {cal.kl_mean / clean.kl_mean:.2f}x" if cal is not None else ""
                 print(f"K {k}: {v} original {orig.kl_mean / clean.kl_mean:.2f}x the clean model's mean KLD{tail}")
 
 

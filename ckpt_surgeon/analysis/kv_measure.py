@@ -197,6 +197,26 @@ def _capture(model, ids) -> list:
     return record
 
 
+def capture_qk(source, *, prompts=None, max_tokens: int = DEFAULT_MAX_TOKENS, device: str = "cpu") -> tuple:
+    """``(captures, tokens)``: per prompt, ``{layer: (q [H,T,D], k [KV,T,D], scaling, v [KV,T,D])}`` as float32
+    numpy, the post-RoPE query and key (and the value) of one transformers forward pass (float32, eager; see the module docstring), and
+    the tokens of each prompt.  Prompts: ``prompts`` or the analysis set, each cut to ``max_tokens``."""
+    from ..runtime import resolve_device
+    from .measure import _encode_prompts, load_model
+    from .prompts import default_prompts
+
+    if not isinstance(max_tokens, int) or max_tokens < 2:
+        raise CkptError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
+    dev = resolve_device(device)
+    model, tok, _ = load_model(str(source), device=dev, dtype="float32")
+    encoded = _encode_prompts(tok, list(default_prompts() if prompts is None else prompts), max_tokens, dev)
+    out = []
+    for ids in encoded:
+        out.append({layer: (q[0].float().cpu().numpy(), k[0].float().cpu().numpy(), scaling, v[0].float().cpu().numpy())
+                    for layer, q, k, v, scaling in _capture(model, ids)})
+    return out, tuple(int(e.shape[1]) for e in encoded)
+
+
 # --- the measurement -----------------------------------------------------------------------------
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -17,30 +17,48 @@ from .render import check_report_path, emit, open_kwargs, source_options
                    "without it the values are untouched.")
 @click.option("--context", type=int, default=None, metavar="L",
               help="Positions the prediction samples the rotated bias over (default: min(max positions, 4096)).")
+@click.option("--calibrate", is_flag=True,
+              help="Choose the pair scales on the measured attention error of real prompts: the model runs in "
+                   "transformers, its post-RoPE Q and K go through the cache type's own ggml kernels, and each "
+                   "pair's scale is searched from the static choice (slower: seconds to minutes per layer).")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE",
+              help="--calibrate on these prompts (JSON list of strings, or one per line); default: the built-in set.")
+@click.option("--max-tokens", type=int, default=256, show_default=True, metavar="N",
+              help="--calibrate: cut each prompt to N tokens.")
+@click.option("--rows", type=int, default=64, show_default=True, metavar="R",
+              help="--calibrate: query rows kept per prompt (evenly spaced; every key is kept).")
+@click.option("--attn-rot/--no-attn-rot", "attn_rot", default=True, show_default=True,
+              help="--calibrate: measure K and Q as llama.cpp does when it Hadamard-rotates them for a quantized "
+                   "K cache (head_dim a multiple of 64; llama.cpp's LLAMA_ATTN_ROT_DISABLE=1 turns that off).")
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, out, force, check, dry_run, fmt, report_path,
-            allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, out, force, check,
+            dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
     Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
     the key by 1/alpha_j (a scalar on a rotation plane commutes with the rotation, so every
     attention logit is unchanged); with --cache-type-v each value dim is multiplied by m_i and the
     matching W_o columns by 1/m_i. The scales are chosen from the weights and biases to minimise
-    the static prediction of `analyze --kv-cache` (Q's own quantization to the dot type included);
-    the table shows each layer's predicted error before and after. OUT is written atomically;
+    the static prediction of `analyze --kv-cache` (Q's own quantization to the dot type included),
+    or with --calibrate on the measured attention-row KL of real prompts (the report says which);
+    the table shows each layer's predicted error before and after (and, calibrated, the measured KL). OUT is written atomically;
     untouched tensors are copied byte for byte; the source is never modified.
 
     \b
     Examples:
       ckpt-surgeon kv-equalize ./Qwen2.5-7B -o ./q-eq --cache-type-k q4_0
       ckpt-surgeon kv-equalize model.gguf -o eq.gguf --cache-type-k q8_0 --cache-type-v q8_0
+      ckpt-surgeon kv-equalize ./Qwen2.5-7B -o ./q-eq --cache-type-k q4_0 --calibrate --max-tokens 128
     """
+    from ..analysis.prompts import load_prompts
     from ..surgery.kv_equalize import kv_equalize
 
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                         force=force, check=check, dry_run=dry_run,
+                         force=force, check=check, dry_run=dry_run, calibrate=calibrate,
+                         prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
+                         attn_rot=attn_rot,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)

@@ -21,6 +21,10 @@ modelled peak in q against k, ``alpha = (A_k / A_q)^(t/2)``, and flattening k's 
 ``alpha = (A_k / rms A_k)^t``, and bringing only the outlier pairs down to ``c`` x the median peak) is
 scored and the best kept; ``t = 0`` (no change) is always a
 candidate, so the prediction never gets worse.  Values: ``m_i = (rms A_v / A_v,i)^t``, same rule.
+
+``calibrate=True`` (``--calibrate``) starts from that choice and searches alpha on the *measured* attention
+error of real prompts instead (:mod:`ckpt_surgeon.surgery.kv_calibrate`); the report says which way the
+scales were chosen.  The transform, and so its exactness, is the same.
 """
 from __future__ import annotations
 
@@ -52,6 +56,9 @@ class KvEqualizeLayer:
     alpha_max: float = 1.0
     m_min: float | None = None
     m_max: float | None = None
+    kl_before: float | None = None      # --calibrate: measured mean attention-row KL (first K type), alpha = 1
+    kl_static: float | None = None      # ... with the static choice
+    kl_after: float | None = None       # ... with the calibrated choice
 
     def to_dict(self) -> dict:
         return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
@@ -63,6 +70,8 @@ class KvEqualizeLayer:
         if self.v_before is not None:
             d.update({"V before": self.v_before, "V after": self.v_after,
                       "m range": f"{self.m_min:.3g}..{self.m_max:.3g}"})
+        if self.kl_before is not None:
+            d.update({"KL before": self.kl_before, "KL static": self.kl_static, "KL calibrated": self.kl_after})
         return d
 
 
@@ -208,8 +217,10 @@ def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None
     return steps
 
 
-def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None) -> Plan:
-    """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing)."""
+def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
+                     calibration=None) -> Plan:
+    """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing);
+    ``calibration`` (:func:`ckpt_surgeon.surgery.kv_calibrate.collect`): choose alpha on its measured Q and K."""
     src = ckpt.source
     types_k = KC.parse_cache_types(cache_type_k, path=src)
     types_v = KC.parse_cache_types(cache_type_v, path=src) if cache_type_v else ()
@@ -226,6 +237,8 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
                       == layout.head_dim and layout.num_heads > 1)
         alpha = choose_alpha(st, geom, types_k, shared)
+        cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
+        alpha = cal.alpha if cal is not None else alpha
         m = choose_m(st, types_v) if types_v else None
         new = st.scaled(alpha=alpha, m=m)
         steps += layer_steps(ckpt, layout, lt, alpha, m)
@@ -235,16 +248,41 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             KC.layer_error(st, geom, types_v[0], "v") if types_v else None,
             KC.layer_error(new, geom, types_v[0], "v") if types_v else None,
             float(alpha.min()), float(alpha.max()),
-            float(m.min()) if m is not None else None, float(m.max()) if m is not None else None))
-    notes = ["scales chosen from the weights and biases (no calibration prompts) to minimise the static prediction "
-             f"for K {', '.join(types_k)}" + (f" and V {', '.join(types_v)}" if types_v else "")
-             + ", Q's own quantization to the dot type included; 'before/after' are that prediction",
+            float(m.min()) if m is not None else None, float(m.max()) if m is not None else None,
+            *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else ())))
+    how = _how(calibration)
+    notes = [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
+                 "alpha per rotary pair per kv head by coordinate descent on the measured mean attention-row KL "
+                 f"(keys through {', '.join(types_k)}, queries through the vec_dot type, ggml's kernels), from the "
+                 "static choice; 'KL before/static/calibrated' are that measurement, 'before/after' the static "
+                 "prediction" + (" (values: the static choice)" if types_v else "") if calibration is not None else
+                 f"to minimise the static prediction for K {', '.join(types_k)}"
+                 + (f" and V {', '.join(types_v)}" if types_v else "")
+                 + ", Q's own quantization to the dot type included; 'before/after' are that prediction"),
              "exact: every attention logit and head output is unchanged (q pair x alpha, k pair / alpha commute with "
              "the rotation; W_o M^-1 M v = W_o v); changed tensors computed in float64 and cast once"]
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
-              "pair_layout": geom.pair_layout}
+              "pair_layout": geom.pair_layout, "scales": how,
+              "calibration": calibration.to_dict() if calibration is not None else None}
     return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
                 notes=tuple(notes))
+
+
+def _how(calibration) -> str:
+    return "from the weights and biases" if calibration is None else calibration.describe()
+
+
+def _calibrate(calibration, layer: int, geom, layout, types_k, alpha, shared: bool, src):
+    """The calibrated choice of one layer (None without a calibration)."""
+    if calibration is None:
+        return None
+    from .kv_calibrate import calibrate_layer
+    samples = calibration.layers.get(layer)
+    if not samples:
+        raise UnsupportedError(f"--calibrate: the forward pass recorded no attention call for layer {layer}, so its "
+                               "scales cannot be calibrated (use the static choice)", path=src)
+    return calibrate_layer(samples, geom, layout.naming, layout.num_kv_heads, types_k, alpha, shared,
+                           calibration.attn_rot)
 
 
 @dataclass(frozen=True)
@@ -286,8 +324,14 @@ class KvEqualizeReport:
                  ("output", self.out or "dry run: nothing written"),
                  ("cache type K", ", ".join(p["cache_type_k"])),
                  ("cache type V", ", ".join(p["cache_type_v"]) or "- (values untouched)"),
-                 ("pairs", p["pair_layout"]), ("tensors changed", str(len(self.plan.changed))),
+                 ("pairs", p["pair_layout"]), ("scales chosen", p.get("scales", "from the weights and biases")),
+                 ("tensors changed", str(len(self.plan.changed))),
                  ("predicted K error", f"{self.improvement('k'):.3g}x lower (RMS over layers)")]
+        kl = [(r.kl_before, r.kl_static, r.kl_after) for r in self.layers if r.kl_before is not None]
+        if kl:
+            b, st, a = (float(np.mean(x)) for x in zip(*kl))
+            items.append(("measured row KL", f"{b:.3g} -> static {st:.3g} -> calibrated {a:.3g} nats "
+                                             f"(mean over layers, {p['cache_type_k'][0]})"))
         if p["cache_type_v"]:
             items.append(("predicted V error", f"{self.improvement('v'):.3g}x lower (RMS over layers)"))
         if self.write is not None:
@@ -297,8 +341,15 @@ class KvEqualizeReport:
 
 
 def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
-                force: bool = False, check: str = "auto", dry_run: bool = False, **open_kw) -> KvEqualizeReport:
-    """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T]``.
+                force: bool = False, check: str = "auto", dry_run: bool = False, calibrate: bool = False,
+                prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool = True,
+                **open_kw) -> KvEqualizeReport:
+    """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
+
+    ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
+    to ``max_tokens``, keep ``rows`` query rows per prompt, and choose alpha on the measured attention error
+    (:mod:`ckpt_surgeon.surgery.kv_calibrate`); ``attn_rot``: measure K and Q as llama.cpp does when it
+    Hadamard-rotates them for a quantized K cache (head_dim a multiple of 64; off: plain blocks).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
@@ -309,11 +360,18 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     KC.parse_cache_types(cache_type_k, path=str(source))
     if cache_type_v:
         KC.parse_cache_types(cache_type_v, path=str(source))
+    calibration = None
+    if calibrate:
+        from .kv_calibrate import check_types, collect
+        check_types(KC.parse_cache_types(cache_type_k, path=str(source)), str(source))
+        calibration = collect(source, prompts=prompts, max_tokens=max_tokens, rows=rows, device=device,
+                              attn_rot=attn_rot)
     with open_checkpoint(source, **open_kw) as ck:
         if str(out).endswith(".gguf") != (ck.naming == "gguf"):
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
-        plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context)
+        plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
+                                calibration=calibration)
         if dry_run:
             return KvEqualizeReport(plan, None)
         result = execute(ck, plan, out, force=force, check=check, progress=open_kw.get("progress", False))
