@@ -72,6 +72,7 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
 def _static(ck: Checkpoint, context, epsilon, profile: dict | None):
     """The static report of open checkpoint ``ck`` and, when ``profile`` gives its settings
     (context, deltas, rope_theta, rope_scaling), its static distance profile (else None)."""
+    ck.refuse_truncated()        # as every command but inspect (which shows the structure)
     report = R.analyze_checkpoint(ck, context=context, epsilon=epsilon)
     if profile is None:
         return report, None

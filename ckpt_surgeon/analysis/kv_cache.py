@@ -727,7 +727,9 @@ def analyze_kv_cache(source, cache_types, *, context: int | None = None, per_hea
     """Python twin of ``analyze --kv-cache TYPES`` (``source``: any source or an open Checkpoint)."""
     from ..checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
+        source.refuse_truncated()        # as every command but inspect
         return kv_cache_report(source, cache_types, context=context, per_head=per_head)
     parse_cache_types(cache_types, path=str(source))      # an unknown type before the file is opened
     with open_checkpoint(source, **open_kwargs) as ck:
+        ck.refuse_truncated()
         return kv_cache_report(ck, cache_types, context=context, per_head=per_head)

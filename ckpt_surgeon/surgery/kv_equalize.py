@@ -224,6 +224,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     src = ckpt.source
     types_k = KC.parse_cache_types(cache_type_k, path=src)
     types_v = KC.parse_cache_types(cache_type_v, path=src) if cache_type_v else ()
+    ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
     layout = ckpt.layout()
     KC.check_pairable(ckpt, layout)
     KC.check_blocks(layout, types_k + types_v, src)
