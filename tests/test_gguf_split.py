@@ -35,7 +35,7 @@ from ckpt_surgeon.errors import (
     UnsupportedError,
 )
 from ckpt_surgeon.formats import gguf as gg
-from ckpt_surgeon.formats import hub as hubmod
+from ckpt_surgeon.formats.hub import ranges as hubmod
 from tests.gguf_util import write_gguf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hubenv import hub  # noqa: E402,F401  (the local Hub fixture; conftest's env gives it a clean environment)

@@ -35,7 +35,7 @@ from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
 from ..formats import ggml_types as GT
 from ..formats import gguf_write as gw
-from ..formats import hf_cache
+from ..formats.hub import hf_cache
 from ..formats.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging

@@ -143,7 +143,7 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
         if not looks_like_repo_id(given):
             raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
                                       path=given)
-        from ..formats.hub_snapshot import download
+        from ..formats.hub.snapshot import download
         p = download(given, revision=revision, progress=progress)
     ck, precision, n_params = open_validated(p, given)
     try:
