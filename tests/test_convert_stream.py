@@ -262,9 +262,9 @@ def test_reread_check_catches_a_changed_byte_and_a_wrong_range(family, tmp_path,
     import gguf
 
     from ckpt_surgeon.errors import FormatError
-    from ckpt_surgeon.formats import gguf_write as gw
+    from ckpt_surgeon.formats.write import gguf as gw
     from ckpt_surgeon.formats.gguf import GGUFFile
-    from ckpt_surgeon.formats.shard_io import pwrite_all
+    from ckpt_surgeon.formats.write.shard_io import pwrite_all
 
     monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 512)        # several chunks per weight
     src = family("llama_bias")

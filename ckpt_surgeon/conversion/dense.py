@@ -71,7 +71,7 @@ def quantized_to_dense(source, out: str | os.PathLike) -> Path:
     stored.  Returns ``out``."""
     from ..checkpoint import open_checkpoint
     from ..errors import CkptError
-    from ..formats.writer import CheckpointWriter
+    from ..formats.write.writer import CheckpointWriter
 
     with open_checkpoint(source) as ck:
         if ck.quantization is None:
@@ -114,7 +114,7 @@ def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: boo
 
     from ..checkpoint import open_checkpoint
     from ..errors import UnsupportedError
-    from ..formats.writer import CheckpointWriter
+    from ..formats.write.writer import CheckpointWriter
     from .report import ConvertReport
 
     t0 = time.perf_counter()

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedError
 from ..formats import ggml_types as GT
-from ..formats import gguf_write as gw
-from ..formats.shard_io import pwrite_all
+from ..formats.write import gguf as gw
+from ..formats.write.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
 from . import output_path
