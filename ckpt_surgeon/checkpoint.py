@@ -28,8 +28,8 @@ from .formats import safetensors as st
 from .formats.hub.ranges import open_hub
 from .formats.magic import file_kind
 from .formats.pickle import open_pickle
-from .formats.quant_schemes import Quantization, config_method, detect, undeclared
-from .formats.quantized import QuantizedSource
+from .formats.quant.schemes import Quantization, config_method, detect, undeclared
+from .formats.quant.quantized import QuantizedSource
 from .formats.safe_input import check_regular, read_json
 from .formats.source import ShardSet, TensorSource
 from .records import TensorInfo

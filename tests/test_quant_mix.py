@@ -44,7 +44,7 @@ def _fn(lib, mangled: str, restype, argtypes):
 
 @pytest.fixture(scope="module")
 def llama_types():
-    from ckpt_surgeon.formats import ggml_quant
+    from ckpt_surgeon.formats.quant import ggml_quant
     lib = llama_cpp.llama_cpp._lib
     g = ggml_quant.lib()
     g.ggml_init.restype, g.ggml_init.argtypes = ctypes.c_void_p, [_InitParams]

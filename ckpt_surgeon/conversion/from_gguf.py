@@ -10,7 +10,7 @@ Steps (each a small function below):
 2. Every GGUF tensor mapped to its HF name; the set of names and shapes checked against the
    model transformers builds from that config on the meta device: an unmatched or a missing
    tensor is an error, never a randomly initialised weight.
-3. Weights dequantized through our own reader (:mod:`ckpt_surgeon.formats.dequant`), llama-arch
+3. Weights dequantized through our own reader (:mod:`ckpt_surgeon.formats.quant.dequant`), llama-arch
    Q/K rows un-permuted (weights and biases, :func:`~ckpt_surgeon.arch.layouts.llama_unpermute_index`),
    GPT-2 Conv1D weights transposed back to ``[in, out]``, Gemma norms shifted back by -1; then
    cast once to the requested dtype and streamed by the shared atomic writer

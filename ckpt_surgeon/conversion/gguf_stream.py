@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import safetensors as st
-from ..formats.quantize import bf16_bits_to_f16, encode_rows
+from ..formats.quant.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.write.shard_io import pwrite_all
 from .transforms import lookup
 

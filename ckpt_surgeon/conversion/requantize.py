@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
-from ..formats import ggml_types as GT
+from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from ..formats.write.shard_io import pwrite_all
 from ..progress import bar
@@ -93,7 +93,7 @@ class _Source:
             return raw.view(np.float16).astype(np.float32).reshape(shape)       # exact
         if info.dtype == "BF16":
             return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)   # exact
-        from ..formats import ggml_quant
+        from ..formats.quant import ggml_quant
         n = int(np.prod(shape))
         return ggml_quant.dequantize(raw, info.dtype, n).reshape(shape)
 
@@ -157,7 +157,7 @@ def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requan
                 raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
                                        "pass --allow-requantize to do it anyway)", path=src, tensor=name)
             if dtype not in QUANT_ONLY:
-                from ..formats import ggml_quant
+                from ..formats.quant import ggml_quant
                 ggml_quant.lib()      # the decoder of a quantized source is ggml's
         if t.fell_back:
             fell.append(name)

@@ -14,7 +14,7 @@ re-parsed and every chunk's bytes are compared with what was written.
 What is written mirrors llama.cpp's ``convert_hf_to_gguf.py`` for these families: names from
 :mod:`.names`, llama-arch Q/K rows permuted (weights and biases), GPT-2 Conv1D weights
 transposed, 1-D tensors (norms, biases) stored F32, 2-D weights in the requested type
-(Q8_0 through :func:`~ckpt_surgeon.formats.quantize.quantize_q8_0`, bytes equal to gguf-py's
+(Q8_0 through :func:`~ckpt_surgeon.formats.quant.quantize.quantize_q8_0`, bytes equal to gguf-py's
 ``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
 silently assumes 10000 when it is absent; Qwen2.5 needs 1e6), ``general.file_type``, and the
 vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
@@ -33,7 +33,7 @@ from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
 from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
-from ..formats import ggml_types as GT
+from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from ..formats.hub import hf_cache
 from ..formats.write.shard_io import pwrite_all, stage

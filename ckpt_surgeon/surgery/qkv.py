@@ -22,7 +22,7 @@ from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
 from ..arch.resolve import family_fused_layout, rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
-from ..formats.quant_schemes import SCHEMES
+from ..formats.quant.schemes import SCHEMES
 from .fold import family_of
 from .plan import Plan, TensorStep, step_params
 

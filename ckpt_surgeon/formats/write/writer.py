@@ -757,11 +757,11 @@ class GGUFCheckpointWriter(CheckpointWriter):
         self._src_header = gg.read_header(source.files[0])
 
     def _known_dtype(self, dtype: str) -> bool:
-        from ..ggml_types import known
+        from ..quant.ggml_types import known
         return known(dtype)
 
     def _nbytes(self, dtype: str, shape: tuple, name: str) -> int:
-        from ..ggml_types import ggml_type
+        from ..quant.ggml_types import ggml_type
         t = ggml_type(dtype)
         n = 1
         for d in shape:
@@ -789,7 +789,7 @@ class GGUFCheckpointWriter(CheckpointWriter):
 
     def _layout_gguf(self, ents, metadata) -> gw.GGUFLayout:
         """The source's key-values as stored, the history key, the output tensors' infos."""
-        from ..ggml_types import ggml_type
+        from ..quant.ggml_types import ggml_type
         h = self._src_header
         kv, count = carried_kv_bytes(h, GGUF_HISTORY_KEY)
         hist = gw.encode_kv(gw.KV(GGUF_HISTORY_KEY, gw.VT.STRING, metadata["ckpt_surgeon"]))
