@@ -68,7 +68,7 @@ LONG_OK = {
     ("cli/cmd_analyze.py", "command"): _CLICK,
     ("cli/cmd_convert.py", "command"): _CLICK,
     ("cli/cmd_fold_bias.py", "command"): _CLICK,
-    ("arch/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture rules, "
+    ("conversion/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture rules, "
                                     "kept in its order so it can be read beside the C++",
     ("arch/derive/feeds.py", "feeds"): "issue 35 step 3 moves the derivation engine (arch/derive/)",
     ("verification/core.py", "verify"): "issue 35 step 4 composes verify from records",

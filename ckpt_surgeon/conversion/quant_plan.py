@@ -1,5 +1,5 @@
 """Planning a quantized GGUF (``--dtype q4_k_m`` ...): each tensor's type by llama.cpp's mixture
-(:mod:`ckpt_surgeon.arch.quant_mix`), its size, its importance-matrix slice.
+(:mod:`ckpt_surgeon.conversion.quant_mix`), its size, its importance-matrix slice.
 
 The plan of the F32 file llama.cpp's converter would write is retyped as ``llama_model_quantize``
 retypes that file, so the data streamed afterwards (:mod:`.gguf_stream`) is quantized chunk by
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..arch.quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
+from .quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
 from ..errors import UnsupportedError
 from ..formats.quant.ggml_types import nbytes as ggml_nbytes
 

@@ -5,7 +5,7 @@ What ``llama_model_quantize`` does with its default parameters (llama.cpp ``src/
 
 * every key-value pair carried over as stored, ``general.quantization_version`` and
   ``general.file_type`` set (the split keys dropped);
-* each tensor's type from llama.cpp's mixture (:mod:`ckpt_surgeon.arch.quant_mix`); a tensor
+* each tensor's type from llama.cpp's mixture (:mod:`ckpt_surgeon.conversion.quant_mix`); a tensor
   whose type does not change is copied byte for byte, any other is decoded to float32 as
   llama.cpp decodes it (F16 / BF16 widened exactly, a quantized type by ggml's own ``to_float``)
   and quantized by ggml's kernels, with the importance matrix if one is given;
@@ -177,7 +177,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     """Quantize GGUF ``src`` into GGUF ``out_path`` of file type ``dtype`` (any of
     :data:`~.quant_plan.QUANT_ONLY`, or q8_0 / f16 / bf16 / f32 with llama.cpp's rules).
     Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses; nothing is written then."""
-    from ..arch.quant_mix import FTYPES
+    from .quant_mix import FTYPES
     from ..formats.gguf import read_header
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
