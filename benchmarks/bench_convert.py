@@ -257,7 +257,7 @@ sys.exit(rc)
 def bench_quant(args) -> None:
     import gguf as _gguf  # noqa: F401  (the ftype id below)
 
-    from ckpt_surgeon.arch.quant_mix import FTYPES
+    from ckpt_surgeon.conversion.quant_mix import FTYPES
     from tests.llamacpp_src import llamacpp_source
 
     llamacpp = llamacpp_source()

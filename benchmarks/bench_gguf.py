@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ckpt_surgeon.formats import dequant as dq  # noqa: E402
-from ckpt_surgeon.formats import ggml_types as GT  # noqa: E402
+from ckpt_surgeon.formats.quant import dequant as dq  # noqa: E402
+from ckpt_surgeon.formats.quant import ggml_types as GT  # noqa: E402
 from ckpt_surgeon.formats.gguf import GGUFFile  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / ".bench"

@@ -34,7 +34,7 @@ def _lscpu() -> str:
 
 def run(x: np.ndarray, name: str, threads: int, chunk_rows: int) -> float:
     """Seconds to quantize every row of ``x`` to ``name`` with ``threads`` workers."""
-    from ckpt_surgeon.formats.ggml_quant import quantize_rows
+    from ckpt_surgeon.formats.quant.ggml_quant import quantize_rows
     jobs: queue.Queue = queue.Queue()
     for a in range(0, x.shape[0], chunk_rows):
         jobs.put(a)

@@ -1,4 +1,4 @@
-"""Benchmark: dequantization of quantized HF Linears (``ckpt_surgeon.formats.quant_kernels``).
+"""Benchmark: dequantization of quantized HF Linears (``ckpt_surgeon.formats.quant.kernels``).
 
 Melements/s per scheme on one 7B-class MLP projection (``--rows 18944 --cols 3584``, Qwen2.5-7B's
 ``gate_proj``) made of random codes and float16 scales (the kernels' cost does not depend on the
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ckpt_surgeon.formats.quant_kernels import dequantize  # noqa: E402
-from ckpt_surgeon.formats.quant_schemes import QuantTensor  # noqa: E402
+from ckpt_surgeon.formats.quant.kernels import dequantize  # noqa: E402
+from ckpt_surgeon.formats.quant.schemes import QuantTensor  # noqa: E402
 
 
 def _cases(rows: int, cols: int, rng):

@@ -1,4 +1,4 @@
-"""Exhaustive check behind formats/quantize.py's Q8_0 fast path (about 30 s on one core).
+"""Exhaustive check behind formats/quant/quantize.py's Q8_0 fast path (about 30 s on one core).
 
 For every float32 v with |v| <= 128, both signs (2,248,146,946 values):
 trunc(v + copysign(0.5 - 2**-25, v)) == gguf-py's np_roundf(v), as floats and after the int8 cast.

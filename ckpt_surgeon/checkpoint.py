@@ -25,11 +25,11 @@ from .arch.resolve import resolve
 from .errors import ConfigError, FormatError, PickleRefusedError, SourceNotFoundError, TruncatedError
 from .formats import gguf as gg
 from .formats import safetensors as st
-from .formats.hub import open_hub
+from .formats.hub.ranges import open_hub
 from .formats.magic import file_kind
 from .formats.pickle import open_pickle
-from .formats.quant_schemes import Quantization, config_method, detect, undeclared
-from .formats.quantized import QuantizedSource
+from .formats.quant.schemes import Quantization, config_method, detect, undeclared
+from .formats.quant.quantized import QuantizedSource
 from .formats.safe_input import check_regular, read_json
 from .formats.source import ShardSet, TensorSource
 from .records import TensorInfo
@@ -344,7 +344,7 @@ def _open_gguf(path: Path, opts: _Options) -> Checkpoint:
 def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str | None = None,
                         allow_full_download: bool = False, progress: bool | None = None) -> Checkpoint:
     """Open a Hub model repo as a :class:`Checkpoint`, reading only headers (see
-    :func:`ckpt_surgeon.formats.hub.open_hub` for the arguments).  When the Hugging Face cache
+    :func:`ckpt_surgeon.formats.hub.ranges.open_hub` for the arguments).  When the Hugging Face cache
     holds every file the remote path would read, those local files are opened instead."""
     h = open_hub(repo_id, revision=revision, file=file, allow_full_download=allow_full_download, progress=progress)
     if h.local is not None:

@@ -102,7 +102,7 @@ def gguf_as_folder(path: str | os.PathLike, *, dtype: str, prefix: str = "ckpt-s
 def is_quantized_folder(folder: str | os.PathLike) -> bool:
     """Whether ``folder/config.json`` declares a quantization (``quantization_config`` with a
     ``quant_method``, or MLX's ``quantization``)."""
-    from .formats.quant_schemes import config_method
+    from .formats.quant.schemes import config_method
     from .formats.safe_input import read_json
     cfg = Path(folder) / "config.json"
     return cfg.is_file() and config_method(read_json(cfg, error=ConfigError)) is not None

@@ -15,7 +15,7 @@ import runpy
 import sys
 import time
 
-from ckpt_surgeon.formats import writer
+from ckpt_surgeon.formats.write import writer
 
 
 def _pause(name: str) -> None:

@@ -29,7 +29,7 @@ from ckpt_surgeon.conversion import gguf_stream
 from ckpt_surgeon.conversion import names as N
 from ckpt_surgeon.conversion.to_gguf import hf_to_gguf, plan_hf_to_gguf
 from ckpt_surgeon.conversion.transforms import forward as _transform_to_gguf
-from ckpt_surgeon.formats.quantize import quantize_q8_0
+from ckpt_surgeon.formats.quant.quantize import quantize_q8_0
 
 FAMILIES = ("qwen2", "qwen2_long", "qwen2_sharded", "llama", "llama_bias", "mistral", "qwen3", "phi3", "gpt2",
             "gemma3")
@@ -171,7 +171,7 @@ def test_q8_0_bytes_equal_gguf_py(case):
 def test_q8_0_rounding_neighbourhoods_equal_gguf_py():
     """The fast path rounds half away from zero as trunc(v + sign(v) * (0.5 - 2**-25)); that equals
     gguf-py's np_roundf for every float32 |v| <= 128 (checked exhaustively once: 2,248,146,946 values,
-    0 mismatches, see formats/quantize.py).  Here the dangerous neighbourhoods: every float32 within
+    0 mismatches, see formats/quant/quantize.py).  Here the dangerous neighbourhoods: every float32 within
     2048 ulps of k and of k + 1/2 (k = 0..127, both signs, |v| <= 127), fed through blocks whose
     max is 127 so that d = 1 and x * (1/d) = x."""
     import gguf
@@ -212,7 +212,7 @@ def test_q8_0_large_mixed_equal_gguf_py():
 
 
 def _quantize_mod():
-    import ckpt_surgeon.formats.quantize as q
+    import ckpt_surgeon.formats.quant.quantize as q
     return q
 
 
@@ -229,7 +229,7 @@ def test_q8_0_halves_round_away_from_zero():
 def test_f16_bytes_equal_numpy():
     """to_f16 (torch's vectorised cast for large arrays) rounds exactly as numpy's astype:
     ties, subnormals, overflow to inf, signed zeros, NaNs with payloads."""
-    from ckpt_surgeon.formats.quantize import to_f16
+    from ckpt_surgeon.formats.quant.quantize import to_f16
     rng = np.random.default_rng(1)
     f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
     finite = f16[np.isfinite(f16)]
@@ -247,7 +247,7 @@ def test_f16_bytes_equal_numpy():
 
 def test_bf16_bits_to_f16_equal_numpy():
     """Every one of the 65536 bfloat16 bit patterns converts to numpy's float16 of its value."""
-    from ckpt_surgeon.formats.quantize import bf16_bits_to_f16
+    from ckpt_surgeon.formats.quant.quantize import bf16_bits_to_f16
     u = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     with np.errstate(all="ignore"):
         want = (u.astype(np.uint32) << 16).view(np.float32).astype(np.float16)
@@ -262,9 +262,9 @@ def test_reread_check_catches_a_changed_byte_and_a_wrong_range(family, tmp_path,
     import gguf
 
     from ckpt_surgeon.errors import FormatError
-    from ckpt_surgeon.formats import gguf_write as gw
+    from ckpt_surgeon.formats.write import gguf as gw
     from ckpt_surgeon.formats.gguf import GGUFFile
-    from ckpt_surgeon.formats.shard_io import pwrite_all
+    from ckpt_surgeon.formats.write.shard_io import pwrite_all
 
     monkeypatch.setattr(gguf_stream, "CHUNK_ELEMS", 512)        # several chunks per weight
     src = family("llama_bias")

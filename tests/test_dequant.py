@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import gguf
 from gguf import GGMLQuantizationType as Q
 
-from ckpt_surgeon.formats import dequant as dq
-from ckpt_surgeon.formats import ggml_types as GT
+from ckpt_surgeon.formats.quant import dequant as dq
+from ckpt_surgeon.formats.quant import ggml_types as GT
 from ckpt_surgeon.errors import UnsupportedError
 from ckpt_surgeon.formats.gguf import GGUFFile
 
@@ -75,7 +75,7 @@ def test_type_table_matches_ggml():
 def test_type_table_matches_the_ggml_library():
     """Every type the installed libggml has: its own traits (block size, bytes, quantized) are the table's."""
     pytest.importorskip("llama_cpp")
-    from ckpt_surgeon.formats import ggml_quant
+    from ckpt_surgeon.formats.quant import ggml_quant
     g, seen, differ = ggml_quant.lib(), 0, {}
     for t in GT.GGML_TYPES.values():
         try:

@@ -91,7 +91,7 @@ def test_smollm_token_embedding_equals_gguf_py(smollm_gguf):
         assert ck.read_raw("token_embd.weight") == t.data.tobytes()
     theirs = gguf.quants.dequantize(t.data, t.tensor_type)
     assert ours.shape == theirs.shape == (49152, 576) and ours.dtype == np.float32
-    # bit-exact: same operations in the same order (see formats/dequant.py)
+    # bit-exact: same operations in the same order (see formats/quant/dequant.py)
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 

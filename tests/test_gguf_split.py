@@ -35,7 +35,7 @@ from ckpt_surgeon.errors import (
     UnsupportedError,
 )
 from ckpt_surgeon.formats import gguf as gg
-from ckpt_surgeon.formats import hub as hubmod
+from ckpt_surgeon.formats.hub import ranges as hubmod
 from tests.gguf_util import write_gguf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hubenv import hub  # noqa: E402,F401  (the local Hub fixture; conftest's env gives it a clean environment)
@@ -363,7 +363,7 @@ def test_fold_bias_gguf_to_gguf_from_a_split_source_is_refused_and_writes_nothin
                           "yet: convert to safetensors first (ckpt-surgeon convert) or merge the parts with "
                           "llama-gguf-split --merge\n")
     assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(tmp_path / "set"))) == before
-    from ckpt_surgeon.formats.writer import open_writer
+    from ckpt_surgeon.formats.write.writer import open_writer
     with open_checkpoint(parts[1]) as ck, pytest.raises(UnsupportedError):
         open_writer(out, ck)
     # the same file unsplit is written (the refusal is about the split source only)

@@ -474,7 +474,7 @@ def test_prompts_file_over_the_size_limit_or_a_fifo(tmp_path):
 def test_hub_cache_files_corrupt_or_hostile_are_a_cache_miss(tmp_path):
     """files.json / meta.json / refs in the Hub cache are parsed with safe_input's limits; a
     100k-deep, 10,000-digit, non-object or FIFO entry is a miss (fetched again), not a RecursionError."""
-    from ckpt_surgeon.formats.hub_cache import RepoCache
+    from ckpt_surgeon.formats.hub.range_cache import RepoCache
     sha = "a" * 40
     cache = RepoCache(tmp_path, "owner/name")
     store_dir = cache.dir / sha / "files" / "model.safetensors"

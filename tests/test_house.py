@@ -26,11 +26,11 @@ MAX_FILE_LINES = 900
 # (module under ckpt_surgeon/, function): the seven named by issue 24 item 19
 SHORT = (
     ("conversion/from_gguf.py", "hf_config_from_gguf"),
-    ("arch/probe.py", "shrink_config"),
+    ("arch/derive/probe.py", "shrink_config"),
     ("conversion/to_gguf.py", "plan_hf_to_gguf"),
     ("arch/resolve.py", "resolve"),
     ("conversion/tokenizer/spm.py", "spm_model_vocab"),
-    ("arch/derive.py", "derived_layout"),
+    ("arch/derive/derived.py", "derived_layout"),
     ("conversion/from_gguf.py", "gguf_to_hf_report"),
 )
 
@@ -68,9 +68,9 @@ LONG_OK = {
     ("cli/cmd_analyze.py", "command"): _CLICK,
     ("cli/cmd_convert.py", "command"): _CLICK,
     ("cli/cmd_fold_bias.py", "command"): _CLICK,
-    ("arch/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture rules, "
+    ("conversion/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture rules, "
                                     "kept in its order so it can be read beside the C++",
-    ("arch/feeds.py", "feeds"): "issue 35 step 3 moves the derivation engine (arch/derive/)",
+    ("arch/derive/feeds.py", "feeds"): "issue 35 step 3 moves the derivation engine (arch/derive/)",
     ("verification/core.py", "verify"): "issue 35 step 4 composes verify from records",
     ("verification/stream.py", "StreamedPair._stream"): "issue 35 step 4 (verify's memory planning in its own module)",
     ("analysis/redundancy.py", "analyze_checkpoint"): "issue 35 step 5 splits redundancy.py",
@@ -126,7 +126,7 @@ def test_the_function_counter_can_fail():
 # (file under ckpt_surgeon/): why it is longer than MAX_FILE_LINES
 BIG_OK = {
     "arch/families.py": "a declared data table: the family registry (one record per family)",
-    "arch/probe.py": "issue 35 step 3 moves the derivation engine into arch/derive/",
+    "arch/derive/probe.py": "issue 35 step 3 moves the derivation engine into arch/derive/",
     "analysis/redundancy.py": "issue 35 step 5 splits the bound math from the report and its views",
 }
 

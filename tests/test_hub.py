@@ -22,7 +22,7 @@ from ckpt_surgeon.analysis.inspect import inspect
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.errors import FormatError, HubError, PickleRefusedError
-from ckpt_surgeon.formats import hub as hubmod
+from ckpt_surgeon.formats.hub import ranges as hubmod
 from ckpt_surgeon.formats.safetensors import read_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,68 @@ def test_every_module_imports_in_isolation():
              "ckpt_surgeon.analysis.lint", "ckpt_surgeon.analysis.diff", "ckpt_surgeon.analysis.redundancy")
     heavy = {m: r["heavy"] for m, r in result.items() if r["heavy"] and m.startswith(light)}
     assert not heavy, heavy
+
+
+# ---------------------------------------------------------------------------------------------
+# The operations layer in its real order, and where torch / transformers may be imported.
+
+OPERATIONS = ["conversion", "runtime", "analysis", "surgery"]
+
+
+def _upward(graph: dict[str, dict[str, int]], layers) -> list[tuple[str, str]]:
+    return [(m, d) for m, deps in graph.items() for d in deps if _layer_of(d, layers) > _layer_of(m, layers)]
+
+
+def test_the_operations_are_rows_in_their_import_order():
+    """conversion < runtime < analysis < surgery, each its own row of the layer block, so an import
+    against that order (analysis importing surgery, conversion importing runtime ...) fails the layer
+    test above; the rows between checkpoint and verification are these four, in this order."""
+    names = [n for n, _ in _layers()]
+    assert names[names.index("checkpoint") + 1:names.index("verification")] == OPERATIONS, names
+    assert [members for n, members in _layers() if n in OPERATIONS] == [[n] for n in OPERATIONS]
+    # the order is the one the code has: each row imports the one below it somewhere
+    graph = _graph()
+    for low, high in zip(OPERATIONS, OPERATIONS[1:]):
+        assert any(m.split(".")[0] == high and d.split(".")[0] == low for m, deps in graph.items() for d in deps), \
+            f"nothing in {high} imports {low}: the order in {ARCH_DOC.name} is no longer the code's"
+
+
+def test_the_layer_check_catches_an_import_against_the_operations_order():
+    layers = _layers()
+    graph = {"analysis.api": {"surgery.fold": 1}, "surgery.fold": {"analysis.redundancy": 1},
+             "conversion.to_gguf": {"runtime": 3}, "runtime": {"conversion.dense": 2}}
+    assert sorted(_upward(graph, layers)) == [("analysis.api", "surgery.fold"), ("conversion.to_gguf", "runtime")]
+
+
+def _heavy_allowed() -> list[str]:
+    """The modules / packages docs/architecture.md allows to import torch or transformers."""
+    text = ARCH_DOC.read_text(encoding="utf-8")
+    block = text.split("<!-- heavy: -->", 1)[1].split("<!-- :heavy -->", 1)[0]
+    return [p.removesuffix(".py").removesuffix("/").replace("/", ".") for p in re.findall(r"`([\w/.]+)`", block)]
+
+
+def _heavy_importers() -> dict[str, bool]:
+    """module -> whether it imports torch or transformers at module level (else inside functions)."""
+    out = {}
+    for mod, path in _module_names().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+            if {n.split(".")[0] for n in names} & {"torch", "transformers"}:
+                out[mod] = out.get(mod, False) or node in tree.body
+    return out
+
+
+def test_torch_and_transformers_only_where_the_architecture_page_says():
+    allowed = _heavy_allowed()
+    assert "arch.derive" in allowed and "runtime" in allowed and len(allowed) > 8, allowed
+    found = _heavy_importers()
+    assert len(found) > 10, found
+    at_load = sorted(m for m, top in found.items() if top)
+    assert not at_load, f"torch / transformers imported at module level (import them inside the function): {at_load}"
+    covered = lambda m, entry: m == entry or m.startswith(entry + ".")     # noqa: E731
+    outside = sorted(m for m in found if not any(covered(m, e) for e in allowed))
+    assert not outside, f"modules importing torch / transformers that {ARCH_DOC.name} does not list: {outside}"
+    stale = sorted(e for e in allowed if not any(covered(m, e) for m in found))
+    assert not stale, f"{ARCH_DOC.name} lists modules that no longer import torch / transformers: {stale}"

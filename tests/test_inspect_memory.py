@@ -63,7 +63,7 @@ def test_cache_type_bytes_are_ggml_type_traits(t):
     """Bytes of a 4,096-element row per cache type = gguf-py's GGML_QUANT_SIZES and libggml's traits."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    from ckpt_surgeon.formats import ggml_quant
+    from ckpt_surgeon.formats.quant import ggml_quant
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[t.upper()]]
     traits = ggml_quant.lib().ggml_get_type_traits(ggml_quant.type_id(t.upper())).contents
     assert (traits.blck_size, traits.type_size) == (block, size)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from ckpt_surgeon.analysis.kv_cache import CACHE_TYPES, KV_TYPES, analyze_kv_cache, block_error_var
 from ckpt_surgeon.cli import cli
-from ckpt_surgeon.formats import ggml_quant as GQ
+from ckpt_surgeon.formats.quant import ggml_quant as GQ
 from fixtures.kv_fixture import PLANTED, kv_fixture_path
 
 

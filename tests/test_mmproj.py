@@ -193,7 +193,7 @@ def test_fold_k_and_v_on_an_mmproj_is_exact_and_leaves_the_rest(outtype, tmp_pat
         # computed in float64, stored F32 once: float32 rounding (2^-24 relative) of values of scale ~1-10
         assert np.allclose(got[f"v.blk.{i}.attn_out.bias"], want, rtol=1e-6, atol=1e-6)
     fs, fg = _gguf_fields(path), _gguf_fields(out)
-    from ckpt_surgeon.formats.writer import GGUF_HISTORY_KEY
+    from ckpt_surgeon.formats.write.writer import GGUF_HISTORY_KEY
     assert {k: v for k, v in fg.items() if k != GGUF_HISTORY_KEY} == fs
 
 

@@ -129,7 +129,7 @@ def test_fold_v_keeps_the_model_function(folded, tmp_path):
     assert np.abs(after - before).max() <= 1e-5, np.abs(after - before).max()
 
     # the same check fails on a wrong fold: b_v zeroed without moving W_o·b_v into b_o
-    from ckpt_surgeon.formats.writer import CheckpointWriter
+    from ckpt_surgeon.formats.write.writer import CheckpointWriter
     with open_checkpoint(NF4) as ck, CheckpointWriter(tmp_path / "wrong", source=ck) as w:
         for i in range(LAYERS):
             name = f"model.layers.{i}.self_attn.v_proj.bias"

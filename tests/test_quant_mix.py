@@ -1,4 +1,4 @@
-"""The mixture rules (ckpt_surgeon/arch/quant_mix.py) against llama.cpp's own, on model shapes no
+"""The mixture rules (ckpt_surgeon/conversion/quant_mix.py) against llama.cpp's own, on model shapes no
 tiny fixture has: 80-layer "70B" models, Falcon at k-quant widths, 8-expert models, MLA, odd
 widths, every file type.
 
@@ -19,7 +19,7 @@ import ctypes
 
 import pytest
 
-from ckpt_surgeon.arch.quant_mix import FTYPES, MixModel, _weights_order, allows_quantization, tensor_types
+from ckpt_surgeon.conversion.quant_mix import FTYPES, MixModel, _weights_order, allows_quantization, tensor_types
 
 import gguf  # noqa: E402
 import llama_cpp  # noqa: E402  (the reference; installed by the test extra: a missing runtime is a broken set-up, not a skip)
@@ -44,7 +44,7 @@ def _fn(lib, mangled: str, restype, argtypes):
 
 @pytest.fixture(scope="module")
 def llama_types():
-    from ckpt_surgeon.formats import ggml_quant
+    from ckpt_surgeon.formats.quant import ggml_quant
     lib = llama_cpp.llama_cpp._lib
     g = ggml_quant.lib()
     g.ggml_init.restype, g.ggml_init.argtypes = ctypes.c_void_p, [_InitParams]

@@ -238,7 +238,7 @@ def test_qkv_fuse_split_moves_every_companion(scheme, tmp_path):
     src = QUANT / scheme
     with open_checkpoint(src) as ck:
         t = ck.quantization.tensors["model.layers.0.self_attn.q_proj.weight"]
-        from ckpt_surgeon.formats.quant_schemes import SCHEMES as REC
+        from ckpt_surgeon.formats.quant.schemes import SCHEMES as REC
         rec = REC[t.scheme]
         exact = bool(rec.col_members) or (bool(rec.row_members) and all(
             ck.stored_tensors[n].shape[:1] == (t.shape[0],) for r, n in t.members if r in rec.row_members))

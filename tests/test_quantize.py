@@ -49,7 +49,7 @@ WIDE = ("qwen2_q256", "llama_q256", "mixtral_q256", "qwen2_moe_q256")
 
 
 def _ftype_id(ftype: str) -> int:
-    from ckpt_surgeon.arch.quant_mix import FTYPES
+    from ckpt_surgeon.conversion.quant_mix import FTYPES
     return int(gguf.LlamaFileType[FTYPES[ftype][0]])
 
 

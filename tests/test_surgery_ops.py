@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt_surgeon.arch.layouts import qkv_row_index
-from ckpt_surgeon.formats.writer import cast_to_dtype
+from ckpt_surgeon.formats.write.writer import cast_to_dtype
 from ckpt_surgeon.surgery import ops
 
 

@@ -27,7 +27,7 @@ def _loaded_state(folder):
     import torch
     import transformers
 
-    from ckpt_surgeon.arch.derive import config_object
+    from ckpt_surgeon.arch.derive.derived import config_object
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = json.loads((folder / "config.json").read_text())
     klass = getattr(transformers, cfg["architectures"][0])
@@ -97,8 +97,8 @@ def test_sarvam_fused_qkv_is_split_as_transformers_splits_it():
 def test_renames_module_maps_names_like_transformers():
     """renames.loaded_names is transformers' own rename (the rule set is never retyped): every EXAONE
     tensor maps to a parameter of the model, and the model's state dict is covered."""
-    from ckpt_surgeon.arch.derive import build_meta
-    from ckpt_surgeon.arch.renames import loaded_names
+    from ckpt_surgeon.arch.derive.derived import build_meta
+    from ckpt_surgeon.arch.derive.renames import loaded_names
     src = _zoo("exaone")
     cfg = json.loads((src / "config.json").read_text())
     _, model = build_meta(cfg)
@@ -149,7 +149,7 @@ def _tiny_seamless(out):
     a text decoder with self- and cross-attention), every bias drawn with std 0.5, saved by transformers."""
     import transformers
 
-    from ckpt_surgeon.arch.probe import random_instance
+    from ckpt_surgeon.arch.derive.probe import random_instance
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = transformers.SeamlessM4TConfig(
         vocab_size=64, t2u_vocab_size=64, hidden_size=16, speech_encoder_layers=2, speech_encoder_attention_heads=2,

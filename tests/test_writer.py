@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from ckpt_surgeon import open_checkpoint
 from ckpt_surgeon.errors import CkptError, OutputExistsError, WriteError
 from ckpt_surgeon.formats import safetensors as st
-from ckpt_surgeon.formats.writer import CheckpointWriter
+from ckpt_surgeon.formats.write.writer import CheckpointWriter
 
 REPO = Path(__file__).resolve().parent.parent
 PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
@@ -189,7 +189,7 @@ def test_parent_not_a_folder(tmp_path):
 _RUN = textwrap.dedent("""
     import sys, numpy as np
     from ckpt_surgeon import open_checkpoint
-    from ckpt_surgeon.formats.writer import CheckpointWriter
+    from ckpt_surgeon.formats.write.writer import CheckpointWriter
     from ckpt_surgeon.errors import CkptError
     src, out = sys.argv[1], sys.argv[2]
     ck = open_checkpoint(src)
@@ -306,7 +306,7 @@ def test_begin_copy_overlaps_planning(tmp_path):
     """begin_copy(): the data is copied while the caller plans; a patchable shard keeps it (data
     section moved by exactly PRECOPY_RESERVE, so offsets stay congruent mod 4096), a restructured
     shard is streamed afresh, and an abort (a refusal while planning) leaves nothing."""
-    from ckpt_surgeon.formats.writer import PRECOPY_RESERVE
+    from ckpt_surgeon.formats.write.writer import PRECOPY_RESERVE
     src = make_sharded(tmp_path)
     ck = open_checkpoint(src)
     w = CheckpointWriter(tmp_path / "out", ck)
@@ -332,7 +332,7 @@ def test_values_only_sharded_commit_copies_shards_in_parallel(tmp_path):
     """A commit whose every shard is patchable (values changed, same tensors) starts the parallel
     kernel copy itself: the data sections land PRECOPY_RESERVE after their source offsets (the
     begin_copy layout), untouched tensors stay byte-identical and the changed ones hold the values."""
-    from ckpt_surgeon.formats.writer import PRECOPY_RESERVE
+    from ckpt_surgeon.formats.write.writer import PRECOPY_RESERVE
     src = make_sharded(tmp_path)
     ck = open_checkpoint(src)
     with CheckpointWriter(tmp_path / "out", ck) as w:

@@ -42,8 +42,8 @@ def attention_biases(folder: Path) -> dict:
     torch's MultiheadAttention's ``in_proj_bias``) that is not its output projection.  role: k | qkv | other."""
     import torch
 
-    from ckpt_surgeon.arch.derive import build_meta
-    from ckpt_surgeon.arch.renames import loaded_names
+    from ckpt_surgeon.arch.derive.derived import build_meta
+    from ckpt_surgeon.arch.derive.renames import loaded_names
     cfg = json.loads((folder / "config.json").read_text())
     _, model = build_meta(cfg)
     found = {}
@@ -101,7 +101,7 @@ def _judge_folds(src: Path, rep, tmp: Path) -> dict:
 
 def check(key: str, tmp: Path | None = None) -> dict:
     from ckpt_surgeon import inspect, lint
-    from ckpt_surgeon.arch.derive import tower_kind
+    from ckpt_surgeon.arch.derive.derived import tower_kind
     from fixtures.build_fixtures import zoo_path
     from fixtures.zoo import Unbuildable
     t0 = time.perf_counter()

@@ -16,8 +16,8 @@ def logits64(folder) -> "torch.Tensor":
     import torch
     import transformers
 
-    from ckpt_surgeon.arch.derive import config_object
-    from ckpt_surgeon.arch.probe import first_output, float64_softmax, model_inputs, tower_outputs
+    from ckpt_surgeon.arch.derive.derived import config_object
+    from ckpt_surgeon.arch.derive.probe import first_output, float64_softmax, model_inputs, tower_outputs
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = json.loads((Path(folder) / "config.json").read_text())
     conf = config_object(cfg)
@@ -31,14 +31,14 @@ def logits64(folder) -> "torch.Tensor":
 
 
 def _towers(model) -> list:
-    """Vision / audio towers a token-id forward never runs (arch.feeds.tower_input), so that claims about
+    """Vision / audio towers a token-id forward never runs (arch.derive.feeds.tower_input), so that claims about
     their blocks are judged too: their outputs on fixed pixels / features join the logits."""
-    from ckpt_surgeon.arch.derive import _TOWER, read_blocks
-    from ckpt_surgeon.arch.probe import tower_input
+    from ckpt_surgeon.arch.derive.derived import TOWER_PATH, read_blocks
+    from ckpt_surgeon.arch.derive.probe import tower_input
     blocks, _ = read_blocks(model, model.config)
     found = {}
     for b in blocks:
-        if b.kind != "none" and _TOWER.search(b.group):
+        if b.kind != "none" and TOWER_PATH.search(b.group):
             hit = tower_input(model, b.group)
             if hit is not None:
                 found.setdefault(id(hit[0]), hit)

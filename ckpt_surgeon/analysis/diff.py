@@ -19,7 +19,7 @@ Per tensor pair:
   compared directly) and compared by value: ``dtype_changed`` with the same figures, or
   ``identical`` / ``changed`` when the dtypes agree.
 
-A quantized checkpoint (GPTQ, AWQ, MLX, bitsandbytes ... :mod:`ckpt_surgeon.formats.quantized`) is
+A quantized checkpoint (GPTQ, AWQ, MLX, bitsandbytes ... :mod:`ckpt_surgeon.formats.quant.quantized`) is
 compared through its logical names: each quantized Linear's dequantized weight against the other
 side's; with one side quantized and the other not, names and shapes agreeing and the errors of
 quantization size, the verdict is ``quantized`` ("same model, quantized (method, bits): relative

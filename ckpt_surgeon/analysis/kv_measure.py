@@ -12,7 +12,7 @@ How they are quantized, per cache type (:data:`CACHE_TYPES`):
 
 * llama.cpp's block types (q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1): each key and value row of one
   kv head is quantized in blocks of 32 along the head dimension, with ggml's own kernels
-  (:func:`ckpt_surgeon.formats.ggml_quant.quantize_rows` / ``dequantize``, the libggml-base of
+  (:func:`ckpt_surgeon.formats.quant.ggml_quant.quantize_rows` / ``dequantize``, the libggml-base of
   llama-cpp-python), as ``ggml_set_rows`` writes the cache.  The query is quantized to the type's
   ``vec_dot_type`` before the dot product, as ggml's CPU ``mul_mat`` and flash-attention kernels
   do: q8_0 for q4_0 / q5_0 / q8_0 / iq4_nl, q8_1 for q4_1 / q5_1.  q8_1 holds the same values as
@@ -135,7 +135,7 @@ def roundtrip(x: np.ndarray, name: str) -> np.ndarray:
     ``name`` cache and back to float32; ``q8_1`` gives q8_0's values (see the module docstring)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if name in ("q8_1",) + BLOCK_TYPES:
-        from ..formats import ggml_quant
+        from ..formats.quant import ggml_quant
         kind = "q8_0" if name == "q8_1" else name
         q = ggml_quant.quantize_rows(x.reshape(-1, x.shape[-1]), kind.upper())
         return ggml_quant.dequantize(q, kind.upper(), x.size).reshape(x.shape)

@@ -595,7 +595,7 @@ def check_quantization(ctx: _Ctx) -> list[Finding]:
     q = ctx.ck.quantization
     if q is None:
         return []
-    from ..formats.quant_kernels import unpack_last
+    from ..formats.quant.kernels import unpack_last
     from .quant import ignored_but_quantized
     out = []
     for pat, name in ignored_but_quantized(ctx.ck):

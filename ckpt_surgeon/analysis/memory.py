@@ -7,7 +7,7 @@ expansion).  Which layers are full, sliding-window, MLA or recurrent, and how ea
 :mod:`.kv_layers`.  Tokens: ``context`` per sequence, times ``batch`` sequences (llama.cpp's
 ``n_ctx`` is shared by its sequences; give ``--context`` per sequence).
 
-Element sizes come from the one ggml type table (:mod:`..formats.ggml_types`): a row of ``n``
+Element sizes come from the one ggml type table (:mod:`..formats.quant.ggml_types`): a row of ``n``
 elements of a block type takes ``n / block_size`` blocks of ``type_size`` bytes (llama.cpp refuses a
 cache type whose block does not divide the head size).  ``fp8`` (e4m3, vLLM's ``kv_cache_dtype``)
 is 1 byte per element plus one f32 scale per K and per V tensor of each layer.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedError
-from ..formats.ggml_types import ggml_type
+from ..formats.quant.ggml_types import ggml_type
 from .kv_layers import STATE_BYTES_PER_ELEMENT, layer_plan
 from ..arch.checked import MAX_WIDTH, config_int
 

@@ -1,6 +1,6 @@
 """What a quantized checkpoint's quantization is, for ``inspect`` (table and JSON) and ``lint``.
 
-The logical weights (one dense ``[out, in]`` per quantized Linear, :mod:`ckpt_surgeon.formats.quantized`)
+The logical weights (one dense ``[out, in]`` per quantized Linear, :mod:`ckpt_surgeon.formats.quant.quantized`)
 are what the parameter count counts; what the files store (packed codes, scales, zero points) is
 what the byte figures count.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint
-from ..formats.quant_schemes import SCHEMES, module_matches
+from ..formats.quant.schemes import SCHEMES, module_matches
 
 
 @dataclass(frozen=True)

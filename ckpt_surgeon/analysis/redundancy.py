@@ -228,8 +228,8 @@ def sink_layers(tensor_names) -> set[int]:
 def classify(layout: ModelLayout, lt: LayerTensors, *, sinks: bool = False) -> tuple[str, tuple[str, ...]]:
     """Key-bias class of one layer and the reasons, from the layout alone (no data read)."""
     if getattr(layout, "derived", None) is not None:
-        from ..arch.derive import classify_group
-        return classify_group(layout.derived, lt.group)     # probed per block group (arch/probe.py)
+        from ..arch.derive.derived import classify_group
+        return classify_group(layout.derived, lt.group)     # probed per block group (arch/derive/probe.py)
     reasons = []
     if lt.k_norm or layout.qk_norm:
         reasons.append("a norm follows the projection (q/k-norm): the key bias passes through a nonlinearity")
@@ -400,7 +400,7 @@ def _value_bias(layout: ModelLayout, lt: LayerTensors, b_v: np.ndarray | None, s
     l2 = float(np.sqrt((v ** 2).sum()))
     derived = getattr(layout, "derived", None)
     if derived is not None and lt.o_bias is not None:
-        from ..arch.derive import v_fold_verdict      # probed per block group (arch/probe.py)
+        from ..arch.derive.derived import v_fold_verdict      # probed per block group (arch/derive/probe.py)
         return ValueBias(l2, *v_fold_verdict(derived, lt.group))
     if sinks:
         return ValueBias(l2, False, "attention sinks: softmax rows do not sum to 1 over the keys, so W_o b_v is not "

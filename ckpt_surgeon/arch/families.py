@@ -69,7 +69,7 @@ class Family:
     # compressed latent, so there is no key or value projection and the query / output widths are
     # not heads x head_dim (q: heads x (qk_nope + qk_rope), o: heads x v_head_dim).  The roles here
     # serve conversion and localisation only: on HF files the attention layout for analysis is the
-    # one derived from transformers' module tree (arch/derive.py, as for an architecture outside the
+    # one derived from transformers' module tree (arch/derive/derived.py, as for an architecture outside the
     # registry), and no shape check applies the heads x head_dim rule to q or o.
     latent_attention: bool = False
     # --- surgery data (ckpt_surgeon/surgery) ---

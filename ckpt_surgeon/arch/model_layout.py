@@ -1,5 +1,5 @@
 """The layout records (:class:`ModelLayout` and its parts) and the config helpers both ways of
-building one share: :mod:`.resolve` (registry families) and :mod:`.derive` (architectures read
+building one share: :mod:`.resolve` (registry families) and :mod:`.derive.derived` (architectures read
 from transformers).  Kept below both, so that neither imports the other to get them.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LayerTensors:
     k_norm: str | None = None
     attn_norm: str | None = None        # weight of the norm that feeds the projections (pre-norm)
     attn_norm_bias: str | None = None   # its bias (LayerNorm beta), if any
-    # derived layouts (arch/derive.py): one record per attention block, so several per model layer
+    # derived layouts (arch/derive/derived.py): one record per attention block, so several per model layer
     block: str | None = None            # transformers module path of this attention block
     group: str | None = None            # the path with the layer index as {L} (blocks sharing facts)
     kind: str | None = None             # self | cross | none (a layer without softmax attention)

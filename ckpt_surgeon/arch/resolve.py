@@ -14,7 +14,7 @@ from . import families as F
 from .checked import MAX_LAYERS, MAX_WIDTH, config_float, config_int, describe
 from . import gguf_names as G
 from .gguf_clip import clip_arch, clip_encoders, is_attention_bias
-from .modtree import _TOWER
+from .derive.modtree import TOWER_PATH
 # the layout records live below this module (arch/derive builds them too); re-exported here
 from .model_layout import (  # noqa: F401
     LayerTensors,
@@ -76,11 +76,11 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
         return _clip_resolved(cfg, tensors, config_source, partial, shapes)
     fam, arch_name = _family(cfg, naming, gguf_arch, model_type)
     if (fam is None or fam.latent_attention) and naming == "hf" and model_type:
-        # the one seam to arch/derive.py: transformers' own module tree + float64 probes.  A
+        # the one seam to arch/derive/derived.py: transformers' own module tree + float64 probes.  A
         # model_type transformers implements is authoritative: the class-name prefix fallback
         # below would take Qwen3NextForCausalLM for qwen3 and Qwen2MoeForCausalLM for qwen2.
         # A registry family with latent attention (MLA) leaves its attention layout to it too.
-        from .derive import derived_layout
+        from .derive.derived import derived_layout
         derived = derived_layout(cfg, tensors, config_source=config_source, arch_name=arch_name, family=fam)
         if derived is not None:
             for _, _, lay, _ in derived.stacks():     # every tower against its own head counts
@@ -94,7 +94,7 @@ def resolve(config: dict | None, tensors: dict, *, naming: str = "hf", config_so
     if layout.skipped and naming == "hf" and fam is not None and model_type:
         # attention biases outside the family's text stack (a multimodal file's vision / audio tower):
         # their towers are derived from transformers (imports torch, only for such files)
-        from .derive import registry_towers
+        from .derive.derived import registry_towers
         layout = registry_towers(cfg, tensors, layout)
     if shapes:
         for _, _, lay, _ in layout.stacks():
@@ -208,7 +208,7 @@ def _match(layer_pat: str, role_map: dict, tensors: dict, *, prefixed: bool) -> 
     ranks: dict = {}
     lead = layer_pat.split("{L}")[0]
     for name in tensors:
-        if prefixed and _TOWER.search(name[:max(name.find(lead), 0)]):
+        if prefixed and TOWER_PATH.search(name[:max(name.find(lead), 0)]):
             continue    # a vision / audio tower's layers.N (Gemma 3's SigLIP) is not the text stack's layer N
         for role, rank, rx in regs:
             m = rx.match(name)

@@ -8,7 +8,7 @@ import click
 from .paths import ReadPath, WritePath
 from .render import progress_option
 
-from ..arch.quant_mix import QUANT_FTYPES
+from ..conversion.quant_mix import QUANT_FTYPES
 
 DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT_FTYPES
 

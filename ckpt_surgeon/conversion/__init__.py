@@ -54,7 +54,7 @@ def _gguf_in_folder(p: Path) -> Path | None:
 def _quantized_folder(p: Path) -> bool:
     """Whether ``p`` is an HF folder (or a file beside one) whose config.json declares a quantization."""
     from ..errors import CkptError
-    from ..formats.quant_schemes import config_method
+    from ..formats.quant.schemes import config_method
     from ..formats.safe_input import read_json
     cfg = (p if p.is_dir() else p.parent) / "config.json"
     try:

@@ -4,7 +4,7 @@
 and ``lint``'s ``loads-cleanly`` check ask transformers questions whose answer depends only on
 the config, the tokenizer files or the tensor set they are given, and on the transformers release:
 importing torch + transformers to answer them costs seconds of CPU and ~400 MB each run.  The
-answers are JSON, kept as the derived-architecture cache keeps its facts (:mod:`ckpt_surgeon.arch.derive`):
+answers are JSON, kept as the derived-architecture cache keeps its facts (:mod:`ckpt_surgeon.arch.derive.derived`):
 under the same directory (``$CKPT_SURGEON_CACHE_DIR``, else the user cache), one file per
 (question, model_type, transformers version, hash of this code's :data:`CACHE_VERSION`, the
 package version and every input), written atomically (:func:`ckpt_surgeon.publish.write_file_atomic`).
@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from ..arch.derive import cache_dir
+from ..arch.derive.derived import cache_dir
 from ..errors import CkptError
 from ..formats.safe_input import MAX_JSON_FILE, read_json, read_regular
 from ..publish import write_file_atomic

@@ -3,7 +3,7 @@
 transformers runs a quantized checkpoint only through its method's package (gptqmodel,
 auto_round, compressed_tensors, bitsandbytes), not FP8 on a CPU and not MLX at all.  Measured mode
 and ``verify`` run every scheme the reader knows instead by writing the checkpoint's **logical**
-layout (:class:`~ckpt_surgeon.formats.quantized.QuantizedSource`: each quantized Linear as the
+layout (:class:`~ckpt_surgeon.formats.quant.quantized.QuantizedSource`: each quantized Linear as the
 dense float32 weight its producer dequantizes it to, element-exact against the producer's own
 code) into a folder transformers loads as the unquantized model: ``config.json`` without
 ``quantization_config`` / MLX's ``quantization`` (so ``from_pretrained`` builds the model's own
@@ -53,7 +53,7 @@ class DequantizedRun:
 
 def dequantized_run(ck) -> DequantizedRun | None:
     """The :class:`DequantizedRun` of an open checkpoint (None when it is not quantized)."""
-    from ..formats.quant_schemes import activation_quantization
+    from ..formats.quant.schemes import activation_quantization
     q = ck.quantization
     if q is None:
         return None
@@ -71,7 +71,7 @@ def quantized_to_dense(source, out: str | os.PathLike) -> Path:
     stored.  Returns ``out``."""
     from ..checkpoint import open_checkpoint
     from ..errors import CkptError
-    from ..formats.writer import CheckpointWriter
+    from ..formats.write.writer import CheckpointWriter
 
     with open_checkpoint(source) as ck:
         if ck.quantization is None:
@@ -114,7 +114,7 @@ def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: boo
 
     from ..checkpoint import open_checkpoint
     from ..errors import UnsupportedError
-    from ..formats.writer import CheckpointWriter
+    from ..formats.write.writer import CheckpointWriter
     from .report import ConvertReport
 
     t0 = time.perf_counter()

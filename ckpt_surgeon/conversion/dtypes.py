@@ -1,7 +1,7 @@
 """The output dtype names ``convert`` accepts, in both directions (CLI and API)."""
 from __future__ import annotations
 
-from ..arch.quant_mix import QUANT_FTYPES
+from .quant_mix import QUANT_FTYPES
 from ..errors import UnsupportedError
 
 # Output dtype spellings accepted by both directions (CLI and API): the HF names and the GGUF names.
@@ -9,7 +9,7 @@ _TO_HF = {"float32": "float32", "f32": "float32", "float16": "float16", "f16": "
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
 _TO_GGUF = {"f32": "f32", "float32": "f32", "f16": "f16", "float16": "f16", "bf16": "bf16",
             "bfloat16": "bf16", "q8_0": "q8_0"}
-# llama.cpp's quantized file types (llama-quantize's names, any case): arch/quant_mix.py
+# llama.cpp's quantized file types (llama-quantize's names, any case): conversion/quant_mix.py
 _TO_GGUF.update({f: f for f in QUANT_FTYPES})
 
 

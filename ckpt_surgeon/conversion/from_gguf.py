@@ -10,11 +10,11 @@ Steps (each a small function below):
 2. Every GGUF tensor mapped to its HF name; the set of names and shapes checked against the
    model transformers builds from that config on the meta device: an unmatched or a missing
    tensor is an error, never a randomly initialised weight.
-3. Weights dequantized through our own reader (:mod:`ckpt_surgeon.formats.dequant`), llama-arch
+3. Weights dequantized through our own reader (:mod:`ckpt_surgeon.formats.quant.dequant`), llama-arch
    Q/K rows un-permuted (weights and biases, :func:`~ckpt_surgeon.arch.layouts.llama_unpermute_index`),
    GPT-2 Conv1D weights transposed back to ``[in, out]``, Gemma norms shifted back by -1; then
    cast once to the requested dtype and streamed by the shared atomic writer
-   (:class:`~ckpt_surgeon.formats.writer.CheckpointWriter`).  Tensors that need no change and
+   (:class:`~ckpt_surgeon.formats.write.writer.CheckpointWriter`).  Tensors that need no change and
    already have the output dtype are copied as raw bytes.
 4. ``tokenizer.json`` / ``tokenizer_config.json`` / ``generation_config.json`` rebuilt from
    ``tokenizer.ggml.*`` (:mod:`.tokenizer`).
@@ -418,7 +418,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     child = expected_tensors_in_subprocess(str(src)) if _looks_gguf(src) else None
     dtype, st_dtype, ck = _open_source(src, dtype, child)
     try:
-        from ..formats.writer import CheckpointWriter
+        from ..formats.write.writer import CheckpointWriter
 
         meta, arch, spec = _source_arch(ck, src)
         tied = "output.weight" not in ck.tensors or _same_bytes(ck, "output.weight", "token_embd.weight")
@@ -568,7 +568,7 @@ def _encode_hf(arr: np.ndarray, st_dtype: str) -> bytes:
     """
     import numpy as np
     if arr.dtype == np.float64:
-        from ..formats.writer import cast_to_dtype
+        from ..formats.write.writer import cast_to_dtype
         return cast_to_dtype(arr, st_dtype)
     arr = np.asarray(arr, dtype=np.float32)
     if st_dtype == "F32":

@@ -1,7 +1,7 @@
 """Streaming the tensor data of a planned HF -> GGUF conversion, in bounded memory.
 
 The GGUF header (key-values, tensor infos, offsets) is known before any data is read
-(:mod:`ckpt_surgeon.formats.gguf_write`, the one GGUF writing path), so every tensor's bytes can
+(:mod:`ckpt_surgeon.formats.write.gguf`, the one GGUF writing path), so every tensor's bytes can
 go straight to their offset.  Each planned tensor is cut into chunks of whole rows (about
 :data:`CHUNK_ELEMS` values; Q/K row permutations cut on head boundaries, GPT-2's transposed
 Conv1D weights taken whole).  The main thread reads the chunks in file order (one sequential
@@ -33,8 +33,8 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import safetensors as st
-from ..formats.quantize import bf16_bits_to_f16, encode_rows
-from ..formats.shard_io import pwrite_all
+from ..formats.quant.quantize import bf16_bits_to_f16, encode_rows
+from ..formats.write.shard_io import pwrite_all
 from .transforms import lookup
 
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "verify_written", "CHUNK_ELEMS"]

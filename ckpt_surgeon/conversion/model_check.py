@@ -78,8 +78,8 @@ def checkpoint_key_renamer(model):
     ``from_pretrained`` puts a checkpoint tensor of that name (transformers 5 renames keys at load:
     the legacy gamma/beta spellings, the per-model conversion mapping that fuses MoE experts and
     such, and the base-model prefix added or stripped).  One implementation for the project:
-    :func:`ckpt_surgeon.arch.renames.key_renamer`."""
-    from ..arch.renames import key_renamer
+    :func:`ckpt_surgeon.arch.derive.renames.key_renamer`."""
+    from ..arch.derive.renames import key_renamer
     return key_renamer(model)
 
 

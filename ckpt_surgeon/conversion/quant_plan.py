@@ -1,18 +1,18 @@
 """Planning a quantized GGUF (``--dtype q4_k_m`` ...): each tensor's type by llama.cpp's mixture
-(:mod:`ckpt_surgeon.arch.quant_mix`), its size, its importance-matrix slice.
+(:mod:`ckpt_surgeon.conversion.quant_mix`), its size, its importance-matrix slice.
 
 The plan of the F32 file llama.cpp's converter would write is retyped as ``llama_model_quantize``
 retypes that file, so the data streamed afterwards (:mod:`.gguf_stream`) is quantized chunk by
-chunk with llama.cpp's kernels (:mod:`ckpt_surgeon.formats.ggml_quant`): no intermediate file.
+chunk with llama.cpp's kernels (:mod:`ckpt_surgeon.formats.quant.ggml_quant`): no intermediate file.
 q8_0 keeps the converter's own plan and kernel (llama.cpp's converter's ``--outtype q8_0``).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..arch.quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
+from .quant_mix import FTYPES, QUANT_FTYPES, MixModel, tensor_types
 from ..errors import UnsupportedError
-from ..formats.ggml_types import nbytes as ggml_nbytes
+from ..formats.quant.ggml_types import nbytes as ggml_nbytes
 
 __all__ = ["QUANT_ONLY", "file_type_name", "check_quant_request", "quantize_plan", "mixture", "ggml_shape"]
 
@@ -32,7 +32,7 @@ def check_quant_request(dtype: str, imatrix) -> None:
     if imatrix is not None and dtype not in QUANT_FTYPES:
         raise UnsupportedError(f"--imatrix applies to quantized types, not --dtype {dtype}")
     if dtype in QUANT_ONLY:
-        from ..formats import ggml_quant
+        from ..formats.quant import ggml_quant
         ggml_quant.lib()
 
 

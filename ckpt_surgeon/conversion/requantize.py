@@ -5,7 +5,7 @@ What ``llama_model_quantize`` does with its default parameters (llama.cpp ``src/
 
 * every key-value pair carried over as stored, ``general.quantization_version`` and
   ``general.file_type`` set (the split keys dropped);
-* each tensor's type from llama.cpp's mixture (:mod:`ckpt_surgeon.arch.quant_mix`); a tensor
+* each tensor's type from llama.cpp's mixture (:mod:`ckpt_surgeon.conversion.quant_mix`); a tensor
   whose type does not change is copied byte for byte, any other is decoded to float32 as
   llama.cpp decodes it (F16 / BF16 widened exactly, a quantized type by ggml's own ``to_float``)
   and quantized by ggml's kernels, with the importance matrix if one is given;
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
-from ..formats import ggml_types as GT
-from ..formats import gguf_write as gw
-from ..formats.shard_io import pwrite_all
+from ..formats.quant import ggml_types as GT
+from ..formats.write import gguf as gw
+from ..formats.write.shard_io import pwrite_all
 from ..progress import bar
 from ..publish import Staging
 from . import output_path
@@ -93,7 +93,7 @@ class _Source:
             return raw.view(np.float16).astype(np.float32).reshape(shape)       # exact
         if info.dtype == "BF16":
             return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)   # exact
-        from ..formats import ggml_quant
+        from ..formats.quant import ggml_quant
         n = int(np.prod(shape))
         return ggml_quant.dequantize(raw, info.dtype, n).reshape(shape)
 
@@ -157,7 +157,7 @@ def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requan
                 raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
                                        "pass --allow-requantize to do it anyway)", path=src, tensor=name)
             if dtype not in QUANT_ONLY:
-                from ..formats import ggml_quant
+                from ..formats.quant import ggml_quant
                 ggml_quant.lib()      # the decoder of a quantized source is ggml's
         if t.fell_back:
             fell.append(name)
@@ -177,7 +177,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     """Quantize GGUF ``src`` into GGUF ``out_path`` of file type ``dtype`` (any of
     :data:`~.quant_plan.QUANT_ONLY`, or q8_0 / f16 / bf16 / f32 with llama.cpp's rules).
     Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses; nothing is written then."""
-    from ..arch.quant_mix import FTYPES
+    from .quant_mix import FTYPES
     from ..formats.gguf import read_header
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)

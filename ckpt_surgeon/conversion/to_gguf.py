@@ -3,7 +3,7 @@
 Two phases.  :func:`plan_hf_to_gguf` checks the source and decides everything the file holds:
 every tensor's name, type, shape and size, and the key-values (:func:`gguf_kvs`).  Since sizes
 follow from shape and type, every offset is known before any data is read, so the header block
-is written first (:mod:`ckpt_surgeon.formats.gguf_write`, the one GGUF writing path, which
+is written first (:mod:`ckpt_surgeon.formats.write.gguf`, the one GGUF writing path, which
 fold-bias's GGUF -> GGUF writer uses too) and then the data, streamed in chunks of rows by a few
 threads (:mod:`.gguf_stream`): memory stays bounded by a few chunks, whatever the model size.
 The bytes are those gguf-py's ``GGUFWriter`` wrote for the same plan (same key order and types,
@@ -14,7 +14,7 @@ re-parsed and every chunk's bytes are compared with what was written.
 What is written mirrors llama.cpp's ``convert_hf_to_gguf.py`` for these families: names from
 :mod:`.names`, llama-arch Q/K rows permuted (weights and biases), GPT-2 Conv1D weights
 transposed, 1-D tensors (norms, biases) stored F32, 2-D weights in the requested type
-(Q8_0 through :func:`~ckpt_surgeon.formats.quantize.quantize_q8_0`, bytes equal to gguf-py's
+(Q8_0 through :func:`~ckpt_surgeon.formats.quant.quantize.quantize_q8_0`, bytes equal to gguf-py's
 ``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
 silently assumes 10000 when it is absent; Qwen2.5 needs 1e6), ``general.file_type``, and the
 vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
@@ -33,10 +33,10 @@ from ..arch.checked import COUNT, GGUF_BOUNDS, U32_MAX, Bounds
 from ..arch.gguf_config import YARN_KEYS
 from ..arch.rope import full_attention_rope
 from ..errors import ConfigError, UnsupportedError
-from ..formats import ggml_types as GT
-from ..formats import gguf_write as gw
-from ..formats import hf_cache
-from ..formats.shard_io import pwrite_all, stage
+from ..formats.quant import ggml_types as GT
+from ..formats.write import gguf as gw
+from ..formats.hub import hf_cache
+from ..formats.write.shard_io import pwrite_all, stage
 from ..progress import bar
 from ..publish import Staging
 from . import output_path
@@ -390,7 +390,7 @@ class GGUFPlan:
     hp: dict                     # canonical hyper-parameters (names.GGUF_HPARAM_KEYS)
     vocab: object                # tokenizer.GGUFVocab
     tensors: tuple               # _Planned, in file order
-    kvs: tuple                   # formats.gguf_write.KV, in file order
+    kvs: tuple                   # formats.write.gguf.KV, in file order
     warnings: tuple
 
 
@@ -574,7 +574,7 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
     try:
         fd = os.open(staging.path, os.O_RDWR)     # read too: each chunk is read back as written
         try:
-            stage("temp-created")          # the writer's stages (formats/writer.py): the crash tests pause here
+            stage("temp-created")          # the writer's stages (formats/write/writer.py): the crash tests pause here
             pwrite_all(fd, lay.head, 0)
             stage("header-written")        # a partial file: header, no tensor data yet
             # padding before the data: a padding range wrongly computed over data would be
@@ -637,7 +637,7 @@ def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: 
     """Convert an HF folder (config.json + safetensors + tokenizer.json) to one GGUF file.
 
     ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32), or
-    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.arch.quant_mix.FTYPES`),
+    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.conversion.quant_mix.FTYPES`),
     each tensor's type then chosen by llama.cpp's mixture rules and quantized by its kernels, with
     the importance matrix file ``imatrix`` if given.
     ``name``: ``general.name`` (default: the folder's name).

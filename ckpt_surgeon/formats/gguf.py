@@ -49,8 +49,8 @@ import numpy as np
 
 from ..errors import FormatError, SourceNotFoundError, TruncatedError
 from ..records import TensorInfo
-from . import dequant as dq
-from . import ggml_types as GT
+from .quant import dequant as dq
+from .quant import ggml_types as GT
 from .safe_input import open_regular
 from .source import ByteSource, FileSource, LocalBytes, ShardSet
 

@@ -380,7 +380,7 @@ def _plan_v(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes) -
     if not located:
         raise RefusedError("has no value bias in any layer: nothing to fold (--v)", path=src)
     if layout.derived is not None:      # derived architectures: only a probed fold is exact
-        from ..arch.derive import v_fold_verdict
+        from ..arch.derive.derived import v_fold_verdict
         bad = [lt for lt, _ in located if lt.o_bias and not v_fold_verdict(layout.derived, lt.group)[0]]
         if bad:
             raise RefusedError(f"refused: cannot fold the value bias in {layout.architecture}: "

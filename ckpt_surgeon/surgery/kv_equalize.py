@@ -292,7 +292,7 @@ class KvEqualizeReport:
 
     plan: Plan
     out: str | None
-    write: object | None = None     # formats.writer.WriteResult (None: dry run)
+    write: object | None = None     # formats.write.writer.WriteResult (None: dry run)
 
     @property
     def layers(self) -> tuple:

@@ -150,7 +150,7 @@ class SurgeryResult:
     """A plan and what writing it produced; renders as a report (``emit`` in cli/render.py)."""
 
     plan: Plan
-    write: object                   # formats.writer.WriteResult
+    write: object                   # formats.write.writer.WriteResult
     out: str
     warnings: tuple = ()
 
@@ -270,12 +270,12 @@ def _element_units(buf: bytes, info) -> np.ndarray:
 
 def execute(ckpt, plan: Plan, out, *, force: bool = False, check: str = "auto", source_hash: str = "auto",
             writer=None, progress: bool | None = False) -> SurgeryResult:
-    """Write ``plan`` applied to ``ckpt`` into ``out`` (atomic; see formats/writer.py).
+    """Write ``plan`` applied to ``ckpt`` into ``out`` (atomic; see formats/write/writer.py).
 
     ``writer``: an already open writer for ``out`` (see :func:`plan_while_copying`).
     ``progress``: a bar over the bytes written (None: only when stderr is a terminal).
     """
-    from ..formats.writer import open_writer
+    from ..formats.write.writer import open_writer
 
     ev = _Evaluator(ckpt)
     w = writer if writer is not None else open_writer(out, ckpt, force=force, check=check, source_hash=source_hash,
@@ -301,7 +301,7 @@ def plan_while_copying(ckpt, out, make_plan, *, force: bool = False, check: str 
     background while ``make_plan`` works (fold-bias --approximate reads every W_q for its bound:
     seconds on a 7B model, hidden behind the copy).  If planning fails (a refusal), the copy is
     cancelled and nothing is left at ``out``."""
-    from ..formats.writer import open_writer
+    from ..formats.write.writer import open_writer
 
     w = open_writer(out, ckpt, force=force, check=check, source_hash=source_hash, progress=progress)
     try:

@@ -22,7 +22,7 @@ from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
 from ..arch.resolve import family_fused_layout, rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
-from ..formats.quant_schemes import SCHEMES
+from ..formats.quant.schemes import SCHEMES
 from .fold import family_of
 from .plan import Plan, TensorStep, step_params
 
@@ -51,7 +51,7 @@ def _recorded_layout(ckpt) -> str | None:
     raw = (ckpt.metadata or {}).get("ckpt_surgeon") if ckpt.format == "safetensors" else None
     if not isinstance(raw, str):
         return None
-    from ..formats.writer import recorded_operations
+    from ..formats.write.writer import recorded_operations
     for op in reversed(recorded_operations(raw)):
         params = op.get("params")
         lay = params.get("qkv_layout") if isinstance(params, dict) else None

@@ -485,9 +485,9 @@ def _size(n: int) -> str:
 
 def _seq2seq_inputs(model, x, seed: int, notes: list, memo: dict, torch) -> dict:
     """An encoder-decoder's inputs for decoder ids ``x``: the encoder's feed is chosen once per model
-    (:func:`~ckpt_surgeon.arch.feeds.encoder_feed`, kept in ``memo``) and said once in the notes."""
+    (:func:`~ckpt_surgeon.arch.derive.feeds.encoder_feed`, kept in ``memo``) and said once in the notes."""
     if "feed" not in memo:
-        from ..arch.feeds import encoder_feed
+        from ..arch.derive.feeds import encoder_feed
         try:
             memo["feed"], desc = encoder_feed(model, x, seed)
         except ValueError as e:

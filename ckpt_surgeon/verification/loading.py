@@ -63,7 +63,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     """Validate ``source`` and return a :class:`PreparedModel`; GGUF inputs are converted into
     ``workdir/role``; a Hub repo id is first downloaded into the Hugging Face cache at
     ``revision`` (branch, tag or commit; default the repo's default branch) with
-    :func:`ckpt_surgeon.formats.hub_snapshot.download` (bars per ``progress``).  ``revision``
+    :func:`ckpt_surgeon.formats.hub.snapshot.download` (bars per ``progress``).  ``revision``
     with a local source is an error.  Raises CkptError (one line) for anything transformers
     could not load."""
     from ..checkpoint import is_hub_source, missing_local
@@ -73,7 +73,7 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     if not p.exists():
         if not is_hub_source(given):
             raise missing_local(given)
-        from ..formats.hub_snapshot import download
+        from ..formats.hub.snapshot import download
         p = download(given, revision=revision, progress=progress)
     elif revision is not None:
         raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",

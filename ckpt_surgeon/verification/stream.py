@@ -36,7 +36,7 @@ config and the GGUF -> HF tensor plan the converter uses, and each HF tensor is 
 un-permuted when its layer is loaded (no temporary float32 folder).  A quantized HF checkpoint
 (GPTQ, AWQ, compressed-tensors, FP8, bitsandbytes, MLX) is streamed the same way: the model is the
 unquantized architecture (config without ``quantization_config``) and each quantized weight is
-read through :class:`~ckpt_surgeon.formats.quantized.QuantizedSource`, dequantized as its producer
+read through :class:`~ckpt_surgeon.formats.quant.quantized.QuantizedSource`, dequantized as its producer
 dequantizes it; activations are not quantized (the report says so).
 """
 from __future__ import annotations
@@ -143,7 +143,7 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
         if not looks_like_repo_id(given):
             raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
                                       path=given)
-        from ..formats.hub_snapshot import download
+        from ..formats.hub.snapshot import download
         p = download(given, revision=revision, progress=progress)
     ck, precision, n_params = open_validated(p, given)
     try:

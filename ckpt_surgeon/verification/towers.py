@@ -4,7 +4,7 @@ A token-id prompt runs the text path of a vision-language model, never its visio
 tower (``fold-bias --k --tower model.vision_tower.encoder.layers``) would pass unseen.  Each tower the
 reference's layout reports (:meth:`ckpt_surgeon.arch.model_layout.ModelLayout.stacks`) is therefore also
 run alone, in both models, on the same seeded pixels / audio features built from its config
-(:func:`ckpt_surgeon.arch.feeds.tower_input`: the module above the tower's layers whose forward takes
+(:func:`ckpt_surgeon.arch.derive.feeds.tower_input`: the module above the tower's layers whose forward takes
 them), and every floating output it returns is compared.  A tower that cannot be run alone (no such
 module, or no input shape its modeling file takes) is said so in the report, never passed silently.
 
@@ -63,8 +63,8 @@ def tower_targets(source, revision: str | None = None) -> list[tuple[str, str]]:
 
 def tower_arrays(model, targets, torch) -> dict:
     """{tower name: (module path, inputs description, float64 numpy outputs) or (None, reason, None)}."""
-    from ..arch.feeds import tower_input, tower_outputs
-    from ..arch.float64 import float64_softmax
+    from ..arch.derive.feeds import tower_input, tower_outputs
+    from ..arch.derive.float64 import float64_softmax
     out, modules = {}, {id(m): p for p, m in model.named_modules()}
     for name, _ in targets:
         try:

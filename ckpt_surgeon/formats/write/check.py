@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import WriteError
-from . import gguf as gg
-from . import safetensors as st
+from ...errors import WriteError
+from .. import gguf as gg
+from .. import safetensors as st
 from .shard_io import FdCache, hash_range
 
 __all__ = ["check_written_entry", "verify_safetensors_shard", "verify_gguf_file"]

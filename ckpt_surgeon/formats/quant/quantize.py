@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ...errors import UnsupportedError
 
 __all__ = ["quantize_q8_0", "encode_rows", "to_f16", "bf16_bits_to_f16", "Q8_0_BLOCK", "Q8_0_BYTES"]
 

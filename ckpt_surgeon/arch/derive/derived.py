@@ -12,7 +12,7 @@ Every other architecture transformers implements is read from transformers:
    rules) are never taken for attention, and a layer of a layer list with no attention block
    is reported as ``none`` ("no attention").  Head counts come from the attention module's own
    attributes (what its forward uses) and the projection shapes.
-2. **Probed** (:mod:`ckpt_surgeon.arch.probe`): what cannot be read statically (is the key
+2. **Probed** (:mod:`ckpt_surgeon.arch.derive.probe`): what cannot be read statically (is the key
    bias exactly redundant? which dims pass through unrotated? is the fused layout ``[Q;K;V]``
    or per head? can the value bias be folded into the output bias?) is established on a
    shrunken random float64 instance of the same class, with transformers' own forward pass.
@@ -33,10 +33,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import CkptError
-from ..formats.safe_input import read_json
-from ..publish import write_file_atomic
-from ..userdirs import user_cache
+from ...errors import CkptError
+from ...formats.safe_input import read_json
+from ...publish import write_file_atomic
+from ...userdirs import user_cache
 # re-exported too: tests and fixtures import the module-tree reader from here
 from .modtree import (  # noqa: F401
     Block,
@@ -44,7 +44,7 @@ from .modtree import (  # noqa: F401
     Fact,
     GroupFacts,
     _LAYER,
-    _TOWER,
+    TOWER_PATH,
     _int_attr,
     _libs,
     build_meta,
@@ -81,7 +81,7 @@ class DerivedArch:
     notes: tuple = ()
     seconds: float = 0.0     # derivation + probe time when it was computed (not when cached)
     cached: bool = False
-    renames: bool = False    # transformers has checkpoint key conversions for this class (arch/renames.py)
+    renames: bool = False    # transformers has checkpoint key conversions for this class (arch/derive/renames.py)
     positions: tuple = ()    # ((tower root module path, position, how seen), ...): each non-main stack's own
     audio: tuple = ()        # module paths of a speech model's encoder (Whisper's model.encoder): an audio tower
 
@@ -176,7 +176,7 @@ def derive(cfg: dict, *, probe: bool = True, use_cache: bool = True) -> DerivedA
     audio = _speech_encoders(model)
     rotary_dim = None
     if pos == "rope" and heads:
-        from .model_layout import rope_params
+        from ..model_layout import rope_params
         rp = rope_params(cfg)
         rotary_dim = int(cfg.get("rotary_dim") or int(heads[2] * rp["partial"]))
     from .probe import probe_groups
@@ -223,9 +223,9 @@ def main_heads(attn) -> tuple:
     else the first outside a vision / audio tower: what the text-only probe runs), else the first with
     head counts."""
     with_heads = [b for b in attn if b.heads]
-    lang = [b for b in with_heads if _LANGUAGE.search(b.path) and not _TOWER.search(b.path)]
-    text = [b for b in with_heads if not _TOWER.search(b.path)]
-    if not (lang or text) and any(not _TOWER.search(b.path) for b in attn):
+    lang = [b for b in with_heads if _LANGUAGE.search(b.path) and not TOWER_PATH.search(b.path)]
+    text = [b for b in with_heads if not TOWER_PATH.search(b.path)]
+    if not (lang or text) and any(not TOWER_PATH.search(b.path) for b in attn):
         return ()      # a text stack whose heads cannot be read (latent attention) is not a tower's
     return (lang or text or with_heads or [Block("", "", "none")])[0].heads
 
@@ -252,7 +252,7 @@ def tower_root(stack: str) -> str:
     tower (``model.visual``), else the stack's parent."""
     parts = stack.split(".")
     for i, p in enumerate(parts):
-        if _TOWER.search(p) or any(rx.search(p) for _, rx in _KINDS):
+        if TOWER_PATH.search(p) or any(rx.search(p) for _, rx in _KINDS):
             return ".".join(parts[:i + 1])
     return ".".join(parts[:-1])
 
@@ -306,7 +306,7 @@ def _tower_path(path: str, audio: tuple) -> bool:
         if parent and path.startswith(parent + "."):
             path = path[len(parent) + 1:]
             break
-    return bool(_TOWER.search(path) or _KINDS[0][1].search(path))
+    return bool(TOWER_PATH.search(path) or _KINDS[0][1].search(path))
 
 
 def _tower_positions(model, attn, heads, audio: tuple = ()) -> tuple:
@@ -449,8 +449,8 @@ def derived_layout(cfg: dict, tensors, *, config_source: str | None = None, arch
     or None when transformers does not implement it (the caller then falls back to names).
     ``family``: the registry record of a family that leaves its attention layout to this
     derivation (``latent_attention``): the layout is tagged with it and carries its note."""
-    from . import families as F
-    from .model_layout import ModelLayout, _get, _is_mask_buffer, _looks_attention_bias
+    from .. import families as F
+    from ..model_layout import ModelLayout, _get, _is_mask_buffer, _looks_attention_bias
     try:
         arch = derive(cfg)
     except DeriveUnavailable:
@@ -506,7 +506,7 @@ def _q_gate(arch: DerivedArch, main: list) -> str | None:
 
 def _main_position(arch: DerivedArch, main: list, cfg: dict):
     """The main stack's position encoding; rotary width from a probed partial-rotary group when one is."""
-    from .model_layout import PositionEncoding, rope_params
+    from ..model_layout import PositionEncoding, rope_params
     if arch.position != "rope":
         return PositionEncoding(arch.position)
     mine = {b.group for b in main}
@@ -558,7 +558,7 @@ def registry_towers(cfg: dict, tensors, layout):
     towers are derived from transformers' module tree like any derived architecture's; the registry keeps
     the text stack.  ``layout`` unchanged when transformers cannot build the model."""
     from dataclasses import replace
-    from .model_layout import _is_mask_buffer, _looks_attention_bias
+    from ..model_layout import _is_mask_buffer, _looks_attention_bias
     try:
         arch = derive(cfg)
     except DeriveUnavailable:
@@ -597,7 +597,7 @@ def _block_order_key(b: Block):
 
 def _record(i: int, b: Block, names: dict, pieces: dict):
     """The LayerTensors of one block (file names of its projections)."""
-    from .model_layout import LayerTensors
+    from ..model_layout import LayerTensors
     d = {"layer": i, "block": b.path, "group": b.group, "kind": b.kind}
     if b.kind != "none":
         for role, rel in b.roles:
@@ -641,7 +641,7 @@ def _main_name(layers) -> str:
 def _tower(arch: DerivedArch, stack: str, hs: tuple, members: list, names: dict, pieces: dict, arch_name: str,
            config_source, suffix: str = ""):
     """One tower's layout: its blocks' records with their own head counts and position encoding."""
-    from .model_layout import ModelLayout, PositionEncoding, Tower
+    from ..model_layout import ModelLayout, PositionEncoding, Tower
     layers = [_record(i, b, names, pieces) for i, b in enumerate(members)]
     root = _root_of(stack, arch.audio)
     pos, pos_how = next(((p, h) for r, p, h in arch.positions if r == root), ("unknown", "not read"))

@@ -2,7 +2,7 @@
 
 API (everything else in this module is internal)::
 
-    from ckpt_surgeon.formats.writer import CheckpointWriter
+    from ckpt_surgeon.formats.write.writer import CheckpointWriter
 
     with CheckpointWriter(out, source=ckpt, force=False) as w:    # ckpt: a Checkpoint, or None
         w.put("model.layers.0.self_attn.k_proj.bias", array)        # replace a tensor (cast once to its dtype)
@@ -100,18 +100,18 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import CkptError, OutputExistsError, UnsupportedError, WriteError
-from ..progress import NO_BAR, bar
-from ..publish import Staging, fsync_path, refuse_onto_inputs, sweep_stale
-from ..records import TensorInfo
-from . import gguf_write as gw
-from . import safetensors as st
-from .safe_input import loads_json, read_json
+from ...errors import CkptError, OutputExistsError, UnsupportedError, WriteError
+from ...progress import NO_BAR, bar
+from ...publish import Staging, fsync_path, refuse_onto_inputs, sweep_stale
+from ...records import TensorInfo
+from . import gguf as gw
+from .. import safetensors as st
+from ..safe_input import loads_json, read_json
 from .shard_io import (STAGE_OBSERVERS, FdCache, Precopy, copy_file, copy_range, hash_range, pwrite_all,
                        run_precopy, stage, write_computed)
-from .write_cast import cast_to_dtype
-from .write_check import verify_gguf_file, verify_safetensors_shard
-from .write_layout import (INDEX_NAME, WEIGHT_SUFFIXES, Declared, Entry, Producer, ShardResult, WriteResult,
+from .cast import cast_to_dtype
+from .check import verify_gguf_file, verify_safetensors_shard
+from .layout import (INDEX_NAME, WEIGHT_SUFFIXES, Declared, Entry, Producer, ShardResult, WriteResult,
                            header_bytes, index_bytes, patchable, plan_shards, side_file_plan, source_order)
 
 __all__ = ["CheckpointWriter", "GGUFCheckpointWriter", "open_writer", "WriteResult", "ShardResult", "cast_to_dtype",
@@ -489,7 +489,7 @@ class CheckpointWriter:
 
     def _history(self, prior_raw) -> dict:
         """The ``ckpt_surgeon`` record: version, earlier operations (from ``prior_raw``) + ours."""
-        from ..version import __version__
+        from ...version import __version__
         prior = recorded_operations(prior_raw) if isinstance(prior_raw, str) else []
         return {"version": __version__, "operations": prior + self._ops}
 
@@ -733,7 +733,7 @@ class GGUFCheckpointWriter(CheckpointWriter):
     infos are rewritten for the output tensors (file order kept; offsets aligned to the source's
     ``general.alignment``).  Untouched tensors keep their ggml type and bytes (kernel copies of
     each tensor's byte range); ``put`` takes float values for F32/F16/BF16 tensors (biases are
-    F32 in GGUF) or raw bytes of any ggml type.  Layout of the file: :mod:`.gguf_write` (the one
+    F32 in GGUF) or raw bytes of any ggml type.  Layout of the file: :mod:`.gguf` (the one
     GGUF writing path, shared with HF -> GGUF conversion).  No config.json or side files:
     set_config/add_file raise.
     """
@@ -753,15 +753,15 @@ class GGUFCheckpointWriter(CheckpointWriter):
         kw.pop("max_shard_bytes", None)
         kw.pop("copy_side_files", None)
         super().__init__(out, source, **kw)
-        from . import gguf as gg
+        from .. import gguf as gg
         self._src_header = gg.read_header(source.files[0])
 
     def _known_dtype(self, dtype: str) -> bool:
-        from .ggml_types import known
+        from ..quant.ggml_types import known
         return known(dtype)
 
     def _nbytes(self, dtype: str, shape: tuple, name: str) -> int:
-        from .ggml_types import ggml_type
+        from ..quant.ggml_types import ggml_type
         t = ggml_type(dtype)
         n = 1
         for d in shape:
@@ -789,7 +789,7 @@ class GGUFCheckpointWriter(CheckpointWriter):
 
     def _layout_gguf(self, ents, metadata) -> gw.GGUFLayout:
         """The source's key-values as stored, the history key, the output tensors' infos."""
-        from .ggml_types import ggml_type
+        from ..quant.ggml_types import ggml_type
         h = self._src_header
         kv, count = carried_kv_bytes(h, GGUF_HISTORY_KEY)
         hist = gw.encode_kv(gw.KV(GGUF_HISTORY_KEY, gw.VT.STRING, metadata["ckpt_surgeon"]))

@@ -2,7 +2,7 @@
 safetensors header bytes, and the side files (config, index, tokenizer ...) that go with them.
 
 Pure planning over declarations and the source's tensor index: nothing here writes data.
-The rules are the writer's (see :mod:`ckpt_surgeon.formats.writer`, "Output shape").
+The rules are the writer's (see :mod:`ckpt_surgeon.formats.write.writer`, "Output shape").
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Callable, Union
 
 import numpy as np
 
-from ..errors import CkptError, UnsupportedError
-from ..records import TensorInfo
+from ...errors import CkptError, UnsupportedError
+from ...records import TensorInfo
 
 __all__ = ["Entry", "Producer", "ShardResult", "WriteResult", "Shard", "header_bytes", "source_order",
            "plan_shards", "patchable", "side_file_plan", "index_bytes", "WEIGHT_SUFFIXES", "INDEX_NAME"]

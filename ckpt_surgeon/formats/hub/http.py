@@ -5,7 +5,7 @@ huggingface_hub does the Hub-specific parts: its shared HTTP session
 (``build_hf_headers``: user agent and the token from ``HF_TOKEN`` or the stored
 login; built with its telemetry off, see :func:`hub_headers`) and its error parser (``hf_raise_for_status``, which turns ``X-Error-Code``
 into ``RepositoryNotFoundError`` / ``GatedRepoError`` / ...).  The environment is read on every
-call (:mod:`.hub_settings`).
+call (:mod:`.settings`).
 
 Retries follow huggingface_hub's ``http_backoff`` policy (network errors and
 408/429/5xx, exponential backoff capped at 8x the base) in our own loop, for three
@@ -31,12 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from ..errors import HubError
-from ..progress import bar
-from ..publish import Staging
-from ..version import __version__
-from .hub_cache import RangeStore
-from .hub_settings import FULL_SHA, HubSettings
+from ...errors import HubError
+from ...progress import bar
+from ...publish import Staging
+from ...version import __version__
+from .range_cache import RangeStore
+from .settings import FULL_SHA, HubSettings
 
 logger = logging.getLogger("ckpt_surgeon.formats.hub")   # one logger for the Hub (messages as before the split)
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .gguf import DEFAULT_ALIGNMENT, GGUF_MAGIC, VALUE_TYPES, ggml_layout_message, ggml_layout_problem
+from ..gguf import DEFAULT_ALIGNMENT, GGUF_MAGIC, VALUE_TYPES, ggml_layout_message, ggml_layout_problem
 from .shard_io import pwrite_all
 
 __all__ = ["GGUF_VERSION", "KV", "Slot", "GGUFLayout", "encode_string", "encode_kv", "encode_kvs", "layout",

@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import WriteError
-from .safe_input import open_regular
+from ...errors import WriteError
+from ..safe_input import open_regular
 
 __all__ = ["STAGE_OBSERVERS", "stage", "copy_range", "pwrite_all", "hash_range", "copy_file",
            "FdCache", "Precopy", "run_precopy", "write_computed"]

@@ -19,9 +19,9 @@ import posixpath
 import re
 from pathlib import Path
 
-from ..errors import CkptError
-from ..userdirs import xdg_cache
-from .safe_input import read_json
+from ...errors import CkptError
+from ...userdirs import xdg_cache
+from ..safe_input import read_json
 
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 

@@ -1,17 +1,17 @@
 """Hub repos as local files, for the commands that need whole weights (``verify``).
 
-``inspect`` / ``analyze`` read a Hub repo by HTTP range (:mod:`.hub`); a forward pass needs
+``inspect`` / ``analyze`` read a Hub repo by HTTP range (:mod:`.ranges`); a forward pass needs
 every weight, so ``verify`` downloads instead, through huggingface_hub's ``snapshot_download``
 into the normal Hugging Face cache (:func:`.hf_cache.hub_cache`): a later run, or
 ``transformers`` / ``hf`` itself, reuses the files, and ``hf cache scan`` sees them.
 
-Only what the model needs is fetched: the weights :func:`.hub._choose_weights` picks (the
+Only what the model needs is fetched: the weights :func:`.ranges._choose_weights` picks (the
 shards its index names, or one safetensors file, or one GGUF and the other parts of its split
 set) plus the small files at the root (config, tokenizer, generation config).  A repo that
 also holds ``consolidated.safetensors`` or ONNX exports does not cost those bytes.
 
 Token, endpoint and offline mode are read from the environment on every call, as in
-:mod:`.hub`: ``HF_TOKEN`` (or the stored login), ``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1`` (then
+:mod:`.ranges`: ``HF_TOKEN`` (or the stored login), ``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1`` (then
 the cache answers or one line says what is missing).  Progress bars follow
 :mod:`ckpt_surgeon.progress`.
 """
@@ -21,14 +21,14 @@ import posixpath
 import sys
 from pathlib import Path
 
-from ..errors import CkptError, HubError
-from ..version import __version__
-from . import gguf as gg
+from ...errors import CkptError, HubError
+from ...version import __version__
+from .. import gguf as gg
 from . import hf_cache
-from .hub import _choose_weights, _read_small, hf_cache_target, resolve_revision
-from .hub_cache import RepoCache
-from .hub_http import HubClient
-from .hub_settings import HubSettings
+from .ranges import _choose_weights, _read_small, hf_cache_target, resolve_revision
+from .range_cache import RepoCache
+from .http import HubClient
+from .settings import HubSettings
 
 # Root files never needed to load a model from safetensors / GGUF: other weight formats.
 _SKIP_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack", ".onnx",

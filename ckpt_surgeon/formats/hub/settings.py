@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..progress import progress_enabled
+from ...progress import progress_enabled
 from . import hf_cache
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")

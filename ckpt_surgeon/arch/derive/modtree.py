@@ -1,6 +1,6 @@
 """The module tree of a transformers model, read on the meta device (no memory, no weights).
 
-Shared by :mod:`.derive` (which turns it into a layout and caches it) and :mod:`.probe` (which
+Shared by :mod:`.derived` (which turns it into a layout and caches it) and :mod:`.probe` (which
 establishes on a shrunken float64 instance what cannot be read statically): the config object
 and the model class for a ``config.json``, the meta-device build, and :func:`read_blocks`, which
 finds the attention blocks (q/k/v/o projections, separate or fused, head counts) and the layers
@@ -30,7 +30,7 @@ _ATTN_CLASS = re.compile(r"Attention$")
 _CROSS = re.compile(r"cross|encoder_attn|encdec|enc_dec", re.I)
 _LAYER = re.compile(r"^(.*?)\.(\d+)(?:\.(.*))?$")
 # towers of a multimodal model (the language model's heads are the layout's, see main_heads)
-_TOWER = re.compile(r"vision|visual|image|img|video|audio|speech|vq|patch", re.I)
+TOWER_PATH = re.compile(r"vision|visual|image|img|video|audio|speech|vq|patch", re.I)
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def config_object(cfg: dict):
     mt = cfg.get("model_type")
     if mt not in CONFIG_MAPPING:
         raise DeriveUnavailable(f"model_type {mt!r} is not implemented by transformers {transformers.__version__}")
-    from ..quiet import quiet_transformers
+    from ...quiet import quiet_transformers
     with quiet_transformers():
         klass = CONFIG_MAPPING[mt]
         # config.json written by transformers tags non-JSON floats ({"__float__": "Infinity"});
@@ -155,7 +155,7 @@ def build_meta(cfg: dict):
     torch, _ = _libs()
     conf = config_object(cfg)
     klass = model_class(cfg, conf)
-    from ..quiet import quiet_transformers
+    from ...quiet import quiet_transformers
     with quiet_transformers(), torch.device("meta"):
         model = klass(conf)
     return conf, model
@@ -194,7 +194,7 @@ def _heads(mod, conf, q_rows: int | None, k_rows: int | None, fused_rows: int | 
     A separate q projection may have ``2 x H x head_dim`` rows when the module itself declares
     ``head_dim``: the query and an output gate (modeling_qwen3_next ``Qwen3NextAttention``:
     ``q_proj`` out = heads x head_dim x 2, split per head by ``torch.chunk``).  Which rows are
-    the query is left to the probe (:func:`ckpt_surgeon.arch.probe._gate_layout`)."""
+    the query is left to the probe (:func:`ckpt_surgeon.arch.derive.probe._gate_layout`)."""
     h = _int_attr(mod, ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attn_heads", "heads"))
     # transformers 5 attention modules read head counts from their own (sub-)config: a composite
     # model's language model has them in text_config, not in the top-level config

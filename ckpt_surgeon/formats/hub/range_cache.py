@@ -1,6 +1,6 @@
 """The on-disk cache of what was fetched from the Hub by range.
 
-Everything fetched is kept under :func:`~.hub_settings.cache_root` keyed by repo, commit
+Everything fetched is kept under :func:`~.settings.cache_root` keyed by repo, commit
 sha and file (``models--owner--name/<sha>/files/<file>/<start>-<end>.bin``), plus
 ``refs/<revision>`` -> sha as in huggingface_hub's own cache.  Content at a commit
 never changes, so a second ``inspect`` of a branch makes one request (to resolve
@@ -16,10 +16,10 @@ import threading
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import CkptError
-from ..publish import write_file_atomic
-from .hub_settings import FULL_SHA
-from .safe_input import read_json, read_regular
+from ...errors import CkptError
+from ...publish import write_file_atomic
+from .settings import FULL_SHA
+from ..safe_input import read_json, read_regular
 
 logger = logging.getLogger("ckpt_surgeon.formats.hub")   # one logger for the Hub (messages as before the split)
 

@@ -335,9 +335,9 @@ def tensor_types(tensors: list, ftype: str, model: MixModel, *, has_imatrix: boo
     """``tensors``: ``(GGUF name, numpy-order shape, source ggml type)`` for every tensor of the
     file.  Returns name -> :class:`TensorType`, as ``llama_model_quantize`` decides them
     (default parameters: no overrides, not pure, output quantized) for file type ``ftype``.
-    ``block``: ggml block size by type name (default: :func:`~ckpt_surgeon.formats.ggml_types.block_size`)."""
+    ``block``: ggml block size by type name (default: :func:`~ckpt_surgeon.formats.quant.ggml_types.block_size`)."""
     if block is None:
-        from ..formats.ggml_types import block_size as block
+        from ..formats.quant.ggml_types import block_size as block
     default = FTYPES[ftype][1]
     ordered = sorted(tensors, key=lambda t: _weights_order(t[0]))
     qs = _State([t[0] for t in ordered], model, has_imatrix)

@@ -1,7 +1,7 @@
 """Dequantization of Hugging Face quantized Linears to dense float32 ``[out, in]`` (numpy, vectorised,
-no torch), one kernel per :class:`~ckpt_surgeon.formats.quant_schemes.Scheme`.
+no torch), one kernel per :class:`~ckpt_surgeon.formats.quant.schemes.Scheme`.
 
-Each kernel takes the :class:`~ckpt_surgeon.formats.quant_schemes.QuantTensor` and ``get(role)``,
+Each kernel takes the :class:`~ckpt_surgeon.formats.quant.schemes.QuantTensor` and ``get(role)``,
 the decoded stored member (float types widened to float32, integer types as stored).  Products are
 formed in float32 from the same operands as the producer's reference (and as llama.cpp's
 ``convert_hf_to_gguf.py`` ``dequant_model`` where it handles the scheme: ``scale.float() *
@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import FormatError
-from .quant_schemes import QuantTensor
+from ...errors import FormatError
+from .schemes import QuantTensor
 
 Get = Callable[[str], np.ndarray]
 

@@ -43,8 +43,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..errors import FormatError, UnsupportedError
-from ..records import TensorInfo
+from ...errors import FormatError, UnsupportedError
+from ...records import TensorInfo
 
 
 @dataclass(frozen=True)

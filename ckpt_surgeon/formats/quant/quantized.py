@@ -6,7 +6,7 @@ not part of a quantized weight, unchanged (same info, same bytes), and one logic
 ``quantized=True``) in the place of its packed weight; the companions (scales, zero points, g_idx,
 SCB, absmax, MLX ``biases`` ...) are hidden from role matching and reached through
 :attr:`quantization`.  ``read`` of a logical weight dequantizes it
-(:mod:`~ckpt_surgeon.formats.quant_kernels`); its stored bytes are not the logical weight, so
+(:mod:`~ckpt_surgeon.formats.quant.kernels`); its stored bytes are not the logical weight, so
 ``read_bytes`` refuses it: byte copies go through :attr:`stored` (the wrapped reader).
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
-from ..records import TensorInfo
-from .quant_kernels import bnb_quant_state, dequantize, fp8_scale_reading
-from .quant_schemes import SCHEMES, QuantTensor, Quantization
-from .source import SourceBase, TensorSource
+from ...errors import FormatError, UnsupportedError
+from ...records import TensorInfo
+from .kernels import bnb_quant_state, dequantize, fp8_scale_reading
+from .schemes import SCHEMES, QuantTensor, Quantization
+from ..source import SourceBase, TensorSource
 
 
 class QuantizedSource(SourceBase):

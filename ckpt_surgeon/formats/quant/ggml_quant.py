@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ...errors import UnsupportedError
 
 __all__ = ["lib", "type_id", "type_name", "is_quantized",
            "quantize_rows", "dequantize", "INSTALL_HINT"]

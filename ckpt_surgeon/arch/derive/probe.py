@@ -39,8 +39,8 @@ import types
 
 import numpy as np
 
-from .modtree import _TOWER, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
-from .layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
+from .modtree import TOWER_PATH, MHA_IN_PROJ, Block, Fact, GroupFacts, module_path, read_blocks
+from ..layouts import GATE_LAYOUTS, LAYOUTS, query_row_index, qkv_row_index
 # inputs of a forward pass and the float64 guards (re-exported: tests and fixtures import them from here)
 from .feeds import MAX_TOWER_TOKENS, SEQ_LEN, model_inputs, tower_input, tower_outputs  # noqa: F401
 from .float64 import float64_softmax
@@ -440,7 +440,7 @@ def meta_params(klass, conf) -> int:
     """Parameter count of ``klass(conf)`` without allocating it (meta device)."""
     import torch
 
-    from ..quiet import quiet_transformers
+    from ...quiet import quiet_transformers
     with quiet_transformers(), torch.device("meta"):
         return sum(p.numel() for p in klass(conf).parameters())
 
@@ -450,7 +450,7 @@ def random_instance(cfg: dict, klass, *, seed: int = 0, max_params: int = PROBE_
     drawn with std 0.5 (transformers' init zeroes biases, which would make any bias claim vacuous)."""
     import torch
 
-    from ..quiet import quiet_transformers
+    from ...quiet import quiet_transformers
     from .modtree import config_object
     conf = config_object(cfg)
     n = meta_params(klass, conf)
@@ -874,7 +874,7 @@ def probe_groups(cfg: dict, conf, klass, blocks, heads: tuple, pos: str) -> tupl
             gf = _probe_through_tower(inst, pblocks, g, k, pos, heads, gf)
         if gf.k_class == "invisible":
             tower = (("the probe feeds token ids only: this block is part of a vision / audio tower that such a forward "
-                      "pass never runs",) if _TOWER.search(g) else ())
+                      "pass never runs",) if TOWER_PATH.search(g) else ())
             gf = GroupFacts(**{**gf.__dict__, "k_class": "unknown", "reasons": tower + tuple(gf.reasons)})
         out.append(_with_tower_norm(inst, pblocks, gf))
     return tuple(out)

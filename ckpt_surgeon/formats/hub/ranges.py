@@ -10,8 +10,8 @@ that is about 0.4 MB (see ``benchmarks/bench_hub.py``).
 
 This module is the reader: which weights a repo holds, their headers (validated exactly as
 local files are, by the same safetensors and GGUF readers over :class:`HubRanges`), and
-GGUF on the Hub.  Beside it: the environment (:mod:`.hub_settings`), the on-disk range cache
-(:mod:`.hub_cache`) and the HTTP client with its retries (:mod:`.hub_http`).
+GGUF on the Hub.  Beside it: the environment (:mod:`.settings`), the on-disk range cache
+(:mod:`.range_cache`) and the HTTP client with its retries (:mod:`.http`).
 """
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, FormatError, HubError, PickleRefusedError
-from ..records import TensorInfo
-from . import gguf as gg
+from ...errors import ConfigError, FormatError, HubError, PickleRefusedError
+from ...records import TensorInfo
+from .. import gguf as gg
 from . import hf_cache
-from . import safetensors as st
-from .hub_cache import RangeStore, RepoCache
-from .hub_http import MERGE_GAP, HubClient, coalesce  # noqa: F401  (MERGE_GAP: public, with coalesce)
-from .hub_settings import FULL_SHA, HubSettings, cache_root  # noqa: F401  (cache_root: public, docs/hub.md)
-from .magic import decide_kind
-from .safe_input import loads_json
-from .source import ShardSet, TensorSource
+from .. import safetensors as st
+from .range_cache import RangeStore, RepoCache
+from .http import MERGE_GAP, HubClient, coalesce  # noqa: F401  (MERGE_GAP: public, with coalesce)
+from .settings import FULL_SHA, HubSettings, cache_root  # noqa: F401  (cache_root: public, docs/hub.md)
+from ..magic import decide_kind
+from ..safe_input import loads_json
+from ..source import ShardSet, TensorSource
 
 # Safetensors header read when the tensor count is unknown (no index): a 3B model's
 # header is ~35 KB.  With an index we estimate the header size from the names instead.

@@ -1,0 +1,9 @@
+"""The derivation engine: architectures outside the registry, read from transformers itself.
+
+:mod:`.derived` builds a layout for a ``model_type`` the registry lacks (the derived record, its
+cache, the towers) from the module tree transformers builds on the meta device (:mod:`.modtree`)
+and from float64 probes on a shrunken random instance (:mod:`.probe`), fed by :mod:`.feeds` under
+the float64 guards of :mod:`.float64`; :mod:`.renames` is transformers' own renaming of checkpoint
+keys at load.  torch and transformers are imported only inside functions of these modules, and
+only for architectures the registry does not know.
+"""
