@@ -271,3 +271,73 @@ def test_a_failure_leaves_no_part_behind(tiny, tmp_path):
     finally:
         STAGE_OBSERVERS.remove(fail)
     assert os.listdir(out) == []
+
+
+# ------------------------------------------------------------------ resume after a kill
+
+_PAUSE_AT = Path(__file__).resolve().parent / "pause_at.py"
+
+
+def _kill_at(stage: str, src: Path, out: Path, *options) -> None:
+    """Run ``convert SRC -o OUT OPTIONS`` in a process paused at the writer stage ``stage``, SIGKILL it there."""
+    import signal
+    import time
+    marker = out.parent / "paused"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), CKPT_SURGEON_PAUSE_AT=stage,
+               CKPT_SURGEON_PAUSE_FILE=str(marker))
+    p = subprocess.Popen([sys.executable, str(_PAUSE_AT), "-m", "ckpt_surgeon", "convert", str(src), "-o", str(out),
+                          "--no-progress", *options], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.time() < deadline, "the converter never reached the stage"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    marker.unlink()
+
+
+def _stages(fn):
+    seen: list[str] = []
+    STAGE_OBSERVERS.append(seen.append)
+    try:
+        return fn(), seen
+    finally:
+        STAGE_OBSERVERS.remove(seen.append)
+
+
+def test_killed_split_conversion_resumes_at_the_first_unfinished_part(tiny, tmp_path):
+    folder = tiny("qwen2")
+    (tmp_path / "fresh").mkdir()
+    fresh = convert(folder, tmp_path / "fresh" / "m.gguf", dtype="q8_0", split_max_tensors=5)
+    out = tmp_path / "out"
+    out.mkdir()
+    _kill_at("shard-written:2", folder, out / "m.gguf", "--dtype", "q8_0", "--split-max-tensors", "5")
+    # killed after part 3 of 6: no part at its final name, the three finished ones kept hidden
+    hidden = out / ".m.gguf.ckpt-surgeon-parts"
+    assert [p.name for p in out.iterdir()] == [hidden.name]
+    assert sorted(p.name for p in hidden.glob("m-*.gguf")) == [f"m-0000{i}-of-00006.gguf" for i in (1, 2, 3)]
+    # a part damaged meanwhile is checked (CRC-32 of its bytes) and written again, not reused
+    damaged = hidden / "m-00002-of-00006.gguf"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    rep, seen = _stages(lambda: convert(folder, out / "m.gguf", dtype="q8_0", split_max_tensors=5))
+    assert [s for s in seen if s.startswith(("shard-reused", "shard-written"))] == \
+           ["shard-reused:0", "shard-written:1", "shard-reused:2"] + [f"shard-written:{i}" for i in (3, 4, 5)]
+    assert any(w.startswith("resumed: 2 of 6 parts") for w in rep.warnings)
+    assert sorted(p.name for p in out.iterdir()) == [Path(f).name for f in fresh.files]      # folder gone
+    for a, b in zip(rep.files, fresh.files):
+        assert Path(a).read_bytes() == Path(b).read_bytes(), a
+
+
+def test_finished_parts_of_another_conversion_are_not_reused(tiny, tmp_path):
+    folder = tiny("qwen2")
+    out = tmp_path / "m.gguf"
+    _kill_at("shard-written:1", folder, out, "--dtype", "f16", "--split-max-tensors", "5")
+    # same output, another dtype: the header blocks differ, so nothing is reused
+    rep, seen = _stages(lambda: convert(folder, out, dtype="q8_0", split_max_tensors=5))
+    assert not any(s.startswith("shard-reused") for s in seen) and not any("resumed" in w for w in rep.warnings)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in rep.files)
+    with open_checkpoint(rep.files[0]) as ck:
+        assert {i.dtype for i in ck.tensors.values()} == {"Q8_0", "F32"}

@@ -226,7 +226,8 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
 
     try:
         files = write_gguf_outputs(out, kv, count + 2, plan, data, verify=check if verify else None, req=split,
-                                   progress=progress, alignment=h.alignment, version=h.version, warnings=warnings)
+                                   progress=progress, alignment=h.alignment, version=h.version, warnings=warnings,
+                                   inputs=[*inputs, *([os.fspath(imatrix)] if imatrix else [])])
     finally:
         source.close()
     records = tuple(TensorRecord(p.dst, p.dst, "copy" if p.transform == "raw" else "quantize", p.src_dtype,

@@ -21,10 +21,11 @@ checked byte for byte against it (tests/test_split_output.py):
   the alignment, the file ending on an alignment boundary.
 
 Writing goes through :func:`write_gguf_outputs`, the one path of both GGUF writers (HF -> GGUF and
-GGUF -> GGUF): every shard is written into its own temp beside its final name, its chunks read back
-as written and the file re-parsed; only when every shard is complete are they renamed into place,
-in order.  Any failure before that removes every temp: no shard is left behind.  (A failure
-between two renames -- a rename refused -- removes the shards already renamed.)
+GGUF -> GGUF): each shard's chunks are read back as written and the file re-parsed; only when every
+shard is complete are they renamed into place, in order.  An error before that removes everything
+written: no shard is left behind.  One file goes through a temp beside it (:mod:`ckpt_surgeon.publish`);
+a split set through one hidden folder, which a killed run leaves for the next run of the same
+conversion to resume from (:mod:`.split_resume`).
 
 Memory: one shard open at a time, its data streamed chunk by chunk (:mod:`.gguf_stream`), so
 splitting adds nothing to the bound.  Disk: the shards are the only copy written.
@@ -191,21 +192,36 @@ Verify = Callable[[Path, Path, Sequence, list, bool], None]
 def write_gguf_outputs(out: Path, kv: bytes, kv_count: int, plan: Sequence, write_data: WriteData, *,
                        verify: Verify | None, req: SplitRequest | None = None, progress=False,
                        alignment: int = DEFAULT_ALIGNMENT,
-                       version: int = gw.GGUF_VERSION, warnings: list | None = None) -> list[Path]:
+                       version: int = gw.GGUF_VERSION, warnings: list | None = None,
+                       inputs: Sequence[str] = ()) -> list[Path]:
     """Write ``plan`` (records with ``dst``, ``shape``, ``ggml_type``, ``nbytes``) as ``out`` or
     as its split set; returns the files written, in order.
 
     ``kv`` / ``kv_count``: the model's key-value section as stored.  ``write_data(fd, part, offsets,
     bar)`` writes the part's tensor data at its offsets and returns its chunks;
     ``verify(tmp, final, part, chunks, first)`` checks one written shard (``first``: it carries the
-    model's keys).  Every shard is published only after all are written and verified.
-    """
+    model's keys).  Every shard is published only after all are written and verified.  A split
+    set goes through :mod:`.split_resume` (``inputs``: the files read, part of the fingerprint
+    that lets a rerun reuse the parts a killed run finished)."""
     shards = _layouts(out, kv, kv_count, plan, req, alignment, version)
     if req is not None and len(shards) == 1 and warnings is not None and len(plan) > 1:
         warnings.append("the split options leave the whole model in one shard: written as one file, without "
                         "split keys (as llama.cpp's converter)")
-    stagings: list[Staging] = []
     wbar = _SetBar(progress, plan, out, len(shards))
+    if len(shards) > 1:
+        from .split_resume import write_resumable
+
+        def one(tmp, sh, i):
+            _write_shard(tmp, sh, write_data, verify, wbar, first=i == 0)
+        try:
+            reused = write_resumable(out, shards, inputs, one, wbar)
+        finally:
+            wbar.close()
+        if reused and warnings is not None:
+            warnings.append(f"resumed: {len(reused)} of {len(shards)} parts finished by an interrupted run were "
+                            "checked (size and CRC-32 of every byte) and kept")
+        return [sh.path for sh in shards]
+    stagings: list[Staging] = []
     try:
         for i, sh in enumerate(shards):
             stagings.append(Staging(sh.path, folder=False))

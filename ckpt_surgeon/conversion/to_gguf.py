@@ -565,7 +565,7 @@ def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec)
 
 
 def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress, split=None,
-                   warnings: list | None = None) -> list[Path]:
+                   warnings: list | None = None, inputs=()) -> list[Path]:
     """Write the planned file (or, with ``split``, its split set: :mod:`.split_output`) through
     temps beside the output: the header block, then the tensor data streamed chunk by chunk
     (:mod:`.gguf_stream`), reread, renamed into place.  Returns the files written."""
@@ -579,7 +579,8 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
         verify_written(tmp, final, part, chunks, architecture=plan.spec.gguf_arch if first else None)
 
     return write_gguf_outputs(out, gw.encode_kvs(plan.kvs), len(plan.kvs), plan.tensors, data,
-                              verify=check if verify else None, req=split, progress=progress, warnings=warnings)
+                              verify=check if verify else None, req=split, progress=progress, warnings=warnings,
+                              inputs=inputs)
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
@@ -613,7 +614,9 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force,
                                isolate=isolate, imatrix=imatrix)
         warnings = list(plan.warnings)
-        files = _write_planned(ck, plan, src, out, verify=verify, progress=progress, split=split, warnings=warnings)
+        inputs = [*ck.files, *(p for p in (ck.config_path, imatrix) if p)]     # a resumed set's fingerprint
+        files = _write_planned(ck, plan, src, out, verify=verify, progress=progress, split=split, warnings=warnings,
+                               inputs=[os.fspath(p) for p in inputs])
     finally:
         ck.close()
     spec, hp = plan.spec, plan.hp
