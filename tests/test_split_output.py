@@ -341,3 +341,22 @@ def test_finished_parts_of_another_conversion_are_not_reused(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in rep.files)
     with open_checkpoint(rep.files[0]) as ck:
         assert {i.dtype for i in ck.tensors.values()} == {"Q8_0", "F32"}
+
+
+def test_progress_bar_counts_tensors_bytes_and_parts(capsys):
+    """The bar (real tqdm, on stderr) shows bytes with rate and ETA, and tensors done and the part."""
+    from types import SimpleNamespace
+
+    from ckpt_surgeon.conversion.split_output import SetBar
+    plan = [SimpleNamespace(nbytes=n) for n in (100, 50, 50, 200)]
+    wbar = SetBar(True, plan, Path("m.gguf"), 2)
+    wbar.update(60)                       # inside the first tensor
+    assert wbar._bar.postfix == "tensor 0/4, shard 1/2"
+    wbar.update(90)                       # the first two done
+    wbar.at_shard(1)
+    wbar.update(250)
+    assert wbar._bar.postfix == "tensor 4/4, shard 2/2" and wbar._bar.n == wbar._bar.total == 400
+    wbar._bar.refresh()
+    err = capsys.readouterr().err
+    assert "writing m.gguf" in err and "400/400" in err and "tensor 4/4, shard 2/2" in err
+    wbar.close()

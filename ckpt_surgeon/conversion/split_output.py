@@ -47,7 +47,7 @@ from ..progress import bar
 from ..publish import Staging, refuse_onto_inputs
 
 __all__ = ["SplitRequest", "parse_split_size", "split_request", "shard_ranges", "shard_paths", "split_kv_bytes",
-           "check_split_destination", "write_gguf_outputs", "SPLIT_SIZE_HELP"]
+           "check_split_destination", "write_gguf_outputs", "SetBar", "SPLIT_SIZE_HELP"]
 
 SPLIT_SIZE_HELP = "N bytes, or N followed by K, M or G (powers of 1000, as llama.cpp's converter)"
 _UNITS = {"K": 1000, "M": 1000 ** 2, "G": 1000 ** 3}
@@ -159,7 +159,7 @@ def _layouts(out: Path, kv: bytes, kv_count: int, plan: Sequence, req: SplitRequ
     return shards
 
 
-class _SetBar:
+class SetBar:
     """One bar over the whole set: bytes (tqdm's rate and ETA), plus ``tensor k/N`` and the shard."""
 
     def __init__(self, progress, plan: Sequence, out: Path, shards: int):
@@ -207,7 +207,7 @@ def write_gguf_outputs(out: Path, kv: bytes, kv_count: int, plan: Sequence, writ
     if req is not None and len(shards) == 1 and warnings is not None and len(plan) > 1:
         warnings.append("the split options leave the whole model in one shard: written as one file, without "
                         "split keys (as llama.cpp's converter)")
-    wbar = _SetBar(progress, plan, out, len(shards))
+    wbar = SetBar(progress, plan, out, len(shards))
     if len(shards) > 1:
         from .split_resume import write_resumable
 
