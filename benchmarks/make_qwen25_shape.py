@@ -49,6 +49,10 @@ SHAPES = {
     "7b": Shape(3584, 28, 28, 4, 128, 18944, 152064, 4, False, 131072),
     "0.5b": Shape(896, 24, 14, 2, 64, 4864, 151936, 1, True, 32768),
     "small": Shape(896, 8, 14, 2, 64, 4864, 151936, 1, True, 32768),
+    # many narrow layers (bench_convert_memory.py): the model is ~5x its largest tensor (the
+    # 151936 x 512 embedding / head), and "deep8" is the same geometry with 8 layers
+    "deep": Shape(512, 64, 8, 2, 64, 2048, 151936, 2, False, 32768),
+    "deep8": Shape(512, 8, 8, 2, 64, 2048, 151936, 1, False, 32768),
 }
 
 

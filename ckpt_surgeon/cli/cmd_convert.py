@@ -39,11 +39,21 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
                                             "after the new one is complete).")
 @click.option("--name", default=None, help="HF -> GGUF: general.name written into the file (default: the folder's "
                                            "name).  llama.cpp keys a few tokenizer quirks on it.")
+@click.option("--split-max-size", default=None, metavar="SIZE",
+              help="Write a GGUF output as llama.cpp's split set (OUT-00001-of-0000N.gguf ...), each part holding at "
+                   "most SIZE bytes of tensor data (a larger tensor gets a part of its own): N bytes or N followed by "
+                   "K, M or G (powers of 1000), as convert_hf_to_gguf.py --split-max-size, with the same part "
+                   "boundaries, names and split.* keys; llama.cpp loads it from the first part.  An HF folder output: "
+                   "the safetensors shard size.")
+@click.option("--split-max-tensors", default=None, type=int, metavar="N",
+              help="Write a GGUF output as llama.cpp's split set with at most N tensors per part (as "
+                   "convert_hf_to_gguf.py --split-max-tensors; combines with --split-max-size).")
 @click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
               help="table: a short summary on stdout.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
 @progress_option
-def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, progress):
+def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors, fmt,
+            progress):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -72,6 +82,11 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
     without its quantization keys, tokenizer and other side files copied; transformers loads
     it as the plain model, without the quantizer's package.
 
+    --split-max-size / --split-max-tensors write a GGUF output as llama.cpp's split set
+    (OUT-00001-of-0000N.gguf ...), from any source and at any --dtype; every part is written and
+    checked before any is renamed into place.  inspect, verify and convert read such a set from
+    any of its parts.
+
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
 
@@ -82,12 +97,14 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q4_k_m.gguf --dtype q4_k_m
       ckpt-surgeon convert qwen2.f16.gguf -o qwen2.iq4_xs.gguf --dtype iq4_xs --imatrix imatrix.gguf
       ckpt-surgeon convert ./qwen2-gptq-int4 -o qwen2-dense --dtype bfloat16
+      ckpt-surgeon convert ./big-folder -o big.q4_k_m.gguf --dtype q4_k_m --split-max-size 4G
     """
     from ..conversion import convert
     from .render import table_width, to_json, to_table
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
-                     imatrix=imatrix, allow_requantize=allow_requantize)
+                     imatrix=imatrix, allow_requantize=allow_requantize, split_max_size=split_max_size,
+                     split_max_tensors=split_max_tensors)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

@@ -63,8 +63,33 @@ def _quantized_folder(p: Path) -> bool:
         return False
 
 
+def _check_local(source) -> None:
+    from ..errors import SourceNotFoundError
+    if not os.path.exists(os.fspath(source)):
+        from ..checkpoint import is_hub_source, missing_local
+        s = os.fspath(source)
+        if is_hub_source(s):
+            # convert reads every byte and writes beside it: a local copy first (issue 36: it said
+            # "Path ... does not exist" while the help says SOURCE may be a Hub id)
+            raise SourceNotFoundError("convert reads a local model, and this is a Hub repo id: download it first "
+                                      f"(hf download {s} --local-dir DIR) and convert DIR", path=s)
+        raise missing_local(s)
+
+
+def _split(out, max_size, max_tensors):
+    """The split request of the options (:mod:`.split_output`), checked against the output kind."""
+    from ..errors import UnsupportedError
+    from .split_output import split_request
+    split = split_request(max_size, max_tensors)
+    if split is not None and not str(out).endswith(".gguf") and split.max_tensors:
+        raise UnsupportedError("--split-max-tensors splits a GGUF output; an HF folder is sharded by size only "
+                               "(--split-max-size)", path=os.fspath(out))
+    return split
+
+
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
-            progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False):
+            progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
+            split_max_size=None, split_max_tensors=None):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -79,20 +104,16 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
     the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
     :func:`~.dense.quantized_to_dense_report`.
-    """
-    from ..errors import SourceNotFoundError, UnsupportedError
+
+    ``split_max_size`` (``"4G"``, bytes) / ``split_max_tensors``: a GGUF output becomes llama.cpp's
+    split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size."""
+    from ..errors import UnsupportedError
     from .from_gguf import gguf_to_hf_report
     from .to_gguf import hf_to_gguf_report
-    if not os.path.exists(os.fspath(source)):
-        from ..checkpoint import is_hub_source, missing_local
-        s = os.fspath(source)
-        if is_hub_source(s):
-            # convert reads every byte and writes beside it: a local copy first (issue 36: it said
-            # "Path ... does not exist" while the help says SOURCE may be a Hub id)
-            raise SourceNotFoundError("convert reads a local model, and this is a Hub repo id: download it first "
-                                      f"(hf download {s} --local-dir DIR) and convert DIR", path=s)
-        raise missing_local(s)
+    _check_local(source)
     source = _gguf_in_folder(Path(os.fspath(source))) or source
+    split = _split(out, split_max_size, split_max_tensors)
+    shard_bytes = split.max_size if split is not None else None
     if is_gguf(source) and str(out).endswith(".gguf") and dtype is not None:
         # GGUF -> GGUF quantization (without a dtype, a .gguf OUT for a GGUF source is refused below)
         from .dtypes import normalize_dtype
@@ -100,15 +121,17 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         if name is not None:
             raise UnsupportedError("--name sets general.name of an HF -> GGUF output; GGUF -> GGUF keeps the source's")
         return gguf_requantize_report(source, out, normalize_dtype(dtype, to_gguf=True), force=force,
-                                      imatrix=imatrix, allow_requantize=allow_requantize, progress=progress)
+                                      imatrix=imatrix, allow_requantize=allow_requantize, progress=progress,
+                                      split=split)
     if imatrix is not None and is_gguf(source):
         raise UnsupportedError("--imatrix applies to a GGUF output")
     if is_gguf(source):
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
 
+        extra = {"max_shard_bytes": shard_bytes} if shard_bytes else {}
         return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force,
-                                 progress=progress)
+                                 progress=progress, **extra)
     if not str(out).endswith(".gguf"):
         if _quantized_folder(Path(os.fspath(source))):
             # a quantized HF folder -> the dense HF folder of the same model (.dense)
@@ -117,9 +140,9 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
             if name is not None or imatrix is not None:
                 raise UnsupportedError("--name and --imatrix apply to a GGUF output, not to a dense HF folder")
             return quantized_to_dense_report(source, out, normalize_dtype(dtype, to_gguf=False), force=force,
-                                             progress=progress)
+                                             progress=progress, max_shard_bytes=shard_bytes)
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf "
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
-                             progress=progress, isolate=isolate, imatrix=imatrix)
+                             progress=progress, isolate=isolate, imatrix=imatrix, split=split)

@@ -103,13 +103,14 @@ def _dense_config(config: dict, dtype: str) -> dict:
 
 
 def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: bool = False,
-                              progress: bool | None = False):
+                              progress: bool | None = False, max_shard_bytes: int | None = None):
     """``convert QUANTIZED_FOLDER -o OUT_FOLDER``: the dense HF folder of a quantized checkpoint,
     every floating tensor in ``dtype`` (float32 | float16 | bfloat16; the quantized weights as the
     reader dequantizes them, exact against each producer's own code, then rounded once to
     ``dtype``), written through the atomic streaming writer (``force``: replace OUT), config.json
     without its quantization keys, tokenizer and other side files copied.  Returns a
-    :class:`~.report.ConvertReport` (direction ``quantized->dense``)."""
+    :class:`~.report.ConvertReport` (direction ``quantized->dense``).  ``max_shard_bytes``: cut the
+    safetensors every that many bytes (``--split-max-size``; default: sharded like the source)."""
     import time
 
     from ..checkpoint import open_checkpoint
@@ -125,7 +126,8 @@ def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: boo
             raise UnsupportedError("is not a quantized checkpoint: an HF folder converts to a GGUF file (give a path "
                                    "ending in .gguf)", path=str(source))
         run = dequantized_run(ck)
-        with CheckpointWriter(out, source=ck, force=force, copy_untouched=False, progress=progress) as w:
+        with CheckpointWriter(out, source=ck, force=force, copy_untouched=False, progress=progress,
+                              max_shard_bytes=max_shard_bytes) as w:
             records = [_dense_tensor(w, ck, name, info, target, run.label) for name, info in ck.tensors.items()]
             config = _dense_config(ck.config, dtype)
             w.set_config(config)

@@ -99,6 +99,17 @@ def _row_ranges(p, shape: tuple, hp: dict) -> list[tuple[int, int, int, int]]:
     return [(a, min(a + step, rows), 0, (min(a + step, rows) - a) * per_row) for a in range(0, rows, step)]
 
 
+def _source_ranges(ck, p, hp: dict) -> list[tuple[int, int, int, int]]:
+    """:func:`_row_ranges`, except for a quantized HF weight (FP8 blocks, GPTQ ...): its reader
+    dequantizes the whole tensor for any row range, so it is read once, whole (memory: that one
+    tensor as float32; time: one dequantization, not one per chunk)."""
+    q = getattr(ck, "quantization", None)
+    shape = _src_shape(ck, p)
+    if q is not None and getattr(p, "data", None) is None and p.src in q.tensors:
+        return [(0, shape[0] if shape else 1, 0, p.nbytes)]
+    return _row_ranges(p, shape, hp)
+
+
 def _parts(p) -> tuple:
     """A stacked expert tensor (``p.stacked``: the HF tensors in expert order) is written expert
     after expert: stacking on a new leading axis concatenates their bytes, in every type (a Q8_0
@@ -198,7 +209,7 @@ def write_tensor_data(fd: int, ck, plan, offsets, hp: dict, transform: Callable,
         for planned, off in zip(plan, offsets):
             at = off
             for p in _parts(planned):
-                for a, b, heads, nbytes in _row_ranges(p, _src_shape(ck, p), hp):
+                for a, b, heads, nbytes in _source_ranges(ck, p, hp):
                     src, info = _read(ck, p, a, b)
                     pending.append(pool.submit(_run, _Job(p, heads, at, nbytes, src, info, a), fd, hp, transform,
                                                labels, readback))

@@ -35,11 +35,13 @@ class ConvertReport:
     tensors: tuple = ()                 # TensorRecord per tensor
     warnings: tuple = ()
     config: dict = field(default_factory=dict)   # hyper-parameters written (GGUF keys or config.json)
+    files: tuple = ()                   # a split GGUF output: every part, in order (output is the first)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["tensors"] = [t.to_dict() for t in self.tensors]
         d["warnings"] = list(self.warnings)
+        d["files"] = list(self.files)
         return d
 
     def rows(self) -> list[dict]:
@@ -52,6 +54,8 @@ class ConvertReport:
                  ("tensors", str(self.n_tensors)), ("bytes written", f"{self.bytes_written:,}"),
                  ("tied embeddings", "yes" if self.tied_embeddings else "no"),
                  ("tokenizer", self.tokenizer or "-"), ("seconds", f"{self.seconds:.2f}")]
+        if len(self.files) > 1:
+            items.insert(3, ("split", f"{len(self.files)} parts, {self.files[0]} ... {self.files[-1]}"))
         kinds = {}
         for t in self.tensors:
             kinds[t.target_dtype] = kinds.get(t.target_dtype, 0) + 1

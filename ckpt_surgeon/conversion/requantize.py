@@ -27,9 +27,6 @@ import numpy as np
 from ..errors import FormatError, UnsupportedError
 from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
-from ..formats.write.shard_io import pwrite_all
-from ..progress import bar
-from ..publish import Staging
 from . import output_path
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, check_quant_request, file_type_name, ggml_shape, mixture
@@ -61,24 +58,32 @@ class _Source:
 
     format = "gguf-requantize"
 
-    def __init__(self, header, path: str):
-        self._h = header
-        self._fd = os.open(path, os.O_RDONLY)
+    def __init__(self, tensors: dict):
+        """``tensors``: name -> TensorInfo, each naming its file (the parts of a split set)."""
+        self._fds: dict[str, int] = {}
         self.tensors = {}
-        for name, info in header.tensors.items():
-            self.tensors[name] = info
-            self.tensors["raw:" + name] = info
+        try:
+            for name, info in tensors.items():
+                if info.file not in self._fds:
+                    self._fds[info.file] = os.open(info.file, os.O_RDONLY)
+                self.tensors[name] = info
+                self.tensors["raw:" + name] = info
+        except BaseException:
+            self.close()
+            raise
 
     def close(self):
-        os.close(self._fd)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
     def _bytes(self, info, a: int, b: int) -> np.ndarray:
         rows = info.shape[0] if info.shape else 1
         per_row = (info.end - info.start) // max(rows, 1)
         buf = np.empty((b - a) * per_row, np.uint8)
-        got = os.preadv(self._fd, [memoryview(buf)], info.start + a * per_row)
+        got = os.preadv(self._fds[info.file], [memoryview(buf)], info.start + a * per_row)
         if got != buf.nbytes:
-            raise FormatError("file ends inside the tensor's data", path=self._h.path, tensor=info.name)
+            raise FormatError("file ends inside the tensor's data", path=info.file, tensor=info.name)
         return buf
 
     def read_rows(self, name: str, a: int, b: int):
@@ -143,7 +148,7 @@ def _hparams(h) -> dict:
             "n_expert": int(first("expert_count", 0) or 0)}
 
 
-def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requantize: bool,
+def _plan(tensors: dict, entries: list, types: dict, weights: dict, dtype: str, allow_requantize: bool,
           src: str) -> tuple[list, list[str]]:
     """Each tensor of header ``h`` as written: its stored bytes copied (``raw``: the type stays) or
     quantized to the mixture's type; refused where that would requantize without ``allow_requantize``.
@@ -163,7 +168,7 @@ def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requan
             fell.append(name)
         raw = new == sdt
         plan.append(_Planned(("raw:" if raw else "") + name, name, "raw" if raw else "none", ggml_shape(shape), new,
-                             (h.tensors[name].end - h.tensors[name].start) if raw else GT.nbytes(new, shape), sdt,
+                             tensors[name].nbytes if raw else GT.nbytes(new, shape), sdt,
                              imatrix=None if raw else weights.get(name)))
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "
@@ -171,62 +176,63 @@ def _plan(h, entries: list, types: dict, weights: dict, dtype: str, allow_requan
     return plan, warnings
 
 
+def _open_source(src: Path):
+    """(part 1's header, every tensor across the parts): a single GGUF, or any part of a split set."""
+    from ..formats.gguf import open_gguf
+    g = open_gguf(src)
+    try:
+        if g.missing_bytes:
+            raise FormatError(f"is truncated ({g.missing_bytes:,} bytes missing)", path=str(src))
+        return g.header, dict(g.tensors), list(g.paths)
+    finally:
+        g.close()
+
+
 def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, imatrix=None,
                            allow_requantize: bool = False, progress: bool | None = False,
-                           verify: bool = True) -> ConvertReport:
-    """Quantize GGUF ``src`` into GGUF ``out_path`` of file type ``dtype`` (any of
-    :data:`~.quant_plan.QUANT_ONLY`, or q8_0 / f16 / bf16 / f32 with llama.cpp's rules).
-    Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses; nothing is written then."""
+                           verify: bool = True, split=None) -> ConvertReport:
+    """Quantize GGUF ``src`` (a file, or any part of a split set: the whole set) into GGUF
+    ``out_path`` of file type ``dtype`` (any of :data:`~.quant_plan.QUANT_ONLY`, or q8_0 / f16 /
+    bf16 / f32 with llama.cpp's rules); ``split``: a :class:`~.split_output.SplitRequest`, the output
+    then llama.cpp's split set.  Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses; nothing is
+    written then."""
     from .quant_mix import FTYPES
-    from ..formats.gguf import read_header
+    from .split_output import check_split_destination, write_gguf_outputs
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
     if dtype not in FTYPES:
         raise UnsupportedError(f"--dtype {dtype} is not a quantized type: GGUF -> GGUF writes one of "
                                f"{', '.join(FTYPES)}", path=str(src))
     check_quant_request(dtype, imatrix)
-    h = read_header(src)
-    if h.missing_bytes:
-        raise FormatError(f"is truncated ({h.missing_bytes:,} bytes missing)", path=str(src))
-    split = h.metadata.get("split.count")
-    if split is not None and int(split) > 1:
-        raise UnsupportedError(f"is part of a split GGUF ({split} parts): merge it first "
-                               "(llama-gguf-split --merge)", path=str(src))
-    output_path.check_output(out, [str(src)], force)
-    entries = [(n, tuple(i.shape), i.dtype) for n, i in h.tensors.items()]
+    h, tensors, inputs = _open_source(src)
+    output_path.check_output(out, inputs, force)
+    if split is not None:
+        check_split_destination(out, inputs, force)
+    entries = [(n, tuple(i.shape), i.dtype) for n, i in tensors.items()]
     types, weights = mixture(entries, dtype, h.architecture or "", _hparams(h), imatrix, str(src))
-    plan, warnings = _plan(h, entries, types, weights, dtype, allow_requantize, str(src))
+    plan, warnings = _plan(tensors, entries, types, weights, dtype, allow_requantize, str(src))
     import gguf
     kv, count = _kv_bytes(h)
     kv += gw.encode_kv(gw.KV("general.quantization_version", gw.VT.UINT32, gguf.GGML_QUANT_VERSION))
     kv += gw.encode_kv(gw.KV("general.file_type", gw.VT.UINT32, int(gguf.LlamaFileType[file_type_name(dtype)])))
-    slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan]
-    lay = gw.layout(kv, count + 2, slots, alignment=h.alignment, version=h.version)
-    source = _Source(h, str(src))
-    staging = Staging(out, folder=False)
-    wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
+    source = _Source(tensors)
+
+    def data(fd, part, offsets, wbar):
+        return write_tensor_data(fd, source, part, offsets, {}, _identity, labels=(str(src), str(out)),
+                                 progress=wbar, readback=verify)
+
+    def check(tmp, final, part, chunks, first):
+        verify_written(tmp, final, part, chunks)
+
     try:
-        fd = os.open(staging.path, os.O_RDWR)
-        try:
-            pwrite_all(fd, lay.head, 0)
-            gw.write_padding(fd, lay, [p.nbytes for p in plan])
-            chunks = write_tensor_data(fd, source, plan, lay.offsets, {}, _identity, labels=(str(src), str(out)),
-                                       progress=wbar, readback=verify)
-            os.ftruncate(fd, lay.end)
-        finally:
-            os.close(fd)
-        wbar.close()
-        if verify:
-            verify_written(staging.path, out, plan, chunks)
-        staging.publish(replace=True)
-    except BaseException:
-        wbar.close()
-        staging.discard()
-        raise
+        files = write_gguf_outputs(out, kv, count + 2, plan, data, verify=check if verify else None, req=split,
+                                   progress=progress, alignment=h.alignment, version=h.version, warnings=warnings,
+                                   inputs=[*inputs, *([os.fspath(imatrix)] if imatrix else [])])
     finally:
         source.close()
     records = tuple(TensorRecord(p.dst, p.dst, "copy" if p.transform == "raw" else "quantize", p.src_dtype,
                                  p.ggml_type, p.shape) for p in plan)
-    return ConvertReport("gguf->gguf", str(src), str(out), h.architecture, None, dtype, len(plan),
-                         out.stat().st_size, time.perf_counter() - t0, "output.weight" not in h.tensors, None,
-                         records, tuple(warnings), {})
+    return ConvertReport("gguf->gguf", str(src), str(files[0]), h.architecture, None, dtype, len(plan),
+                         sum(f.stat().st_size for f in files), time.perf_counter() - t0,
+                         "output.weight" not in tensors, None, records, tuple(warnings), {},
+                         tuple(str(f) for f in files))

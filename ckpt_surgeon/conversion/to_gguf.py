@@ -14,7 +14,7 @@ re-parsed and every chunk's bytes are compared with what was written.
 What is written mirrors llama.cpp's ``convert_hf_to_gguf.py`` for these families: names from
 :mod:`.names`, llama-arch Q/K rows permuted (weights and biases), GPT-2 Conv1D weights
 transposed, 1-D tensors (norms, biases) stored F32, 2-D weights in the requested type
-(Q8_0 through :func:`~ckpt_surgeon.formats.quant.quantize.quantize_q8_0`, bytes equal to gguf-py's
+(Q8_0 through :func:`~ckpt_surgeon.formats.quantize.quantize_q8_0`, bytes equal to gguf-py's
 ``quants.quantize``), ``rope.freq_base`` always written (llama.cpp
 silently assumes 10000 when it is absent; Qwen2.5 needs 1e6), ``general.file_type``, and the
 vocabulary from ``tokenizer.json`` (:mod:`.tokenizer`).
@@ -36,9 +36,6 @@ from ..errors import ConfigError, UnsupportedError
 from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from ..formats.hub import hf_cache
-from ..formats.write.shard_io import pwrite_all, stage
-from ..progress import bar
-from ..publish import Staging
 from . import output_path
 from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
@@ -67,10 +64,12 @@ class _Planned:
 
 def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
     """``(GGUF name, rule, HF names)`` per GGUF tensor, in source order: one HF name each, or every
-    expert's (ordered by expert index, which must run 0..n-1) for an expert row."""
+    expert's (ordered by expert index, which must run 0..n-1) for an expert row, placed where its
+    last expert tensor comes (llama.cpp's converters write a stack once they have every expert)."""
     out: dict[str, tuple] = {}
     experts: dict[str, dict[int, str]] = {}
-    for tname in tnames:
+    last: dict[str, int] = {}
+    for pos, tname in enumerate(tnames):
         hit = names.match(tname)
         if hit is None:
             raise UnsupportedError(f"no GGUF name for this tensor in the {arch} mapping", path=path, tensor=tname)
@@ -79,6 +78,7 @@ def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str)
             raise UnsupportedError(f"llama.cpp's {arch} graph has no {dst.split('.', 2)[-1]} tensor, so the "
                                    "file would not load ('wrong number of tensors')", path=path, tensor=tname)
         out.setdefault(dst, (dst, rule, (tname,)))
+        last[dst] = pos
         if rule.experts:
             experts.setdefault(dst, {})[names.expert(tname)] = tname
     for dst, by_index in experts.items():
@@ -86,7 +86,7 @@ def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str)
             missing = sorted(set(range(max(by_index) + 1)) - set(by_index))
             raise ConfigError(f"experts {missing} are missing from the stack", path=path, tensor=by_index[min(by_index)])
         out[dst] = (dst, out[dst][1], tuple(by_index[i] for i in range(len(by_index))))
-    return list(out.values())
+    return sorted(out.values(), key=lambda t: last[t[0]])
 
 
 def _probe_hf_folder(folder: Path, cfg_path: str | None, isolate: bool) -> dict:
@@ -390,7 +390,7 @@ class GGUFPlan:
     hp: dict                     # canonical hyper-parameters (names.GGUF_HPARAM_KEYS)
     vocab: object                # tokenizer.GGUFVocab
     tensors: tuple               # _Planned, in file order
-    kvs: tuple                   # formats.write.gguf.KV, in file order
+    kvs: tuple                   # formats.gguf_write.KV, in file order
     warnings: tuple
 
 
@@ -413,7 +413,7 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
     names = N.hf_to_gguf_names(spec)
     absent = [N.template_regex(t) for t in spec.llamacpp_absent]
     plan: list[_Planned] = []
-    for dst, rule, tnames in _targets(names, absent, sorted(got, key=_order_key), spec.gguf_arch, str(src)):
+    for dst, rule, tnames in _targets(names, absent, _source_order(ck, got), spec.gguf_arch, str(src)):
         info = ck.tensors[tnames[0]]
         shape = lookup(rule.transform).gguf_shape(info.shape)
         if rule.experts:
@@ -564,42 +564,28 @@ def _vocab(folder: Path, n_vocab: int, cfg: dict, facts: dict, spec: N.ArchSpec)
     return vocab
 
 
-def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress) -> None:
-    """Write the planned file through a temp beside ``out``: the header block, then the tensor
-    data streamed chunk by chunk (:mod:`.gguf_stream`), reread, renamed into place."""
-    slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan.tensors]
-    lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
-    staging = Staging(out, folder=False)
-    wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
-    try:
-        fd = os.open(staging.path, os.O_RDWR)     # read too: each chunk is read back as written
-        try:
-            stage("temp-created")          # the writer's stages (formats/write/writer.py): the crash tests pause here
-            pwrite_all(fd, lay.head, 0)
-            stage("header-written")        # a partial file: header, no tensor data yet
-            # padding before the data: a padding range wrongly computed over data would be
-            # overwritten by it, and the data is what each chunk's readback checks
-            gw.write_padding(fd, lay, [p.nbytes for p in plan.tensors])
-            chunks = write_tensor_data(fd, ck, plan.tensors, lay.offsets, plan.hp, forward,
-                                       labels=(str(src), str(out)), progress=wbar, readback=verify)
-            os.ftruncate(fd, lay.end)
-        finally:
-            os.close(fd)
-        stage("shard-written:0")
-        wbar.close()
-        if verify:
-            verify_written(staging.path, out, plan.tensors, chunks, architecture=plan.spec.gguf_arch)
-        stage("before-rename")
-        staging.publish(replace=True)      # check_output refused an existing OUT without force
-    except BaseException:
-        wbar.close()
-        staging.discard()
-        raise
+def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, progress, split=None,
+                   warnings: list | None = None, inputs=()) -> list[Path]:
+    """Write the planned file (or, with ``split``, its split set: :mod:`.split_output`) through
+    temps beside the output: the header block, then the tensor data streamed chunk by chunk
+    (:mod:`.gguf_stream`), reread, renamed into place.  Returns the files written."""
+    from .split_output import write_gguf_outputs
+
+    def data(fd, part, offsets, wbar):
+        return write_tensor_data(fd, ck, part, offsets, plan.hp, forward, labels=(str(src), str(out)),
+                                 progress=wbar, readback=verify)
+
+    def check(tmp, final, part, chunks, first):
+        verify_written(tmp, final, part, chunks, architecture=plan.spec.gguf_arch if first else None)
+
+    return write_gguf_outputs(out, gw.encode_kvs(plan.kvs), len(plan.kvs), plan.tensors, data,
+                              verify=check if verify else None, req=split, progress=progress, warnings=warnings,
+                              inputs=inputs)
 
 
 def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
                       verify: bool = True, progress: bool | None = False, isolate: bool = False,
-                      imatrix=None) -> ConvertReport:
+                      imatrix=None, split=None) -> ConvertReport:
     """Convert and return the :class:`ConvertReport` (see :func:`hf_to_gguf`).  ``progress``: a
     bar over the bytes written on stderr (None: only when stderr is a terminal).
 
@@ -608,7 +594,10 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     transformers already.  The CLI does: transformers, a 150k-token tokenizer and the model
     classes are ~450 MB resident for a few seconds, given back when the child ends, and this
     process, which streams the tensors, never holds them.  Off (the default for library calls),
-    the same questions are answered here (cheaper when the caller has transformers loaded)."""
+    the same questions are answered here (cheaper when the caller has transformers loaded).
+
+    ``split``: a :class:`~.split_output.SplitRequest` (``--split-max-size`` / ``--split-max-tensors``):
+    the output is llama.cpp's split set ``OUT-00001-of-0000N.gguf`` ... (:mod:`.split_output`)."""
     from ..checkpoint import open_checkpoint
 
     from .dtypes import normalize_dtype
@@ -619,17 +608,24 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     out = Path(out_path)
     ck = open_checkpoint(src)
     try:
-        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate, imatrix=imatrix)
-        _write_planned(ck, plan, src, out, verify=verify, progress=progress)
+        if split is not None:
+            from .split_output import check_split_destination
+            check_split_destination(out, list(ck.files), force)
+        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force,
+                               isolate=isolate, imatrix=imatrix)
+        warnings = list(plan.warnings)
+        inputs = [*ck.files, *(p for p in (ck.config_path, imatrix) if p)]     # a resumed set's fingerprint
+        files = _write_planned(ck, plan, src, out, verify=verify, progress=progress, split=split, warnings=warnings,
+                               inputs=[os.fspath(p) for p in inputs])
     finally:
         ck.close()
     spec, hp = plan.spec, plan.hp
     tied = not any(p.dst == "output.weight" for p in plan.tensors)
     records = tuple(TensorRecord(p.src, p.dst, p.transform, p.src_dtype, p.ggml_type, p.shape) for p in plan.tensors)
     written = {f"{spec.gguf_arch}.{N.GGUF_HPARAM_KEYS[k]}": v for k, v in hp.items() if k in N.GGUF_HPARAM_KEYS}
-    return ConvertReport("hf->gguf", str(src), str(out), spec.gguf_arch, plan.cfg.get("model_type"), dtype,
-                         len(plan.tensors), out.stat().st_size, time.perf_counter() - t0, tied, plan.vocab.model,
-                         records, plan.warnings, written)
+    return ConvertReport("hf->gguf", str(src), str(files[0]), spec.gguf_arch, plan.cfg.get("model_type"), dtype,
+                         len(plan.tensors), sum(f.stat().st_size for f in files), time.perf_counter() - t0, tied,
+                         plan.vocab.model, records, tuple(warnings), written, tuple(str(f) for f in files))
 
 
 def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
@@ -637,7 +633,7 @@ def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: 
     """Convert an HF folder (config.json + safetensors + tokenizer.json) to one GGUF file.
 
     ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32), or
-    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.conversion.quant_mix.FTYPES`),
+    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.arch.quant_mix.FTYPES`),
     each tensor's type then chosen by llama.cpp's mixture rules and quantized by its kernels, with
     the importance matrix file ``imatrix`` if given.
     ``name``: ``general.name`` (default: the folder's name).
@@ -647,13 +643,12 @@ def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: 
     return Path(hf_to_gguf_report(src, out_path, dtype=dtype, force=force, name=name, imatrix=imatrix).output)
 
 
-def _order_key(name: str):
-    """Embeddings first, then layer by layer, then the rest (llama.cpp's own files read this way)."""
-    import re
-    m = re.search(r"\.(\d+)\.", name)
-    if m:
-        return (1, int(m.group(1)), name)
-    return (0 if "emb" in name or "wte" in name or "wpe" in name else 2, 0, name)
+def _source_order(ck, names) -> list[str]:
+    """HF tensor names in the order llama.cpp's converter meets them (``ModelBase.index_tensors``):
+    the weight files by name, and within each file the tensors by name (gguf-py's
+    ``SafetensorsLocal`` sorts them).  The GGUF tensors follow that order (:func:`_targets`), so a
+    split output cuts the parts where ``convert_hf_to_gguf.py --split-max-size`` cuts them."""
+    return sorted(names, key=lambda n: (os.path.basename(ck.tensors[n].file), n))
 
 
 # vocabulary value kinds (tokenizer.GGUFVocab.key_values) -> GGUF value type, item type
