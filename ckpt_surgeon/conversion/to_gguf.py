@@ -633,7 +633,7 @@ def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: 
     """Convert an HF folder (config.json + safetensors + tokenizer.json) to one GGUF file.
 
     ``dtype``: ``f32`` | ``f16`` | ``bf16`` | ``q8_0`` for 2-D weights (1-D tensors stay F32), or
-    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.arch.quant_mix.FTYPES`),
+    one of llama.cpp's quantized file types (``q4_k_m`` ...: :data:`~ckpt_surgeon.conversion.quant_mix.FTYPES`),
     each tensor's type then chosen by llama.cpp's mixture rules and quantized by its kernels, with
     the importance matrix file ``imatrix`` if given.
     ``name``: ``general.name`` (default: the folder's name).
