@@ -220,7 +220,7 @@ def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, im
     lay = gw.layout(kv, count + 2, slots, alignment=h.alignment, version=h.version)
     source = _Source(h, str(src))
     staging = Staging(out, folder=False)
-    wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
+    wbar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"quantizing + writing {out.name}")
     try:
         fd = os.open(staging.path, os.O_RDWR)
         try:

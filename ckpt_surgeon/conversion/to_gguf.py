@@ -37,7 +37,7 @@ from ..formats import ggml_types as GT
 from ..formats import gguf_write as gw
 from ..formats import hf_cache
 from ..formats.shard_io import pwrite_all, stage
-from ..progress import bar
+from ..progress import bar, phase
 from ..publish import Staging
 from . import output_path
 from . import names as N
@@ -570,7 +570,8 @@ def _write_planned(ck, plan: GGUFPlan, src: Path, out: Path, *, verify: bool, pr
     slots = [gw.Slot(p.dst, p.shape, GT.ggml_type(p.ggml_type).id, p.nbytes) for p in plan.tensors]
     lay = gw.layout(gw.encode_kvs(plan.kvs), len(plan.kvs), slots)
     staging = Staging(out, folder=False)
-    wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"writing {out.name}")
+    verb = "quantizing + writing" if any(GT.ggml_type(p.ggml_type).quantized for p in plan.tensors) else "writing"
+    wbar = bar(progress, total=sum(p.nbytes for p in plan.tensors), desc=f"{verb} {out.name}")
     try:
         fd = os.open(staging.path, os.O_RDWR)     # read too: each chunk is read back as written
         try:
@@ -619,7 +620,8 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
     out = Path(out_path)
     ck = open_checkpoint(src)
     try:
-        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate, imatrix=imatrix)
+        with phase(progress, f"planning {out.name}: config, tokenizer and tensor set checked with transformers"):
+            plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate, imatrix=imatrix)
         _write_planned(ck, plan, src, out, verify=verify, progress=progress)
     finally:
         ck.close()
