@@ -6,12 +6,18 @@ default, and ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (huggingface_hub's switch) turns
 off.  An explicit ``True``/``False`` (the CLI's ``--progress/--no-progress``) wins over the
 terminal test and ``CKPT_SURGEON_PROGRESS``.
 
-Bars go to stderr through tqdm; library code never prints anything else.
+Bars go to stderr through tqdm; library code never prints anything else.  Besides :func:`bar` (a count of
+bytes or items), :func:`steps` wraps an iterable (layers, prompts) and :func:`phase` names an uncountable step
+(loading a model, a reference pass) with its time, under the same rule: every phase of a command longer than a
+few seconds shows one of them (issue 36 item 14).
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Iterable
+from contextlib import contextmanager
 
 _TRUE = {"1", "ON", "YES", "TRUE"}   # huggingface_hub.constants._is_true
 
@@ -60,3 +66,32 @@ def bar(progress: bool | None, *, total: int | None, desc: str, unit: str = "B")
         return NO_BAR
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=sys.stderr, leave=False)
+
+
+def say(progress: bool | None, message: str) -> None:
+    """One line on stderr when bars are on (``tqdm.write``: an open bar is redrawn below it)."""
+    if progress_enabled(progress):
+        from tqdm.auto import tqdm
+        tqdm.write(message, file=sys.stderr)
+
+
+@contextmanager
+def phase(progress: bool | None, desc: str):
+    """A step of a long command that has no count to show (loading a model, asking transformers, a
+    reference pass): ``desc ...`` on stderr when it starts and ``desc: 12.3 s`` when it ends, under the
+    same rule as :func:`bar` (silent when bars are off).  Steps that can be counted use :func:`steps`."""
+    if not progress_enabled(progress):
+        yield
+        return
+    t0 = time.perf_counter()
+    say(progress, f"{desc} ...")
+    yield
+    say(progress, f"{desc}: {time.perf_counter() - t0:.1f} s")
+
+
+def steps(progress: bool | None, items: Iterable, *, desc: str, total: int | None = None, unit: str = "it"):
+    """``items`` with a bar on stderr over them (layers, prompts, chunks), or ``items`` itself when bars are off."""
+    if not progress_enabled(progress):
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)

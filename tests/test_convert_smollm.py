@@ -101,3 +101,21 @@ def test_tokenizer_loads_offline_and_matches_llama_cpp(smol, smollm_gguf, monkey
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert read_json(smol / "generation_config.json") == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+
+
+def test_readme_tour_requantize_path_says_requantized(smollm_gguf, tmp_path):
+    """Issue 36 item 19, the README tour's own lines: ``convert "$SMOL" -o smollm2.q8_0.gguf --dtype q8_0
+    --allow-requantize`` runs, its report names the requantized source (Q4_1 weights rounded again), and
+    ``verify "$SMOL" smollm2.q8_0.gguf`` will carry the 'requantized:' note (read from the two headers here;
+    the full verify, 5-7 CPU minutes, measured PASS at mean KL 0.00258: docs/verify.md)."""
+    from cli_util import _run
+
+    from ckpt_surgeon.verification.requantized import requantized_note
+    out = tmp_path / "smollm2.q8_0.gguf"
+    res = _run("convert", smollm_gguf, "-o", out, "--dtype", "q8_0", "--allow-requantize", "--format", "json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    said = [w for w in doc["warnings"] if w.startswith("requantized source:")]
+    assert len(said) == 1 and "Q4_1 -> Q8_0 x" in said[0], doc["warnings"]
+    note = requantized_note(smollm_gguf, out)
+    assert note is not None and "Q4_1 x210" in note and "Q8_0 x" in note, note

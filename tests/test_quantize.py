@@ -166,6 +166,30 @@ def test_f16_source_and_requantize(f32_gguf, tmp_path):
     assert_same_tensors(q4, ref, "q8_0 -> q4_k_m requantized")
 
 
+
+def test_requantized_source_is_said_by_convert_and_verify(f32_gguf, tmp_path):
+    """Issue 36 item 19: a Q4_1 file requantized to q4_k_m (llama-quantize's bytes, as above) carries both
+    roundings.  convert's report says so; verify of the Q4_1 file against it names the requantized source in
+    a note and points the verdict at it; a float reference, or the same type mix, gets no such note."""
+    from ckpt_surgeon import verify
+    from ckpt_surgeon.verification.requantized import requantized_note
+    f32 = f32_gguf("llama_q256")
+    q41, out = tmp_path / "q4_1.gguf", tmp_path / "q4_k_m.gguf"
+    llama_quantize(f32, q41, "q4_1")
+    rep = convert(q41, out, dtype="q4_k_m", allow_requantize=True)
+    said = [w for w in rep.warnings if w.startswith("requantized source:")]
+    assert len(said) == 1 and "Q4_1 -> Q4_K" in said[0] and "same bytes" in said[0], rep.warnings
+    ref = tmp_path / "ref.gguf"
+    llama_quantize(q41, ref, "q4_k_m", allow_requantize=True)
+    assert_same_tensors(out, ref, "q4_1 -> q4_k_m")          # the loss is llama.cpp's own, not ours
+    assert requantized_note(f32, out) is None and requantized_note(q41, q41) is None
+    vr = verify(str(q41), str(out), max_new_tokens=0)
+    notes = [n for n in vr.notes if n.startswith("requantized:")]
+    assert len(notes) == 1 and "Q4_1" in notes[0] and "--max-kl" in notes[0], vr.notes
+    verdict = dict(vr.summary_items())["verdict"]
+    assert vr.passed or "itself quantized" in verdict, verdict
+
+
 # --- importance matrices ----------------------------------------------------------------------
 
 def _imatrix_entries(f32: Path, seed: int = 0) -> dict:

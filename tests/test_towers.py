@@ -279,3 +279,25 @@ def test_norm_placement_of_each_stack_is_traced(key, want):
     assert not any("could not be placed" in w for w in rep.warnings), rep.warnings
     d = analyze(str(_zoo(key))).to_dict()
     assert {t["name"]: t["norm_placement"] for t in d["towers"]} == want
+
+
+def test_phi4_multimodal_key_bias_count_meets_module_introspection():
+    """Issue 36 item 8: Phi-4-multimodal's text decoder has no q/k/v bias, its audio, vision and pooling-head
+    stacks do.  ``layers_with_qkv_bias`` (the main stack's layers: 0) is not a count of key biases; the report's
+    key-bias total over every stack equals a count made by introspecting transformers' own attention modules
+    (test_zoo_towers' counter, independent of the report's name matching), and the table says where they are."""
+    from ckpt_surgeon import inspect
+    from cli_util import _run
+    from test_zoo_towers import attention_biases
+    src = _zoo("phi4_multimodal")
+    introspected = sum(1 for role in attention_biases(src).values() if role in ("k", "qkv"))
+    rep = inspect(str(src))
+    assert rep.layers_with_qkv_bias == 0 and introspected >= 3      # the case: none in the text stack
+    assert rep.to_dict()["key_bias_tensors"] == sum(rep.key_bias_tensors.values()) == introspected
+    assert not rep.warnings and rep.skipped == ()
+    kinds = {t.kind for t in rep.towers}
+    assert {"audio", "vision"} <= kinds
+    res = _run("inspect", src)
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("key-bias tensors"))
+    assert f"{introspected} in all stacks" in line and "text 0" in line and "layers only" in line

@@ -64,7 +64,7 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
             n for n in prof.notes if n not in report.notes))
     if measure:
         m = M.measure(where, context=context, epsilon=epsilon, prompts=prompts, device=device, dtype=dtype,
-                      max_tokens=max_tokens)
+                      max_tokens=max_tokens, progress=open_kwargs.get("progress"))
         report = replace(report, measured=m)
     return report
 

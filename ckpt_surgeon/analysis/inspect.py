@@ -156,6 +156,15 @@ class InspectReport(LayoutSummary):
         """``position`` under the name of its JSON key."""
         return self.position
 
+    @property
+    def key_bias_tensors(self) -> dict:
+        """{stack name: key-bias tensors placed in it} over every attention stack, the main one first (a
+        fused qkv bias holds one layer's key bias).  ``layers_with_qkv_bias`` counts the main stack only:
+        issue 36 item 8, Phi-4-multimodal's 0 text layers with a bias beside 52 key biases in its towers,
+        is what this total (and the summary line that shows it) answers."""
+        stacks = [(t.name, t.layers) for t in self.towers] or [("model", self.layers)]
+        return {name: sum(1 for lr in layers if lr.k_bias is not None) for name, layers in stacks}
+
     def to_dict(self) -> dict:
         """The JSON contract: extend it, don't rename it."""
         return {
@@ -165,6 +174,7 @@ class InspectReport(LayoutSummary):
             "parameter_count": self.parameter_count, "dtypes": dict(self.dtypes), "num_tensors": self.num_tensors,
             "layers_with_qkv_bias": self.layers_with_qkv_bias, "bias_parameters": self.bias_parameters,
             "bias_share": self.bias_share,
+            "key_bias_tensors": sum(self.key_bias_tensors.values()),
             "layers": [lr.to_dict() for lr in self.layers],
             "notes": list(self.notes), "warnings": list(self.warnings), "skipped": list(self.skipped),
             "missing": [{"tensor": t, "reason": r} for t, r in self.missing], "missing_bytes": self.missing_bytes,
@@ -261,11 +271,24 @@ class InspectReport(LayoutSummary):
             ("dtype mix", dt or "-"),
             *(self.quantization.summary_items() if self.quantization is not None else ()),
             ("layers with qkv bias", f"{self.layers_with_qkv_bias} of {self.num_layers}"),
-            ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters)"),
+            *self._key_bias_summary(),
+            ("qkv bias parameters", f"{self.bias_parameters:,} ({self.bias_share:.4%} of parameters"
+                                    + (", every stack)" if len(self.towers) > 1 else ")")),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
         ] + [(f"tower {t.name}", t.summary()) for t in self.towers[1:]] + self._file_summary() + \
             self._redundancy_summary() + (
             self.memory.summary_items() if self.memory is not None else [])
+
+    def _key_bias_summary(self) -> list[tuple[str, str]]:
+        """With towers: the key-bias tensors of every stack, so that a count over the whole model's attention
+        modules meets one figure (the line above counts the main stack's layers only)."""
+        if len(self.towers) <= 1:
+            return []
+        per = self.key_bias_tensors
+        kinds = {t.name: t.kind for t in self.towers}
+        return [("key-bias tensors", f"{sum(per.values())} in all stacks (" + ", ".join(
+            f"{kinds[n]} {c}" for n, c in per.items()) + "); the line above counts the "
+            f"{self.towers[0].kind} stack's layers only")]
 
     def _file_summary(self) -> list[tuple[str, str]]:
         """GGUF / Hub file metadata (general.name, file type, tokenizer ...), one line."""

@@ -565,18 +565,21 @@ def _measure_outputs(b: _Bench, is_lm: bool) -> list:
 
 def measure(source, *, context: int | None = None, epsilon: float | None = None, prompts=None,
             device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
-            variants=VARIANTS) -> MeasuredReport:
+            variants=VARIANTS, progress: bool | None = None) -> MeasuredReport:
     """Load ``source`` with transformers and measure the effect of removing key-bias parts.
 
     ``prompts``: list of strings (default :func:`~ckpt_surgeon.analysis.prompts.default_prompts`);
     each is truncated to ``max_tokens`` (default 1024) and to the context ``L`` the bounds assume
-    (``context``, else the model's max positions).
+    (``context``, else the model's max positions).  ``progress``: the loading phase and a bar over the
+    layers measured, then over the whole-model passes, on stderr (:mod:`ckpt_surgeon.progress`).
     """
+    from ..progress import phase, steps
     from .prompts import default_prompts
 
     dev = resolve_device(device)
     dq = quantized_run(source)
-    model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
+    with phase(progress, f"loading {Path(str(source)).name} with transformers ({dtype}, {dev})"):
+        model, tok, is_lm = load_model(source, device=dev, dtype=dtype)
     view = model_checkpoint(model, str(source))
     layout = view.layout()
     static = analyze_checkpoint(view, context=context, epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
@@ -593,8 +596,11 @@ def measure(source, *, context: int | None = None, epsilon: float | None = None,
     _check_capture(model, encoded[0], layout.num_layers)
     bench = _Bench(model, layout, tuple(encoded), tuple(variants), dims, _KeyBiasRemover(model, layout), rope,
                    static.attn_scale * (rope.attention_factor ** 2 if rope else 1.0), dtype)
-    layers_out = [_measure_layer(bench, lr, lt) for lr, lt in zip(static.layers, layout.layers) if lr.has_k_bias]
-    outputs = _measure_outputs(bench, is_lm)
+    todo = [(lr, lt) for lr, lt in zip(static.layers, layout.layers) if lr.has_k_bias]
+    layers_out = [_measure_layer(bench, lr, lt) for lr, lt in steps(progress, todo, desc="measuring layers",
+                                                                      unit="layer")]
+    with phase(progress, f"whole-model passes ({len(encoded)} prompts, each part removed in every layer)"):
+        outputs = _measure_outputs(bench, is_lm)
     notes = []
     if not is_lm:
         notes.append("no LM head: output compared on the last hidden state")

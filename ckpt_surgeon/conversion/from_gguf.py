@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ..arch.checked import TOKEN_ID, gguf_hparam, gguf_value
 from ..arch.gguf_config import LONGROPE_TENSORS      # llama.cpp's longrope factor tensors (Phi-3)
 from ..errors import FormatError, UnsupportedError
+from ..progress import phase
 from . import names as N
 from .report import ConvertReport, TensorRecord
 from .transforms import inverse, lookup
@@ -434,7 +435,7 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
         # source?) when it is made, before any work starts.
         gate = _Gate(on_abandon=child.kill)
         w = CheckpointWriter(out, source=ck, force=force, copy_untouched=False, max_shard_bytes=max_shard_bytes,
-                             before_publish=gate.wait, progress=progress)
+                             before_publish=_announced(gate.wait, progress), progress=progress)
         child.submit(config)
         gate.start(lambda: check_tensors(
             child.result(), {h: s for _, h, _, s, _, _ in plan}, path=str(src),
@@ -452,6 +453,14 @@ def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = 
     return ConvertReport("gguf->hf", str(src), str(out), arch, config["model_type"], dtype, len(records),
                          result.bytes_written, time.perf_counter() - t0, tied,
                          vocab.model if vocab is not None else None, tuple(records), tuple(warnings), config)
+
+
+def _announced(wait, progress):
+    """The gate's wait as a named phase: the tensor-set check (transformers in a child) may outlast the writing."""
+    def run():
+        with phase(progress, "checking the tensor set against the model transformers builds"):
+            wait()
+    return run
 
 
 def _write_gated(w, gate, ck, plan, hp, st_dtype, spec, meta, config, tokenizer, src, warnings, record):

@@ -153,11 +153,12 @@ def _plan(tensors: dict, entries: list, types: dict, weights: dict, dtype: str, 
     """Each tensor of header ``h`` as written: its stored bytes copied (``raw``: the type stays) or
     quantized to the mixture's type; refused where that would requantize without ``allow_requantize``.
     Returns (the plan, warnings)."""
-    plan, warnings, fell = [], [], []
+    plan, warnings, fell, again = [], [], [], {}
     for name, shape, sdt in entries:
         t = types[name]
         new = t.ggml_type
         if new != sdt and sdt not in _FLOATS:
+            again[f"{sdt} -> {new}"] = again.get(f"{sdt} -> {new}", 0) + 1
             if not allow_requantize:
                 raise UnsupportedError(f"is already {sdt}; making it {new} would requantize it (quality lost; "
                                        "pass --allow-requantize to do it anyway)", path=src, tensor=name)
@@ -173,6 +174,8 @@ def _plan(tensors: dict, entries: list, types: dict, weights: dict, dtype: str, 
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back to another type (rows not whole blocks), as llama.cpp: "
                         + ", ".join(fell[:4]) + (" ..." if len(fell) > 4 else ""))
+    if again:
+        warnings.append(requantized_warning(again))
     return plan, warnings
 
 
@@ -186,6 +189,19 @@ def _open_source(src: Path):
         return g.header, dict(g.tensors), list(g.paths)
     finally:
         g.close()
+
+
+def requantized_warning(again: dict) -> str:
+    """Issue 36 item 19: what requantizing an already-quantized file means for its quality.  ``again``:
+    ``{"Q4_1 -> Q5_0": count}``.  The loss is real (llama-quantize --allow-requantize writes the same bytes:
+    tests/test_quantize.py) and ``verify SOURCE OUT`` judges it by thresholds made for a float reference."""
+    n = sum(again.values())
+    pairs = ", ".join(f"{k} x{v}" for k, v in sorted(again.items(), key=lambda kv: -kv[1]))
+    return (f"requantized source: {n} tensor(s) were already quantized and are rounded again ({pairs}); both "
+            "roundings stay in the output, so it is further from the original float model than the same type made "
+            "from it (llama-quantize --allow-requantize writes these same bytes).  Expect 'verify SOURCE OUT' to "
+            "fail its default thresholds for a 4-5-bit target (docs/convert.md has measured figures); quantize "
+            "from the float model where you have it, or compare with explicit --max-kl / --min-top1")
 
 
 def gguf_requantize_report(src, out_path, dtype: str, force: bool = False, *, imatrix=None,

@@ -36,6 +36,7 @@ from ..errors import ConfigError, UnsupportedError
 from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from ..formats.hub import hf_cache
+from ..progress import phase
 from . import output_path
 from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
@@ -611,8 +612,8 @@ def hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *,
         if split is not None:
             from .split_output import check_split_destination
             check_split_destination(out, list(ck.files), force)
-        plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force,
-                               isolate=isolate, imatrix=imatrix)
+        with phase(progress, f"planning {out.name}: config, tokenizer and tensor set checked with transformers"):
+            plan = plan_hf_to_gguf(ck, src, dtype, name=name, out=out, force=force, isolate=isolate, imatrix=imatrix)
         warnings = list(plan.warnings)
         inputs = [*ck.files, *(p for p in (ck.config_path, imatrix) if p)]     # a resumed set's fingerprint
         files = _write_planned(ck, plan, src, out, verify=verify, progress=progress, split=split, warnings=warnings,

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..progress import progress_enabled
 from ..runtime import quiet_transformers, resolve_device
 from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
 from .metrics import compare_outputs, first_difference
@@ -119,7 +120,8 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         run["towers"] = tower_targets(ref.folder) if kind.name in ("multimodal", "seq2seq") else []
         run["notes"] = notes
         run["tower_out"] = {}
-        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory)
+        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory,
+                    progress=progress)
         mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
         results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
         del pairs     # the suspended generators hold the models
@@ -170,6 +172,10 @@ def _pick_thresholds(thresholds: str | None, dtype: str, ref, cand, notes: list[
     if thr_dtype == "quantized":
         notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
                      "pass explicit thresholds for a quantized candidate")
+    from .requantized import requantized_note
+    requant = requantized_note(ref.given, cand.given)     # issue 36 item 19: the verdict points at it
+    if requant:
+        notes.append(requant)
     return thr
 
 
@@ -512,7 +518,7 @@ def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_ma
     # verify() holds torch.no_grad() and the quiet logging around the whole run instead.
     in_dev = model.device if device_map else device
     for ids in tqdm(encodings, desc=side, unit="prompt", file=sys.stderr, leave=False,
-                    disable=(None if progress is None else not progress)):
+                    disable=not progress_enabled(progress)):
         torch.manual_seed(seed)   # nothing here samples; fixed so that any stray randomness repeats
         x = torch.tensor([ids], dtype=torch.long, device=in_dev)
         mask = torch.ones_like(x)

@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..progress import steps
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
 from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
@@ -742,7 +743,8 @@ def _save_reference(side: _Side, dest, fmt: str, replace: bool, corp: Corpus, sc
     w = ReferenceWriter(dest, fmt=fmt, tokens=corp.tokens, score=score, bos=corp.bos, corpus_sha256=corp.sha256,
                         reference=side.given, runtime=side.runtime, replace=replace)
     try:
-        for _, logits in side.source(dev, warnings)(seqs, rows=rows):
+        for _, logits in steps(progress, side.source(dev, warnings)(seqs, rows=rows), total=len(seqs),
+                               desc="reference chunks", unit="chunk"):
             w.write_chunk(logits)
         w.close()
     except BaseException:

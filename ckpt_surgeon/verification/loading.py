@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CkptError, ConfigError, UnsupportedError
+from ..progress import phase
 from ..runtime import gguf_to_folder, has_tokenizer, load_pretrained, quantized_to_folder
 from .kinds import ModelKind, model_kind
 from .thresholds import coarsest
@@ -82,7 +83,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     dequantized = None
     try:
         if ck.format == "gguf":
-            folder = gguf_to_folder(Path(ck.source), workdir / role, dtype)
+            with phase(progress, f"{role}: converting {Path(ck.source).name} to a temporary HF folder ({dtype})"):
+                folder = gguf_to_folder(Path(ck.source), workdir / role, dtype)
             config = _read_config(folder / "config.json")
             converted = True
         else:
@@ -99,7 +101,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
                 # all): the same model from its dequantized weights instead, activations not quantized
                 from ..conversion.dense import dequantized_run
                 dequantized = dequantized_run(ck)
-                folder = quantized_to_folder(p, workdir / role)
+                with phase(progress, f"{role}: dequantizing {p.name} into a temporary dense folder"):
+                    folder = quantized_to_folder(p, workdir / role)
             else:
                 folder = p if p.is_dir() else _single_file_folder(p, workdir / role)
     finally:
@@ -155,7 +158,7 @@ def _single_file_folder(file: Path, out: Path) -> Path:
 # --- transformers side (torch imported here only) ----------------------------------------------
 
 def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | None, warnings: list,
-               max_memory: dict | None = None):
+               max_memory: dict | None = None, progress: bool | None = False):
     """Load ``pm`` with its kind's Auto class, eval mode, on ``device`` (or spread by ``device_map``).
 
     Eager attention (why: :func:`ckpt_surgeon.runtime.load_pretrained`).  ``local_files_only``:
@@ -179,7 +182,8 @@ def load_model(pm: PreparedModel, *, dtype: str, device: str, device_map: str | 
         kw["device_map"] = device
     kw.update(float64_kwargs(dtype))
     torch.manual_seed(0)
-    model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
+    with phase(progress, f"{pm.role}: loading {Path(pm.given).name} with transformers ({dtype})"):
+        model, info = load_pretrained(cls, pm.folder, dtype=dtype, path=pm.given, **kw)
     missing = sorted(info.get("missing_keys") or ())
     mismatched = sorted(str(x) for x in (info.get("mismatched_keys") or ()))
     if missing or mismatched:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..arch import families as F
 from ..errors import CkptError, ConfigError
+from ..progress import steps
 
 PARTS = ("attention", "mlp", "output")       # execution order inside one layer
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
@@ -195,8 +196,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
         _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
-        run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings),
-                   device=device, torch=torch)
+        run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings,
+                                                  progress=progress), device=device, torch=torch)
         compare = _compare_sequential if sequential else _compare_parallel
         names, accs = compare(ref, cand, run, work)
         _free(torch)
@@ -214,7 +215,7 @@ def _point_outputs(pm, *, encodings, load: dict, device: str, torch):
     model = load_model(pm, **load)
     rec = _Recorder(hook_points(model, pm.config))
     try:
-        for ids in encodings:
+        for ids in steps(load.get("progress"), encodings, desc=f"localize: {pm.role}", unit="prompt"):
             yield rec.points, rec.run(model, ids, device, torch)
     finally:
         rec.close()

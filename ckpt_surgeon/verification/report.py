@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..records import finite_or_none as _num
 from .kinds import ModelKind
 from .metrics import OutputComparison
+from .requantized import NOTE_PREFIX as REQUANTIZED
 from .thresholds import Thresholds
 
 
@@ -275,7 +276,9 @@ class VerifyReport:
             items.append((f"tower {t.name}", f"{t.kind}, {t.note}" if t.passed is None else
                           f"{t.kind}, run alone as {t.module} ({t.inputs}): max |Δ| {t.max_abs_diff:.4g} (scale "
                           f"{t.scale:.4g}, relative {t.max_rel_diff:.3g}) {'ok' if t.passed else 'FAILS'}"))
-        items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)))
+        items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures) + (
+            " (the reference is itself quantized: see the 'requantized' note)"
+            if any(n.startswith(REQUANTIZED) for n in self.notes) else "")))
         if self.localize is not None:
             items += self.localize.summary_items()
         return items

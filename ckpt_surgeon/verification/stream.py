@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..progress import progress_enabled
 from .loading import float64_kwargs
 from .localize import DEFAULT_THRESHOLDS, LocalizeReport, PointDiff, _Acc, hook_points
 
@@ -684,7 +685,7 @@ class StreamedPair:
         accs = {k: _Acc() for k, *_ in points}
         n_layers = len(models[0].layers)
         bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
-                   disable=(None if self.progress is None else not self.progress))
+                   disable=not progress_enabled(self.progress))
         for i in range(n_layers):
             parts_ref: list = []
             for side, m in enumerate(models):
