@@ -348,7 +348,7 @@ def test_progress_bar_counts_tensors_bytes_and_parts(capsys):
     from types import SimpleNamespace
 
     from ckpt_surgeon.conversion.split_output import SetBar
-    plan = [SimpleNamespace(nbytes=n) for n in (100, 50, 50, 200)]
+    plan = [SimpleNamespace(nbytes=n, ggml_type="F16") for n in (100, 50, 50, 200)]
     wbar = SetBar(True, plan, Path("m.gguf"), 2)
     wbar.update(60)                       # inside the first tensor
     assert wbar._bar.postfix == "tensor 0/4, shard 1/2"

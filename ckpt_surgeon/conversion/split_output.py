@@ -163,7 +163,8 @@ class SetBar:
     """One bar over the whole set: bytes (tqdm's rate and ETA), plus ``tensor k/N`` and the shard."""
 
     def __init__(self, progress, plan: Sequence, out: Path, shards: int):
-        self._bar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"writing {out.name}")
+        verb = "quantizing + writing" if any(GT.ggml_type(p.ggml_type).quantized for p in plan) else "writing"
+        self._bar = bar(progress, total=sum(p.nbytes for p in plan), desc=f"{verb} {out.name}")
         self._ends, total = [], 0
         for p in plan:
             total += p.nbytes
