@@ -354,7 +354,12 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
     if reader is None and save_reference is None and not sweep:
         acc = FidelityAccumulator()
-        if stream and sides.ref.runtime == sides.cand.runtime == "transformers":
+        from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
+        pairs = pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev) \
+            if sides.ref.runtime == sides.cand.runtime == "transformers" else None
+        if pairs is not None:
+            pass
+        elif stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
         else:
@@ -535,6 +540,10 @@ class _Side:
         return None
 
     def source(self, dev: str, warnings: list) -> Single:
+        from .dist_hook import active, single_hook      # a distributed run (verification/dist_run.py)
+        if self.runtime == "transformers" and active() is not None:
+            return lambda sequences, *, rows: single_hook(self.given, self.role, sequences, rows=rows,
+                                                          dtype=self.dtype, device=dev)
         if self.runtime == "llama.cpp":
             if self.llm is not None:       # a cache sweep reopens the model with the next cache
                 self.llm.close()
