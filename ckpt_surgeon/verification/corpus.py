@@ -354,15 +354,11 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
     if reader is None and save_reference is None and not sweep:
         acc = FidelityAccumulator()
-        from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
-        pairs = pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev) \
-            if sides.ref.runtime == sides.cand.runtime == "transformers" else None
-        if pairs is not None:
-            pass
-        elif stream and sides.ref.runtime == sides.cand.runtime == "transformers":
+        pairs = _dist_pairs(sides, seqs, rows, dtype, dev)       # None unless run by torchrun (dist_hook)
+        if pairs is None and stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
-        else:
+        elif pairs is None:
             pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs,
                                    rows=rows)
         for i, r, c in pairs:
@@ -394,6 +390,14 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     reader.close()
     bar.close()
     return stats, corp, gates, ref_file_info
+
+
+def _dist_pairs(sides, seqs, rows, dtype, dev):
+    """Both models' logits fed by every rank of a distributed run (:mod:`.dist_hook`), else None."""
+    from .dist_hook import pair_hook
+    if sides.ref.runtime == sides.cand.runtime == "transformers":
+        return pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev)
+    return None
 
 
 def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, bar) -> FidelityStats:

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from ..errors import CkptError
 
-HEARTBEAT_S = 0.2
-SILENT_S = 4.0
+HEARTBEAT_S = 0.5
+# A rank whose heartbeat has not moved for this long is taken for dead (generous: a loaded machine can
+# starve a thread for seconds; a killed rank is still named within a quarter of a minute).
+SILENT_S = 10.0
 GRACE_S = 20.0
 # Every collective and point-to-point message waits at most this long (a rank that hangs without
 # dying ends the run then); a layer of a 671B model on one rank takes seconds, not minutes.
@@ -63,14 +65,14 @@ def detect(environ=None) -> DistEnv | None:
         return None
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        if world < 2:
+            return None
         local_rank = int(env.get("LOCAL_RANK", rank))
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
         port = int(env.get("MASTER_PORT", ""))
     except ValueError:
         raise CkptError("RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers (launch with torchrun)") \
             from None
-    if world < 2:
-        return None
     if not 0 <= rank < world or not env.get("MASTER_ADDR"):
         raise CkptError(f"RANK {rank} / WORLD_SIZE {world} / MASTER_ADDR {env.get('MASTER_ADDR')!r} do not describe "
                         "a distributed run (launch with torchrun)")
@@ -136,9 +138,10 @@ class Session:
             return None
         return None
 
-    def mark(self, key: str) -> None:
+    def mark(self, key: str, value: str = "1") -> None:
+        """Set ``key/rank`` in the store (done, stopped, chunks: what the others and a watcher see)."""
         try:
-            self.store.set(f"{key}/{self.rank}", "1")
+            self.store.set(f"{key}/{self.rank}", value)
         except Exception:            # noqa: BLE001
             pass
 
@@ -208,8 +211,7 @@ class Session:
         """Leave the group (after a clean run the others are told this rank is done)."""
         import torch.distributed as dist
         self._finished = True
-        if ok:
-            self.mark("done")
+        self.mark("done" if ok else "stopped")
         self._stop.set()
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)

@@ -181,6 +181,7 @@ def pipeline_worker(sess, job: dict) -> None:
                     send_arrays(sess, 0, [o.cpu() for o in stage.tail(s, hidden)], pending, limit=IN_FLIGHT)
                 else:
                     send_arrays(sess, sess.rank + 1, hidden, pending, limit=IN_FLIGHT)
+                sess.mark("chunks", f"{job['index']}:{s + 1}")
             drain(pending)
         from .dist_env import all_gather
         all_gather((stage.warnings, stage.layer_stats()))

@@ -160,6 +160,7 @@ def data_driver(sess, job: dict, work: str):
 
 def data_worker(sess, job: dict, work: str) -> None:
     pending: list = []
-    for _, arrays in _own_outputs(sess, job, work):
+    for n, (_, arrays) in enumerate(_own_outputs(sess, job, work), start=1):
         send_arrays(sess, 0, arrays, pending)
+        sess.mark("chunks", f"{job['index']}:{n}")
     drain(pending)
