@@ -226,25 +226,35 @@ def test_save_reference_then_reference(tiny, tmp_path_factory, tmp_path, ids_fil
 
 # --- faults and bad input -------------------------------------------------------------------------
 
-def _store_value(port: int, key: str):
+def _ranks(proc) -> dict:
+    """torchrun's worker processes by rank."""
+    import psutil
+    out = {}
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            env = c.environ()
+        except psutil.Error:
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = (c, env)
+    return out
+
+
+def _store(env: dict):
+    """A client of the store the ranks share (torchrun's agent hosts it)."""
     import datetime
 
     import torch.distributed as dist
-    try:
-        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=2))
-        full = "ckpt-surgeon-verify/" + key
-        return store.get(full).decode() if store.check([full]) else None
-    except Exception:         # noqa: BLE001 - the store is not up yet
-        return None
+    return dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
+                         timeout=datetime.timedelta(seconds=30))
 
 
 def test_a_killed_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp_path):
     """SIGKILL rank 1 mid-run (as the out-of-memory killer does): rank 0 ends within 60 s with one
     line naming rank 1, and neither the report nor the saved reference exists."""
-    import psutil
     ref, cand = _models(tiny, tmp_path_factory, "qwen2")
     ids = tmp_path / "long.json"
-    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 400)]))
+    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 3000)]))
     out = tmp_path / "out"
     out.mkdir()
     port = _port()
@@ -254,11 +264,14 @@ def test_a_killed_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        while _store_value(port, "chunks/1") is None:       # rank 1 has sent a chunk: mid-run
+        while 1 not in _ranks(proc):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
-        victim = next(c for c in psutil.Process(proc.pid).children(recursive=True)
-                      if c.environ().get("RANK") == "1")
+        victim, env = _ranks(proc)[1]
+        store = _store(env)
+        while not store.check(["ckpt-surgeon-verify/chunks/1"]):     # rank 1 has sent a chunk: mid-run
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         _, err = proc.communicate(timeout=90)

@@ -33,7 +33,7 @@ GRACE_S = 20.0
 # Every collective and point-to-point message waits at most this long (a rank that hangs without
 # dying ends the run then); a layer of a 671B model on one rank takes seconds, not minutes.
 DEFAULT_TIMEOUT_S = 600.0
-_PREFIX = "ckpt-surgeon-verify/"
+_PREFIX = "ckpt-surgeon-verify"      # PrefixStore adds the "/"
 
 
 class DistributedFault(CkptError):
@@ -100,7 +100,7 @@ class Session:
             torch.cuda.set_device(env.local_rank)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.store = self._store(is_master=env.rank == 0 and not env.agent_store)
-        dist.init_process_group(self.backend, store=dist.PrefixStore(_PREFIX + "pg/", self.store), rank=env.rank,
+        dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=env.rank,
                                 world_size=env.world, timeout=self.timeout)
         self.fault_seen = threading.Event()
         self._stop = threading.Event()
@@ -192,11 +192,13 @@ class Session:
 
     def _on_sigterm(self, signum, frame):
         self.mark("stopped")
-        raise _Interrupted("stopped by SIGTERM (the launcher ended the run)")
+        if not self._own_fault:      # once the main thread handles a fault it is left to finish
+            raise _Interrupted("stopped by SIGTERM (the launcher ended the run)")
 
     def fault_line(self, exc: BaseException | None) -> str:
         """The one line for a run that ended with ``exc`` here: the posted fault (waiting a little
         for a silent rank to be noticed) or this rank's own cause."""
+        self._own_fault = True           # neither the watch nor SIGTERM interrupts this any more
         line = self.posted_fault()
         deadline = time.monotonic() + SILENT_S + 2.0
         while line is None and time.monotonic() < deadline and looks_remote(exc):
