@@ -86,7 +86,8 @@ def _plan(sess, params: dict, dev: str, mode: str, parse_size):
     return plan_run(sess, inputs=[params.get(k) for k in ("reference", "candidate", "corpus", "corpus_ids",
                                                            "reference_file")],
                     models=models, dtype=params.get("dtype") or "float32", ctx=int(params.get("ctx") or 512),
-                    memory_budget=parse_size(budget, "--memory-budget") if budget else None, device=dev, mode=mode)
+                    memory_budget=parse_size(budget, "--memory-budget") if budget else None, device=dev, mode=mode,
+                    one_at_a_time=bool(params.get("save_reference") or params.get("reference_file")))
 
 
 def _driver(sess, driver, callback, params) -> int:

@@ -463,7 +463,8 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
             notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
                          "generating needs the whole model for every new token")
         from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
-        pair = pair_hook(ref_src.given, cand_src.given, encodings, rows=None, dtype=dtype, device=dev, layers=True) \
+        pair = pair_hook(ref_src.given, cand_src.given, encodings, rows=None, dtype=dtype, device=dev, layers=True,
+                         notes=notes) \
             or stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=dev, progress=progress, tmp_dir=work)
         results = []
         for s, r_arr, c_arr in pair:

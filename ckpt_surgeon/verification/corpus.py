@@ -354,7 +354,7 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
     if reader is None and save_reference is None and not sweep:
         acc = FidelityAccumulator()
-        pairs = _dist_pairs(sides, seqs, rows, dtype, dev)       # None unless run by torchrun (dist_hook)
+        pairs = _dist_pairs(sides, seqs, rows, dtype, dev, notes)    # None unless run by torchrun (dist_hook)
         if pairs is None and stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
@@ -392,11 +392,11 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     return stats, corp, gates, ref_file_info
 
 
-def _dist_pairs(sides, seqs, rows, dtype, dev):
+def _dist_pairs(sides, seqs, rows, dtype, dev, notes):
     """Both models' logits fed by every rank of a distributed run (:mod:`.dist_hook`), else None."""
     from .dist_hook import pair_hook
     if sides.ref.runtime == sides.cand.runtime == "transformers":
-        return pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev)
+        return pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev, notes=notes)
     return None
 
 

@@ -275,8 +275,9 @@ def drain(pending: list) -> None:
         work.wait()
 
 
-def recv_arrays(sess: Session, src: int, count: int) -> list:
-    """``count`` arrays sent by :func:`send_arrays` from ``src``, as CPU numpy arrays."""
+def recv_arrays(sess: Session, src: int, count: int, *, tensors: bool = False) -> list:
+    """``count`` arrays sent by :func:`send_arrays` from ``src``: CPU numpy arrays, or (``tensors``)
+    torch tensors where they arrived (the GPU under NCCL)."""
     import torch
     import torch.distributed as dist
     dev = "cuda" if sess.backend == "nccl" else "cpu"
@@ -287,7 +288,7 @@ def recv_arrays(sess: Session, src: int, count: int) -> list:
         ndim, *shape, code = [int(x) for x in head.cpu().tolist()]
         t = torch.empty(shape[:ndim], dtype=getattr(torch, _DTYPES[code]), device=dev)
         dist.recv(t, src)
-        out.append(t.cpu().numpy())
+        out.append(t if tensors else t.cpu().numpy())
     return out
 
 

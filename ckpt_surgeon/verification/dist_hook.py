@@ -27,14 +27,18 @@ def driving(driver):
         _ACTIVE = None
 
 
-def pair_hook(reference, candidate, sequences, *, rows, dtype: str, device: str, layers: bool = False):
+def pair_hook(reference, candidate, sequences, *, rows, dtype: str, device: str, layers: bool = False,
+              notes: list | None = None):
     """The distributed source of both models' outputs, or None when this is no distributed run (or
     the plan leaves this request to rank 0 alone).  ``rows``: a slice for every chunk, a list of
     position arrays, or None (all positions).  ``layers``: the caller reports the per-layer
-    divergence (the streamed prompt path); the iterator then has ``.localize()``."""
+    divergence (the streamed prompt path); the iterator then has ``.localize()``.  ``notes``: the
+    report's notes, told how the run was split."""
     d = _ACTIVE
     if d is None or (layers and d.plan.mode != "pipeline"):
         return None
+    if notes is not None:
+        notes.append(d.note())
     return d.run([reference, candidate], ["reference", "candidate"], sequences, rows, dtype, device)
 
 

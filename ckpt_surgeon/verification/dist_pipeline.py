@@ -174,8 +174,7 @@ def pipeline_worker(sess, job: dict) -> None:
     try:
         with torch.no_grad():
             for s in range(len(job["sequences"])):
-                hidden = [torch.from_numpy(a).to(stage.models[0].device)
-                          for a in recv_arrays(sess, sess.rank - 1, k)]
+                hidden = [t.to(stage.models[0].device) for t in recv_arrays(sess, sess.rank - 1, k, tensors=True)]
                 hidden = stage.run_block(s, hidden)
                 if stage.last:
                     send_arrays(sess, 0, [o.cpu() for o in stage.tail(s, hidden)], pending, limit=IN_FLIGHT)

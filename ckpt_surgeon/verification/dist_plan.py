@@ -71,6 +71,10 @@ def layer_sizes(paths, revision=None) -> LayerSizes:
         finally:
             ck.close()
     n = max(per) + 1 if per else 0
+    layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0) if paths else 0
+    if 0 < layers < n:           # stored layers the model does not run (DeepSeek-V3's MTP layer 61)
+        rest += sum(per.get(i, 0) for i in range(layers, n))
+        n = layers
     return LayerSizes(tuple(per.get(i, 0) for i in range(n)), rest, hidden, vocab)
 
 
@@ -95,13 +99,18 @@ def blocks_for(per_layer, world: int) -> tuple:
 
 
 def plan_distributed(paths, *, dtype: str, world: int, available: int | None, positions: int, hidden_rows: int,
-                     forced: str = "auto") -> DistPlan:
+                     forced: str = "auto", one_at_a_time: bool = False) -> DistPlan:
     """Choose data or pipeline for ``paths`` (the model inputs that run in transformers) on
-    ``world`` ranks with ``available`` bytes free on the tightest one."""
+    ``world`` ranks with ``available`` bytes free on the tightest one.  ``one_at_a_time``: the
+    models run one after the other (``--save-reference`` / ``--reference``): a rank holds one."""
     from .core import _BYTES_PER_PARAM, _PARALLEL_EXTRA_BYTES, _PARALLEL_HEADROOM, _size
     if forced not in MODES:
         raise CkptError(f"unknown distributed mode {forced!r}; choose one of {', '.join(MODES)}")
-    sizes = layer_sizes(paths)
+    if one_at_a_time and len(paths) > 1:
+        each = [layer_sizes([p]) for p in paths]
+        sizes = max(each, key=lambda x: sum(x.per_layer) + x.rest)
+    else:
+        sizes = layer_sizes(paths)
     item = _BYTES_PER_PARAM.get(dtype, 4)
     both = (sum(sizes.per_layer) + sizes.rest) * item
     data_need = int(both * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES
@@ -116,7 +125,7 @@ def plan_distributed(paths, *, dtype: str, world: int, available: int | None, po
             _PARALLEL_EXTRA_BYTES
     free = "free memory unknown" if available is None else f"{_size(available)} free on the tightest rank"
     if forced == "data" or (forced == "auto" and (available is None or data_need <= available)):
-        why = "asked for" if forced == "data" else f"both models fit one rank (~{_size(data_need)}, {free})"
+        why = "asked for" if forced == "data" else f"the models fit one rank (~{_size(data_need)}, {free})"
         return DistPlan("data", why, world, (), need)
     if not blocks:
         blocks_for(sizes.per_layer, world)          # raises the one-line refusal

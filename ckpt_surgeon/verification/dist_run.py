@@ -61,6 +61,13 @@ class Driver:
         self.sess, self.plan, self.work = sess, plan, work
         self.jobs = 0
 
+    def note(self) -> str:
+        p = self.plan
+        how = ("data-parallel: every rank ran every %d-th chunk with both models loaded" % p.world
+               if p.mode == "data" else "pipeline over decoder layers, blocks " + ", ".join(
+                   f"{a}-{b - 1}" for a, b in p.blocks))
+        return f"distributed over {p.world} ranks ({self.sess.backend}): {how} ({p.why})"
+
     def run(self, paths, roles, sequences, rows, dtype, device) -> DistOutputs:
         seqs = [list(map(int, s)) for s in sequences]
         job = dict(mode=self.plan.mode, paths=[str(p) for p in paths], roles=list(roles), sequences=seqs,
@@ -99,7 +106,8 @@ def worker_loop(sess, work: str) -> int:
                 data_worker(sess, job, work)
 
 
-def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, device: str, mode: str):
+def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, device: str, mode: str,
+             one_at_a_time: bool = False):
     """Every rank: check that all see the same ``inputs`` (one line naming the first difference),
     then the plan for ``models`` from the smallest free memory of any rank."""
     import torch
@@ -114,7 +122,7 @@ def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, devic
     avail = all_gather(_budget(device, torch, memory_budget))
     return plan_distributed(models, dtype=dtype, world=sess.world,
                             available=None if any(a is None for a in avail) else min(avail), positions=ctx,
-                            hidden_rows=ctx, forced=mode)
+                            hidden_rows=ctx, forced=mode, one_at_a_time=one_at_a_time)
 
 
 # --------------------------------------------------------------------------- data-parallel
