@@ -44,10 +44,9 @@ def _port() -> int:
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return dict(env, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
 
 
 def _torchrun_cmd(n: int, args, port: int) -> list:

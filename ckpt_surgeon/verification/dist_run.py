@@ -17,7 +17,8 @@ broadcasts the end (:func:`worker_loop`).
 """
 from __future__ import annotations
 
-import contextlib
+import itertools
+import time
 
 from .dist_env import broadcast, drain, recv_arrays, send_arrays
 
@@ -60,6 +61,7 @@ class Driver:
     def __init__(self, sess, plan, work: str):
         self.sess, self.plan, self.work = sess, plan, work
         self.jobs = 0
+        self.sent = 0
 
     def note(self) -> str:
         p = self.plan
@@ -76,8 +78,15 @@ class Driver:
         self.jobs += 1
         return DistOutputs(self, job)
 
+    def _announce(self, message: dict) -> None:
+        """Tell the others a message is coming (they wait on the store, with no timeout: rank 0 may
+        tokenize or convert for minutes first), then broadcast it."""
+        self.sess.store.set(f"msg/{self.sent}", "1")
+        self.sent += 1
+        broadcast(message)
+
     def execute(self, job: dict):
-        broadcast({k: v for k, v in job.items() if k != "result"})
+        self._announce({k: v for k, v in job.items() if k != "result"})
         if job["mode"] == "pipeline":
             from .dist_pipeline import pipeline_driver
             yield from pipeline_driver(self.sess, job)
@@ -85,7 +94,7 @@ class Driver:
             yield from data_driver(self.sess, job, self.work)
 
     def finish(self, code: int) -> None:
-        broadcast({"mode": "end", "code": code})
+        self._announce({"mode": "end", "code": code})
 
 
 def worker_loop(sess, work: str) -> int:
@@ -95,7 +104,9 @@ def worker_loop(sess, work: str) -> int:
     from ..runtime import quiet_transformers
     from .core import _ieee_float32
     with torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
-        while True:
+        for n in itertools.count():
+            while not sess.store.check([f"msg/{n}"]):     # a fault elsewhere interrupts this wait
+                time.sleep(0.05)
             job = broadcast(None)
             if job["mode"] == "end":
                 return int(job["code"])
