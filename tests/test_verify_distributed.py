@@ -85,7 +85,7 @@ def _close(a, b, where="") -> None:
 
 
 def _deeper(src: Path, dst: Path, layers: int = 4, perturb: bool = False) -> Path:
-    """``src`` with ``layers`` decoder layers (layer i a copy of layer i % n); ``perturb``: every
+    """``src`` with ``layers`` decoder layers (layer i a copy of layer min(i, n - 1)); ``perturb``: every
     tensor of layer 1 times (1 + 0.1·N(0, 1)) (a candidate that differs from layer 1 on)."""
     from safetensors.numpy import load_file, save_file
     if dst.exists():
@@ -97,10 +97,11 @@ def _deeper(src: Path, dst: Path, layers: int = 4, perturb: bool = False) -> Pat
     n = cfg["num_hidden_layers"]
     t = load_file(str(src / "model.safetensors"))
     out = {k: v for k, v in t.items() if ".layers." not in k}
-    for i in range(layers):
+    for i in range(layers):         # the extra layers repeat the last (DeepSeek: dense first, MoE after)
+        j = min(i, n - 1)
         for k, v in t.items():
-            if f".layers.{i % n}." in k:
-                out[k.replace(f".layers.{i % n}.", f".layers.{i}.")] = v.copy()
+            if f".layers.{j}." in k:
+                out[k.replace(f".layers.{j}.", f".layers.{i}.")] = v.copy()
     if perturb:
         rng = np.random.default_rng(0)
         for k in sorted(out):
