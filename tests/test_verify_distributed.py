@@ -331,3 +331,26 @@ def test_nccl_pipeline_on_two_gpus(tiny, tmp_path_factory, ids_file):
     assert dist.returncode == one.returncode == 0, dist.stderr[-3000:]
     a, b = json.loads(one.stdout)["corpus"], json.loads(dist.stdout)["corpus"]
     assert abs(a["kl"]["mean"] - b["kl"]["mean"]) <= 1e-3 * a["kl"]["mean"]     # GPU kernels: not bitwise
+
+
+def test_the_plan_picks_data_then_pipeline_then_refuses(tiny, tmp_path_factory):
+    """From the headers: both models fit a rank -> data; only a rank's block of layers does ->
+    pipeline (blocks named); not even that -> one line with what it would need."""
+    from ckpt_surgeon.verification.dist_plan import plan_distributed
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+
+    def plan(available, **kw):
+        return plan_distributed([str(ref), str(cand)], dtype="float32", world=2, available=available, positions=CTX,
+                                hidden_rows=CTX, **kw)
+    big = plan(1 << 40)
+    assert big.mode == "data" and "fit one rank" in big.why
+    need = big.per_rank
+    assert need["pipeline"] < need["data"]
+    mid = plan((need["pipeline"] + need["data"]) // 2)
+    assert mid.mode == "pipeline" and mid.blocks == ((0, 2), (2, 4))
+    with pytest.raises(CkptError, match="not enough memory per rank"):
+        plan(need["pipeline"] - 1)
+    assert plan(1 << 40, forced="pipeline").mode == "pipeline"
+    assert plan(1, forced="data").mode == "data"
+    one = plan(1 << 40, one_at_a_time=True).per_rank["data"]
+    assert one < need["data"]            # --save-reference / --reference: one model per rank
