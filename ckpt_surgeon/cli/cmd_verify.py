@@ -6,6 +6,7 @@ import click
 from ..errors import CkptError
 from .paths import ReadPath, ReadPathOrId, ScratchDir, WritePath
 from .render import check_report_path, emit, output_options, progress_option
+from .verify_dist import dist_mode_option, distributed
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
 _THRESHOLD_ROWS = ("float32", "bfloat16", "float16")
@@ -159,6 +160,7 @@ def _max_memory(specs) -> dict | None:
 @click.option("--max-ln-ppl-ratio", type=float, default=None,
               help="Fidelity gate, one-sided: fail when ln(PPL(cand)/PPL(ref)) exceeds this (a better candidate never "
                    "fails). Default: not judged.")
+@dist_mode_option
 @progress_option
 @output_options
 def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map,
@@ -214,6 +216,8 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
     """
+    if distributed(command.callback, locals(), _size):      # launched by torchrun (cli/verify_dist.py)
+        return
     from ..errors import VerificationFailed
     from ..verification.core import verify
     from ..verification.prompts import load_prompts, load_token_ids

@@ -468,7 +468,10 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
         if kind.generates:
             notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
                          "generating needs the whole model for every new token")
-        pair = stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=dev, progress=progress, tmp_dir=work)
+        from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
+        pair = pair_hook(ref_src.given, cand_src.given, encodings, rows=None, dtype=dtype, device=dev, layers=True,
+                         notes=notes) \
+            or stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=dev, progress=progress, tmp_dir=work)
         results = []
         for s, r_arr, c_arr in pair:
             r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)

@@ -355,10 +355,11 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
     if reader is None and save_reference is None and not sweep:
         acc = FidelityAccumulator()
-        if stream and sides.ref.runtime == sides.cand.runtime == "transformers":
+        pairs = _dist_pairs(sides, seqs, rows, dtype, dev, notes)    # None unless run by torchrun (dist_hook)
+        if pairs is None and stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
                                                  dtype=dtype, device=dev, progress=progress, tmp_dir=work)
-        else:
+        elif pairs is None:
             pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs,
                                    rows=rows)
         for i, r, c in pairs:
@@ -390,6 +391,14 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
     reader.close()
     bar.close()
     return stats, corp, gates, ref_file_info
+
+
+def _dist_pairs(sides, seqs, rows, dtype, dev, notes):
+    """Both models' logits fed by every rank of a distributed run (:mod:`.dist_hook`), else None."""
+    from .dist_hook import pair_hook
+    if sides.ref.runtime == sides.cand.runtime == "transformers":
+        return pair_hook(sides.ref.given, sides.cand.given, seqs, rows=rows, dtype=dtype, device=dev, notes=notes)
+    return None
 
 
 def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, bar) -> FidelityStats:
@@ -536,6 +545,10 @@ class _Side:
         return None
 
     def source(self, dev: str, warnings: list) -> Single:
+        from .dist_hook import active, single_hook      # a distributed run (verification/dist_run.py)
+        if self.runtime == "transformers" and active() is not None:
+            return lambda sequences, *, rows: single_hook(self.given, self.role, sequences, rows=rows,
+                                                          dtype=self.dtype, device=dev)
         if self.runtime == "llama.cpp":
             if self.llm is not None:       # a cache sweep reopens the model with the next cache
                 self.llm.close()

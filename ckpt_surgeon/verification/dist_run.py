@@ -1,0 +1,185 @@
+"""A distributed ``verify``: rank 0 runs the ordinary flow, the other ranks serve its model runs.
+
+Rank 0 runs :func:`.core.verify` / :func:`.corpus.verify_corpus` exactly as a single process
+does: tokenizing, the checks, the comparison, the statistics, the report, ``--save-reference``.
+Only where that flow asks for the models' outputs (the pair of logits per chunk, or one model's
+logits for a saved reference) does it call :func:`pair_hook` / :func:`single_hook`, which return
+an iterator that is fed by every rank:
+
+- *data* mode: every rank loads both models whole and runs chunks ``rank, rank + world, ...``;
+  the other ranks send their chunks' scored logits to rank 0, which yields them in chunk order.
+  The statistics are then accumulated on rank 0 over every token in the single-process order, so
+  the report is the single-process report (percentiles over all tokens, sums in the same order).
+- *pipeline* mode: :mod:`.dist_pipeline`.
+
+Each such request is one *job*, broadcast by rank 0; the other ranks loop on jobs until rank 0
+broadcasts the end (:func:`worker_loop`).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+from .dist_env import broadcast, drain, recv_arrays, send_arrays
+
+from .dist_hook import active, driving  # noqa: F401  (re-exported: the rank-0 hook's state)
+
+
+def _rows(rows, sequences):
+    import numpy as np
+    if rows is None:
+        return None
+    if isinstance(rows, slice):
+        return [np.arange(len(s))[rows] for s in sequences]
+    return [np.asarray(r, dtype=np.int64) for r in rows]
+
+
+class DistOutputs:
+    """What :func:`pair_hook` returns on rank 0: iterate for ``(chunk, ref_out, cand_out)`` in chunk
+    order; then ``.warnings`` and (pipeline) ``.localize()``, as :class:`.stream.StreamedPair`."""
+
+    def __init__(self, driver, job: dict):
+        self.driver, self.job = driver, job
+        self.warnings: list = []
+        self.layers = None
+
+    def __iter__(self):
+        yield from self.driver.execute(self.job)
+        result = self.job.get("result") or {}
+        self.warnings.extend(result.get("warnings", []))
+        self.layers = result.get("layers")
+
+    def localize(self):
+        if self.layers is None:
+            raise RuntimeError("iterate the outputs first (pipeline mode only)")
+        return self.layers.report()
+
+
+class Driver:
+    """Rank 0's side: turns each request into a job every rank runs."""
+
+    def __init__(self, sess, plan, work: str):
+        self.sess, self.plan, self.work = sess, plan, work
+        self.jobs = 0
+        self.sent = 0
+
+    def note(self) -> str:
+        p = self.plan
+        how = ("data-parallel: every rank ran every %d-th chunk with both models loaded" % p.world
+               if p.mode == "data" else "pipeline over decoder layers, blocks " + ", ".join(
+                   f"{a}-{b - 1}" for a, b in p.blocks))
+        return f"distributed over {p.world} ranks ({self.sess.backend}): {how} ({p.why})"
+
+    def run(self, paths, roles, sequences, rows, dtype, device) -> DistOutputs:
+        seqs = [list(map(int, s)) for s in sequences]
+        job = dict(mode=self.plan.mode, paths=[str(p) for p in paths], roles=list(roles), sequences=seqs,
+                   rows=_rows(rows, seqs), dtype=dtype, device=device, blocks=list(self.plan.blocks),
+                   index=self.jobs)
+        self.jobs += 1
+        return DistOutputs(self, job)
+
+    def _announce(self, message: dict) -> None:
+        """Tell the others a message is coming (they wait on the store, with no timeout: rank 0 may
+        tokenize or convert for minutes first), then broadcast it."""
+        self.sess.store.set(f"msg/{self.sent}", "1")
+        self.sent += 1
+        broadcast(message)
+
+    def execute(self, job: dict):
+        self._announce({k: v for k, v in job.items() if k != "result"})
+        if job["mode"] == "pipeline":
+            from .dist_pipeline import pipeline_driver
+            yield from pipeline_driver(self.sess, job)
+        else:
+            yield from data_driver(self.sess, job, self.work)
+
+    def finish(self, code: int) -> None:
+        self._announce({"mode": "end", "code": code})
+
+
+def worker_loop(sess, work: str) -> int:
+    """Ranks after 0: run rank 0's jobs until it ends the run; returns rank 0's exit code."""
+    import torch
+
+    from ..runtime import quiet_transformers
+    from .core import _ieee_float32
+    with torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
+        for n in itertools.count():
+            while not sess.store.check([f"msg/{n}"]):     # a fault elsewhere interrupts this wait
+                time.sleep(0.05)
+            job = broadcast(None)
+            if job["mode"] == "end":
+                return int(job["code"])
+            if job["mode"] == "pipeline":
+                from .dist_pipeline import pipeline_worker
+                pipeline_worker(sess, job)
+            else:
+                data_worker(sess, job, work)
+
+
+def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, device: str, mode: str,
+             one_at_a_time: bool = False):
+    """Every rank: check that all see the same ``inputs`` (one line naming the first difference),
+    then the plan for ``models`` from the smallest free memory of any rank."""
+    import torch
+
+    from ..errors import CkptError
+    from .core import _budget
+    from .dist_env import all_gather
+    from .dist_plan import compare_fingerprints, fingerprint, plan_distributed
+    problem = compare_fingerprints(all_gather(fingerprint(inputs)))
+    if problem:
+        raise CkptError(problem)
+    avail = all_gather(_budget(device, torch, memory_budget))
+    return plan_distributed(models, dtype=dtype, world=sess.world,
+                            available=None if any(a is None for a in avail) else min(avail), positions=ctx,
+                            hidden_rows=ctx, forced=mode, one_at_a_time=one_at_a_time)
+
+
+# --------------------------------------------------------------------------- data-parallel
+
+
+def _own_outputs(sess, job: dict, work: str):
+    """This rank's chunks ``rank, rank + world, ...``: yields ``(chunk, [outputs per model])`` with
+    every model loaded whole (the in-memory transformers path of :mod:`.corpus`)."""
+    from pathlib import Path
+
+    from .corpus import transformers_source
+    from .loading import prepare
+    n = len(job["sequences"])
+    mine = list(range(sess.rank, n, sess.world))
+    if not mine:
+        return
+    rows = job["rows"]
+    dev = job["device"]
+    sub = Path(work) / f"job{job['index']}-rank{sess.rank}"
+    sub.mkdir(parents=True, exist_ok=True)
+    warnings: list = []
+    pms = [prepare(p, sub, role=r, dtype=job["dtype"]) for p, r in zip(job["paths"], job["roles"])]
+    models = [transformers_source(pm, dtype=job["dtype"], device=dev, warnings=warnings) for pm in pms]
+    # every chunk's scored rows: one source call per chunk keeps the rows per chunk exact
+    runs = [src([job["sequences"][i] for i in mine], rows=slice(None)) for src in models]
+    for j, outs in enumerate(zip(*runs)):
+        i = mine[j]
+        arrays = [o[1] if rows is None else o[1][rows[i]] for o in outs]
+        yield i, arrays
+
+
+def data_driver(sess, job: dict, work: str):
+    own = _own_outputs(sess, job, work)
+    k = len(job["paths"])
+    for i in range(len(job["sequences"])):
+        owner = i % sess.world
+        if owner == 0:
+            _, arrays = next(own)
+        else:
+            arrays = recv_arrays(sess, owner, k)
+        yield (i, *arrays)
+
+
+def data_worker(sess, job: dict, work: str) -> None:
+    pending: list = []
+    for n, (_, arrays) in enumerate(_own_outputs(sess, job, work), start=1):
+        send_arrays(sess, 0, arrays, pending)
+        sess.mark("chunks", f"{job['index']}:{n}")
+    drain(pending)

@@ -1,0 +1,356 @@
+"""``verify`` launched by torchrun (issue 34): real gloo ranks on the CPU, tiny models.
+
+Every distributed run here is ``python -m torch.distributed.run --nproc-per-node N -m ckpt_surgeon
+verify ...`` as a user types it (or, where each rank must see a different working directory,
+the ranks started by hand with torchrun's variables), compared with the same command run in one
+process.
+
+Tolerance.  Both modes run the same transformers modules on the same inputs and rank 0
+accumulates the statistics over every token in chunk order, as one process does; torchrun gives
+each rank one thread, so the one-process runs here use one thread too (a different thread count
+may pick another BLAS blocking, which moves a float32 dot product by ~u·sqrt(K)).  Measured: the
+reports are identical, bit for bit.  The comparison allows 1e-9 relative (float64 sums of a few
+hundred float32-rounded terms), far under any difference a wrong mask, layer order, chunk order
+or missing chunk makes (>= 1e-3 relative on these models).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckpt_surgeon.errors import CkptError
+from ckpt_surgeon.verification.dist_env import detect
+from ckpt_surgeon.verification.dist_plan import blocks_for
+
+ROOT = Path(__file__).resolve().parent.parent
+CTX = 16
+REL_TOL = 1e-9
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return dict(env, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+
+
+def _torchrun_cmd(n: int, args, port: int) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "-m", "ckpt_surgeon", "verify", *map(str, args)]
+
+
+def _torchrun(n: int, args, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(_torchrun_cmd(n, args, _port()), env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _single(args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckpt_surgeon", "verify", *map(str, args)], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _errors(stderr: str) -> list:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+
+
+def _close(a, b, where="") -> None:
+    """Every number of ``a`` within REL_TOL of ``b`` (see the module docstring), the rest equal."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-30), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def _deeper(src: Path, dst: Path, layers: int = 4, perturb: bool = False) -> Path:
+    """``src`` with ``layers`` decoder layers (layer i a copy of layer min(i, n - 1)); ``perturb``: every
+    tensor of layer 1 times (1 + 0.1·N(0, 1)) (a candidate that differs from layer 1 on)."""
+    from safetensors.numpy import load_file, save_file
+    if dst.exists():
+        return dst
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    cfg = json.loads((src / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    t = load_file(str(src / "model.safetensors"))
+    out = {k: v for k, v in t.items() if ".layers." not in k}
+    for i in range(layers):         # the extra layers repeat the last (DeepSeek: dense first, MoE after)
+        j = min(i, n - 1)
+        for k, v in t.items():
+            if f".layers.{j}." in k:
+                out[k.replace(f".layers.{j}.", f".layers.{i}.")] = v.copy()
+    if perturb:
+        rng = np.random.default_rng(0)
+        for k in sorted(out):
+            if ".layers.1." in k:
+                out[k] = (out[k] * (1 + 0.1 * rng.standard_normal(out[k].shape))).astype(out[k].dtype)
+    save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for k, v in list(cfg.items()):
+        if isinstance(v, list) and len(v) == n:
+            cfg[k] = [v[i % n] for i in range(layers)]
+    cfg["num_hidden_layers"] = layers
+    (tmp / "config.json").write_text(json.dumps(cfg))
+    tmp.rename(dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def ids_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("dist") / "ids.json"
+    p.write_text(json.dumps([int(x) for x in np.random.default_rng(0).integers(3, 400, size=CTX * 7)]))
+    return p
+
+
+def _models(tiny, tmp_path_factory, family: str):
+    root = tmp_path_factory.getbasetemp() / f"dist-{family}"
+    root.mkdir(exist_ok=True)
+    src = tiny(family)
+    return _deeper(src, root / "ref"), _deeper(src, root / "cand", perturb=True)
+
+
+GATES = ("--max-mean-kl", "10", "--max-p99-kl", "10", "--min-same-top", "0")
+
+
+# --- unit: detection and the plan ---------------------------------------------------------------
+
+def test_detect_the_torchrun_environment():
+    assert detect({}) is None
+    assert detect({"RANK": "0", "WORLD_SIZE": "1"}) is None             # torchrun --nproc-per-node 1
+    env = detect({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                  "MASTER_ADDR": "node0", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert (env.rank, env.world, env.local_rank, env.local_world, env.master_addr, env.master_port,
+            env.agent_store) == (1, 4, 1, 2, "node0", 29500, True)
+    with pytest.raises(CkptError, match="integers"):
+        detect({"RANK": "x", "WORLD_SIZE": "2", "MASTER_PORT": "1"})
+    with pytest.raises(CkptError, match="MASTER_ADDR"):
+        detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"})
+
+
+def test_layer_blocks_are_contiguous_and_balanced():
+    assert blocks_for([1] * 8, 2) == ((0, 4), (4, 8))
+    assert blocks_for([1] * 7, 3) == ((0, 2), (2, 5), (5, 7))
+    # DeepSeek-V3's shape: 3 dense layers (~1/20 of an MoE layer) then 58 MoE layers, 16 ranks
+    w = [1] * 3 + [20] * 58
+    b = blocks_for(w, 16)
+    assert b[0][0] == 0 and b[-1][1] == 61 and all(x[1] == y[0] for x, y in zip(b, b[1:]))
+    # no block heavier than its fair share by more than one layer: the boundaries are as close as can be
+    assert max(sum(w[b0:b1]) for b0, b1 in b) <= sum(w) / 16 + max(w)
+    assert b[0] == (0, 6)           # the 3 light dense layers go with 3 MoE layers
+    with pytest.raises(CkptError, match="it would use 2 ranks"):
+        blocks_for([1, 1], 3)
+
+
+# --- same answer ----------------------------------------------------------------------------------
+
+# (family, mode, ranks): dense, MoE (mixtral, deepseek_v2), sliding window (gemma2), MLA (deepseek_v2)
+CASES = [("qwen2", "data", 2), ("qwen2", "pipeline", 3), ("mixtral", "pipeline", 2), ("mixtral", "data", 3),
+         ("gemma2", "pipeline", 3), ("gemma2", "data", 2), ("deepseek_v2", "pipeline", 2),
+         ("deepseek_v2", "data", 3)]
+
+
+@pytest.mark.parametrize("family,mode,ranks", CASES, ids=[f"{f}-{m}-{n}" for f, m, n in CASES])
+def test_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_file, family, mode, ranks):
+    ref, cand = _models(tiny, tmp_path_factory, family)
+    args = [ref, cand, "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES]
+    dist = _torchrun(ranks, [*args, "--dist-mode", mode])
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    one = _single(args)
+    assert one.returncode == 0, one.stderr[-2000:]
+    a, b = json.loads(one.stdout), json.loads(dist.stdout)
+    assert a["corpus"]["kl"]["mean"] > 1e-6          # the candidate differs: the statistics are not all 0
+    _close(a["corpus"], b["corpus"])
+    assert a["passed"] == b["passed"]
+    note = next(n for n in b["notes"] if n.startswith("distributed over"))
+    assert f"over {ranks} ranks (gloo): " + ("data-parallel" if mode == "data" else "pipeline") in note
+    assert a["notes"] == [n for n in b["notes"] if n != note]
+
+
+def test_prompt_mode_pipeline_localizes_like_the_streamed_run(tiny, tmp_path_factory, ids_file):
+    """Prompt mode over a pipeline: the streamed report (per-layer divergence, no greedy
+    generation), the perturbed layer named."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    args = [ref, cand, "--token-ids", ids_file, "--device", "cpu", "--format", "json", "--localize"]
+    dist = _torchrun(2, [*args, "--dist-mode", "pipeline"])
+    one = _single([*args, "--stream"])
+    assert dist.returncode == one.returncode == 1, dist.stderr[-3000:]
+    a, b = json.loads(one.stdout), json.loads(dist.stdout)
+    assert b["mode"] == "stream" and b["localize"]["first_layer"] == 1
+    for k in ("metrics", "localize", "prompts", "failures"):
+        _close(a[k], b[k], k)
+    assert a["notes"] == [n for n in b["notes"] if not n.startswith("distributed over 2 ranks (gloo): pipeline")]
+    assert len(_errors(dist.stderr)) == 1 and "mismatch" in _errors(dist.stderr)[0]
+
+
+def test_save_reference_then_reference(tiny, tmp_path_factory, tmp_path, ids_file):
+    """--save-reference over 2 data-parallel ranks writes the file one process writes (rank 0
+    alone); --reference FILE then scores the candidate over a 2-rank pipeline."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2_moe")
+    common = ["--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES]
+    saved = _torchrun(2, [ref, cand, *common, "--save-reference", tmp_path / "ref.safetensors",
+                          "--dist-mode", "data"])
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    one = _single([ref, cand, *common, "--save-reference", tmp_path / "one.safetensors"])
+    assert one.returncode == 0, one.stderr[-2000:]
+    from ckpt_surgeon.verification.reference_file import ReferenceReader
+    ra, rb = ReferenceReader(tmp_path / "one.safetensors"), ReferenceReader(tmp_path / "ref.safetensors")
+    try:
+        for i in range(ra.info.tokens.shape[0]):
+            np.testing.assert_allclose(rb.chunk(i)[1], ra.chunk(i)[1], rtol=0, atol=0)
+    finally:
+        ra.close()
+        rb.close()
+    scored = _torchrun(2, ["--reference", tmp_path / "ref.safetensors", cand, *common, "--dist-mode", "pipeline"])
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    a, b = json.loads(one.stdout)["corpus"], json.loads(scored.stdout)["corpus"]
+    assert (a.pop("reference_file")["saved"], b.pop("reference_file")["saved"]) == (True, False)
+    _close(a, b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.safetensors", "ref.safetensors"]
+
+
+# --- faults and bad input -------------------------------------------------------------------------
+
+def _ranks(proc) -> dict:
+    """torchrun's worker processes by rank."""
+    import psutil
+    out = {}
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            env = c.environ()
+        except psutil.Error:
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = (c, env)
+    return out
+
+
+def _store(env: dict):
+    """A client of the store the ranks share (torchrun's agent hosts it)."""
+    import datetime
+
+    import torch.distributed as dist
+    return dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
+                         timeout=datetime.timedelta(seconds=30))
+
+
+def test_a_killed_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp_path):
+    """SIGKILL rank 1 mid-run (as the out-of-memory killer does): rank 0 ends within 60 s with one
+    line naming rank 1, and neither the report nor the saved reference exists."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    ids = tmp_path / "long.json"
+    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 3000)]))
+    out = tmp_path / "out"
+    out.mkdir()
+    port = _port()
+    args = [ref, cand, "--corpus-ids", ids, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES,
+            "--dist-mode", "data", "-o", out / "report.json", "--save-reference", out / "ref.safetensors"]
+    proc = subprocess.Popen(_torchrun_cmd(2, args, port), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while 1 not in _ranks(proc):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        victim, env = _ranks(proc)[1]
+        store = _store(env)
+        while not store.check(["ckpt-surgeon-verify/chunks/1"]):     # rank 1 has sent a chunk: mid-run
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 60, took
+    errors = _errors(err)
+    assert len(errors) == 1 and errors[0].startswith("error: rank 1: stopped without a word"), err[-3000:]
+    assert proc.returncode != 0
+    assert list(out.iterdir()) == []             # nothing written, no temporary file left
+
+
+def test_ranks_that_see_different_files_are_refused(tiny, tmp_path, ids_file):
+    """Two ranks started by hand (no torchrun: rank 0 hosts the store), each in its own working
+    directory where the same relative path names different candidates: one line, exit 2."""
+    src = tiny("qwen2")
+    port = _port()
+    procs = []
+    for rank in (0, 1):
+        cwd = tmp_path / f"rank{rank}"
+        cwd.mkdir()
+        _deeper(src, cwd / "cand", layers=2 + rank)
+        env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "verify", str(src), "cand",
+                                       "--corpus-ids", str(ids_file), "--ctx", str(CTX), "--device", "cpu"],
+                                      cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2]
+    assert len(_errors(outs[0][1])) == 1 and "rank 1 sees different files: cand/" in outs[0][1], outs[0][1]
+    assert outs[1][1] == "" and outs[0][0] == outs[1][0] == ""        # rank 1 quiet
+
+
+def test_more_pipeline_ranks_than_layers(tiny, ids_file):
+    res = _torchrun(3, [tiny("qwen2"), tiny("qwen2"), "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu",
+                        "--dist-mode", "pipeline"])
+    errors = _errors(res.stderr)
+    assert res.returncode != 0 and len(errors) == 1, res.stderr[-3000:]
+    assert "2 decoder layers" in errors[0] and "it would use 2 ranks" in errors[0]
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available() or __import__('torch').cuda.device_count() < 2",
+                    reason="needs two CUDA GPUs (nccl)")
+def test_nccl_pipeline_on_two_gpus(tiny, tmp_path_factory, ids_file):
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    args = [ref, cand, "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cuda", "--format", "json", *GATES]
+    dist = _torchrun(2, [*args, "--dist-mode", "pipeline"])
+    one = _single(args)
+    assert dist.returncode == one.returncode == 0, dist.stderr[-3000:]
+    a, b = json.loads(one.stdout)["corpus"], json.loads(dist.stdout)["corpus"]
+    assert abs(a["kl"]["mean"] - b["kl"]["mean"]) <= 1e-3 * a["kl"]["mean"]     # GPU kernels: not bitwise
+
+
+def test_the_plan_picks_data_then_pipeline_then_refuses(tiny, tmp_path_factory):
+    """From the headers: both models fit a rank -> data; only a rank's block of layers does ->
+    pipeline (blocks named); not even that -> one line with what it would need."""
+    from ckpt_surgeon.verification.dist_plan import plan_distributed
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+
+    def plan(available, **kw):
+        return plan_distributed([str(ref), str(cand)], dtype="float32", world=2, available=available, positions=CTX,
+                                hidden_rows=CTX, **kw)
+    big = plan(1 << 40)
+    assert big.mode == "data" and "fit one rank" in big.why
+    need = big.per_rank
+    assert need["pipeline"] < need["data"]
+    mid = plan((need["pipeline"] + need["data"]) // 2)
+    assert mid.mode == "pipeline" and mid.blocks == ((0, 2), (2, 4))
+    with pytest.raises(CkptError, match="not enough memory per rank"):
+        plan(need["pipeline"] - 1)
+    assert plan(1 << 40, forced="pipeline").mode == "pipeline"
+    assert plan(1, forced="data").mode == "data"
+    one = plan(1 << 40, one_at_a_time=True).per_rank["data"]
+    assert one < need["data"]            # --save-reference / --reference: one model per rank
