@@ -131,13 +131,14 @@ def test_fixture_ranking(variant, attn_rot):
     assert rep.at_risk("q4_0") == sorted(PLANTED)
 
 
-@pytest.mark.parametrize("variant,k_type,gain", [("concentrated", "q8_0", 2.0), ("concentrated", "q4_0", 1.15),
-                                                  ("spread", "q4_0", 1.3), ("clean", "q4_0", 1 / 1.05),
+@pytest.mark.parametrize("variant,k_type,gain", [("concentrated", "q8_0", 2.0), ("concentrated", "q4_0", 2.5),
+                                                  ("spread", "q4_0", 1.05), ("clean", "q4_0", 1 / 1.05),
                                                   ("clean", "q8_0", 1 / 1.05)])
 def test_equalize_measured(tmp_path, variant, k_type, gain):
-    """kv-equalize lowers the measured logit error (RMS over layers) by at least ``gain`` (clean: no harm
-    beyond 5 %).  Measured figures of this run are in docs/surgery.md (2.8x, 1.2x, 1.5x, 1.07x, 1.03x): the
-    thresholds leave room for float and token-set noise, not for a regression of the optimizer."""
+    """kv-equalize lowers the measured logit error (RMS over layers; Q and K rotated as llama.cpp rotates
+    them) by at least ``gain`` (clean: no harm beyond 5 %).  Measured with the rotation and pair turns:
+    concentrated q4_0 4.3x, spread q4_0 1.13x (plain blocks, before the turns: 1.2x and 1.5x, docs/surgery.md);
+    the thresholds leave room for float and token-set noise, not for a regression of the optimizer."""
     from ckpt_surgeon import kv_equalize
     folder = kv_fixture_path(variant)
     kv_equalize(str(folder), str(tmp_path / "eq"), cache_type_k=k_type)
