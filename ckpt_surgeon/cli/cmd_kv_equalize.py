@@ -37,20 +37,17 @@ from .render import check_report_path, emit, open_kwargs, source_options
                    "--calibrate or a per-head q/k norm.")
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, out, force,
-            check,
-            dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, out,
+            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
     Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
     the key by 1/alpha_j (a scalar on a rotation plane commutes with the rotation, so every
     attention logit is unchanged), and the pairs a key bias dominates are turned by a fixed angle in
-    q and k alike (2-D rotations commute); with --cache-type-v each value dim is multiplied by m_i and the
-    matching W_o columns by 1/m_i. The scales are chosen from the weights and biases to minimise
-    the static prediction of `analyze --kv-cache` (Q's own quantization to the dot type included),
-    or with --calibrate on the measured attention-row KL of real prompts (the report says which);
-    the table shows each layer's predicted error before and after (and, calibrated, the measured KL). OUT is written atomically;
-    untouched tensors are copied byte for byte; the source is never modified.
+    q and k alike (2-D rotations commute); OUT is written atomically, the source untouched; with
+    --cache-type-v each value dim is multiplied by m_i and the matching W_o columns by 1/m_i. The
+    scales minimise `analyze --kv-cache`'s prediction (Q's rounding, llama.cpp's rotation included), or
+    with --calibrate the measured attention-row KL of prompts; the table: per layer before and after.
 
     \b
     Examples:
@@ -63,9 +60,8 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
 
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                         force=force, check=check, dry_run=dry_run, calibrate=calibrate,
+                         force=force, check=check, dry_run=dry_run, calibrate=calibrate, attn_rot=attn_rot, turn=turn,
                          prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
-                         attn_rot=attn_rot, turn=turn,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)
