@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import kv_cache as KC
+from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
 from .kv_turn import choose_turn
@@ -266,6 +267,9 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     KC.check_pairable(ckpt, layout)
     KC.check_blocks(layout, types_k + types_v, src)
     geom = KC.kv_geometry(ckpt, layout, context, attn_rot)
+    # turns only for llama.cpp's rotated blocks: on plain blocks they were predicted to help but measured worse
+    # in llama.cpp (LLAMA_ATTN_ROT_DISABLE=1, concentrated q4_0: 0.040 -> 0.058)
+    rotated = all(KR.rot_size(geom.head_dim, t, "k", geom.attn_rot) for t in types_k)
     steps, recs = [], []
     for lt in layout.layers:
         if types_v and not lt.o_weight:
@@ -278,7 +282,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
         alpha = cal.alpha if cal is not None else alpha
         phi = None
-        if turn and cal is None and not (lt.q_norm and lt.k_norm):
+        if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
             alpha, phi = choose_turn(st, geom, types_k, alpha)
         m = choose_m(st, types_v, geom.attn_rot) if types_v else None
         new = st.scaled(alpha=alpha, m=m)

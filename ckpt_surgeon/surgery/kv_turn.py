@@ -17,8 +17,12 @@ included): the pairs whose key bias dominates their content (mean^2 over the pai
 coordinate descent, per kv head: each pair over :data:`ANGLES` angles in [0, 2 pi) and over the scale
 ``alpha x 2^(i/2)``, ``i = -4..4``; then a finer sweep (angle +- pi/16, +- pi/32; scale ``2^(+-1/4)``).  A
 move is kept only if it lowers the predicted error, so the result is never predicted worse than the pair
-scaling alone (on the search's positions: every :data:`SEARCH_STRIDE`-th of the prediction's, for speed).  Not used where a per-head q/k norm follows the projection (its weight is per dim, so a
-turn would not commute with it) nor with ``--calibrate``.
+scaling alone (on the search's positions: every :data:`SEARCH_STRIDE`-th of the prediction's, for speed).
+Not used where a per-head q/k norm follows the projection (its weight is per dim, so a turn would not
+commute with it), nor with ``--calibrate``, and only where llama.cpp rotates the K cache's blocks for every
+target type: on plain blocks (``LLAMA_ATTN_ROT_DISABLE=1``) turns were predicted to help but measured worse
+in llama.cpp (concentrated fixture, q4_0: mean KLD 0.040 -> 0.058), so kv-equalize keeps the pair scales
+alone there.
 """
 from __future__ import annotations
 
