@@ -63,11 +63,14 @@ def _spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def measured_logit_error(folder, k_type: str = "q4_0", q_type: str = "q8_0", n_tokens: int = 96) -> np.ndarray:
+def measured_logit_error(folder, k_type: str = "q4_0", q_type: str = "q8_0", n_tokens: int = 96,
+                         attn_rot: bool = True) -> np.ndarray:
     """Per layer: RMS over query heads and causal (query, key) pairs of the attention-logit change (each
     query's row centred: softmax ignores a common shift) when the
     post-RoPE keys go through ``k_type`` and the queries through ``q_type`` (ggml's kernels, blocks of 32
-    along the head dim), from a float32 transformers forward pass on the tiny tokenizer's text."""
+    along the head dim), from a float32 transformers forward pass on the tiny tokenizer's text; ``attn_rot``:
+    both first multiplied by llama.cpp's Hadamard chunks (the Qwen2 fixture's cache order is its own)."""
+    from ckpt_surgeon.analysis.kv_rot import rot_size, rotate_rows
     import torch
     import transformers
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
@@ -97,6 +100,8 @@ def measured_logit_error(folder, k_type: str = "q4_0", q_type: str = "q8_0", n_t
         q = caught[("q", j)].view(1, n, h, d).transpose(1, 2)
         k = caught[("k", j)].view(1, n, kv, d).transpose(1, 2)
         q, k = (t[0].numpy().astype(np.float32) for t in apply_rotary_pos_emb(q, k, cos, sin))
+        rot = rot_size(d, k_type, "k", attn_rot)
+        q, k = rotate_rows(q, rot), rotate_rows(k, rot)
         qq = GQ.dequantize(GQ.quantize_rows(q.reshape(-1, d), q_type), q_type, q.size).reshape(q.shape)
         kq = GQ.dequantize(GQ.quantize_rows(k.reshape(-1, d), k_type), k_type, k.size).reshape(k.shape)
         k_full, kq_full = np.repeat(k, h // kv, 0), np.repeat(kq, h // kv, 0)
@@ -110,12 +115,14 @@ def measured_logit_error(folder, k_type: str = "q4_0", q_type: str = "q8_0", n_t
     return np.array(out)
 
 
-@pytest.mark.parametrize("variant", ["concentrated", "spread"])
-def test_fixture_ranking(variant):
+@pytest.mark.parametrize("variant,attn_rot", [("concentrated", True), ("spread", True), ("concentrated", False),
+                                              ("spread", False)])
+def test_fixture_ranking(variant, attn_rot):
+    """With and without llama.cpp's Hadamard rotation, the static ranking follows the measured one."""
     folder = kv_fixture_path(variant)
-    rep = analyze_kv_cache(str(folder), "q4_0")
+    rep = analyze_kv_cache(str(folder), "q4_0", attn_rot=attn_rot)
     static = np.array([r.k_error for r in rep.layers])
-    measured = measured_logit_error(folder)
+    measured = measured_logit_error(folder, attn_rot=attn_rot)
     order = list(np.argsort(-static))
     assert set(order[:len(PLANTED)]) == set(PLANTED), (static, measured)
     assert set(np.argsort(-measured)[:len(PLANTED)]) == set(PLANTED), measured
@@ -124,13 +131,14 @@ def test_fixture_ranking(variant):
     assert rep.at_risk("q4_0") == sorted(PLANTED)
 
 
-@pytest.mark.parametrize("variant,k_type,gain", [("concentrated", "q8_0", 2.0), ("concentrated", "q4_0", 1.15),
-                                                  ("spread", "q4_0", 1.3), ("clean", "q4_0", 1 / 1.05),
+@pytest.mark.parametrize("variant,k_type,gain", [("concentrated", "q8_0", 2.0), ("concentrated", "q4_0", 2.5),
+                                                  ("spread", "q4_0", 1.05), ("clean", "q4_0", 1 / 1.05),
                                                   ("clean", "q8_0", 1 / 1.05)])
 def test_equalize_measured(tmp_path, variant, k_type, gain):
-    """kv-equalize lowers the measured logit error (RMS over layers) by at least ``gain`` (clean: no harm
-    beyond 5 %).  Measured figures of this run are in docs/surgery.md (2.8x, 1.2x, 1.5x, 1.07x, 1.03x): the
-    thresholds leave room for float and token-set noise, not for a regression of the optimizer."""
+    """kv-equalize lowers the measured logit error (RMS over layers; Q and K rotated as llama.cpp rotates
+    them) by at least ``gain`` (clean: no harm beyond 5 %).  Measured with the rotation and pair turns:
+    concentrated q4_0 4.3x, spread q4_0 1.13x (plain blocks, before the turns: 1.2x and 1.5x, docs/surgery.md);
+    the thresholds leave room for float and token-set noise, not for a regression of the optimizer."""
     from ckpt_surgeon import kv_equalize
     folder = kv_fixture_path(variant)
     kv_equalize(str(folder), str(tmp_path / "eq"), cache_type_k=k_type)

@@ -72,11 +72,12 @@ def test_calibrated_beats_static(tiny, tmp_path):
     """Measured by kv_measure (every row, the real kernels) on the calibration prompts: calibrated <= static."""
     src = build_kv_qwen2(tiny, tmp_path / "planted", plant={0: 60.0, 2: 90.0})
     kw = {"cache_type_k": "q4_0", "prompts": PROMPTS}
-    st = kv_equalize(str(src), str(tmp_path / "static"), **kw)
-    # kv_measure rounds the plain post-RoPE blocks: calibrate on that (llama.cpp's Hadamard rotation off)
+    # plain post-RoPE blocks throughout (llama.cpp's Hadamard rotation off), and the static choice the descent
+    # starts from (no pair turns: --calibrate does not turn)
+    st = kv_equalize(str(src), str(tmp_path / "static"), attn_rot=False, turn=False, **kw)
     cal = kv_equalize(str(src), str(tmp_path / "cal"), calibrate=True, max_tokens=32, rows=32, attn_rot=False, **kw)
     assert st.plan.params["scales"] == "from the weights and biases"
-    m = {k: measure_kv_cache(str(tmp_path / k), ("q4_0",), prompts=PROMPTS, max_tokens=32)
+    m = {k: measure_kv_cache(str(tmp_path / k), ("q4_0",), prompts=PROMPTS, max_tokens=32, attn_rot=False)
          for k in ("static", "cal")}
     kl = {k: np.array([r.k_row_kl for r in v.layers]) for k, v in m.items()}
     # the descent only accepts moves that lower this same measurement (all 32 rows kept: the same rows);

@@ -19,7 +19,7 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
             prompts=None, *, device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
             distance_profile: bool = False, deltas=None, rope_theta: float | None = None,
             rope_scaling: str | dict | None = None, skip_first: int = 4, kv_cache=None, per_head: bool = False,
-            **open_kwargs):
+            attn_rot: bool | None = None, **open_kwargs):
     """Python API twin of ``ckpt-surgeon analyze``.
 
     ``source``: folder, .safetensors, .gguf, Hub repo id or an open Checkpoint.  Static analysis
@@ -38,12 +38,14 @@ def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSIL
     kv head with ``per_head``); it reads only what the prediction needs and is not combined with the
     distance profile.  With ``measure`` the real Q, K, V of a float32 forward pass go through ggml's
     kernels too (:func:`.kv_measure.measure_kv_cache` on ``prompts``, ``max_tokens`` each, default
-    256), attached as ``report.measured``; the static part never imports torch.
+    256), attached as ``report.measured``; the static part never imports torch.  ``attn_rot``: model (and
+    measure) llama.cpp's Hadamard rotation before a quantized cache where it applies it (None: as llama.cpp
+    would in this environment, ``LLAMA_ATTN_ROT_DISABLE``; :mod:`.kv_rot`).
     """
     if kv_cache is not None:
         return _kv_cache(source, kv_cache, context=context, per_head=per_head, measure=measure,
                          distance_profile=distance_profile, prompts=prompts, device=device, dtype=dtype,
-                         max_tokens=max_tokens, open_kwargs=open_kwargs)
+                         max_tokens=max_tokens, open_kwargs=open_kwargs, attn_rot=attn_rot)
     where = source.source if isinstance(source, Checkpoint) else source
     if measure:
         M.check_local(where)     # before the static pass: a Hub source cannot be measured
@@ -85,7 +87,7 @@ def _static(ck: Checkpoint, context, epsilon, profile: dict | None):
 
 
 def _kv_cache(source, kv_cache, *, context, per_head, measure, distance_profile, prompts, device, dtype,
-              max_tokens, open_kwargs):
+              max_tokens, open_kwargs, attn_rot=None):
     """``analyze(kv_cache=...)``: the static prediction, and with ``measure`` the measured table beside it."""
     from ..errors import CkptError
     from .kv_cache import analyze_kv_cache, parse_cache_types
@@ -98,10 +100,11 @@ def _kv_cache(source, kv_cache, *, context, per_head, measure, distance_profile,
         if dtype != "float32":
             raise CkptError(f"kv_cache with measure runs the model in float32 (the cache's input), not {dtype}",
                             path=str(where))
-    report = analyze_kv_cache(source, kv_cache, context=context, per_head=per_head, **open_kwargs)
+    report = analyze_kv_cache(source, kv_cache, context=context, per_head=per_head, attn_rot=attn_rot, **open_kwargs)
     if not measure:
         return report
     from .kv_measure import DEFAULT_MAX_TOKENS, measure_kv_cache
     m = measure_kv_cache(where, report.cache_types, prompts=prompts, device=device,
-                         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+                         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                         attn_rot=report.attn_rot, perm=report.capture_perm or None)
     return replace(report, measured=m, notes=tuple(report.notes) + tuple(m.notes))

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
+from . import kv_rot as R
 
 RISK_RATIO = 4.0          # x the median layer's predicted error, per cache type
 RISK_LOGIT = 0.5          # attention-logit units: e^0.5 = 1.65x on an attention weight
@@ -152,10 +153,27 @@ def block_error_var(mean: np.ndarray, var: np.ndarray, ct: CacheType, *, z: floa
         span, span_c = np.maximum(np.abs(hi), np.abs(lo)), c_hi
     step = span / ct.levels
     share = np.where(span > 0, (span - np.minimum(span_c, span)) / np.where(span > 0, span, 1.0), 0.0)
-    ev = np.repeat((step ** 2 / 12.0)[..., None], b, axis=-1).reshape(shape)
+    ev = np.repeat((step ** 2 / 12.0)[..., None], b, axis=-1)
+    if ct.name in _SHORT_FAR_SIDE:
+        ev = ev + _far_side_clip(m, hi, lo, step, ct.levels)
+    ev = ev.reshape(shape)
     if key_var is not None:
         ev = np.minimum(ev, _grid_cap(m, s, key_var.reshape(m.shape), span, z).reshape(shape))
     return ev, np.repeat(share[..., None], b, axis=-1).reshape(shape)
+
+
+# q4_0 / q5_0 map the block's signed largest value to level -L (d = max / -L) and stop at L - 1 on the other
+# side: a value of the opposite sign beyond (L - 1) / L of the largest is clipped (a rotated bias puts many there)
+_SHORT_FAR_SIDE = ("q4_0", "q5_0")
+
+
+def _far_side_clip(m: np.ndarray, hi: np.ndarray, lo: np.ndarray, step: np.ndarray, levels: float) -> np.ndarray:
+    """``[..., blocks, b]``: squared clipping error of the elements whose mean lies past the last level on the
+    side opposite the block's largest |value| (``quantize_row_q4_0_ref``: ``min(15, x/d + 8.5)``)."""
+    top_pos = (np.abs(hi) >= np.abs(lo))[..., None]            # the largest |value| is positive
+    far = np.where(top_pos, -m, m)                             # how far each mean goes to the other side
+    limit = ((levels - 1) * step)[..., None]
+    return np.maximum(far - limit, 0.0) ** 2
 
 
 def _grid_cap(m: np.ndarray, s: np.ndarray, key_var: np.ndarray, span: np.ndarray, z: float) -> np.ndarray:
@@ -188,6 +206,7 @@ class KvGeometry:
     angles: np.ndarray             # [positions, P] n * theta_j
     cache_order: np.ndarray        # [head_dim]: cache position p holds file dim cache_order[p]
     pair_layout: str
+    attn_rot: bool = True          # model llama.cpp's Hadamard rotation where it applies it (.kv_rot)
 
     def groups(self) -> list[np.ndarray]:
         """Dims that must share one scale: each rotary pair, and each pass-through dim on its own."""
@@ -244,41 +263,69 @@ class KvLayerStats:
             ow = ow / np.repeat(m, g, axis=0) ** 2 if ow is not None else None
         return KvLayerStats(self.layer, qm, qv, km, kv, vm, vv, ow, self.q_sampled)
 
+    def turned(self, phi: np.ndarray, pairs: np.ndarray) -> "KvLayerStats":
+        """The stats after turning rotary pair j of every q head in kv group g and of its k head by
+        ``phi [kv, P]`` (exact: 2-D rotations commute with RoPE's); variances of a pair's two dims mixed as
+        independent (as :func:`rotate` does)."""
+        g = self.q_mean.shape[0] // self.k_mean.shape[0]
+        km, kv = _turn(self.k_mean, self.k_var, phi, pairs)
+        qm, qv = _turn(self.q_mean, self.q_var, np.repeat(phi, g, axis=0), pairs)
+        return KvLayerStats(self.layer, qm, qv, km, kv, self.v_mean, self.v_var, self.o_weight, self.q_sampled)
 
-def _cache_rows(x: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """``[..., heads, d]`` in file dims -> ``[..., heads * d]`` in cache order."""
-    return x[..., order].reshape(x.shape[:-2] + (-1,))
+
+def _turn(mean: np.ndarray, var: np.ndarray, phi: np.ndarray, pairs: np.ndarray):
+    """``mean``/``var [..., heads, d]`` with pair j of head i turned by ``phi [heads, P]``."""
+    a, b = pairs[:, 0], pairs[:, 1]
+    c, s = np.cos(phi), np.sin(phi)
+    m, v = mean.copy(), var.copy()
+    m[..., a], m[..., b] = c * mean[..., a] - s * mean[..., b], s * mean[..., a] + c * mean[..., b]
+    v[..., a], v[..., b] = c ** 2 * var[..., a] + s ** 2 * var[..., b], s ** 2 * var[..., a] + c ** 2 * var[..., b]
+    return m, v
 
 
-def _from_cache(x: np.ndarray, heads: int, order: np.ndarray) -> np.ndarray:
-    d = len(order)
-    y = x.reshape(x.shape[:-1] + (heads, d))
-    out = np.empty_like(y)
-    out[..., order] = y
-    return out
+def transform_rotated(rot: tuple, alpha: np.ndarray | None = None, phi: np.ndarray | None = None,
+                      pairs: np.ndarray | None = None) -> tuple:
+    """``(rotate(k), rotate(q))`` of a layer (see :func:`k_errors`) after the exact q/k transform: pairs x alpha
+    on q, / alpha on k (``alpha [kv, d]``), then pair j turned by ``phi [kv, P]``.  Scales and turns commute
+    with RoPE, so the sampled positions need not be rotated again (the search's fast path)."""
+    (km, kvar), (qm, qvar) = rot
+    g = qm.shape[-2] // km.shape[-2]
+    if alpha is not None:
+        aq = np.repeat(alpha, g, axis=0)
+        km, kvar, qm, qvar = km / alpha, kvar / alpha ** 2, qm * aq, qvar * aq ** 2
+    if phi is not None:
+        km, kvar = _turn(km, kvar, phi, pairs)
+        qm, qvar = _turn(qm, qvar, np.repeat(phi, g, axis=0), pairs)
+    return (km, kvar), (qm, qvar)
 
 
 def k_errors(st: KvLayerStats, geom: KvGeometry, ct: CacheType, rotated: tuple | None = None) -> dict[str, np.ndarray]:
     """Per kv head: predicted logit error (RMS over its query heads), its K and Q parts, bias share.
-    ``rotated``: ``(rotate(k), rotate(q))`` when the caller already has them (several types, one layer)."""
+    ``rotated``: ``(rotate(k), rotate(q))`` when the caller already has them (several types, one layer).
+    Everything is computed in the cache's dims: the file dims in cache order, multiplied by llama.cpp's
+    Hadamard chunks where it rotates Q and K (:mod:`.kv_rot`; the logits are unchanged, the blocks are not)."""
     h, d = st.q_mean.shape
     kv = st.k_mean.shape[0]
     g = h // kv
-    order = geom.cache_order
+    n = R.rot_size(d, ct.name, "k", geom.attn_rot)
     (km, kvar), (qm, qvar) = rotated or (rotate(st.k_mean, st.k_var, geom), rotate(st.q_mean, st.q_var, geom))
+    order = geom.cache_order
+    km, kvar = R.rotate_rows(km[..., order], n), R.chunk_mean(kvar[..., order], n)     # [P, kv, d]
+    qm, qvar = R.rotate_rows(qm[..., order], n), R.chunk_mean(qvar[..., order], n)     # [P, h, d]
+    p = km.shape[0]
     amax = float(np.max(np.abs(km) + Z_BLOCK_MAX * np.sqrt(kvar))) if ct.rule == "fp8" else None
     # softmax ignores what is constant over the keys: every error is counted by how it varies over them
     k_key = kvar + (km - km.mean(0)) ** 2                   # [P, kv, d]
-    ek, share = block_error_var(_cache_rows(km, order), _cache_rows(kvar, order), ct, tensor_amax=amax,
-                                key_var=_cache_rows(k_key, order))
-    ek, share = _from_cache(ek, kv, order).mean(0), _from_cache(share, kv, order).mean(0)   # [kv, d]
+    ek, share = block_error_var(km.reshape(p, -1), kvar.reshape(p, -1), ct, tensor_amax=amax,
+                                key_var=k_key.reshape(p, -1))
+    ek, share = ek.reshape(p, kv, d).mean(0), share.reshape(p, kv, d).mean(0)     # [kv, d]
     q2 = (qm ** 2 + qvar).mean(0)                          # [h, d]
     k2 = k_key.mean(0)                                     # variance of each key dim over the keys
     var_k = (q2 * np.repeat(ek, g, axis=0)).sum(-1) / d    # [h]
     if ct.dot_type is not None:
         dot = CACHE_TYPES[ct.dot_type]
-        eq, _ = block_error_var(_cache_rows(qm, order), _cache_rows(qvar, order), dot)
-        eq = _from_cache(eq, h, order).mean(0)
+        eq, _ = block_error_var(qm.reshape(p, -1), qvar.reshape(p, -1), dot)
+        eq = eq.reshape(p, h, d).mean(0)
         var_q = (eq * np.repeat(k2, g, axis=0)).sum(-1) / d
     else:
         var_q = np.zeros(h)
@@ -286,19 +333,25 @@ def k_errors(st: KvLayerStats, geom: KvGeometry, ct: CacheType, rotated: tuple |
     return {"error": grp(var_k + var_q), "error_k": grp(var_k), "error_q": grp(var_q), "share": share.mean(-1)}
 
 
-def v_errors(st: KvLayerStats, order: np.ndarray, ct: CacheType) -> dict[str, np.ndarray] | None:
-    """Per kv head: predicted value error reaching the output (all weight on one key) and bias share."""
+def v_errors(st: KvLayerStats, order: np.ndarray, ct: CacheType, attn_rot: bool = False) -> dict[str, np.ndarray] | None:
+    """Per kv head: predicted value error reaching the output (all weight on one key) and bias share.
+    ``attn_rot``: where llama.cpp rotates V by its 64 x 64 Hadamard (:mod:`.kv_rot`), the blocks see the
+    rotated values and the output is rotated back, which mixes each chunk's rounding errors evenly."""
     if st.v_mean is None:
         return None
     kv, d = st.v_mean.shape
     g = st.q_mean.shape[0] // kv
-    amax = float(np.max(np.abs(st.v_mean) + Z_BLOCK_MAX * np.sqrt(st.v_var))) if ct.rule == "fp8" else None
+    n = R.rot_size(d, ct.name, "v", attn_rot)
+    vm, vv = R.rotate_rows(st.v_mean[..., order], n), R.chunk_mean(st.v_var[..., order], n)
+    amax = float(np.max(np.abs(vm) + Z_BLOCK_MAX * np.sqrt(vv))) if ct.rule == "fp8" else None
     # values: a constant error passes through attention whole (rows sum to 1), so the cap is the value's
     # whole second moment (a value far below one step of a symmetric type rounds to zero)
-    cap = _cache_rows(st.v_mean ** 2 + st.v_var, order) if ct.rule == "absmax" else None
-    ev, share = block_error_var(_cache_rows(st.v_mean, order), _cache_rows(st.v_var, order), ct, tensor_amax=amax,
-                                key_var=cap)
-    ev, share = _from_cache(ev, kv, order), _from_cache(share, kv, order)
+    cap = (vm ** 2 + vv).reshape(-1) if ct.rule == "absmax" else None
+    ev, share = block_error_var(vm.reshape(-1), vv.reshape(-1), ct, tensor_amax=amax, key_var=cap)
+    ev = R.chunk_mean(ev.reshape(kv, d), n)                   # rotated back: each chunk's errors mixed evenly
+    inv = np.empty_like(order)
+    inv[order] = np.arange(d)
+    ev, share = ev[..., inv], share.reshape(kv, d)[..., inv]
     ow = st.o_weight if st.o_weight is not None else np.ones((kv * g, d))
     per_q = (ow * np.repeat(ev, g, axis=0)).sum(-1)
     return {"error": np.sqrt(per_q.reshape(kv, g).mean(1)), "share": share.mean(-1)}
@@ -335,8 +388,10 @@ def check_pairable(ckpt, layout) -> None:
                                "heads do not pair up", path=src)
 
 
-def kv_geometry(ckpt, layout, context: int | None = None) -> KvGeometry:
-    """Pairs in the file's dims, the cache order llama.cpp would store, and sampled angles."""
+def kv_geometry(ckpt, layout, context: int | None = None, attn_rot: bool | None = None) -> KvGeometry:
+    """Pairs in the file's dims, the cache order llama.cpp would store, and sampled angles; ``attn_rot``:
+    model llama.cpp's Hadamard rotation (None: as llama.cpp would in this environment, :mod:`.kv_rot`)."""
+    rot = R.resolve(attn_rot)
     from ..arch import families as F
     from ..arch.layouts import llama_permute_index, rotary_pairs
     from ..arch.rope import rope_inv_freq
@@ -345,7 +400,7 @@ def kv_geometry(ckpt, layout, context: int | None = None) -> KvGeometry:
     pe = layout.position
     L = int(context or min(layout.max_positions or DEFAULT_CONTEXT, DEFAULT_CONTEXT))
     if pe.type != "rope" or not pe.rotary_dim:
-        return KvGeometry(d, np.zeros((0, 2), dtype=np.int64), np.zeros((POSITIONS, 0)), np.arange(d), "none")
+        return KvGeometry(d, np.zeros((0, 2), dtype=np.int64), np.zeros((POSITIONS, 0)), np.arange(d), "none", rot)
     r = min(int(pe.rotary_dim), d)
     layout_name = pe.pair_layout or "rotate_half"
     pairs = rotary_pairs(d, r, layout_name)
@@ -356,7 +411,7 @@ def kv_geometry(ckpt, layout, context: int | None = None) -> KvGeometry:
     if layout.naming == "hf" and fam is not None and fam.gguf_qk_permuted and r == d and layout_name == "rotate_half":
         # llama.cpp's converter stores these rows as interleaved pairs: the cache blocks follow that order
         order = llama_permute_index(1, d)
-    return KvGeometry(d, pairs, pos[:, None] * inv[None, :], order, layout_name)
+    return KvGeometry(d, pairs, pos[:, None] * inv[None, :], order, layout_name, rot)
 
 
 def _read(ckpt, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
@@ -542,7 +597,7 @@ def predict_layer(st: KvLayerStats, geom: KvGeometry, types) -> list[KvHeadPredi
     for t in types:
         ct = CACHE_TYPES[t]
         k = k_errors(st, geom, ct, rot)
-        v = v_errors(st, v_order, ct)
+        v = v_errors(st, v_order, ct, geom.attn_rot)
         for g in range(st.k_mean.shape[0]):
             out.append(KvHeadPrediction(st.layer, g, t, float(k["share"][g]), float(k["error"][g]),
                                         float(k["error_k"][g]), float(k["error_q"][g]),
@@ -554,7 +609,8 @@ def predict_layer(st: KvLayerStats, geom: KvGeometry, types) -> list[KvHeadPredi
 def layer_error(st: KvLayerStats, geom: KvGeometry, cache_type: str, kind: str) -> float:
     """One layer's predicted error (RMS over kv heads) for ``kind`` ``k`` (logit) or ``v`` (output)."""
     ct = CACHE_TYPES[cache_type]
-    e = k_errors(st, geom, ct)["error"] if kind == "k" else v_errors(st, np.arange(geom.head_dim), ct)["error"]
+    e = k_errors(st, geom, ct)["error"] if kind == "k" else \
+        v_errors(st, np.arange(geom.head_dim), ct, geom.attn_rot)["error"]
     return float(np.sqrt(np.mean(e ** 2)))
 
 
@@ -583,6 +639,14 @@ class KvCacheReport:
     per_head: bool = False
     warnings: tuple = field(default_factory=tuple)
     measured: object | None = None  # analysis.kv_measure.KvMeasureReport (``--measure``), else None
+    attn_rot: bool = True          # llama.cpp's Hadamard rotation modelled where it applies it (.kv_rot)
+    head_dim: int = 0
+    capture_perm: tuple = ()       # cache position p holds transformers' dim capture_perm[p] (--measure)
+
+    def rotation(self, cache_type: str) -> dict:
+        """Whether llama.cpp rotates for this cache type: the Hadamard size for K (Q and K) and V, or None."""
+        return {"k": R.rot_size(self.head_dim, cache_type, "k", self.attn_rot),
+                "v": R.rot_size(self.head_dim, cache_type, "v", self.attn_rot)}
 
     def at_risk(self, cache_type: str | None = None) -> list[int]:
         return sorted({r.layer for r in self.layers if (cache_type in (None, r.cache_type))
@@ -608,7 +672,8 @@ class KvCacheReport:
             "cache_types": [CACHE_TYPES[t].to_dict() for t in self.cache_types],
             "model": {"z_block_max": Z_BLOCK_MAX, "positions": POSITIONS, "context": self.context,
                       "risk_ratio": RISK_RATIO, "risk_logit": RISK_LOGIT, "pair_layout": self.pair_layout,
-                      "cache_order": self.cache_order},
+                      "cache_order": self.cache_order, "attn_rot": self.attn_rot,
+                      "rotation": {t: self.rotation(t) for t in self.cache_types}},
             "layers": [r.to_dict() for r in self.layers], "heads": [h.to_dict() for h in self.heads],
             "at_risk": {t: self.at_risk(t) for t in self.cache_types},
             "worst_predicted": {t: list(self.worst_predicted(t)) for t in self.cache_types},
@@ -678,6 +743,7 @@ class KvCacheReport:
                  ("pairs", f"{self.pair_layout}; cache blocks in {self.cache_order} order"),
                  ("model", f"static (weights and biases), {POSITIONS} positions over {self.context}; K: logit RMS "
                            "error (K via q + Q to its dot type via k); V: error reaching the output")]
+        items += [(f"attn_rot ({t})", R.describe(self.head_dim, t, self.attn_rot)) for t in self.cache_types]
         for t in self.cache_types:
             bad = self.at_risk(t)
             items.append((f"at risk ({t})", ", ".join(map(str, bad)) if bad else "none"))
@@ -694,13 +760,14 @@ class KvCacheReport:
 
 
 def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: bool = False,
-                    values: bool = True) -> KvCacheReport:
-    """The static KV-cache prediction of an open checkpoint (see the module docstring)."""
+                    values: bool = True, attn_rot: bool | None = None) -> KvCacheReport:
+    """The static KV-cache prediction of an open checkpoint (see the module docstring); ``attn_rot``: model
+    llama.cpp's Hadamard rotation where it applies it (None: as llama.cpp would in this environment)."""
     types = parse_cache_types(cache_types, path=ckpt.source)
     layout = ckpt.layout()
     check_pairable(ckpt, layout)
     check_blocks(layout, types, ckpt.source)
-    geom = kv_geometry(ckpt, layout, context)
+    geom = kv_geometry(ckpt, layout, context, attn_rot)
     heads, sampled = [], False
     for lt in layout.layers:
         st = kv_layer_stats(ckpt, layout, lt, values=values)
@@ -719,17 +786,19 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
     ctx = int(geom.angles.shape[0] and (context or min(layout.max_positions or DEFAULT_CONTEXT, DEFAULT_CONTEXT)))
     order = "interleaved" if not np.array_equal(geom.cache_order, np.arange(geom.head_dim)) else "file"
     return KvCacheReport(ckpt.source, layout.architecture, types, tuple(heads), tuple(flag_layers(heads, types)),
-                         geom.pair_layout, order, ctx, tuple(notes), per_head)
+                         geom.pair_layout, order, ctx, tuple(notes), per_head, attn_rot=geom.attn_rot,
+                         head_dim=geom.head_dim,
+                         capture_perm=tuple(int(x) for x in R.capture_cache_perm(geom, ckpt.naming)[0]))
 
 
 def analyze_kv_cache(source, cache_types, *, context: int | None = None, per_head: bool = False,
-                     **open_kwargs) -> KvCacheReport:
+                     attn_rot: bool | None = None, **open_kwargs) -> KvCacheReport:
     """Python twin of ``analyze --kv-cache TYPES`` (``source``: any source or an open Checkpoint)."""
     from ..checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
         source.refuse_truncated()        # as every command but inspect
-        return kv_cache_report(source, cache_types, context=context, per_head=per_head)
+        return kv_cache_report(source, cache_types, context=context, per_head=per_head, attn_rot=attn_rot)
     parse_cache_types(cache_types, path=str(source))      # an unknown type before the file is opened
     with open_checkpoint(source, **open_kwargs) as ck:
         ck.refuse_truncated()
-        return kv_cache_report(ck, cache_types, context=context, per_head=per_head)
+        return kv_cache_report(ck, cache_types, context=context, per_head=per_head, attn_rot=attn_rot)

@@ -83,6 +83,7 @@ class KvMeasureReport:
     head_dim: int
     layers: tuple              # KvLayerMeasure, layer-major then type
     notes: tuple = field(default_factory=tuple)
+    attn_rot: bool = False     # Q, K (and V) rotated as llama.cpp does before the cache (.kv_rot)
 
     def worst_layers(self, cache_type: str, n: int = 3) -> tuple:
         """The ``n`` layers with the largest mean attention-row KL under ``cache_type``."""
@@ -97,7 +98,7 @@ class KvMeasureReport:
                 "prompts": self.prompts, "tokens": list(self.tokens), "head_dim": self.head_dim,
                 "layers": [r.to_dict() for r in self.layers],
                 "worst_layers": {t: list(self.worst_layers(t)) for t in self.cache_types},
-                "notes": list(self.notes)}
+                "attn_rot": self.attn_rot, "notes": list(self.notes)}
 
     def rows(self) -> list[dict]:
         worst = {t: set(self.worst_layers(t)) for t in self.cache_types}
@@ -242,11 +243,26 @@ def _heads(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.arange(q.shape[0]) // (q.shape[0] // k.shape[0])
 
 
-def _layer_sums(s: _Sums, q, k, v, scaling: float, name: str) -> None:
-    """Add one prompt's layer (``q [H,T,D]``, ``k``/``v [KV,T,D]`` float32) under cache ``name``."""
+def cache_view(q, k, v, name: str, attn_rot: bool, perm=None):
+    """Q, K, V as llama.cpp's cache sees them for a ``name`` cache: head dims in cache order (``perm[p]``: the
+    captured dim at cache position p; None: as captured), Q and K times its Hadamard chunks and V times its
+    64 x 64 Hadamard where it applies them (:mod:`.kv_rot`).  The logits and P V are unchanged (H orthogonal;
+    llama.cpp rotates the attention output back)."""
+    from . import kv_rot as R
+    d = q.shape[-1]
+    if perm is not None:
+        q, k = q[..., perm], k[..., perm]
+    nk, nv = R.rot_size(d, name, "k", attn_rot), R.rot_size(d, name, "v", attn_rot)
+    return R.rotate_rows(q, nk), R.rotate_rows(k, nk), R.rotate_rows(v, nv)
+
+
+def _layer_sums(s: _Sums, q, k, v, scaling: float, name: str, attn_rot: bool = False, perm=None) -> None:
+    """Add one prompt's layer (``q [H,T,D]``, ``k``/``v [KV,T,D]`` float32) under cache ``name`` (``attn_rot``,
+    ``perm``: :func:`cache_view`)."""
     t = q.shape[1]
     causal = np.tril(np.ones((t, t), dtype=bool))
     kv = _heads(q, k)
+    q, k, v = cache_view(q, k, v, name, attn_rot, perm)
     qt = query_type(name)
     q_hat = roundtrip(q, qt) if qt else q
     k_hat, v_hat = roundtrip(k, name), roundtrip(v, name)
@@ -272,16 +288,20 @@ def _layer_sums(s: _Sums, q, k, v, scaling: float, name: str) -> None:
 
 
 def measure_kv_cache(source, cache_types=("q8_0", "q4_0"), *, prompts=None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                     device: str = "cpu") -> KvMeasureReport:
+                     device: str = "cpu", attn_rot: bool | None = None, perm=None) -> KvMeasureReport:
     """Run ``source`` with transformers (float32, eager attention) on ``prompts`` (default the
     analysis prompt set, :func:`.prompts.default_prompts`, each cut to ``max_tokens``), capture
     every layer's post-RoPE Q, K and V, and measure each of ``cache_types`` (:data:`CACHE_TYPES`)
-    on them; see the module docstring.  Raises CkptError (one line) for bad input."""
+    on them; see the module docstring.  ``attn_rot``: rotate as llama.cpp does before its cache (None: as it
+    would in this environment; :mod:`.kv_rot`); ``perm``: the cache order of the captured head dims
+    (:func:`.kv_rot.capture_cache_perm`; None: as captured).  Raises CkptError (one line) for bad input."""
     from ..runtime import resolve_device
+    from .kv_rot import resolve
     from .measure import _encode_prompts, load_model
     from .prompts import default_prompts
 
     names = check_cache_types(cache_types)
+    rot = resolve(attn_rot)
     if not isinstance(max_tokens, int) or max_tokens < 2:
         raise CkptError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
     dev = resolve_device(device)
@@ -294,13 +314,15 @@ def measure_kv_cache(source, cache_types=("q8_0", "q4_0"), *, prompts=None, max_
             q, k, v = (x[0].float().cpu().numpy() for x in (q, k, v))
             head_dim = _check_head_dim(q.shape[-1], names, source)
             for name in names:
-                _layer_sums(sums.setdefault((layer, name), _Sums()), q, k, v, scaling, name)
+                _layer_sums(sums.setdefault((layer, name), _Sums()), q, k, v, scaling, name, rot, perm)
     layers = tuple(sums[key].result(*key) for key in sorted(sums))
     notes = ("K: keys and the query quantized as llama.cpp's CPU kernels do (Q to the type's vec_dot type); "
              "V: the attention output with the exact attention weights; fp8_e4m3: per-tensor scale, Q in float",
-             "attention without sliding window, sinks or soft-capping (the plain causal softmax)")
+             "attention without sliding window, sinks or soft-capping (the plain causal softmax)",
+             "llama.cpp's attn_rot Hadamard of Q, K (and V) before a quantized cache: "
+             + ("applied where llama.cpp applies it" if rot else "off (as LLAMA_ATTN_ROT_DISABLE=1)"))
     return KvMeasureReport(str(source), dev, names, len(encoded), tuple(int(e.shape[1]) for e in encoded),
-                           int(head_dim), layers, notes)
+                           int(head_dim), layers, notes, rot)
 
 
 def _check_head_dim(d: int, names, source) -> int:

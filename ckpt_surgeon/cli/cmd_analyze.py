@@ -76,10 +76,13 @@ _PROFILE_HELP = """\
                    "[--max-tokens N] [--device]: also the real Q, K, V of a float32 forward pass through ggml's "
                    "kernels, per layer the measured logit RMS error and attention-row KL and the worst layers "
                    "measured (JSON kv_cache.measured); see docs/analyze.md and docs/kv-cache.md.")
+@click.option("--no-attn-rot", "no_attn_rot", is_flag=True,
+              help="With --kv-cache: model (and measure) the cache without llama.cpp's Hadamard rotation of Q, K "
+                   "and V (as LLAMA_ATTN_ROT_DISABLE=1 runs it).  Default: as llama.cpp would in this environment.")
 @source_options
 @output_options
 def command(source, context, epsilon, measure, prompts_file, device, dtype, max_tokens, per_head, by_bias,
-            distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir, kv_cache,
+            distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir, kv_cache, no_attn_rot,
             allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
     """Which attention biases of SOURCE are really redundant, per layer and kv head.
 
@@ -123,7 +126,7 @@ def command(source, context, epsilon, measure, prompts_file, device, dtype, max_
     if kv_cache is not None:
         _kv_cache(source, kv_cache, context=context, per_head=per_head, measure=measure, prompts_file=prompts_file,
                   device=device, dtype=dtype, max_tokens=max_tokens, plot_dir=plot_dir, fmt=fmt, output=output,
-                  force=force, bad=distance_profile or by_bias,
+                  force=force, bad=distance_profile or by_bias, attn_rot=False if no_attn_rot else None,
                   open_kw=open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
         return
     profile = _profile_options(distance_profile, deltas, rope_theta, rope_scaling, skip_first, plot_dir)
@@ -169,7 +172,7 @@ def _plots(report, plot_dir) -> None:
 
 
 def _kv_cache(source, kv_cache, *, context, per_head, measure, prompts_file, device, dtype, max_tokens, plot_dir,
-              fmt, output, force, bad, open_kw) -> None:
+              fmt, output, force, bad, open_kw, attn_rot=None) -> None:
     """``--kv-cache TYPES [--measure] [--plot DIR]``: the table, and the before/after-equalizing PNGs.
 
     The plots compose analysis with surgery (the "after" is kv-equalize's own choice of scales), so they
@@ -187,7 +190,7 @@ def _kv_cache(source, kv_cache, *, context, per_head, measure, prompts_file, dev
         from ..analysis.kv_plots import check_matplotlib
         check_matplotlib()
     report = analyze(source, context=context, kv_cache=kv_cache, per_head=per_head, measure=measure,
-                     prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens, **open_kw)
+                     prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens, attn_rot=attn_rot, **open_kw)
     if plot_dir:
         from ..analysis.kv_plots import plot_kv_cache
         from ..surgery.kv_effect import equalize_effect

@@ -27,23 +27,27 @@ from .render import check_report_path, emit, open_kwargs, source_options
               help="--calibrate: cut each prompt to N tokens.")
 @click.option("--rows", type=int, default=64, show_default=True, metavar="R",
               help="--calibrate: query rows kept per prompt (evenly spaced; every key is kept).")
-@click.option("--attn-rot/--no-attn-rot", "attn_rot", default=True, show_default=True,
-              help="--calibrate: measure K and Q as llama.cpp does when it Hadamard-rotates them for a quantized "
-                   "K cache (head_dim a multiple of 64; llama.cpp's LLAMA_ATTN_ROT_DISABLE=1 turns that off).")
+@click.option("--attn-rot/--no-attn-rot", "attn_rot", default=None,
+              help="Predict (and with --calibrate measure) Q, K and V as llama.cpp does when it Hadamard-rotates "
+                   "them before a quantized cache (head_dim a multiple of 64).  Default: as llama.cpp would in this "
+                   "environment (its LLAMA_ATTN_ROT_DISABLE=1 turns the rotation off).")
+@click.option("--turn/--no-turn", "turn", default=True, show_default=True,
+              help="Also turn the bias-dominated rotary pairs of q and k by a fixed angle (exact: 2-D rotations "
+                   "commute with RoPE), chosen so the rotated bias spreads evenly over the cache blocks; not with "
+                   "--calibrate or a per-head q/k norm.")
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, out, force, check,
-            dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, out,
+            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
     Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
     the key by 1/alpha_j (a scalar on a rotation plane commutes with the rotation, so every
-    attention logit is unchanged); with --cache-type-v each value dim is multiplied by m_i and the
-    matching W_o columns by 1/m_i. The scales are chosen from the weights and biases to minimise
-    the static prediction of `analyze --kv-cache` (Q's own quantization to the dot type included),
-    or with --calibrate on the measured attention-row KL of real prompts (the report says which);
-    the table shows each layer's predicted error before and after (and, calibrated, the measured KL). OUT is written atomically;
-    untouched tensors are copied byte for byte; the source is never modified.
+    attention logit is unchanged), and the pairs a key bias dominates are turned by a fixed angle in
+    q and k alike (2-D rotations commute); OUT is written atomically, the source untouched; with
+    --cache-type-v each value dim is multiplied by m_i and the matching W_o columns by 1/m_i. The
+    scales minimise `analyze --kv-cache`'s prediction (Q's rounding, llama.cpp's rotation included), or
+    with --calibrate the measured attention-row KL of prompts; the table: per layer before and after.
 
     \b
     Examples:
@@ -56,9 +60,8 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
 
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                         force=force, check=check, dry_run=dry_run, calibrate=calibrate,
+                         force=force, check=check, dry_run=dry_run, calibrate=calibrate, attn_rot=attn_rot, turn=turn,
                          prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
-                         attn_rot=attn_rot,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)

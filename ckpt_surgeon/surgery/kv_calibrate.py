@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis import kv_measure as KM
+from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 
 BLOCK = 32
@@ -78,42 +79,18 @@ def collect(source, *, prompts=None, max_tokens: int = KM.DEFAULT_MAX_TOKENS, ro
 
 
 def cache_perm(geom, naming: str) -> tuple[np.ndarray, list[np.ndarray]]:
-    """``(perm, positions)``: ``perm[p]`` = the captured dim held at cache position p, and per scale group
-    (``geom.groups()`` order) its cache positions.  Captured tensors are in transformers' layout: the file's
-    own for an HF source, rotate_half for a GGUF (the loader un-permutes llama.cpp's interleaved rows)."""
-    from ..arch.layouts import rotary_pairs
-
-    d = geom.head_dim
-    inv = np.empty(d, dtype=np.int64)
-    inv[geom.cache_order] = np.arange(d)
-    cap_pairs = geom.pairs if naming != "gguf" or not len(geom.pairs) else \
-        rotary_pairs(d, 2 * len(geom.pairs), "rotate_half")
-    seen = set(int(x) for x in cap_pairs.reshape(-1))
-    cap_groups = [np.asarray(p) for p in cap_pairs] + [np.array([i]) for i in range(d) if i not in seen]
-    perm = np.empty(d, dtype=np.int64)
-    positions = []
-    for fg, cg in zip(geom.groups(), cap_groups):
-        pos = inv[np.asarray(fg)]
-        perm[pos] = cg
-        positions.append(pos)
-    return perm, positions
+    """``(perm, positions)``: the captured dim at each cache position, and each scale group's cache
+    positions (:func:`ckpt_surgeon.analysis.kv_rot.capture_cache_perm`)."""
+    return KR.capture_cache_perm(geom, naming)
 
 
 def hadamard(d: int, types) -> np.ndarray | None:
-    """llama.cpp's ``attn_rot_k``: with a quantized K cache and ``head_dim % 64 == 0`` it multiplies Q and K
-    (after RoPE, in the cache's dim order) by a normalized Sylvester Hadamard matrix of size ``n`` = the largest
-    power of two dividing head_dim, chunk by chunk, before the cache stores K (``LLAMA_ATTN_ROT_DISABLE=1``
-    turns it off).  The logits are unchanged (H orthogonal); the blocks then see rotated values.  None: no
-    rotation for this head_dim or these types."""
-    if d % 64 or not all(t in KM.BLOCK_TYPES for t in types):
+    """llama.cpp's ``attn_rot_k`` matrix for head_dim ``d`` and K types ``types`` (float32; the size and the
+    conditions are :func:`ckpt_surgeon.analysis.kv_rot.rot_size`'s), or None when it rotates nothing."""
+    sizes = {KR.rot_size(d, t, "k") for t in types}
+    if len(sizes) != 1 or None in sizes:
         return None
-    n = 64
-    while d % (2 * n) == 0:
-        n *= 2
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(np.float32)
+    return KR.hadamard(sizes.pop()).astype(np.float32)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

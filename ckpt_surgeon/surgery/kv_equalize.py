@@ -33,8 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import kv_cache as KC
+from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
+from .kv_turn import choose_turn
 from .plan import Plan, TensorStep, step_params
 
 _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -59,6 +61,7 @@ class KvEqualizeLayer:
     kl_before: float | None = None      # --calibrate: measured mean attention-row KL (first K type), alpha = 1
     kl_static: float | None = None      # ... with the static choice
     kl_after: float | None = None       # ... with the calibrated choice
+    turned: int = 0                     # rotary pairs turned (per kv head, the most of any head)
 
     def to_dict(self) -> dict:
         return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
@@ -66,7 +69,7 @@ class KvEqualizeLayer:
     def row(self) -> dict:
         d = {"layer": self.layer, "K before": self.k_before, "K after": self.k_after,
              "K ratio": self.k_after / self.k_before if self.k_before else float("nan"),
-             "alpha range": f"{self.alpha_min:.3g}..{self.alpha_max:.3g}"}
+             "alpha range": f"{self.alpha_min:.3g}..{self.alpha_max:.3g}", "pairs turned": self.turned}
         if self.v_before is not None:
             d.update({"V before": self.v_before, "V after": self.v_after,
                       "m range": f"{self.m_min:.3g}..{self.m_max:.3g}"})
@@ -113,8 +116,9 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     med = np.median(a_k, -1, keepdims=True) + tiny
     cands += [_expand(np.maximum(1.0, a_k / (c * med)), groups, d) for c in _C_OUTLIER]
     cts = [KC.CACHE_TYPES[t] for t in types]
-    base = [KC.k_errors(st, geom, ct)["error"] for ct in cts]
-    costs = np.stack([_cost([KC.k_errors(st.scaled(alpha=a), geom, ct)["error"] for ct in cts], base)
+    rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
+    base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
+    costs = np.stack([_cost([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for ct in cts], base)
                       for a in cands])                               # [candidates, kv]
     if shared:
         best = np.full(kv, int(np.argmin(costs.sum(1))))
@@ -123,8 +127,9 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     return np.stack([cands[b][i] for i, b in enumerate(best)])
 
 
-def choose_m(st: KC.KvLayerStats, types) -> np.ndarray | None:
-    """``m [kv, d]`` minimising the predicted value error reaching the output over ``types``."""
+def choose_m(st: KC.KvLayerStats, types, attn_rot: bool = False) -> np.ndarray | None:
+    """``m [kv, d]`` minimising the predicted value error reaching the output over ``types`` (``attn_rot``: as
+    llama.cpp rotates V, :func:`ckpt_surgeon.analysis.kv_cache.v_errors`)."""
     if st.v_mean is None:
         return None
     kv, d = st.v_mean.shape
@@ -133,8 +138,9 @@ def choose_m(st: KC.KvLayerStats, types) -> np.ndarray | None:
     ref = np.sqrt((a_v ** 2).mean(-1, keepdims=True))
     cands = [np.ones((kv, d))] + [(ref / a_v) ** t for t in _T_VALUE]
     cts = [KC.CACHE_TYPES[t] for t in types]
-    base = [KC.v_errors(st, order, ct)["error"] for ct in cts]
-    costs = np.stack([_cost([KC.v_errors(st.scaled(m=m), order, ct)["error"] for ct in cts], base) for m in cands])
+    base = [KC.v_errors(st, order, ct, attn_rot)["error"] for ct in cts]
+    costs = np.stack([_cost([KC.v_errors(st.scaled(m=m), order, ct, attn_rot)["error"] for ct in cts], base)
+                      for m in cands])
     best = costs.argmin(0)
     return np.stack([cands[b][i] for i, b in enumerate(best)])
 
@@ -147,14 +153,35 @@ def _check_writable(ckpt, names, src) -> None:
                                    "(not exact); equalize the float checkpoint, then quantize", path=src, tensor=n)
 
 
-def _step(name: str, scale: np.ndarray, axis: int, layer: int, why: str, offset: float = 0.0) -> TensorStep:
+def _step(name: str, scale: np.ndarray, axis: int, layer: int, why: str, offset: float = 0.0,
+          turn=None) -> TensorStep:
+    extra = {} if turn is None else {"turn_a": [int(x) for x in turn[0]], "turn_b": [int(x) for x in turn[1]],
+                                     "turn_angle": [float(x) for x in turn[2]]}
     return TensorStep("scale_axis", name, (name,), step_params(scale=[float(x) for x in scale], axis=axis,
-                                                              offset=float(offset)),
-                      like=name, layer=layer, why=why)
+                                                              offset=float(offset), **extra),
+                      like=name, layer=layer, why=why + (", pairs turned" if turn is not None else ""))
 
 
-def _qk_steps(ckpt, layout, lt, alpha: np.ndarray) -> list[TensorStep]:
-    """Steps writing ``alpha`` into q and ``1/alpha`` into k (norm weights, separate or fused projections)."""
+def _turn_rows(phi, pairs, heads: int, group: int, d: int, rows=None):
+    """``(a, b, angle)`` row indices of a projection with ``heads`` heads (head ``i`` uses kv head ``i // group``'s
+    angles) for the pairs with a non-zero angle; ``rows`` maps them into a fused projection; None: no turn."""
+    if phi is None or not np.any(phi):
+        return None
+    a, b, ang = [], [], []
+    for i in range(heads):
+        for j in np.nonzero(phi[i // group])[0]:
+            a.append(i * d + pairs[j, 0])
+            b.append(i * d + pairs[j, 1])
+            ang.append(phi[i // group, j])
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    if rows is not None:
+        a, b = rows[a], rows[b]
+    return a, b, np.asarray(ang)
+
+
+def _qk_steps(ckpt, layout, lt, alpha: np.ndarray, phi=None, pairs=None) -> list[TensorStep]:
+    """Steps writing ``alpha`` into q and ``1/alpha`` into k (norm weights, separate or fused projections), and
+    the pair turns ``phi [kv, P]`` of ``pairs`` into both (projections only)."""
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
     qs, ks = np.repeat(alpha, h // kv, axis=0).reshape(-1), (1.0 / alpha).reshape(-1)
     if lt.q_norm and lt.k_norm:
@@ -166,26 +193,29 @@ def _qk_steps(ckpt, layout, lt, alpha: np.ndarray) -> list[TensorStep]:
         return out
     if lt.q_weight and lt.k_weight:
         out = []
-        for w, b, s in ((lt.q_weight, lt.q_bias, qs), (lt.k_weight, lt.k_bias, ks)):
-            out.append(_step(w, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)"))
+        tq, tk = _turn_rows(phi, pairs, h, h // kv, d), _turn_rows(phi, pairs, kv, 1, d)
+        for w, b, s, t in ((lt.q_weight, lt.q_bias, qs, tq), (lt.k_weight, lt.k_bias, ks, tk)):
+            out.append(_step(w, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)", turn=t))
             if b:
-                out.append(_step(b, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)"))
+                out.append(_step(b, s, 0, lt.layer, "rotary pair scale (q x alpha, k / alpha)", turn=t))
         return out
     return []          # fused: written together with v by _fused_steps
 
 
-def _fused_steps(layout, lt, alpha, m) -> list[TensorStep]:
+def _fused_steps(layout, lt, alpha, m, phi=None, pairs=None) -> list[TensorStep]:
     from ..arch.layouts import qkv_row_index
     h, kv, d = layout.num_heads, layout.num_kv_heads, layout.head_dim
     iq, ik, iv = qkv_row_index(layout.fused_layout or "concat", h, kv, d)
+    tq, tk = _turn_rows(phi, pairs, h, h // kv, d, np.asarray(iq)), _turn_rows(phi, pairs, kv, 1, d, np.asarray(ik))
+    turn = None if tq is None else tuple(np.concatenate([x, y]) for x, y in zip(tq, tk))
     s = np.ones(len(iq) + len(ik) + len(iv))
     s[iq] = np.repeat(alpha, h // kv, axis=0).reshape(-1)
     s[ik] = (1.0 / alpha).reshape(-1)
     if m is not None:
         s[iv] = m.reshape(-1)
-    out = [_step(lt.qkv_weight, s, -1 if layout.conv1d else 0, lt.layer, "fused qkv rows scaled")]
+    out = [_step(lt.qkv_weight, s, -1 if layout.conv1d else 0, lt.layer, "fused qkv rows scaled", turn=turn)]
     if lt.qkv_bias:
-        out.append(_step(lt.qkv_bias, s, 0, lt.layer, "fused qkv bias scaled"))
+        out.append(_step(lt.qkv_bias, s, 0, lt.layer, "fused qkv bias scaled", turn=turn))
     return out
 
 
@@ -201,13 +231,19 @@ def _v_steps(layout, lt, m) -> list[TensorStep]:
     return out
 
 
-def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None) -> list[TensorStep]:
+def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None, phi=None,
+                pairs=None) -> list[TensorStep]:
     """The steps writing given scales into one layer: q pairs x ``alpha [kv, d]``, k pairs / ``alpha`` (pairs
-    must share a scale), value dims x ``m [kv, d]`` and W_o columns / ``m`` (None: values untouched).
-    Exact for any positive scales that are equal on both dims of each rotary pair (see ops.scale_axis)."""
-    steps = _qk_steps(ckpt, layout, lt, alpha)
+    must share a scale), value dims x ``m [kv, d]`` and W_o columns / ``m`` (None: values untouched), and
+    rotary pair j of q and k turned by ``phi [kv, P]`` (``pairs [P, 2]``, file dims; None: no turn).
+    Exact for any positive scales that are equal on both dims of each rotary pair and any angles
+    (see ops.scale_axis); a turn is refused where a q/k norm follows the projection."""
+    if phi is not None and np.any(phi) and lt.q_norm and lt.k_norm:
+        raise UnsupportedError("a per-dim q/k-norm weight follows the projection: a pair turn would not commute "
+                               "with it", path=ckpt.source, tensor=lt.q_norm)
+    steps = _qk_steps(ckpt, layout, lt, alpha, phi, pairs)
     if lt.qkv_weight:
-        steps += _fused_steps(layout, lt, alpha, m)
+        steps += _fused_steps(layout, lt, alpha, m, phi, pairs)
     elif m is not None:
         steps += _v_steps(layout, lt, m)
     if m is not None and lt.qkv_weight:
@@ -218,9 +254,11 @@ def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None
 
 
 def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
-                     calibration=None) -> Plan:
+                     calibration=None, attn_rot: bool | None = None, turn: bool = True) -> Plan:
     """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing);
-    ``calibration`` (:func:`ckpt_surgeon.surgery.kv_calibrate.collect`): choose alpha on its measured Q and K."""
+    ``calibration`` (:func:`ckpt_surgeon.surgery.kv_calibrate.collect`): choose alpha on its measured Q and K;
+    ``attn_rot``: predict with llama.cpp's Hadamard rotation where it applies it (None: as llama.cpp would in
+    this environment); ``turn``: also turn the bias-dominated pairs (:mod:`.kv_turn`; static choice only)."""
     src = ckpt.source
     types_k = KC.parse_cache_types(cache_type_k, path=src)
     types_v = KC.parse_cache_types(cache_type_v, path=src) if cache_type_v else ()
@@ -228,7 +266,10 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     layout = ckpt.layout()
     KC.check_pairable(ckpt, layout)
     KC.check_blocks(layout, types_k + types_v, src)
-    geom = KC.kv_geometry(ckpt, layout, context)
+    geom = KC.kv_geometry(ckpt, layout, context, attn_rot)
+    # turns only for llama.cpp's rotated blocks: on plain blocks they were predicted to help but measured worse
+    # in llama.cpp (LLAMA_ATTN_ROT_DISABLE=1, concentrated q4_0: 0.040 -> 0.058)
+    rotated = all(KR.rot_size(geom.head_dim, t, "k", geom.attn_rot) for t in types_k)
     steps, recs = [], []
     for lt in layout.layers:
         if types_v and not lt.o_weight:
@@ -240,9 +281,13 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         alpha = choose_alpha(st, geom, types_k, shared)
         cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
         alpha = cal.alpha if cal is not None else alpha
-        m = choose_m(st, types_v) if types_v else None
+        phi = None
+        if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
+            alpha, phi = choose_turn(st, geom, types_k, alpha)
+        m = choose_m(st, types_v, geom.attn_rot) if types_v else None
         new = st.scaled(alpha=alpha, m=m)
-        steps += layer_steps(ckpt, layout, lt, alpha, m)
+        new = new.turned(phi, geom.pairs) if phi is not None else new
+        steps += layer_steps(ckpt, layout, lt, alpha, m, phi, geom.pairs)
         t0 = types_k[0]
         recs.append(KvEqualizeLayer(
             lt.layer, KC.layer_error(st, geom, t0, "k"), KC.layer_error(new, geom, t0, "k"),
@@ -250,7 +295,8 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             KC.layer_error(new, geom, types_v[0], "v") if types_v else None,
             float(alpha.min()), float(alpha.max()),
             float(m.min()) if m is not None else None, float(m.max()) if m is not None else None,
-            *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else ())))
+            *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
+            turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0))
     how = _how(calibration)
     notes = [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
                  "alpha per rotary pair per kv head by coordinate descent on the measured mean attention-row KL "
@@ -263,7 +309,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
              "exact: every attention logit and head output is unchanged (q pair x alpha, k pair / alpha commute with "
              "the rotation; W_o M^-1 M v = W_o v); changed tensors computed in float64 and cast once"]
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
-              "pair_layout": geom.pair_layout, "scales": how,
+              "pair_layout": geom.pair_layout, "scales": how, "attn_rot": geom.attn_rot,
               "calibration": calibration.to_dict() if calibration is not None else None}
     return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
                 notes=tuple(notes))
@@ -343,14 +389,16 @@ class KvEqualizeReport:
 
 def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
                 force: bool = False, check: str = "auto", dry_run: bool = False, calibrate: bool = False,
-                prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool = True,
-                **open_kw) -> KvEqualizeReport:
+                prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool | None = None,
+                turn: bool = True, **open_kw) -> KvEqualizeReport:
     """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
 
     ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
     to ``max_tokens``, keep ``rows`` query rows per prompt, and choose alpha on the measured attention error
-    (:mod:`ckpt_surgeon.surgery.kv_calibrate`); ``attn_rot``: measure K and Q as llama.cpp does when it
-    Hadamard-rotates them for a quantized K cache (head_dim a multiple of 64; off: plain blocks).
+    (:mod:`ckpt_surgeon.surgery.kv_calibrate`); ``attn_rot``: predict (and measure) K and Q as llama.cpp does
+    when it Hadamard-rotates them for a quantized cache (head_dim a multiple of 64; False: plain blocks; None:
+    as llama.cpp would in this environment, ``LLAMA_ATTN_ROT_DISABLE``); ``turn``: also turn the
+    bias-dominated rotary pairs of q and k (:mod:`ckpt_surgeon.surgery.kv_turn`; static choice only).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
@@ -361,6 +409,8 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     KC.parse_cache_types(cache_type_k, path=str(source))
     if cache_type_v:
         KC.parse_cache_types(cache_type_v, path=str(source))
+    from ..analysis.kv_rot import resolve
+    attn_rot = resolve(attn_rot)
     calibration = None
     if calibrate:
         from .kv_calibrate import check_types, collect
@@ -372,7 +422,7 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
         plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                                calibration=calibration)
+                                calibration=calibration, attn_rot=attn_rot, turn=turn)
         if dry_run:
             return KvEqualizeReport(plan, None)
         result = execute(ck, plan, out, force=force, check=check, progress=open_kw.get("progress", False))

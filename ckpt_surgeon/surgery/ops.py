@@ -168,8 +168,10 @@ def raw_rows(buf: bytes, shape: tuple, itemsize: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.dtype(unit).newbyteorder("<")).reshape(shape)
 
 
-def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 0.0) -> np.ndarray:
-    """``(x + offset) * scale - offset`` with ``scale`` broadcast along ``axis`` (float64).
+def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 0.0, turn=None) -> np.ndarray:
+    """``(x + offset) * scale - offset`` with ``scale`` broadcast along ``axis`` (float64), then, with ``turn``
+    (``(a, b, angle)`` index arrays along ``axis``), each pair of slices turned by its angle:
+    ``x_a' = cos x_a - sin x_b``, ``x_b' = sin x_a + cos x_b``.
 
     Used by ``kv-equalize`` (:mod:`ckpt_surgeon.surgery.kv_equalize`) for three exact identities:
 
@@ -179,6 +181,8 @@ def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 
       offset, Gemma's ``1 + w``).  ``q_m^T R_(n-m) k_n`` is unchanged because a scalar on a 2-D
       rotation plane commutes with the rotation, for every rope type and scaling; a pass-through dim
       takes its own scale on the same grounds without a rotation;
+    * the same pair of q and k both turned by one fixed angle ``phi_j`` (``turn``): 2-D rotations commute,
+      so ``(R_phi q)^T R_(n-m) (R_phi k) = q^T R_phi^T R_phi R_(n-m) k = q^T R_(n-m) k``;
     * a value dim times ``m_i`` (``W_v``/``b_v`` rows) and the matching ``W_o`` columns (axis 1, or axis 0
       of a Conv1D ``[in, out]``) times ``1 / m_i``: ``W_o diag(1/m) diag(m) v = W_o v``.
     Shapes: ``x [n, ...]`` (or ``[..., n]`` on the last axis), ``scale [n]``.
@@ -190,4 +194,13 @@ def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 
         raise ValueError(f"scale has {s.shape[0]} entries, axis {axis} has {v.shape[ax]}")
     shape = [1] * v.ndim
     shape[ax] = s.shape[0]
-    return (v + offset) * s.reshape(shape) - offset
+    out = (v + offset) * s.reshape(shape) - offset
+    if turn is None:
+        return out
+    ia, ib, ang = (np.asarray(t) for t in turn)
+    out = np.moveaxis(out, ax, 0)
+    c = np.cos(ang.astype(np.float64)).reshape((-1,) + (1,) * (out.ndim - 1))
+    sn = np.sin(ang.astype(np.float64)).reshape(c.shape)
+    xa, xb = out[ia.astype(np.int64)].copy(), out[ib.astype(np.int64)].copy()
+    out[ia.astype(np.int64)], out[ib.astype(np.int64)] = c * xa - sn * xb, sn * xa + c * xb
+    return np.moveaxis(out, 0, ax)

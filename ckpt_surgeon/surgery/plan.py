@@ -13,7 +13,7 @@ Step ops (``TensorStep.op``):
 ``fold_v_bias``   value op: ``ops.fold_v_bias(b_o=inputs[0], w_o=inputs[1], b_v=inputs[2][v_rows])``
                   (then ``ops.center`` when ``center`` is set: ``fold-bias --v --center``)
 ``center``        value op: ``ops.center(inputs[0], axis)`` (mean over the hidden-size axis removed)
-``scale_axis``    value op: ``ops.scale_axis(inputs[0], scale, axis, offset)`` (kv-equalize)
+``scale_axis``    value op: ``ops.scale_axis(inputs[0], scale, axis, offset[, turn])`` (kv-equalize)
 ``split_qkv``     layout op on raw bytes: part ``q|k|v`` of ``inputs[0]``
 ``fuse_qkv``      layout op on raw bytes: ``inputs = (q, k, v)``
 ``split_halves``  layout op on raw bytes: part ``0|1`` of ``inputs[0]`` along ``axis``
@@ -238,8 +238,10 @@ class _Evaluator:
         if op == "center":
             return ops.center(self.value(step.inputs[0]), int(step.param("axis", 0)))
         if op == "scale_axis":
+            turn = step.param("turn_a")
             return ops.scale_axis(self.value(step.inputs[0]), np.asarray(step.param("scale"), dtype=np.float64),
-                                  int(step.param("axis", 0)), float(step.param("offset", 0.0)))
+                                  int(step.param("axis", 0)), float(step.param("offset", 0.0)),
+                                  None if turn is None else (turn, step.param("turn_b"), step.param("turn_angle")))
         if op == "split_qkv":
             axis = int(step.param("axis", 0))
             name = step.inputs[0]

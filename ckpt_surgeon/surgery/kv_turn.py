@@ -1,0 +1,123 @@
+"""``kv-equalize``'s pair turn: a fixed 2-D rotation of the bias-dominated rotary pairs of q and k (exact).
+
+Why: llama.cpp multiplies Q and K by a Hadamard matrix before a quantized K cache (``attn_rot``,
+:mod:`ckpt_surgeon.analysis.kv_rot`).  A key bias that dominates a few pairs is then spread over the whole
+chunk, and every block's step follows the bias's rotated image ``H b``.  Scaling pairs (q x alpha, k /
+alpha) can only trade the bias's energy against q's; the *shape* of ``H b`` (how large its largest entry
+in each block of 32 is, and which blocks it reaches at all) depends on the direction of the bias inside
+each pair plane, and that direction is free: turning pair j of q and of k by the same angle ``phi_j``
+leaves every logit unchanged, because 2-D rotations commute with RoPE's rotation of that pair
+(``(R_phi q)^T R_(n-m) (R_phi k) = q^T R_(n-m) k``; any rope type and scaling, both pair layouts).  With
+a few bias pairs the turn can set the signs and mix of ``H b`` so its entries are flat (no block max far
+above the block's RMS) or cancel in whole blocks.
+
+How (static, from the weights and biases, the same prediction ``analyze --kv-cache`` makes, rotation
+included): the pairs whose key bias dominates their content (mean^2 over the pair at least
+:data:`DOMINANT` x its variance; at most :data:`TOP_PAIRS` per layer, the largest first) are swept by
+coordinate descent, per kv head: each pair over :data:`ANGLES` angles in [0, 2 pi) and over the scale
+``alpha x 2^(i/2)``, ``i = -4..4``; then a finer sweep (angle +- pi/16, +- pi/32; scale ``2^(+-1/4)``).  A
+move is kept only if it lowers the predicted error, so the result is never predicted worse than the pair
+scaling alone (on the search's positions: every :data:`SEARCH_STRIDE`-th of the prediction's, for speed).
+Not used where a per-head q/k norm follows the projection (its weight is per dim, so a turn would not
+commute with it), nor with ``--calibrate``, and only where llama.cpp rotates the K cache's blocks for every
+target type: on plain blocks (``LLAMA_ATTN_ROT_DISABLE=1``) turns were predicted to help but measured worse
+in llama.cpp (concentrated fixture, q4_0: mean KLD 0.040 -> 0.058), so kv-equalize keeps the pair scales
+alone there.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..analysis import kv_cache as KC
+
+DOMINANT = 16.0            # bias energy over content variance of a pair for the pair to be turned
+TOP_PAIRS = 8              # pairs searched per layer (largest bias share first)
+ANGLES = 12
+SEARCH_STRIDE = 4          # positions used by the search: every 4th of the prediction's (8 of 32)
+FINE_ANGLES = (np.pi / 16, -np.pi / 16, np.pi / 32, -np.pi / 32)
+COARSE_SCALES = tuple(2.0 ** (i / 2) for i in range(-4, 5) if i)
+FINE_SCALES = (2.0 ** 0.25, 2.0 ** -0.25)
+
+
+def dominant_pairs(st: KC.KvLayerStats, geom: KC.KvGeometry) -> list[int]:
+    """Indices into ``geom.pairs`` of the pairs whose key bias dominates (largest first, at most TOP_PAIRS)."""
+    if not len(geom.pairs):
+        return []
+    p = geom.pairs
+    energy = (st.k_mean[:, p] ** 2).sum(-1)                  # [kv, P]
+    var = st.k_var[:, p].sum(-1) + 1e-30
+    score = (energy / var).max(0)
+    order = np.argsort(-score)[:TOP_PAIRS]
+    return [int(j) for j in order if score[j] >= DOMINANT]
+
+
+class _Search:
+    """The predicted cost per kv head (sum over types of (error / error at alpha = 1)^2) of (alpha, phi)."""
+
+    def __init__(self, st, geom, types):
+        # every SEARCH_STRIDE-th sampled position: the search's cost falls by that factor, the choice barely moves
+        geom = replace(geom, angles=geom.angles[::SEARCH_STRIDE])
+        self.st, self.geom = st, geom
+        self.rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
+        self.cts = [KC.CACHE_TYPES[t] for t in types]
+        self.base = [np.where(e > 0, e, 1.0) for e in (KC.k_errors(st, geom, ct, self.rot)["error"]
+                                                       for ct in self.cts)]
+
+    def cost(self, alpha: np.ndarray, phi: np.ndarray) -> np.ndarray:
+        rot = KC.transform_rotated(self.rot, alpha, phi, self.geom.pairs)
+        return sum((KC.k_errors(self.st, self.geom, ct, rot)["error"] / b) ** 2 for ct, b in zip(self.cts, self.base))
+
+
+def _sweep(sr: _Search, alpha, phi, cur, j: int, angles, scales):
+    """Try pair j at each (absolute) angle and scale multiplier; keep, per kv head, whatever lowers the cost.
+    Returns (alpha, phi, cost)."""
+    dims = sr.geom.pairs[j]
+    for ang in angles:
+        ph = phi.copy()
+        ph[:, j] = ang
+        c = sr.cost(alpha, ph)
+        better = c < cur - 1e-12
+        phi[:, j] = np.where(better, ph[:, j], phi[:, j])
+        cur = np.where(better, c, cur)
+    for f in scales:
+        a = alpha.copy()
+        a[:, dims] = a[:, dims] * f
+        c = sr.cost(a, phi)
+        better = c < cur - 1e-12
+        alpha[:, dims] = np.where(better[:, None], a[:, dims], alpha[:, dims])
+        cur = np.where(better, c, cur)
+    return alpha, phi, cur
+
+
+def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarray):
+    """``(alpha [kv, d], phi [kv, P])``: the pair scales refined and the pair turns chosen for the dominant
+    pairs (see the module docstring); ``phi`` all zero (and ``alpha`` as given) when no pair dominates."""
+    kv = st.k_mean.shape[0]
+    phi = np.zeros((kv, len(geom.pairs)))
+    pairs = dominant_pairs(st, geom)
+    if not pairs:
+        return alpha, phi
+    sr = _Search(st, geom, types)
+    alpha = np.array(alpha, dtype=np.float64)
+    cur = sr.cost(alpha, phi)
+    coarse = tuple(2 * np.pi * i / ANGLES for i in range(1, ANGLES))
+    for j in pairs:
+        alpha, phi, cur = _sweep(sr, alpha, phi, cur, j, coarse, COARSE_SCALES)
+    for j in pairs:
+        alpha, phi, cur = _fine(sr, alpha, phi, cur, j)
+    return alpha, phi
+
+
+def _fine(sr: _Search, alpha, phi, cur, j: int):
+    """The fine sweep of pair j: angles relative to each head's own, scales 2^(+-1/4)."""
+    base = phi[:, j].copy()
+    for dlt in FINE_ANGLES:
+        ph = phi.copy()
+        ph[:, j] = base + dlt
+        c = sr.cost(alpha, ph)
+        better = c < cur - 1e-12
+        phi[:, j] = np.where(better, ph[:, j], phi[:, j])
+        cur = np.where(better, c, cur)
+    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
