@@ -64,7 +64,8 @@ def _quantized_folder(p: Path) -> bool:
 
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
-            progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False):
+            progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
+            engine: str = "auto"):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -78,7 +79,9 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     ``allow_requantize``: let an already-quantized GGUF tensor change type.  A quantized HF
     folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
     the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
-    :func:`~.dense.quantized_to_dense_report`.
+    :func:`~.dense.quantized_to_dense_report`.  ``engine`` (HF -> GGUF): ``auto`` uses the native
+    registry for its model types and llama.cpp's own converter class for any other architecture
+    (:mod:`.derived`); ``native`` / ``llama.cpp`` force one.
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
@@ -121,5 +124,12 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf "
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
+    from .derived.listing import engine_for
+    folder = Path(os.fspath(source))
+    if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
+        from .derived.run import derived_hf_to_gguf_report
+        from .dtypes import normalize_dtype as gguf_dtype
+        return derived_hf_to_gguf_report(source, out, gguf_dtype(dtype or "f16", to_gguf=True), force, name=name,
+                                         imatrix=imatrix)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix)
