@@ -79,13 +79,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     ``allow_requantize``: let an already-quantized GGUF tensor change type.  A quantized HF
     folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
     the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
-    :func:`~.dense.quantized_to_dense_report`.  ``engine`` (HF -> GGUF): ``auto`` uses the native
-    registry for its model types and llama.cpp's own converter class for any other architecture
-    (:mod:`.derived`); ``native`` / ``llama.cpp`` force one.
+    :func:`~.dense.quantized_to_dense_report`.  ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`).
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
-    from .to_gguf import hf_to_gguf_report
     if not os.path.exists(os.fspath(source)):
         from ..checkpoint import is_hub_source, missing_local
         s = os.fspath(source)
@@ -124,12 +121,18 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf "
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
+    return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
+                    engine=engine)
+
+
+def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine):
+    """HF -> GGUF by the native registry or, for another architecture, llama.cpp's class (:mod:`.derived`)."""
     from .derived.listing import engine_for
+    from .to_gguf import hf_to_gguf_report
     folder = Path(os.fspath(source))
     if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
         from .derived.run import derived_hf_to_gguf_report
-        from .dtypes import normalize_dtype as gguf_dtype
-        return derived_hf_to_gguf_report(source, out, gguf_dtype(dtype or "f16", to_gguf=True), force, name=name,
+        return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
                                          imatrix=imatrix)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix)
