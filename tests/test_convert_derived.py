@@ -29,7 +29,16 @@ from fixtures.build_fixtures import fixture_path, zoo_path
 
 # zoo model types outside the native registry, each a different llama.cpp converter class
 # (benchmarks/zoo_derived.py runs every one the zoo builds)
-ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense")
+ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense", "lfm2")
+# issue 33's frontier families (tiny, from transformers' configs): DeepSeek-V3, GLM-4.5, Llama 4, gpt-oss
+# (its bf16 form; not the MXFP4 release), MiniMax-M2
+FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
+# special tokens a converter class looks up by name (llama.cpp's _set_vocab_glm: bos, eot, eom)
+SPECIALS = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
+# config keys the Hub's config.json has and transformers' config class does not write, which llama.cpp's
+# class reads (MiniMaxM2Model: rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the
+# whole head, as transformers' MiniMaxM2Config rotates it)
+CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
 
 
@@ -51,6 +60,14 @@ def folder(tmp_path_factory):
             shutil.copytree(zoo_path(model_type), out)
             for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
                 shutil.copy(tok / f, out / f)
+            if model_type in CONFIG_EXTRA:
+                cfg = json.loads((out / "config.json").read_text())
+                (out / "config.json").write_text(json.dumps({**cfg, **CONFIG_EXTRA[model_type]}, indent=2))
+            if model_type in SPECIALS:
+                from tokenizers import AddedToken, Tokenizer
+                t = Tokenizer.from_file(str(out / "tokenizer.json"))
+                t.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS[model_type]])
+                t.save(str(out / "tokenizer.json"))
         return out
     return get
 
@@ -63,6 +80,19 @@ def test_derived_file_is_llama_cpp_converters_byte_for_byte(model_type, outtype,
     report = convert(src, tmp_path / "ours.gguf", outtype)
     assert report.engine.startswith("derived: llama.cpp "), report.engine
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.parametrize("model_type", FRONTIER)
+def test_frontier_family_is_llama_cpp_converters_file_and_its_kquant(model_type, folder, tmp_path):
+    """f16: the whole file equals llama.cpp's converter's; q4_k_m: every tensor equals llama-quantize
+    run on llama.cpp's converter's f32 file (one pass here, no f32 copy)."""
+    src = folder(model_type)
+    ref = _reference(src, f"derived-{model_type}")
+    convert(src, tmp_path / "ours.gguf", "f16")
+    assert (tmp_path / "ours.gguf").read_bytes() == (ref / "f16.gguf").read_bytes()
+    llama_quantize(ref / "f32.gguf", tmp_path / "ref.q4_k_m.gguf", "q4_k_m")
+    convert(src, tmp_path / "ours.q4_k_m.gguf", "q4_k_m")
+    assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")
 
 
 def test_native_families_stay_native(tiny, tmp_path):
