@@ -38,12 +38,18 @@ def build(dest: Path, hidden: int, layers: int, vocab: int) -> Path:
     return dest
 
 
-def timed(cmd, env) -> float:
+def timed(cmd, env) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children): on a shared machine the CPU time
+    is the steadier figure."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed: {r.stderr[-800:]}")
-    return time.perf_counter() - t0
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -68,7 +74,8 @@ def main() -> None:
         t_ours = timed([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(ours), "--dtype", outtype,
                         "--force"], our_env)
         same = ours.read_bytes() == (work / "ref" / f"{outtype}.gguf").read_bytes()
-        print(f"{outtype:5s} llama.cpp {t_ref:6.1f} s   derived {t_ours:6.1f} s   ratio {t_ours / t_ref:.2f}x   "
+        print(f"{outtype:5s} llama.cpp {t_ref[0]:6.1f} s wall {t_ref[1]:6.1f} s CPU   derived {t_ours[0]:6.1f} s wall "
+              f"{t_ours[1]:6.1f} s CPU   ratio {t_ours[0] / t_ref[0]:.2f}x wall {t_ours[1] / t_ref[1]:.2f}x CPU   "
               f"{'identical' if same else 'DIFFERENT'}")
     shutil.rmtree(work)
 
