@@ -205,3 +205,17 @@ def test_llama_cpp_refusal_is_one_line(folder, tmp_path):
     assert r.exit_code == 2, r.output
     assert len(r.output.strip().splitlines()) == 1 and "llama.cpp's converter stopped" in r.output
     assert not (tmp_path / "o.gguf").exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_derived_llama_file_round_trips_through_the_native_reverse(tiny, tmp_path):
+    """GGUF -> HF covers the registry's GGUF architectures: a file llama.cpp's class wrote for one of them
+    (here llama, forced through the derived path at f32) comes back to the original tensors bit for bit."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    from ckpt_surgeon.conversion import gguf_to_hf
+    src = tiny("llama")
+    convert(src, tmp_path / "d.gguf", "f32", engine="llama.cpp")
+    back = gguf_to_hf(tmp_path / "d.gguf", tmp_path / "hf")
+    with open_checkpoint(src) as a, open_checkpoint(back) as b:
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for n in a.tensors:
+            np.testing.assert_array_equal(a.read(n), b.read(n), err_msg=n)
