@@ -248,12 +248,14 @@ def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
     from ..quant_plan import file_type_name, ggml_shape, mixture
     arch = writer.arch
     kv = {k.key: k.value for k in kvs}
-    hp = {"n_layer": _first(kv[f"{arch}.block_count"]), "n_head": _first(kv[f"{arch}.attention.head_count"]),
-          "n_head_kv": _first(kv.get(f"{arch}.attention.head_count_kv", kv[f"{arch}.attention.head_count"])),
+    if f"{arch}.block_count" not in kv:
+        raise ValueError(f"--dtype {req['dtype']}: llama.cpp's mixture needs {arch}.block_count, which this file lacks")
+    n_head = _first(kv.get(f"{arch}.attention.head_count", 1)) or 1
+    hp = {"n_layer": _first(kv[f"{arch}.block_count"]), "n_head": n_head,
+          "n_head_kv": _first(kv.get(f"{arch}.attention.head_count_kv", n_head)) or n_head,
           "n_expert": _first(kv.get(f"{arch}.expert_count", 0))}
     types, weights = mixture([(s.name, tuple(s.shape), gguf.GGMLQuantizationType(s.type_id).name) for s in slots],
-                             req["dtype"], arch, hp,
-                             req.get("imatrix"), req["source"])
+                             req["dtype"], arch, hp, req.get("imatrix"), req["source"])
     fell = [s.name for s in slots if types[s.name].fell_back]
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back as llama.cpp does: {', '.join(fell[:4])}")

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...errors import ConfigError, CkptError, FormatError, UnsupportedError
+from ...errors import ConfigError, FormatError, UnsupportedError
 from ...publish import Staging
 from ..report import ConvertReport, TensorRecord
 from .source import architecture_maps, converter_root, llamacpp_version
