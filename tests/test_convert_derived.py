@@ -219,3 +219,15 @@ def test_derived_llama_file_round_trips_through_the_native_reverse(tiny, tmp_pat
         assert sorted(a.tensors) == sorted(b.tensors)
         for n in a.tensors:
             np.testing.assert_array_equal(a.read(n), b.read(n), err_msg=n)
+
+
+@pytest.mark.parametrize("outtype", ("f32", "q8_0"))
+@pytest.mark.parametrize("key", ("qwen2_5_vl@mm", "gemma3"))
+def test_mmproj_is_llama_cpp_converters_file(key, outtype, tmp_path):
+    """``convert --mmproj``: the vision projector file of Qwen2.5-VL and Gemma 3 (issue 33's pair), byte for
+    byte what ``convert_hf_to_gguf.py --mmproj`` wrote from the same tiny VLM (tests/mmproj_util.py)."""
+    from mmproj_util import mmproj_pair
+    hf, ref = mmproj_pair(key, outtype)
+    report = convert(hf, tmp_path / "mmproj.gguf", outtype, mmproj=True)
+    assert report.engine.startswith("derived: llama.cpp ") and report.arch == "clip"
+    assert (tmp_path / "mmproj.gguf").read_bytes() == ref.read_bytes()

@@ -65,8 +65,12 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.option("--list-architectures", is_flag=True, is_eager=True, expose_value=False, callback=_list_architectures,
               help="Print every HF architecture name with how convert handles it (native, derived from llama.cpp's "
                    "converter, or unsupported and why), then exit.")
+@click.option("--mmproj", is_flag=True,
+              help="HF -> GGUF of a vision / audio model: write its projector file (CLIP-arch GGUF that llama.cpp's "
+                   "mtmd loads beside the text model) instead of the text model, through llama.cpp's own projector "
+                   "class, as convert_hf_to_gguf.py --mmproj writes it (f32 | f16 | bf16 | q8_0).")
 @progress_option
-def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, progress, engine):
+def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, progress, engine, mmproj):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -116,7 +120,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, fmt, pro
     from .render import table_width, to_json, to_table
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
-                     imatrix=imatrix, allow_requantize=allow_requantize, engine=engine)
+                     imatrix=imatrix, allow_requantize=allow_requantize, engine=engine, mmproj=mmproj)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

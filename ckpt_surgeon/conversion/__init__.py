@@ -65,7 +65,7 @@ def _quantized_folder(p: Path) -> bool:
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
-            engine: str = "auto"):
+            engine: str = "auto", mmproj: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -79,7 +79,7 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     ``allow_requantize``: let an already-quantized GGUF tensor change type.  A quantized HF
     folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
     the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
-    :func:`~.dense.quantized_to_dense_report`.  ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`).
+    :func:`~.dense.quantized_to_dense_report`.  ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
     """
     from ..errors import SourceNotFoundError, UnsupportedError
     from .from_gguf import gguf_to_hf_report
@@ -122,10 +122,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
     return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
-                    engine=engine)
+                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj)
 
 
-def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine):
+def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False):
     """HF -> GGUF by the native registry or, for another architecture, llama.cpp's class (:mod:`.derived`)."""
     from .derived.listing import engine_for
     from .to_gguf import hf_to_gguf_report
@@ -133,6 +133,6 @@ def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, eng
     if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
         from .derived.run import derived_hf_to_gguf_report
         return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
-                                         imatrix=imatrix)
+                                         imatrix=imatrix, mmproj=mmproj)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix)

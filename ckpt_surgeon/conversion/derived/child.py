@@ -217,8 +217,9 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
     from conversion import base
     folder = Path(req["source"])
     hparams = base.ModelBase.load_hparams(folder, False)
-    arch_name = base.get_model_architecture(hparams, base.ModelType.TEXT)
-    cls = conversion.get_model_class(arch_name)
+    kind = base.ModelType.MMPROJ if req.get("mmproj") else base.ModelType.TEXT
+    arch_name = base.get_model_architecture(hparams, kind)
+    cls = conversion.get_model_class(arch_name, mmproj=bool(req.get("mmproj")))
     if cls.write is not base.ModelBase.write:
         raise NotImplementedError(f"{cls.__name__} writes more than one GGUF file (its own write()); not derived")
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)

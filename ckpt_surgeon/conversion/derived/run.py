@@ -38,15 +38,18 @@ def hf_architecture(folder: Path) -> str | None:
     return archs[0] if archs and isinstance(archs[0], str) else None
 
 
-def _checked_arch(folder: Path, root: Path) -> str:
+def _checked_arch(folder: Path, root: Path, want_mmproj: bool = False) -> str:
     arch = hf_architecture(folder)
     text, mmproj = architecture_maps(root)
+    if want_mmproj:
+        text, mmproj = mmproj, {}
     if arch is None:
         raise ConfigError("config.json names no architectures (llama.cpp's converter picks its class by them)",
                           path=str(folder / "config.json"))
     if arch not in text:
         near = difflib.get_close_matches(arch, list(text), n=3, cutoff=0.5)
-        what = "only a vision/audio projector (mmproj) class" if arch in mmproj else "no converter class"
+        what = ("only a vision/audio projector (mmproj) class" if arch in mmproj else
+                "no projector (mmproj) class" if want_mmproj else "no converter class")
         raise UnsupportedError(f"architecture {arch!r}: neither the native registry nor llama.cpp's converter "
                                f"(llama-cpp-python {llamacpp_version()}) has it ({what})"
                                + (f"; nearest llama.cpp names: {', '.join(near)}" if near else ""),
@@ -90,10 +93,11 @@ def _check_written(path: Path, result: dict) -> None:
 
 
 def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                              imatrix=None) -> ConvertReport:
+                              imatrix=None, mmproj: bool = False) -> ConvertReport:
     """Convert the HF folder ``src`` to the GGUF ``out_path`` through llama.cpp's own converter class
     for its architecture (:mod:`.child`); ``dtype`` one of :data:`DERIVED_DTYPES` or a k-quant file
-    type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file)."""
+    type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file).
+    ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``)."""
     from ...checkpoint import open_checkpoint
     from ..output_path import check_output
     from ..quant_plan import check_quant_request
@@ -105,10 +109,13 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
         check_output(out, list(ck.files) + [str(folder / "config.json")], force)
         src_dtypes = {n: i.dtype for n, i in ck.stored_tensors.items()}
     root = converter_root()
-    arch = _checked_arch(folder, root)
+    if mmproj and dtype not in DERIVED_DTYPES:
+        raise UnsupportedError(f"--mmproj writes llama.cpp's converter's own outtypes ({', '.join(DERIVED_DTYPES)}), "
+                               f"not {dtype}")
+    arch = _checked_arch(folder, root, mmproj)
     base = dtype if dtype in DERIVED_DTYPES else "f32"
     req = {"llamacpp": str(root), "source": str(folder), "dtype": dtype, "base_dtype": base, "name": name,
-           "imatrix": str(imatrix) if imatrix is not None else None}
+           "imatrix": str(imatrix) if imatrix is not None else None, "mmproj": mmproj}
     staging = Staging(out, folder=False)
     try:
         req["output"] = str(staging.path)
