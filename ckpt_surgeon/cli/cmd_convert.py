@@ -10,6 +10,21 @@ from .render import progress_option
 
 from ..conversion.quant_mix import QUANT_FTYPES
 
+def _list_architectures(ctx, _param, value):
+    """``--list-architectures``: every HF architecture name, native / derived / unsupported, then exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ..conversion.derived import architecture_table
+    rows = architecture_table()
+    w = max(len(r.architecture) for r in rows)
+    out = [f"{'architecture':{w}s}  {'engine':11s}  {'model_type':22s}  note"]
+    out += [f"{r.architecture:{w}s}  {r.engine:11s}  {r.model_type or '-':22s}  {r.note}" for r in rows]
+    counts = {e: sum(r.engine == e for r in rows) for e in ("native", "derived", "unsupported")}
+    out.append(", ".join(f"{v} {k}" for k, v in counts.items()))
+    click.echo("\n".join(out))
+    ctx.exit(0)
+
+
 DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT_FTYPES
 
 
@@ -51,9 +66,21 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
               help="table: a short summary on stdout.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
+@click.option("--engine", type=click.Choice(("auto", "native", "llama.cpp")), default="auto", show_default=True,
+              help="HF -> GGUF: auto = the native registry for its model types (both directions, faster), "
+                   "llama.cpp's own converter class for any other architecture it registers (derived: its plan, "
+                   "our reader, quantizer and writer; the first use downloads llama-cpp-python's sdist once).  "
+                   "native / llama.cpp force one.  The report's 'conversion' line says which ran.")
+@click.option("--list-architectures", is_flag=True, is_eager=True, expose_value=False, callback=_list_architectures,
+              help="Print every HF architecture name with how convert handles it (native, derived from llama.cpp's "
+                   "converter, or unsupported and why), then exit.")
+@click.option("--mmproj", is_flag=True,
+              help="HF -> GGUF of a vision / audio model: write its projector file (CLIP-arch GGUF that llama.cpp's "
+                   "mtmd loads beside the text model) instead of the text model, through llama.cpp's own projector "
+                   "class, as convert_hf_to_gguf.py --mmproj writes it (f32 | f16 | bf16 | q8_0).")
 @progress_option
 def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors, fmt,
-            progress):
+            progress, engine, mmproj):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -87,6 +114,12 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     checked before any is renamed into place.  inspect, verify and convert read such a set from
     any of its parts.
 
+    Any other architecture llama.cpp's convert_hf_to_gguf.py registers (about 245 more HF names:
+    convert --list-architectures) is derived from llama.cpp's own converter class, HF -> GGUF:
+    the file is byte-identical to llama.cpp's converter's by construction (its class plans the
+    names, transforms, types and metadata; our reader, quantizer and writer do the work), and
+    k-quant types apply llama.cpp's mixture to that plan in the same pass.
+
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
 
@@ -104,7 +137,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
                      imatrix=imatrix, allow_requantize=allow_requantize, split_max_size=split_max_size,
-                     split_max_tensors=split_max_tensors)
+                     split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

@@ -89,7 +89,7 @@ def _split(out, max_size, max_tensors):
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
-            split_max_size=None, split_max_tensors=None):
+            split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -106,10 +106,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     :func:`~.dense.quantized_to_dense_report`.
 
     ``split_max_size`` (``"4G"``, bytes) / ``split_max_tensors``: a GGUF output becomes llama.cpp's
-    split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size."""
+    split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
+    ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file."""
     from ..errors import UnsupportedError
     from .from_gguf import gguf_to_hf_report
-    from .to_gguf import hf_to_gguf_report
     _check_local(source)
     source = _gguf_in_folder(Path(os.fspath(source))) or source
     split = _split(out, split_max_size, split_max_tensors)
@@ -144,5 +144,24 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
         raise UnsupportedError("the source is an HF model, so the output is a GGUF file: give a path ending in .gguf "
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
+    return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
+                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split)
+
+
+def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False, split=None):
+    """HF -> GGUF by the native registry or, for another architecture, llama.cpp's class (:mod:`.derived`)."""
+    from .derived.listing import engine_for
+    from .to_gguf import hf_to_gguf_report
+    folder = Path(os.fspath(source))
+    if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
+        from .derived.run import derived_hf_to_gguf_report
+        if split is not None:
+            from ..errors import UnsupportedError
+            raise UnsupportedError("--split-max-size / --split-max-tensors apply to the native registry's families; "
+                                   "this architecture is converted through llama.cpp's own class (derived), which "
+                                   "writes one file: convert it whole, then split it with llama-gguf-split",
+                                   path=os.fspath(source))
+        return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
+                                         imatrix=imatrix, mmproj=mmproj)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix, split=split)

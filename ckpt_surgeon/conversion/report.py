@@ -36,6 +36,7 @@ class ConvertReport:
     warnings: tuple = ()
     config: dict = field(default_factory=dict)   # hyper-parameters written (GGUF keys or config.json)
     files: tuple = ()                   # a split GGUF output: every part, in order (output is the first)
+    engine: str = "native"              # native (the registry) | "derived: llama.cpp <Class> ..." (conversion/derived)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -50,7 +51,7 @@ class ConvertReport:
     def summary_items(self) -> list[tuple[str, str]]:
         arch = f"{self.arch} (HF {self.model_type})" if self.model_type else str(self.arch)
         items = [("direction", self.direction), ("source", self.source), ("output", self.output),
-                 ("architecture", arch), ("dtype", self.dtype),
+                 ("architecture", arch), ("conversion", self.engine), ("dtype", self.dtype),
                  ("tensors", str(self.n_tensors)), ("bytes written", f"{self.bytes_written:,}"),
                  ("tied embeddings", "yes" if self.tied_embeddings else "no"),
                  ("tokenizer", self.tokenizer or "-"), ("seconds", f"{self.seconds:.2f}")]

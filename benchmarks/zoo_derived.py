@@ -1,0 +1,92 @@
+"""The derived path over the zoo: every zoo architecture outside the native registry that llama.cpp's
+converter registers, converted by ``convert --engine llama.cpp`` and by llama.cpp's own
+``convert_hf_to_gguf.py`` (tests/llamacpp_ref_convert.py) on the same tiny folder; prints one line per
+architecture and outtype: identical (whole file, byte for byte), differs, or who refused and why.
+
+    CKPT_SURGEON_FIXTURE_CACHE=... python benchmarks/zoo_derived.py [model_type ...] [--outtypes f16,q8_0]
+
+The zoo's folders (fixtures/zoo.py) carry no tokenizer: the tiny llama fixture's BPE tokenizer is
+copied in (llama.cpp pads the vocabulary up to the config's vocab_size as it does for real models).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def folder_for(model_type: str, dest: Path) -> Path:
+    from fixtures.build_fixtures import fixture_path, zoo_path
+    out = dest / model_type
+    if not out.exists():
+        shutil.copytree(zoo_path(model_type), out)
+        tok = fixture_path("llama")
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (tok / f).is_file():
+                shutil.copy(tok / f, out / f)
+    return out
+
+
+def reference(root: Path, folder: Path, out: Path, outtypes) -> str:
+    env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "llamacpp_ref_convert.py"), str(root), str(folder), str(out),
+                        "gpt-2", *outtypes], capture_output=True, text=True, env=env)
+    return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:160]
+
+
+def main(argv):
+    from llamacpp_src import llamacpp_source
+    from ckpt_surgeon.conversion import convert
+    from ckpt_surgeon.conversion.derived import architecture_table
+    from ckpt_surgeon.errors import CkptError
+    outtypes = ["f16", "q8_0"]
+    if "--outtypes" in argv:
+        i = argv.index("--outtypes")
+        outtypes = argv[i + 1].split(",")
+        argv = argv[:i] + argv[i + 2:]
+    root = llamacpp_source()
+    os.environ.setdefault("CKPT_SURGEON_LLAMACPP_SRC", str(root))
+    derived = {r.model_type for r in architecture_table() if r.engine == "derived" and r.model_type}
+    types = argv or sorted(derived)
+    work = Path(tempfile.mkdtemp(prefix="zoo-derived-"))
+    results = {}
+    for mt in types:
+        try:
+            folder = folder_for(mt, work / "src")
+        except Exception as e:  # noqa: BLE001 -- unbuildable zoo entry: reported, not fatal
+            results[mt] = {"status": "unbuildable", "why": str(e)[:160]}
+            print(f"{mt:28s} unbuildable: {str(e)[:120]}", flush=True)
+            continue
+        ref = work / "ref" / mt
+        ref.mkdir(parents=True)
+        why_ref = reference(root, folder, ref, outtypes)
+        for ot in outtypes:
+            ours = work / "ours" / mt / f"{ot}.gguf"
+            ours.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                convert(folder, ours, ot, engine="llama.cpp")
+                why_ours = ""
+            except CkptError as e:
+                why_ours = str(e)[-160:]
+            if why_ref or why_ours:
+                status = "both refuse" if why_ref and why_ours else ("llama.cpp refuses" if why_ref else "ours refuses")
+                line = f"{status}: {why_ref or why_ours}"
+            else:
+                same = (ref / f"{ot}.gguf").read_bytes() == ours.read_bytes()
+                status = "identical" if same else "DIFFERS"
+                line = status
+            results[f"{mt}/{ot}"] = {"status": status, "why": why_ref or why_ours}
+            print(f"{mt:28s} {ot:5s} {line}", flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"results: {work / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,323 @@
+"""The derived conversion, run in a child process: llama.cpp's converter class plans, we write.
+
+``python -m ckpt_surgeon.conversion.derived.child REQUEST.json`` (written by :mod:`.run`).  The
+child puts llama.cpp's ``gguf-py`` and ``conversion/`` first on ``sys.path`` (its ``gguf`` is not
+the installed one, so it never shares a process with ours), picks the converter class llama.cpp's
+``convert_hf_to_gguf.py`` would pick for the folder, and runs the class's own planning:
+``prepare_tensors`` (``modify_tensors``: names, permutations, splits, stacking, type choice per
+tensor) and ``prepare_metadata`` (``set_gguf_parameters``, ``set_vocab``).  Three hooks replace
+what the class delegates, so the class's decisions are kept and only the machinery is ours:
+
+* **reader**: ``ModelBase.index_tensors`` gives the class lazy tensors read through our
+  :class:`~ckpt_surgeon.checkpoint.Checkpoint` (validated headers; stored bytes), in llama.cpp's
+  order (files by name, tensors by name within a file);
+* **quantizer**: ``gguf.quants.quantize(data, qtype)`` returns a deferred value of the same
+  dtype, shape and size for F32 / F16 / BF16 / Q8_0, encoded at write time by our kernels
+  (:func:`~ckpt_surgeon.formats.quantize.encode_rows`, byte-identical to gguf-py's); any other
+  type goes to gguf-py's own function;
+* **writer**: the class's ``GGUFWriter`` only collects key-values and tensor infos; the file is
+  laid out by :mod:`ckpt_surgeon.formats.write.gguf` and written tensor by tensor.
+
+The one place the class's answer may be replaced: ``get_vocab_base_pre`` names a BPE
+pre-tokenizer by hashing a known Hub tokenizer's ids; for a tokenizer it does not know it
+refuses, and we name it from the pre-tokenizer transformers runs (the native path's rule), with
+a warning in the report.  A k-quant ``dtype`` runs the class at ``f32`` (what llama-quantize reads)
+and retypes the plan with llama.cpp's mixture (:mod:`..quant_plan`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+_FTYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+_OURS = ("F32", "F16", "BF16", "Q8_0")
+
+
+class Deferred:
+    """What ``gguf.quants.quantize`` would return, not computed yet: ``dtype``, ``shape`` and
+    ``nbytes`` as gguf-py's result has them (bytes for the block types), ``source`` the lazy input."""
+
+    def __init__(self, source, qtype_name: str, shape: tuple, dtype, nbytes: int):
+        self.source, self.qtype_name, self.shape, self.dtype, self.nbytes = source, qtype_name, shape, dtype, nbytes
+
+    def byteswap(self, inplace=False):   # only for big-endian output, which the derived path refuses
+        raise NotImplementedError("big-endian output")
+
+
+def _import_llamacpp(root: Path):
+    sys.path[:0] = [str(root / "gguf-py"), str(root)]
+    os.environ["NO_LOCAL_GGUF"] = "1"
+    import gguf
+    if not os.path.abspath(gguf.__file__).startswith(os.path.abspath(root)):
+        raise RuntimeError(f"imported gguf from {gguf.__file__}, not from {root}/gguf-py")
+    import conversion
+    return gguf, conversion
+
+
+def _hook_quantize(gguf) -> None:
+    original = gguf.quants.quantize
+    sizes = gguf.GGML_QUANT_SIZES
+
+    def quantize(data, qtype):
+        name = gguf.GGMLQuantizationType(qtype).name
+        if name not in _OURS:
+            return original(data, qtype)
+        shape = tuple(data.shape)
+        if name in ("F32", "F16"):
+            dt = np.dtype(np.float32 if name == "F32" else np.float16)
+            return Deferred(data, name, shape, dt, int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+        block, size = sizes[qtype]
+        if shape[-1] % block:
+            raise gguf.QuantError(f"Quantized tensor row size ({shape[-1]}) is not a multiple of {name} block "
+                                  f"size ({block})")
+        byte_shape = (*shape[:-1], shape[-1] // block * size)
+        return Deferred(data, name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape, dtype=np.int64)))
+
+    gguf.quants.quantize = quantize
+
+
+def _hook_reader(base, src: Path) -> None:
+    """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
+    import torch
+    from ...checkpoint import open_checkpoint
+    lazy_cls = base.LazyTorchTensor
+    ck = open_checkpoint(src)
+    infos = ck.stored_tensors
+
+    def load(name):
+        info = infos[name]
+        dt = lazy_cls._dtype_str_map[info.dtype]
+        raw = bytearray(ck.read_raw(name))
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(info.shape) if raw else \
+            torch.empty(info.shape, dtype=dt)
+
+    def index_tensors(self, remote_hf_model_id=None):
+        out = {}
+        for name in sorted(infos, key=lambda n: (os.path.basename(infos[n].file), n)):
+            info = infos[name]
+            if info.dtype not in lazy_cls._dtype_str_map:
+                raise ValueError(f"tensor {name!r}: safetensors dtype {info.dtype} is not read by llama.cpp's converter")
+            dt = lazy_cls._dtype_str_map[info.dtype]
+            gen = (lambda n=name, d=dt, s=tuple(info.shape): lazy_cls(
+                meta=lazy_cls.meta_with_dtype_and_shape(d, s), args=(n,), func=load)) if self.lazy else \
+                (lambda n=name: load(n))
+            if item := self.filter_tensors((name, gen)):
+                out[item[0]] = item[1]
+        return out
+
+    base.ModelBase.index_tensors = index_tensors
+
+
+def _hook_pre(base, warnings: list) -> None:
+    original = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer):
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            from ..tokenizer.pretokenizers import pre_name_for
+            tj = json.loads(tokenizer.backend_tokenizer.to_str())
+            pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool((tj.get("model") or {}).get("ignore_merges")))
+            if pre is None:
+                raise
+            warnings.append(f"tokenizer.ggml.pre {pre!r}: llama.cpp's converter does not know this tokenizer's hash "
+                            "(it would refuse); named from the pre-tokenizer transformers runs")
+            return pre
+
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+
+def _hook_sources(cls, sources: dict) -> None:
+    """Remember, for each GGUF tensor, the HF tensor whose ``modify_tensors`` call produced it."""
+    original = cls.modify_tensors
+
+    def modify_tensors(self, data_torch, name, bid):
+        for new_name, data in original(self, data_torch, name, bid):
+            sources.setdefault(new_name, name)
+            yield new_name, data
+
+    cls.modify_tensors = modify_tensors
+
+
+_ORIGINAL_QUANTIZE = []
+
+
+def _eager(gguf, t):
+    return gguf.LazyNumpyTensor.to_eager(t) if isinstance(t, gguf.LazyBase) else np.asarray(t)
+
+
+def _kvs(gguf, writer) -> list:
+    """The class's key-values, in its order, as our writer's records."""
+    from ...formats.write import gguf as gw
+    out = []
+    for key, val in writer.kv_data[0].items():
+        vtype, value, item = int(val.type), val.value, None
+        if vtype == gw.VT.ARRAY:
+            if isinstance(value, (bytes, bytearray)):
+                item, value = int(gw.VT.UINT8), list(value)
+            else:
+                item = int(val.sub_type) if val.sub_type is not None else int(gguf.GGUFValueType.get_type(value[0]))
+        out.append(gw.KV(key, vtype, value, item))
+    return out
+
+
+def _tensor_bytes(gguf, ti) -> np.ndarray:
+    """One tensor's file bytes: ours for the deferred float / Q8_0 encodings, else gguf-py's value."""
+    from ...formats.quant.quantize import encode_rows
+    t = ti.tensor
+    if isinstance(t, Deferred):
+        arr = _eager(gguf, t.source)
+        if t.qtype_name == "F16" and arr.dtype == np.float16:
+            out = np.ascontiguousarray(arr)
+        else:
+            out = encode_rows(arr if arr.dtype in (np.float32, np.float16) else arr.astype(np.float32), t.qtype_name)
+    else:
+        real = _ORIGINAL_QUANTIZE[0]
+        hooked, gguf.quants.quantize = gguf.quants.quantize, real     # chunked tensors quantize while written
+        try:
+            if isinstance(t, gguf.LazyChunkedTensor):
+                import io
+                buf = io.BytesIO()
+                t.tofile(buf)
+                out = np.frombuffer(buf.getvalue(), np.uint8)
+            else:
+                out = np.ascontiguousarray(_eager(gguf, t))
+        finally:
+            gguf.quants.quantize = hooked
+    if out.nbytes != ti.nbytes:
+        raise ValueError(f"tensor gives {out.nbytes} bytes, its info says {ti.nbytes}")
+    return out
+
+
+def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> None:
+    """The file through our layout: header block, then each tensor at its offset (one at a time)."""
+    from ...formats.write import gguf as gw
+    from ...formats.write.shard_io import pwrite_all
+    lay = gw.layout(gw.encode_kvs(kvs), len(kvs), slots, alignment=writer.data_alignment)
+    fd = os.open(out_path, os.O_RDWR)
+    try:
+        pwrite_all(fd, lay.head, 0)
+        gw.write_padding(fd, lay, [s.nbytes for s in slots])
+        for slot, off in zip(slots, lay.offsets):
+            data = encode(slot)
+            pwrite_all(fd, memoryview(data).cast("B"), off)
+        os.ftruncate(fd, lay.end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
+    import torch
+    from conversion import base
+    folder = Path(req["source"])
+    hparams = base.ModelBase.load_hparams(folder, False)
+    kind = base.ModelType.MMPROJ if req.get("mmproj") else base.ModelType.TEXT
+    arch_name = base.get_model_architecture(hparams, kind)
+    cls = conversion.get_model_class(arch_name, mmproj=bool(req.get("mmproj")))
+    if cls.write is not base.ModelBase.write:
+        raise NotImplementedError(f"{cls.__name__} writes more than one GGUF file (its own write()); not derived")
+    _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
+    _hook_quantize(gguf)
+    _hook_reader(base, folder)
+    _hook_pre(base, warnings)
+    _hook_sources(cls, sources)
+    ftype = gguf.LlamaFileType[_FTYPES[req["base_dtype"]]]
+    with torch.inference_mode():
+        model = cls(folder, ftype, Path(req["output"]), model_name=req.get("name"))
+        model.prepare_tensors()
+        model.prepare_metadata(vocab_only=False)
+    if len(model.gguf_writer.tensors) != 1:
+        raise ValueError("the class planned several shards")
+    return arch_name, cls, model
+
+
+def _first(v):
+    return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
+
+
+def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
+    """Retype the F32 plan as llama-quantize would retype llama.cpp's F32 file (``req["dtype"]``)."""
+    from dataclasses import replace
+    from ...formats.write import gguf as gw
+    from ...formats.quant.ggml_types import nbytes as ggml_nbytes
+    from ..quant_plan import file_type_name, ggml_shape, mixture
+    arch = writer.arch
+    kv = {k.key: k.value for k in kvs}
+    if f"{arch}.block_count" not in kv:
+        raise ValueError(f"--dtype {req['dtype']}: llama.cpp's mixture needs {arch}.block_count, which this file lacks")
+    n_head = _first(kv.get(f"{arch}.attention.head_count", 1)) or 1
+    hp = {"n_layer": _first(kv[f"{arch}.block_count"]), "n_head": n_head,
+          "n_head_kv": _first(kv.get(f"{arch}.attention.head_count_kv", n_head)) or n_head,
+          "n_expert": _first(kv.get(f"{arch}.expert_count", 0))}
+    types, weights = mixture([(s.name, tuple(s.shape), gguf.GGMLQuantizationType(s.type_id).name) for s in slots],
+                             req["dtype"], arch, hp, req.get("imatrix"), req["source"])
+    fell = [s.name for s in slots if types[s.name].fell_back]
+    if fell:
+        warnings.append(f"{len(fell)} tensor(s) fall back as llama.cpp does: {', '.join(fell[:4])}")
+    ftype = int(gguf.LlamaFileType[file_type_name(req["dtype"])])
+    kvs = [replace(k, value=ftype) if k.key == "general.file_type" else k for k in kvs]
+    if "general.file_type" not in kv:
+        kvs.append(gw.KV("general.file_type", gw.VT.UINT32, ftype))
+    out = []
+    for s in slots:
+        t = types[s.name].ggml_type
+        shape = ggml_shape(s.shape)
+        out.append(gw.Slot(s.name, shape, gguf.GGMLQuantizationType[t].value, ggml_nbytes(t, shape)))
+    return kvs, out, {s.name: weights.get(s.name) for s in slots}
+
+
+def run(req: dict) -> dict:
+    warnings: list[str] = []
+    sources: dict[str, str] = {}
+    gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
+    from ...formats.write import gguf as gw
+    arch_name, cls, model = _model(gguf, conversion, req, warnings, sources)
+    writer = model.gguf_writer
+    infos = writer.tensors[0]
+    kvs = _kvs(gguf, writer)
+    slots = [gw.Slot(n, tuple(int(d) for d in ti.shape), int(ti.dtype), int(ti.nbytes)) for n, ti in infos.items()]
+    imatrix = {}
+    if req["dtype"] != req["base_dtype"]:
+        kvs, slots, imatrix = _kquant(gguf, writer, kvs, slots, req, warnings)
+    by_name = dict(infos)
+
+    def encode(slot):
+        ti = by_name[slot.name]
+        if slot.type_id == int(ti.dtype):
+            return _tensor_bytes(gguf, ti)
+        from ...formats.quant.quantize import encode_rows
+        arr = _eager(gguf, ti.tensor.source).astype(np.float32, copy=False).reshape(slot.shape)
+        return encode_rows(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
+
+    _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
+    return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
+            "gguf_arch": writer.arch, "warnings": warnings,
+            "tensors": [{"target": s.name, "source": sources.get(s.name, ""), "type": gguf.GGMLQuantizationType(s.type_id).name,
+                         "shape": list(s.shape), "nbytes": s.nbytes} for s in slots],
+            "kv": {k.key: (k.value if k.vtype != gw.VT.ARRAY else f"[{len(k.value)}]") for k in kvs
+                   if not k.key.startswith("tokenizer.ggml.") or k.key == "tokenizer.ggml.model"}}
+
+
+def main(argv: list[str]) -> int:
+    req = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        result = run(req)
+        code = 0
+    except Exception as e:          # noqa: BLE001 -- the parent turns it into one typed error line
+        result = {"error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:600],
+                  "traceback": traceback.format_exc()[-4000:]}
+        code = 3
+    Path(req["report"]).write_text(json.dumps(result, default=str), encoding="utf-8")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,136 @@
+"""HF -> GGUF for an architecture outside the native registry: llama.cpp's converter class plans,
+our reader, quantizer and writer do the work (:mod:`.child`), in a child process.
+
+Why a child: llama.cpp's converter imports its own ``gguf`` package (a newer gguf-py than the
+installed one, same module name) and torch; a child keeps both out of this process, and gives the
+memory back when it ends.  The file is written into a temp beside OUT, parsed back with our GGUF
+reader and compared with what the child planned (names, types, shapes), then renamed into place.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ...errors import ConfigError, FormatError, UnsupportedError
+from ...publish import Staging
+from ..report import ConvertReport, TensorRecord
+from .source import architecture_maps, converter_root, llamacpp_version
+
+__all__ = ["derived_hf_to_gguf_report", "hf_architecture", "DERIVED_DTYPES"]
+
+DERIVED_DTYPES = ("f32", "f16", "bf16", "q8_0")     # llama.cpp's converter's own outtypes
+
+
+def hf_architecture(folder: Path) -> str | None:
+    """``architectures[0]`` of the folder's config.json (what llama.cpp's converter keys on)."""
+    from ...formats.safe_input import read_json
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        return None
+    raw = read_json(cfg)
+    archs = raw.get("architectures") or []
+    return archs[0] if archs and isinstance(archs[0], str) else None
+
+
+def _checked_arch(folder: Path, root: Path, want_mmproj: bool = False) -> str:
+    arch = hf_architecture(folder)
+    text, mmproj = architecture_maps(root)
+    if want_mmproj:
+        text, mmproj = mmproj, {}
+    if arch is None:
+        raise ConfigError("config.json names no architectures (llama.cpp's converter picks its class by them)",
+                          path=str(folder / "config.json"))
+    if arch not in text:
+        near = difflib.get_close_matches(arch, list(text), n=3, cutoff=0.5)
+        what = ("only a vision/audio projector (mmproj) class" if arch in mmproj else
+                "no projector (mmproj) class" if want_mmproj else "no converter class")
+        raise UnsupportedError(f"architecture {arch!r}: neither the native registry nor llama.cpp's converter "
+                               f"(llama-cpp-python {llamacpp_version()}) has it ({what})"
+                               + (f"; nearest llama.cpp names: {', '.join(near)}" if near else ""),
+                               path=str(folder / "config.json"))
+    return arch
+
+
+def _run_child(req: dict, tmp: Path) -> dict:
+    req_path = tmp / "request.json"
+    req["report"] = str(tmp / "report.json")
+    req_path.write_text(json.dumps(req), encoding="utf-8")
+    pkg_root = str(Path(__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon.conversion.derived.child", str(req_path)],
+                       capture_output=True, text=True, env=env)
+    rep = Path(req["report"])
+    if not rep.is_file():
+        tail = (r.stderr or r.stdout).strip().splitlines()
+        raise UnsupportedError(f"llama.cpp's converter process ended without a report (rc {r.returncode}): "
+                               f"{tail[-1] if tail else ''}", path=req["source"])
+    result = json.loads(rep.read_text(encoding="utf-8"))
+    if "error" in result:
+        if os.environ.get("CKPT_SURGEON_DEBUG"):
+            sys.stderr.write(result.get("traceback", ""))
+        raise UnsupportedError(f"llama.cpp's converter stopped: {result['error']}", path=req["source"])
+    return result
+
+
+def _check_written(path: Path, result: dict) -> None:
+    """The file parses with our reader and holds exactly the planned tensors (name, type, shape)."""
+    from ...formats.gguf import read_header
+    header = read_header(path)
+    if header.missing_bytes or header.ggml_layout is not None:
+        raise FormatError("the derived conversion wrote a file that llama.cpp would not load", path=str(path))
+    got = {n: (t.dtype, tuple(t.shape)) for n, t in header.tensors.items()}
+    want = {t["target"]: (t["type"], tuple(t["shape"])) for t in result["tensors"]}
+    if got != want:
+        bad = next((n for n in sorted(set(got) | set(want)) if got.get(n) != want.get(n)), None)
+        raise FormatError("the derived conversion wrote a file that differs from its plan",
+                          path=str(path), tensor=bad, expected=want.get(bad), got=got.get(bad))
+
+
+def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
+                              imatrix=None, mmproj: bool = False) -> ConvertReport:
+    """Convert the HF folder ``src`` to the GGUF ``out_path`` through llama.cpp's own converter class
+    for its architecture (:mod:`.child`); ``dtype`` one of :data:`DERIVED_DTYPES` or a k-quant file
+    type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file).
+    ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``)."""
+    from ...checkpoint import open_checkpoint
+    from ..output_path import check_output
+    from ..quant_plan import check_quant_request
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out_path)
+    folder = src if src.is_dir() else src.parent
+    check_quant_request(dtype, imatrix)
+    with open_checkpoint(folder) as ck:
+        check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+        src_dtypes = {n: i.dtype for n, i in ck.stored_tensors.items()}
+    root = converter_root()
+    if mmproj and dtype not in DERIVED_DTYPES:
+        raise UnsupportedError(f"--mmproj writes llama.cpp's converter's own outtypes ({', '.join(DERIVED_DTYPES)}), "
+                               f"not {dtype}")
+    arch = _checked_arch(folder, root, mmproj)
+    base = dtype if dtype in DERIVED_DTYPES else "f32"
+    req = {"llamacpp": str(root), "source": str(folder), "dtype": dtype, "base_dtype": base, "name": name,
+           "imatrix": str(imatrix) if imatrix is not None else None, "mmproj": mmproj}
+    staging = Staging(out, folder=False)
+    try:
+        req["output"] = str(staging.path)
+        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-derived-") as tmp:
+            result = _run_child(req, Path(tmp))
+        _check_written(staging.path, result)
+        staging.publish(replace=True)
+    except BaseException:
+        staging.discard()
+        raise
+    how = f"derived: llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python {llamacpp_version()})"
+    records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", src_dtypes.get(t["source"], "-"), t["type"],
+                                 tuple(t["shape"])) for t in result["tensors"])
+    tied = not any(t["target"] == "output.weight" for t in result["tensors"])
+    kv = result["kv"]
+    return ConvertReport("hf->gguf", str(src), str(out), result["gguf_arch"], arch, dtype, len(records),
+                         out.stat().st_size, time.perf_counter() - t0, tied, kv.get("tokenizer.ggml.model"),
+                         records, tuple(result["warnings"]), kv, engine=how)

@@ -1,0 +1,233 @@
+"""HF -> GGUF for architectures outside the native registry, derived from llama.cpp's converter
+classes (ckpt_surgeon/conversion/derived): the whole file byte-identical to llama.cpp's own
+``convert_hf_to_gguf.py`` on the same tiny folder, llama.cpp loads and runs it, k-quants equal
+llama-quantize on llama.cpp's f32 file, and the refusals are one line with exit code 2.
+
+The folders are the zoo's tiny models (fixtures/zoo.py, cached) with the tiny llama fixture's BPE
+tokenizer copied in (the zoo carries none).  The reference runs once per folder and is cached
+(tests/test_llamacpp_converter.py ``_reference``: f32, f16, bf16, q8_0).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from llamacpp_src import llamacpp_source
+from test_llamacpp_converter import _reference
+from test_quantize import assert_same_tensors, llama_quantize
+
+from ckpt_surgeon.cli import cli as cli_main
+from ckpt_surgeon.conversion import convert
+from fixtures.build_fixtures import fixture_path, zoo_path
+
+# zoo model types outside the native registry, each a different llama.cpp converter class
+# (benchmarks/zoo_derived.py runs every one the zoo builds)
+ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense", "lfm2")
+# issue 33's frontier families (tiny, from transformers' configs): DeepSeek-V3, GLM-4.5, Llama 4, gpt-oss
+# (its bf16 form; not the MXFP4 release), MiniMax-M2
+FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
+# special tokens a converter class looks up by name (llama.cpp's _set_vocab_glm: bos, eot, eom)
+SPECIALS = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
+# config keys the Hub's config.json has and transformers' config class does not write, which llama.cpp's
+# class reads (MiniMaxM2Model: rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the
+# whole head, as transformers' MiniMaxM2Config rotates it)
+CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
+LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _converter_src():
+    os.environ["CKPT_SURGEON_LLAMACPP_SRC"] = str(llamacpp_source())
+    yield
+    os.environ.pop("CKPT_SURGEON_LLAMACPP_SRC", None)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("derived")
+    tok = fixture_path("llama")
+
+    def get(model_type: str) -> Path:
+        out = root / model_type
+        if not out.exists():
+            shutil.copytree(zoo_path(model_type), out)
+            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+                shutil.copy(tok / f, out / f)
+            if model_type in CONFIG_EXTRA:
+                cfg = json.loads((out / "config.json").read_text())
+                (out / "config.json").write_text(json.dumps({**cfg, **CONFIG_EXTRA[model_type]}, indent=2))
+            if model_type in SPECIALS:
+                from tokenizers import AddedToken, Tokenizer
+                t = Tokenizer.from_file(str(out / "tokenizer.json"))
+                t.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS[model_type]])
+                t.save(str(out / "tokenizer.json"))
+        return out
+    return get
+
+
+@pytest.mark.parametrize("outtype", ("f16", "q8_0"))
+@pytest.mark.parametrize("model_type", ARCHS)
+def test_derived_file_is_llama_cpp_converters_byte_for_byte(model_type, outtype, folder, tmp_path):
+    src = folder(model_type)
+    ref = _reference(src, f"derived-{model_type}") / f"{outtype}.gguf"
+    report = convert(src, tmp_path / "ours.gguf", outtype)
+    assert report.engine.startswith("derived: llama.cpp "), report.engine
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.parametrize("model_type", FRONTIER)
+def test_frontier_family_is_llama_cpp_converters_file_and_its_kquant(model_type, folder, tmp_path):
+    """f16: the whole file equals llama.cpp's converter's; q4_k_m: every tensor equals llama-quantize
+    run on llama.cpp's converter's f32 file (one pass here, no f32 copy)."""
+    src = folder(model_type)
+    ref = _reference(src, f"derived-{model_type}")
+    convert(src, tmp_path / "ours.gguf", "f16")
+    assert (tmp_path / "ours.gguf").read_bytes() == (ref / "f16.gguf").read_bytes()
+    llama_quantize(ref / "f32.gguf", tmp_path / "ref.q4_k_m.gguf", "q4_k_m")
+    convert(src, tmp_path / "ours.q4_k_m.gguf", "q4_k_m")
+    assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")
+
+
+def test_native_families_stay_native(tiny, tmp_path):
+    report = convert(tiny("qwen2"), tmp_path / "q.gguf", "f16")
+    assert report.engine == "native"
+
+
+def test_native_family_forced_through_llama_cpp_is_its_file(tiny, tmp_path):
+    """``--engine llama.cpp`` on a registry family: the same bytes as llama.cpp's converter."""
+    src = tiny("llama")
+    ref = _reference(src, "derived-llama") / "bf16.gguf"
+    convert(src, tmp_path / "d.gguf", "bf16", engine="llama.cpp")
+    assert (tmp_path / "d.gguf").read_bytes() == ref.read_bytes()
+
+
+def _without_biases(src: Path, dst: Path) -> Path:
+    """The zoo folder with every bias switch of its config off, rebuilt by transformers (the zoo turns
+    them all on, and llama.cpp's graphs for these architectures have no bias slots: llama.cpp's own
+    converter writes the biases anyway, and llama.cpp then refuses its file, 'wrong number of tensors')."""
+    import torch
+    import transformers
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update({k: False for k, v in cfg.items() if "bias" in k and v is True})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    model = transformers.AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32)
+    (dst / "model.safetensors").unlink()
+    model.save_pretrained(dst)
+    return dst
+
+
+@pytest.mark.parametrize("model_type", LOADS)
+def test_llama_cpp_runs_the_derived_file_as_transformers(model_type, folder, tmp_path):
+    import llama_cpp
+    import torch
+    import transformers
+    src = _without_biases(folder(model_type), tmp_path / "src")
+    out = tmp_path / "m.gguf"
+    convert(src, out, "f32")
+    ids = [1, 5, 9, 30, 7, 100, 200, 301]
+    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, verbose=False, n_threads=2)
+    try:
+        llm.eval(ids)
+        got = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    # f32 weights both sides; ggml and torch sum in different orders (OLMo measured 1.0e-4 relative)
+    rel = np.abs(got[:, :want.shape[1]] - want).max() / np.abs(want).max()
+    assert rel < 1e-3, rel
+
+
+def test_kquant_is_llama_quantize_on_llama_cpps_f32(folder, tmp_path):
+    src = folder("olmo")
+    ref32 = _reference(src, "derived-olmo") / "f32.gguf"
+    llama_quantize(ref32, tmp_path / "ref.gguf", "q4_k_m")
+    convert(src, tmp_path / "ours.gguf", "q4_k_m")
+    assert_same_tensors(tmp_path / "ours.gguf", tmp_path / "ref.gguf", "olmo q4_k_m")
+
+
+def test_report_says_derived(folder, tmp_path):
+    r = CliRunner().invoke(cli_main, ["convert", str(folder("olmo")), "-o", str(tmp_path / "o.gguf"), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["engine"].startswith("derived: llama.cpp OlmoModel")
+    assert all(t["transform"] == "llama.cpp" and t["source"] for t in rep["tensors"])
+
+
+def test_list_architectures():
+    r = CliRunner().invoke(cli_main, ["convert", "--list-architectures"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert any(ln.split()[:2] == ["OlmoForCausalLM", "derived"] for ln in lines)
+    assert any(ln.split()[:2] == ["Qwen2ForCausalLM", "native"] for ln in lines)
+    native, derived, _ = (int(p.split()[0]) for p in lines[-1].split(", "))
+    assert native >= 20 and derived >= 200
+
+
+def test_unknown_architecture_one_line_exit_2(folder, tmp_path):
+    src = tmp_path / "m"
+    shutil.copytree(folder("olmo"), src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["OlmoForCausalLMX"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli_main, ["convert", str(src), "-o", str(tmp_path / "o.gguf")])
+    assert r.exit_code == 2
+    assert "OlmoForCausalLMX" in r.output and "nearest llama.cpp names: OlmoForCausalLM" in r.output
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_without_network_says_what_to_install(folder, tmp_path):
+    """No converter cached and pip cannot reach an index: one line naming the pip command, exit 2."""
+    env = {k: v for k, v in os.environ.items() if k != "CKPT_SURGEON_LLAMACPP_SRC"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "convert", str(folder("olmo")), "-o",
+                        str(tmp_path / "o.gguf")], capture_output=True, text=True, env=env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip download --no-binary :all: --no-deps llama-cpp-python==" in lines[0]
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_llama_cpp_refusal_is_one_line(folder, tmp_path):
+    """The zoo's Cohere2 has non-zero attention biases, which llama.cpp's Cohere2Model refuses (its
+    runtime has no bias tensors): the derived path stops where llama.cpp's converter stops."""
+    r = CliRunner().invoke(cli_main, ["convert", str(folder("cohere2")), "-o", str(tmp_path / "o.gguf")])
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "llama.cpp's converter stopped" in r.output
+    assert not (tmp_path / "o.gguf").exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_derived_llama_file_round_trips_through_the_native_reverse(tiny, tmp_path):
+    """GGUF -> HF covers the registry's GGUF architectures: a file llama.cpp's class wrote for one of them
+    (here llama, forced through the derived path at f32) comes back to the original tensors bit for bit."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    from ckpt_surgeon.conversion import gguf_to_hf
+    src = tiny("llama")
+    convert(src, tmp_path / "d.gguf", "f32", engine="llama.cpp")
+    back = gguf_to_hf(tmp_path / "d.gguf", tmp_path / "hf")
+    with open_checkpoint(src) as a, open_checkpoint(back) as b:
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for n in a.tensors:
+            np.testing.assert_array_equal(a.read(n), b.read(n), err_msg=n)
+
+
+@pytest.mark.parametrize("outtype", ("f32", "q8_0"))
+@pytest.mark.parametrize("key", ("qwen2_5_vl@mm", "gemma3"))
+def test_mmproj_is_llama_cpp_converters_file(key, outtype, tmp_path):
+    """``convert --mmproj``: the vision projector file of Qwen2.5-VL and Gemma 3 (issue 33's pair), byte for
+    byte what ``convert_hf_to_gguf.py --mmproj`` wrote from the same tiny VLM (tests/mmproj_util.py)."""
+    from mmproj_util import mmproj_pair
+    hf, ref = mmproj_pair(key, outtype)
+    report = convert(hf, tmp_path / "mmproj.gguf", outtype, mmproj=True)
+    assert report.engine.startswith("derived: llama.cpp ") and report.arch == "clip"
+    assert (tmp_path / "mmproj.gguf").read_bytes() == ref.read_bytes()
