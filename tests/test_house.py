@@ -73,7 +73,6 @@ LONG_OK = {
     ("arch/derive/feeds.py", "feeds"): "issue 35 step 3 moves the derivation engine (arch/derive/)",
     ("verification/core.py", "verify"): "issue 35 step 4 composes verify from records",
     ("verification/stream.py", "StreamedPair._stream"): "issue 35 step 4 (verify's memory planning in its own module)",
-    ("analysis/redundancy.py", "analyze_checkpoint"): "issue 35 step 5 splits redundancy.py",
     ("surgery/fold.py", "plan_fold_bias"): "the fold planner, step by step per layer",
 }
 
@@ -127,7 +126,6 @@ def test_the_function_counter_can_fail():
 BIG_OK = {
     "arch/families.py": "a declared data table: the family registry (one record per family)",
     "arch/derive/probe.py": "issue 35 step 3 moves the derivation engine into arch/derive/",
-    "analysis/redundancy.py": "issue 35 step 5 splits the bound math from the report and its views",
 }
 
 
