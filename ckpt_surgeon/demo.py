@@ -13,7 +13,8 @@ on it and says what it is doing and why:
 7. convert    Qwen2 -> GGUF -> HF, verify the round trip
 
 Steps are data (:data:`STEPS`).  Library code, so it never prints: it reports
-lines through ``ctx.say``.
+lines through ``ctx.say`` and tables through ``ctx.table``, both given by the caller (the CLI's
+``cmd_demo`` passes its own table renderer, so nothing here imports the interface layer).
 """
 from __future__ import annotations
 
@@ -28,18 +29,19 @@ DEMO_CONTEXT = 4096
 DEMO_MAX_LOGIT_CHANGE = 0.05
 
 
+def summary_text(rep) -> str:
+    """A report as ``key: value`` lines: the table renderer a caller without one gets."""
+    return "\n".join(f"{k}: {v}" for k, v in rep.summary_items())
+
+
 @dataclass
 class DemoContext:
     workdir: Path
     say: Callable[[str], None]
+    table: Callable[[object], str] = summary_text     # a report -> its text (the CLI: cli/render's table)
     model: Path | None = None
     gpt2: Path | None = None
     results: dict = field(default_factory=dict)
-
-
-def _table(rep) -> str:
-    from .cli.render import to_table
-    return to_table(rep.rows(), rep.summary_items(), getattr(rep, "notes", ())).rstrip()
 
 
 def _verify_line(rep) -> str:
@@ -64,7 +66,7 @@ def _step_inspect(ctx: DemoContext) -> None:
     ctx.say(f"$ ckpt-surgeon inspect {ctx.model}")
     rep = inspect(ctx.model)
     ctx.results["inspect"] = rep
-    ctx.say(_table(rep))
+    ctx.say(ctx.table(rep))
     ctx.say(f"Found q/k/v biases in {rep.layers_with_qkv_bias} of {rep.num_layers} layers. RoPE is applied after the "
             "biased key projection, so softmax shift-invariance does NOT make the key bias redundant here.")
 
@@ -74,7 +76,7 @@ def _step_analyze(ctx: DemoContext) -> None:
     ctx.say(f"$ ckpt-surgeon analyze {ctx.model} --context {DEMO_CONTEXT}")
     rep = analyze(ctx.model, context=DEMO_CONTEXT)
     ctx.results["analyze"] = rep
-    ctx.say(_table(rep))
+    ctx.say(ctx.table(rep))
     ctx.say(f"Over a {DEMO_CONTEXT}-token window the slowest rotary pairs barely turn: their share of each key bias "
             "is 'near'-redundant, and 'bound' is a proven limit on how much removing it can move any attention logit.")
 
@@ -99,7 +101,7 @@ def _fold_and_verify(ctx: DemoContext, key: str, src: Path, out: Path, flags: st
     ctx.say(f"$ ckpt-surgeon fold-bias {src} -o {out} {flags} --force")
     res = fold_bias(src, out, force=True, **kw)
     ctx.results[key] = res
-    ctx.say(_table(res))
+    ctx.say(ctx.table(res))
     ctx.say(f"$ ckpt-surgeon verify {src} {out}")
     rep = verify(src, out, max_new_tokens=16)
     ctx.results[f"{key}_verify"] = rep
@@ -151,13 +153,15 @@ STEPS: tuple[tuple[str, Callable[[DemoContext], None]], ...] = (
 )
 
 
-def run_demo(workdir: str | os.PathLike | None = None, say: Callable[[str], None] = lambda s: None) -> DemoContext:
-    """Run every demo step; returns the context with per-step results."""
+def run_demo(workdir: str | os.PathLike | None = None, say: Callable[[str], None] = lambda s: None,
+             table: Callable[[object], str] = summary_text) -> DemoContext:
+    """Run every demo step; returns the context with per-step results.  ``say`` takes each line,
+    ``table`` turns a report into the text ``say`` is given for it."""
     if workdir is None:
         base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckpt-surgeon"
         base.mkdir(parents=True, exist_ok=True)
         workdir = tempfile.mkdtemp(prefix="demo-", dir=base)
-    ctx = DemoContext(workdir=Path(workdir), say=say)
+    ctx = DemoContext(workdir=Path(workdir), say=say, table=table)
     ctx.workdir.mkdir(parents=True, exist_ok=True)
     for i, (name, fn) in enumerate(STEPS, 1):
         say(f"\n[{i}/{len(STEPS)}] {name}")

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from ckpt_surgeon import analyze, open_checkpoint
+from ckpt_surgeon.analysis import bounds as B
+from ckpt_surgeon.analysis import layer_redundancy as LR
 from ckpt_surgeon.analysis import redundancy as R
 from ckpt_surgeon.arch.layouts import llama_permute_index
 from ckpt_surgeon.cli import cli
@@ -339,16 +341,16 @@ def _layer_inputs(folder):
 def test_interleaved_pairs_on_permuted_rows_give_the_same_analysis(tiny):
     ck, layout, lt, v, wq, gamma = _layer_inputs(tiny("llama_bias"))
     H, G, hd = layout.num_heads, layout.num_kv_heads, layout.head_dim
-    kw = dict(gamma=gamma, scale=R.attention_scale(layout, ck.config), context=256, epsilon=1.0)
-    hf = R.analyze_layer(layout, lt, b_k=v["k"], b_q=v["q"], w_q=wq, rope=R.rope_geometry(layout, ck.config), **kw)
+    kw = dict(gamma=gamma, scale=LR.attention_scale(layout, ck.config), context=256, epsilon=1.0)
+    hf = LR.analyze_layer(layout, lt, b_k=v["k"], b_q=v["q"], w_q=wq, rope=R.rope_geometry(layout, ck.config), **kw)
     # llama.cpp's converter permutes Q and K rows to interleaved pairs (2i, 2i+1)
     pq, pk = llama_permute_index(H, hd), llama_permute_index(G, hd)
     inter = replace(layout, position=replace(layout.position, pair_layout="interleaved"), qk_permuted=True)
-    gg = R.analyze_layer(inter, lt, b_k=v["k"][pk], b_q=v["q"][pq], w_q=wq[pq], rope=R.rope_geometry(inter, ck.config), **kw)
+    gg = LR.analyze_layer(inter, lt, b_k=v["k"][pk], b_q=v["q"][pq], w_q=wq[pq], rope=R.rope_geometry(inter, ck.config), **kw)
     assert hf.near_pairs and gg.near_fraction == pytest.approx(hf.near_fraction, rel=1e-12)
     assert gg.bound == pytest.approx(hf.bound, rel=1e-12) and gg.bound_all == pytest.approx(hf.bound_all, rel=1e-12)
     # reading permuted rows with the rotate_half pairing gives another answer: the layout matters
-    wrong = R.analyze_layer(layout, lt, b_k=v["k"][pk], b_q=v["q"][pq], w_q=wq[pq],
+    wrong = LR.analyze_layer(layout, lt, b_k=v["k"][pk], b_q=v["q"][pq], w_q=wq[pq],
                             rope=R.rope_geometry(layout, ck.config), **kw)
     assert wrong.near_fraction != pytest.approx(hf.near_fraction, rel=1e-3)
 
@@ -392,7 +394,7 @@ def test_tv_bound_tanh_quarter(n, E, seed):
     d = rng.normal(0, 1) + rng.uniform(0, E, n)          # a shift plus at most E of spread
     p, pc = np.exp(l - l.max()), np.exp(l + d - (l + d).max())
     tv = 0.5 * np.abs(p / p.sum() - pc / pc.sum()).sum()
-    assert tv <= R.tv_bound(E) + 1e-12
+    assert tv <= B.tv_bound(E) + 1e-12
 
 
 def test_tv_bound_is_tight_on_the_two_point_case():
@@ -413,7 +415,7 @@ def test_q_pair_bound_bounds_every_normalised_input(seed, layer_norm):
     W = rng.normal(0, 1, (H * hd, D))
     gamma, bq = rng.normal(1, 0.5, D), rng.normal(0, 1, H * hd)
     beta = rng.normal(0, 1, D) if layer_norm else None
-    qhat = R.q_pair_bound(W, pairs, H, hd, gamma=gamma, beta=beta, b_q=bq)
+    qhat = B.q_pair_bound(W, pairs, H, hd, gamma=gamma, beta=beta, b_q=bq)
     # Gram-matrix spectral norm equals the SVD one
     blk = W.reshape(H, hd, D)[0, pairs[1]] * gamma
     off0 = bq.reshape(H, hd)[0, pairs[1]] + (W.reshape(H, hd, D)[0, pairs[1]] @ beta if layer_norm else 0)
@@ -441,37 +443,37 @@ def test_q_pair_bound_bounds_every_normalised_input(seed, layer_norm):
 
 def test_select_pairs_respects_the_budget_and_is_monotone(tiny):
     lr = analyze(tiny("qwen2_long"), epsilon=2.0).layers[1]
-    c = R.pair_contributions(lr)
+    c = LR.pair_contributions(lr)
     assert c.shape == (4, 8)
     for budget in [0.0, lr.bound, 0.5, 1.0, lr.bound_all, 10 * lr.bound_all]:
-        sel = R.select_pairs(lr, budget)
+        sel = LR.select_pairs(lr, budget)
         assert sel.bound <= budget * (1 + 1e-12)      # documented summation-order slack
         # the bound of the chosen set, recomputed from the per-pair contributions
         mask = np.zeros((2, 8), bool)
         for g, j in sel.pairs:
             mask[g, j] = True
-        assert R.set_bound(c, mask, 2).max(initial=0.0) == pytest.approx(sel.bound, abs=1e-12)
+        assert B.set_bound(c, mask, 2).max(initial=0.0) == pytest.approx(sel.bound, abs=1e-12)
         assert sorted(sel.dims) == sorted(int(g * 16 + d) for g, j in sel.pairs for d in (j, j + 8))
         if budget >= lr.bound:      # slowest pairs first: the near-redundant set always fits
             assert {j for _, j in sel.pairs} >= set(lr.near_pairs)
     assert lr.near_pairs == (6, 7)
-    assert R.select_pairs(lr, 0.0).dims == ()
-    full = R.select_pairs(lr, lr.bound_all)
+    assert LR.select_pairs(lr, 0.0).dims == ()
+    full = LR.select_pairs(lr, lr.bound_all)
     assert len(full.pairs) == 16 and full.removed_energy_fraction == pytest.approx(1.0)
-    near_only = R.select_pairs(lr, 10.0, only_near=True)
+    near_only = LR.select_pairs(lr, 10.0, only_near=True)
     assert {j for _, j in near_only.pairs} == set(lr.near_pairs)
     with pytest.raises(CkptError):
-        R.select_pairs(lr, -1.0)
+        LR.select_pairs(lr, -1.0)
 
 
 def test_select_pairs_exact_partial_and_unremovable(tiny):
     neox = analyze(tiny("gpt_neox")).layers[0]
-    sel = R.select_pairs(neox, 0.0)
+    sel = LR.select_pairs(neox, 0.0)
     assert sel.exact_dims == len(neox.exact_dims) == 48 and sel.bound == 0.0
     assert sel.removed_energy_fraction == pytest.approx(neox.exact_fraction)
-    gpt2 = R.select_pairs(analyze(tiny("gpt2")).layers[0], 0.0)
+    gpt2 = LR.select_pairs(analyze(tiny("gpt2")).layers[0], 0.0)
     assert len(gpt2.dims) == 64 and gpt2.removed_energy_fraction == 1.0
-    q3 = R.select_pairs(analyze(tiny("qwen3")).layers[0], 5.0)
+    q3 = LR.select_pairs(analyze(tiny("qwen3")).layers[0], 5.0)
     assert q3.dims == () and "not removable" in q3.note
 
 

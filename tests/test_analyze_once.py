@@ -32,3 +32,35 @@ def test_analyze_opens_the_source_once(tiny, monkeypatch):
     opened.clear()
     analyze(src, context=64)
     assert opened == [src]
+
+
+def test_analyze_distance_profile_cli_opens_the_source_once(tiny, monkeypatch):
+    """``ckpt-surgeon analyze --distance-profile``: one open for the static report and the profile
+    (the CLI path: options, the library call, the renderer), and the JSON the two passes give."""
+    from click.testing import CliRunner
+
+    from ckpt_surgeon.cli import cli
+
+    src = tiny("qwen2")
+    with C.open_checkpoint(src) as ck:
+        expect = R.analyze_checkpoint(ck, context=64).to_dict()
+        prof = distance_profile(ck, context=64, deltas="log:5")
+    expect["notes"] += [n for n in prof.notes if n not in expect["notes"]]     # as analyze attaches the profile
+    expect["distance_profile"] = prof.to_dict()
+    opened = []
+    real = C.open_checkpoint
+
+    def counting(*args, **kwargs):
+        opened.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(C, "open_checkpoint", counting)
+    res = CliRunner().invoke(cli, ["analyze", str(src), "--context", "64", "--distance-profile", "--deltas", "log:5",
+                                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert [str(p) for p in opened] == [str(src)]
+    got = json.loads(res.output)
+    assert json.dumps(got, sort_keys=True) == json.dumps(json.loads(json.dumps(expect, default=str)), sort_keys=True)
+    opened.clear()
+    res = CliRunner().invoke(cli, ["analyze", str(src), "--context", "64", "--distance-profile", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert [str(p) for p in opened] == [str(src)] and res.output.startswith("profile,layer,")

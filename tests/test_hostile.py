@@ -112,7 +112,7 @@ _F32 = "it must be a finite number above 0 and at most 3.40282e+38"
     ("inspect", {"kv_lora_rank": 8, "qk_rope_head_dim": [4]}, "qk_rope_head_dim is [4] (a list); it must be an integer"),
     ("inspect", {"sliding_window": [4]}, "sliding_window is [4] (a list); it must be an integer"),
     ("inspect", {"sliding_window": -1}, "sliding_window is -1; it must be between 0 and 1,099,511,627,776"),
-    # the attention scale (analysis/redundancy.py)
+    # the attention scale (analysis/layer_redundancy.py)
     ("analyze", {"query_pre_attn_scalar": "x"}, f"query_pre_attn_scalar is 'x' (a string); {_F32}"),
     ("analyze", {"attention_multiplier": 1e308}, f"attention_multiplier is 1e+308; {_F32}"),   # overflowed to inf
     # rope scaling, both spellings (arch/rope.py)

@@ -369,3 +369,12 @@ def test_torch_and_transformers_only_where_the_architecture_page_says():
     assert not outside, f"modules importing torch / transformers that {ARCH_DOC.name} does not list: {outside}"
     stale = sorted(e for e in allowed if not any(covered(m, e) for m in found))
     assert not stale, f"{ARCH_DOC.name} lists modules that no longer import torch / transformers: {stale}"
+
+
+def test_only_the_entry_point_imports_the_cli():
+    """The CLI sits on top of everything: the library (``demo`` included, which takes its table renderer
+    from ``cmd_demo``) never imports it, so no arrow runs back up into ``cli``."""
+    graph = _graph()
+    into_cli = sorted((m, d) for m, deps in graph.items() for d in deps
+                      if (d == "cli" or d.startswith("cli.")) and not (m == "cli" or m.startswith("cli.")))
+    assert into_cli == [("__main__", "cli")], into_cli

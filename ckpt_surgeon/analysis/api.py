@@ -13,9 +13,10 @@ from dataclasses import replace
 from ..checkpoint import Checkpoint
 from . import measure as M
 from . import redundancy as R
+from .layer_redundancy import DEFAULT_EPSILON
 
 
-def analyze(source, context: int | None = None, epsilon: float = R.DEFAULT_EPSILON, measure: bool = False,
+def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON, measure: bool = False,
             prompts=None, *, device: str = "auto", dtype: str = "float32", max_tokens: int | None = None,
             distance_profile: bool = False, deltas=None, rope_theta: float | None = None,
             rope_scaling: str | dict | None = None, skip_first: int = 4, kv_cache=None, per_head: bool = False,

@@ -45,10 +45,6 @@ CONSUMERS = ("softmax", "attention-average", "layernorm", "rmsnorm", "unnormalis
 WRITER_ROLES = ("o", "mlp_out", "embed_add", "embed_token", "embed_norm")
 
 
-def family_record(layout: ModelLayout) -> F.Family | None:
-    return F.by_name(layout.family)
-
-
 @dataclass(frozen=True)
 class StreamReaders:
     """Whether every reader of the residual stream is a centering norm, and why (registry)."""
@@ -64,7 +60,7 @@ class StreamReaders:
 def stream_readers(layout: ModelLayout, config: dict | None = None) -> StreamReaders:
     """The registry's answer for ``layout``'s family (and ``config``, for the family's rules), with
     the reader that is not a centering norm."""
-    fam = family_record(layout)
+    fam = F.by_name(layout.family)
     if fam is None:
         return StreamReaders(None, "unknown", f"architecture {layout.architecture!r} is not in the registry: what reads "
                              "its residual stream (and whether it subtracts the mean) is unknown")
@@ -99,7 +95,7 @@ class StreamTensor:
 def _layer_pattern(ck, layout: ModelLayout) -> str | None:
     if ck.naming == "gguf":
         return F.GGUF_LAYER
-    fam = family_record(layout)
+    fam = F.by_name(layout.family)
     return fam.layer if fam else None
 
 
@@ -304,7 +300,7 @@ def _stream_rows(ck, layout: ModelLayout, tensors, readers, tied: bool, flags: l
 def bias_consumers(ck, layout: ModelLayout, key_layers=(), qkv_vectors=None) -> ConsumerReport:
     """Consumer and removable share of every bias of ``ck``.
 
-    ``key_layers``: the key analyzer's :class:`~.redundancy.LayerRedundancy` records (their
+    ``key_layers``: the key analyzer's :class:`~.layer_redundancy.LayerRedundancy` records (their
     ``exact_fraction`` is the softmax share of each key bias); ``qkv_vectors``: ``layer ->
     {"q", "k", "v", "k_tensor"}`` as :func:`.redundancy.layer_vectors` returns (read once there).
     """

@@ -39,7 +39,8 @@ from ..records import finite_or_none as _f
 from ..runtime import resolve_device
 from . import measure as M
 from .distance_profile import DistanceProfile, complex_pairs, pass_dims, profile_values
-from .redundancy import _query_part, attention_scale, layer_vectors
+from .layer_redundancy import attention_scale
+from .redundancy import _query_part, layer_vectors
 
 DEFAULT_SKIP_FIRST = 4
 

@@ -2,7 +2,7 @@
 
 Why Qwen kept q/k biases: "to enhance the extrapolation ability" (Qwen report, arXiv 2309.16609,
 citing Su, "RoPE + Bias = better length extrapolation", kexue.fm/archives/9577).  Under RoPE the
-logit between a query at ``m`` and a key at ``n`` (notation of :mod:`.redundancy`; ``z_j(v) =
+logit between a query at ``m`` and a key at ``n`` (notation of :mod:`.bounds`; ``z_j(v) =
 v[p0_j] + i v[p1_j]`` the complex number of rotary pair ``j``, whose dims follow the file's own
 layout: ``(j, j + r/2)`` for HF ``rotate_half``, ``(2j, 2j+1)`` for llama.cpp-permuted GGUFs) is
 
@@ -12,7 +12,7 @@ because transformers' ``apply_rotary_pos_emb`` turns pair ``j`` of a vector at p
 ``p θ_j`` (``x' = x cos - y sin``, ``y' = y cos + x sin``: multiplication by ``e^{i p θ_j}``) and
 multiplies cos and sin by the attention factor ``a`` (yarn / longrope; 1 otherwise), which the
 pass-through dims of a partial-rotary head do not get.  ``s`` is the logit scale
-(:func:`.redundancy.attention_scale`).  With the biases alone (``q~ = b_q``, ``k~ = b_k``: what a
+(:func:`.layer_redundancy.attention_scale`).  With the biases alone (``q~ = b_q``, ``k~ = b_k``: what a
 model whose projections read nothing would compute) that is the static profile
 
     f_b(Δ) = s a^2 sum_j Re(h_j e^{i Δ θ_j}) + s <b_q,pass, b_k,pass>,   h_j = z_j(b_q,h) conj z_j(b_k,g)
@@ -32,7 +32,7 @@ Summaries (per head; ``L`` the context, distances ``Δ`` in ``[0, L - 1]``):
   ``sum Re h_j / sum |h_j|``; the plateau share ``sum_{θ_j L < 1} |h_j| / sum |h_j|``;
 * the spread ``max f - min f`` and its sound bound ``s a^2 sum_j |h_j| min(2, θ_j L)`` (each term
   ``Re(h_j e^{iφ})`` moves by at most ``|h_j| min(2, θ_j L)`` while ``φ`` sweeps ``θ_j L``: the
-  same factor as the key-bias bound, :func:`.redundancy.angle_factor`).
+  same factor as the key-bias bound, :func:`.bounds.angle_factor`).
 
 Half-drop, argmax, total variation and spread are read on the summary grid (every distance up to
 :data:`DENSE_UPTO`, then :data:`GRID_POINTS` log-spaced ones up to ``L - 1``, linear
@@ -54,7 +54,9 @@ from ..arch.resolve import ModelLayout
 from ..arch.rope_frequencies import GGUF_FREQ_FACTORS, SUPPORTED, RopeFrequencies, rope_frequencies
 from ..errors import CkptError
 from ..records import finite_or_none as _f
-from .redundancy import angle_factor, attention_scale, layer_vectors
+from .bounds import angle_factor
+from .layer_redundancy import attention_scale
+from .redundancy import layer_vectors
 
 DEFAULT_DELTAS = 48            # log-spaced distances besides 0
 MARKS = (1024, 8192, 32768)    # g(Δ) is reported at these distances and at L - 1

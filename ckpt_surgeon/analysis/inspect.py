@@ -394,7 +394,7 @@ def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
     stacks = layout.stacks()
     ck.prefetch([n for _, _, lay, _ in stacks for lt in lay.layers
                  for n in (lt.qkv_bias, lt.q_bias, lt.k_bias, lt.v_bias) if n])
-    from .redundancy import sink_layers
+    from .layer_redundancy import sink_layers
     sinks = sink_layers(ck.tensors)
     towers = []
     for i, (name, kind, lay, how) in enumerate(stacks):

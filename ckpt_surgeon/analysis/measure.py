@@ -9,7 +9,7 @@ analysis of the *loaded* weights, so they are in the model's own row order):
   may attend to, where ``D = l' - l`` are the attention logits *as they enter softmax* with the
   variant applied to layer ``l`` only (so layer ``l`` sees identical inputs) minus the reference.
   The mean over the row's keys is the per-row shift softmax ignores; the static bound ``E``
-  bounds the row's spread, hence this quantity (see :mod:`.redundancy`).
+  bounds the row's spread, hence this quantity (see :mod:`.bounds`).
 * ``tv``: max over rows of the total variation between the two softmax rows (float64).
 * ``bound_observed``: the static formula evaluated with the observed ``|q~_j|`` and each row's
   actual key span instead of the weight bound and ``L``: ``logit <= bound_observed <= bound``.
@@ -39,7 +39,8 @@ from ..arch.rope import rope_geometry
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none as _f
 from ..runtime import quiet_transformers, resolve_device
-from .redundancy import DEFAULT_EPSILON, analyze_checkpoint
+from .layer_redundancy import DEFAULT_EPSILON
+from .redundancy import analyze_checkpoint
 
 VARIANTS = ("all", "exact", "near")
 DEFAULT_MAX_TOKENS = 1024

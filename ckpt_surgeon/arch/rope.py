@@ -1,6 +1,6 @@
 """Rope geometry of a model: which dims rotate together and how fast (numpy only).
 
-What the key-bias bound (:mod:`ckpt_surgeon.analysis.redundancy`) and measured mode
+What the key-bias bound (:mod:`ckpt_surgeon.analysis.bounds`) and measured mode
 (:mod:`ckpt_surgeon.analysis.measure`) need from a layout's rope settings: the rotary pairs
 (:func:`~ckpt_surgeon.arch.layouts.rotary_pairs`), the largest frequency each pair can turn at
 under the config's rope scaling, and the attention factor yarn / longrope put on cos and sin.

@@ -17,6 +17,9 @@ def command(workdir):
     Needs torch and transformers (installed with ckpt-surgeon).
     """
     from ..demo import run_demo
+    from .render import to_table
 
-    ctx = run_demo(workdir, say=lambda s: click.echo(s))
+    def table(rep) -> str:
+        return to_table(rep.rows(), rep.summary_items(), getattr(rep, "notes", ())).rstrip()
+    ctx = run_demo(workdir, say=lambda s: click.echo(s), table=table)
     click.echo(f"\nDemo finished; files are in {ctx.workdir}")

@@ -8,7 +8,7 @@ Key bias (``--k``), per layer (see ARCHITECTURE.md "Facts"):
   zeroed; the rotated ones stay;
 - full rotary after the biased projection (Qwen2 ...): nothing is exactly removable, so the plan is
   refused unless ``approximate=True``: then the frequency pairs the analyzer
-  (:mod:`ckpt_surgeon.analysis.redundancy`) bounds as near-redundant are zeroed, as many as keep
+  (:mod:`ckpt_surgeon.analysis.bounds`) bounds as near-redundant are zeroed, as many as keep
   the summed per-pair bound ``<= max_logit_change`` (attention-logit units, per layer and kv head);
 - a norm after the projection (q/k-norm), or logit soft-capping: refused, not removable.
 
@@ -83,10 +83,6 @@ class FoldLayer:
         return {k: v for k, v in d.items() if k not in skip}
 
 
-def family_of(layout) -> F.Family | None:
-    return F.by_name(layout.family)
-
-
 def bias_rows(layout, lt, role: str) -> tuple[str, np.ndarray] | None:
     """(tensor, row indices) of the ``role`` ("q"|"k"|"v") bias in this layer: a separate bias, or
     its rows inside the fused qkv bias (layout from the registry, arch/layouts.qkv_row_index)."""
@@ -129,7 +125,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     layout = ckpt.layout()
     if center:
         _check_centering(layout, ckpt.config, src)
-    fam = family_of(layout)
+    fam = F.by_name(layout.family)
     if fam is None and layout.derived is None and all(lay.position.type == "unknown" for _, _, lay, _ in
                                                       layout.stacks()):
         # (an mmproj file's encoders are outside the registry's families, but their projector type's graph
@@ -233,7 +229,7 @@ def _check_options(src, k, v, center, approximate, max_logit_change, context, pa
     if pairs not in ("near", "any"):
         raise CkptError(f"pairs must be 'near' or 'any', not {pairs!r}", path=src)
     if epsilon is None:
-        from ..analysis.redundancy import DEFAULT_EPSILON
+        from ..analysis.layer_redundancy import DEFAULT_EPSILON
         epsilon = DEFAULT_EPSILON
     return epsilon
 
@@ -250,7 +246,7 @@ def _with_centering(steps: list[TensorStep], centered: list[TensorStep]) -> list
 def _k_dims(lr, approximate: bool, max_logit_change, pairs_mode: str, notes: list) -> tuple:
     """(dims removed from layer ``lr``'s key bias, their bound, the energy share removed, rotary pairs
     chosen): the exact dims, or with ``approximate`` the pairs :func:`select_pairs` chooses."""
-    from ..analysis.redundancy import select_pairs
+    from ..analysis.layer_redundancy import select_pairs
     if approximate:
         sel = select_pairs(lr, float(max_logit_change), include_exact=True, only_near=(pairs_mode == "near"))
         if sel.note:
@@ -275,7 +271,7 @@ def _k_class_notes(layout, classes: set) -> list[str]:
 def _plan_k(ckpt, layout, fam, ev, rows_to_zero, tensor_layer, records, notes, approximate, max_logit_change,
             context, params, epsilon, pairs_mode) -> str | None:
     """Key-bias part of the plan, from the analyzer's classes, exact dims and per-pair bounds
-    (:mod:`ckpt_surgeon.analysis.redundancy`: module docstring has the derivation)."""
+    (:mod:`ckpt_surgeon.analysis.bounds`: module docstring has the derivation)."""
     from ..analysis.redundancy import analyze_checkpoint
 
     src = ckpt.source

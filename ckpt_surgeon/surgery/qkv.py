@@ -18,12 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..arch import families as F
 from ..arch.gguf_names import gguf_roles
 from ..arch.layouts import LAYOUTS
 from ..arch.resolve import family_fused_layout, rope_params
 from ..errors import CkptError, RefusedError, UnsupportedError
 from ..formats.quant.schemes import SCHEMES
-from .fold import family_of
 from .plan import Plan, TensorStep, step_params
 
 CLI_LAYOUTS = LAYOUTS + ("conv1d",)
@@ -107,7 +107,7 @@ def _heads(layout, src):
 
 
 def _family(layout, src):
-    fam = family_of(layout)
+    fam = F.by_name(layout.family)
     if fam is None:
         raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry; q/k/v names unknown", path=src)
     return fam
