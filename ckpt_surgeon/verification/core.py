@@ -12,7 +12,7 @@ as float32 ``.npy`` files in a temp dir, frees it, then runs the candidate and c
 the saved files.  Sequential is used when both models would not fit the device's free memory
 at once, with ``device_map``, or when asked (``sequential=True``).  A third, *stream*
 (:mod:`.stream`), runs both models one decoder layer at a time when one model does not fit
-either (or when asked); :func:`plan_memory` makes the choice from the headers before anything is
+either (or when asked); :func:`.memory.plan_memory` makes the choice from the headers before anything is
 loaded, and refuses in one line a run that would not fit even streamed.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,8 @@ import numpy as np
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from ..runtime import quiet_transformers, resolve_device
 from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
+from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
+                     positions_bound)
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
 from .tokens import _tokenize, check_tokenizer_source
@@ -39,10 +40,6 @@ from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 from .thresholds import coarsest, thresholds_for
 
 DEVICE_MAPS = ("auto",)
-# Both models in memory at once only with this margin over their weights: activations, the
-# logits of one prompt, the allocator's slack.
-_PARALLEL_HEADROOM = 1.25
-_PARALLEL_EXTRA_BYTES = 512 << 20
 
 
 def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompts: list[str] | None = None,
@@ -85,7 +82,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     t0 = time.perf_counter()
     check_tokenizer_source(tokenizer)          # before torch is even imported
     dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
-    _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
+    check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
     overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
     thresholds_for(thresholds or "float32", **overrides)
@@ -99,9 +96,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
             torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
         work = Path(work_s)
-        plan = plan_memory(_sizes(reference, revision), _sizes(candidate, candidate_revision), dtype=dtype,
-                           device=dev, device_map=device_map, sequential=sequential, stream=stream,
-                           available=_budget(dev, torch, memory_budget), positions=_positions_bound(prompts, token_ids))
+        plan = plan_memory(model_sizes(reference, revision), model_sizes(candidate, candidate_revision),
+                           dtype=dtype, device=dev, device_map=device_map, sequential=sequential, stream=stream,
+                           available=budget(dev, torch, memory_budget), positions=positions_bound(prompts, token_ids))
         if plan.mode == "stream":
             return _verify_stream(reference, candidate, plan, work, prompts=prompts, token_ids=token_ids,
                                   tokenizer=tokenizer, dev=dev, dtype=dtype, thresholds=thresholds, overrides=overrides,
@@ -286,150 +283,6 @@ def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
                             pad_token_id=pad, temperature=None, top_p=None, top_k=None)
 
 
-def _available_bytes(dev: str, torch) -> int | None:
-    if dev == "cuda":
-        return int(torch.cuda.mem_get_info()[0])
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-@dataclass(frozen=True)
-class ModelSizes:
-    """What memory planning knows of one input from its headers: parameters, the largest decoder
-    layer's parameters, hidden width and vocabulary (config)."""
-
-    params: int
-    largest_layer: int
-    hidden: int
-    vocab: int
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How a verify run will hold its models: ``mode`` and why, and the estimates it came from."""
-
-    mode: str                    # parallel | sequential | stream
-    why: str
-    available: int | None        # bytes free (or the budget given)
-    need: dict                   # mode -> estimated bytes
-
-
-def plan_memory(ref: ModelSizes, cand: ModelSizes, *, dtype: str, device: str, device_map: str | None,
-                sequential: bool | None, stream: bool | None, available: int | None, positions: int) -> MemoryPlan:
-    """Choose how to run a pair so that the process never outgrows the memory it has.
-
-    parallel (both models loaded) when both fit ``available`` with headroom; else sequential (one
-    model at a time) when one fits; else layer-streamed (one layer at a time, float32 / float64)
-    when that fits; else a one-line refusal that says what the run would need.  A run that would
-    be killed by the kernel is never started.  ``--sequential`` / ``--stream`` force a mode
-    (sequential turns into streaming when one model does not fit); ``device_map`` leaves the
-    placement to accelerate (sequential)."""
-    from .stream import STREAM_DTYPES, stream_need_from_sizes
-
-    item = _BYTES_PER_PARAM[dtype]
-    both = (ref.params + cand.params) * item
-    one = max(ref.params, cand.params) * item
-    need = {"parallel": int(both * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
-            "sequential": int(one * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
-            "stream": stream_need_from_sizes(max(ref.largest_layer, cand.largest_layer) * item, positions,
-                                             max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab), item)}
-    layer = max(ref.largest_layer, cand.largest_layer)
-    hidden, vocab = max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab)
-
-    def plan(mode, why):
-        return MemoryPlan(mode, why, available, need)
-    if stream:
-        return plan("stream", f"asked for (~{_size(need['stream'])} in {dtype})")
-    if device_map:
-        return plan("sequential", "device_map=auto spreads each model over every device; they are loaded one at a time")
-    if available is None:
-        return plan("sequential", "free memory unknown")
-    free = f"{_size(available)} free on {device}"
-    if not sequential and need["parallel"] <= available:
-        return plan("parallel", f"both models loaded at once (~{_size(both)} in {dtype}, {free})")
-    if need["sequential"] <= available:
-        why = "asked for" if sequential else f"both models need ~{_size(both)} in {dtype}, {free}"
-        return plan("sequential", why)
-    if dtype in STREAM_DTYPES and need["stream"] <= available:
-        return plan("stream", f"one model needs ~{_size(one)} in {dtype}, {free}: run layer by layer "
-                              f"(~{_size(need['stream'])})")
-    if dtype in STREAM_DTYPES:
-        raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype} and a layer-streamed run "
-                        f"~{_size(need['stream'])}, {free}")
-    streamed32 = stream_need_from_sizes(layer * 4, positions, hidden, vocab, 4)
-    raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype}, {free}; a layer-streamed run "
-                    f"(--dtype float32) would need ~{_size(streamed32)}")
-
-
-_BYTES_PER_PARAM = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-
-
-def _sizes(source, revision) -> ModelSizes:
-    """:class:`ModelSizes` of an input from its headers (no tensor is read).  An input that does not
-    open gets zeros here; the real open that follows reports what is wrong with it."""
-    from ..checkpoint import open_checkpoint
-    from .loading import _NOT_WEIGHTS
-    from .stream import _LAYER_KEY
-    try:
-        ck = open_checkpoint(source, revision=revision) if revision else open_checkpoint(source)
-    except (CkptError, OSError, ModuleNotFoundError):
-        return ModelSizes(0, 0, 0, 0)
-    try:
-        params, per_layer = 0, {}
-        for name, info in ck.tensors.items():
-            if info.dtype.upper() in _NOT_WEIGHTS:
-                continue
-            params += info.numel
-            m = _LAYER_KEY.search(name)
-            if m:
-                per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + info.numel
-        cfg = ck.config or {}
-        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-        hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0
-        vocab = text.get("vocab_size") or 0
-        return ModelSizes(params, max(per_layer.values(), default=params), int(hidden or 0), int(vocab or 0))
-    finally:
-        ck.close()
-
-
-def _budget(dev: str, torch, memory_budget: int | None) -> int | None:
-    """Bytes the run may use: the device's free memory, or ``memory_budget`` when smaller."""
-    avail = _available_bytes(dev, torch)
-    if memory_budget is None:
-        return avail
-    return memory_budget if avail is None else min(avail, memory_budget)
-
-
-def _positions_bound(prompts, token_ids) -> int:
-    """An upper bound on the positions before tokenizing: ids as given, else one per character."""
-    if token_ids is not None:
-        return sum(len(t) for t in token_ids)
-    return sum(len(p) + 2 for p in prompts)
-
-
-def _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory) -> None:
-    from .stream import STREAM_DTYPES
-    if stream and dtype not in STREAM_DTYPES:
-        raise CkptError(f"--stream computes in {' or '.join(STREAM_DTYPES)}, not {dtype}")
-    if stream and device_map:
-        raise CkptError("give --stream or --device-map, not both (streaming runs on one device)")
-    if memory_budget is not None and not (isinstance(memory_budget, int) and memory_budget > 0):
-        raise CkptError(f"memory budget must be a positive number of bytes, got {memory_budget!r}")
-    if max_memory is not None and not device_map:
-        raise CkptError("--max-memory applies to --device-map auto (accelerate's per-device limits)")
-
-
 def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompts, token_ids, tokenizer, dev, dtype,
                    thresholds, overrides, progress, revision, candidate_revision, notes, warnings, t0, torch):
     """Both models layer by layer (:mod:`.stream`): the same per-prompt comparison and verdict, the
@@ -477,10 +330,6 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
     return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=None, dtype=dtype,
                    mode="stream", max_new_tokens=0, notes=notes, warnings=warnings, t0=t0, torch=torch,
                    localize=where)
-
-
-def _size(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
 
 
 def _seq2seq_inputs(model, x, seed: int, notes: list, memo: dict, torch) -> dict:

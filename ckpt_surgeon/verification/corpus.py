@@ -226,7 +226,7 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     coarsest of ``dtype`` and both storage precisions).  ``stream``: the transformers sides run
     layer by layer through :mod:`.stream` (``stream_pair`` / ``stream_logits``) instead of whole
     models in memory; None (default) = automatic: streamed when the models would not fit in free
-    memory (or ``memory_budget`` bytes) together, as :func:`.core.plan_memory` decides for
+    memory (or ``memory_budget`` bytes) together, as :func:`.memory.plan_memory` decides for
     ``verify``; False = never (a run that does not fit is then refused in one line).
 
     Returns a :class:`CorpusReport`; raises CkptError for bad input (nothing is written then).
@@ -578,15 +578,15 @@ def _check_memory(sides: _Sides, dtype: str, dev: str, *, together: bool) -> Non
     memory (both at once in the in-memory pairing, else the larger one), with what it needs."""
     import torch
 
-    from .core import _PARALLEL_EXTRA_BYTES, _PARALLEL_HEADROOM, _available_bytes, _size
+    from .memory import PARALLEL_EXTRA_BYTES, PARALLEL_HEADROOM, available_bytes, human_size
     need = [s.pm.estimated_bytes(dtype) for s in sides.models() if s.pm is not None and s.stream is None]
     if not need:
         return
     total = sum(need) if together else max(need)
-    avail = _available_bytes(dev, torch)
-    if avail is not None and total * _PARALLEL_HEADROOM + _PARALLEL_EXTRA_BYTES > avail:
+    avail = available_bytes(dev, torch)
+    if avail is not None and total * PARALLEL_HEADROOM + PARALLEL_EXTRA_BYTES > avail:
         what = "both models need" if together and len(need) == 2 else "the model needs"
-        raise CkptError(f"{what} ~{_size(total)} in {dtype}, {_size(avail)} free on {dev}",
+        raise CkptError(f"{what} ~{human_size(total)} in {dtype}, {human_size(avail)} free on {dev}",
                         hint="--save-reference FILE runs one model at a time; a model larger than memory needs "
                              "layer streaming (--stream)" if together else
                              "a model larger than memory needs layer streaming (--stream)")
@@ -600,7 +600,7 @@ def _row_lists(rows: slice, sequences) -> list[np.ndarray]:
 def _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes, *,
                    together: bool) -> bool:
     """Whether the transformers sides run layer-streamed: as asked, or (``stream=None``) when the
-    memory plan of ``verify`` (:func:`.core.plan_memory`, from the headers alone) says the models
+    memory plan of ``verify`` (:func:`.memory.plan_memory`, from the headers alone) says the models
     would not be held in memory as this run needs them (both at once, or one at a time when a
     saved reference stands in for one side)."""
     if stream is not None:
@@ -611,11 +611,11 @@ def _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memor
         return False
     import torch
 
-    from .core import _budget, _sizes, plan_memory
-    sizes = [_sizes(g, None) for g in hf]
+    from .memory import budget, model_sizes, plan_memory
+    sizes = [model_sizes(g, None) for g in hf]
     a, b = (sizes + sizes)[:2]
     plan = plan_memory(a, b, dtype=dtype, device=dev, device_map=None, sequential=not (together and len(hf) == 2),
-                       stream=None, available=_budget(dev, torch, memory_budget), positions=ctx)
+                       stream=None, available=budget(dev, torch, memory_budget), positions=ctx)
     if plan.mode == "stream" or (together and len(hf) == 2 and plan.mode != "parallel"):
         if dtype not in _streaming().STREAM_DTYPES:
             return False      # the memory check that follows refuses the run in one line

@@ -22,7 +22,7 @@ from .thresholds import coarsest
 # (position-id buffers, GGUF I32 tables) are not weights and are skipped; every other
 # float-like type (float8, GGUF Q*/IQ*/TQ*) is "quantized".
 _PRECISION = {"F64": "float32", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-_NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
+NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
 
 # Files of a folder that are not weights: what a single-file source borrows from its folder.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
@@ -54,7 +54,7 @@ class PreparedModel:
 
 def storage_precision(dtypes) -> str:
     """Coarsest precision class among tensor dtype names (``"F32"``, ``"BF16"``, ``"Q4_1"`` ...)."""
-    classes = [_PRECISION.get(d.upper(), "quantized") for d in dtypes if d.upper() not in _NOT_WEIGHTS]
+    classes = [_PRECISION.get(d.upper(), "quantized") for d in dtypes if d.upper() not in NOT_WEIGHTS]
     return coarsest(*classes) if classes else "float32"
 
 
@@ -122,7 +122,7 @@ def open_validated(p: Path, given: str):
         raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
                                path=given) from None
     try:
-        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
+        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in NOT_WEIGHTS]
         # a quantized checkpoint's logical weights read as float32, but are stored quantized
         precision = "quantized" if ck.quantization is not None else storage_precision(i.dtype for i in floats)
         n_params = sum(i.numel for i in floats)

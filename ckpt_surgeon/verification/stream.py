@@ -42,7 +42,6 @@ dequantizes it; activations are not quantized (the report says so).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -169,12 +168,6 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
 
 
 # --------------------------------------------------------------------------- memory planning
-
-
-# A decoder layer's tensors in HF naming (model.layers.3., transformer.h.3., encoder.layer.3.,
-# gpt_neox.layers.3. ...: the spellings hook_points falls back to) or GGUF naming (blk.3.), for
-# planning before any model is built.
-_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks|blk)\.(\d+)\.")
 
 
 def stream_need_from_sizes(layer: int, positions: int, hidden: int, vocab: int, item: int) -> int:
