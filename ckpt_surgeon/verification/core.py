@@ -17,27 +17,26 @@ loaded, and refuses in one line a run that would not fit even streamed.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..errors import CkptError, ConfigError, UnsupportedError
 from ..runtime import quiet_transformers, resolve_device
-from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
+from .loading import TORCH_DTYPES, PreparedModel, free_memory, load_model, prepare
 from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
                      positions_bound)
 from .metrics import compare_outputs, first_difference
 from .prompts import default_prompts
-from .tokens import _tokenize, check_tokenizer_source
 from .report import PromptResult, VerifyReport, aggregate, judge
-from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
+from .session import environment, scratch
 from .thresholds import coarsest, thresholds_for
+from .tokens import check_tokenizer_source, tokenize_pair
+from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 
 DEVICE_MAPS = ("auto",)
 
@@ -87,15 +86,9 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
     thresholds_for(thresholds or "float32", **overrides)
 
-    import torch
-
     notes: list[str] = []
     warnings: list[str] = []
-    if tmp_dir is not None and not os.path.isdir(tmp_dir):
-        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
-    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
-        work = Path(work_s)
+    with scratch(tmp_dir, "ckpt-surgeon-verify-") as (work, torch):
         plan = plan_memory(model_sizes(reference, revision), model_sizes(candidate, candidate_revision),
                            dtype=dtype, device=dev, device_map=device_map, sequential=sequential, stream=stream,
                            available=budget(dev, torch, memory_budget), positions=positions_bound(prompts, token_ids))
@@ -107,7 +100,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         ref, cand, kind = _prepare_pair(reference, candidate, work, dtype, progress, revision, candidate_revision, notes)
         thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
 
-        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, max_new_tokens, notes)
+        tok, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, kind, max_new_tokens, notes)
         gen_config = _generation_config(ref, tok, max_new_tokens) if kind.generates and max_new_tokens else None
 
         run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
@@ -120,7 +113,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
         mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
         results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
         del pairs     # the suspended generators hold the models
-        _free(torch)
+        free_memory(torch)
         towers = compare_towers(run["towers"], run["tower_out"].get("reference", {}),
                                 run["tower_out"].get("candidate", {}), thr.max_logit_diff)
 
@@ -140,7 +133,7 @@ def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_
         device=("device_map=auto" if device_map else dev), dtype=dtype, mode=mode, max_new_tokens=max_new_tokens,
         thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
         notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
-        environment=_environment(dev, torch), localize=localize, towers=tuple(towers))
+        environment=environment(dev, torch), localize=localize, towers=tuple(towers))
 
 
 def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revision, candidate_revision,
@@ -229,7 +222,7 @@ def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: di
         ref_conts.append(cont)
     _tower_run(ref_model, "reference", run)
     del ref_model
-    _free(run["torch"])
+    free_memory(run["torch"])
     cand_model = load_model(cand, **load)
     _tower_run(cand_model, "candidate", run)
     return (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
@@ -243,20 +236,6 @@ def _tower_run(model, side: str, run: dict) -> None:
 
 
 # --- steps ------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _ieee_float32(torch):
-    """float32 matmuls in full float32 for the run, restored afterwards.  A process that enabled
-    TF32 (``torch.set_float32_matmul_precision("high")``, common in training scripts) would make
-    CUDA float32 logits ~1e-3 relative noisy (TF32 keeps 10 mantissa bits) and fail the float32
-    thresholds for no fault of the candidate."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
 
 def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
     """Greedy decoding settings for *both* models, taken from the reference (stop tokens
@@ -310,7 +289,7 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
                 notes.append(f"{pm.given}: {src.dequantized.note()} (streamed tensor by tensor as the unquantized "
                              "architecture)")
         thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
-        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, 0, notes)
+        tok, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, kind, 0, notes)
         notes.append(f"stream: {plan.why}")
         if kind.generates:
             notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
@@ -326,7 +305,7 @@ def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompt
     finally:
         ref_src.close()
         cand_src.close()
-    _free(torch)
+    free_memory(torch)
     return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=None, dtype=dtype,
                    mode="stream", max_new_tokens=0, notes=notes, warnings=warnings, t0=t0, torch=torch,
                    localize=where)
@@ -405,12 +384,3 @@ def _common_width(r, c, kind, tok, notes):
     notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
                  f"(the tokenizer has {len(tok)} tokens)")
     return np.asarray(r)[..., :n], np.asarray(c)[..., :n]
-
-
-def _environment(dev: str, torch) -> dict:
-    import transformers
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "threads": torch.get_num_threads()}
-    if dev == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,11 +291,9 @@ def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, co
     """The run behind :func:`verify_corpus` and the cache sweep (:mod:`.cache_sweep`): checks,
     sides, corpus, then the candidate scored under each of ``llama.candidates`` (``sweep``: the
     reference runs once into a temporary file, each cache is scored against it)."""
-    import torch
-
-    from ..runtime import quiet_transformers, resolve_device
-    from .core import _environment, _ieee_float32
+    from ..runtime import resolve_device
     from .loading import TORCH_DTYPES
+    from .session import environment, scratch
     from .tokens import check_tokenizer_source
 
     t0 = time.perf_counter()
@@ -305,13 +302,9 @@ def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, co
                    reference_format, dtype, TORCH_DTYPES, replace)
     gates_for("float32", **gate_args)        # bad gate values fail before any model loads
     dev = resolve_device(device)
-    if tmp_dir is not None and not os.path.isdir(tmp_dir):
-        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
     notes: list[str] = []
     warnings: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-corpus-", dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
-        work = Path(work_s)
+    with scratch(tmp_dir, "ckpt-surgeon-corpus-") as (work, torch):
         stream = _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes,
                                 together=reference_file is None and save_reference is None and not sweep)
         sides = _Sides(reference, candidate, work, llama, runtime=runtime, dtype=dtype, ctx=ctx,
@@ -323,7 +316,7 @@ def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, co
                                                      warnings)
         finally:
             sides.close()
-    env = _environment(dev, torch)
+    env = environment(dev, torch)
     on_llama = tuple(s.role for s in sides.models() if s.runtime == "llama.cpp")
     if on_llama:
         import llama_cpp
@@ -523,8 +516,8 @@ class _Side:
     def check_context(self, ctx: int) -> None:
         if self.pm is None:
             return
-        from .tokens import _max_positions
-        limit = _max_positions(self.pm.config, None)
+        from .tokens import max_positions
+        limit = max_positions(self.pm.config, None)
         if limit is not None and ctx > limit:
             raise CkptError(f"--ctx {ctx} exceeds the model's {limit} positions", path=self.given)
 

@@ -205,7 +205,7 @@ def float64_kwargs(dtype: str) -> dict:
     return {"experts_implementation": "eager"} if dtype == "float64" else {}
 
 
-def _free(torch) -> None:
+def free_memory(torch) -> None:
     """Drop what a freed model left behind (Python cycles, the CUDA cache)."""
     import gc
     gc.collect()

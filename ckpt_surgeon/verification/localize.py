@@ -144,7 +144,7 @@ class _Recorder:
             h.remove()
 
 
-class _Acc:
+class DiffAccumulator:
     def __init__(self):
         self.max_abs, self.dd, self.rr = 0.0, 0.0, 0.0
 
@@ -176,8 +176,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     :func:`~ckpt_surgeon.verification.core.verify`."""
     import torch
 
-    from .loading import _free
-    from .tokens import _tokenize
+    from .loading import free_memory
+    from .tokens import tokenize_pair
     from ..runtime import quiet_transformers, resolve_device
     from .loading import prepare
     from .prompts import default_prompts
@@ -194,12 +194,12 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
-        _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
+        _, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
         run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings),
                    device=device, torch=torch)
         compare = _compare_sequential if sequential else _compare_parallel
         names, accs = compare(ref, cand, run, work)
-        _free(torch)
+        free_memory(torch)
     points = tuple(PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > thr)
                    for (la, part, path), acc in zip(names, accs))
     first = next((p for p in points if p.over), None)
@@ -225,12 +225,12 @@ def _names(pts) -> list[tuple]:
 
 
 def _compare_parallel(ref, cand, run: dict, work: Path):
-    """Both models loaded, compared prompt by prompt -> (point names, one _Acc per point)."""
+    """Both models loaded, compared prompt by prompt -> (point names, one DiffAccumulator per point)."""
     names = accs = None
     for (pr, r_outs), (pc, c_outs) in zip(_point_outputs(ref, **run), _point_outputs(cand, **run)):
         names = _names(pr)
         _same_points(names, pc, cand.given)
-        accs = accs or [_Acc() for _ in r_outs]
+        accs = accs or [DiffAccumulator() for _ in r_outs]
         for k, (r, c) in enumerate(zip(r_outs, c_outs)):
             accs[k].add(r, c)
     return names, accs
@@ -238,8 +238,8 @@ def _compare_parallel(ref, cand, run: dict, work: Path):
 
 def _compare_sequential(ref, cand, run: dict, work: Path):
     """The reference's per-point outputs saved to ``work`` (tokens x hidden per point), its model
-    freed, then the candidate compared against them -> (point names, one _Acc per point)."""
-    from .loading import _free
+    freed, then the candidate compared against them -> (point names, one DiffAccumulator per point)."""
+    from .loading import free_memory
     saved = work / "reference-points"
     saved.mkdir()
     names = accs = None
@@ -247,9 +247,9 @@ def _compare_sequential(ref, cand, run: dict, work: Path):
         names = _names(pts)
         for k, arr in enumerate(outs):
             np.save(saved / f"{i}-{k}.npy", arr)
-    _free(run["torch"])
+    free_memory(run["torch"])
     for i, (pts, outs) in enumerate(_point_outputs(cand, **run)):
-        accs = accs or [_Acc() for _ in outs]
+        accs = accs or [DiffAccumulator() for _ in outs]
         _same_points(names, pts, cand.given)
         for k, arr in enumerate(outs):
             accs[k].add(np.load(saved / f"{i}-{k}.npy"), arr)

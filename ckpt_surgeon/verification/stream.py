@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from .loading import float64_kwargs
-from .localize import DEFAULT_THRESHOLDS, LocalizeReport, PointDiff, _Acc, hook_points
+from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points
 
 STREAM_DTYPES = ("float32", "float64")
 _NP_DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -674,7 +674,7 @@ class StreamedPair:
         parts = 2 * positions * width * hidden[0][0].element_size() <= ACTIVATIONS_IN_RAM_BYTES
         points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(models[0].points)
                   if parts or part == "output"]
-        accs = {k: _Acc() for k, *_ in points}
+        accs = {k: DiffAccumulator() for k, *_ in points}
         n_layers = len(models[0].layers)
         bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
                    disable=(None if self.progress is None else not self.progress))
