@@ -66,19 +66,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     :func:`ckpt_surgeon.formats.hub_snapshot.download` (bars per ``progress``).  ``revision``
     with a local source is an error.  Raises CkptError (one line) for anything transformers
     could not load."""
-    from ..checkpoint import is_hub_source, missing_local
-
     given = os.fspath(source)
-    p = Path(given)
-    if not p.exists():
-        if not is_hub_source(given):
-            raise missing_local(given)
-        from ..formats.hub_snapshot import download
-        p = download(given, revision=revision, progress=progress)
-    elif revision is not None:
-        raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
-                        path=given)
-    ck, precision, n_params = open_validated(p, given)
+    p, ck, precision, n_params = open_input(given, revision=revision, progress=progress, verb="loads")
     dequantized = None
     try:
         if ck.format == "gguf":
@@ -86,12 +75,6 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
             config = _read_config(folder / "config.json")
             converted = True
         else:
-            if ck.format != "safetensors":
-                raise UnsupportedError(f"verify loads safetensors or GGUF inputs, not {ck.format}", path=given)
-            if ck.config is None:
-                where = p if p.is_dir() else p.parent
-                raise ConfigError("no config.json: verify builds the model with transformers, which needs "
-                                  "config.json beside the weights", path=str(where))
             config = ck.config
             converted = False
             if ck.quantization is not None:
@@ -109,6 +92,42 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     has_tok = has_tokenizer(folder)
     return PreparedModel(given, str(folder), config, kind, str(archs[0]), precision, n_params, has_tok, converted,
                          role, dequantized)
+
+
+# How the one-line refusal of a safetensors input without config.json reads, per caller's verb.
+_BUILT_BY = {"loads": "verify builds the model with transformers, which needs",
+             "streams": "the model is built with transformers, which needs"}
+
+
+def open_input(given: str, *, revision: str | None, progress: bool | None, verb: str):
+    """``(local path, Checkpoint, storage precision, weight parameter count)`` of a verify input,
+    whether it is then loaded whole (:func:`prepare`, ``verb="loads"``) or streamed
+    (:func:`.stream.open_source`, ``verb="streams"``): a Hub repo id is first downloaded into the
+    Hugging Face cache at ``revision`` (a revision with a local path is an error); the checkpoint is
+    validated (:func:`open_validated`) and must be a GGUF, or safetensors with its config.json.
+    The caller closes the checkpoint."""
+    from ..checkpoint import is_hub_source, missing_local
+
+    p = Path(given)
+    if not p.exists():
+        if not is_hub_source(given):
+            raise missing_local(given)
+        from ..formats.hub_snapshot import download
+        p = download(given, revision=revision, progress=progress)
+    elif revision is not None:
+        raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
+                        path=given)
+    ck, precision, n_params = open_validated(p, given)
+    try:
+        if ck.format not in ("gguf", "safetensors"):
+            raise UnsupportedError(f"verify {verb} safetensors or GGUF inputs, not {ck.format}", path=given)
+        if ck.format == "safetensors" and ck.config is None:
+            where = p if p.is_dir() else p.parent
+            raise ConfigError(f"no config.json: {_BUILT_BY[verb]} config.json beside the weights", path=str(where))
+    except BaseException:
+        ck.close()
+        raise
+    return p, ck, precision, n_params
 
 
 def open_validated(p: Path, given: str):

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..errors import CkptError, ConfigError, UnsupportedError
 from .loading import float64_kwargs
 from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points
 
@@ -133,30 +133,16 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
     typed error naming the file, as for every other command."""
     if isinstance(source, StreamSource):
         return source
-    from ..checkpoint import looks_like_repo_id
-    from .loading import open_validated
+    from .loading import open_input
 
     given = os.fspath(source)
-    p = Path(given)
-    if not p.exists():
-        if not looks_like_repo_id(given):
-            raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
-                                      path=given)
-        from ..formats.hub_snapshot import download
-        p = download(given, revision=revision, progress=progress)
-    ck, precision, n_params = open_validated(p, given)
+    _, ck, precision, n_params = open_input(given, revision=revision, progress=progress, verb="streams")
     try:
         if ck.format == "gguf":
             from ..conversion.from_gguf import hf_view
             config, hp, plan, warns = hf_view(ck, Path(ck.source))
             return StreamSource(given, config, None, ck, precision, n_params, gguf=True, warnings=tuple(warns),
                                 _plan={entry[1]: entry for entry in plan}, _hp=hp)
-        if ck.format != "safetensors":
-            raise UnsupportedError(f"verify streams safetensors or GGUF inputs, not {ck.format}", path=given)
-        if ck.config is None:
-            where = p if p.is_dir() else p.parent
-            raise ConfigError("no config.json: the model is built with transformers, which needs config.json "
-                              "beside the weights", path=str(where))
         folder = str(Path(ck.config_path).parent)
         from ..conversion.dense import dequantized_run
         # a quantized checkpoint streams its logical layout: every quantized weight dequantized by
