@@ -295,3 +295,23 @@ class LocalizedVerify:
 
     def summary_items(self) -> list[tuple[str, str]]:
         return list(self.verify.summary_items()) + self.localize.summary_items()
+
+
+def localized(report, reference, candidate, o):
+    """``report`` (a :class:`~.report.VerifyReport`) as ``verify(..., localize=...)`` returns it
+    (``o``: its :class:`~.options.VerifyOptions`): a streamed run's per-layer divergence re-judged
+    by ``o.localize_threshold`` when one is given; with ``o.localize``, the divergence found by a
+    second pass (:func:`localize`, on the device, dtype and schedule the run used) unless the run
+    measured it already, returned as one :class:`LocalizedVerify`."""
+    if report.localize is not None and o.localize_threshold is not None:
+        import dataclasses
+
+        from .stream import rethreshold
+        report = dataclasses.replace(report, localize=rethreshold(report.localize, o.localize_threshold))
+    if not o.localize or report.localize is not None:      # a streamed run has measured every layer already
+        return report
+    where = localize(reference, candidate, prompts=o.feed.prompts, device="cuda" if report.device == "cuda" else "cpu",
+                     dtype=o.placement.dtype, sequential=report.mode == "sequential", threshold=o.localize_threshold,
+                     tmp_dir=o.placement.tmp_dir, token_ids=o.feed.token_ids, tokenizer=o.feed.tokenizer,
+                     progress=o.placement.progress, revision=o.revision, candidate_revision=o.candidate_revision)
+    return LocalizedVerify(report, where)
