@@ -75,3 +75,30 @@ def test_record_and_keywords_give_the_same_run_and_localize_is_composed_by_the_l
     st = verify(ref, cand, prompts=prompts, device="cpu", stream=True, localize=True, localize_threshold=0.5)
     assert not isinstance(st, LocalizedVerify) and st.localize.mode == "stream" and st.localize.threshold == 0.5
     assert dataclasses.is_dataclass(st)
+
+
+def test_common_width_is_shared_by_prompts_and_corpus():
+    """One rule for logits of different widths (a padded vocabulary kept by one side only), with
+    each mode's own first words."""
+    import numpy as np
+
+    from ckpt_surgeon.errors import ConfigError
+    from ckpt_surgeon.verification.metrics import common_width
+
+    class Tok:                      # all common_width asks of a tokenizer: how many tokens it has
+        def __len__(self):
+            return 6
+
+    r, c = np.arange(16.0).reshape(2, 8), np.arange(12.0).reshape(2, 6)
+    notes: list = []
+    a, b = common_width(r, c, Tok(), notes)
+    assert a.shape == b.shape == (2, 6) and np.array_equal(a, r[:, :6])
+    assert notes == ["vocabulary widths differ (8 vs 6); compared the first 6 logits (the tokenizer has 6 tokens)"]
+    assert common_width(r, r, None, notes)[0] is r                      # same width: untouched
+    with pytest.raises(ConfigError, match=r"^output widths differ: reference 8, candidate 6 \(no tokenizer"):
+        common_width(r, c, None, [])
+    with pytest.raises(ConfigError,
+                       match=r"^vocabulary widths differ: reference 8, candidate 5 \(tokenizer has 6 tokens\); the"):
+        common_width(r, c[:, :5], Tok(), [], what="vocabulary")     # a real token would be cut off
+    with pytest.raises(ConfigError, match="output widths differ"):
+        common_width(r, c, Tok(), [], distribution=False)             # hidden states are never trimmed

@@ -31,7 +31,7 @@ from ..runtime import quiet_transformers, resolve_device
 from .loading import TORCH_DTYPES, PreparedModel, free_memory, load_model, prepare
 from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
                      positions_bound)
-from .metrics import compare_outputs, first_difference
+from .metrics import common_width, compare_outputs, first_difference
 from .options import Criteria, VerifyOptions
 from .prompts import default_prompts
 from .report import PromptResult, VerifyReport, aggregate, judge
@@ -348,7 +348,7 @@ def _stream_compare(job: _Job, plan: MemoryPlan, ref_src, cand_src):
                        tmp_dir=job.work)
     results = []
     for s, r_arr, c_arr in pair:
-        r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
+        r_arr, c_arr = common_width(r_arr, c_arr, tok, notes, distribution=kind.distribution)
         cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
         results.append(PromptResult(index=s, text=prompts[s], tokens=len(encodings[s]), comparison=cmp))
     job.warnings.extend(pair.warnings)
@@ -401,7 +401,7 @@ def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_ma
 def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -> list[PromptResult]:
     results = []
     for i, ((r_arr, r_cont), (c_arr, c_cont)) in enumerate(pairs):
-        r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
+        r_arr, c_arr = common_width(r_arr, c_arr, tok, notes, distribution=kind.distribution)
         cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
         gen = {}
         if generated:
@@ -411,20 +411,3 @@ def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -
                        first_greedy_diff=first_difference(r_cont, c_cont), generated=True)
         results.append(PromptResult(index=i, text=prompts[i], tokens=len(encodings[i]), comparison=cmp, **gen))
     return results
-
-
-def _common_width(r, c, kind, tok, notes):
-    """Logits of different widths: models often pad the vocabulary (embedding rows beyond the
-    tokenizer, to a multiple of 64/128) and a converter may drop or keep that padding.  The rows
-    beyond ``len(tokenizer)`` can never be produced by the tokenizer, so comparing the first
-    ``min`` columns is sound as long as every real token is inside them."""
-    if r.shape[-1] == c.shape[-1]:
-        return r, c
-    n = min(r.shape[-1], c.shape[-1])
-    if not kind.distribution or tok is None or n < len(tok):
-        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
-        raise ConfigError(f"output widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} "
-                          f"({has}); the models are not comparable")
-    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
-                 f"(the tokenizer has {len(tok)} tokens)")
-    return np.asarray(r)[..., :n], np.asarray(c)[..., :n]

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
+from .metrics import common_width
 from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
@@ -370,7 +371,7 @@ def _score_pair(pairs, corp: Corpus, rows: slice, tok, notes: list, bar) -> Fide
     acc = FidelityAccumulator()
     first, nrows = rows.start, rows.stop - rows.start
     for i, r, c in pairs:
-        r, c = _common_width(r, c, tok, notes)
+        r, c = common_width(r, c, tok, notes, what="vocabulary")
         acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i, positions=np.arange(first, first + nrows))
         bar.update(1)
     bar.close()
@@ -385,7 +386,7 @@ def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, b
         kind, r = reader.chunk(i)
         targets = corp.tokens[i, first + 1:first + 1 + nrows]
         pos = np.arange(first, first + nrows)
-        r, c = _common_width(r, c, tok, notes)
+        r, c = common_width(r, c, tok, notes, what="vocabulary")
         if kind == "logprobs":
             acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
         else:
@@ -739,21 +740,6 @@ def _save_reference(side: _Side, dest, fmt: str, replace: bool, corp: Corpus, sc
         w.discard()
         raise
     return ReferenceReader(dest)
-
-
-def _common_width(r: np.ndarray, c: np.ndarray, tok, notes: list):
-    """Logits of different widths are compared on the first ``min`` columns when every tokenizer id
-    is inside them (padded embedding rows can never be produced), else refused."""
-    if r.shape[-1] == c.shape[-1]:
-        return r, c
-    n = min(r.shape[-1], c.shape[-1])
-    if tok is None or n < len(tok):
-        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
-        raise ConfigError(f"vocabulary widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} ({has}); "
-                          "the models are not comparable")
-    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
-                 f"(the tokenizer has {len(tok)} tokens)")
-    return r[..., :n], c[..., :n]
 
 
 def _bar(progress, total: int):
