@@ -202,10 +202,24 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         free_memory(torch)
     points = tuple(PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > thr)
                    for (la, part, path), acc in zip(names, accs))
+    return judged(points, thr, "sequential" if sequential else "parallel")
+
+
+def judged(points: tuple, threshold: float, mode: str) -> LocalizeReport:
+    """The report of measured ``points`` (``over`` already set against ``threshold``): the first
+    point over it, in execution order, named."""
     first = next((p for p in points if p.over), None)
-    return LocalizeReport(thr, points, first.layer if first else None,
-                          f"layer {first.layer} {first.part}" if first else None,
-                          "sequential" if sequential else "parallel")
+    return LocalizeReport(threshold, points, first.layer if first else None,
+                          f"layer {first.layer} {first.part}" if first else None, mode)
+
+
+def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
+    """The same per-layer measurements judged against another ``threshold`` (``--localize-threshold``
+    on a streamed run, whose divergence was measured with the default)."""
+    if not threshold > 0:
+        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
+    from dataclasses import replace
+    return judged(tuple(replace(p, over=p.rel > threshold) for p in loc.points), float(threshold), loc.mode)
 
 
 def _point_outputs(pm, *, encodings, load: dict, device: str, torch):
@@ -305,8 +319,6 @@ def localized(report, reference, candidate, o):
     measured it already, returned as one :class:`LocalizedVerify`."""
     if report.localize is not None and o.localize_threshold is not None:
         import dataclasses
-
-        from .stream import rethreshold
         report = dataclasses.replace(report, localize=rethreshold(report.localize, o.localize_threshold))
     if not o.localize or report.localize is not None:      # a streamed run has measured every layer already
         return report

@@ -51,7 +51,8 @@ import numpy as np
 
 from ..errors import CkptError, ConfigError, UnsupportedError
 from .loading import float64_kwargs
-from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points
+from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points, judged
+from .localize import rethreshold  # noqa: F401  (its home before issue 35; re-exported)
 
 STREAM_DTYPES = ("float32", "float64")
 _NP_DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -203,19 +204,7 @@ class StreamedLayers:
     threshold: float
 
     def report(self) -> LocalizeReport:
-        first = next((p for p in self.points if p.over), None)
-        return LocalizeReport(self.threshold, self.points, first.layer if first else None,
-                              f"layer {first.layer} {first.part}" if first else None, "stream")
-
-
-def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
-    """The same per-layer measurements judged against another ``threshold`` (``--localize-threshold``
-    on a streamed run, whose divergence was measured with the default)."""
-    if not threshold > 0:
-        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
-    from dataclasses import replace
-    points = tuple(replace(p, over=p.rel > threshold) for p in loc.points)
-    return StreamedLayers(points, float(threshold)).report()
+        return judged(self.points, self.threshold, "stream")
 
 
 # --------------------------------------------------------------------------- the model side
