@@ -237,3 +237,31 @@ def test_a_gguf_or_weights_file_as_tokenizer_is_refused_up_front(bare, tiny, tmp
     res = _run("verify", ref, tmp_path / "missing", "--tokenizer", tiny("qwen2") / "model.safetensors")
     assert res.exit_code == 2 and "--tokenizer is a safetensors file, not a tokenizer" in res.stderr
     assert res.stderr.count("\n") == 1
+
+
+def test_loaded_and_streamed_inputs_are_validated_alike(tiny, tmp_path):
+    """Issue 35 item 4: the input checks of a loaded run (loading.prepare) and a streamed one
+    (stream.open_source) are one function: the same line for a revision given with a local path,
+    for a missing local path and for weights without config.json, before anything is read."""
+    from ckpt_surgeon.errors import CkptError
+    from ckpt_surgeon.verification.loading import prepare
+    from ckpt_surgeon.verification.stream import open_source
+
+    src = tiny("qwen2")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(src / "model.safetensors", bare / "model.safetensors")
+    cases = [(dict(source=str(src), revision="bumped"), "a revision ('bumped') applies to Hub repo ids only"),
+             (dict(source=str(tmp_path / "nope"), revision=None), "no such file or folder"),
+             (dict(source=str(bare), revision=None), "no config.json: ")]
+    for kw, want in cases:
+        lines = []
+        for run in (lambda: prepare(kw["source"], tmp_path / "work", role="reference", dtype="float32",
+                                    revision=kw["revision"]),
+                    lambda: open_source(kw["source"], revision=kw["revision"])):
+            with pytest.raises(CkptError) as e:
+                run()
+            lines.append(str(e.value))
+        assert want in lines[0] and want in lines[1], lines
+        if want != "no config.json: ":          # the two verbs are said in their own words there
+            assert lines[0] == lines[1]

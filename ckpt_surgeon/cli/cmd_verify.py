@@ -163,12 +163,7 @@ def _max_memory(specs) -> dict | None:
 @dist_mode_option
 @progress_option
 @output_options
-def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_new_tokens, device, device_map,
-            max_memory, dtype, sequential, stream, memory_budget, thresholds_dtype, max_logit_diff, max_kl, min_top1,
-            require_greedy, tmp_dir, revision, candidate_revision, localize, localize_threshold, corpus, corpus_ids, ctx,
-            score, save_reference, reference_format, reference_file, runtime, kv_cache, cache_type_k, cache_type_v,
-            cache_sweep, flash_attn, max_mean_kl, max_p99_kl, min_same_top, max_ln_ppl_ratio, progress, fmt, output,
-            force):
+def command(reference, candidate, fmt, output, force, **given):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
     Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
@@ -216,90 +211,87 @@ def command(reference, candidate, prompts_file, token_ids_file, tokenizer, max_n
     Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
     one line naming the failed criteria), 2 bad input.
     """
-    if distributed(command.callback, locals(), _size):      # launched by torchrun (cli/verify_dist.py)
+    params = {"reference": reference, "candidate": candidate, "fmt": fmt, "output": output, "force": force, **given}
+    if distributed(command.callback, params, _size):      # launched by torchrun (cli/verify_dist.py)
         return
-    from ..errors import VerificationFailed
+    run = _fidelity if given["corpus"] or given["corpus_ids"] else _exactness
+    report, title, candidate = run(reference, candidate, given, output, force)
+    emit(report, fmt, output, title=title, force=force)
+    if not report.passed:
+        from ..errors import VerificationFailed
+        raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
+
+
+def _placement(g: dict, *, budget: bool = True):
+    """The options both modes share, as :class:`~ckpt_surgeon.verification.options.Placement`."""
+    from ..verification.options import Placement
+    return Placement(device=g["device"], dtype=g["dtype"], stream=g["stream"] or None,
+                     memory_budget=_size(g["memory_budget"], "--memory-budget") if budget and g["memory_budget"]
+                     else None, tmp_dir=g["tmp_dir"], progress=g["progress"])
+
+
+def _exactness(reference, candidate, g: dict, output, force):
+    """REFERENCE and CANDIDATE on the same prompts, the options as one VerifyOptions record ->
+    (report, title, candidate)."""
     from ..verification.core import verify
+    from ..verification.options import Criteria, Feed, VerifyOptions
     from ..verification.prompts import load_prompts, load_token_ids
 
-    if corpus or corpus_ids:
-        from ..verification.corpus import verify_corpus
-        if prompts_file or token_ids_file or localize or device_map or sequential:
-            raise click.UsageError("--corpus / --corpus-ids do not combine with --prompts, --token-ids, --localize, "
-                                   "--device-map or --sequential")
-        if candidate is None:
-            if reference_file is not None:
-                reference, candidate = None, reference
-            elif cache_sweep or cache_type_k or cache_type_v:
-                candidate = reference          # the same GGUF under another cache
-            else:
-                raise click.UsageError("give REFERENCE and CANDIDATE (or --reference FILE and CANDIDATE)")
-        check_report_path(output, force, (reference, candidate, corpus, corpus_ids, reference_file))
-        if cache_sweep:
-            _cache_sweep(reference, candidate, cache_sweep, locals())
-            return
-        report = verify_corpus(reference, candidate, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx, score=score,
-                               tokenizer=tokenizer, device=device, dtype=dtype, runtime=runtime, kv_cache=kv_cache,
-                               cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                               reference_file=reference_file, save_reference=save_reference,
-                               reference_format=reference_format, replace=force, thresholds=thresholds_dtype,
-                               max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                               max_ln_ppl_ratio=max_ln_ppl_ratio, progress=progress, tmp_dir=tmp_dir,
-                               stream=stream or None,
-                               memory_budget=_size(memory_budget, "--memory-budget") if memory_budget else None)
-        emit(report, fmt, output, title="ckpt-surgeon verify --corpus", force=force)
-        if not report.passed:
-            raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
-        return
     if candidate is None:
         raise click.UsageError("Missing argument 'CANDIDATE'.")
-    if save_reference or reference_file or runtime != "transformers" or cache_sweep or cache_type_k or cache_type_v:
+    if (g["save_reference"] or g["reference_file"] or g["runtime"] != "transformers" or g["cache_sweep"]
+            or g["cache_type_k"] or g["cache_type_v"]):
         raise click.UsageError("--save-reference, --reference, --runtime and the cache options need --corpus FILE or "
                                "--corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
-    if prompts_file and token_ids_file:
+    if g["prompts_file"] and g["token_ids_file"]:
         raise click.UsageError("give --prompts or --token-ids, not both")
-    prompts = load_prompts(prompts_file) if prompts_file else None
-    token_ids = load_token_ids(token_ids_file) if token_ids_file else None
-    budget = _size(memory_budget, "--memory-budget") if memory_budget else None
-    report = verify(reference, candidate, prompts=prompts, token_ids=token_ids, tokenizer=tokenizer,
-                    max_new_tokens=max_new_tokens, device=device,
-                    device_map=device_map, dtype=dtype, sequential=sequential or None,
-                    thresholds=thresholds_dtype, max_logit_diff=max_logit_diff, max_kl=max_kl,
-                    min_top1=min_top1, require_greedy=require_greedy, progress=progress, tmp_dir=tmp_dir,
-                    revision=revision, candidate_revision=candidate_revision, stream=stream or None,
-                    memory_budget=budget, max_memory=_max_memory(max_memory))
-    if report.localize is not None and localize_threshold is not None:
-        import dataclasses
-
-        from ..verification.stream import rethreshold
-        report = dataclasses.replace(report, localize=rethreshold(report.localize, localize_threshold))
-    if localize and report.localize is None:      # a streamed run has measured every layer already
-        from ..verification.localize import LocalizedVerify, localize as run_localize
-        where = run_localize(reference, candidate, prompts=prompts,
-                             device="cuda" if report.device == "cuda" else "cpu", dtype=dtype,
-                             sequential=report.mode == "sequential", threshold=localize_threshold, tmp_dir=tmp_dir,
-                             token_ids=token_ids, tokenizer=tokenizer, progress=progress, revision=revision,
-                             candidate_revision=candidate_revision)
-        report = LocalizedVerify(report, where)
-    emit(report, fmt, output, title="ckpt-surgeon verify", force=force)
-    if not report.passed:
-        raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
+    feed = Feed(prompts=load_prompts(g["prompts_file"]) if g["prompts_file"] else None,
+                token_ids=load_token_ids(g["token_ids_file"]) if g["token_ids_file"] else None,
+                tokenizer=g["tokenizer"], max_new_tokens=g["max_new_tokens"])
+    criteria = Criteria(g["thresholds_dtype"], g["max_logit_diff"], g["max_kl"], g["min_top1"], g["require_greedy"])
+    placement = _placement(g)
+    opts = VerifyOptions(feed, placement, criteria, sequential=g["sequential"] or None, device_map=g["device_map"],
+                         max_memory=_max_memory(g["max_memory"]), revision=g["revision"],
+                         candidate_revision=g["candidate_revision"], localize=g["localize"],
+                         localize_threshold=g["localize_threshold"])
+    return verify(reference, candidate, opts), "ckpt-surgeon verify", candidate
 
 
-def _cache_sweep(reference, candidate, spec, o: dict) -> None:
-    """``--cache-sweep``: one table, one row per cache (verification.cache_sweep)."""
-    from ..errors import VerificationFailed
-    from ..verification.cache_sweep import verify_cache_sweep
-    if o["cache_type_k"] or o["cache_type_v"] or o["save_reference"] or o["stream"]:
-        raise click.UsageError("--cache-sweep does not combine with --cache-type-k/-v, --save-reference or --stream")
-    report = verify_cache_sweep(reference, candidate, cache_sweep=spec, corpus=o["corpus"],
-                                corpus_ids=o["corpus_ids"], ctx=o["ctx"], score=o["score"], tokenizer=o["tokenizer"],
-                                device=o["device"], dtype=o["dtype"], kv_cache=o["kv_cache"],
-                                flash_attn=o["flash_attn"], reference_file=o["reference_file"],
-                                max_mean_kl=o["max_mean_kl"], max_p99_kl=o["max_p99_kl"],
-                                min_same_top=o["min_same_top"], max_ln_ppl_ratio=o["max_ln_ppl_ratio"],
-                                progress=o["progress"], tmp_dir=o["tmp_dir"])
-    emit(report, o["fmt"], o["output"], title="ckpt-surgeon verify --cache-sweep", force=o["force"])
-    if not report.passed:
-        raise VerificationFailed("mismatch: " + "; ".join(report.failures), path=candidate)
+def _fidelity(reference, candidate, g: dict, output, force):
+    """Fidelity mode (--corpus / --corpus-ids), one row or a cache sweep, the options as one
+    CorpusOptions record -> (report, title, candidate)."""
+    if g["prompts_file"] or g["token_ids_file"] or g["localize"] or g["device_map"] or g["sequential"]:
+        raise click.UsageError("--corpus / --corpus-ids do not combine with --prompts, --token-ids, --localize, "
+                               "--device-map or --sequential")
+    if candidate is None:
+        if g["reference_file"] is not None:
+            reference, candidate = None, reference
+        elif g["cache_sweep"] or g["cache_type_k"] or g["cache_type_v"]:
+            candidate = reference          # the same GGUF under another cache
+        else:
+            raise click.UsageError("give REFERENCE and CANDIDATE (or --reference FILE and CANDIDATE)")
+    check_report_path(output, force, (reference, candidate, g["corpus"], g["corpus_ids"], g["reference_file"]))
+    if g["cache_sweep"]:
+        from ..verification.cache_sweep import verify_cache_sweep
+        if g["cache_type_k"] or g["cache_type_v"] or g["save_reference"] or g["stream"]:
+            raise click.UsageError("--cache-sweep does not combine with --cache-type-k/-v, --save-reference or "
+                                   "--stream")
+        report = verify_cache_sweep(reference, candidate, cache_sweep=g["cache_sweep"],
+                                    options=_corpus_options(g, force, budget=False))
+        return report, "ckpt-surgeon verify --cache-sweep", candidate
+    from ..verification.corpus import verify_corpus
+    report = verify_corpus(reference, candidate, _corpus_options(g, force))
+    return report, "ckpt-surgeon verify --corpus", candidate
+
+
+def _corpus_options(g: dict, force: bool, *, budget: bool = True):
+    """The fidelity options as one :class:`~ckpt_surgeon.verification.options.CorpusOptions`."""
+    from ..verification.options import CorpusOptions, GateLimits, LlamaOptions, SavedReference
+    return CorpusOptions(
+        corpus=g["corpus"], corpus_ids=g["corpus_ids"], ctx=g["ctx"], score=g["score"], tokenizer=g["tokenizer"],
+        placement=_placement(g, budget=budget),
+        gates=GateLimits(g["thresholds_dtype"], g["max_mean_kl"], g["max_p99_kl"], g["min_same_top"],
+                         g["max_ln_ppl_ratio"]),
+        llama=LlamaOptions(g["runtime"], g["kv_cache"], g["cache_type_k"], g["cache_type_v"], g["flash_attn"]),
+        saved=SavedReference(g["reference_file"], g["save_reference"], g["reference_format"], replace=force))

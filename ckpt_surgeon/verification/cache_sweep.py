@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..records import finite_or_none as _num
-from .corpus import Corpus, LlamaRun, _needs_llama, run_corpus
+from .corpus import Corpus, LlamaRun, needs_llama, run_corpus
 from .corpus_report import Gates
 from .fidelity import FidelityStats
 from .kv_types import CacheTypes, cache_types, parse_sweep, use_flash_attn
+from .options import CorpusOptions, SavedReference
 
 FIDELITY_NOTE = ("a quantized KV cache is a fidelity run, not an exactness run: the rows measure what the cache "
                  "costs, against the reference's float cache")
@@ -159,30 +160,42 @@ class CacheSweepReport:
         return items
 
 
-def verify_cache_sweep(reference, candidate=None, *, cache_sweep, corpus=None, corpus_ids=None, ctx: int = 512,
-                       score: str = "half", tokenizer=None, device: str = "auto", dtype: str = "float32",
-                       kv_cache: str = "f16", flash_attn: str = "auto", reference_file=None,
-                       max_mean_kl: float | None = None, max_p99_kl: float | None = None,
-                       min_same_top: float | None = None, max_ln_ppl_ratio: float | None = None,
-                       progress: bool | None = False, tmp_dir=None) -> CacheSweepReport:
+# What a sweep takes of :class:`.options.CorpusOptions` (the rest is fixed: every row runs in llama.cpp).
+SWEEP_KEYWORDS = ("corpus", "corpus_ids", "ctx", "score", "tokenizer", "device", "dtype", "kv_cache", "flash_attn",
+                  "reference_file", "max_mean_kl", "max_p99_kl", "min_same_top", "max_ln_ppl_ratio", "progress",
+                  "tmp_dir")
+
+
+def sweep_options(o: CorpusOptions) -> CorpusOptions:
+    """``o`` as a sweep runs it: llama.cpp for every GGUF side, no per-side cache types, nothing
+    saved, not streamed, no memory budget, gates only as given (no thresholds row)."""
+    return replace(o, placement=replace(o.placement, stream=False, memory_budget=None),
+                   gates=replace(o.gates, thresholds=None),
+                   llama=replace(o.llama, runtime="llama.cpp", cache_type_k=None, cache_type_v=None),
+                   saved=SavedReference(reference_file=o.saved.reference_file))
+
+
+def verify_cache_sweep(reference, candidate=None, *, cache_sweep, options: CorpusOptions | None = None,
+                       **kwargs) -> CacheSweepReport:
     """Run ``candidate`` (a GGUF; default: ``reference``, which must then be one) in llama.cpp under
     each cache of ``cache_sweep`` (``"q8_0,q4_0/f16"`` or a sequence of items: ``K/V`` or one type
     for both; see :func:`.kv_types.parse_sweep`) against ``reference`` run once (a GGUF in
     llama.cpp with ``kv_cache`` for K and V, default f16; an HF model in transformers) or against
     ``reference_file``.  ``flash_attn``: auto (on for every run when a row quantizes V), on, off.
-    Gates are judged only when given.  Raises CkptError (one line) for bad input."""
+    Gates are judged only when given.  The options: a :class:`~.options.CorpusOptions` record
+    (``options``; what a sweep does not take is ignored, :func:`sweep_options`) or the keyword
+    arguments of :data:`SWEEP_KEYWORDS`.  Raises CkptError (one line) for bad input."""
+    unknown = next((k for k in kwargs if k not in SWEEP_KEYWORDS), None)
+    if unknown is not None:
+        raise TypeError(f"verify_cache_sweep() got an unexpected keyword argument {unknown!r}")
+    o = sweep_options(CorpusOptions.build(options, **kwargs))
     candidate = candidate if candidate is not None else reference
-    rows = parse_sweep(cache_sweep, kv_cache=kv_cache)
-    ref_cache, _ = cache_types(kv_cache)
-    _needs_llama("llama.cpp", candidate, "--cache-sweep")
-    llama = LlamaRun(ref_cache, rows, use_flash_attn(flash_attn, (ref_cache,) + rows))
-    gate_args = dict(max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                     max_ln_ppl_ratio=max_ln_ppl_ratio)
-    out = run_corpus(reference, candidate, llama=llama, sweep=True, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx,
-                     score=score, tokenizer=tokenizer, device=device, dtype=dtype, runtime="llama.cpp",
-                     reference_file=reference_file, save_reference=None, reference_format="ckpt-surgeon",
-                     replace=False, thresholds=None, gate_args=gate_args, progress=progress, tmp_dir=tmp_dir,
-                     stream=False, memory_budget=None)
+    rows = parse_sweep(cache_sweep, kv_cache=o.llama.kv_cache)
+    ref_cache, _ = cache_types(o.llama.kv_cache)
+    needs_llama("llama.cpp", candidate, "--cache-sweep")
+    llama = LlamaRun(ref_cache, rows, use_flash_attn(o.llama.flash_attn, (ref_cache,) + rows))
+    out = run_corpus(reference, candidate, o, llama=llama, sweep=True)
+    gate_args = o.gates.limits()
     given = {k: v for k, v in gate_args.items() if v is not None}
     gates = Gates("explicit", **{k: given.get(k) for k in gate_args}, overridden=tuple(given)) if given else None
     swept = tuple(SweepRow(c, st, gates.judge(st) if gates else ()) for c, st in zip(rows, out.stats))
@@ -193,6 +206,7 @@ def verify_cache_sweep(reference, candidate=None, *, cache_sweep, corpus=None, c
     return CacheSweepReport(
         reference=out.reference, candidate=os.fspath(candidate), runtimes=out.runtimes,
         reference_cache=ref_cache if "reference" in out.llama_sides else None, flash_attn=llama.flash_attn,
-        device=out.device, dtype=dtype, corpus=out.corpus, ctx=ctx, score=score, rows_=swept, gates=gates,
+        device=out.device, dtype=o.placement.dtype, corpus=out.corpus, ctx=o.ctx, score=o.score, rows_=swept,
+        gates=gates,
         reference_file=out.reference_file, notes=tuple(dict.fromkeys(notes)), warnings=tuple(out.warnings),
         elapsed_s=time.perf_counter() - out.t0, environment=out.environment)

@@ -12,49 +12,45 @@ as float32 ``.npy`` files in a temp dir, frees it, then runs the candidate and c
 the saved files.  Sequential is used when both models would not fit the device's free memory
 at once, with ``device_map``, or when asked (``sequential=True``).  A third, *stream*
 (:mod:`.stream`), runs both models one decoder layer at a time when one model does not fit
-either (or when asked); :func:`plan_memory` makes the choice from the headers before anything is
+either (or when asked); :func:`.memory.plan_memory` makes the choice from the headers before anything is
 loaded, and refuses in one line a run that would not fit even streamed.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..errors import CkptError, ConfigError, UnsupportedError
 from ..progress import progress_enabled
 from ..runtime import quiet_transformers, resolve_device
-from .loading import TORCH_DTYPES, PreparedModel, _free, load_model, prepare
-from .metrics import compare_outputs, first_difference
+from .loading import TORCH_DTYPES, PreparedModel, free_memory, load_model, prepare
+from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
+                     positions_bound)
+from .metrics import common_width, compare_outputs, first_difference
+from .options import Criteria, VerifyOptions
 from .prompts import default_prompts
-from .tokens import _tokenize, check_tokenizer_source
 from .report import PromptResult, VerifyReport, aggregate, judge
-from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
+from .session import environment, scratch
 from .thresholds import coarsest, thresholds_for
+from .tokens import check_tokenizer_source, tokenize_pair
+from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 
 DEVICE_MAPS = ("auto",)
-# Both models in memory at once only with this margin over their weights: activations, the
-# logits of one prompt, the allocator's slack.
-_PARALLEL_HEADROOM = 1.25
-_PARALLEL_EXTRA_BYTES = 512 << 20
 
 
-def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompts: list[str] | None = None,
-           token_ids: list[list[int]] | None = None, tokenizer: str | os.PathLike | None = None,
-           max_new_tokens: int = 32, device: str = "auto", device_map: str | None = None, dtype: str = "float32",
-           sequential: bool | None = None, thresholds: str | None = None, max_logit_diff: float | None = None,
-           max_kl: float | None = None, min_top1: float | None = None, require_greedy: bool | None = None,
-           progress: bool | None = False, seed: int = 0, tmp_dir: str | os.PathLike | None = None,
-           revision: str | None = None, candidate_revision: str | None = None, stream: bool | None = None,
-           memory_budget: int | None = None, max_memory: dict | None = None) -> VerifyReport:
+def verify(reference: str | os.PathLike, candidate: str | os.PathLike, options: VerifyOptions | None = None,
+           **kwargs) -> VerifyReport:
     """Compare ``candidate`` with ``reference`` by running both with transformers.
+
+    What to do is one :class:`~.options.VerifyOptions` record (``options``), or the keyword
+    arguments below, each applied to the part of the record that has it (both may be given: the
+    keywords then change the record).  An unknown keyword is a TypeError.
 
     ``prompts``: list of strings (default: :func:`~ckpt_surgeon.verification.prompts.default_prompts`).
     ``token_ids``: instead of prompts, the token ids to feed (a list of id lists; no tokenizer is
@@ -62,6 +58,7 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     this (a folder, a ``tokenizer.json`` file or a Hub id ``AutoTokenizer`` takes) instead of the
     reference's own tokenizer files: weights-only checkpoints can be verified.  A model that
     ships a tokenizer encoding any prompt differently is an error either way.
+    ``max_new_tokens`` (32): greedy tokens generated per prompt by causal LMs; ``seed`` (0).
     ``device``: ``auto`` (CUDA when available) | ``cpu`` | ``cuda``; ``device_map="auto"`` spreads
     each model over all GPUs and CPU RAM with accelerate (implies sequential).  ``dtype``: compute
     dtype of both models.  ``thresholds``: which dtype's default row to judge by (default: the
@@ -80,80 +77,109 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, *, prompt
     rather than started.  ``memory_budget``: plan as if only this many bytes were free (default:
     the device's free memory).  ``max_memory``: with ``device_map="auto"``, accelerate's
     per-device limits (``{0: "20GiB", "cpu": "60GiB"}``), passed through.
+    ``localize``: also find where the models diverge (:func:`.localize.localize`, a second pass
+    with hooks on every decoder layer; a streamed run has measured every layer already) and
+    return a :class:`~.localize.LocalizedVerify`; ``localize_threshold``: the relative
+    |Δ hidden| that counts as diverged (default per dtype; it also re-judges a streamed run's
+    per-layer divergence).
 
-    Returns a :class:`VerifyReport` (``.passed`` is the verdict); raises CkptError for bad input.
+    Returns a :class:`VerifyReport` (``.passed`` is the verdict), with ``localize`` a
+    :class:`~.localize.LocalizedVerify`; raises CkptError for bad input.
     """
+    opts = VerifyOptions.build(options, **kwargs)
+    report = compare(reference, candidate, opts)
+    from .localize import localized
+    return localized(report, reference, candidate, opts)
+
+
+@dataclass
+class _Job:
+    """One :func:`compare` run under way: the inputs, the options, what was checked from them, and
+    the notes and warnings gathered."""
+
+    reference: str | os.PathLike
+    candidate: str | os.PathLike
+    o: VerifyOptions
+    dev: str
+    prompts: list
+    token_ids: list | None
+    work: Path | None = None
+    torch: object = None
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: VerifyOptions) -> VerifyReport:
+    """The prompts through both models, compared and judged: :func:`verify` without its
+    ``localize`` pass."""
     t0 = time.perf_counter()
-    check_tokenizer_source(tokenizer)          # before torch is even imported
-    dev, prompts, token_ids = _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids)
-    _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory)
-    overrides = dict(max_logit_diff=max_logit_diff, max_kl=max_kl, min_top1=min_top1, require_greedy=require_greedy)
-    # Check the threshold overrides now, not after minutes of GGUF conversion and loading.
-    thresholds_for(thresholds or "float32", **overrides)
-
-    import torch
-
-    notes: list[str] = []
-    warnings: list[str] = []
-    if tmp_dir is not None and not os.path.isdir(tmp_dir):
-        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
-    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-verify-", dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
-        work = Path(work_s)
-        plan = plan_memory(_sizes(reference, revision), _sizes(candidate, candidate_revision), dtype=dtype,
-                           device=dev, device_map=device_map, sequential=sequential, stream=stream,
-                           available=_budget(dev, torch, memory_budget), positions=_positions_bound(prompts, token_ids))
+    feed, pl = o.feed, o.placement
+    check_tokenizer_source(feed.tokenizer)          # before torch is even imported
+    dev, prompts, token_ids = _check_arguments(pl.dtype, pl.device, o.device_map, feed.max_new_tokens, feed.prompts,
+                                               feed.token_ids)
+    check_memory_arguments(pl.stream, pl.dtype, o.device_map, pl.memory_budget, o.max_memory)
+    o.criteria.check()          # the threshold overrides now, not after minutes of conversion and loading
+    job = _Job(reference, candidate, o, dev, prompts, token_ids, t0=t0)
+    with scratch(pl.tmp_dir, "ckpt-surgeon-verify-") as (job.work, job.torch):
+        plan = plan_memory(model_sizes(reference, o.revision), model_sizes(candidate, o.candidate_revision),
+                           dtype=pl.dtype, device=dev, device_map=o.device_map, sequential=o.sequential,
+                           stream=pl.stream, available=budget(dev, job.torch, pl.memory_budget),
+                           positions=positions_bound(prompts, token_ids))
         if plan.mode == "stream":
-            return _verify_stream(reference, candidate, plan, work, prompts=prompts, token_ids=token_ids,
-                                  tokenizer=tokenizer, dev=dev, dtype=dtype, thresholds=thresholds, overrides=overrides,
-                                  progress=progress, revision=revision, candidate_revision=candidate_revision,
-                                  notes=notes, warnings=warnings, t0=t0, torch=torch)
-        ref, cand, kind = _prepare_pair(reference, candidate, work, dtype, progress, revision, candidate_revision, notes)
-        thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
-
-        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, max_new_tokens, notes)
-        gen_config = _generation_config(ref, tok, max_new_tokens) if kind.generates and max_new_tokens else None
-
-        run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=dev, device_map=device_map,
-                   progress=progress, seed=seed, torch=torch)
-        # a multimodal model's towers are run alone in both models (verification/towers.py)
-        run["towers"] = tower_targets(ref.folder) if kind.name in ("multimodal", "seq2seq") else []
-        run["notes"] = notes
-        run["tower_out"] = {}
-        load = dict(dtype=dtype, device=dev, device_map=device_map, warnings=warnings, max_memory=max_memory,
-                    progress=progress)
-        mode, pairs = _schedule(ref, cand, run, load, work, plan, notes)
-        results = _compare_all(pairs, prompts, encodings, tok, kind, gen_config is not None, notes)
-        del pairs     # the suspended generators hold the models
-        _free(torch)
-        towers = compare_towers(run["towers"], run["tower_out"].get("reference", {}),
-                                run["tower_out"].get("candidate", {}), thr.max_logit_diff)
-
-    return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=device_map, dtype=dtype,
-                   mode=mode, max_new_tokens=max_new_tokens, notes=notes, warnings=warnings, t0=t0, torch=torch,
-                   towers=towers)
+            return _verify_stream(job, plan)
+        return _verify_loaded(job, plan)
 
 
-def _report(reference, candidate, ref, cand, kind, results, thr, *, dev, device_map, dtype, mode, max_new_tokens,
-            notes, warnings, t0, torch, localize=None, towers=()) -> VerifyReport:
+def _verify_loaded(job: _Job, plan: MemoryPlan) -> VerifyReport:
+    """Both models loaded whole, in parallel or one after the other (``plan``)."""
+    o, notes, dtype = job.o, job.notes, job.o.placement.dtype
+    ref, cand, kind = _prepare_pair(job)
+    thr = _pick_thresholds(o.criteria, dtype, ref, cand, notes)
+    max_new = o.feed.max_new_tokens
+    tok, encodings = tokenize_pair(ref, cand, job.prompts, job.token_ids, o.feed.tokenizer, kind, max_new, notes)
+    gen_config = _generation_config(ref, tok, max_new) if kind.generates and max_new else None
+
+    run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=job.dev, device_map=o.device_map,
+               progress=o.placement.progress, seed=o.feed.seed, torch=job.torch)
+    # a multimodal model's towers are run alone in both models (verification/towers.py)
+    run["towers"] = tower_targets(ref.folder) if kind.name in ("multimodal", "seq2seq") else []
+    run["notes"] = notes
+    run["tower_out"] = {}
+    load = dict(dtype=dtype, device=job.dev, device_map=o.device_map, warnings=job.warnings, max_memory=o.max_memory,
+                progress=o.placement.progress)
+    mode, pairs = _schedule(ref, cand, run, load, job.work, plan, notes)
+    results = _compare_all(pairs, job.prompts, encodings, tok, kind, gen_config is not None, notes)
+    del pairs     # the suspended generators hold the models
+    free_memory(job.torch)
+    towers = compare_towers(run["towers"], run["tower_out"].get("reference", {}),
+                            run["tower_out"].get("candidate", {}), thr.max_logit_diff)
+    return _report(job, ref, cand, kind, results, thr, mode=mode, max_new_tokens=max_new, towers=towers)
+
+
+def _report(job: _Job, ref, cand, kind, results, thr, *, mode, max_new_tokens, localize=None,
+            towers=()) -> VerifyReport:
     """Aggregate the per-prompt results, judge them and build the report."""
     metrics = aggregate(results, kind)
     failures = tuple(judge(metrics, thr, kind, results)) + tuple(tower_failures(towers))
+    device_map = job.o.device_map if mode != "stream" else None
     return VerifyReport(
-        reference=os.fspath(reference), candidate=os.fspath(candidate), kind=kind.name, output=kind.output,
+        reference=os.fspath(job.reference), candidate=os.fspath(job.candidate), kind=kind.name, output=kind.output,
         architectures=(ref.architecture, cand.architecture), storage_dtypes=(ref.storage_dtype, cand.storage_dtype),
-        device=("device_map=auto" if device_map else dev), dtype=dtype, mode=mode, max_new_tokens=max_new_tokens,
-        thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures, failures=failures,
-        notes=tuple(dict.fromkeys(notes)), warnings=tuple(warnings), elapsed_s=time.perf_counter() - t0,
-        environment=_environment(dev, torch), localize=localize, towers=tuple(towers))
+        device=("device_map=auto" if device_map else job.dev), dtype=job.o.placement.dtype, mode=mode,
+        max_new_tokens=max_new_tokens, thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures,
+        failures=failures, notes=tuple(dict.fromkeys(job.notes)), warnings=tuple(job.warnings),
+        elapsed_s=time.perf_counter() - job.t0, environment=environment(job.dev, job.torch), localize=localize,
+        towers=tuple(towers))
 
 
-def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revision, candidate_revision,
-                  notes: list[str]):
-    """Both models made loadable (GGUF converted into ``work``): (ref, cand, their common kind)."""
-    ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
-    cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
-                   revision=candidate_revision)
+def _prepare_pair(job: _Job):
+    """Both models made loadable (GGUF converted into ``job.work``): (ref, cand, their common kind)."""
+    o, work, notes = job.o, job.work, job.notes
+    dtype, progress = o.placement.dtype, o.placement.progress
+    ref = prepare(job.reference, work, role="reference", dtype=dtype, progress=progress, revision=o.revision)
+    cand = prepare(job.candidate, work, role="candidate", dtype=dtype, progress=progress,
+                   revision=o.candidate_revision)
     kind = _comparable_kind(ref, cand)
     for pm in (ref, cand):
         if pm.converted_from_gguf:
@@ -165,10 +191,10 @@ def _prepare_pair(reference, candidate, work: Path, dtype: str, progress, revisi
     return ref, cand, kind
 
 
-def _pick_thresholds(thresholds: str | None, dtype: str, ref, cand, notes: list[str], **overrides):
+def _pick_thresholds(criteria: Criteria, dtype: str, ref, cand, notes: list[str]):
     """The thresholds to judge by: the named row, else the coarsest of ``dtype`` and both storage dtypes."""
-    thr_dtype = thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
-    thr = thresholds_for(thr_dtype, **overrides)
+    thr_dtype = criteria.thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
+    thr = thresholds_for(thr_dtype, **criteria.overrides())
     if thr_dtype == "quantized":
         notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
                      "pass explicit thresholds for a quantized candidate")
@@ -238,7 +264,7 @@ def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: di
         ref_conts.append(cont)
     _tower_run(ref_model, "reference", run)
     del ref_model
-    _free(run["torch"])
+    free_memory(run["torch"])
     cand_model = load_model(cand, **load)
     _tower_run(cand_model, "candidate", run)
     return (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
@@ -252,20 +278,6 @@ def _tower_run(model, side: str, run: dict) -> None:
 
 
 # --- steps ------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _ieee_float32(torch):
-    """float32 matmuls in full float32 for the run, restored afterwards.  A process that enabled
-    TF32 (``torch.set_float32_matmul_precision("high")``, common in training scripts) would make
-    CUDA float32 logits ~1e-3 relative noisy (TF32 keeps 10 mantissa bits) and fail the float32
-    thresholds for no fault of the candidate."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
 
 def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
     """Greedy decoding settings for *both* models, taken from the reference (stop tokens
@@ -292,204 +304,64 @@ def _generation_config(ref: PreparedModel, tok, max_new_tokens: int):
                             pad_token_id=pad, temperature=None, top_p=None, top_k=None)
 
 
-def _available_bytes(dev: str, torch) -> int | None:
-    if dev == "cuda":
-        return int(torch.cuda.mem_get_info()[0])
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-@dataclass(frozen=True)
-class ModelSizes:
-    """What memory planning knows of one input from its headers: parameters, the largest decoder
-    layer's parameters, hidden width and vocabulary (config)."""
-
-    params: int
-    largest_layer: int
-    hidden: int
-    vocab: int
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How a verify run will hold its models: ``mode`` and why, and the estimates it came from."""
-
-    mode: str                    # parallel | sequential | stream
-    why: str
-    available: int | None        # bytes free (or the budget given)
-    need: dict                   # mode -> estimated bytes
-
-
-def plan_memory(ref: ModelSizes, cand: ModelSizes, *, dtype: str, device: str, device_map: str | None,
-                sequential: bool | None, stream: bool | None, available: int | None, positions: int) -> MemoryPlan:
-    """Choose how to run a pair so that the process never outgrows the memory it has.
-
-    parallel (both models loaded) when both fit ``available`` with headroom; else sequential (one
-    model at a time) when one fits; else layer-streamed (one layer at a time, float32 / float64)
-    when that fits; else a one-line refusal that says what the run would need.  A run that would
-    be killed by the kernel is never started.  ``--sequential`` / ``--stream`` force a mode
-    (sequential turns into streaming when one model does not fit); ``device_map`` leaves the
-    placement to accelerate (sequential)."""
-    from .stream import STREAM_DTYPES, stream_need_from_sizes
-
-    item = _BYTES_PER_PARAM[dtype]
-    both = (ref.params + cand.params) * item
-    one = max(ref.params, cand.params) * item
-    need = {"parallel": int(both * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
-            "sequential": int(one * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES,
-            "stream": stream_need_from_sizes(max(ref.largest_layer, cand.largest_layer) * item, positions,
-                                             max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab), item)}
-    layer = max(ref.largest_layer, cand.largest_layer)
-    hidden, vocab = max(ref.hidden, cand.hidden), max(ref.vocab, cand.vocab)
-
-    def plan(mode, why):
-        return MemoryPlan(mode, why, available, need)
-    if stream:
-        return plan("stream", f"asked for (~{_size(need['stream'])} in {dtype})")
-    if device_map:
-        return plan("sequential", "device_map=auto spreads each model over every device; they are loaded one at a time")
-    if available is None:
-        return plan("sequential", "free memory unknown")
-    free = f"{_size(available)} free on {device}"
-    if not sequential and need["parallel"] <= available:
-        return plan("parallel", f"both models loaded at once (~{_size(both)} in {dtype}, {free})")
-    if need["sequential"] <= available:
-        why = "asked for" if sequential else f"both models need ~{_size(both)} in {dtype}, {free}"
-        return plan("sequential", why)
-    if dtype in STREAM_DTYPES and need["stream"] <= available:
-        return plan("stream", f"one model needs ~{_size(one)} in {dtype}, {free}: run layer by layer "
-                              f"(~{_size(need['stream'])})")
-    if dtype in STREAM_DTYPES:
-        raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype} and a layer-streamed run "
-                        f"~{_size(need['stream'])}, {free}")
-    streamed32 = stream_need_from_sizes(layer * 4, positions, hidden, vocab, 4)
-    raise CkptError(f"not enough memory: one model needs ~{_size(one)} in {dtype}, {free}; a layer-streamed run "
-                    f"(--dtype float32) would need ~{_size(streamed32)}")
-
-
-_BYTES_PER_PARAM = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-
-
-def _sizes(source, revision) -> ModelSizes:
-    """:class:`ModelSizes` of an input from its headers (no tensor is read).  An input that does not
-    open gets zeros here; the real open that follows reports what is wrong with it."""
-    from ..checkpoint import open_checkpoint
-    from .loading import _NOT_WEIGHTS
-    from .stream import _LAYER_KEY
-    try:
-        ck = open_checkpoint(source, revision=revision) if revision else open_checkpoint(source)
-    except (CkptError, OSError, ModuleNotFoundError):
-        return ModelSizes(0, 0, 0, 0)
-    try:
-        params, per_layer = 0, {}
-        for name, info in ck.tensors.items():
-            if info.dtype.upper() in _NOT_WEIGHTS:
-                continue
-            params += info.numel
-            m = _LAYER_KEY.search(name)
-            if m:
-                per_layer[m.group(1)] = per_layer.get(m.group(1), 0) + info.numel
-        cfg = ck.config or {}
-        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-        hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0
-        vocab = text.get("vocab_size") or 0
-        return ModelSizes(params, max(per_layer.values(), default=params), int(hidden or 0), int(vocab or 0))
-    finally:
-        ck.close()
-
-
-def _budget(dev: str, torch, memory_budget: int | None) -> int | None:
-    """Bytes the run may use: the device's free memory, or ``memory_budget`` when smaller."""
-    avail = _available_bytes(dev, torch)
-    if memory_budget is None:
-        return avail
-    return memory_budget if avail is None else min(avail, memory_budget)
-
-
-def _positions_bound(prompts, token_ids) -> int:
-    """An upper bound on the positions before tokenizing: ids as given, else one per character."""
-    if token_ids is not None:
-        return sum(len(t) for t in token_ids)
-    return sum(len(p) + 2 for p in prompts)
-
-
-def _check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory) -> None:
-    from .stream import STREAM_DTYPES
-    if stream and dtype not in STREAM_DTYPES:
-        raise CkptError(f"--stream computes in {' or '.join(STREAM_DTYPES)}, not {dtype}")
-    if stream and device_map:
-        raise CkptError("give --stream or --device-map, not both (streaming runs on one device)")
-    if memory_budget is not None and not (isinstance(memory_budget, int) and memory_budget > 0):
-        raise CkptError(f"memory budget must be a positive number of bytes, got {memory_budget!r}")
-    if max_memory is not None and not device_map:
-        raise CkptError("--max-memory applies to --device-map auto (accelerate's per-device limits)")
-
-
-def _verify_stream(reference, candidate, plan: MemoryPlan, work: Path, *, prompts, token_ids, tokenizer, dev, dtype,
-                   thresholds, overrides, progress, revision, candidate_revision, notes, warnings, t0, torch):
+def _verify_stream(job: _Job, plan: MemoryPlan) -> VerifyReport:
     """Both models layer by layer (:mod:`.stream`): the same per-prompt comparison and verdict, the
     per-layer divergence attached, no greedy generation."""
-    from .stream import open_source, prepared, stream_pair
+    from .stream import open_source
 
-    ref_src = open_source(reference, role="reference", revision=revision, progress=progress)
+    o, progress = job.o, job.o.placement.progress
+    ref_src = open_source(job.reference, role="reference", revision=o.revision, progress=progress)
     try:
-        cand_src = open_source(candidate, role="candidate", revision=candidate_revision, progress=progress)
+        cand_src = open_source(job.candidate, role="candidate", revision=o.candidate_revision, progress=progress)
     except BaseException:
         ref_src.close()
         raise
     try:
-        ref = prepared(ref_src, work, "reference")
-        cand = prepared(cand_src, work, "candidate")
-        kind = _comparable_kind(ref, cand)
-        if kind.name in ("multimodal", "seq2seq"):
-            raise CkptError(f"a {'vision/audio-language' if kind.name == 'multimodal' else 'encoder-decoder'} model "
-                            "is not run layer by layer: verify loads it whole (drop --stream, or give a memory "
-                            "budget both models fit one at a time: --sequential)")
-        for pm, src in ((ref, ref_src), (cand, cand_src)):
-            if src.gguf:
-                notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
-            if src.dequantized is not None:
-                notes.append(f"{pm.given}: {src.dequantized.note()} (streamed tensor by tensor as the unquantized "
-                             "architecture)")
-        thr = _pick_thresholds(thresholds, dtype, ref, cand, notes, **overrides)
-        tok, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, kind, 0, notes)
-        notes.append(f"stream: {plan.why}")
-        if kind.generates:
-            notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
-                         "generating needs the whole model for every new token")
-        from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
-        pair = pair_hook(ref_src.given, cand_src.given, encodings, rows=None, dtype=dtype, device=dev, layers=True,
-                         notes=notes) \
-            or stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=dev, progress=progress, tmp_dir=work)
-        results = []
-        for s, r_arr, c_arr in pair:
-            r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
-            cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
-            results.append(PromptResult(index=s, text=prompts[s], tokens=len(encodings[s]), comparison=cmp))
-        warnings.extend(pair.warnings)
-        where = pair.localize()
+        ref, cand, kind, thr, results, where = _stream_compare(job, plan, ref_src, cand_src)
     finally:
         ref_src.close()
         cand_src.close()
-    _free(torch)
-    return _report(reference, candidate, ref, cand, kind, results, thr, dev=dev, device_map=None, dtype=dtype,
-                   mode="stream", max_new_tokens=0, notes=notes, warnings=warnings, t0=t0, torch=torch,
-                   localize=where)
+    free_memory(job.torch)
+    return _report(job, ref, cand, kind, results, thr, mode="stream", max_new_tokens=0, localize=where)
 
 
-def _size(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= (1 << 30) else f"{n / (1 << 20):.1f} MiB"
+def _stream_compare(job: _Job, plan: MemoryPlan, ref_src, cand_src):
+    """The streamed pair compared prompt by prompt -> (ref, cand, kind, thresholds, results, per-layer
+    divergence)."""
+    from .stream import prepared, stream_pair
+
+    dtype, notes, prompts = job.o.placement.dtype, job.notes, job.prompts
+    ref = prepared(ref_src, job.work, "reference")
+    cand = prepared(cand_src, job.work, "candidate")
+    kind = _comparable_kind(ref, cand)
+    if kind.name in ("multimodal", "seq2seq"):
+        raise CkptError(f"a {'vision/audio-language' if kind.name == 'multimodal' else 'encoder-decoder'} model "
+                        "is not run layer by layer: verify loads it whole (drop --stream, or give a memory "
+                        "budget both models fit one at a time: --sequential)")
+    for pm, src in ((ref, ref_src), (cand, cand_src)):
+        if src.gguf:
+            notes.append(f"{pm.given}: GGUF streamed tensor by tensor (dequantized in {dtype}, no temporary folder)")
+        if src.dequantized is not None:
+            notes.append(f"{pm.given}: {src.dequantized.note()} (streamed tensor by tensor as the unquantized "
+                         "architecture)")
+    thr = _pick_thresholds(job.o.criteria, dtype, ref, cand, notes)
+    tok, encodings = tokenize_pair(ref, cand, prompts, job.token_ids, job.o.feed.tokenizer, kind, 0, notes)
+    notes.append(f"stream: {plan.why}")
+    if kind.generates:
+        notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "
+                     "generating needs the whole model for every new token")
+    from .dist_hook import pair_hook      # a distributed run: every rank feeds these (verification/dist_run.py)
+    pair = pair_hook(ref_src.given, cand_src.given, encodings, rows=None, dtype=dtype, device=job.dev, layers=True,
+                     notes=notes) \
+        or stream_pair(ref_src, cand_src, encodings, dtype=dtype, device=job.dev, progress=job.o.placement.progress,
+                       tmp_dir=job.work)
+    results = []
+    for s, r_arr, c_arr in pair:
+        r_arr, c_arr = common_width(r_arr, c_arr, tok, notes, distribution=kind.distribution)
+        cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
+        results.append(PromptResult(index=s, text=prompts[s], tokens=len(encodings[s]), comparison=cmp))
+    job.warnings.extend(pair.warnings)
+    return ref, cand, kind, thr, results, pair.localize()
 
 
 def _seq2seq_inputs(model, x, seed: int, notes: list, memo: dict, torch) -> dict:
@@ -538,7 +410,7 @@ def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_ma
 def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -> list[PromptResult]:
     results = []
     for i, ((r_arr, r_cont), (c_arr, c_cont)) in enumerate(pairs):
-        r_arr, c_arr = _common_width(r_arr, c_arr, kind, tok, notes)
+        r_arr, c_arr = common_width(r_arr, c_arr, tok, notes, distribution=kind.distribution)
         cmp = compare_outputs(r_arr, c_arr, distribution=kind.distribution)
         gen = {}
         if generated:
@@ -548,29 +420,3 @@ def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -
                        first_greedy_diff=first_difference(r_cont, c_cont), generated=True)
         results.append(PromptResult(index=i, text=prompts[i], tokens=len(encodings[i]), comparison=cmp, **gen))
     return results
-
-
-def _common_width(r, c, kind, tok, notes):
-    """Logits of different widths: models often pad the vocabulary (embedding rows beyond the
-    tokenizer, to a multiple of 64/128) and a converter may drop or keep that padding.  The rows
-    beyond ``len(tokenizer)`` can never be produced by the tokenizer, so comparing the first
-    ``min`` columns is sound as long as every real token is inside them."""
-    if r.shape[-1] == c.shape[-1]:
-        return r, c
-    n = min(r.shape[-1], c.shape[-1])
-    if not kind.distribution or tok is None or n < len(tok):
-        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
-        raise ConfigError(f"output widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} "
-                          f"({has}); the models are not comparable")
-    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
-                 f"(the tokenizer has {len(tok)} tokens)")
-    return np.asarray(r)[..., :n], np.asarray(c)[..., :n]
-
-
-def _environment(dev: str, torch) -> dict:
-    import transformers
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "threads": torch.get_num_threads()}
-    if dev == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -31,9 +30,11 @@ import numpy as np
 from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
 from ..progress import steps
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
+from .metrics import common_width
 from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
+from .options import CorpusOptions, GateLimits
 from .thresholds import coarsest
 
 SCORES = ("half", "all")
@@ -196,17 +197,8 @@ from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for  # noqa: E4
 
 # --- the run -------------------------------------------------------------------------------------
 
-def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathLike, *,
-                  corpus: str | os.PathLike | None = None, corpus_ids: str | os.PathLike | None = None,
-                  ctx: int = 512, score: str = "half", tokenizer: str | os.PathLike | None = None,
-                  device: str = "auto", dtype: str = "float32", runtime: str = "transformers", kv_cache: str = "f16",
-                  cache_type_k: str | None = None, cache_type_v: str | None = None, flash_attn: str = "auto",
-                  reference_file: str | os.PathLike | None = None, save_reference: str | os.PathLike | None = None,
-                  reference_format: str = "ckpt-surgeon", replace: bool = False, thresholds: str | None = None,
-                  max_mean_kl: float | None = None, max_p99_kl: float | None = None, min_same_top: float | None = None,
-                  max_ln_ppl_ratio: float | None = None, progress: bool | None = False,
-                  tmp_dir: str | os.PathLike | None = None, stream: bool | None = None,
-                  memory_budget: int | None = None) -> CorpusReport:
+def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathLike,
+                  options: CorpusOptions | None = None, **kwargs) -> CorpusReport:
     """Score ``candidate`` against ``reference`` over a corpus; see the module docstring.
 
     ``corpus``: a UTF-8 text file, tokenized with the reference's tokenizer (or ``tokenizer``);
@@ -227,23 +219,22 @@ def verify_corpus(reference: str | os.PathLike | None, candidate: str | os.PathL
     coarsest of ``dtype`` and both storage precisions).  ``stream``: the transformers sides run
     layer by layer through :mod:`.stream` (``stream_pair`` / ``stream_logits``) instead of whole
     models in memory; None (default) = automatic: streamed when the models would not fit in free
-    memory (or ``memory_budget`` bytes) together, as :func:`.core.plan_memory` decides for
+    memory (or ``memory_budget`` bytes) together, as :func:`.memory.plan_memory` decides for
     ``verify``; False = never (a run that does not fit is then refused in one line).
+
+    The options are one :class:`~.options.CorpusOptions` record (``options``), or these keyword
+    arguments, each applied to the part of the record that has it.
 
     Returns a :class:`CorpusReport`; raises CkptError for bad input (nothing is written then).
     """
-    ref_cache, cand_cache = cache_types(kv_cache, cache_type_k, cache_type_v)
-    if cache_type_k is not None or cache_type_v is not None:
-        runtime = _needs_llama(runtime, candidate, "--cache-type-k / --cache-type-v")
-    llama = LlamaRun(ref_cache, (cand_cache,), use_flash_attn(flash_attn, (ref_cache, cand_cache)))
-    out = run_corpus(reference, candidate, llama=llama, sweep=False, corpus=corpus, corpus_ids=corpus_ids, ctx=ctx,
-                     score=score, tokenizer=tokenizer, device=device, dtype=dtype, runtime=runtime,
-                     reference_file=reference_file, save_reference=save_reference,
-                     reference_format=reference_format, replace=replace, thresholds=thresholds,
-                     gate_args=dict(max_mean_kl=max_mean_kl, max_p99_kl=max_p99_kl, min_same_top=min_same_top,
-                                    max_ln_ppl_ratio=max_ln_ppl_ratio),
-                     progress=progress, tmp_dir=tmp_dir, stream=stream, memory_budget=memory_budget)
-    return _report(out, llama, dtype, ctx, score)
+    o = CorpusOptions.build(options, **kwargs)
+    ll = o.llama
+    ref_cache, cand_cache = cache_types(ll.kv_cache, ll.cache_type_k, ll.cache_type_v)
+    if ll.cache_type_k is not None or ll.cache_type_v is not None:
+        o = replace(o, llama=replace(ll, runtime=needs_llama(ll.runtime, candidate, "--cache-type-k / --cache-type-v")))
+    llama = LlamaRun(ref_cache, (cand_cache,), use_flash_attn(ll.flash_attn, (ref_cache, cand_cache)))
+    out = run_corpus(reference, candidate, o, llama=llama, sweep=False)
+    return _report(out, llama, o.placement.dtype, o.ctx, o.score)
 
 
 @dataclass(frozen=True)
@@ -278,7 +269,7 @@ class Outcome:
     t0: float
 
 
-def _needs_llama(runtime: str, candidate, what: str) -> str:
+def needs_llama(runtime: str, candidate, what: str) -> str:
     """Cache options run the candidate in llama.cpp: it must be a GGUF file."""
     if candidate is None or not os.fspath(candidate).endswith(".gguf"):
         raise CkptError(f"{what} set llama.cpp's cache; the candidate must be a .gguf file run in llama.cpp",
@@ -287,74 +278,64 @@ def _needs_llama(runtime: str, candidate, what: str) -> str:
     return "llama.cpp"
 
 
-def run_corpus(reference, candidate, *, llama: LlamaRun, sweep: bool, corpus, corpus_ids, ctx, score, tokenizer,
-               device, dtype, runtime, reference_file, save_reference, reference_format, replace, thresholds,
-               gate_args: dict, progress, tmp_dir, stream, memory_budget) -> Outcome:
+def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep: bool) -> Outcome:
     """The run behind :func:`verify_corpus` and the cache sweep (:mod:`.cache_sweep`): checks,
     sides, corpus, then the candidate scored under each of ``llama.candidates`` (``sweep``: the
     reference runs once into a temporary file, each cache is scored against it)."""
-    import torch
-
-    from ..runtime import quiet_transformers, resolve_device
-    from .core import _environment, _ieee_float32
-    from .loading import TORCH_DTYPES
+    from ..runtime import resolve_device
+    from .session import environment, scratch
     from .tokens import check_tokenizer_source
 
     t0 = time.perf_counter()
-    check_tokenizer_source(tokenizer)
-    _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference_file, save_reference,
-                   reference_format, dtype, TORCH_DTYPES, replace)
-    gates_for("float32", **gate_args)        # bad gate values fail before any model loads
-    dev = resolve_device(device)
-    if tmp_dir is not None and not os.path.isdir(tmp_dir):
-        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
+    pl, saved = o.placement, o.saved
+    check_tokenizer_source(o.tokenizer)
+    _check_options(o, reference)
+    o.gates.check()        # bad gate values fail before any model loads
+    dev = resolve_device(pl.device)
     notes: list[str] = []
     warnings: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-corpus-", dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
-        work = Path(work_s)
-        stream = _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes,
-                                together=reference_file is None and save_reference is None and not sweep)
-        sides = _Sides(reference, candidate, work, llama, runtime=runtime, dtype=dtype, ctx=ctx,
-                       progress=progress, notes=notes, stream=_streaming() if stream else None)
+    with scratch(pl.tmp_dir, "ckpt-surgeon-corpus-") as (work, torch):
+        stream = _choose_stream(pl.stream, reference, candidate, o.llama.runtime, pl.dtype, dev, o.ctx,
+                                pl.memory_budget, notes,
+                                together=saved.reference_file is None and saved.save_reference is None and not sweep)
+        sides = _Sides(reference, candidate, work, llama, runtime=o.llama.runtime, dtype=pl.dtype, ctx=o.ctx,
+                       progress=pl.progress, notes=notes, stream=_streaming() if stream else None)
         try:
-            stats, corp, gates, ref_file_info = _run(sides, llama, sweep, reference_file, tokenizer, corpus,
-                                                     corpus_ids, ctx, score, dtype, dev, thresholds, gate_args, stream,
-                                                     save_reference, reference_format, replace, progress, work, notes,
-                                                     warnings)
+            stats, corp, gates, ref_file_info = _run(sides, o, llama, sweep, stream, dev, work, notes, warnings)
         finally:
             sides.close()
-    env = _environment(dev, torch)
+    env = environment(dev, torch)
     on_llama = tuple(s.role for s in sides.models() if s.runtime == "llama.cpp")
     if on_llama:
         import llama_cpp
         env["llama_cpp_python"] = llama_cpp.__version__
-    return Outcome(os.fspath(reference if reference is not None else reference_file), os.fspath(candidate), stats,
-                   corp, gates, ref_file_info, (sides.ref.runtime if sides.ref is not None else "file",
+    return Outcome(os.fspath(reference if reference is not None else saved.reference_file), os.fspath(candidate),
+                   stats, corp, gates, ref_file_info, (sides.ref.runtime if sides.ref is not None else "file",
                    sides.cand.runtime), on_llama, dev, notes, warnings, env, t0)
 
 
-def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx, score, dtype, dev, thresholds,
-         gate_args, stream, save_reference, reference_format, replace, progress, work, notes, warnings):
+def _run(sides, o: CorpusOptions, llama: LlamaRun, sweep: bool, stream: bool, dev: str, work: Path, notes: list,
+         warnings: list):
     """Tokenize, check, run both sides chunk by chunk, accumulate -> ([stats per candidate cache],
     corpus, gates, reference file info)."""
-    first, nrows = scored_rows(ctx, score)
+    saved, dtype, progress = o.saved, o.placement.dtype, o.placement.progress
+    first, nrows = scored_rows(o.ctx, o.score)
     rows = slice(first, first + nrows)
-    reader = ReferenceReader(reference_file) if reference_file is not None else None
-    tok = _tokenizer(sides, tokenizer, reader, corpus_ids is not None)
-    corp = _read_corpus(corpus, corpus_ids, tok, ctx, notes)
+    reader = ReferenceReader(saved.reference_file) if saved.reference_file is not None else None
+    tok = _tokenizer(sides, o.tokenizer, reader, o.corpus_ids is not None)
+    corp = _read_corpus(o.corpus, o.corpus_ids, tok, o.ctx, notes)
     _check_vocabularies(sides, tok, corp, notes)
     if reader is not None:
-        _check_reference_file(reader.info, corp, ctx, score, tok)
+        _check_reference_file(reader.info, corp, o.ctx, o.score, tok)
     for s in sides.models():
-        s.check_context(ctx)
-    gates = _gates(sides, llama, thresholds, dtype, gate_args, notes)
-    _check_memory(sides, dtype, dev, together=reader is None and save_reference is None and not stream and not sweep)
+        s.check_context(o.ctx)
+    gates = _gates(sides, llama, o.gates, dtype, notes)
+    live = reader is None and saved.save_reference is None and not sweep       # both sides run together
+    _check_memory(sides, dtype, dev, together=live and not stream)
     seqs = corp.sequences
     ref_file_info = None
     bar = _bar(progress, len(seqs) * (len(llama.candidates) if sweep else 1))
-    if reader is None and save_reference is None and not sweep:
-        acc = FidelityAccumulator()
+    if live:
         pairs = _dist_pairs(sides, seqs, rows, dtype, dev, notes)    # None unless run by torchrun (dist_hook)
         if pairs is None and stream and sides.ref.runtime == sides.cand.runtime == "transformers":
             pairs = sides.ref.stream.stream_pair(sides.ref.given, sides.cand.given, seqs, rows=_row_lists(rows, seqs),
@@ -362,20 +343,14 @@ def _run(sides, llama, sweep, reference_file, tokenizer, corpus, corpus_ids, ctx
         elif pairs is None:
             pairs = pair_in_memory(sides.ref.source(dev, warnings), sides.cand.source(dev, warnings), seqs,
                                    rows=rows)
-        for i, r, c in pairs:
-            r, c = _common_width(r, c, tok, notes)
-            acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i,
-                    positions=np.arange(first, first + nrows))
-            bar.update(1)
-        bar.close()
-        return [acc.result()], corp, gates, ref_file_info
+        return [_score_pair(pairs, corp, rows, tok, notes, bar)], corp, gates, ref_file_info
     if reader is None:
-        saved = save_reference is not None
-        dest = save_reference if saved else work / "reference.safetensors"
-        reader = _save_reference(sides.ref, dest, reference_format if saved else "ckpt-surgeon", replace, corp,
-                                 score, seqs, rows, dev, warnings, progress)
-        if saved:
-            ref_file_info = {"path": os.fspath(save_reference), "format": reference_format, "saved": True}
+        keep = saved.save_reference is not None
+        dest = saved.save_reference if keep else work / "reference.safetensors"
+        reader = _save_reference(sides.ref, dest, saved.reference_format if keep else "ckpt-surgeon", saved.replace,
+                                 corp, o.score, seqs, rows, dev, warnings, progress)
+        if keep:
+            ref_file_info = {"path": os.fspath(saved.save_reference), "format": saved.reference_format, "saved": True}
         else:
             notes.append("the reference ran once, its float32 logits kept in a temporary file; each cache type "
                          "was scored against them")
@@ -401,6 +376,18 @@ def _dist_pairs(sides, seqs, rows, dtype, dev, notes):
     return None
 
 
+def _score_pair(pairs, corp: Corpus, rows: slice, tok, notes: list, bar) -> FidelityStats:
+    """Both sides live, chunk by chunk (``pairs``: ``(chunk, ref logits, cand logits)``)."""
+    acc = FidelityAccumulator()
+    first, nrows = rows.start, rows.stop - rows.start
+    for i, r, c in pairs:
+        r, c = common_width(r, c, tok, notes, what="vocabulary")
+        acc.add(r, c, corp.tokens[i, first + 1:first + 1 + nrows], chunk=i, positions=np.arange(first, first + nrows))
+        bar.update(1)
+    bar.close()
+    return acc.result()
+
+
 def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, bar) -> FidelityStats:
     """The candidate side run over the corpus against a saved reference."""
     acc = FidelityAccumulator()
@@ -409,7 +396,7 @@ def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, b
         kind, r = reader.chunk(i)
         targets = corp.tokens[i, first + 1:first + 1 + nrows]
         pos = np.arange(first, first + nrows)
-        r, c = _common_width(r, c, tok, notes)
+        r, c = common_width(r, c, tok, notes, what="vocabulary")
         if kind == "logprobs":
             acc.add_logprobs(r, c, targets, chunk=i, positions=pos, kl_floor=LLAMACPP_KL_FLOOR)
         else:
@@ -418,12 +405,13 @@ def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, b
     return acc.result()
 
 
-def _gates(sides, llama: LlamaRun, thresholds, dtype, gate_args, notes) -> Gates:
+def _gates(sides, llama: LlamaRun, given: GateLimits, dtype, notes) -> Gates:
     """Default gates from the coarsest precision in play; a quantized weight or KV cache makes it
     the quantized row (a fidelity run, not an exactness run)."""
     cache_q = llama.quantized() and any(s.runtime == "llama.cpp" for s in sides.models())
+    thresholds = given.thresholds
     row = thresholds or coarsest(dtype, *sides.storage_dtypes(), *(("quantized",) if cache_q else ()))
-    gates = gates_for(row, **gate_args)
+    gates = gates_for(row, **given.limits())
     if cache_q:
         notes.append("quantized KV cache: a fidelity run, not an exactness run (the cache rounds K / V to a few "
                      "bits; no exact model can match it)" + ("" if thresholds else "; default gates from the "
@@ -463,31 +451,34 @@ def _report(out: Outcome, llama: LlamaRun, dtype: str, ctx: int, score: str) -> 
         elapsed_s=time.perf_counter() - out.t0, environment=out.environment)
 
 
-def _check_options(corpus, corpus_ids, ctx, score, runtime, reference, reference_file, save_reference,
-                   reference_format, dtype, dtypes, replace) -> None:
-    if (corpus is None) == (corpus_ids is None):
+def _check_options(o: CorpusOptions, reference) -> None:
+    """Everything checkable before a model or the corpus is opened (one line each)."""
+    from .loading import TORCH_DTYPES
+    saved = o.saved
+    if (o.corpus is None) == (o.corpus_ids is None):
         raise CkptError("give --corpus FILE or --corpus-ids FILE (one of them)")
-    if not isinstance(ctx, int) or ctx < 4:
-        raise CkptError(f"--ctx must be an integer >= 4, got {ctx!r}")
-    if score not in SCORES:
-        raise CkptError(f"unknown --score {score!r}; choose half (llama.cpp's) or all")
-    if runtime not in RUNTIMES:
-        raise CkptError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if dtype not in dtypes:
-        raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(dtypes)}")
-    if reference_format not in REFERENCE_FORMATS:
-        raise CkptError(f"unknown reference format {reference_format!r}; choose one of {', '.join(REFERENCE_FORMATS)}")
-    if reference is None and reference_file is None:
+    if not isinstance(o.ctx, int) or o.ctx < 4:
+        raise CkptError(f"--ctx must be an integer >= 4, got {o.ctx!r}")
+    if o.score not in SCORES:
+        raise CkptError(f"unknown --score {o.score!r}; choose half (llama.cpp's) or all")
+    if o.llama.runtime not in RUNTIMES:
+        raise CkptError(f"unknown runtime {o.llama.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if o.placement.dtype not in TORCH_DTYPES:
+        raise CkptError(f"unknown dtype {o.placement.dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    if saved.reference_format not in REFERENCE_FORMATS:
+        raise CkptError(f"unknown reference format {saved.reference_format!r}; choose one of "
+                        f"{', '.join(REFERENCE_FORMATS)}")
+    if reference is None and saved.reference_file is None:
         raise CkptError("give a REFERENCE model or a saved reference (--reference FILE)")
-    if reference_file is not None and save_reference is not None:
+    if saved.reference_file is not None and saved.save_reference is not None:
         raise CkptError("--reference FILE skips the reference run; there is nothing to --save-reference")
-    if save_reference is not None:
+    if saved.save_reference is not None:
         from ..conversion.output_path import check_output    # the same output rules as every --output
-        check_output(Path(os.fspath(save_reference)),
-                     [os.fspath(x) for x in (reference, corpus, corpus_ids) if x and os.path.exists(os.fspath(x))],
-                     replace)
-        if os.path.isdir(os.fspath(save_reference)):
-            raise CkptError("--save-reference is a folder", path=os.fspath(save_reference))
+        dest = os.fspath(saved.save_reference)
+        check_output(Path(dest), [os.fspath(x) for x in (reference, o.corpus, o.corpus_ids)
+                                  if x and os.path.exists(os.fspath(x))], saved.replace)
+        if os.path.isdir(dest):
+            raise CkptError("--save-reference is a folder", path=dest)
 
 
 class _Side:
@@ -533,8 +524,8 @@ class _Side:
     def check_context(self, ctx: int) -> None:
         if self.pm is None:
             return
-        from .tokens import _max_positions
-        limit = _max_positions(self.pm.config, None)
+        from .tokens import max_positions
+        limit = max_positions(self.pm.config, None)
         if limit is not None and ctx > limit:
             raise CkptError(f"--ctx {ctx} exceeds the model's {limit} positions", path=self.given)
 
@@ -592,15 +583,15 @@ def _check_memory(sides: _Sides, dtype: str, dev: str, *, together: bool) -> Non
     memory (both at once in the in-memory pairing, else the larger one), with what it needs."""
     import torch
 
-    from .core import _PARALLEL_EXTRA_BYTES, _PARALLEL_HEADROOM, _available_bytes, _size
+    from .memory import PARALLEL_EXTRA_BYTES, PARALLEL_HEADROOM, available_bytes, human_size
     need = [s.pm.estimated_bytes(dtype) for s in sides.models() if s.pm is not None and s.stream is None]
     if not need:
         return
     total = sum(need) if together else max(need)
-    avail = _available_bytes(dev, torch)
-    if avail is not None and total * _PARALLEL_HEADROOM + _PARALLEL_EXTRA_BYTES > avail:
+    avail = available_bytes(dev, torch)
+    if avail is not None and total * PARALLEL_HEADROOM + PARALLEL_EXTRA_BYTES > avail:
         what = "both models need" if together and len(need) == 2 else "the model needs"
-        raise CkptError(f"{what} ~{_size(total)} in {dtype}, {_size(avail)} free on {dev}",
+        raise CkptError(f"{what} ~{human_size(total)} in {dtype}, {human_size(avail)} free on {dev}",
                         hint="--save-reference FILE runs one model at a time; a model larger than memory needs "
                              "layer streaming (--stream)" if together else
                              "a model larger than memory needs layer streaming (--stream)")
@@ -614,7 +605,7 @@ def _row_lists(rows: slice, sequences) -> list[np.ndarray]:
 def _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memory_budget, notes, *,
                    together: bool) -> bool:
     """Whether the transformers sides run layer-streamed: as asked, or (``stream=None``) when the
-    memory plan of ``verify`` (:func:`.core.plan_memory`, from the headers alone) says the models
+    memory plan of ``verify`` (:func:`.memory.plan_memory`, from the headers alone) says the models
     would not be held in memory as this run needs them (both at once, or one at a time when a
     saved reference stands in for one side)."""
     if stream is not None:
@@ -625,11 +616,11 @@ def _choose_stream(stream, reference, candidate, runtime, dtype, dev, ctx, memor
         return False
     import torch
 
-    from .core import _budget, _sizes, plan_memory
-    sizes = [_sizes(g, None) for g in hf]
+    from .memory import budget, model_sizes, plan_memory
+    sizes = [model_sizes(g, None) for g in hf]
     a, b = (sizes + sizes)[:2]
     plan = plan_memory(a, b, dtype=dtype, device=dev, device_map=None, sequential=not (together and len(hf) == 2),
-                       stream=None, available=_budget(dev, torch, memory_budget), positions=ctx)
+                       stream=None, available=budget(dev, torch, memory_budget), positions=ctx)
     if plan.mode == "stream" or (together and len(hf) == 2 and plan.mode != "parallel"):
         if dtype not in _streaming().STREAM_DTYPES:
             return False      # the memory check that follows refuses the run in one line
@@ -764,21 +755,6 @@ def _save_reference(side: _Side, dest, fmt: str, replace: bool, corp: Corpus, sc
         w.discard()
         raise
     return ReferenceReader(dest)
-
-
-def _common_width(r: np.ndarray, c: np.ndarray, tok, notes: list):
-    """Logits of different widths are compared on the first ``min`` columns when every tokenizer id
-    is inside them (padded embedding rows can never be produced), else refused."""
-    if r.shape[-1] == c.shape[-1]:
-        return r, c
-    n = min(r.shape[-1], c.shape[-1])
-    if tok is None or n < len(tok):
-        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
-        raise ConfigError(f"vocabulary widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} ({has}); "
-                          "the models are not comparable")
-    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
-                 f"(the tokenizer has {len(tok)} tokens)")
-    return r[..., :n], c[..., :n]
 
 
 def _bar(progress, total: int):

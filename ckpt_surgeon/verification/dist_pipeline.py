@@ -20,7 +20,7 @@ import numpy as np
 
 from .dist_env import drain, recv_arrays, send_arrays
 from .dist_plan import IN_FLIGHT
-from .localize import DEFAULT_THRESHOLDS, PointDiff, _Acc
+from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, PointDiff
 from .stream import (ACTIVATIONS_IN_RAM_BYTES, StreamedLayers, _Model, _np, _PartRecorder, _same_structure,
                      open_source)
 
@@ -55,7 +55,7 @@ class _Stage:
         self.parts = 2 * positions * width * item <= ACTIVATIONS_IN_RAM_BYTES
         self.points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(self.models[0].points)
                        if self.start <= la < self.stop and (self.parts or part == "output")]
-        self.accs = {k: _Acc() for k, *_ in self.points}
+        self.accs = {k: DiffAccumulator() for k, *_ in self.points}
         self.recs = [{i: _PartRecorder(m.points, i, self.parts) for i in range(self.start, self.stop)}
                      for m in self.models]
         self._calls: list = [{} for _ in self.models]
@@ -195,7 +195,7 @@ def _merge(gathered: list, job: dict) -> dict:
     threshold = job.get("threshold") or DEFAULT_THRESHOLDS.get(job["dtype"], DEFAULT_THRESHOLDS["float32"])
     points = []
     for _k, la, part, path, max_abs, dd, rr in stats:
-        acc = _Acc()
+        acc = DiffAccumulator()
         acc.max_abs, acc.dd, acc.rr = max_abs, dd, rr
         points.append(PointDiff(la, part, path, max_abs, acc.rel(), acc.rel() > threshold))
     return {"warnings": warnings, "layers": StreamedLayers(tuple(points), float(threshold))

@@ -49,17 +49,17 @@ class DistPlan:
 def layer_sizes(paths, revision=None) -> LayerSizes:
     """Headers only: per-layer parameters of the given inputs summed layer by layer."""
     from ..checkpoint import open_checkpoint
-    from .loading import _NOT_WEIGHTS
-    from .stream import _LAYER_KEY
+    from .loading import NOT_WEIGHTS
+    from .memory import LAYER_KEY
     per: dict = {}
     rest, hidden, vocab = 0, 0, 0
     for p in paths:
         ck = open_checkpoint(p)
         try:
             for name, info in ck.tensors.items():
-                if info.dtype.upper() in _NOT_WEIGHTS:
+                if info.dtype.upper() in NOT_WEIGHTS:
                     continue
-                m = _LAYER_KEY.search(name)
+                m = LAYER_KEY.search(name)
                 if m:
                     per[int(m.group(1))] = per.get(int(m.group(1)), 0) + info.numel
                 else:
@@ -103,7 +103,7 @@ def plan_distributed(paths, *, dtype: str, world: int, available: int | None, po
     """Choose data or pipeline for ``paths`` (the model inputs that run in transformers) on
     ``world`` ranks with ``available`` bytes free on the tightest one.  ``one_at_a_time``: the
     models run one after the other (``--save-reference`` / ``--reference``): a rank holds one."""
-    from .core import _BYTES_PER_PARAM, _PARALLEL_EXTRA_BYTES, _PARALLEL_HEADROOM, _size
+    from .memory import BYTES_PER_PARAM, PARALLEL_EXTRA_BYTES, PARALLEL_HEADROOM, human_size
     if forced not in MODES:
         raise CkptError(f"unknown distributed mode {forced!r}; choose one of {', '.join(MODES)}")
     if one_at_a_time and len(paths) > 1:
@@ -111,9 +111,9 @@ def plan_distributed(paths, *, dtype: str, world: int, available: int | None, po
         sizes = max(each, key=lambda x: sum(x.per_layer) + x.rest)
     else:
         sizes = layer_sizes(paths)
-    item = _BYTES_PER_PARAM.get(dtype, 4)
+    item = BYTES_PER_PARAM.get(dtype, 4)
     both = (sum(sizes.per_layer) + sizes.rest) * item
-    data_need = int(both * _PARALLEL_HEADROOM) + _PARALLEL_EXTRA_BYTES
+    data_need = int(both * PARALLEL_HEADROOM) + PARALLEL_EXTRA_BYTES
     need = {"data": data_need}
     blocks: tuple = ()
     if sizes.per_layer and world <= len(sizes.per_layer):
@@ -121,22 +121,22 @@ def plan_distributed(paths, *, dtype: str, world: int, available: int | None, po
         heaviest = max(sum(sizes.per_layer[a:b]) for a, b in blocks) * item
         flight = IN_FLIGHT * 2 * hidden_rows * max(sizes.hidden, 1) * item * 3
         logits = IN_FLIGHT * 2 * hidden_rows * max(sizes.vocab, 1) * 4
-        need["pipeline"] = int(heaviest * _PARALLEL_HEADROOM) + sizes.rest * item + flight + logits + \
-            _PARALLEL_EXTRA_BYTES
-    free = "free memory unknown" if available is None else f"{_size(available)} free on the tightest rank"
+        need["pipeline"] = int(heaviest * PARALLEL_HEADROOM) + sizes.rest * item + flight + logits + \
+            PARALLEL_EXTRA_BYTES
+    free = "free memory unknown" if available is None else f"{human_size(available)} free on the tightest rank"
     if forced == "data" or (forced == "auto" and (available is None or data_need <= available)):
-        why = "asked for" if forced == "data" else f"the models fit one rank (~{_size(data_need)}, {free})"
+        why = "asked for" if forced == "data" else f"the models fit one rank (~{human_size(data_need)}, {free})"
         return DistPlan("data", why, world, (), need)
     if not blocks:
         blocks_for(sizes.per_layer, world)          # raises the one-line refusal
     if forced == "pipeline":
         return DistPlan("pipeline", "asked for", world, blocks, need)
     if need["pipeline"] > available:
-        raise CkptError(f"not enough memory per rank: both models need ~{_size(data_need)} on one rank and a "
-                        f"{world}-rank pipeline ~{_size(need['pipeline'])} on its busiest rank, {free}",
+        raise CkptError(f"not enough memory per rank: both models need ~{human_size(data_need)} on one rank and a "
+                        f"{world}-rank pipeline ~{human_size(need['pipeline'])} on its busiest rank, {free}",
                         hint="more ranks, a larger memory budget, or --dtype float32 instead of float64")
-    return DistPlan("pipeline", f"both models need ~{_size(data_need)}, {free}: {world} ranks hold "
-                                f"{len(sizes.per_layer)} layers in blocks {list(blocks)} (~{_size(need['pipeline'])} "
+    return DistPlan("pipeline", f"both models need ~{human_size(data_need)}, {free}: {world} ranks hold "
+                                f"{len(sizes.per_layer)} layers in blocks {list(blocks)} (~{human_size(need['pipeline'])} "
                                 "on the busiest)", world, blocks, need)
 
 

@@ -102,8 +102,8 @@ def worker_loop(sess, work: str) -> int:
     import torch
 
     from ..runtime import quiet_transformers
-    from .core import _ieee_float32
-    with torch.no_grad(), quiet_transformers(), _ieee_float32(torch):
+    from .session import ieee_float32
+    with torch.no_grad(), quiet_transformers(), ieee_float32(torch):
         for n in itertools.count():
             while not sess.store.check([f"msg/{n}"]):     # a fault elsewhere interrupts this wait
                 time.sleep(0.05)
@@ -124,13 +124,13 @@ def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, devic
     import torch
 
     from ..errors import CkptError
-    from .core import _budget
+    from .memory import budget
     from .dist_env import all_gather
     from .dist_plan import compare_fingerprints, fingerprint, plan_distributed
     problem = compare_fingerprints(all_gather(fingerprint(inputs)))
     if problem:
         raise CkptError(problem)
-    avail = all_gather(_budget(device, torch, memory_budget))
+    avail = all_gather(budget(device, torch, memory_budget))
     return plan_distributed(models, dtype=dtype, world=sess.world,
                             available=None if any(a is None for a in avail) else min(avail), positions=ctx,
                             hidden_rows=ctx, forced=mode, one_at_a_time=one_at_a_time)

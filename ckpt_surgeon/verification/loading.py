@@ -23,7 +23,7 @@ from .thresholds import coarsest
 # (position-id buffers, GGUF I32 tables) are not weights and are skipped; every other
 # float-like type (float8, GGUF Q*/IQ*/TQ*) is "quantized".
 _PRECISION = {"F64": "float32", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-_NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
+NOT_WEIGHTS = frozenset({"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"})
 
 # Files of a folder that are not weights: what a single-file source borrows from its folder.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
@@ -55,7 +55,7 @@ class PreparedModel:
 
 def storage_precision(dtypes) -> str:
     """Coarsest precision class among tensor dtype names (``"F32"``, ``"BF16"``, ``"Q4_1"`` ...)."""
-    classes = [_PRECISION.get(d.upper(), "quantized") for d in dtypes if d.upper() not in _NOT_WEIGHTS]
+    classes = [_PRECISION.get(d.upper(), "quantized") for d in dtypes if d.upper() not in NOT_WEIGHTS]
     return coarsest(*classes) if classes else "float32"
 
 
@@ -67,19 +67,8 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
     :func:`ckpt_surgeon.formats.hub.snapshot.download` (bars per ``progress``).  ``revision``
     with a local source is an error.  Raises CkptError (one line) for anything transformers
     could not load."""
-    from ..checkpoint import is_hub_source, missing_local
-
     given = os.fspath(source)
-    p = Path(given)
-    if not p.exists():
-        if not is_hub_source(given):
-            raise missing_local(given)
-        from ..formats.hub.snapshot import download
-        p = download(given, revision=revision, progress=progress)
-    elif revision is not None:
-        raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
-                        path=given)
-    ck, precision, n_params = open_validated(p, given)
+    p, ck, precision, n_params = open_input(given, revision=revision, progress=progress, verb="loads")
     dequantized = None
     try:
         if ck.format == "gguf":
@@ -88,12 +77,6 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
             config = _read_config(folder / "config.json")
             converted = True
         else:
-            if ck.format != "safetensors":
-                raise UnsupportedError(f"verify loads safetensors or GGUF inputs, not {ck.format}", path=given)
-            if ck.config is None:
-                where = p if p.is_dir() else p.parent
-                raise ConfigError("no config.json: verify builds the model with transformers, which needs "
-                                  "config.json beside the weights", path=str(where))
             config = ck.config
             converted = False
             if ck.quantization is not None:
@@ -114,6 +97,42 @@ def prepare(source: str | os.PathLike, workdir: Path, *, role: str, dtype: str,
                          role, dequantized)
 
 
+# How the one-line refusal of a safetensors input without config.json reads, per caller's verb.
+_BUILT_BY = {"loads": "verify builds the model with transformers, which needs",
+             "streams": "the model is built with transformers, which needs"}
+
+
+def open_input(given: str, *, revision: str | None, progress: bool | None, verb: str):
+    """``(local path, Checkpoint, storage precision, weight parameter count)`` of a verify input,
+    whether it is then loaded whole (:func:`prepare`, ``verb="loads"``) or streamed
+    (:func:`.stream.open_source`, ``verb="streams"``): a Hub repo id is first downloaded into the
+    Hugging Face cache at ``revision`` (a revision with a local path is an error); the checkpoint is
+    validated (:func:`open_validated`) and must be a GGUF, or safetensors with its config.json.
+    The caller closes the checkpoint."""
+    from ..checkpoint import is_hub_source, missing_local
+
+    p = Path(given)
+    if not p.exists():
+        if not is_hub_source(given):
+            raise missing_local(given)
+        from ..formats.hub.snapshot import download
+        p = download(given, revision=revision, progress=progress)
+    elif revision is not None:
+        raise CkptError(f"a revision ({revision!r}) applies to Hub repo ids only; this is a local path",
+                        path=given)
+    ck, precision, n_params = open_validated(p, given)
+    try:
+        if ck.format not in ("gguf", "safetensors"):
+            raise UnsupportedError(f"verify {verb} safetensors or GGUF inputs, not {ck.format}", path=given)
+        if ck.format == "safetensors" and ck.config is None:
+            where = p if p.is_dir() else p.parent
+            raise ConfigError(f"no config.json: {_BUILT_BY[verb]} config.json beside the weights", path=str(where))
+    except BaseException:
+        ck.close()
+        raise
+    return p, ck, precision, n_params
+
+
 def open_validated(p: Path, given: str):
     """``(Checkpoint, storage precision, weight parameter count)`` of a local input, validated as every
     command validates it (headers, not truncated, config and tensors agreeing: layer count, widths,
@@ -125,7 +144,7 @@ def open_validated(p: Path, given: str):
         raise UnsupportedError(f"cannot read this input: module {e.name} is not available in this build",
                                path=given) from None
     try:
-        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in _NOT_WEIGHTS]
+        floats = [i for i in ck.tensors.values() if i.dtype.upper() not in NOT_WEIGHTS]
         # a quantized checkpoint's logical weights read as float32, but are stored quantized
         precision = "quantized" if ck.quantization is not None else storage_precision(i.dtype for i in floats)
         n_params = sum(i.numel for i in floats)
@@ -209,7 +228,7 @@ def float64_kwargs(dtype: str) -> dict:
     return {"experts_implementation": "eager"} if dtype == "float64" else {}
 
 
-def _free(torch) -> None:
+def free_memory(torch) -> None:
     """Drop what a freed model left behind (Python cycles, the CUDA cache)."""
     import gc
     gc.collect()

@@ -145,7 +145,7 @@ class _Recorder:
             h.remove()
 
 
-class _Acc:
+class DiffAccumulator:
     def __init__(self):
         self.max_abs, self.dd, self.rr = 0.0, 0.0, 0.0
 
@@ -177,8 +177,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
     :func:`~ckpt_surgeon.verification.core.verify`."""
     import torch
 
-    from .loading import _free
-    from .tokens import _tokenize
+    from .loading import free_memory
+    from .tokens import tokenize_pair
     from ..runtime import quiet_transformers, resolve_device
     from .loading import prepare
     from .prompts import default_prompts
@@ -195,18 +195,32 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
-        _, encodings = _tokenize(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
+        _, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
         run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings,
                                                   progress=progress), device=device, torch=torch)
         compare = _compare_sequential if sequential else _compare_parallel
         names, accs = compare(ref, cand, run, work)
-        _free(torch)
+        free_memory(torch)
     points = tuple(PointDiff(la, part, path, acc.max_abs, acc.rel(), acc.rel() > thr)
                    for (la, part, path), acc in zip(names, accs))
+    return judged(points, thr, "sequential" if sequential else "parallel")
+
+
+def judged(points: tuple, threshold: float, mode: str) -> LocalizeReport:
+    """The report of measured ``points`` (``over`` already set against ``threshold``): the first
+    point over it, in execution order, named."""
     first = next((p for p in points if p.over), None)
-    return LocalizeReport(thr, points, first.layer if first else None,
-                          f"layer {first.layer} {first.part}" if first else None,
-                          "sequential" if sequential else "parallel")
+    return LocalizeReport(threshold, points, first.layer if first else None,
+                          f"layer {first.layer} {first.part}" if first else None, mode)
+
+
+def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
+    """The same per-layer measurements judged against another ``threshold`` (``--localize-threshold``
+    on a streamed run, whose divergence was measured with the default)."""
+    if not threshold > 0:
+        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
+    from dataclasses import replace
+    return judged(tuple(replace(p, over=p.rel > threshold) for p in loc.points), float(threshold), loc.mode)
 
 
 def _point_outputs(pm, *, encodings, load: dict, device: str, torch):
@@ -226,12 +240,12 @@ def _names(pts) -> list[tuple]:
 
 
 def _compare_parallel(ref, cand, run: dict, work: Path):
-    """Both models loaded, compared prompt by prompt -> (point names, one _Acc per point)."""
+    """Both models loaded, compared prompt by prompt -> (point names, one DiffAccumulator per point)."""
     names = accs = None
     for (pr, r_outs), (pc, c_outs) in zip(_point_outputs(ref, **run), _point_outputs(cand, **run)):
         names = _names(pr)
         _same_points(names, pc, cand.given)
-        accs = accs or [_Acc() for _ in r_outs]
+        accs = accs or [DiffAccumulator() for _ in r_outs]
         for k, (r, c) in enumerate(zip(r_outs, c_outs)):
             accs[k].add(r, c)
     return names, accs
@@ -239,8 +253,8 @@ def _compare_parallel(ref, cand, run: dict, work: Path):
 
 def _compare_sequential(ref, cand, run: dict, work: Path):
     """The reference's per-point outputs saved to ``work`` (tokens x hidden per point), its model
-    freed, then the candidate compared against them -> (point names, one _Acc per point)."""
-    from .loading import _free
+    freed, then the candidate compared against them -> (point names, one DiffAccumulator per point)."""
+    from .loading import free_memory
     saved = work / "reference-points"
     saved.mkdir()
     names = accs = None
@@ -248,9 +262,9 @@ def _compare_sequential(ref, cand, run: dict, work: Path):
         names = _names(pts)
         for k, arr in enumerate(outs):
             np.save(saved / f"{i}-{k}.npy", arr)
-    _free(run["torch"])
+    free_memory(run["torch"])
     for i, (pts, outs) in enumerate(_point_outputs(cand, **run)):
-        accs = accs or [_Acc() for _ in outs]
+        accs = accs or [DiffAccumulator() for _ in outs]
         _same_points(names, pts, cand.given)
         for k, arr in enumerate(outs):
             accs[k].add(np.load(saved / f"{i}-{k}.npy"), arr)
@@ -296,3 +310,21 @@ class LocalizedVerify:
 
     def summary_items(self) -> list[tuple[str, str]]:
         return list(self.verify.summary_items()) + self.localize.summary_items()
+
+
+def localized(report, reference, candidate, o):
+    """``report`` (a :class:`~.report.VerifyReport`) as ``verify(..., localize=...)`` returns it
+    (``o``: its :class:`~.options.VerifyOptions`): a streamed run's per-layer divergence re-judged
+    by ``o.localize_threshold`` when one is given; with ``o.localize``, the divergence found by a
+    second pass (:func:`localize`, on the device, dtype and schedule the run used) unless the run
+    measured it already, returned as one :class:`LocalizedVerify`."""
+    if report.localize is not None and o.localize_threshold is not None:
+        import dataclasses
+        report = dataclasses.replace(report, localize=rethreshold(report.localize, o.localize_threshold))
+    if not o.localize or report.localize is not None:      # a streamed run has measured every layer already
+        return report
+    where = localize(reference, candidate, prompts=o.feed.prompts, device="cuda" if report.device == "cuda" else "cpu",
+                     dtype=o.placement.dtype, sequential=report.mode == "sequential", threshold=o.localize_threshold,
+                     tmp_dir=o.placement.tmp_dir, token_ids=o.feed.token_ids, tokenizer=o.feed.tokenizer,
+                     progress=o.placement.progress, revision=o.revision, candidate_revision=o.candidate_revision)
+    return LocalizedVerify(report, where)

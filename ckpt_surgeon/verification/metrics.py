@@ -93,3 +93,23 @@ def compare_outputs(ref: np.ndarray, cand: np.ndarray, *, distribution: bool) ->
     denom = float(np.linalg.norm(mr) * np.linalg.norm(mc))
     cos = float(mr @ mc / denom) if denom > 0 else (1.0 if np.array_equal(mr, mc) else 0.0)
     return OutputComparison(r.shape[0], max_abs, scale, nonfinite, None, None, None, cos)
+
+
+def common_width(r: np.ndarray, c: np.ndarray, tok, notes: list, *, what: str = "output", distribution: bool = True):
+    """Logits of different widths, for prompts and corpus alike: models often pad the vocabulary
+    (embedding rows beyond the tokenizer, to a multiple of 64/128) and a converter may drop or keep
+    that padding.  The rows beyond ``len(tokenizer)`` can never be produced by the tokenizer, so
+    comparing the first ``min`` columns is sound as long as every real token is inside them
+    (and the outputs are distributions over tokens); otherwise a ConfigError whose line starts
+    with ``what`` ("output widths differ ...")."""
+    if r.shape[-1] == c.shape[-1]:
+        return r, c
+    n = min(r.shape[-1], c.shape[-1])
+    if not distribution or tok is None or n < len(tok):
+        from ..errors import ConfigError
+        has = f"tokenizer has {len(tok)} tokens" if tok is not None else "no tokenizer to bound the real tokens"
+        raise ConfigError(f"{what} widths differ: reference {r.shape[-1]}, candidate {c.shape[-1]} "
+                          f"({has}); the models are not comparable")
+    notes.append(f"vocabulary widths differ ({r.shape[-1]} vs {c.shape[-1]}); compared the first {n} logits "
+                 f"(the tokenizer has {len(tok)} tokens)")
+    return np.asarray(r)[..., :n], np.asarray(c)[..., :n]

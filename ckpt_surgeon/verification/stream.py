@@ -42,7 +42,6 @@ dequantizes it; activations are not quantized (the report says so).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -50,10 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedError
+from ..errors import CkptError, ConfigError, UnsupportedError
 from ..progress import progress_enabled
 from .loading import float64_kwargs
-from .localize import DEFAULT_THRESHOLDS, LocalizeReport, PointDiff, _Acc, hook_points
+from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points, judged
+from .localize import rethreshold  # noqa: F401  (its home before issue 35; re-exported)
 
 STREAM_DTYPES = ("float32", "float64")
 _NP_DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -135,30 +135,16 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
     typed error naming the file, as for every other command."""
     if isinstance(source, StreamSource):
         return source
-    from ..checkpoint import looks_like_repo_id
-    from .loading import open_validated
+    from .loading import open_input
 
     given = os.fspath(source)
-    p = Path(given)
-    if not p.exists():
-        if not looks_like_repo_id(given):
-            raise SourceNotFoundError("no such file or folder (and not a Hub repo id of the form owner/name)",
-                                      path=given)
-        from ..formats.hub.snapshot import download
-        p = download(given, revision=revision, progress=progress)
-    ck, precision, n_params = open_validated(p, given)
+    _, ck, precision, n_params = open_input(given, revision=revision, progress=progress, verb="streams")
     try:
         if ck.format == "gguf":
             from ..conversion.from_gguf import hf_view
             config, hp, plan, warns = hf_view(ck, Path(ck.source))
             return StreamSource(given, config, None, ck, precision, n_params, gguf=True, warnings=tuple(warns),
                                 _plan={entry[1]: entry for entry in plan}, _hp=hp)
-        if ck.format != "safetensors":
-            raise UnsupportedError(f"verify streams safetensors or GGUF inputs, not {ck.format}", path=given)
-        if ck.config is None:
-            where = p if p.is_dir() else p.parent
-            raise ConfigError("no config.json: the model is built with transformers, which needs config.json "
-                              "beside the weights", path=str(where))
         folder = str(Path(ck.config_path).parent)
         from ..conversion.dense import dequantized_run
         # a quantized checkpoint streams its logical layout: every quantized weight dequantized by
@@ -170,12 +156,6 @@ def open_source(source, *, role: str = "candidate", revision: str | None = None,
 
 
 # --------------------------------------------------------------------------- memory planning
-
-
-# A decoder layer's tensors in HF naming (model.layers.3., transformer.h.3., encoder.layer.3.,
-# gpt_neox.layers.3. ...: the spellings hook_points falls back to) or GGUF naming (blk.3.), for
-# planning before any model is built.
-_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks|blk)\.(\d+)\.")
 
 
 def stream_need_from_sizes(layer: int, positions: int, hidden: int, vocab: int, item: int) -> int:
@@ -225,19 +205,7 @@ class StreamedLayers:
     threshold: float
 
     def report(self) -> LocalizeReport:
-        first = next((p for p in self.points if p.over), None)
-        return LocalizeReport(self.threshold, self.points, first.layer if first else None,
-                              f"layer {first.layer} {first.part}" if first else None, "stream")
-
-
-def rethreshold(loc: LocalizeReport, threshold: float) -> LocalizeReport:
-    """The same per-layer measurements judged against another ``threshold`` (``--localize-threshold``
-    on a streamed run, whose divergence was measured with the default)."""
-    if not threshold > 0:
-        raise CkptError(f"localize threshold must be positive (got {threshold!r})")
-    from dataclasses import replace
-    points = tuple(replace(p, over=p.rel > threshold) for p in loc.points)
-    return StreamedLayers(points, float(threshold)).report()
+        return judged(self.points, self.threshold, "stream")
 
 
 # --------------------------------------------------------------------------- the model side
@@ -682,7 +650,7 @@ class StreamedPair:
         parts = 2 * positions * width * hidden[0][0].element_size() <= ACTIVATIONS_IN_RAM_BYTES
         points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(models[0].points)
                   if parts or part == "output"]
-        accs = {k: _Acc() for k, *_ in points}
+        accs = {k: DiffAccumulator() for k, *_ in points}
         n_layers = len(models[0].layers)
         bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
                    disable=not progress_enabled(self.progress))

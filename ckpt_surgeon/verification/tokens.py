@@ -31,7 +31,8 @@ def check_tokenizer_source(tokenizer) -> None:
                       path=p, hint=hint)
 
 
-def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens, notes):
+def tokenize_pair(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens,
+                  notes):
     """Ids per prompt -> (tokenizer or None, ids).  The tokenizer is ``tokenizer`` when given, else
     the reference's; every model that ships its own tokenizer must encode each prompt the same.
     With ``token_ids`` the ids are taken as given (checked against the vocabulary size)."""
@@ -63,7 +64,7 @@ def _tokenize(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, token
                 _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full, given=given)
             else:
                 notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with {used}")
-    limit = _max_positions(ref.config, tok)
+    limit = max_positions(ref.config, tok)
     if limit is not None and kind.generates:
         limit -= max_new_tokens
     if limit is not None and limit < 1:
@@ -105,7 +106,7 @@ def _vocab_size(config: dict) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-def _max_positions(config: dict, tok) -> int | None:
+def max_positions(config: dict, tok) -> int | None:
     lims = [v for v in (config.get("max_position_embeddings"), config.get("n_positions"),
                         getattr(tok, "model_max_length", None) if tok is not None else None)
             if isinstance(v, int) and 0 < v < 10**8]
