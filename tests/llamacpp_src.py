@@ -19,15 +19,14 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from ckpt_surgeon import tiny_cache
+from ckpt_surgeon.conversion.derived.source import extract_vendor
 from fixtures.build_fixtures import fixture_base
 
-_VENDOR = "/vendor/llama.cpp/"
 # Paths under vendor/llama.cpp/ that are extracted (prefixes).
 _KEEP = ("models/ggml-vocab-", "convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/", "src/llama-vocab.cpp",
          "tools/mtmd/clip.cpp", "tools/mtmd/clip-impl.h", "tools/mtmd/models/")
@@ -44,15 +43,7 @@ def _extract(dest: Path) -> None:
         pytest.fail(f"cannot download llama.cpp's sources (the llama-cpp-python sdist): `{' '.join(cmd)}` failed "
                     f"(rc {r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
     out = dest / "llama.cpp"
-    with tarfile.open(sdists[0]) as tf:
-        for m in tf.getmembers():
-            if not m.isfile() or _VENDOR not in m.name:
-                continue
-            rel = m.name.split(_VENDOR, 1)[1]
-            if rel.startswith(_KEEP) and ".." not in rel.split("/"):
-                target = out / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tf.extractfile(m).read())
+    extract_vendor(sdists[0], out, _KEEP)
     for sd in sdists:
         sd.unlink()
     sdist_dir.rmdir()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ...errors import UnsupportedError
 
-__all__ = ["ENV", "llamacpp_version", "converter_root", "architecture_maps"]
+__all__ = ["ENV", "llamacpp_version", "converter_root", "architecture_maps", "extract_vendor"]
 
 ENV = "CKPT_SURGEON_LLAMACPP_SRC"
 _VENDOR = "/vendor/llama.cpp/"
@@ -54,13 +54,15 @@ def _fetch_cmd(version: str, dest: Path) -> list[str]:
             f"llama-cpp-python=={version}", "-d", str(dest)]
 
 
-def _extract(sdist: Path, out: Path) -> None:
+def extract_vendor(sdist: Path, out: Path, keep: tuple = _KEEP) -> None:
+    """The files of the sdist's ``vendor/llama.cpp/`` whose relative path starts with one of ``keep``,
+    written under ``out`` (nothing outside it: a ``..`` part is skipped)."""
     with tarfile.open(sdist) as tf:
         for m in tf.getmembers():
             if not m.isfile() or _VENDOR not in m.name:
                 continue
             rel = m.name.split(_VENDOR, 1)[1]
-            if rel.startswith(_KEEP) and ".." not in rel.split("/"):
+            if rel.startswith(keep) and ".." not in rel.split("/"):
                 target = out / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(tf.extractfile(m).read())
@@ -80,7 +82,7 @@ def _fetch(version: str, final: Path) -> Path:
                 f"`pip download --no-binary :all: --no-deps llama-cpp-python=={version}`, extract it and set "
                 f"{ENV} to its vendor/llama.cpp folder")
         staged = Path(tmp) / "llama.cpp"
-        _extract(sdists[0], staged)
+        extract_vendor(sdists[0], staged)
         if not _complete(staged):
             raise UnsupportedError(f"{sdists[0].name} has no vendor/llama.cpp/convert_hf_to_gguf.py with its "
                                    "conversion/ and gguf-py/ folders")
