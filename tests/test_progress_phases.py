@@ -63,3 +63,18 @@ def test_convert_phases_both_ways(tiny, tmp_path):
     assert doc["tensors"] and "planning m.gguf" in err and "quantizing + writing m.gguf" in err, err
     doc, err = _json_and_err(_run("convert", out, "-o", tmp_path / "hf", "--progress", "--format", "json"))
     assert "checking the tensor set" in err and "writing hf" in err, err
+
+
+def test_analyze_measure_phases_of_the_profile_and_the_kv_cache(tiny, tmp_path):
+    """--distance-profile --measure and --kv-cache --measure load a model and run the prompts too."""
+    from kv_models import build_kv_qwen2
+    src = tiny("qwen2")
+    doc, err = _json_and_err(_run("analyze", src, "--distance-profile", "--measure", "--progress", "--format", "json"))
+    assert doc["distance_profile"]["measured"], doc.keys()
+    assert f"loading {src.name} with transformers" in err and "distance profile" in err, err
+    kv = build_kv_qwen2(tiny, tmp_path / "kv", plant={0: 60.0})
+    doc, err = _json_and_err(_run("analyze", kv, "--kv-cache", "q8_0", "--measure", "--progress", "--format", "json"))
+    assert doc["kv_cache"]["measured"]["layers"], doc["kv_cache"].keys()
+    assert "loading kv with transformers" in err and "Q, K, V through the cache types" in err, err
+    _, quiet = _json_and_err(_run("analyze", kv, "--kv-cache", "q8_0", "--measure", "--format", "json"))
+    assert "loading" not in quiet and "Q, K, V" not in quiet, quiet

@@ -62,7 +62,7 @@ def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON
         from .distance_measure import measure_profile
         if measure:
             prof = measure_profile(where, prof, prompts=prompts, device=device, dtype=dtype, max_tokens=max_tokens,
-                                   skip_first=skip_first)
+                                   skip_first=skip_first, progress=open_kwargs.get("progress"))
         return replace(report, distance_profile=prof, notes=tuple(report.notes) + tuple(
             n for n in prof.notes if n not in report.notes))
     if measure:
@@ -107,5 +107,6 @@ def _kv_cache(source, kv_cache, *, context, per_head, measure, distance_profile,
     from .kv_measure import DEFAULT_MAX_TOKENS, measure_kv_cache
     m = measure_kv_cache(where, report.cache_types, prompts=prompts, device=device,
                          max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                         attn_rot=report.attn_rot, perm=report.capture_perm or None)
+                         attn_rot=report.attn_rot, perm=report.capture_perm or None,
+                         progress=open_kwargs.get("progress"))
     return replace(report, measured=m, notes=tuple(report.notes) + tuple(m.notes))

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from pathlib import Path
+
 import numpy as np
 
 from ..arch.layouts import qkv_row_index, rotary_pairs
@@ -317,10 +319,12 @@ def _attach(static: DistanceProfile, run: _Run, view, rf, lts: dict) -> tuple:
 
 def measure_profile(source, static: DistanceProfile, *, prompts=None, device: str = "auto", dtype: str = "float32",
                     max_tokens: int | None = None, skip_first: int = DEFAULT_SKIP_FIRST, model=None,
-                    tokenizer=None) -> DistanceProfile:
+                    tokenizer=None, progress: bool | None = None) -> DistanceProfile:
     """Run ``source`` with transformers on ``prompts`` and attach the measured terms to the heads
     of ``static`` (a :class:`DistanceProfile` of the same model).  ``model`` / ``tokenizer``: an
-    already loaded pair (tests); otherwise loaded as :func:`.measure.load_model` does."""
+    already loaded pair (tests); otherwise loaded as :func:`.measure.load_model` does.  ``progress``: the
+    loading phase and a bar over the prompts on stderr (:mod:`ckpt_surgeon.progress`)."""
+    from ..progress import phase, steps
     from .prompts import default_prompts
 
     if skip_first < 0:
@@ -332,7 +336,8 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     dq = None
     if model is None:
         dq = M.quantized_run(source)
-        model, tokenizer, _ = M.load_model(source, device=dev, dtype=dtype)
+        with phase(progress, f"loading {Path(str(source)).name} with transformers ({dtype}, {dev})"):
+            model, tokenizer, _ = M.load_model(source, device=dev, dtype=dtype)
     else:
         dev = str(next(model.parameters()).device)
     view = M.model_checkpoint(model, str(source))
@@ -354,7 +359,7 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
     hooks = _register_hooks(model, run, lts, profiled)
     try:
         red = _LogitReducer(run, list(range(layout.num_layers)))
-        for ids in encoded:
+        for ids in steps(progress, encoded, desc="distance profile", unit="prompt"):
             with M._capture_softmax(red):
                 M._forward(model, ids)
     finally:

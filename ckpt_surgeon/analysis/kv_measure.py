@@ -39,6 +39,8 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import numpy as np
 
 from ..errors import CkptError, UnsupportedError
@@ -288,13 +290,16 @@ def _layer_sums(s: _Sums, q, k, v, scaling: float, name: str, attn_rot: bool = F
 
 
 def measure_kv_cache(source, cache_types=("q8_0", "q4_0"), *, prompts=None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                     device: str = "cpu", attn_rot: bool | None = None, perm=None) -> KvMeasureReport:
+                     device: str = "cpu", attn_rot: bool | None = None, perm=None,
+                     progress: bool | None = None) -> KvMeasureReport:
     """Run ``source`` with transformers (float32, eager attention) on ``prompts`` (default the
     analysis prompt set, :func:`.prompts.default_prompts`, each cut to ``max_tokens``), capture
     every layer's post-RoPE Q, K and V, and measure each of ``cache_types`` (:data:`CACHE_TYPES`)
     on them; see the module docstring.  ``attn_rot``: rotate as llama.cpp does before its cache (None: as it
     would in this environment; :mod:`.kv_rot`); ``perm``: the cache order of the captured head dims
-    (:func:`.kv_rot.capture_cache_perm`; None: as captured).  Raises CkptError (one line) for bad input."""
+    (:func:`.kv_rot.capture_cache_perm`; None: as captured).  ``progress``: the loading phase and a bar over
+    the prompts on stderr (:mod:`ckpt_surgeon.progress`).  Raises CkptError (one line) for bad input."""
+    from ..progress import phase, steps
     from ..runtime import resolve_device
     from .kv_rot import resolve
     from .measure import _encode_prompts, load_model
@@ -305,11 +310,12 @@ def measure_kv_cache(source, cache_types=("q8_0", "q4_0"), *, prompts=None, max_
     if not isinstance(max_tokens, int) or max_tokens < 2:
         raise CkptError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
     dev = resolve_device(device)
-    model, tok, _ = load_model(source, device=dev, dtype="float32")
+    with phase(progress, f"loading {Path(str(source)).name} with transformers (float32, {dev})"):
+        model, tok, _ = load_model(source, device=dev, dtype="float32")
     encoded = _encode_prompts(tok, list(default_prompts() if prompts is None else prompts), max_tokens, dev)
     sums: dict = {}
     head_dim = None
-    for ids in encoded:
+    for ids in steps(progress, encoded, desc="Q, K, V through the cache types", unit="prompt"):
         for layer, q, k, v, scaling in _capture(model, ids):
             q, k, v = (x[0].float().cpu().numpy() for x in (q, k, v))
             head_dim = _check_head_dim(q.shape[-1], names, source)
