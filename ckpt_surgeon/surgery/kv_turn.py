@@ -69,18 +69,37 @@ class _Search:
         rot = KC.transform_rotated(self.rot, alpha, phi, self.geom.pairs)
         return sum((KC.k_errors(self.st, self.geom, ct, rot)["error"] / b) ** 2 for ct, b in zip(self.cts, self.base))
 
+    def costs(self, alpha: np.ndarray, phis: list) -> list:
+        """``[cost(alpha, phi) for phi in phis]`` in one evaluation (the same numbers: see :func:`batched_errors`)."""
+        errs = batched_errors(self.st, self.geom, self.cts, self.rot, [alpha] * len(phis), phis)
+        if errs is None:
+            return [self.cost(alpha, ph) for ph in phis]
+        return [sum((e[i] / b) ** 2 for e, b in zip(errs, self.base)) for i in range(len(phis))]
+
+
+def batched_errors(st, geom, cts, rot, alphas: list, phis: list | None = None):
+    """Per cache type ``[len(alphas), kv]``: ``k_errors(...)["error"]`` of each ``(alpha, phi)`` candidate, all
+    evaluated at once as extra kv heads of one layer (kv heads are independent in the model: blocks and Hadamard
+    chunks lie within a head, reductions run per head, so the figures are the same bits as one call per
+    candidate).  None where a type's per-tensor scale (fp8) couples the heads: call per candidate then."""
+    if any(ct.rule == "fp8" for ct in cts):
+        return None
+    n, kv = len(alphas), st.k_mean.shape[0]
+    (km, kvar), (qm, qvar) = rot
+    tile = lambda x: np.concatenate([x] * n, axis=-2)       # noqa: E731 - candidate-major extra heads
+    big = KC.KvLayerStats(st.layer, tile(st.q_mean), tile(st.q_var), tile(st.k_mean), tile(st.k_var),
+                          None, None, None, st.q_sampled)
+    phi = None if phis is None else np.concatenate(phis, axis=0)
+    r = KC.transform_rotated(((tile(km), tile(kvar)), (tile(qm), tile(qvar))), np.concatenate(alphas, axis=0),
+                             phi, geom.pairs)
+    return [KC.k_errors(big, geom, ct, r)["error"].reshape(n, kv) for ct in cts]
+
 
 def _sweep(sr: _Search, alpha, phi, cur, j: int, angles, scales):
     """Try pair j at each (absolute) angle and scale multiplier; keep, per kv head, whatever lowers the cost.
     Returns (alpha, phi, cost)."""
     dims = sr.geom.pairs[j]
-    for ang in angles:
-        ph = phi.copy()
-        ph[:, j] = ang
-        c = sr.cost(alpha, ph)
-        better = c < cur - 1e-12
-        phi[:, j] = np.where(better, ph[:, j], phi[:, j])
-        cur = np.where(better, c, cur)
+    phi, cur = _accept_angles(sr, alpha, phi, cur, j, [ang for ang in angles])
     for f in scales:
         a = alpha.copy()
         a[:, dims] = a[:, dims] * f
@@ -113,11 +132,23 @@ def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarr
 def _fine(sr: _Search, alpha, phi, cur, j: int):
     """The fine sweep of pair j: angles relative to each head's own, scales 2^(+-1/4)."""
     base = phi[:, j].copy()
-    for dlt in FINE_ANGLES:
+    phi, cur = _accept_angles(sr, alpha, phi, cur, j, [base + dlt for dlt in FINE_ANGLES])
+    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
+
+
+def _accept_angles(sr: _Search, alpha, phi, cur, j: int, angles: list):
+    """Pair j set to each of ``angles`` (absolute, a scalar or one per kv head) in turn, kept per kv head where it
+    lowers the cost.  The candidates do not depend on each other (each sets the whole column j), so they are
+    scored in one batch and the acceptances replayed in order: the same choice as scoring them one by one."""
+    if not angles:
+        return phi, cur
+    phs = []
+    for ang in angles:
         ph = phi.copy()
-        ph[:, j] = base + dlt
-        c = sr.cost(alpha, ph)
+        ph[:, j] = ang
+        phs.append(ph)
+    for ph, c in zip(phs, sr.costs(alpha, phs)):
         better = c < cur - 1e-12
         phi[:, j] = np.where(better, ph[:, j], phi[:, j])
         cur = np.where(better, c, cur)
-    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
+    return phi, cur
