@@ -404,7 +404,7 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
     """
     from ..checkpoint import open_checkpoint
-    from .plan import execute
+    from .plan import plan_while_copying
 
     KC.parse_cache_types(cache_type_k, path=str(source))
     if cache_type_v:
@@ -421,9 +421,11 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
         if str(out).endswith(".gguf") != (ck.naming == "gguf"):
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
-        plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                                calibration=calibration, attn_rot=attn_rot, turn=turn)
+        make = lambda: plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v,  # noqa: E731
+                                        context=context, calibration=calibration, attn_rot=attn_rot, turn=turn)
         if dry_run:
-            return KvEqualizeReport(plan, None)
-        result = execute(ck, plan, out, force=force, check=check, progress=open_kw.get("progress", False))
-    return KvEqualizeReport(plan, result.out, result.write)
+            return KvEqualizeReport(make(), None)
+        # values-only changes: the writer's kernel copy of the shards runs while the scales are chosen (as
+        # fold-bias --approximate does); a refusal while planning cancels it and leaves nothing at OUT
+        result = plan_while_copying(ck, out, make, force=force, check=check, progress=open_kw.get("progress", False))
+    return KvEqualizeReport(result.plan, result.out, result.write)

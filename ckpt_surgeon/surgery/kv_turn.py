@@ -69,11 +69,12 @@ class _Search:
         rot = KC.transform_rotated(self.rot, alpha, phi, self.geom.pairs)
         return sum((KC.k_errors(self.st, self.geom, ct, rot)["error"] / b) ** 2 for ct, b in zip(self.cts, self.base))
 
-    def costs(self, alpha: np.ndarray, phis: list) -> list:
-        """``[cost(alpha, phi) for phi in phis]`` in one evaluation (the same numbers: see :func:`batched_errors`)."""
-        errs = batched_errors(self.st, self.geom, self.cts, self.rot, [alpha] * len(phis), phis)
+    def costs(self, alphas: list, phis: list) -> list:
+        """``[cost(a, phi) for a, phi in zip(alphas, phis)]`` in one evaluation (the same numbers: see
+        :func:`batched_errors`)."""
+        errs = batched_errors(self.st, self.geom, self.cts, self.rot, alphas, phis)
         if errs is None:
-            return [self.cost(alpha, ph) for ph in phis]
+            return [self.cost(a, ph) for a, ph in zip(alphas, phis)]
         return [sum((e[i] / b) ** 2 for e, b in zip(errs, self.base)) for i in range(len(phis))]
 
 
@@ -100,14 +101,30 @@ def _sweep(sr: _Search, alpha, phi, cur, j: int, angles, scales):
     Returns (alpha, phi, cost)."""
     dims = sr.geom.pairs[j]
     phi, cur = _accept_angles(sr, alpha, phi, cur, j, [ang for ang in angles])
-    for f in scales:
-        a = alpha.copy()
-        a[:, dims] = a[:, dims] * f
-        c = sr.cost(a, phi)
-        better = c < cur - 1e-12
-        alpha[:, dims] = np.where(better[:, None], a[:, dims], alpha[:, dims])
-        cur = np.where(better, c, cur)
+    alpha, cur = _accept_scales(sr, alpha, phi, cur, dims, scales)
     return alpha, phi, cur
+
+
+def _accept_scales(sr: _Search, alpha, phi, cur, dims, scales):
+    """Pair ``dims`` times each of ``scales`` in turn (relative to the scale then current), kept per kv head where
+    it lowers the cost.  A candidate depends on the moves kept before it, so the remaining candidates are scored
+    in one batch from the current scales and replayed in order up to the first move kept; the rest are scored
+    again from there: the same choice as scoring them one by one."""
+    i = 0
+    while i < len(scales):
+        cands = []
+        for f in scales[i:]:
+            a = alpha.copy()
+            a[:, dims] = a[:, dims] * f
+            cands.append(a)
+        for a, c in zip(cands, sr.costs(cands, [phi] * len(cands))):
+            i += 1
+            better = c < cur - 1e-12
+            alpha[:, dims] = np.where(better[:, None], a[:, dims], alpha[:, dims])
+            cur = np.where(better, c, cur)
+            if better.any():
+                break
+    return alpha, cur
 
 
 def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarray):
@@ -147,7 +164,7 @@ def _accept_angles(sr: _Search, alpha, phi, cur, j: int, angles: list):
         ph = phi.copy()
         ph[:, j] = ang
         phs.append(ph)
-    for ph, c in zip(phs, sr.costs(alpha, phs)):
+    for ph, c in zip(phs, sr.costs([alpha] * len(phs), phs)):
         better = c < cur - 1e-12
         phi[:, j] = np.where(better, ph[:, j], phi[:, j])
         cur = np.where(better, c, cur)
