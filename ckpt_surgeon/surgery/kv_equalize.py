@@ -36,7 +36,7 @@ from ..analysis import kv_cache as KC
 from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
-from .kv_turn import choose_turn
+from .kv_turn import batched_errors, choose_turn
 from .plan import Plan, TensorStep, step_params
 
 _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -118,8 +118,11 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     cts = [KC.CACHE_TYPES[t] for t in types]
     rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
     base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
-    costs = np.stack([_cost([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for ct in cts], base)
-                      for a in cands])                               # [candidates, kv]
+    errs = batched_errors(st, geom, cts, rot, cands)               # all candidates in one evaluation
+    if errs is None:        # fp8's per-tensor scale couples the heads: one candidate at a time
+        errs = [np.stack([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for a in cands])
+                for ct in cts]
+    costs = np.stack([_cost([e[i] for e in errs], base) for i in range(len(cands))])    # [candidates, kv]
     if shared:
         best = np.full(kv, int(np.argmin(costs.sum(1))))
     else:

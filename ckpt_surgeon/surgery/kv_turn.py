@@ -66,7 +66,7 @@ class _Search:
                                                        for ct in self.cts)]
 
     def cost(self, alpha: np.ndarray, phi: np.ndarray) -> np.ndarray:
-        rot = KC.transform_rotated(self.rot, alpha, phi, self.geom.pairs)
+        rot = KC.transform_rotated(self.rot, alpha, *_active(phi, self.geom.pairs))
         return sum((KC.k_errors(self.st, self.geom, ct, rot)["error"] / b) ** 2 for ct, b in zip(self.cts, self.base))
 
     def costs(self, alphas: list, phis: list) -> list:
@@ -90,10 +90,19 @@ def batched_errors(st, geom, cts, rot, alphas: list, phis: list | None = None):
     tile = lambda x: np.concatenate([x] * n, axis=-2)       # noqa: E731 - candidate-major extra heads
     big = KC.KvLayerStats(st.layer, tile(st.q_mean), tile(st.q_var), tile(st.k_mean), tile(st.k_var),
                           None, None, None, st.q_sampled)
-    phi = None if phis is None else np.concatenate(phis, axis=0)
+    phi, pairs = _active(None if phis is None else np.concatenate(phis, axis=0), geom.pairs)
     r = KC.transform_rotated(((tile(km), tile(kvar)), (tile(qm), tile(qvar))), np.concatenate(alphas, axis=0),
-                             phi, geom.pairs)
+                             phi, pairs)
     return [KC.k_errors(big, geom, ct, r)["error"].reshape(n, kv) for ct in cts]
+
+
+def _active(phi, pairs):
+    """``phi`` and ``pairs`` cut to the pairs some head turns (None: none): a turn by 0 leaves a pair's values as
+    they are (cos 0 = 1, sin 0 = 0 exactly), so skipping it changes no figure, and most pairs are never turned."""
+    if phi is None:
+        return None, pairs
+    act = np.flatnonzero(np.any(phi != 0, axis=0))
+    return (phi[:, act], pairs[act]) if act.size else (None, pairs)
 
 
 def _sweep(sr: _Search, alpha, phi, cur, j: int, angles, scales):
