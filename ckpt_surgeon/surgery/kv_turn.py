@@ -35,6 +35,7 @@ from ..analysis import kv_cache as KC
 DOMINANT = 16.0            # bias energy over content variance of a pair for the pair to be turned
 TOP_PAIRS = 8              # pairs searched per layer (largest bias share first)
 ANGLES = 12
+BATCH_ELEMENTS = 1 << 17  # q elements scored in one batch (about 1 MB of float64 per array)
 SEARCH_STRIDE = 4          # positions used by the search: every 4th of the prediction's (8 of 32)
 FINE_ANGLES = (np.pi / 16, -np.pi / 16, np.pi / 32, -np.pi / 32)
 COARSE_SCALES = tuple(2.0 ** (i / 2) for i in range(-4, 5) if i)
@@ -85,6 +86,12 @@ def batched_errors(st, geom, cts, rot, alphas: list, phis: list | None = None):
     candidate).  None where a type's per-tensor scale (fp8) couples the heads: call per candidate then."""
     if any(ct.rule == "fp8" for ct in cts):
         return None
+    per = rot[1][0].size                               # q elements of one candidate (positions x heads x dims)
+    step = max(1, BATCH_ELEMENTS // per)
+    if len(alphas) > step:                             # large layers: batches gain nothing and cost memory
+        parts = [batched_errors(st, geom, cts, rot, alphas[i:i + step], None if phis is None else phis[i:i + step])
+                 for i in range(0, len(alphas), step)]
+        return [np.concatenate([p[t] for p in parts]) for t in range(len(cts))]
     n, kv = len(alphas), st.k_mean.shape[0]
     (km, kvar), (qm, qvar) = rot
     tile = lambda x: np.concatenate([x] * n, axis=-2)       # noqa: E731 - candidate-major extra heads
