@@ -36,7 +36,7 @@ from ..analysis import kv_cache as KC
 from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
-from .kv_turn import choose_turn
+from .kv_turn import batched_errors, choose_turn
 from .plan import Plan, TensorStep, step_params
 
 _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -118,8 +118,11 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     cts = [KC.CACHE_TYPES[t] for t in types]
     rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
     base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
-    costs = np.stack([_cost([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for ct in cts], base)
-                      for a in cands])                               # [candidates, kv]
+    errs = batched_errors(st, geom, cts, rot, cands)               # all candidates in one evaluation
+    if errs is None:        # fp8's per-tensor scale couples the heads: one candidate at a time
+        errs = [np.stack([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for a in cands])
+                for ct in cts]
+    costs = np.stack([_cost([e[i] for e in errs], base) for i in range(len(cands))])    # [candidates, kv]
     if shared:
         best = np.full(kv, int(np.argmin(costs.sum(1))))
     else:
@@ -404,7 +407,7 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
     """
     from ..checkpoint import open_checkpoint
-    from .plan import execute
+    from .plan import plan_while_copying
 
     KC.parse_cache_types(cache_type_k, path=str(source))
     if cache_type_v:
@@ -421,9 +424,11 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
         if str(out).endswith(".gguf") != (ck.naming == "gguf"):
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
-        plan = plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
-                                calibration=calibration, attn_rot=attn_rot, turn=turn)
+        make = lambda: plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v,  # noqa: E731
+                                        context=context, calibration=calibration, attn_rot=attn_rot, turn=turn)
         if dry_run:
-            return KvEqualizeReport(plan, None)
-        result = execute(ck, plan, out, force=force, check=check, progress=open_kw.get("progress", False))
-    return KvEqualizeReport(plan, result.out, result.write)
+            return KvEqualizeReport(make(), None)
+        # values-only changes: the writer's kernel copy of the shards runs while the scales are chosen (as
+        # fold-bias --approximate does); a refusal while planning cancels it and leaves nothing at OUT
+        result = plan_while_copying(ck, out, make, force=force, check=check, progress=open_kw.get("progress", False))
+    return KvEqualizeReport(result.plan, result.out, result.write)

@@ -35,6 +35,7 @@ from ..analysis import kv_cache as KC
 DOMINANT = 16.0            # bias energy over content variance of a pair for the pair to be turned
 TOP_PAIRS = 8              # pairs searched per layer (largest bias share first)
 ANGLES = 12
+BATCH_ELEMENTS = 1 << 17  # q elements scored in one batch (about 1 MB of float64 per array)
 SEARCH_STRIDE = 4          # positions used by the search: every 4th of the prediction's (8 of 32)
 FINE_ANGLES = (np.pi / 16, -np.pi / 16, np.pi / 32, -np.pi / 32)
 COARSE_SCALES = tuple(2.0 ** (i / 2) for i in range(-4, 5) if i)
@@ -66,29 +67,80 @@ class _Search:
                                                        for ct in self.cts)]
 
     def cost(self, alpha: np.ndarray, phi: np.ndarray) -> np.ndarray:
-        rot = KC.transform_rotated(self.rot, alpha, phi, self.geom.pairs)
+        rot = KC.transform_rotated(self.rot, alpha, *_active(phi, self.geom.pairs))
         return sum((KC.k_errors(self.st, self.geom, ct, rot)["error"] / b) ** 2 for ct, b in zip(self.cts, self.base))
+
+    def costs(self, alphas: list, phis: list) -> list:
+        """``[cost(a, phi) for a, phi in zip(alphas, phis)]`` in one evaluation (the same numbers: see
+        :func:`batched_errors`)."""
+        errs = batched_errors(self.st, self.geom, self.cts, self.rot, alphas, phis)
+        if errs is None:
+            return [self.cost(a, ph) for a, ph in zip(alphas, phis)]
+        return [sum((e[i] / b) ** 2 for e, b in zip(errs, self.base)) for i in range(len(phis))]
+
+
+def batched_errors(st, geom, cts, rot, alphas: list, phis: list | None = None):
+    """Per cache type ``[len(alphas), kv]``: ``k_errors(...)["error"]`` of each ``(alpha, phi)`` candidate, all
+    evaluated at once as extra kv heads of one layer (kv heads are independent in the model: blocks and Hadamard
+    chunks lie within a head, reductions run per head, so the figures are the same bits as one call per
+    candidate).  None where a type's per-tensor scale (fp8) couples the heads: call per candidate then."""
+    if any(ct.rule == "fp8" for ct in cts):
+        return None
+    per = rot[1][0].size                               # q elements of one candidate (positions x heads x dims)
+    step = max(1, BATCH_ELEMENTS // per)
+    if len(alphas) > step:                             # large layers: batches gain nothing and cost memory
+        parts = [batched_errors(st, geom, cts, rot, alphas[i:i + step], None if phis is None else phis[i:i + step])
+                 for i in range(0, len(alphas), step)]
+        return [np.concatenate([p[t] for p in parts]) for t in range(len(cts))]
+    n, kv = len(alphas), st.k_mean.shape[0]
+    (km, kvar), (qm, qvar) = rot
+    tile = lambda x: np.concatenate([x] * n, axis=-2)       # noqa: E731 - candidate-major extra heads
+    big = KC.KvLayerStats(st.layer, tile(st.q_mean), tile(st.q_var), tile(st.k_mean), tile(st.k_var),
+                          None, None, None, st.q_sampled)
+    phi, pairs = _active(None if phis is None else np.concatenate(phis, axis=0), geom.pairs)
+    r = KC.transform_rotated(((tile(km), tile(kvar)), (tile(qm), tile(qvar))), np.concatenate(alphas, axis=0),
+                             phi, pairs)
+    return [KC.k_errors(big, geom, ct, r)["error"].reshape(n, kv) for ct in cts]
+
+
+def _active(phi, pairs):
+    """``phi`` and ``pairs`` cut to the pairs some head turns (None: none): a turn by 0 leaves a pair's values as
+    they are (cos 0 = 1, sin 0 = 0 exactly), so skipping it changes no figure, and most pairs are never turned."""
+    if phi is None:
+        return None, pairs
+    act = np.flatnonzero(np.any(phi != 0, axis=0))
+    return (phi[:, act], pairs[act]) if act.size else (None, pairs)
 
 
 def _sweep(sr: _Search, alpha, phi, cur, j: int, angles, scales):
     """Try pair j at each (absolute) angle and scale multiplier; keep, per kv head, whatever lowers the cost.
     Returns (alpha, phi, cost)."""
     dims = sr.geom.pairs[j]
-    for ang in angles:
-        ph = phi.copy()
-        ph[:, j] = ang
-        c = sr.cost(alpha, ph)
-        better = c < cur - 1e-12
-        phi[:, j] = np.where(better, ph[:, j], phi[:, j])
-        cur = np.where(better, c, cur)
-    for f in scales:
-        a = alpha.copy()
-        a[:, dims] = a[:, dims] * f
-        c = sr.cost(a, phi)
-        better = c < cur - 1e-12
-        alpha[:, dims] = np.where(better[:, None], a[:, dims], alpha[:, dims])
-        cur = np.where(better, c, cur)
+    phi, cur = _accept_angles(sr, alpha, phi, cur, j, [ang for ang in angles])
+    alpha, cur = _accept_scales(sr, alpha, phi, cur, dims, scales)
     return alpha, phi, cur
+
+
+def _accept_scales(sr: _Search, alpha, phi, cur, dims, scales):
+    """Pair ``dims`` times each of ``scales`` in turn (relative to the scale then current), kept per kv head where
+    it lowers the cost.  A candidate depends on the moves kept before it, so the remaining candidates are scored
+    in one batch from the current scales and replayed in order up to the first move kept; the rest are scored
+    again from there: the same choice as scoring them one by one."""
+    i = 0
+    while i < len(scales):
+        cands = []
+        for f in scales[i:]:
+            a = alpha.copy()
+            a[:, dims] = a[:, dims] * f
+            cands.append(a)
+        for a, c in zip(cands, sr.costs(cands, [phi] * len(cands))):
+            i += 1
+            better = c < cur - 1e-12
+            alpha[:, dims] = np.where(better[:, None], a[:, dims], alpha[:, dims])
+            cur = np.where(better, c, cur)
+            if better.any():
+                break
+    return alpha, cur
 
 
 def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarray):
@@ -113,11 +165,23 @@ def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarr
 def _fine(sr: _Search, alpha, phi, cur, j: int):
     """The fine sweep of pair j: angles relative to each head's own, scales 2^(+-1/4)."""
     base = phi[:, j].copy()
-    for dlt in FINE_ANGLES:
+    phi, cur = _accept_angles(sr, alpha, phi, cur, j, [base + dlt for dlt in FINE_ANGLES])
+    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
+
+
+def _accept_angles(sr: _Search, alpha, phi, cur, j: int, angles: list):
+    """Pair j set to each of ``angles`` (absolute, a scalar or one per kv head) in turn, kept per kv head where it
+    lowers the cost.  The candidates do not depend on each other (each sets the whole column j), so they are
+    scored in one batch and the acceptances replayed in order: the same choice as scoring them one by one."""
+    if not angles:
+        return phi, cur
+    phs = []
+    for ang in angles:
         ph = phi.copy()
-        ph[:, j] = base + dlt
-        c = sr.cost(alpha, ph)
+        ph[:, j] = ang
+        phs.append(ph)
+    for ph, c in zip(phs, sr.costs([alpha] * len(phs), phs)):
         better = c < cur - 1e-12
         phi[:, j] = np.where(better, ph[:, j], phi[:, j])
         cur = np.where(better, c, cur)
-    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
+    return phi, cur

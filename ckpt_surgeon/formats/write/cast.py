@@ -20,20 +20,33 @@ def _f64_to_bf16_bits(a: np.ndarray) -> np.ndarray:
     Rounding float64 -> float32 -> bfloat16 rounds twice and can land on the wrong side of a
     tie; instead round the float64 mantissa (52 bits) to bfloat16's 7 in integer arithmetic
     (add half an ulp minus one, plus the lowest kept bit: RNE), after which the value is exactly a
-    bfloat16 and the conversion below is exact.  bfloat16 subnormals (|x| < 2**-126) and
-    non-finite values go through ml_dtypes' own conversion.
+    bfloat16, its float32 is exact and its top 16 bits are the answer (inf past the range, RNE's
+    answer too).  bfloat16 subnormals (|x| < 2**-126) and non-finite values go through ml_dtypes'
+    own conversion.  Done in chunks of :data:`_CHUNK` elements (the passes stay in cache, and the
+    temporaries stay small: a 7B projection is 100 MB of float64).
     """
-    import ml_dtypes
-
     a = np.ascontiguousarray(a, dtype=np.float64)
+    flat, out = a.reshape(-1), np.empty(a.size, dtype=np.uint16)
+    for i in range(0, a.size, _CHUNK):
+        out[i:i + _CHUNK] = _bf16_chunk(flat[i:i + _CHUNK])
+    return out.reshape(a.shape)
+
+
+_CHUNK = 1 << 16
+
+
+def _bf16_chunk(a: np.ndarray) -> np.ndarray:
     u = a.view(np.uint64)
     keep = (u >> np.uint64(45)) & np.uint64(1)
     r = ((u + np.uint64((1 << 44) - 1) + keep) & ~np.uint64((1 << 45) - 1)).view(np.float64)
-    small_or_bad = ~np.isfinite(a) | (np.abs(a) < 2.0 ** -126)
-    r = np.where(small_or_bad, a, r)
-    # r is exactly representable (or beyond the finite range -> inf, which is RNE's answer too).
     with np.errstate(over="ignore"):
-        return r.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+        bits = (r.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    small_or_bad = ~np.isfinite(a) | (np.abs(a) < 2.0 ** -126)
+    if small_or_bad.any():
+        import ml_dtypes
+        with np.errstate(over="ignore"):
+            bits[small_or_bad] = a[small_or_bad].astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    return bits
 
 
 def cast_to_dtype(arr: np.ndarray, dtype: str) -> bytes:
