@@ -370,6 +370,12 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
              "max_delta": int(max(0, longest - 1 - skip_first)), "rope_evaluated_at": rf.length,
              "attention_factor": rf.attention_factor,
              "quantization": dq.to_dict() if dq is not None else None}
+    return replace(static, layers=_attach(static, run, view, rf, lts), measured=facts,
+                   notes=_measured_notes(static, dq, rf))
+
+
+def _measured_notes(static: DistanceProfile, dq, rf) -> tuple:
+    """The static profile's notes and what the measured run adds (a quantized source, other rope settings)."""
     notes = list(static.notes)
     if dq is not None:
         notes.append(f"measured: {dq.note()}")
@@ -378,4 +384,4 @@ def measure_profile(source, static: DistanceProfile, *, prompts=None, device: st
                      f"(the static profile: at {static.rope.length})")
     if not math.isclose(rf.attention_factor, static.attention_factor or 1.0):
         notes.append("the loaded model's attention factor differs from the file's")
-    return replace(static, layers=_attach(static, run, view, rf, lts), measured=facts, notes=tuple(notes))
+    return tuple(notes)
