@@ -12,12 +12,17 @@ Steps:
      its figure taken from the plan's estimate, when ``--no-single`` or when it cannot fit;
    - ``torchrun --nproc-per-node 2 ... --dist-mode pipeline``: each rank's own peak RSS;
    - ``torchrun --nproc-per-node 2 ... --dist-mode data``: the wall time against one process.
-3. Printed: each rank's peak RSS / the single-process peak (target < 0.6 at the 7B shape), the
-   wall times and their ratio (2 CPU ranks on a 2-core machine: no gain is expected; on a GPU
-   machine with 2 GPUs each rank takes one), and that the three reports have the same KL mean.
+3. Printed: each rank's peak RSS / the single-process peak (target < 0.6 at the 7B shape), also
+   less the baseline RSS of a process that imports torch and transformers and loads nothing; the
+   plan's 2-rank split and the share of both models' parameters each rank holds by the headers;
+   the same accounting at the 7B shape's 28 layers (from its tensor shapes, not a run); the wall
+   times and their ratio (2 CPU ranks on a 2-core machine: no gain is expected; on a GPU machine
+   with 2 GPUs each rank takes one); and that the reports have the same KL mean.
+   ``--modes pipeline`` skips the data-mode run (two ranks holding both models: twice the
+   single-process memory on one machine).
 
 Usage: python benchmarks/bench_verify_distributed.py [--shape small|0.5b|7b] [--data DIR]
-            [--chunks 4] [--ctx 64] [--device cpu|cuda] [--no-single]
+            [--chunks 4] [--ctx 64] [--device cpu|cuda] [--no-single] [--modes pipeline,data]
 """
 from __future__ import annotations
 
@@ -96,6 +101,45 @@ def _candidate(ref: Path, out: Path, layer: int) -> Path:
     return cand
 
 
+def baseline_rss(env: dict) -> int:
+    """Peak RSS of a process that imports what a verify rank imports and loads nothing."""
+    code = ("import resource, torch, transformers, ckpt_surgeon.verification.stream; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.split()[-1])
+
+
+def split_report(ref: Path, single: float, peaks: dict, base: int) -> None:
+    """The plan's blocks for 2 ranks and what each rank holds by the headers, against the measured
+    peaks; then the same accounting at the 7B shape (28 layers), from its tensor shapes."""
+    import numpy as np
+
+    from benchmarks.make_qwen25_shape import SHAPES, tensor_specs
+    from ckpt_surgeon.verification.dist_plan import blocks_for, layer_sizes, rank_weights
+    s = layer_sizes([str(ref), str(ref)])
+    both = sum(s.per_layer) + s.rest
+    blocks = blocks_for(s.per_layer, 2, last=s.head)
+    held = rank_weights(s.per_layer, blocks, last=s.head)
+    print(f"plan: blocks {list(blocks)}; the last rank holds both heads ({s.head / both:.0%} of both models' "
+          f"parameters); parameters held per rank / both models: " +
+          ", ".join(f"rank {r} {h / both:.3f}" for r, h in enumerate(held)))
+    for k in ("0", "1"):
+        got = peaks.get(k, 0)
+        print(f"pipeline rank {k} peak RSS / single-process in-memory: {got / single:.3f}; less the baseline on "
+              f"both sides: {(got - base) / (single - base):.3f} (target < 0.6 at the 7B shape)")
+    specs = tensor_specs(SHAPES["7b"])
+    layer = sum(int(np.prod(d)) for n, d in specs if ".layers.0." in n)
+    vocab_rows = [int(np.prod(d)) for n, d in specs if ".layers." not in n and d[0] == SHAPES["7b"].vocab]
+    rest = sum(int(np.prod(d)) for n, d in specs if ".layers." not in n)
+    per, head = [2 * layer] * SHAPES["7b"].layers, 2 * max(vocab_rows)
+    b7 = blocks_for(per, 2, last=head)
+    h7 = rank_weights(per, b7, last=head)
+    total = sum(per) + 2 * rest
+    print(f"7B shape, by the same accounting (float32, both models): one process {total * 4 / 2**30:.1f} GiB; "
+          f"blocks {list(b7)}: " + ", ".join(f"rank {r} {h * 4 / 2**30:.1f} GiB ({h / total:.3f}x)"
+                                             for r, h in enumerate(h7)))
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -108,6 +152,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-single", action="store_true", help="skip the one-process in-memory run (7B on a small machine)")
+    ap.add_argument("--modes", default="pipeline,data", help="the 2-rank runs, comma-separated (pipeline, data)")
     a = ap.parse_args()
 
     import numpy as np
@@ -132,8 +177,8 @@ def main() -> int:
     if not a.no_single:
         one = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}     # one process: every core
         runs["single"] = run_per_process([sys.executable, "-m", "ckpt_surgeon", "verify", *args], one)
-    runs["pipeline"] = run_per_process([*torchrun, "--dist-mode", "pipeline"], env)
-    runs["data"] = run_per_process([*torchrun, "--dist-mode", "data"], env)
+    for mode in a.modes.split(","):
+        runs[mode] = run_per_process([*torchrun, "--dist-mode", mode], env)
     kl = {}
     for name, r in runs.items():
         if r["rc"] != 0:
@@ -149,10 +194,11 @@ def main() -> int:
         single = 2 * sum(f.stat().st_size for f in Path(ref).glob("*.safetensors")) * 2 * 1.25
         print(f"single-process in-memory figure not measured: the plan's estimate {_gib(single)} "
               "(both models in float32 x 1.25 headroom)")
-    for k in ("0", "1"):
-        print(f"pipeline rank {k} peak RSS / single-process in-memory: "
-              f"{runs['pipeline']['peaks'].get(k, 0) / single:.3f} (target < 0.6 at the 7B shape)")
-    if "single" in runs:
+    base = baseline_rss(env)
+    print(f"baseline: a process with torch and transformers imported, nothing loaded: {_gib(base)}")
+    if "pipeline" in runs:
+        split_report(ref, single, runs["pipeline"]["peaks"], base)
+    if "single" in runs and "data" in runs:
         print(f"speed, data mode: 2 ranks {runs['data']['wall']:.1f} s vs 1 process {runs['single']['wall']:.1f} s "
               f"(ratio {runs['single']['wall'] / runs['data']['wall']:.2f}x; {os.cpu_count()} CPU cores shared)")
     print("KL mean per run: " + ", ".join(f"{k} {v:.6g}" for k, v in kl.items()))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -354,3 +355,154 @@ def test_the_plan_picks_data_then_pipeline_then_refuses(tiny, tmp_path_factory):
     assert plan(1, forced="data").mode == "data"
     one = plan(1 << 40, one_at_a_time=True).per_rank["data"]
     assert one < need["data"]            # --save-reference / --reference: one model per rank
+
+
+# (ranks, victim): rank 1 in the middle of a 3-rank pipeline (rank 2 waits in recv on it, rank 0 on
+# rank 2), and the last rank of 2 (rank 0 waits in recv for its logits)
+PIPE_KILLS = [(3, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("ranks,victim", PIPE_KILLS, ids=[f"{n}ranks-kill{v}" for n, v in PIPE_KILLS])
+def test_a_killed_pipeline_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp_path, ranks, victim):
+    """SIGKILL a pipeline rank while hidden states are in flight, the ranks started by hand (no
+    torchrun, so no launcher ends the others for us): every other rank, blocked in a receive from
+    the dead one or from a rank that waits on it, ends within 60 s; rank 0 prints one line naming
+    the victim, the others nothing; no report on disk."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    ids = tmp_path / "long.json"
+    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 3000)]))
+    out = tmp_path / "out"
+    out.mkdir()
+    port = _port()
+    args = [ref, cand, "--corpus-ids", ids, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES,
+            "--dist-mode", "pipeline", "-o", out / "report.json"]
+    procs = [subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "verify", *map(str, args)],
+                              env=_env(RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
+    try:
+        deadline = time.monotonic() + 240
+        store = None
+        while store is None:
+            try:
+                store = _store({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            except Exception:        # noqa: BLE001 - rank 0 has not opened the store yet
+                assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+                time.sleep(0.5)
+        # the victim has passed on a few chunks: hidden states are in flight on both sides of it
+        while not store.check([f"ckpt-surgeon-verify/chunks/{victim}"]) or \
+                int(store.get(f"ckpt-surgeon-verify/chunks/{victim}").decode().split(":")[1]) < 3:
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, \
+                [p.stderr.read()[-2000:] for p in procs if p.poll() is not None]
+            time.sleep(0.1)
+        procs[victim].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        outs = {r: p.communicate(timeout=90) for r, p in enumerate(procs) if r != victim}
+        took = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert took < 60, took
+    errors = _errors(outs[0][1])
+    assert len(errors) == 1 and errors[0].startswith(f"error: rank {victim}: stopped without a word"), outs[0][1]
+    assert procs[0].returncode == 2
+    assert all(outs[r] == ("", "") for r in outs if r != 0)         # the others quiet
+    assert list(out.iterdir()) == []
+
+
+def test_prompt_mode_data_runs_on_rank_0_alone_and_says_so(tiny, tmp_path_factory, ids_file):
+    """Prompt mode with --dist-mode data: rank 0 runs the prompts with both models in memory, greedy
+    generation compared, as one process does; the report is the one-process report plus one note
+    saying the prompts were not split."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    args = [ref, cand, "--token-ids", ids_file, "--device", "cpu", "--format", "json"]
+    dist = _torchrun(2, [*args, "--dist-mode", "data"])
+    one = _single(args)
+    assert dist.returncode == one.returncode == 1, dist.stderr[-3000:]
+    a, b = json.loads(one.stdout), json.loads(dist.stdout)
+    assert b["mode"] == a["mode"] != "stream"
+    assert all(p["reference_continuation"] for p in b["prompts"])    # greedy generation compared, as one process
+    for k in ("metrics", "prompts", "failures"):
+        _close(a[k], b[k], k)
+    alone = [n for n in b["notes"] if n.startswith("distributed over 2 ranks (gloo), data mode: prompt mode ran on "
+                                                   "rank 0 alone")]
+
+    def free(notes):                 # the plan's note names the free memory of the moment
+        return [re.sub(r"[0-9.]+ GiB free", "_ GiB free", n) for n in notes]
+    assert len(alone) == 1 and free(a["notes"]) == free(n for n in b["notes"] if n not in alone)
+
+
+def test_layer_blocks_count_the_head_on_the_last_rank():
+    """The last rank holds the head whole (rank 0 reads only its chunk's embedding rows): the blocks
+    balance layers + head, and when the head alone is over an even share the last rank gets one
+    layer (the bound is then the head plus that layer)."""
+    from ckpt_surgeon.verification.dist_plan import rank_weights
+    # Qwen2.5-0.5B, both models: 24 layers of 2 x 14.9 M, two tied heads of 136 M
+    per, head = [2 * 14_912_384] * 24, 2 * 136_134_656
+    b = blocks_for(per, 2, last=head)
+    assert b == ((0, 17), (17, 24))
+    w = rank_weights(per, b, last=head)
+    total = sum(per) + head
+    assert all(abs(x / total - 0.5) < 0.03 for x in w), w       # within half a layer of even
+    # the head alone is more than half: one layer on the last rank, the rest on rank 0
+    assert blocks_for([10] * 8, 2, last=200) == ((0, 7), (7, 8))
+    # 3 ranks, head worth 2 layers (10 in all): ranks hold 3, 4, 1 + 2 (no split keeps every rank
+    # under 4; of those at 4 this one's boundaries, 3 and 7, lie nearest the even shares 3.3 and 6.7)
+    assert blocks_for([1] * 8, 3, last=2) == ((0, 3), (3, 7), (7, 8))
+    # the heaviest rank is as light as any contiguous split can make it (checked by brute force)
+    import itertools
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        per = [int(x) for x in rng.integers(1, 50, size=7)]
+        head = int(rng.integers(0, 120))
+        best = min(max(rank_weights(per, tuple(zip((0, *cut), (*cut, 7))), last=head))
+                   for cut in itertools.combinations(range(1, 7), 2))
+        assert max(rank_weights(per, blocks_for(per, 3, last=head), last=head)) == best
+
+
+def test_the_plan_finds_the_head_by_shape(tiny, tmp_path_factory):
+    """layer_sizes: the head the last rank holds is one vocabulary x hidden matrix per model (the
+    embedding, for a tied model); every such matrix is left out of what every rank holds."""
+    from ckpt_surgeon.verification.dist_plan import layer_sizes
+    ref, _ = _models(tiny, tmp_path_factory, "qwen2")
+    cfg = json.loads((ref / "config.json").read_text())
+    one = layer_sizes([str(ref)])
+    rows = cfg["vocab_size"] * cfg["hidden_size"]
+    assert one.head == rows
+    assert one.by_rows == rows * (1 if cfg.get("tie_word_embeddings") else 2)
+    two = layer_sizes([str(ref), str(ref)])
+    assert (two.head, two.by_rows, two.rest) == (2 * one.head, 2 * one.by_rows, 2 * one.rest)
+
+
+def test_a_file_of_the_same_size_with_other_header_bytes_is_refused(tmp_path):
+    """The fingerprint compares the first 64 KiB too, not only the sizes: a config edited in place
+    to the same length is a difference, named in one line."""
+    from ckpt_surgeon.verification.dist_plan import compare_fingerprints, fingerprint
+    d = tmp_path / "cand"
+    d.mkdir()
+    (d / "config.json").write_text('{"hidden_size": 64}')
+    (d / "model.safetensors").write_bytes(b"x" * 100)
+    before = fingerprint([d])
+    (d / "config.json").write_text('{"hidden_size": 32}')
+    assert compare_fingerprints([before, before]) is None
+    line = compare_fingerprints([before, fingerprint([d])])
+    assert line == (f"rank 1 sees different files: {d / 'config.json'} has other header bytes than on rank 0; "
+                    "every rank must read the same inputs")
+
+
+def test_more_pipeline_ranks_than_layers_exit_2_on_every_rank(tiny, ids_file):
+    """The same refusal with the ranks started by hand: every rank exits 2 (torchrun reports 1 for
+    any failed rank), rank 0 prints the one line, the others nothing."""
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "verify", str(tiny("qwen2")), str(tiny("qwen2")),
+                               "--corpus-ids", str(ids_file), "--ctx", str(CTX), "--device", "cpu",
+                               "--dist-mode", "pipeline"],
+                              env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2, 2], outs
+    errors = _errors(outs[0][1])
+    assert len(errors) == 1 and "it would use 2 ranks" in errors[0], outs[0][1]
+    assert outs[0][0] == "" and all(o == ("", "") for o in outs[1:])

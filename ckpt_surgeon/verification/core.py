@@ -208,6 +208,8 @@ def _pick_thresholds(criteria: Criteria, dtype: str, ref, cand, notes: list[str]
 def _schedule(ref, cand, run: dict, load: dict, work: Path, plan, notes: list[str]):
     """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs)."""
     notes.append(f"{plan.mode}: {plan.why}")
+    from .dist_hook import alone_note      # under torchrun: these prompts run on rank 0 alone
+    alone_note(notes)
     schedule = _run_parallel if plan.mode == "parallel" else _run_sequential
     return plan.mode, schedule(ref, cand, run, load, work)
 

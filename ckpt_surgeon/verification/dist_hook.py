@@ -35,7 +35,10 @@ def pair_hook(reference, candidate, sequences, *, rows, dtype: str, device: str,
     divergence (the streamed prompt path); the iterator then has ``.localize()``.  ``notes``: the
     report's notes, told how the run was split."""
     d = _ACTIVE
-    if d is None or (layers and d.plan.mode != "pipeline"):
+    if d is None:
+        return None
+    if layers and d.plan.mode != "pipeline":      # prompts streamed on rank 0 alone
+        alone_note(notes if notes is not None else [])
         return None
     if notes is not None:
         notes.append(d.note())
@@ -49,3 +52,11 @@ def single_hook(given, role: str, sequences, *, rows, dtype: str, device: str):
     if d is None:
         return None
     return ((i, out) for i, out in d.run([given], [role], sequences, rows, dtype, device))
+
+
+def alone_note(notes: list) -> None:
+    """Prompt mode with both models loaded whole (data mode, or a run rank 0 plans on its own): the
+    prompts run on rank 0 alone, and the report says so (its numbers are the one-process run's)."""
+    d = _ACTIVE
+    if d is not None:
+        notes.append(d.alone_note())

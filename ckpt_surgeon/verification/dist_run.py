@@ -70,6 +70,11 @@ class Driver:
                    f"{a}-{b - 1}" for a, b in p.blocks))
         return f"distributed over {p.world} ranks ({self.sess.backend}): {how} ({p.why})"
 
+    def alone_note(self) -> str:
+        return (f"distributed over {self.plan.world} ranks ({self.sess.backend}), {self.plan.mode} mode: prompt mode "
+                "ran on rank 0 alone, the other ranks loaded nothing (a few prompts with greedy generation are "
+                "not split; corpus chunks are, and --dist-mode pipeline sends prompts through the layer pipeline)")
+
     def run(self, paths, roles, sequences, rows, dtype, device) -> DistOutputs:
         seqs = [list(map(int, s)) for s in sequences]
         job = dict(mode=self.plan.mode, paths=[str(p) for p in paths], roles=list(roles), sequences=seqs,
