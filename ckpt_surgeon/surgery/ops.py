@@ -204,3 +204,44 @@ def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 
     xa, xb = out[ia.astype(np.int64)].copy(), out[ib.astype(np.int64)].copy()
     out[ia.astype(np.int64)], out[ib.astype(np.int64)] = c * xa - sn * xb, sn * xa + c * xb
     return np.moveaxis(out, 0, ax)
+
+
+# (total bits, mantissa bits, exponent bits) of the float dtypes scale_pow2_bits works on
+_POW2_FORMATS = {"BF16": (16, 7, 8), "F16": (16, 10, 5), "F32": (32, 23, 8)}
+POW2_DTYPES = tuple(_POW2_FORMATS)
+POW2_CHUNK = 1 << 20          # elements per pass (the temporaries stay small)
+
+
+def scale_pow2_bits(raw, dtype: str, shape: tuple, exps: np.ndarray, axis: int = 0) -> bytes | None:
+    """``x * 2^exps`` (``exps`` integers broadcast along ``axis``) computed on the stored bit patterns of a
+    BF16 / F16 / F32 tensor: each nonzero element's exponent field moves by its ``exps`` entry, a zero stays
+    (signed) zero, so the result is the exact product, no rounding at all (the same bits as
+    ``cast_to_dtype(x * 2.0**exps)``).  None (nothing computed) when that does not hold for some element: an
+    input subnormal, inf or NaN, or a product that would leave the normal range (overflow to inf, underflow to
+    a subnormal or zero); the caller then rounds the float64 product once (:func:`scale_axis`).
+    Shapes: ``raw`` the tensor's little-endian bytes of ``shape``; ``exps [shape[axis]]``."""
+    if dtype not in _POW2_FORMATS:
+        return None
+    bits, man, ebits = _POW2_FORMATS[dtype]
+    unit = np.dtype(np.uint16 if bits == 16 else np.uint32)
+    u = np.moveaxis(np.frombuffer(raw, dtype=unit.newbyteorder("<")).reshape(shape), axis % len(shape), -1)
+    k = np.asarray(exps, dtype=np.int64)
+    if u.shape[-1] != k.shape[0]:
+        raise ValueError(f"scale has {k.shape[0]} entries, axis {axis} has {u.shape[-1]}")
+    top = (1 << ebits) - 1                                       # the inf/NaN exponent
+    lo = (np.maximum(1, 1 - k) << man).astype(unit)              # smallest magnitude allowed (normal, stays normal)
+    span = (((top - np.maximum(k, 0)) << man) - lo.astype(np.int64)).astype(unit)   # hi - lo, hi exclusive
+    delta = (k << man).astype(np.int64) % (1 << bits)           # the exponent move, two's complement
+    delta = delta.astype(unit)
+    mask = unit.type((1 << (bits - 1)) - 1)
+    out = np.empty(u.shape, dtype=unit)
+    flat_u, flat_o = u.reshape(-1, u.shape[-1]), out.reshape(-1, u.shape[-1])
+    step = max(1, POW2_CHUNK // max(1, u.shape[-1]))
+    for i in range(0, flat_u.shape[0], step):
+        x = flat_u[i:i + step]
+        m = x & mask
+        nz = m != 0
+        if np.any(((m - lo) >= span) & nz):      # wraps below lo: out of range on either side
+            return None
+        np.add(x, delta * nz, out=flat_o[i:i + step])
+    return np.ascontiguousarray(np.moveaxis(out, -1, axis % len(shape))).astype(unit.newbyteorder("<")).tobytes()
