@@ -223,25 +223,30 @@ def scale_pow2_bits(raw, dtype: str, shape: tuple, exps: np.ndarray, axis: int =
     if dtype not in _POW2_FORMATS:
         return None
     bits, man, ebits = _POW2_FORMATS[dtype]
-    unit = np.dtype(np.uint16 if bits == 16 else np.uint32)
-    u = np.moveaxis(np.frombuffer(raw, dtype=unit.newbyteorder("<")).reshape(shape), axis % len(shape), -1)
+    unit = np.dtype(np.uint16 if bits == 16 else np.uint32).newbyteorder("<")
+    ax = axis % len(shape)
+    n, post = int(shape[ax]), int(np.prod(shape[ax + 1:], dtype=np.int64))
     k = np.asarray(exps, dtype=np.int64)
-    if u.shape[-1] != k.shape[0]:
-        raise ValueError(f"scale has {k.shape[0]} entries, axis {axis} has {u.shape[-1]}")
+    if k.shape[0] != n:
+        raise ValueError(f"scale has {k.shape[0]} entries, axis {axis} has {n}")
+    # rows of the tensor in its own layout: [pre * n, post] (one scale per row) or, on the last axis, [pre, n]
+    u = np.frombuffer(raw, dtype=unit).reshape((-1, post) if post > 1 else (-1, n))
+    if post > 1:
+        k = np.tile(k, u.shape[0] // n)[:, None]
     top = (1 << ebits) - 1                                       # the inf/NaN exponent
     lo = (np.maximum(1, 1 - k) << man).astype(unit)              # smallest magnitude allowed (normal, stays normal)
     span = (((top - np.maximum(k, 0)) << man) - lo.astype(np.int64)).astype(unit)   # hi - lo, hi exclusive
-    delta = (k << man).astype(np.int64) % (1 << bits)           # the exponent move, two's complement
-    delta = delta.astype(unit)
+    delta = ((k << man) % (1 << bits)).astype(unit)              # the exponent move, two's complement
     mask = unit.type((1 << (bits - 1)) - 1)
     out = np.empty(u.shape, dtype=unit)
-    flat_u, flat_o = u.reshape(-1, u.shape[-1]), out.reshape(-1, u.shape[-1])
-    step = max(1, POW2_CHUNK // max(1, u.shape[-1]))
-    for i in range(0, flat_u.shape[0], step):
-        x = flat_u[i:i + step]
+    step = max(1, POW2_CHUNK // u.shape[1])
+    for i in range(0, u.shape[0], step):
+        x = u[i:i + step]
+        sl = slice(i, i + step) if post > 1 else slice(None)
         m = x & mask
         nz = m != 0
-        if np.any(((m - lo) >= span) & nz):      # wraps below lo: out of range on either side
+        m -= lo[sl]                              # wraps below lo: out of range on either side
+        if np.any((m >= span[sl]) & nz):
             return None
-        np.add(x, delta * nz, out=flat_o[i:i + step])
-    return np.ascontiguousarray(np.moveaxis(out, -1, axis % len(shape))).astype(unit.newbyteorder("<")).tobytes()
+        np.add(x, delta[sl] * nz, out=out[i:i + step])
+    return out.tobytes()
