@@ -21,6 +21,9 @@ modelled peak in q against k, ``alpha = (A_k / A_q)^(t/2)``, and flattening k's 
 ``alpha = (A_k / rms A_k)^t``, and bringing only the outlier pairs down to ``c`` x the median peak) is
 scored and the best kept; ``t = 0`` (no change) is always a
 candidate, so the prediction never gets worse.  Values: ``m_i = (rms A_v / A_v,i)^t``, same rule.
+With ``scales="pow2"`` (the static default) every candidate is rounded to powers of two before it is scored:
+the rescaled BF16/F16/F32 weights are then the exact products (an exponent move, written on the stored bits
+by :func:`ckpt_surgeon.surgery.ops.scale_pow2_bits`), and a tensor whose scales are all 1 is not rewritten.
 
 ``calibrate=True`` (``--calibrate``) starts from that choice and searches alpha on the *measured* attention
 error of real prompts instead (:mod:`ckpt_surgeon.surgery.kv_calibrate`); the report says which way the
