@@ -1,4 +1,4 @@
-"""Run a command as a whole process and measure it: wall time and peak RSS.
+"""Run a command as a whole process and measure it: wall time, peak RSS and CPU time (user + system).
 
 Shared by the benchmark scripts.  The wrapper process has exactly one child, so
 ``RUSAGE_CHILDREN``'s ``ru_maxrss`` is that child's peak (KiB on Linux).
@@ -15,14 +15,15 @@ import json, resource, subprocess, sys, time
 t = time.perf_counter()
 p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"wall": wall, "rss": rss, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+rss, cpu = ru.ru_maxrss * 1024, ru.ru_utime + ru.ru_stime
+print(json.dumps({"wall": wall, "rss": rss, "cpu": cpu, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
                   "stderr": p.stderr.decode()[-4000:]}))
 """
 
 
 def run(cmd: list[str], *, sync: bool = False) -> dict:
-    """``{"wall", "rss", "rc", "stdout", "stderr"}`` of ``cmd``; exits on a non-zero status.
+    """``{"wall", "rss", "cpu", "rc", "stdout", "stderr"}`` of ``cmd``; exits on a non-zero status.
 
     ``sync``: flush dirty pages first (not timed), so a run does not pay for the previous
     run's deleted output still being written back (seen: a first ``cp -r`` at 25 s, the same

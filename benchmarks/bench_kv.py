@@ -11,13 +11,20 @@
 of holes cost no I/O, and fold-bias's kernel copy skips them while kv-equalize writes the rescaled weights as
 real bytes: the write ratio then flatters fold-bias; ``--shape small`` writes real bytes in 0.5 GB).
 
+``--repeat N`` runs fold-bias and kv-equalize (each ``--scales`` kind) alternately N times and prints each run
+(wall, CPU = user + system of the process and its threads, peak RSS) and the medians, with the load average
+(the machine is shared: compare within one run).
+
 Usage: python benchmarks/bench_kv.py [--dir .bench/qwen2.5-7b-shape] [--sparse] [--shape 7b] [--inner 3] [--no-write]
+                                     [--repeat N] [--scales pow2,continuous]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -50,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="7b", help="7b | 0.5b | small (make_qwen25_shape.py)")
     ap.add_argument("--inner", type=int, default=3)
     ap.add_argument("--no-write", action="store_true", help="only the static prediction")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate fold-bias / kv-equalize runs this many times")
+    ap.add_argument("--scales", default="pow2", help="kv-equalize --scales kinds to time, a comma list")
     a = ap.parse_args(argv)
     src = make_qwen25_shape(a.dir, sparse=a.sparse, quiet=True, shape=a.shape)
     res = json.loads(run([sys.executable, "-c", STATIC, str(src), REPO, str(a.inner)])["stdout"])
@@ -60,18 +69,35 @@ def main(argv=None) -> int:
     print(f"analyze --kv-cache command: {cmd['wall']:.2f} s wall, {cmd['rss'] / 2**20:.0f} MiB peak RSS")
     if a.no_write:
         return 0
-    tmp = Path(tempfile.mkdtemp(prefix="bench-kv-", dir=Path(a.dir).parent))
+    timed(cli, src, Path(a.dir).parent, a.repeat, a.scales.split(","))
+    return 0
+
+
+def timed(cli, src, parent: Path, repeat: int, scales: list[str]) -> None:
+    """fold-bias and kv-equalize (each kind of scales) alternately, ``repeat`` times; medians at the end."""
+    jobs = {"fold-bias": ["fold-bias", str(src), "--k", "--approximate", "--max-logit-change", "0.01"]}
+    for sc in scales:
+        jobs[f"kv-equalize {sc}"] = ["kv-equalize", str(src), "--cache-type-k", "q4_0", "--cache-type-v", "q8_0",
+                                     "--scales", sc]
+    res: dict = {k: [] for k in jobs}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-kv-", dir=parent))
     try:
-        eq = run(cli + ["kv-equalize", str(src), "-o", str(tmp / "eq"), "--cache-type-k", "q4_0", "--cache-type-v",
-                        "q8_0", "--format", "json"], sync=True)
-        shutil.rmtree(tmp / "eq")
-        fb = run(cli + ["fold-bias", str(src), "-o", str(tmp / "fb"), "--k", "--approximate", "--max-logit-change",
-                        "0.01", "--format", "json"], sync=True)
+        for i in range(repeat):
+            for name, args in jobs.items():
+                load = os.getloadavg()[0]
+                r = run(cli + args + ["-o", str(tmp / "out"), "--format", "json"], sync=True)
+                shutil.rmtree(tmp / "out")
+                res[name].append(r)
+                print(f"run {i + 1} {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, {r['rss'] / 2**20:.0f} MiB "
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"kv-equalize: {eq['wall']:.1f} s, {eq['rss'] / 2**20:.0f} MiB; fold-bias --k --approximate: "
-          f"{fb['wall']:.1f} s, {fb['rss'] / 2**20:.0f} MiB; ratio {eq['wall'] / fb['wall']:.2f}")
-    return 0
+    med = {k: (statistics.median(r["wall"] for r in v), statistics.median(r["cpu"] for r in v),
+               max(r["rss"] for r in v)) for k, v in res.items()}
+    fb = med["fold-bias"]
+    for k, (w, c, rss) in med.items():
+        print(f"median {k}: {w:.1f} s wall ({w / fb[0]:.2f}x fold-bias), {c:.1f} s CPU ({c / fb[1]:.2f}x), "
+              f"peak {rss / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

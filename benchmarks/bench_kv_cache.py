@@ -12,7 +12,7 @@ against the *original* model's f16-cache run, and the ratio before / after is pr
 the equalized concentrated model stays from the clean one.
 
     python benchmarks/bench_kv_cache.py [--ctx 256] [--chunks 16] [--out DIR] [--variants concentrated,spread,clean]
-                                        [--calibrate]
+                                        [--calibrate] [--scales pow2,continuous]
 
 ``--calibrate`` also scores ``kv_equalize(..., calibrate=True)`` (scales chosen on the measured attention
 error of the built-in prompts) next to the static choice.
@@ -112,16 +112,18 @@ def line(variant: str, model: str, k: str, st, dt: float) -> str:
             f"  ({dt:.1f} s)")
 
 
-def equalized(hf: Path, work: Path, variant: str, k: str, calibrate: bool = False) -> Path | None:
+def equalized(hf: Path, work: Path, variant: str, k: str, calibrate: bool = False,
+              scales: str | None = None) -> Path | None:
     import ckpt_surgeon
     kv_equalize = getattr(ckpt_surgeon, "kv_equalize", None)
     if kv_equalize is None:
         return None
-    out = work / f"{variant}-{'cal' if calibrate else 'eq'}-{k}"
+    out = work / f"{variant}-{'cal' if calibrate else 'eq'}{'-' + scales if scales else ''}-{k}"
     if not (out / "config.json").is_file():
         t0 = time.perf_counter()
-        rep = kv_equalize(hf, out, cache_type_k=k, calibrate=calibrate)
-        print(f"# kv-equalize {variant} {k}: scales chosen {rep.plan.params.get('scales')} "
+        rep = kv_equalize(hf, out, cache_type_k=k, calibrate=calibrate, **({"scales": scales} if scales else {}))
+        print(f"# kv-equalize {variant} {k}: scales chosen {rep.plan.params.get('scales')}, "
+              f"{rep.plan.params.get('scale_values', 'continuous')} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return out
 
@@ -134,6 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="concentrated,spread,clean")
     ap.add_argument("--calibrate", action="store_true",
                     help="also score kv-equalize --calibrate (scales chosen on the built-in prompts)")
+    ap.add_argument("--scales", default=None,
+                    help="static choice with these scale kinds, a comma list (pow2,continuous); the first is the "
+                         "'static' row of the summary (default: kv-equalize's own default)")
     a = ap.parse_args(argv)
     from ckpt_surgeon.conversion import hf_to_gguf
     work = Path(a.out or tempfile.mkdtemp(prefix="bench-kv-cache-"))
@@ -150,9 +155,12 @@ def main(argv=None) -> int:
         for k, st, dt in sweep(g, g, text, a.ctx, TYPES):
             base[variant, k] = st
             print(line(variant, "original", k, st, dt), flush=True)
+        scales = a.scales.split(",") if a.scales else [None]
+        kinds = [("eq" if i == 0 else f"eq-{sc}", sc) for i, sc in enumerate(scales)]
+        kinds += [("cal", None)] if a.calibrate else []
         for k in TYPES:
-            for kind in ("eq", "cal") if a.calibrate else ("eq",):
-                eq = equalized(hf, work, variant, k, calibrate=kind == "cal")
+            for kind, sc in kinds:
+                eq = equalized(hf, work, variant, k, calibrate=kind == "cal", scales=sc)
                 if eq is None:
                     print(f"{variant:<13} equalized  (ckpt_surgeon.kv_equalize not importable: skipped)")
                     break
@@ -161,7 +169,8 @@ def main(argv=None) -> int:
                     hf_to_gguf(eq, ge, dtype="f16", name=f"kv-{variant}-{kind}")
                 (_, st, dt), = sweep(g, ge, text, a.ctx, (k,))
                 base[variant, kind, k] = st
-                print(line(variant, "static" if kind == "eq" else "calibrated", k, st, dt) +
+                label = "calibrated" if kind == "cal" else ("static" + (f" {sc}" if sc else ""))
+                print(line(variant, label, k, st, dt) +
                       f"  -> {base[variant, k].kl_mean / st.kl_mean:.2f}x lower mean KLD", flush=True)
     _summary(base)
     return 0

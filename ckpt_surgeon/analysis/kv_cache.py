@@ -517,7 +517,7 @@ def o_column_weight(ckpt, layout, lt, *, sample: bool = True) -> np.ndarray | No
         col = np.einsum("ij,ij->j", w, w) * (rows / w.shape[0])
         return np.asarray(col, np.float64).reshape(layout.num_heads, layout.head_dim)
     w = _read(ckpt, lt.o_weight)
-    col = (w * w).sum(1) if layout.conv1d else (w * w).sum(0)
+    col = np.einsum("ij,ij->i" if layout.conv1d else "ij,ij->j", w, w)      # no [out, in] temporary
     return np.asarray(col, np.float64).reshape(layout.num_heads, layout.head_dim)
 
 

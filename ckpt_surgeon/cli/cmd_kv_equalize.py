@@ -5,6 +5,16 @@ import click
 
 from .cmd_fold_bias import surgery_output_options
 from .render import check_report_path, emit, open_kwargs, source_options
+_TURN = click.option(
+    "--turn/--no-turn", "turn", default=True, show_default=True,
+    help="Also turn the bias-dominated rotary pairs of q and k by a fixed angle (exact: 2-D rotations commute with "
+         "RoPE), chosen so the rotated bias spreads evenly over the cache blocks; not with --calibrate or a per-head "
+         "q/k norm.")
+_SCALES = click.option(
+    "--scales", "scales", type=click.Choice(["pow2", "continuous"]), default=None,
+    help="pow2 (default): every scale a power of two, so the rescaled weights are exact in their own dtype (only the "
+         "exponent moves) and fast to write; continuous: any positive scale (computed in float64, rounded once; the "
+         "default with --calibrate).")
 
 
 @click.command("kv-equalize")
@@ -31,14 +41,12 @@ from .render import check_report_path, emit, open_kwargs, source_options
               help="Predict (and with --calibrate measure) Q, K and V as llama.cpp does when it Hadamard-rotates "
                    "them before a quantized cache (head_dim a multiple of 64).  Default: as llama.cpp would in this "
                    "environment (its LLAMA_ATTN_ROT_DISABLE=1 turns the rotation off).")
-@click.option("--turn/--no-turn", "turn", default=True, show_default=True,
-              help="Also turn the bias-dominated rotary pairs of q and k by a fixed angle (exact: 2-D rotations "
-                   "commute with RoPE), chosen so the rotated bias spreads evenly over the cache blocks; not with "
-                   "--calibrate or a per-head q/k norm.")
+@_TURN
+@_SCALES
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, out,
-            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, scales,
+            out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
     Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
@@ -61,7 +69,7 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
                          force=force, check=check, dry_run=dry_run, calibrate=calibrate, attn_rot=attn_rot, turn=turn,
-                         prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
+                         scales=scales, prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)

@@ -21,6 +21,9 @@ modelled peak in q against k, ``alpha = (A_k / A_q)^(t/2)``, and flattening k's 
 ``alpha = (A_k / rms A_k)^t``, and bringing only the outlier pairs down to ``c`` x the median peak) is
 scored and the best kept; ``t = 0`` (no change) is always a
 candidate, so the prediction never gets worse.  Values: ``m_i = (rms A_v / A_v,i)^t``, same rule.
+With ``scales="pow2"`` (the static default) every candidate is rounded to powers of two before it is scored:
+the rescaled BF16/F16/F32 weights are then the exact products (an exponent move, written on the stored bits
+by :func:`ckpt_surgeon.surgery.ops.scale_pow2_bits`), and a tensor whose scales are all 1 is not rewritten.
 
 ``calibrate=True`` (``--calibrate``) starts from that choice and searches alpha on the *measured* attention
 error of real prompts instead (:mod:`ckpt_surgeon.surgery.kv_calibrate`); the report says which way the
@@ -43,6 +46,13 @@ _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 _T_FLATTEN = (0.25, 0.5, 0.75, 1.0)
 _T_VALUE = (0.25, 0.5, 0.75, 1.0)
 _C_OUTLIER = (1.0, 2.0, 4.0, 8.0, 16.0)
+SCALES = ("pow2", "continuous")     # how the scales are restricted: powers of two (the default), or any positive
+
+
+def to_pow2(x: np.ndarray) -> np.ndarray:
+    """Each scale rounded to the nearest power of two (in log2): scaling a BF16/F16/F32 weight by it moves the
+    exponent only, so the rescaled weights are exact in their own dtype (:func:`.ops.scale_pow2_bits`)."""
+    return np.exp2(np.round(np.log2(np.asarray(x, dtype=np.float64))))
 
 
 @dataclass(frozen=True)
@@ -95,9 +105,10 @@ def _cost(errs: list[np.ndarray], base: list[np.ndarray]) -> np.ndarray:
     return sum((e / np.where(b > 0, b, 1.0)) ** 2 for e, b in zip(errs, base))
 
 
-def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) -> np.ndarray:
+def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, pow2: bool = False) -> np.ndarray:
     """``alpha [kv, d]`` minimising the predicted K error (Q's own quantization included) over ``types``;
-    ``shared``: one scale per pair for every kv head (a per-head q/k-norm weight shared by all heads)."""
+    ``shared``: one scale per pair for every kv head (a per-head q/k-norm weight shared by all heads); ``pow2``:
+    every candidate rounded to powers of two before it is scored."""
     kv, d = st.k_mean.shape
     g = st.q_mean.shape[0] // kv
     groups = geom.groups()
@@ -115,6 +126,8 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     # the outlier pairs alone, brought down to c x the head's median peak (the rest untouched)
     med = np.median(a_k, -1, keepdims=True) + tiny
     cands += [_expand(np.maximum(1.0, a_k / (c * med)), groups, d) for c in _C_OUTLIER]
+    if pow2:
+        cands = [to_pow2(c) for c in cands]
     cts = [KC.CACHE_TYPES[t] for t in types]
     rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
     base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
@@ -130,9 +143,9 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool) 
     return np.stack([cands[b][i] for i, b in enumerate(best)])
 
 
-def choose_m(st: KC.KvLayerStats, types, attn_rot: bool = False) -> np.ndarray | None:
+def choose_m(st: KC.KvLayerStats, types, attn_rot: bool = False, pow2: bool = False) -> np.ndarray | None:
     """``m [kv, d]`` minimising the predicted value error reaching the output over ``types`` (``attn_rot``: as
-    llama.cpp rotates V, :func:`ckpt_surgeon.analysis.kv_cache.v_errors`)."""
+    llama.cpp rotates V, :func:`ckpt_surgeon.analysis.kv_cache.v_errors`; ``pow2``: powers of two only)."""
     if st.v_mean is None:
         return None
     kv, d = st.v_mean.shape
@@ -140,6 +153,8 @@ def choose_m(st: KC.KvLayerStats, types, attn_rot: bool = False) -> np.ndarray |
     a_v = np.sqrt(st.v_mean ** 2 + KC.Z_BLOCK_MAX ** 2 * st.v_var) + 1e-12
     ref = np.sqrt((a_v ** 2).mean(-1, keepdims=True))
     cands = [np.ones((kv, d))] + [(ref / a_v) ** t for t in _T_VALUE]
+    if pow2:
+        cands = [to_pow2(c) for c in cands]
     cts = [KC.CACHE_TYPES[t] for t in types]
     base = [KC.v_errors(st, order, ct, attn_rot)["error"] for ct in cts]
     costs = np.stack([_cost([KC.v_errors(st.scaled(m=m), order, ct, attn_rot)["error"] for ct in cts], base)
@@ -157,7 +172,11 @@ def _check_writable(ckpt, names, src) -> None:
 
 
 def _step(name: str, scale: np.ndarray, axis: int, layer: int, why: str, offset: float = 0.0,
-          turn=None) -> TensorStep:
+          turn=None) -> TensorStep | None:
+    """The ``scale_axis`` step of one tensor; None where it would change nothing (every scale 1, no turn: the
+    writer then copies the tensor byte-identical)."""
+    if turn is None and np.all(np.asarray(scale) == 1.0):
+        return None
     extra = {} if turn is None else {"turn_a": [int(x) for x in turn[0]], "turn_b": [int(x) for x in turn[1]],
                                      "turn_angle": [float(x) for x in turn[2]]}
     return TensorStep("scale_axis", name, (name,), step_params(scale=[float(x) for x in scale], axis=axis,
@@ -252,17 +271,22 @@ def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None
     if m is not None and lt.qkv_weight:
         steps += [_step(lt.o_weight, (1.0 / np.repeat(m, layout.num_heads // layout.num_kv_heads, 0)).reshape(-1),
                         0 if layout.conv1d else -1, lt.layer, "W_o columns / m")]
+    steps = [s for s in steps if s is not None]
     _check_writable(ckpt, [s.out for s in steps], ckpt.source)
     return steps
 
 
 def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
-                     calibration=None, attn_rot: bool | None = None, turn: bool = True) -> Plan:
+                     calibration=None, attn_rot: bool | None = None, turn: bool = True,
+                     scales: str | None = None) -> Plan:
     """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing);
     ``calibration`` (:func:`ckpt_surgeon.surgery.kv_calibrate.collect`): choose alpha on its measured Q and K;
     ``attn_rot``: predict with llama.cpp's Hadamard rotation where it applies it (None: as llama.cpp would in
-    this environment); ``turn``: also turn the bias-dominated pairs (:mod:`.kv_turn`; static choice only)."""
+    this environment); ``turn``: also turn the bias-dominated pairs (:mod:`.kv_turn`; static choice only);
+    ``scales``: ``pow2`` (powers of two: exact in the weights' own dtype) or ``continuous`` (None: pow2, or
+    continuous with a calibration)."""
     src = ckpt.source
+    pow2 = _pow2_mode(scales, calibration, src)
     types_k = KC.parse_cache_types(cache_type_k, path=src)
     types_v = KC.parse_cache_types(cache_type_v, path=src) if cache_type_v else ()
     ckpt.refuse_truncated()        # every tensor is copied: a file cut short is refused before planning
@@ -281,13 +305,13 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
         shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
                       == layout.head_dim and layout.num_heads > 1)
-        alpha = choose_alpha(st, geom, types_k, shared)
+        alpha = choose_alpha(st, geom, types_k, shared, pow2)
         cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
         alpha = cal.alpha if cal is not None else alpha
         phi = None
         if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
-            alpha, phi = choose_turn(st, geom, types_k, alpha)
-        m = choose_m(st, types_v, geom.attn_rot) if types_v else None
+            alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
+        m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
         new = st.scaled(alpha=alpha, m=m)
         new = new.turned(phi, geom.pairs) if phi is not None else new
         steps += layer_steps(ckpt, layout, lt, alpha, m, phi, geom.pairs)
@@ -301,7 +325,18 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
             turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0))
     how = _how(calibration)
-    notes = [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
+    notes = _notes(calibration, how, types_k, types_v, pow2)
+    params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
+              "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
+              "attn_rot": geom.attn_rot,
+              "calibration": calibration.to_dict() if calibration is not None else None}
+    return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
+                notes=tuple(notes))
+
+
+def _notes(calibration, how: str, types_k, types_v, pow2: bool) -> list[str]:
+    """The plan's notes: how the scales were chosen, and why the result is exact."""
+    return [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
                  "alpha per rotary pair per kv head by coordinate descent on the measured mean attention-row KL "
                  f"(keys through {', '.join(types_k)}, queries through the vec_dot type, ggml's kernels), from the "
                  "static choice; 'KL before/static/calibrated' are that measurement, 'before/after' the static "
@@ -310,12 +345,19 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
                  + (f" and V {', '.join(types_v)}" if types_v else "")
                  + ", Q's own quantization to the dot type included; 'before/after' are that prediction"),
              "exact: every attention logit and head output is unchanged (q pair x alpha, k pair / alpha commute with "
-             "the rotation; W_o M^-1 M v = W_o v); changed tensors computed in float64 and cast once"]
-    params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
-              "pair_layout": geom.pair_layout, "scales": how, "attn_rot": geom.attn_rot,
-              "calibration": calibration.to_dict() if calibration is not None else None}
-    return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
-                notes=tuple(notes))
+             "the rotation; W_o M^-1 M v = W_o v); " + (
+                 "scales are powers of two, so rescaled weights are exact in their own dtype (exponent moved; "
+                 "turned pairs and any element leaving the normal range rounded once from float64)" if pow2 else
+                 "changed tensors computed in float64 and cast once")]
+
+
+def _pow2_mode(scales: str | None, calibration, src) -> bool:
+    if scales is not None and scales not in SCALES:
+        raise CkptError(f"unknown --scales {scales!r}; known: {', '.join(SCALES)}", path=src)
+    if scales == "pow2" and calibration is not None:
+        raise CkptError("--calibrate searches continuous scales (steps of 2^(1/4)); use --scales continuous or "
+                        "leave --scales out", path=src)
+    return scales == "pow2" or (scales is None and calibration is None)
 
 
 def _how(calibration) -> str:
@@ -393,7 +435,7 @@ class KvEqualizeReport:
 def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
                 force: bool = False, check: str = "auto", dry_run: bool = False, calibrate: bool = False,
                 prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool | None = None,
-                turn: bool = True, **open_kw) -> KvEqualizeReport:
+                turn: bool = True, scales: str | None = None, **open_kw) -> KvEqualizeReport:
     """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
 
     ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
@@ -401,7 +443,10 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     (:mod:`ckpt_surgeon.surgery.kv_calibrate`); ``attn_rot``: predict (and measure) K and Q as llama.cpp does
     when it Hadamard-rotates them for a quantized cache (head_dim a multiple of 64; False: plain blocks; None:
     as llama.cpp would in this environment, ``LLAMA_ATTN_ROT_DISABLE``); ``turn``: also turn the
-    bias-dominated rotary pairs of q and k (:mod:`ckpt_surgeon.surgery.kv_turn`; static choice only).
+    bias-dominated rotary pairs of q and k (:mod:`ckpt_surgeon.surgery.kv_turn`; static choice only);
+    ``scales``: ``"pow2"`` (powers of two, the default of the static choice: the rescaled weights are exact in
+    their own dtype and are computed on their bits) or ``"continuous"`` (any positive scale, float64 then one
+    rounding; the default with ``calibrate``).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
@@ -410,6 +455,7 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     from .plan import plan_while_copying
 
     KC.parse_cache_types(cache_type_k, path=str(source))
+    _pow2_mode(scales, True if calibrate else None, str(source))
     if cache_type_v:
         KC.parse_cache_types(cache_type_v, path=str(source))
     from ..analysis.kv_rot import resolve
@@ -425,7 +471,8 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
             raise CkptError("kv-equalize writes the source's own format: a .gguf OUT for a GGUF source, a folder "
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
         make = lambda: plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v,  # noqa: E731
-                                        context=context, calibration=calibration, attn_rot=attn_rot, turn=turn)
+                                        context=context, calibration=calibration, attn_rot=attn_rot, turn=turn,
+                                        scales=scales)
         if dry_run:
             return KvEqualizeReport(make(), None)
         # values-only changes: the writer's kernel copy of the shards runs while the scales are chosen (as

@@ -40,6 +40,7 @@ SEARCH_STRIDE = 4          # positions used by the search: every 4th of the pred
 FINE_ANGLES = (np.pi / 16, -np.pi / 16, np.pi / 32, -np.pi / 32)
 COARSE_SCALES = tuple(2.0 ** (i / 2) for i in range(-4, 5) if i)
 FINE_SCALES = (2.0 ** 0.25, 2.0 ** -0.25)
+POW2_SCALES = (0.25, 0.5, 2.0, 4.0)   # COARSE_SCALES' whole powers of two (kv-equalize --scales pow2)
 
 
 def dominant_pairs(st: KC.KvLayerStats, geom: KC.KvGeometry) -> list[int]:
@@ -143,9 +144,11 @@ def _accept_scales(sr: _Search, alpha, phi, cur, dims, scales):
     return alpha, cur
 
 
-def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarray):
+def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarray, pow2: bool = False):
     """``(alpha [kv, d], phi [kv, P])``: the pair scales refined and the pair turns chosen for the dominant
-    pairs (see the module docstring); ``phi`` all zero (and ``alpha`` as given) when no pair dominates."""
+    pairs (see the module docstring); ``phi`` all zero (and ``alpha`` as given) when no pair dominates.
+    ``pow2``: the scale steps are whole powers of two (:data:`POW2_SCALES`, no fine step), so a power-of-two
+    ``alpha`` stays one."""
     kv = st.k_mean.shape[0]
     phi = np.zeros((kv, len(geom.pairs)))
     pairs = dominant_pairs(st, geom)
@@ -156,17 +159,17 @@ def choose_turn(st: KC.KvLayerStats, geom: KC.KvGeometry, types, alpha: np.ndarr
     cur = sr.cost(alpha, phi)
     coarse = tuple(2 * np.pi * i / ANGLES for i in range(1, ANGLES))
     for j in pairs:
-        alpha, phi, cur = _sweep(sr, alpha, phi, cur, j, coarse, COARSE_SCALES)
+        alpha, phi, cur = _sweep(sr, alpha, phi, cur, j, coarse, POW2_SCALES if pow2 else COARSE_SCALES)
     for j in pairs:
-        alpha, phi, cur = _fine(sr, alpha, phi, cur, j)
+        alpha, phi, cur = _fine(sr, alpha, phi, cur, j, () if pow2 else FINE_SCALES)
     return alpha, phi
 
 
-def _fine(sr: _Search, alpha, phi, cur, j: int):
-    """The fine sweep of pair j: angles relative to each head's own, scales 2^(+-1/4)."""
+def _fine(sr: _Search, alpha, phi, cur, j: int, scales=FINE_SCALES):
+    """The fine sweep of pair j: angles relative to each head's own, then ``scales`` (2^(+-1/4))."""
     base = phi[:, j].copy()
     phi, cur = _accept_angles(sr, alpha, phi, cur, j, [base + dlt for dlt in FINE_ANGLES])
-    return _sweep(sr, alpha, phi, cur, j, (), FINE_SCALES)
+    return _sweep(sr, alpha, phi, cur, j, (), scales)
 
 
 def _accept_angles(sr: _Search, alpha, phi, cur, j: int, angles: list):

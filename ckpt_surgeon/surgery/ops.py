@@ -204,3 +204,49 @@ def scale_axis(x: np.ndarray, scale: np.ndarray, axis: int = 0, offset: float = 
     xa, xb = out[ia.astype(np.int64)].copy(), out[ib.astype(np.int64)].copy()
     out[ia.astype(np.int64)], out[ib.astype(np.int64)] = c * xa - sn * xb, sn * xa + c * xb
     return np.moveaxis(out, 0, ax)
+
+
+# (total bits, mantissa bits, exponent bits) of the float dtypes scale_pow2_bits works on
+_POW2_FORMATS = {"BF16": (16, 7, 8), "F16": (16, 10, 5), "F32": (32, 23, 8)}
+POW2_DTYPES = tuple(_POW2_FORMATS)
+POW2_CHUNK = 1 << 20          # elements per pass (the temporaries stay small)
+
+
+def scale_pow2_bits(raw, dtype: str, shape: tuple, exps: np.ndarray, axis: int = 0) -> bytes | None:
+    """``x * 2^exps`` (``exps`` integers broadcast along ``axis``) computed on the stored bit patterns of a
+    BF16 / F16 / F32 tensor: each nonzero element's exponent field moves by its ``exps`` entry, a zero stays
+    (signed) zero, so the result is the exact product, no rounding at all (the same bits as
+    ``cast_to_dtype(x * 2.0**exps)``).  None (nothing computed) when that does not hold for some element: an
+    input subnormal, inf or NaN, or a product that would leave the normal range (overflow to inf, underflow to
+    a subnormal or zero); the caller then rounds the float64 product once (:func:`scale_axis`).
+    Shapes: ``raw`` the tensor's little-endian bytes of ``shape``; ``exps [shape[axis]]``."""
+    if dtype not in _POW2_FORMATS:
+        return None
+    bits, man, ebits = _POW2_FORMATS[dtype]
+    unit = np.dtype(np.uint16 if bits == 16 else np.uint32).newbyteorder("<")
+    ax = axis % len(shape)
+    n, post = int(shape[ax]), int(np.prod(shape[ax + 1:], dtype=np.int64))
+    k = np.asarray(exps, dtype=np.int64)
+    if k.shape[0] != n:
+        raise ValueError(f"scale has {k.shape[0]} entries, axis {axis} has {n}")
+    # rows of the tensor in its own layout: [pre * n, post] (one scale per row) or, on the last axis, [pre, n]
+    u = np.frombuffer(raw, dtype=unit).reshape((-1, post) if post > 1 else (-1, n))
+    if post > 1:
+        k = np.tile(k, u.shape[0] // n)[:, None]
+    top = (1 << ebits) - 1                                       # the inf/NaN exponent
+    lo = (np.maximum(1, 1 - k) << man).astype(unit)              # smallest magnitude allowed (normal, stays normal)
+    span = (((top - np.maximum(k, 0)) << man) - lo.astype(np.int64)).astype(unit)   # hi - lo, hi exclusive
+    delta = ((k << man) % (1 << bits)).astype(unit)              # the exponent move, two's complement
+    mask = unit.type((1 << (bits - 1)) - 1)
+    out = np.empty(u.shape, dtype=unit)
+    step = max(1, POW2_CHUNK // u.shape[1])
+    for i in range(0, u.shape[0], step):
+        x = u[i:i + step]
+        sl = slice(i, i + step) if post > 1 else slice(None)
+        m = x & mask
+        nz = m != 0
+        m -= lo[sl]                              # wraps below lo: out of range on either side
+        if np.any((m >= span[sl]) & nz):
+            return None
+        np.add(x, delta[sl] * nz, out=out[i:i + step])
+    return out.tobytes()

@@ -239,6 +239,9 @@ class _Evaluator:
             return ops.center(self.value(step.inputs[0]), int(step.param("axis", 0)))
         if op == "scale_axis":
             turn = step.param("turn_a")
+            fast = self._scale_pow2(step) if turn is None and not step.param("offset", 0.0) else None
+            if fast is not None:
+                return fast
             return ops.scale_axis(self.value(step.inputs[0]), np.asarray(step.param("scale"), dtype=np.float64),
                                   int(step.param("axis", 0)), float(step.param("offset", 0.0)),
                                   None if turn is None else (turn, step.param("turn_b"), step.param("turn_angle")))
@@ -260,6 +263,24 @@ class _Evaluator:
             parts = self._memo(("halves", name, axis), lambda: ops.split_halves(self.units(name, axis), axis=axis))
             return np.ascontiguousarray(parts[int(step.param("part"))]).tobytes()
         raise ValueError(f"unknown step op {op!r}")
+
+
+    def _scale_pow2(self, step: TensorStep) -> bytes | None:
+        """A ``scale_axis`` whose scales are all powers of two, on the stored bits (exact, no float64 pass:
+        :func:`ops.scale_pow2_bits`); None where that does not apply (other scales or dtypes, or an element
+        leaving the normal range: the float64 product is then rounded once, as for any scale)."""
+        scale = np.asarray(step.param("scale"), dtype=np.float64)
+        if not scale.size or not np.all(scale > 0):
+            return None
+        exps = np.round(np.log2(scale))
+        if not np.array_equal(np.exp2(exps), scale):
+            return None
+        name = step.inputs[0]
+        info = self.ck.tensors[name]
+        if info.quantized or info.dtype not in ops.POW2_DTYPES:
+            return None
+        return ops.scale_pow2_bits(self.ck.read_raw(name), info.dtype, tuple(info.shape), exps.astype(np.int64),
+                                   int(step.param("axis", 0)))
 
 
 def _element_units(buf: bytes, info) -> np.ndarray:
