@@ -23,6 +23,21 @@ os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 _REPO = Path(__file__).resolve().parent.parent
+
+# Workers (pyproject's addopts run two, pytest-xdist): each gets its share of the cores for torch's
+# and OpenMP's threads, set before torch is imported (subprocesses inherit it), so that two workers
+# do not run four busy threads on a 2-core machine.  A value the caller set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+# The files that take minutes on a clean clone (measured 2026-11-27, 2 cores), started first: under
+# `--dist loadfile` each file runs on one worker, in this order, then the rest in collection order,
+# so a long file never starts last while the other worker has nothing left to do.
+LONGEST_FIRST = ("test_zoo_towers.py", "test_zoo.py", "test_convert_derived.py", "test_towers.py", "test_quantize.py",
+                 "test_verify_distributed.py", "test_verify.py", "test_llamacpp_converter.py", "test_llamacpp.py",
+                 "test_verify_corpus.py", "test_convert.py", "test_convert_smollm.py", "test_tokenizer_table.py")
 if str(_REPO) not in sys.path:  # so `import fixtures` works whatever the rootdir/import mode
     sys.path.insert(0, str(_REPO))
 
@@ -54,6 +69,19 @@ def tiny() -> Callable[..., Path]:
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def zoo_derive_cache(tmp_path_factory) -> Path:
+    """The derivation cache (``CKPT_SURGEON_CACHE_DIR``) of the two zoo files, empty at the start of a run
+    and shared by its workers (their own temporary folders sit under one folder of the run): the causal
+    / masked zoo is probed once, by whichever file reaches a model first, not once per file."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / "zoo-derive-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +120,12 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub-cache"))
     monkeypatch.setenv("CKPT_SURGEON_HUB_BACKOFF", "0.01")   # retries in milliseconds, not seconds
     return tmp_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of LONGEST_FIRST first, in that order; tests keep their order within a file."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def pytest_sessionstart(session):

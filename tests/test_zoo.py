@@ -110,10 +110,10 @@ def _judge(model_type: str, tmp: Path) -> Verdict:
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory) -> dict:
+def verdicts(tmp_path_factory, zoo_derive_cache) -> dict:
     from fixtures.zoo import zoo_mapping
     old = os.environ.get("CKPT_SURGEON_CACHE_DIR")
-    os.environ["CKPT_SURGEON_CACHE_DIR"] = str(tmp_path_factory.mktemp("derive-cache"))
+    os.environ["CKPT_SURGEON_CACHE_DIR"] = str(zoo_derive_cache)
     try:
         out = {}
         for mt in sorted(zoo_mapping()):

@@ -157,16 +157,16 @@ def _keys() -> list[str]:
     want = os.environ.get("ZOO_TOWERS", "all")
     if want == "default":
         return list(DEFAULT)
-    if want == "all":
-        from fixtures.zoo import mm_mapping, zoo_mapping
-        return sorted(zoo_mapping()) + sorted(mm_mapping())
+    if want == "all":   # the multimodal zoo first: tests/test_zoo.py builds the causal / masked one meanwhile
+        from fixtures.zoo import mm_mapping, zoo_mapping       # on the other worker (tests/conftest.py)
+        return sorted(mm_mapping()) + sorted(zoo_mapping())
     return [k.strip() for k in want.split(",") if k.strip()]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+def results(tmp_path_factory, zoo_derive_cache) -> dict:
     old = os.environ.get("CKPT_SURGEON_CACHE_DIR")
-    os.environ["CKPT_SURGEON_CACHE_DIR"] = str(tmp_path_factory.mktemp("derive-cache"))
+    os.environ["CKPT_SURGEON_CACHE_DIR"] = str(zoo_derive_cache)
     try:
         out = {}
         for key in _keys():
