@@ -70,7 +70,6 @@ LONG_OK = {
     ("cli/cmd_fold_bias.py", "command"): _CLICK,
     ("conversion/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture "
                                           "rules, kept in its order so it can be read beside the C++",
-    ("surgery/fold.py", "plan_fold_bias"): "the fold planner, step by step per layer",
 }
 
 
