@@ -80,7 +80,7 @@ def _build(key: str, out: Path) -> None:
     import transformers
     from safetensors.torch import load_file, save_file
 
-    from ckpt_surgeon.arch.derive.probe import random_instance
+    from ckpt_surgeon.arch.derive.instance import random_instance
     from fixtures.zoo import MM_MAX_PARAMS, _class_name, zoo_config
     from llamacpp_src import llamacpp_source
     cfg = zoo_config(key)

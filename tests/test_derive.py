@@ -158,7 +158,7 @@ def test_gated_query_rows_are_probed(zoo, tmp_path):
     assert rel_change(logits64(src), logits64(zeroed_k_all(src, tmp_path / "all"))) > 1e-6
     # the index the analysis uses is transformers' own split, checked on the module itself
     import torch
-    from ckpt_surgeon.arch.derive.probe import random_instance
+    from ckpt_surgeon.arch.derive.instance import random_instance
     from transformers import Qwen3NextForCausalLM
     cfg = json.loads((src / "config.json").read_text())
     _, model = random_instance(cfg, Qwen3NextForCausalLM)
@@ -177,7 +177,7 @@ def test_vision_tower_blocks_are_probed_through_pixels(zoo, tmp_path):
     import torch
     import transformers
 
-    from ckpt_surgeon.arch.derive.probe import float64_softmax
+    from ckpt_surgeon.arch.derive.float64 import float64_softmax
     src = zoo("git")
     d = inspect(str(src)).to_dict()
     tower = [g for g in d["derivation"]["groups"] if "image_encoder" in g["group"]]

@@ -26,7 +26,7 @@ MAX_FILE_LINES = 900
 # (module under ckpt_surgeon/, function): the seven named by issue 24 item 19
 SHORT = (
     ("conversion/from_gguf.py", "hf_config_from_gguf"),
-    ("arch/derive/probe.py", "shrink_config"),
+    ("arch/derive/shrink.py", "shrink_config"),
     ("conversion/to_gguf.py", "plan_hf_to_gguf"),
     ("arch/resolve.py", "resolve"),
     ("conversion/tokenizer/spm.py", "spm_model_vocab"),
@@ -70,10 +70,6 @@ LONG_OK = {
     ("cli/cmd_fold_bias.py", "command"): _CLICK,
     ("conversion/quant_mix.py", "_impl"): "a line-by-line port of llama.cpp's llama_tensor_get_type_impl mixture "
                                           "rules, kept in its order so it can be read beside the C++",
-    ("arch/derive/feeds.py", "feeds"): "one branch per input kind a modeling file reads (image, audio, waveform, "
-                                        "query); moved, not split, by issue 35 step 3: splitting it is open",
-    ("verification/stream.py", "StreamedPair._stream"): "issue 35 step 4 (verify's memory planning in its own module)",
-    ("surgery/fold.py", "plan_fold_bias"): "the fold planner, step by step per layer",
 }
 
 
@@ -125,8 +121,6 @@ def test_the_function_counter_can_fail():
 # (file under ckpt_surgeon/): why it is longer than MAX_FILE_LINES
 BIG_OK = {
     "arch/families.py": "a declared data table: the family registry (one record per family)",
-    "arch/derive/probe.py": "the float64 probes; moved into arch/derive/, not split, by issue 35 step 3: "
-                            "splitting it is open",
 }
 
 

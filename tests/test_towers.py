@@ -149,7 +149,7 @@ def _tiny_seamless(out):
     a text decoder with self- and cross-attention), every bias drawn with std 0.5, saved by transformers."""
     import transformers
 
-    from ckpt_surgeon.arch.derive.probe import random_instance
+    from ckpt_surgeon.arch.derive.instance import random_instance
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = transformers.SeamlessM4TConfig(
         vocab_size=64, t2u_vocab_size=64, hidden_size=16, speech_encoder_layers=2, speech_encoder_attention_heads=2,

@@ -17,7 +17,9 @@ def logits64(folder) -> "torch.Tensor":
     import transformers
 
     from ckpt_surgeon.arch.derive.derived import config_object
-    from ckpt_surgeon.arch.derive.probe import first_output, float64_softmax, model_inputs, tower_outputs
+    from ckpt_surgeon.arch.derive.feeds import model_inputs, tower_outputs
+    from ckpt_surgeon.arch.derive.float64 import float64_softmax
+    from ckpt_surgeon.arch.derive.instance import first_output
     from ckpt_surgeon.runtime import quiet_transformers
     cfg = json.loads((Path(folder) / "config.json").read_text())
     conf = config_object(cfg)
@@ -34,7 +36,7 @@ def _towers(model) -> list:
     """Vision / audio towers a token-id forward never runs (arch.derive.feeds.tower_input), so that claims about
     their blocks are judged too: their outputs on fixed pixels / features join the logits."""
     from ckpt_surgeon.arch.derive.derived import TOWER_PATH, read_blocks
-    from ckpt_surgeon.arch.derive.probe import tower_input
+    from ckpt_surgeon.arch.derive.feeds import tower_input
     blocks, _ = read_blocks(model, model.config)
     found = {}
     for b in blocks:

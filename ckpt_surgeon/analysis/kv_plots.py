@@ -27,6 +27,16 @@ def _positive(xs):
     return [x if (x is not None and x > 0) else float("nan") for x in xs]
 
 
+def _per_layer_log(ax, layers, ylabel: str, title: str) -> None:
+    """One panel's axes: layers along x (one tick each), ``ylabel`` on a log axis, ``title``, the legend."""
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks(layers)
+    ax.legend(fontsize=7, loc="best")
+
+
 def plot_kv_type(effect, cache_type: str):
     """One cache type's figure -> matplotlib figure."""
     plt = _plt()
@@ -41,22 +51,14 @@ def plot_kv_type(effect, cache_type: str):
         ax.plot(x, _positive([r.measured_before for r in rows]), "o", color="tab:red", label="measured, before")
         ax.plot(x, _positive([r.measured_after for r in rows]), "s", mfc="none", color="tab:blue",
                 label="measured, after")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("attention-logit RMS error [logit]")
-    ax.set_title(f"K cache {cache_type}: logit error before / after kv-equalize", fontsize=9)
-    ax.set_xticks(x)
-    ax.legend(fontsize=7, loc="best")
+    _per_layer_log(ax, x, "attention-logit RMS error [logit]",
+                   f"K cache {cache_type}: logit error before / after kv-equalize")
     if effect.measured:
         ax = axes[0][1]
         ax.plot(x, _positive([r.kl_before for r in rows]), "o-", color="tab:red", label="measured, before")
         ax.plot(x, _positive([r.kl_after for r in rows]), "s--", mfc="none", color="tab:blue", label="measured, after")
-        ax.set_yscale("log")
-        ax.set_xlabel("layer")
-        ax.set_ylabel("mean attention-row KL [nats]")
-        ax.set_title(f"K cache {cache_type}: attention-row KL (real Q, K; ggml kernels)", fontsize=9)
-        ax.set_xticks(x)
-        ax.legend(fontsize=7, loc="best")
+        _per_layer_log(ax, x, "mean attention-row KL [nats]",
+                       f"K cache {cache_type}: attention-row KL (real Q, K; ggml kernels)")
     fig.tight_layout()
     return fig
 

@@ -126,18 +126,7 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     if center:
         _check_centering(layout, ckpt.config, src)
     fam = F.by_name(layout.family)
-    if fam is None and layout.derived is None and all(lay.position.type == "unknown" for _, _, lay, _ in
-                                                      layout.stacks()):
-        # (an mmproj file's encoders are outside the registry's families, but their projector type's graph
-        # is in it, families.CLIP_PROJECTORS: their position encoding is known, and the analysis classes them)
-        if layout.tower_how:
-            raise UnsupportedError(f"{layout.architecture} {layout.tower_kind} encoder {layout.tower_how}; nothing "
-                                   "was folded", path=src)
-        raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
-                               "rotary embedding and norms sit is unknown; nothing was folded", path=src)
-
-    rows_to_zero: dict[str, set] = {}
-    tensor_layer: dict[str, int] = {}
+    _check_known(layout, fam, src)
     records: dict[int, dict] = {lt.layer: {"layer": lt.layer} for lt in layout.layers}
     notes: list[str] = []
     ev = _Evaluator(ckpt)
@@ -149,39 +138,12 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
     if center:     # first: a refusal here must come before any other work
         centered = _plan_center(ckpt, layout, center_weights, records, notes)
 
-    stacks = _stacks(layout, tower, src)
-    outcome = None
-    steps: list[TensorStep] = []
-    tower_recs: list = []
-    refused: list = []
-    for i, (name, _, lay, _) in enumerate(stacks):
-        main = lay is layout
-        recs = records if main else {lt.layer: {"layer": lt.layer, "tower": name} for lt in lay.layers}
-        stack_notes: list[str] = []
-        try:
-            if not (lay.num_heads and lay.num_kv_heads and lay.head_dim):
-                # (MLA's latent text stack beside a vision tower: the tower is still folded)
-                raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)"
-                                       if len(stacks) == 1 else "its heads / kv heads / head_dim are unknown", path=src)
-            if k:
-                out_k = _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
-                                approximate, max_logit_change, context, params, epsilon, pairs)
-                outcome = out_k if main else outcome
-            if v:
-                steps += _plan_v(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes)
-        except (RefusedError, UnsupportedError) as e:
-            if len(stacks) == 1:
-                raise
-            refused.append((name, e))
-        notes += [n if main or len(layout.stacks()) == 1 else f"tower {name}: {n}" for n in stack_notes]
-        if not main:
-            tower_recs += [r for _, r in sorted(recs.items()) if len(r) > 2]
-    if refused and len(refused) == len(stacks):
-        raise refused[0][1]
-    for name, e in refused:     # a stack whose fold is not exact keeps its biases: said, not refused
-        notes.append(f"attention stack {name}: biases kept ({getattr(e, 'detail', None) or e})")
+    rows_to_zero: dict[str, set] = {}
+    tensor_layer: dict[str, int] = {}
+    outcome, steps, tower_recs = _plan_stacks(
+        ckpt, layout, _stacks(layout, tower, src), fam, ev, rows_to_zero, tensor_layer, records, notes,
+        k=k, v=v, k_options=(approximate, max_logit_change, context, params, epsilon, pairs))
     steps = _with_centering(steps, centered)
-
     for name, rows in sorted(rows_to_zero.items()):
         if rows:
             steps.append(TensorStep("zero_rows", name, (name,), step_params(rows=np.array(sorted(rows))), like=name,
@@ -199,6 +161,59 @@ def plan_fold_bias(ckpt, *, k: bool = False, v: bool = False, approximate: bool 
         tuple(FoldLayer(**r) for r in tower_recs)
     return Plan(operation="fold-bias", source=src, params=params, steps=tuple(steps), config=config,
                 config_changes=changes, layers=layer_recs, notes=tuple(notes), outcome=outcome)
+
+
+def _check_known(layout, fam, src) -> None:
+    """Refused when nothing says where the rotary embedding and norms sit (no family, not derived, no stack
+    with a known position encoding)."""
+    if fam is None and layout.derived is None and all(lay.position.type == "unknown" for _, _, lay, _ in
+                                                      layout.stacks()):
+        # (an mmproj file's encoders are outside the registry's families, but their projector type's graph
+        # is in it, families.CLIP_PROJECTORS: their position encoding is known, and the analysis classes them)
+        if layout.tower_how:
+            raise UnsupportedError(f"{layout.architecture} {layout.tower_kind} encoder {layout.tower_how}; nothing "
+                                   "was folded", path=src)
+        raise UnsupportedError(f"architecture {layout.architecture!r} is not in the registry, so where its "
+                               "rotary embedding and norms sit is unknown; nothing was folded", path=src)
+
+
+def _plan_stacks(ckpt, layout, stacks, fam, ev, rows_to_zero, tensor_layer, records, notes, *, k: bool, v: bool,
+                 k_options: tuple) -> tuple:
+    """(key-fold outcome of the main stack, value-fold steps, tower layer records) over every attention stack;
+    ``k_options`` = (approximate, max_logit_change, context, params, epsilon, pairs) for :func:`_plan_k`.  A
+    stack whose fold is not exact keeps its biases with a note; refused when every stack is (or the only one)."""
+    src = ckpt.source
+    outcome = None
+    steps: list[TensorStep] = []
+    tower_recs: list = []
+    refused: list = []
+    for name, _, lay, _ in stacks:
+        main = lay is layout
+        recs = records if main else {lt.layer: {"layer": lt.layer, "tower": name} for lt in lay.layers}
+        stack_notes: list[str] = []
+        try:
+            if not (lay.num_heads and lay.num_kv_heads and lay.head_dim):
+                # (MLA's latent text stack beside a vision tower: the tower is still folded)
+                raise UnsupportedError("heads / kv heads / head_dim are unknown (config.json incomplete)"
+                                       if len(stacks) == 1 else "its heads / kv heads / head_dim are unknown", path=src)
+            if k:
+                out_k = _plan_k(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes,
+                                *k_options)
+                outcome = out_k if main else outcome
+            if v:
+                steps += _plan_v(ckpt, lay, fam if main else None, ev, rows_to_zero, tensor_layer, recs, stack_notes)
+        except (RefusedError, UnsupportedError) as e:
+            if len(stacks) == 1:
+                raise
+            refused.append((name, e))
+        notes += [n if main or len(layout.stacks()) == 1 else f"tower {name}: {n}" for n in stack_notes]
+        if not main:
+            tower_recs += [r for _, r in sorted(recs.items()) if len(r) > 2]
+    if refused and len(refused) == len(stacks):
+        raise refused[0][1]
+    for name, e in refused:     # a stack whose fold is not exact keeps its biases: said, not refused
+        notes.append(f"attention stack {name}: biases kept ({getattr(e, 'detail', None) or e})")
+    return outcome, steps, tower_recs
 
 
 def _stacks(layout, tower: str | None, src) -> list:

@@ -625,23 +625,9 @@ class StreamedPair:
     def _stream(self, models, work):
         from tqdm.auto import tqdm
 
-        seqs = self.sequences
         for m in models:
             m.load_rest()
-        # embed once per model, learn what each layer is called with (per sequence length)
-        hidden, calls_by_len = [], []
-        for m in models:
-            embeds = m.embed_sequences(seqs)
-            firsts, by_len = [], {}
-            for e in embeds:
-                t = int(e.shape[1])
-                h0, calls = m.layer_calls(e)
-                by_len.setdefault(t, calls)
-                firsts.append(h0)
-            total = 2 * sum(int(f.shape[1]) * int(f.shape[2]) for f in firsts) * firsts[0].element_size()
-            spill = work if total > ACTIVATIONS_IN_RAM_BYTES and self.device == "cpu" else None
-            hidden.append(_Hidden(firsts, spill))
-            calls_by_len.append(by_len)
+        hidden, calls_by_len = self._embed(models, work)
         # The attention / MLP outputs of the reference are kept for every sequence while the
         # candidate's layer runs: only when that fits the activations allowance (a corpus of
         # many long chunks is compared on the layer outputs alone, and the report lists only those).
@@ -655,27 +641,7 @@ class StreamedPair:
         bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
                    disable=not progress_enabled(self.progress))
         for i in range(n_layers):
-            parts_ref: list = []
-            for side, m in enumerate(models):
-                m.load_layer(i)
-                recs = _PartRecorder(m.points, i, parts)
-                try:
-                    for s in range(len(seqs)):
-                        recs.start()
-                        h = hidden[side][s]
-                        out = m.run_layer(i, h, calls_by_len[side][int(h.shape[1])][i])
-                        if len(models) == 2:
-                            got = recs.got()
-                            if side == 0:
-                                parts_ref.append(got)
-                            else:
-                                for k, arr in got.items():
-                                    accs[k].add(parts_ref[s][k], arr)
-                                accs[recs.output_index].add(_np(hidden[0][s][0]), _np(out[0]))
-                        hidden[side][s] = out
-                finally:
-                    recs.close()
-                    m.free_layer(i)
+            self._layer(i, models, hidden, calls_by_len, parts, accs)
             bar.update(1)
         bar.close()
         if len(models) == 2:
@@ -683,6 +649,50 @@ class StreamedPair:
                 PointDiff(la, part, path, accs[k].max_abs, accs[k].rel(), accs[k].rel() > self.threshold)
                 for k, la, part, path in points), self.threshold)
         yield from self._tails(models, hidden)
+
+    def _embed(self, models, work) -> tuple[list, list]:
+        """Every sequence embedded once per model, and what each layer is called with learnt per sequence
+        length: (the hidden states per model, spilled under ``work`` past the activations allowance on cpu;
+        per model, sequence length -> the layers' calls)."""
+        hidden, calls_by_len = [], []
+        for m in models:
+            embeds = m.embed_sequences(self.sequences)
+            firsts, by_len = [], {}
+            for e in embeds:
+                t = int(e.shape[1])
+                h0, calls = m.layer_calls(e)
+                by_len.setdefault(t, calls)
+                firsts.append(h0)
+            total = 2 * sum(int(f.shape[1]) * int(f.shape[2]) for f in firsts) * firsts[0].element_size()
+            spill = work if total > ACTIVATIONS_IN_RAM_BYTES and self.device == "cpu" else None
+            hidden.append(_Hidden(firsts, spill))
+            calls_by_len.append(by_len)
+        return hidden, calls_by_len
+
+    def _layer(self, i: int, models, hidden, calls_by_len, parts: bool, accs: dict) -> None:
+        """Layer ``i`` of each model run on every sequence (``hidden`` updated in place); with two models the
+        hook points' differences added to ``accs`` (the reference's parts kept while the candidate's run)."""
+        parts_ref: list = []
+        for side, m in enumerate(models):
+            m.load_layer(i)
+            recs = _PartRecorder(m.points, i, parts)
+            try:
+                for s in range(len(self.sequences)):
+                    recs.start()
+                    h = hidden[side][s]
+                    out = m.run_layer(i, h, calls_by_len[side][int(h.shape[1])][i])
+                    if len(models) == 2:
+                        got = recs.got()
+                        if side == 0:
+                            parts_ref.append(got)
+                        else:
+                            for k, arr in got.items():
+                                accs[k].add(parts_ref[s][k], arr)
+                            accs[recs.output_index].add(_np(hidden[0][s][0]), _np(out[0]))
+                    hidden[side][s] = out
+            finally:
+                recs.close()
+                m.free_layer(i)
 
     def _tails(self, models, hidden):
         import torch

@@ -135,9 +135,14 @@ def _square(v):
     return v, v
 
 
+_IMAGE_INPUTS = ("pixel_values", "hidden_states", "flattened_patches", "patch_embeds")
+_WAVE_INPUTS = ("input_values", "inputs", "audio_values")
+
+
 def feeds(mod, name: str, seed: int = 0, *, whole: bool = False) -> list[dict]:
     """Candidate values for the input ``name`` of ``mod`` (``{name: tensor, companions...}``), from its config.
-    ``whole``: ``mod`` is a complete model (sizes may sit in its sub-configs)."""
+    ``whole``: ``mod`` is a complete model (sizes may sit in its sub-configs).  One helper per input kind
+    (image, audio features, waveform, Q-Former query / token ids, state), all drawing from one seeded stream."""
     import torch
     confs = _configs(mod)
     params = _params(mod)
@@ -145,83 +150,114 @@ def feeds(mod, name: str, seed: int = 0, *, whole: bool = False) -> list[dict]:
 
     def noise(*shape):
         return torch.randn(shape, generator=g, dtype=torch.float64)
-    out: list[dict] = []
     grid_name = next((n for n in _GRIDS if n in params), None)
     if name == "hidden_states" and grid_name is None:
-        out = [{name: d.pop("input_features"), **d} for d in feeds(mod, "input_features", seed, whole=whole)]
-    elif name in ("pixel_values", "hidden_states", "flattened_patches", "patch_embeds"):
-        size, patch = _get(confs, _IMAGE), _get(confs, _PATCH)
-        ch = _get(confs, _CHANNELS) or 3
-        ch = ch[0] if isinstance(ch, tuple) else ch
-        if patch is not None:
-            ph, pw = _square(patch)
-            tp = _get(confs, ("temporal_patch_size",)) or 1
-            merge = _get(confs, ("spatial_merge_size", "merge_size", "downsample_factor")) or 1
-            merge = merge[0] if isinstance(merge, tuple) else merge
-            if grid_name is not None:
-                # Qwen2-VL style: the processor's flattened patches [t*h*w, C*tp*p*p] and their grid (h, w
-                # multiples of the merge size; modeling_qwen2_vl VisionTransformer.forward)
-                side = 2 * merge
-                grid = [1, side, side] if grid_name.endswith("thw") else [side, side]
-                for width in dict.fromkeys((ch * tp * ph * pw, ch * ph * pw)):
-                    out.append({name: noise(side * side, width),
-                                grid_name: torch.tensor([grid], dtype=torch.long)})
-                    if "merge_sizes" in params:     # VideoLLaMA-3: the merge size of each image
-                        out[-1]["merge_sizes"] = torch.tensor([merge], dtype=torch.long)
-            elif name == "flattened_patches":
-                # Pix2Struct / Kosmos-2.5: [b, n, 2 + C*p*p], the first two values a patch's row and column
-                width = _get(confs, ("patch_embed_hidden_size",)) or ch * ph * pw
-                n = 16
-                rc = torch.tensor([[i // 4 + 1, i % 4 + 1] for i in range(n)], dtype=torch.float64)[None]
-                out.append({name: torch.cat([rc, noise(1, n, width)], dim=-1)})
-            elif "spatial_shapes" in params:
-                # SigLIP-2 NaFlex (LFM2-VL): [b, n, C*p*p] patches, their mask and the (h, w) patch grid
-                # (Siglip2VisionModelTester: pixel_values [b, n, C*p*p], spatial_shapes [[h, w]])
-                side = 4
-                out.append({name: noise(1, side * side, ch * ph * pw),
-                            "pixel_attention_mask": torch.ones((1, side * side), dtype=torch.long),
-                            "spatial_shapes": torch.tensor([[side, side]], dtype=torch.long)})
-            elif size is not None:
-                hs, ws = _square(size)
-                tokens = (hs // ph) * (ws // pw)
-                if tokens <= MAX_TOWER_TOKENS:
-                    out.append({name: noise(1, ch, hs, ws)})
-                    if "target_sizes" in params:     # MiniCPM-V: the patch grid of each image
-                        out.append({name: noise(1, ch, hs, ws),
-                                    "target_sizes": torch.tensor([[hs // ph, ws // pw]], dtype=torch.int32)})
-                    if whole:
-                        out.append({name: noise(1, 1, ch, hs, ws)})   # [batch, images, C, H, W] (Idefics3)
-                if "interpolate_pos_encoding" in params:
-                    # a smaller image, the position table interpolated (CLIP / SigLIP forward option)
-                    side = 8 * ph
-                    out.append({name: noise(1, ch, side, side), "interpolate_pos_encoding": True})
-    elif name == "input_features":
-        mel = _get(confs, _MEL)
-        mel = mel[0] if isinstance(mel, tuple) else mel
-        fixed = _get(confs, ("max_source_positions",))
-        frames = [2 * fixed] if isinstance(fixed, int) and 2 * fixed <= 4 * MAX_TOWER_TOKENS else []
-        frames += [f for f in _FRAMES if f not in frames]
-        lens = next((n for n in ("feature_lens", "audio_feature_lengths") if n in params), None)
-        mask = next((n for n in ("input_features_mask", "feature_attention_mask") if n in params), None)
-        if mel:
-            for f in frames:
-                for x in (noise(1, mel, f), noise(1, f, mel)):
-                    d = {name: x}
-                    if mask is not None:
-                        d[mask] = torch.ones((1, f), dtype=torch.long)
-                    out.append(d)
-                if lens is not None:     # Qwen2.5-Omni's audio encoder: [mel, frames] with the frame counts
-                    out.append({name: noise(mel, f), lens: torch.tensor([f], dtype=torch.long)})
-    elif name in ("input_values", "inputs", "audio_values"):
-        for n in (16000, 4000):
-            out.append({name: noise(1, n)})
-        out += [{name: noise(1, 1, n)} for n in (16000, 4000)]     # [b, 1, samples] (OmniASR's conv front end)
-    elif name in ("query_embeds", "input_ids"):
-        out = _query_feeds(mod, name, confs, noise, seed)
-    elif name == "state":
+        return [{name: d.pop("input_features"), **d} for d in feeds(mod, "input_features", seed, whole=whole)]
+    if name in _IMAGE_INPUTS:
+        return _image_feeds(name, confs, params, noise, grid_name, whole)
+    if name == "input_features":
+        return _audio_feeds(name, confs, params, noise)
+    if name in _WAVE_INPUTS:
+        return [{name: noise(1, n)} for n in (16000, 4000)] + \
+            [{name: noise(1, 1, n)} for n in (16000, 4000)]     # [b, 1, samples] (OmniASR's conv front end)
+    if name in ("query_embeds", "input_ids"):
+        return _query_feeds(mod, name, confs, noise, seed)
+    if name == "state":
         dim = _get(confs, ("max_state_dim", "state_dim"))
-        if dim:
-            out.append({name: noise(1, dim)})
+        return [{name: noise(1, dim)}] if dim else []
+    return []
+
+
+def _image_feeds(name: str, confs, params: dict, noise, grid_name: str | None, whole: bool) -> list[dict]:
+    """Pixels or patches: the processor's flattened patches with their grid (:func:`_grid_feeds`), Pix2Struct's
+    flattened patches with row / column, SigLIP-2 NaFlex patches, or an image of the config's size
+    (:func:`_sized_feeds`); nothing without a patch size."""
+    import torch
+    patch = _get(confs, _PATCH)
+    ch = _get(confs, _CHANNELS) or 3
+    ch = ch[0] if isinstance(ch, tuple) else ch
+    if patch is None:
+        return []
+    ph, pw = _square(patch)
+    if grid_name is not None:
+        return _grid_feeds(name, confs, params, noise, grid_name, ch * ph * pw)
+    if name == "flattened_patches":
+        # Pix2Struct / Kosmos-2.5: [b, n, 2 + C*p*p], the first two values a patch's row and column
+        width = _get(confs, ("patch_embed_hidden_size",)) or ch * ph * pw
+        n = 16
+        rc = torch.tensor([[i // 4 + 1, i % 4 + 1] for i in range(n)], dtype=torch.float64)[None]
+        return [{name: torch.cat([rc, noise(1, n, width)], dim=-1)}]
+    if "spatial_shapes" in params:
+        # SigLIP-2 NaFlex (LFM2-VL): [b, n, C*p*p] patches, their mask and the (h, w) patch grid
+        # (Siglip2VisionModelTester: pixel_values [b, n, C*p*p], spatial_shapes [[h, w]])
+        side = 4
+        return [{name: noise(1, side * side, ch * ph * pw),
+                 "pixel_attention_mask": torch.ones((1, side * side), dtype=torch.long),
+                 "spatial_shapes": torch.tensor([[side, side]], dtype=torch.long)}]
+    size = _get(confs, _IMAGE)
+    return [] if size is None else _sized_feeds(name, params, noise, _square(size), (ch, ph, pw), whole)
+
+
+def _grid_feeds(name: str, confs, params: dict, noise, grid_name: str, patch_width: int) -> list[dict]:
+    """Qwen2-VL style: the processor's flattened patches [t*h*w, C*tp*p*p] and their grid (h, w multiples of
+    the merge size; modeling_qwen2_vl VisionTransformer.forward); ``patch_width`` is C*p*p."""
+    import torch
+    tp = _get(confs, ("temporal_patch_size",)) or 1
+    merge = _get(confs, ("spatial_merge_size", "merge_size", "downsample_factor")) or 1
+    merge = merge[0] if isinstance(merge, tuple) else merge
+    side = 2 * merge
+    grid = [1, side, side] if grid_name.endswith("thw") else [side, side]
+    out = []
+    for width in dict.fromkeys((patch_width * tp, patch_width)):
+        out.append({name: noise(side * side, width), grid_name: torch.tensor([grid], dtype=torch.long)})
+        if "merge_sizes" in params:     # VideoLLaMA-3: the merge size of each image
+            out[-1]["merge_sizes"] = torch.tensor([merge], dtype=torch.long)
+    return out
+
+
+def _sized_feeds(name: str, params: dict, noise, size: tuple, chw: tuple, whole: bool) -> list[dict]:
+    """An image [b, C, H, W] of the config's size (``size`` = (H, W); ``chw`` = (C, patch h, patch w)) when
+    its patches fit a tower run, and a smaller one where the forward interpolates its position table."""
+    import torch
+    (hs, ws), (ch, ph, pw) = size, chw
+    out = []
+    if (hs // ph) * (ws // pw) <= MAX_TOWER_TOKENS:
+        out.append({name: noise(1, ch, hs, ws)})
+        if "target_sizes" in params:     # MiniCPM-V: the patch grid of each image
+            out.append({name: noise(1, ch, hs, ws),
+                        "target_sizes": torch.tensor([[hs // ph, ws // pw]], dtype=torch.int32)})
+        if whole:
+            out.append({name: noise(1, 1, ch, hs, ws)})   # [batch, images, C, H, W] (Idefics3)
+    if "interpolate_pos_encoding" in params:
+        # a smaller image, the position table interpolated (CLIP / SigLIP forward option)
+        side = 8 * ph
+        out.append({name: noise(1, ch, side, side), "interpolate_pos_encoding": True})
+    return out
+
+
+def _audio_feeds(name: str, confs, params: dict, noise) -> list[dict]:
+    """A mel spectrogram, [b, mel, frames] and [b, frames, mel], over the frame counts the config fixes
+    (Whisper: 2 x max_source_positions) or :data:`_FRAMES`, with a frame mask or frame counts where the
+    forward takes them."""
+    import torch
+    mel = _get(confs, _MEL)
+    mel = mel[0] if isinstance(mel, tuple) else mel
+    fixed = _get(confs, ("max_source_positions",))
+    frames = [2 * fixed] if isinstance(fixed, int) and 2 * fixed <= 4 * MAX_TOWER_TOKENS else []
+    frames += [f for f in _FRAMES if f not in frames]
+    lens = next((n for n in ("feature_lens", "audio_feature_lengths") if n in params), None)
+    mask = next((n for n in ("input_features_mask", "feature_attention_mask") if n in params), None)
+    out: list[dict] = []
+    if not mel:
+        return out
+    for f in frames:
+        for x in (noise(1, mel, f), noise(1, f, mel)):
+            d = {name: x}
+            if mask is not None:
+                d[mask] = torch.ones((1, f), dtype=torch.long)
+            out.append(d)
+        if lens is not None:     # Qwen2.5-Omni's audio encoder: [mel, frames] with the frame counts
+            out.append({name: noise(mel, f), lens: torch.tensor([f], dtype=torch.long)})
     return out
 
 
