@@ -110,8 +110,9 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     it as the plain model, without the quantizer's package.
 
     --split-max-size / --split-max-tensors write a GGUF output as llama.cpp's split set
-    (OUT-00001-of-0000N.gguf ...), from any source and at any --dtype; every part is written and
-    checked before any is renamed into place.  inspect, verify and convert read such a set from
+    (OUT-00001-of-0000N.gguf ...), from any source, at any --dtype, on the native and the derived
+    path alike; every part is written and checked before any is renamed into place, and a killed
+    run resumes at its first unfinished part.  inspect, verify and convert read such a set from
     any of its parts.
 
     Any other architecture llama.cpp's convert_hf_to_gguf.py registers (about 245 more HF names:

@@ -194,7 +194,7 @@ def _tensor_bytes(gguf, ti) -> np.ndarray:
     return out
 
 
-def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> None:
+def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> list[str]:
     """The file through our layout: header block, then each tensor at its offset (one at a time)."""
     from ...formats.write import gguf as gw
     from ...formats.write.shard_io import pwrite_all
@@ -210,6 +210,21 @@ def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> None
         os.fsync(fd)
     finally:
         os.close(fd)
+    return [str(out_path)]
+
+
+def _write_split(req: dict, writer, kvs: list, slots: list, encode, warnings: list) -> list[str]:
+    """``--split-max-size`` / ``--split-max-tensors``: the plan through our splitter (:mod:`.split_write`)."""
+    from ...formats.quant import ggml_types as GT
+    from ...formats.write import gguf as gw
+    from .split_write import PlannedTensor, write_split_set
+    by_name = {s.name: s for s in slots}
+    plan = [PlannedTensor(s.name, tuple(s.shape), GT.ggml_type(s.type_id).name, s.nbytes) for s in slots]
+    files = write_split_set(Path(req["output"]), gw.encode_kvs(kvs), len(kvs), plan, lambda n: encode(by_name[n]),
+                            max_size=req["split"]["max_size"], max_tensors=req["split"]["max_tensors"],
+                            alignment=writer.data_alignment, architecture=writer.arch, inputs=req["inputs"],
+                            warnings=warnings)
+    return [str(f) for f in files]
 
 
 def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
@@ -295,9 +310,10 @@ def run(req: dict) -> dict:
         arr = _eager(gguf, ti.tensor.source).astype(np.float32, copy=False).reshape(slot.shape)
         return encode_rows(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
 
-    _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
+    files = _write_split(req, writer, kvs, slots, encode, warnings) if req.get("split") else \
+        _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
-            "gguf_arch": writer.arch, "warnings": warnings,
+            "gguf_arch": writer.arch, "warnings": warnings, "files": files,
             "tensors": [{"target": s.name, "source": sources.get(s.name, ""), "type": gguf.GGMLQuantizationType(s.type_id).name,
                          "shape": list(s.shape), "nbytes": s.nbytes} for s in slots],
             "kv": {k.key: (k.value if k.vtype != gw.VT.ARRAY else f"[{len(k.value)}]") for k in kvs
@@ -314,6 +330,10 @@ def main(argv: list[str]) -> int:
     except Exception as e:          # noqa: BLE001 -- the parent turns it into one typed error line
         result = {"error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:600],
                   "traceback": traceback.format_exc()[-4000:]}
+        from ...errors import CkptError
+        if isinstance(e, CkptError):    # ours (the writer's), not llama.cpp's: raised again as it is
+            result["ours"] = {"class": type(e).__name__, "detail": e.detail, "path": e.path, "tensor": e.tensor,
+                              "hint": e.hint}
         code = 3
     Path(req["report"]).write_text(json.dumps(result, default=str), encoding="utf-8")
     return code
