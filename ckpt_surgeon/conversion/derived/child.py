@@ -84,9 +84,9 @@ def _hook_quantize(gguf) -> None:
 def _hook_reader(base, src: Path) -> None:
     """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
     import torch
-    from ...checkpoint import open_checkpoint
+    from ...checkpoint import open_stored
     lazy_cls = base.LazyTorchTensor
-    ck = open_checkpoint(src)
+    ck = open_stored(src)        # as stored: the class applies the checkpoint's quantization (FP8, MXFP4 ...)
     infos = ck.stored_tensors
 
     def load(name):
@@ -256,6 +256,21 @@ def _first(v):
     return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
 
 
+def _refuse_requantize(gguf, slots: list, types: dict, req: dict) -> None:
+    """A tensor the class keeps in the source's own quantization (gpt-oss's MXFP4 experts) that the
+    mixture would retype: llama-quantize refuses it on llama.cpp's f32 file ("requantizing from type
+    mxfp4 is disabled"), and so does this path, in one line."""
+    from ...errors import RefusedError
+    for s in slots:
+        have = gguf.GGMLQuantizationType(s.type_id).name
+        if have not in ("F32", "F16", "BF16") and types[s.name].ggml_type != have:
+            raise RefusedError(f"llama.cpp's converter keeps this tensor {have} (the source's own quantization); "
+                               f"--dtype {req['dtype']} would quantize it again as {types[s.name].ggml_type}, which "
+                               f"llama-quantize refuses (requantizing from type {have.lower()} is disabled)",
+                               path=req["source"], tensor=s.name,
+                               hint="convert at f32, f16, bf16 or q8_0 to keep it as the source has it")
+
+
 def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
     """Retype the F32 plan as llama-quantize would retype llama.cpp's F32 file (``req["dtype"]``)."""
     from dataclasses import replace
@@ -272,6 +287,7 @@ def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
           "n_expert": _first(kv.get(f"{arch}.expert_count", 0))}
     types, weights = mixture([(s.name, tuple(s.shape), gguf.GGMLQuantizationType(s.type_id).name) for s in slots],
                              req["dtype"], arch, hp, req.get("imatrix"), req["source"])
+    _refuse_requantize(gguf, slots, types, req)
     fell = [s.name for s in slots if types[s.name].fell_back]
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back as llama.cpp does: {', '.join(fell[:4])}")

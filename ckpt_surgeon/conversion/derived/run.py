@@ -117,14 +117,14 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``).
     ``split``: a :class:`~..split_output.SplitRequest`, the output then llama.cpp's split set, written
     by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill)."""
-    from ...checkpoint import open_checkpoint
+    from ...checkpoint import open_stored
     from ..output_path import check_output
     from ..quant_plan import check_quant_request
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
     folder = src if src.is_dir() else src.parent
     check_quant_request(dtype, imatrix)
-    with open_checkpoint(folder) as ck:
+    with open_stored(folder) as ck:        # llama.cpp's class reads a quantized source itself
         inputs = list(ck.files) + [str(folder / "config.json")]
         check_output(out, inputs, force)
         if split is not None:
