@@ -52,11 +52,14 @@ class Checkpoint:
     gguf_arch: str | None = None
     warnings: list = field(default_factory=list)
     file_summary: dict = field(default_factory=dict)   # GGUF: general.name, architecture, context length ... (inspect's file_metadata)
+    as_stored: bool = False                  # no quantization view (:func:`open_stored`)
 
     quantization: Quantization | None = field(default=None, init=False)   # set when config.json declares one
 
     def __post_init__(self):
         self.warnings = [*self.reader.warnings, *self.warnings]
+        if self.as_stored:
+            return
         if self.naming == "hf" and config_method(self.config) is None:
             tell = undeclared(self.config, self.reader.tensors)
             if tell is not None:
@@ -221,6 +224,7 @@ class _Options:
     file: str | None = None
     allow_full_download: bool = False
     progress: bool | None = None
+    stored: bool = False
 
 
 def _load_config(folder: Path) -> tuple[dict | None, str | None]:
@@ -281,11 +285,13 @@ def _open_hf_folder(folder: Path, opts: _Options) -> Checkpoint:
             shards.setdefault(str(_safe_member(folder, rel, str(index), tname)), []).append(tname)
         reader = _safetensors_files(shards)
         warnings = st.check_weight_map(reader.tensors, shards, wm, str(index), same_file=_same_file)
-        return Checkpoint(str(folder), "safetensors", config, config_path, reader, warnings=list(warnings))
+        return Checkpoint(str(folder), "safetensors", config, config_path, reader, warnings=list(warnings),
+                          as_stored=opts.stored)
     single = folder / "model.safetensors"
     files = [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
     if files:
-        return Checkpoint(str(folder), "safetensors", config, config_path, _safetensors_files(files))
+        return Checkpoint(str(folder), "safetensors", config, config_path, _safetensors_files(files),
+                          as_stored=opts.stored)
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) == 1:
         return _open_file(ggufs[0], opts)
@@ -419,6 +425,14 @@ def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, re
     if is_hub_source(s):
         return _OPENERS["hub"](s, opts)
     raise missing_local(s)
+
+
+def open_stored(folder: str | os.PathLike) -> Checkpoint:
+    """An HF folder's safetensors exactly as stored, whatever its config.json declares: no
+    quantization view (FP8 / MXFP4 codes, packed weights and their scales under their stored
+    names), for a reader that applies the quantization itself (llama.cpp's converter classes on
+    the derived path, :mod:`ckpt_surgeon.conversion.derived`)."""
+    return _open_hf_folder(Path(os.fspath(folder)), _Options(stored=True))
 
 
 def tensor_info_json(info: TensorInfo) -> dict:

@@ -110,15 +110,19 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     it as the plain model, without the quantizer's package.
 
     --split-max-size / --split-max-tensors write a GGUF output as llama.cpp's split set
-    (OUT-00001-of-0000N.gguf ...), from any source and at any --dtype; every part is written and
-    checked before any is renamed into place.  inspect, verify and convert read such a set from
+    (OUT-00001-of-0000N.gguf ...), from any source, at any --dtype, on the native and the derived
+    path alike; every part is written and checked before any is renamed into place, and a killed
+    run resumes at its first unfinished part.  inspect, verify and convert read such a set from
     any of its parts.
 
     Any other architecture llama.cpp's convert_hf_to_gguf.py registers (about 245 more HF names:
     convert --list-architectures) is derived from llama.cpp's own converter class, HF -> GGUF:
     the file is byte-identical to llama.cpp's converter's by construction (its class plans the
     names, transforms, types and metadata; our reader, quantizer and writer do the work), and
-    k-quant types apply llama.cpp's mixture to that plan in the same pass.
+    k-quant types apply llama.cpp's mixture to that plan in the same pass.  A quantized release
+    is read as stored and handled as llama.cpp's class handles it, in one pass: DeepSeek-V3's
+    FP8 blocks dequantized, gpt-oss's MXFP4 experts kept MXFP4 (a k-quant of those is refused,
+    as llama-quantize refuses it).
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).

@@ -155,13 +155,7 @@ def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, eng
     folder = Path(os.fspath(source))
     if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
         from .derived.run import derived_hf_to_gguf_report
-        if split is not None:
-            from ..errors import UnsupportedError
-            raise UnsupportedError("--split-max-size / --split-max-tensors apply to the native registry's families; "
-                                   "this architecture is converted through llama.cpp's own class (derived), which "
-                                   "writes one file: convert it whole, then split it with llama-gguf-split",
-                                   path=os.fspath(source))
         return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
-                                         imatrix=imatrix, mmproj=mmproj)
+                                         imatrix=imatrix, mmproj=mmproj, split=split)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix, split=split)

@@ -84,9 +84,9 @@ def _hook_quantize(gguf) -> None:
 def _hook_reader(base, src: Path) -> None:
     """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
     import torch
-    from ...checkpoint import open_checkpoint
+    from ...checkpoint import open_stored
     lazy_cls = base.LazyTorchTensor
-    ck = open_checkpoint(src)
+    ck = open_stored(src)        # as stored: the class applies the checkpoint's quantization (FP8, MXFP4 ...)
     infos = ck.stored_tensors
 
     def load(name):
@@ -194,7 +194,7 @@ def _tensor_bytes(gguf, ti) -> np.ndarray:
     return out
 
 
-def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> None:
+def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> list[str]:
     """The file through our layout: header block, then each tensor at its offset (one at a time)."""
     from ...formats.write import gguf as gw
     from ...formats.write.shard_io import pwrite_all
@@ -210,6 +210,21 @@ def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> None
         os.fsync(fd)
     finally:
         os.close(fd)
+    return [str(out_path)]
+
+
+def _write_split(req: dict, writer, kvs: list, slots: list, encode, warnings: list) -> list[str]:
+    """``--split-max-size`` / ``--split-max-tensors``: the plan through our splitter (:mod:`.split_write`)."""
+    from ...formats.quant import ggml_types as GT
+    from ...formats.write import gguf as gw
+    from .split_write import PlannedTensor, write_split_set
+    by_name = {s.name: s for s in slots}
+    plan = [PlannedTensor(s.name, tuple(s.shape), GT.ggml_type(s.type_id).name, s.nbytes) for s in slots]
+    files = write_split_set(Path(req["output"]), gw.encode_kvs(kvs), len(kvs), plan, lambda n: encode(by_name[n]),
+                            max_size=req["split"]["max_size"], max_tensors=req["split"]["max_tensors"],
+                            alignment=writer.data_alignment, architecture=writer.arch, inputs=req["inputs"],
+                            warnings=warnings)
+    return [str(f) for f in files]
 
 
 def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
@@ -241,6 +256,21 @@ def _first(v):
     return int(v[0]) if isinstance(v, (list, tuple)) else int(v)
 
 
+def _refuse_requantize(gguf, slots: list, types: dict, req: dict) -> None:
+    """A tensor the class keeps in the source's own quantization (gpt-oss's MXFP4 experts) that the
+    mixture would retype: llama-quantize refuses it on llama.cpp's f32 file ("requantizing from type
+    mxfp4 is disabled"), and so does this path, in one line."""
+    from ...errors import RefusedError
+    for s in slots:
+        have = gguf.GGMLQuantizationType(s.type_id).name
+        if have not in ("F32", "F16", "BF16") and types[s.name].ggml_type != have:
+            raise RefusedError(f"llama.cpp's converter keeps this tensor {have} (the source's own quantization); "
+                               f"--dtype {req['dtype']} would quantize it again as {types[s.name].ggml_type}, which "
+                               f"llama-quantize refuses (requantizing from type {have.lower()} is disabled)",
+                               path=req["source"], tensor=s.name,
+                               hint="convert at f32, f16, bf16 or q8_0 to keep it as the source has it")
+
+
 def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
     """Retype the F32 plan as llama-quantize would retype llama.cpp's F32 file (``req["dtype"]``)."""
     from dataclasses import replace
@@ -257,6 +287,7 @@ def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
           "n_expert": _first(kv.get(f"{arch}.expert_count", 0))}
     types, weights = mixture([(s.name, tuple(s.shape), gguf.GGMLQuantizationType(s.type_id).name) for s in slots],
                              req["dtype"], arch, hp, req.get("imatrix"), req["source"])
+    _refuse_requantize(gguf, slots, types, req)
     fell = [s.name for s in slots if types[s.name].fell_back]
     if fell:
         warnings.append(f"{len(fell)} tensor(s) fall back as llama.cpp does: {', '.join(fell[:4])}")
@@ -295,9 +326,10 @@ def run(req: dict) -> dict:
         arr = _eager(gguf, ti.tensor.source).astype(np.float32, copy=False).reshape(slot.shape)
         return encode_rows(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
 
-    _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
+    files = _write_split(req, writer, kvs, slots, encode, warnings) if req.get("split") else \
+        _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
-            "gguf_arch": writer.arch, "warnings": warnings,
+            "gguf_arch": writer.arch, "warnings": warnings, "files": files,
             "tensors": [{"target": s.name, "source": sources.get(s.name, ""), "type": gguf.GGMLQuantizationType(s.type_id).name,
                          "shape": list(s.shape), "nbytes": s.nbytes} for s in slots],
             "kv": {k.key: (k.value if k.vtype != gw.VT.ARRAY else f"[{len(k.value)}]") for k in kvs
@@ -314,6 +346,10 @@ def main(argv: list[str]) -> int:
     except Exception as e:          # noqa: BLE001 -- the parent turns it into one typed error line
         result = {"error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:600],
                   "traceback": traceback.format_exc()[-4000:]}
+        from ...errors import CkptError
+        if isinstance(e, CkptError):    # ours (the writer's), not llama.cpp's: raised again as it is
+            result["ours"] = {"class": type(e).__name__, "detail": e.detail, "path": e.path, "tensor": e.tensor,
+                              "hint": e.hint}
         code = 3
     Path(req["report"]).write_text(json.dumps(result, default=str), encoding="utf-8")
     return code

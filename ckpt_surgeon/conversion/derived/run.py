@@ -57,6 +57,17 @@ def _checked_arch(folder: Path, root: Path, want_mmproj: bool = False) -> str:
     return arch
 
 
+def _die_with_parent() -> None:
+    """In the child, before it runs: end with this process (Linux ``PR_SET_PDEATHSIG``), so that a
+    killed ``convert`` stops its writer too and a rerun resumes a split set instead of finding it locked."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)    # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_child(req: dict, tmp: Path) -> dict:
     req_path = tmp / "request.json"
     req["report"] = str(tmp / "report.json")
@@ -64,7 +75,7 @@ def _run_child(req: dict, tmp: Path) -> dict:
     pkg_root = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p))
     r = subprocess.run([sys.executable, "-m", "ckpt_surgeon.conversion.derived.child", str(req_path)],
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, preexec_fn=_die_with_parent)
     rep = Path(req["report"])
     if not rep.is_file():
         tail = (r.stderr or r.stdout).strip().splitlines()
@@ -74,6 +85,12 @@ def _run_child(req: dict, tmp: Path) -> dict:
     if "error" in result:
         if os.environ.get("CKPT_SURGEON_DEBUG"):
             sys.stderr.write(result.get("traceback", ""))
+        if "ours" in result:        # the writer's own error (a part that does not read back, a full disk ...)
+            from ... import errors
+            o = result["ours"]
+            cls = getattr(errors, o["class"], None)
+            cls = cls if isinstance(cls, type) and issubclass(cls, errors.CkptError) else errors.CkptError
+            raise cls(o["detail"], path=o["path"], tensor=o["tensor"], hint=o["hint"])
         raise UnsupportedError(f"llama.cpp's converter stopped: {result['error']}", path=req["source"])
     return result
 
@@ -93,20 +110,26 @@ def _check_written(path: Path, result: dict) -> None:
 
 
 def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                              imatrix=None, mmproj: bool = False) -> ConvertReport:
+                              imatrix=None, mmproj: bool = False, split=None) -> ConvertReport:
     """Convert the HF folder ``src`` to the GGUF ``out_path`` through llama.cpp's own converter class
     for its architecture (:mod:`.child`); ``dtype`` one of :data:`DERIVED_DTYPES` or a k-quant file
     type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file).
-    ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``)."""
-    from ...checkpoint import open_checkpoint
+    ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``).
+    ``split``: a :class:`~..split_output.SplitRequest`, the output then llama.cpp's split set, written
+    by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill)."""
+    from ...checkpoint import open_stored
     from ..output_path import check_output
     from ..quant_plan import check_quant_request
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
     folder = src if src.is_dir() else src.parent
     check_quant_request(dtype, imatrix)
-    with open_checkpoint(folder) as ck:
-        check_output(out, list(ck.files) + [str(folder / "config.json")], force)
+    with open_stored(folder) as ck:        # llama.cpp's class reads a quantized source itself
+        inputs = list(ck.files) + [str(folder / "config.json")]
+        check_output(out, inputs, force)
+        if split is not None:
+            from ..split_output import check_split_destination
+            check_split_destination(out, inputs, force)
         src_dtypes = {n: i.dtype for n, i in ck.stored_tensors.items()}
     root = converter_root()
     if mmproj and dtype not in DERIVED_DTYPES:
@@ -116,6 +139,28 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     base = dtype if dtype in DERIVED_DTYPES else "f32"
     req = {"llamacpp": str(root), "source": str(folder), "dtype": dtype, "base_dtype": base, "name": name,
            "imatrix": str(imatrix) if imatrix is not None else None, "mmproj": mmproj}
+    if split is not None:
+        # the child writes the parts through the splitter, beside OUT, and renames them into place
+        req.update(output=str(out), split=split.to_dict(),
+                   inputs=[os.fspath(p) for p in (*inputs, *([imatrix] if imatrix is not None else []))])
+        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-derived-") as tmp:
+            result = _run_child(req, Path(tmp))
+    else:
+        result = _write_one(req, out)
+    files = tuple(Path(f) for f in result["files"])
+    how = f"derived: llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python {llamacpp_version()})"
+    records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", src_dtypes.get(t["source"], "-"), t["type"],
+                                 tuple(t["shape"])) for t in result["tensors"])
+    tied = not any(t["target"] == "output.weight" for t in result["tensors"])
+    kv = result["kv"]
+    return ConvertReport("hf->gguf", str(src), str(files[0]), result["gguf_arch"], arch, dtype, len(records),
+                         sum(f.stat().st_size for f in files), time.perf_counter() - t0, tied,
+                         kv.get("tokenizer.ggml.model"), records, tuple(result["warnings"]), kv,
+                         tuple(str(f) for f in files), engine=how)
+
+
+def _write_one(req: dict, out: Path) -> dict:
+    """One file: the child writes a temp beside OUT, checked here against the plan, then renamed."""
     staging = Staging(out, folder=False)
     try:
         req["output"] = str(staging.path)
@@ -126,11 +171,5 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     except BaseException:
         staging.discard()
         raise
-    how = f"derived: llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python {llamacpp_version()})"
-    records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", src_dtypes.get(t["source"], "-"), t["type"],
-                                 tuple(t["shape"])) for t in result["tensors"])
-    tied = not any(t["target"] == "output.weight" for t in result["tensors"])
-    kv = result["kv"]
-    return ConvertReport("hf->gguf", str(src), str(out), result["gguf_arch"], arch, dtype, len(records),
-                         out.stat().st_size, time.perf_counter() - t0, tied, kv.get("tokenizer.ggml.model"),
-                         records, tuple(result["warnings"]), kv, engine=how)
+    result["files"] = [str(out)]
+    return result
