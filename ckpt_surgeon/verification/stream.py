@@ -606,7 +606,7 @@ class _Hidden:
 
 class StreamedPair:
     """Iterating yields ``(seq_index, ref_out, cand_out)``: numpy arrays ``[len(rows[i]), V]`` (logits;
-    ``[len(rows[i]), H]`` last hidden states for encoders) in the compute dtype.  The layers run
+    ``[len(rows[i]), H]`` last hidden states for encoders) in the compute dtype (float32 for bfloat16).  The layers run
     on the first ``next()``; afterwards ``.layers`` holds the per-layer divergence
     (:class:`StreamedLayers`) and ``.localize()`` the :class:`LocalizeReport`."""
 
@@ -843,7 +843,8 @@ def stream_pair(reference, candidate, sequences: list[list[int]], *, rows: list[
 
     ``reference`` / ``candidate``: a path (HF folder, ``.safetensors`` file, ``.gguf``), a Hub id,
     or a :class:`StreamSource` from :func:`open_source`.  ``rows[i]``: the positions of sequence
-    ``i`` whose logits are wanted (None = all).  ``dtype``: ``float32`` | ``float64``.
+    ``i`` whose logits are wanted (None = all).  ``dtype``: ``float32`` | ``float64`` | ``bfloat16``
+    (layers and hidden states in bf16, the head in float32: float32 logits).
     ``tmp_dir``: where hidden states too large for RAM are memory-mapped.  ``threshold``: relative
     divergence that marks a layer (default per dtype, as ``--localize``).
 
