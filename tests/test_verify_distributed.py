@@ -510,3 +510,31 @@ def test_more_pipeline_ranks_than_layers_exit_2_on_every_rank(tiny, ids_file):
     errors = _errors(outs[0][1])
     assert len(errors) == 1 and "it would use 2 ranks" in errors[0], outs[0][1]
     assert outs[0][0] == "" and all(o == ("", "") for o in outs[1:])
+
+
+# --- bfloat16 -------------------------------------------------------------------------------------
+
+BF16_CASES = [("qwen2", "pipeline"), ("deepseek_v2", "pipeline"), ("qwen2", "data")]
+
+
+@pytest.mark.parametrize("family,mode", BF16_CASES, ids=[f"{f}-{m}" for f, m in BF16_CASES])
+def test_bf16_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_file, family, mode):
+    """``--dtype bfloat16`` over 2 gloo ranks: the pipeline (bf16 layers, bf16 hidden states sent
+    between ranks, the head in float32) equals one process streaming in bf16 (``--stream``); data
+    mode equals one process with both bf16 models in memory.  Same tolerance as above: the same
+    modules on the same bf16 inputs (the hidden states cross ranks as bf16, bit for bit), the head
+    applied in the same row blocks, the statistics summed in the same order (deepseek_v2: MLA, MoE
+    and a router kept in float32)."""
+    ref, cand = _models(tiny, tmp_path_factory, family)
+    args = [ref, cand, "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu", "--format", "json",
+            "--dtype", "bfloat16", *GATES]
+    dist = _torchrun(2, [*args, "--dist-mode", mode])
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    one = _single([*args, "--stream"] if mode == "pipeline" else args)
+    assert one.returncode == 0, one.stderr[-2000:]
+    a, b = json.loads(one.stdout), json.loads(dist.stdout)
+    assert a["dtype"] == b["dtype"] == "bfloat16"
+    assert a["corpus"]["kl"]["mean"] > 1e-6
+    _close(a["corpus"], b["corpus"])
+    note = next(n for n in b["notes"] if n.startswith("distributed over"))
+    assert ("pipeline over decoder layers" if mode == "pipeline" else "data-parallel") in note

@@ -265,8 +265,9 @@ def test_plan_memory_decisions():
     with pytest.raises(CkptError, match=r"not enough memory: one model needs ~28.37 GiB in float32 and a "
                                         r"layer-streamed run ~[0-9.]+ GiB, 1.00 GiB free on cpu"):
         plan(1 * GiB)
-    with pytest.raises(CkptError, match=r"layer-streamed run \(--dtype float32\) would need"):
-        plan(8 * GiB, "bfloat16")
+    assert plan(8 * GiB, "bfloat16").mode == "stream"             # bf16 streams too (issue 34)
+    with pytest.raises(CkptError, match=r"layer-streamed run \(--dtype bfloat16\) would need"):
+        plan(8 * GiB, "float16")
 
 
 def test_automatic_switch_to_stream(tiny, tmp_path):
@@ -288,7 +289,8 @@ def test_automatic_switch_to_stream(tiny, tmp_path):
 
 def test_bad_input_exit_2(tiny, tmp_path):
     ref = tiny("qwen2")
-    _one_line_exit_2(_run("verify", ref, ref, "--stream", "--dtype", "bfloat16"), "--stream computes in float32")
+    _one_line_exit_2(_run("verify", ref, ref, "--stream", "--dtype", "float16"),
+                     "--stream computes in float32, float64 or bfloat16, not float16")
     _one_line_exit_2(_run("verify", ref, ref, "--stream", "--device-map", "auto"), "not both")
     _one_line_exit_2(_run("verify", ref, ref, "--max-memory", "cpu=1GiB"), "--device-map auto")
     _one_line_exit_2(_run("verify", ref, ref, "--memory-budget", "lots"), "not a size")

@@ -62,7 +62,8 @@ def _max_memory(specs) -> dict | None:
               help="With --device-map auto: accelerate's limit for one device, e.g. --max-memory 0=20GiB "
                    "--max-memory cpu=60GiB (repeatable; passed through).")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
-              help="Compute dtype both models are loaded in (--stream: float32 or float64).")
+              help="Compute dtype both models are loaded in (--stream and the torchrun pipeline: float32, float64 or "
+                   "bfloat16; bfloat16 streams the layers in bf16 and applies the head in float32).")
 @click.option("--sequential", is_flag=True,
               help="Load the models one after the other, comparing against the reference's saved float32 outputs "
                    "(automatic when both do not fit in free RAM/VRAM at once).")

@@ -288,7 +288,8 @@ def recv_arrays(sess: Session, src: int, count: int, *, tensors: bool = False) -
         ndim, *shape, code = [int(x) for x in head.cpu().tolist()]
         t = torch.empty(shape[:ndim], dtype=getattr(torch, _DTYPES[code]), device=dev)
         dist.recv(t, src)
-        out.append(t if tensors else t.cpu().numpy())
+        # numpy has no bfloat16: such an array arrives widened to float32 (exact)
+        out.append(t if tensors else (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy())
     return out
 
 

@@ -22,7 +22,7 @@ from .dist_env import drain, recv_arrays, send_arrays
 from .dist_plan import IN_FLIGHT
 from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, PointDiff
 from .stream import (ACTIVATIONS_IN_RAM_BYTES, StreamedLayers, _Model, _np, _PartRecorder, _same_structure,
-                     open_source)
+                     host_item, open_source)
 
 
 class _Stage:
@@ -51,7 +51,7 @@ class _Stage:
                 m.load_layer(i)
         positions = sum(len(s) for s in self.seqs)
         width = int(self.models[0].embed.weight.shape[-1])
-        item = torch.finfo(self.models[0].tdtype).bits // 8
+        item = host_item(torch.finfo(self.models[0].tdtype).bits // 8)    # the kept outputs: float32 for bf16
         self.parts = 2 * positions * width * item <= ACTIVATIONS_IN_RAM_BYTES
         self.points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(self.models[0].points)
                        if self.start <= la < self.stop and (self.parts or part == "output")]

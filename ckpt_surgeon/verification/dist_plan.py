@@ -195,7 +195,7 @@ def plan_distributed(paths, *, dtype: str, world: int, available: int | None, po
     if need["pipeline"] > available:
         raise CkptError(f"not enough memory per rank: both models need ~{human_size(data_need)} on one rank and a "
                         f"{world}-rank pipeline ~{human_size(need['pipeline'])} on its busiest rank, {free}",
-                        hint="more ranks, a larger memory budget, or --dtype float32 instead of float64")
+                        hint="more ranks, a larger memory budget, or a narrower --dtype (bfloat16 holds half of float32)")
     return DistPlan("pipeline", f"both models need ~{human_size(data_need)}, {free}: {world} ranks hold "
                                 f"{len(sizes.per_layer)} layers in blocks {list(blocks)} (~{human_size(need['pipeline'])} "
                                 "on the busiest)", world, blocks, need)

@@ -73,7 +73,7 @@ def plan_memory(ref: ModelSizes, cand: ModelSizes, *, dtype: str, device: str, d
     """Choose how to run a pair so that the process never outgrows the memory it has.
 
     parallel (both models loaded) when both fit ``available`` with headroom; else sequential (one
-    model at a time) when one fits; else layer-streamed (one layer at a time, float32 / float64)
+    model at a time) when one fits; else layer-streamed (one layer at a time, float32 / float64 / bfloat16)
     when that fits; else a one-line refusal that says what the run would need.  A run that would
     be killed by the kernel is never started.  ``--sequential`` / ``--stream`` force a mode
     (sequential turns into streaming when one model does not fit); ``device_map`` leaves the
@@ -110,9 +110,9 @@ def plan_memory(ref: ModelSizes, cand: ModelSizes, *, dtype: str, device: str, d
     if dtype in STREAM_DTYPES:
         raise CkptError(f"not enough memory: one model needs ~{human_size(one)} in {dtype} and a layer-streamed "
                         f"run ~{human_size(need['stream'])}, {free}")
-    streamed32 = stream_need_from_sizes(layer * 4, positions, hidden, vocab, 4)
+    streamed16 = stream_need_from_sizes(layer * 2, positions, hidden, vocab, 2)
     raise CkptError(f"not enough memory: one model needs ~{human_size(one)} in {dtype}, {free}; a layer-streamed "
-                    f"run (--dtype float32) would need ~{human_size(streamed32)}")
+                    f"run (--dtype bfloat16) would need ~{human_size(streamed16)}")
 
 
 def model_sizes(source, revision) -> ModelSizes:
@@ -161,7 +161,7 @@ def positions_bound(prompts, token_ids) -> int:
 def check_memory_arguments(stream, dtype, device_map, memory_budget, max_memory) -> None:
     from .stream import STREAM_DTYPES
     if stream and dtype not in STREAM_DTYPES:
-        raise CkptError(f"--stream computes in {' or '.join(STREAM_DTYPES)}, not {dtype}")
+        raise CkptError(f"--stream computes in {', '.join(STREAM_DTYPES[:-1])} or {STREAM_DTYPES[-1]}, not {dtype}")
     if stream and device_map:
         raise CkptError("give --stream or --device-map, not both (streaming runs on one device)")
     if memory_budget is not None and not (isinstance(memory_budget, int) and memory_budget > 0):

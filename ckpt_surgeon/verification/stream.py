@@ -55,9 +55,13 @@ from .loading import float64_kwargs
 from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points, judged
 from .localize import rethreshold  # noqa: F401  (its home before issue 35; re-exported)
 
-STREAM_DTYPES = ("float32", "float64")
-_NP_DTYPES = {"float32": np.float32, "float64": np.float64}
-_ITEMSIZE = {"float32": 4, "float64": 8}
+STREAM_DTYPES = ("float32", "float64", "bfloat16")
+# bfloat16 (numpy has none): tensors are read in float32 (exact for stored bf16) and rounded to
+# bf16 by torch as they load; spilled hidden states are bf16 bit patterns in a uint16 file; the
+# head is applied in float32 to the bf16 final hidden states and bf16 head weights (float32
+# logits: no bf16 rounding of the logits the statistics are computed from).
+_NP_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": np.float32}   # host staging
+_ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 # Head rows read per chunk: bounded in bytes, so a 152k x 3584 float64 head (4.4 GB) is read as
 # ~34 chunks of 128 MiB, whatever the vocabulary.
 HEAD_CHUNK_BYTES = 128 << 20
@@ -166,10 +170,13 @@ def stream_need_from_sizes(layer: int, positions: int, hidden: int, vocab: int, 
     one head chunk per model; the hidden states of both models (x3: the layer's input, its
     output, the attention / MLP outputs kept for the per-layer divergence; beyond
     :data:`ACTIVATIONS_IN_RAM_BYTES` they go to a memory-mapped file); one group of logits; a
-    fixed allowance."""
-    acts = 2 * 3 * positions * hidden * item
-    logits = min(LOGITS_GROUP_BYTES, 2 * positions * vocab * item)
-    head_chunk = min(HEAD_CHUNK_BYTES, vocab * hidden * item)
+    fixed allowance.  ``item``: bytes per element of the compute dtype; what is held in numpy (the
+    logits, the attention / MLP outputs kept, a head chunk as read) is float32 for bfloat16
+    (:func:`host_item`)."""
+    host = host_item(item)
+    acts = 2 * positions * hidden * (item + 2 * host)
+    logits = min(LOGITS_GROUP_BYTES, 2 * positions * vocab * host)
+    head_chunk = min(HEAD_CHUNK_BYTES, vocab * hidden * host)
     return 3 * layer + 2 * head_chunk + min(acts, ACTIVATIONS_IN_RAM_BYTES) + logits + STREAM_OVERHEAD_BYTES
 
 
@@ -213,7 +220,13 @@ class StreamedLayers:
 
 def _torch_dtype(dtype: str):
     import torch
-    return {"float32": torch.float32, "float64": torch.float64}[dtype]
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[dtype]
+
+
+def host_item(item: int) -> int:
+    """Bytes per element of what is held on the host in numpy (logits, the kept attention / MLP
+    outputs, the read staging): the compute dtype's, or float32's for bfloat16."""
+    return max(item, 4)
 
 
 class _Model:
@@ -284,6 +297,7 @@ class _Model:
         prefix = self.model.base_model_prefix
         self.groups: dict = {}          # layer index | "rest" | "embed" | "head" -> [checkpoint keys]
         self.model_key = {}
+        self.key_dtype = {}
         self.unused = []
         embed_w = f"{self.embed_path}.weight"
         head_w = f"{self.head_path}.weight" if self.head_path else None
@@ -296,6 +310,7 @@ class _Model:
                 self.unused.append(key)
                 continue
             self.model_key[key] = mk
+            self.key_dtype[key] = meta_sd[mk].dtype     # float32 where the model keeps a module so (MoE gates)
             if mk == embed_w:
                 g = "embed"
             elif mk in (head_w, head_b):
@@ -318,10 +333,13 @@ class _Model:
             raise ConfigError(f"the checkpoint has no {embed_w}", path=self.src.given)
 
     # -- materialising ------------------------------------------------------------------------
-    def _tensor(self, arr: np.ndarray):
+    def _tensor(self, arr: np.ndarray, dtype=None):
+        """``arr`` on the device in ``dtype`` (default: the compute dtype); bfloat16 is rounded by
+        torch from the float32 read, one tensor at a time."""
         import torch
         t = torch.from_numpy(np.ascontiguousarray(np.asarray(arr).astype(self.npdtype, copy=False)))
-        return t if self.device == "cpu" else t.to(self.device)
+        t = t if self.device == "cpu" else t.to(self.device)
+        return t.to(dtype or self.tdtype)
 
     def _init_buffers(self, modules) -> None:
         """Buffers the checkpoint does not store (rotary ``inv_freq``, position ids, causal-mask
@@ -344,7 +362,9 @@ class _Model:
         from transformers.modeling_utils import LoadStateDictConfig
 
         self._init_buffers(modules)
-        sd = {k: self._tensor(self.src.read(k)) for k in self.groups.get(group, [])}
+        # each tensor in the dtype of the parameter it loads into: a module the model keeps in
+        # float32 (a MoE router's weight) is not rounded to bfloat16 on the way
+        sd = {k: self._tensor(self.src.read(k), self.key_dtype.get(k)) for k in self.groups.get(group, [])}
         self.src.drop_cache()
         # dtype_plan: the modules the model keeps in float32 whatever the dtype (_keep_in_fp32_modules),
         # as from_pretrained loads them
@@ -527,7 +547,19 @@ def _chunk_head():
         def forward(self, h):
             if self.rows is not None:
                 h = h[:, self.rows]
-            return torch.nn.functional.linear(h, self.weight, self.bias)
+            w, b = self.weight, self.bias
+            if w.dtype.itemsize >= 4:
+                return torch.nn.functional.linear(h, w, b)
+            # bfloat16: float32 products and sums of the bf16 values, float32 logits (the statistics
+            # then see no bf16 rounding of the logits), in blocks of rows so that the float32 copy
+            # of the weights stays one head chunk (the pipeline's last rank holds the head whole)
+            h = h.float()
+            out = torch.empty((*h.shape[:-1], w.shape[0]), dtype=torch.float32, device=h.device)
+            step = max(1, HEAD_CHUNK_BYTES // (int(w.shape[1]) * 4))
+            for a in range(0, int(w.shape[0]), step):
+                out[..., a:a + step] = torch.nn.functional.linear(
+                    h, w[a:a + step].float(), None if b is None else b[a:a + step].float())
+            return out
     return ChunkHead()
 
 
@@ -544,14 +576,15 @@ class _Hidden:
         if spill_dir is not None:
             total = sum(int(h.shape[1]) for h in first)
             width = int(first[0].shape[-1])
-            np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[first[0].dtype]
+            # bfloat16: its bit patterns in a uint16 file, viewed back as bfloat16 by torch
+            np_dtype = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.uint16}[first[0].dtype]
             fd, path = tempfile.mkstemp(prefix="hidden-", suffix=".bin", dir=spill_dir)
             os.close(fd)
             self.spill = np.memmap(path, dtype=np_dtype, mode="w+", shape=(total, width))
             self.h, at = [], 0
             for h in first:
                 t = int(h.shape[1])
-                view = torch.from_numpy(self.spill[at:at + t])
+                view = torch.from_numpy(self.spill[at:at + t]).view(first[0].dtype)
                 view.copy_(h[0])
                 self.h.append(view[None])
                 at += t
@@ -573,7 +606,7 @@ class _Hidden:
 
 class StreamedPair:
     """Iterating yields ``(seq_index, ref_out, cand_out)``: numpy arrays ``[len(rows[i]), V]`` (logits;
-    ``[len(rows[i]), H]`` last hidden states for encoders) in the compute dtype.  The layers run
+    ``[len(rows[i]), H]`` last hidden states for encoders) in the compute dtype (float32 for bfloat16).  The layers run
     on the first ``next()``; afterwards ``.layers`` holds the per-layer divergence
     (:class:`StreamedLayers`) and ``.localize()`` the :class:`LocalizeReport`."""
 
@@ -633,7 +666,7 @@ class StreamedPair:
         # many long chunks is compared on the layer outputs alone, and the report lists only those).
         width = int(hidden[0][0].shape[-1])
         positions = sum(int(h.shape[1]) for h in hidden[0].h)
-        parts = 2 * positions * width * hidden[0][0].element_size() <= ACTIVATIONS_IN_RAM_BYTES
+        parts = 2 * positions * width * host_item(hidden[0][0].element_size()) <= ACTIVATIONS_IN_RAM_BYTES
         points = [(k, la, part, path) for k, (la, part, path, _) in enumerate(models[0].points)
                   if parts or part == "output"]
         accs = {k: DiffAccumulator() for k, *_ in points}
@@ -699,12 +732,12 @@ class StreamedPair:
         seqs = self.sequences
         rows = self.rows if self.rows is not None else [None] * len(seqs)
         n_rows = [len(seqs[s]) if r is None else len(r) for s, r in enumerate(rows)]
-        item = _ITEMSIZE[self.dtype]
+        item = host_item(_ITEMSIZE[self.dtype])      # the logits and the head's read staging are float32 for bf16
         m0 = models[0]
         if m0.head is None:          # encoder: the last hidden states, one forward per sequence
             for s in range(len(seqs)):
                 outs = [self._tail_one(m, hidden[k][s], rows[s]) for k, m in enumerate(models)]
-                yield (s, *[o.cpu().numpy() for o in outs])
+                yield (s, *[_np(o) for o in outs])
             return
         for m in models:
             m.install_chunk_head()
@@ -736,7 +769,7 @@ class StreamedPair:
                         dummy = torch.zeros_like(h)
                         r = None if rows[s] is None else torch.as_tensor(np.asarray(rows[s], dtype=np.int64),
                                                                          device=h.device)
-                        outs[(k, s)][:, a:b] = m.tail(h, dummy, w, bias, r).cpu().numpy()
+                        outs[(k, s)][:, a:b] = _np(m.tail(h, dummy, w, bias, r))
                     del w, bias
             for s in group:
                 yield (s, *[outs.pop((k, s)) for k in range(len(models))])
@@ -748,7 +781,9 @@ class StreamedPair:
 
 
 def _np(t) -> np.ndarray:
-    return t.detach().cpu().numpy()
+    """A tensor as a numpy array: bfloat16 (which numpy lacks) widened to float32, exactly."""
+    t = t.detach().cpu()
+    return (t.float() if t.is_floating_point() and t.dtype.itemsize < 4 else t).numpy()
 
 
 class _PartRecorder:
@@ -769,7 +804,7 @@ class _PartRecorder:
     def _hook(self, k):
         def fn(_module, _inp, out):
             t = out[0] if isinstance(out, (tuple, list)) else out
-            self._got[k] = t[0].detach().cpu().numpy()
+            self._got[k] = _np(t[0])
         return fn
 
     def start(self):
@@ -796,7 +831,7 @@ def _same_structure(a: _Model, b: _Model) -> None:
 
 def _check(sequences, rows, dtype) -> None:
     if dtype not in STREAM_DTYPES:
-        raise CkptError(f"layer streaming computes in {' or '.join(STREAM_DTYPES)}, not {dtype!r}")
+        raise CkptError(f"layer streaming computes in {', '.join(STREAM_DTYPES[:-1])} or {STREAM_DTYPES[-1]}, not {dtype!r}")
     if not sequences or not all(len(s) for s in sequences):
         raise CkptError("sequences must be a non-empty list of non-empty token id lists")
     if rows is not None:
@@ -818,7 +853,8 @@ def stream_pair(reference, candidate, sequences: list[list[int]], *, rows: list[
 
     ``reference`` / ``candidate``: a path (HF folder, ``.safetensors`` file, ``.gguf``), a Hub id,
     or a :class:`StreamSource` from :func:`open_source`.  ``rows[i]``: the positions of sequence
-    ``i`` whose logits are wanted (None = all).  ``dtype``: ``float32`` | ``float64``.
+    ``i`` whose logits are wanted (None = all).  ``dtype``: ``float32`` | ``float64`` | ``bfloat16``
+    (layers and hidden states in bf16, the head in float32: float32 logits).
     ``tmp_dir``: where hidden states too large for RAM are memory-mapped.  ``threshold``: relative
     divergence that marks a layer (default per dtype, as ``--localize``).
 
