@@ -45,6 +45,19 @@ def _values(kind: str, k: int, numel: int, digit: int = 0) -> np.ndarray:
     return np.random.default_rng(k).standard_normal(numel, dtype=np.float32)
 
 
+def _hook_sources(cls) -> None:
+    """Remember, for each GGUF tensor, the HF tensor whose ``modify_tensors`` call produced it."""
+    original, sources = cls.modify_tensors, {}
+
+    def modify_tensors(self, data_torch, name, bid):
+        for new_name, data in original(self, data_torch, name, bid):
+            sources.setdefault(new_name, name)
+            yield new_name, data
+
+    cls.modify_tensors = modify_tensors
+    cls._ckpt_surgeon_sources = sources
+
+
 def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, digit: int = 0):
     """One forward run of the class on probe tensors -> (GGUF name -> float32 array, the model)."""
     import torch
@@ -65,13 +78,15 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
 
     base.ModelBase.index_tensors = index_tensors
     gguf.GGUFWriter.add_tensor = add_tensor
+    if "_ckpt_surgeon_sources" not in cls.__dict__:
+        _hook_sources(cls)
     with torch.inference_mode():
         model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", eager=True, model_name="probe")
         model.prepare_tensors()
     return captured, model
 
 
-def _learn(passes: dict, n_digits: int, names: list, shapes: dict) -> tuple[dict, dict, str | None]:
+def _learn(passes: dict, n_digits: int, names: list, sources: dict) -> tuple[dict, dict, str | None]:
     """(GGUF name -> (ids, flat indices)), (GGUF name -> generated values), refusal or None."""
     maps, generated = {}, {}
     n = len(names)
@@ -82,8 +97,9 @@ def _learn(passes: dict, n_digits: int, names: list, shapes: dict) -> tuple[dict
             if same:
                 generated[t] = ids_f
                 continue
-            return maps, generated, (f"GGUF tensor {t}: llama.cpp's converter computes it from HF tensors (not a move "
-                                     "of their values), so it cannot be inverted")
+            src = f" (from HF {sources[t]})" if t in sources else ""
+            return maps, generated, (f"GGUF tensor {t}{src}: llama.cpp's converter changes its values (not only "
+                                     "their places: a shift, a scale, exp, a sum ...), so it cannot be inverted")
         idx = np.zeros(ids_f.shape, np.int64)
         for d in range(n_digits):
             idx |= passes[f"idx{d}"][t].astype(np.int64) << (DIGIT_BITS * d)
@@ -147,7 +163,7 @@ def run(req: dict) -> dict:
     for d in range(n_digits):
         passes[f"idx{d}"], _ = _run_pass(gguf, base, cls, folder, names, shapes, "idx", d)
     passes["rand"], _ = _run_pass(gguf, base, cls, folder, names, shapes, "rand")
-    maps, generated, refusal = _learn(passes, n_digits, names, shapes)
+    maps, generated, refusal = _learn(passes, n_digits, names, cls._ckpt_surgeon_sources)
     refusal = refusal or _prove(maps, passes["rand"], names, shapes)
     model.set_gguf_parameters()
     arrays = {}
