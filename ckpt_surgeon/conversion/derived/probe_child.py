@@ -116,7 +116,8 @@ def _prove(maps: dict, rand: dict, names: list, shapes: dict) -> str | None:
         for k in np.unique(ids):
             m = ids.ravel() == k
             if idx.ravel()[m].max() >= hf[int(k)].size:
-                return f"GGUF tensor {t}: an element index past HF tensor {names[k - 1]}'s size (not a move)"
+                return (f"GGUF tensor {t}: its probe values name no element of an HF tensor (llama.cpp's converter "
+                        "changes its values, not only their places: a shift, a scale, exp ...), so it cannot be inverted")
             hf[int(k)][idx.ravel()[m]] = vals[m]
             seen[int(k)][idx.ravel()[m]] = True
     for k, name in enumerate(names, 1):

@@ -60,11 +60,14 @@ def _read_config(config, src: Path, arch: str) -> dict:
     return cfg
 
 
-def _probe(cfg: dict, tmp: Path, src: Path) -> tuple[dict, dict]:
-    """Run :mod:`.probe_child` on ``cfg`` -> (its report, its map arrays)."""
+def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
+    """Run :mod:`.probe_child` on ``cfg`` (beside it the tokenizer files rebuilt from the file, which
+    some classes read while planning tensors) -> (its report, its map arrays)."""
+    from ..from_gguf import write_hf_tokenizer
     folder = tmp / "probe"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    write_hf_tokenizer(ck, cfg, folder)
     req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
            "report": str(tmp / "report.json")}
     (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
@@ -204,7 +207,7 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
         ck.refuse_truncated()
         cfg = _read_config(config, src, arch)
         with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp:
-            result, arrays = _probe(cfg, Path(tmp), src)
+            result, arrays = _probe(cfg, Path(tmp), ck, src)
         _check_metadata(meta, result, src)
         _check_tensors(ck, result, arrays, src)
         tensors = _gather(ck, result, arrays, src)
