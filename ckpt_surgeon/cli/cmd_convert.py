@@ -78,9 +78,15 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
               help="HF -> GGUF of a vision / audio model: write its projector file (CLIP-arch GGUF that llama.cpp's "
                    "mtmd loads beside the text model) instead of the text model, through llama.cpp's own projector "
                    "class, as convert_hf_to_gguf.py --mmproj writes it (f32 | f16 | bf16 | q8_0).")
+@click.option("--config", "config", type=ReadPath(exists=True), default=None, metavar="CONFIG",
+              help="GGUF -> HF of an architecture outside the native registry (one llama.cpp's converter derives): "
+                   "the model's original config.json, or the HF folder holding it (only its config is read).  "
+                   "The GGUF's metadata is a lossy subset of it, so it is required there, and checked: llama.cpp's "
+                   "class run on it must give the file's metadata, tensor names and shapes, else one line names "
+                   "the first difference.  Given for a native architecture, it selects this path too.")
 @progress_option
 def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors, fmt,
-            progress, engine, mmproj):
+            progress, engine, mmproj, config):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -122,7 +128,9 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     k-quant types apply llama.cpp's mixture to that plan in the same pass.  A quantized release
     is read as stored and handled as llama.cpp's class handles it, in one pass: DeepSeek-V3's
     FP8 blocks dequantized, gpt-oss's MXFP4 experts kept MXFP4 (a k-quant of those is refused,
-    as llama-quantize refuses it).
+    as llama-quantize refuses it).  Back, GGUF -> HF with --config ORIGINAL/config.json: the inverse of that class, learned by running it on probe
+    tensors (each element's source name and index), proved by a round trip, and refused in one
+    line where the class does more than move values (a sum, exp, a +1 shift, a dropped tensor).
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
@@ -131,6 +139,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     Examples:
       ckpt-surgeon convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2-hf
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q8_0.gguf --dtype q8_0
+      ckpt-surgeon convert olmo.f32.gguf -o olmo-hf --config ./olmo-folder/config.json
       ckpt-surgeon convert ./qwen2-folder -o qwen2.q4_k_m.gguf --dtype q4_k_m
       ckpt-surgeon convert qwen2.f16.gguf -o qwen2.iq4_xs.gguf --dtype iq4_xs --imatrix imatrix.gguf
       ckpt-surgeon convert ./qwen2-gptq-int4 -o qwen2-dense --dtype bfloat16
@@ -141,7 +150,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
                      imatrix=imatrix, allow_requantize=allow_requantize, split_max_size=split_max_size,
-                     split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj)
+                     split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj, config=config)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

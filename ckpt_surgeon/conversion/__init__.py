@@ -89,7 +89,8 @@ def _split(out, max_size, max_tensors):
 
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
-            split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False):
+            split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False,
+            config=None):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -107,9 +108,10 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
 
     ``split_max_size`` (``"4G"``, bytes) / ``split_max_tensors``: a GGUF output becomes llama.cpp's
     split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
-    ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file."""
+    ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
+    ``config`` (GGUF -> HF): the original config.json (or its folder); a GGUF whose architecture the native
+    registry lacks converts back through llama.cpp's inverted class with it (:mod:`.derived.to_hf`)."""
     from ..errors import UnsupportedError
-    from .from_gguf import gguf_to_hf_report
     _check_local(source)
     source = _gguf_in_folder(Path(os.fspath(source))) or source
     split = _split(out, split_max_size, split_max_tensors)
@@ -128,10 +130,7 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     if is_gguf(source):
         if name is not None:
             raise UnsupportedError("--name sets general.name of a GGUF output; it does not apply to GGUF -> HF")
-
-        extra = {"max_shard_bytes": shard_bytes} if shard_bytes else {}
-        return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force,
-                                 progress=progress, **extra)
+        return _to_hf(source, out, dtype, force, progress, shard_bytes, config)
     if not str(out).endswith(".gguf"):
         if _quantized_folder(Path(os.fspath(source))):
             # a quantized HF folder -> the dense HF folder of the same model (.dense)
@@ -146,6 +145,20 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
                                path=os.fspath(out))
     return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
                     engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split)
+
+
+def _to_hf(source, out, dtype, force, progress, shard_bytes, config):
+    """GGUF -> HF folder: the native registry's inverse, or (its architecture unknown there, or a
+    ``config`` given) llama.cpp's converter class inverted by probing (:mod:`.derived.to_hf`)."""
+    from .derived.to_hf import derived_gguf_to_hf_report, gguf_needs_derived
+    from .from_gguf import gguf_to_hf_report
+    if config is not None or gguf_needs_derived(source):
+        from .dtypes import normalize_dtype
+        return derived_gguf_to_hf_report(source, out, config, normalize_dtype(dtype or "float32", to_gguf=False),
+                                         force=force, progress=progress)
+    extra = {"max_shard_bytes": shard_bytes} if shard_bytes else {}
+    return gguf_to_hf_report(source, out, dtype=dtype if dtype is not None else "float32", force=force,
+                             progress=progress, **extra)
 
 
 def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False, split=None):

@@ -1,0 +1,227 @@
+"""GGUF -> HF for architectures outside the native registry: the inverse of llama.cpp's converter
+class, learned by running the class forward on probes (:mod:`.probe_child`), never retyped.
+
+The config is not guessed: llama.cpp's ``set_gguf_parameters`` writes a lossy subset of
+config.json, so the caller gives the original config (``--config``: the config.json, or the folder
+holding it).  It is *checked*, not trusted: the class run on that config must produce exactly the
+GGUF's ``{arch}.*`` key-values and its tensor names and shapes, else one line names the first
+difference.  The weights are then gathered back by the learned map (each GGUF element to the HF
+element it came from), the gathered tensors are mapped forward again and compared with the GGUF's
+bit for bit (the round trip, on the real data), and the folder is written atomically with
+the given config.json and the tokenizer files rebuilt from ``tokenizer.ggml.*``.
+docs/convert.md ("GGUF -> HF on the derived path") gives the reasoning and the zoo sweep.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import ConfigError, FormatError, UnsupportedError
+from ..report import ConvertReport, TensorRecord
+from .source import converter_root, llamacpp_version
+
+__all__ = ["derived_gguf_to_hf_report", "gguf_needs_derived"]
+
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def gguf_needs_derived(path) -> bool:
+    """True when the native registry has no HF mapping for this GGUF file's architecture."""
+    from ...checkpoint import open_checkpoint
+    from .. import names as N
+    with open_checkpoint(path) as ck:
+        if ck.naming != "gguf":
+            return False
+        meta = ck.metadata
+        return N.by_gguf_arch(ck.gguf_arch or meta.get("general.architecture"), meta) is None
+
+
+def _read_config(config, src: Path, arch: str) -> dict:
+    if config is None:
+        raise UnsupportedError(f"GGUF architecture {arch!r} converts back through llama.cpp's converter class, and its "
+                               "metadata is a lossy subset of config.json: pass the original config "
+                               "(--config CONFIG.json or the HF folder holding it); it is checked against the file",
+                               path=str(src))
+    from ...formats.safe_input import read_json
+    p = Path(config)
+    p = p / "config.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ConfigError("no config.json here", path=str(p))
+    cfg = read_json(p)
+    if not isinstance(cfg, dict) or not cfg.get("model_type"):
+        raise ConfigError("config.json names no model_type", path=str(p))
+    return cfg
+
+
+def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
+    """Run :mod:`.probe_child` on ``cfg`` (beside it the tokenizer files rebuilt from the file, which
+    some classes read while planning tensors) -> (its report, its map arrays)."""
+    from ..from_gguf import write_hf_tokenizer
+    folder = tmp / "probe"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    write_hf_tokenizer(ck, cfg, folder)
+    req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
+           "report": str(tmp / "report.json")}
+    (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
+    pkg_root = str(Path(__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon.conversion.derived.probe_child", str(tmp / "request.json")],
+                       capture_output=True, text=True, env=env)
+    rep = Path(req["report"])
+    if not rep.is_file():
+        tail = (r.stderr or r.stdout).strip().splitlines()
+        raise UnsupportedError(f"the probe of llama.cpp's converter ended without a report (rc {r.returncode}): "
+                               f"{tail[-1] if tail else ''}", path=str(src))
+    result = json.loads(rep.read_text(encoding="utf-8"))
+    if "error" in result:
+        if os.environ.get("CKPT_SURGEON_DEBUG"):
+            sys.stderr.write(result.get("traceback", ""))
+        raise UnsupportedError(f"llama.cpp's converter stopped on this config: {result['error']}", path=str(src))
+    if result["refusal"]:
+        raise UnsupportedError(f"not invertible: {result['refusal']}", path=str(src))
+    with np.load(req["maps"]) as z:
+        arrays = {k: z[k] for k in z.files}
+    return result, arrays
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        a, b = list(a) if isinstance(a, (list, tuple)) else [a], list(b) if isinstance(b, (list, tuple)) else [b]
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return np.float32(a) == np.float32(b)
+    return a == b
+
+
+def _check_metadata(meta: dict, result: dict, src: Path) -> None:
+    """The class's ``{arch}.*`` key-values for the given config equal the file's (both ways)."""
+    arch = result["gguf_arch"]
+    if meta.get("general.architecture") != arch:
+        raise ConfigError(f"this config converts to GGUF architecture {arch!r}, the file is "
+                          f"{meta.get('general.architecture')!r}: not the config the file was made from", path=str(src))
+    want = {k: v for k, v in result["kv"].items() if k.startswith(arch + ".")}
+    have = {k: v for k, v in meta.items() if k.startswith(arch + ".")}
+    for key in sorted(set(want) | set(have)):
+        if key not in have or key not in want or not _same_value(have[key], want[key]):
+            raise ConfigError(f"metadata {key}: the file has {have.get(key)!r}, the given config gives "
+                              f"{want.get(key)!r}: not the config the file was made from", path=str(src))
+
+
+def _check_tensors(ck, result: dict, arrays: dict, src: Path) -> None:
+    """The file's tensor names and shapes are the class's plan for this config; generated tensors
+    (no HF source: rope factors from the config) hold the values the class computes."""
+    plan = {t: tuple(s) for t, s in result["mapped"]}
+    for i, t in enumerate(result["generated"]):
+        plan[t] = tuple(arrays[f"gen{i}"].shape)
+    have = {n: tuple(i.shape) for n, i in ck.tensors.items()}
+    for name in sorted(set(plan) | set(have)):
+        if name not in have:
+            raise FormatError("missing: llama.cpp's converter writes it for the given config", path=str(src), tensor=name)
+        if name not in plan:
+            raise FormatError("llama.cpp's converter writes no such tensor for the given config", path=str(src),
+                              tensor=name)
+        if int(np.prod(have[name])) != int(np.prod(plan[name])) or have[name] != plan[name][-len(have[name]):]:
+            raise FormatError(f"shape {list(have[name])}, the given config gives {list(plan[name])}", path=str(src),
+                              tensor=name)
+    for i, t in enumerate(result["generated"]):
+        if not np.array_equal(ck.read(t).astype(np.float32).ravel(), arrays[f"gen{i}"].ravel()):
+            raise ConfigError("generated from the config by llama.cpp's converter, with other values than the "
+                              "given config gives: not the config the file was made from", path=str(src), tensor=t)
+
+
+def _gather(ck, result: dict, arrays: dict, src: Path) -> dict:
+    """HF name -> float32 array, each element from the GGUF element the learned map names; then
+    the forward direction re-applied to the result and compared with the file, bit for bit."""
+    hf = [(n, tuple(s)) for n, s in result["hf"]]
+    flat = [np.zeros(int(np.prod(s, dtype=np.int64)), np.float32) for _, s in hf]
+    data = {}
+    for i, (t, _shape) in enumerate(result["mapped"]):
+        ids, idx, vals = arrays[f"ids{i}"].ravel(), arrays[f"idx{i}"].ravel(), ck.read(t).astype(np.float32).ravel()
+        data[t] = vals
+        for k in np.unique(ids):
+            m = ids == k
+            flat[int(k) - 1][idx[m]] = vals[m]
+    for i, (t, _shape) in enumerate(result["mapped"]):
+        ids, idx = arrays[f"ids{i}"].ravel(), arrays[f"idx{i}"].ravel()
+        back = np.empty(ids.size, np.float32)
+        for k in np.unique(ids):
+            m = ids == k
+            back[m] = flat[int(k) - 1][idx[m]]
+        if not np.array_equal(back.view(np.uint32), data[t].view(np.uint32)):
+            raise FormatError("mapped forward again, the gathered HF tensors do not give this tensor back (llama.cpp's "
+                              "converter copies one HF element to several places, and the file's copies differ)",
+                              path=str(src), tensor=t)
+    return {n: f.reshape(s) for (n, s), f in zip(hf, flat)}
+
+
+def _encode(arr: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float32":
+        return arr
+    if dtype == "float16":
+        return arr.astype(np.float16)
+    u = arr.view(np.uint32).astype(np.uint64)          # round to nearest even, as torch's bfloat16 cast
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _write(out: Path, ck, tensors: dict, cfg: dict, dtype: str, force: bool, progress, src: Path) -> int:
+    from ...formats.write.writer import CheckpointWriter
+    from ..from_gguf import write_hf_tokenizer
+    st = _ST_DTYPES[dtype]
+    w = CheckpointWriter(out, force=force, progress=progress)
+    for name, arr in tensors.items():
+        w.put(name, _encode(arr, dtype), dtype=st, shape=arr.shape)
+    cfg = dict(cfg)
+    cfg["dtype"] = dtype
+    cfg.pop("torch_dtype", None)
+    w.set_config(cfg)
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-tok-") as tmp:
+        if write_hf_tokenizer(ck, cfg, Path(tmp)):
+            for f in sorted(Path(tmp).iterdir()):
+                w.add_file(f.name, f.read_bytes())
+        w.record("convert", {"from": "gguf", "source": src.name, "engine": "derived", "dtype": dtype})
+        result = w.commit()
+    return result.bytes_written
+
+
+def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "float32", force: bool = False, *,
+                              progress: bool | None = False) -> ConvertReport:
+    """GGUF (from llama.cpp's converter, or ours on the derived path) -> HF folder ``out_dir``,
+    inverting llama.cpp's converter class for the file's architecture (see the module doc).
+    ``config``: the original config.json (or its folder), required and checked against the file."""
+    from ...checkpoint import open_checkpoint
+    t0 = time.perf_counter()
+    src, out = Path(gguf_path), Path(out_dir)
+    if dtype not in _ST_DTYPES:
+        raise UnsupportedError(f"--dtype {dtype}: GGUF -> HF writes float32 | float16 | bfloat16")
+    with open_checkpoint(src) as ck:
+        meta = ck.metadata
+        arch = ck.gguf_arch or meta.get("general.architecture")
+        ck.refuse_truncated()
+        cfg = _read_config(config, src, arch)
+        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp:
+            result, arrays = _probe(cfg, Path(tmp), ck, src)
+        _check_metadata(meta, result, src)
+        _check_tensors(ck, result, arrays, src)
+        tensors = _gather(ck, result, arrays, src)
+        nbytes = _write(out, ck, tensors, cfg, dtype, force, progress, src)
+        types = {n: i.dtype for n, i in ck.tensors.items()}
+    how = f"derived: inverse of llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python " \
+          f"{llamacpp_version()}), learned by probing it"
+    src_of = {}
+    for i, (t, _s) in enumerate(result["mapped"]):
+        for k in np.unique(arrays[f"ids{i}"]):
+            src_of.setdefault(result["hf"][int(k) - 1][0], t)
+    records = tuple(TensorRecord(src_of.get(n, ""), n, "llama.cpp inverse", types.get(src_of.get(n, ""), "-"),
+                                 _ST_DTYPES[dtype], tuple(a.shape)) for n, a in tensors.items())
+    tied = bool(cfg.get("tie_word_embeddings"))
+    return ConvertReport("gguf->hf", str(src), str(out), arch, cfg["model_type"], dtype, len(records), nbytes,
+                         time.perf_counter() - t0, tied, meta.get("tokenizer.ggml.model"), records, (), cfg,
+                         engine=how)

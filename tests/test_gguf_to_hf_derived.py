@@ -1,0 +1,141 @@
+"""GGUF -> HF for architectures outside the native registry (conversion/derived/to_hf.py): llama.cpp's
+converter class inverted by probing it, with the original config given and checked.
+
+HF -> GGUF at f32 (llama.cpp's own ``convert_hf_to_gguf.py`` for OLMo, the derived path for the
+others: the same bytes, tests/test_convert_derived.py) and back must give every original tensor bit for
+bit (the zoo folders' values cast to float32, which is what an f32 GGUF holds), and transformers must
+run the result exactly as it runs the original.  A class that computes instead of moving values
+(Gemma 2's ``w + 1`` norms) and a config the file was not made from are refused in one line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from llamacpp_src import llamacpp_source
+from test_llamacpp_converter import _reference
+
+from ckpt_surgeon.checkpoint import open_checkpoint
+from ckpt_surgeon.cli import cli as cli_main
+from ckpt_surgeon.conversion import convert
+from fixtures.build_fixtures import fixture_path, zoo_path
+
+# different shapes of llama.cpp transform: plain renames (SmolLM3, EXAONE 4), stacked experts kept
+# stacked (GraniteMoE), a short-conv hybrid (LFM2), MLA with kv_b split into k_b / v_b and per-expert
+# tensors stacked (DeepSeek-V3)
+ROUND_TRIP = ("smollm3", "granitemoe", "exaone4", "lfm2", "deepseek_v3")
+LOGITS = ("granitemoe", "deepseek_v3")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _converter_src():
+    os.environ["CKPT_SURGEON_LLAMACPP_SRC"] = str(llamacpp_source())
+    yield
+    os.environ.pop("CKPT_SURGEON_LLAMACPP_SRC", None)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("g2h")
+    tok = fixture_path("llama")
+
+    def get(model_type: str) -> Path:
+        out = root / model_type
+        if not out.exists():
+            shutil.copytree(zoo_path(model_type), out)
+            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+                shutil.copy(tok / f, out / f)
+        return out
+    return get
+
+
+def assert_same_as_f32(original: Path, back: Path) -> None:
+    with open_checkpoint(original) as a, open_checkpoint(back) as b:
+        assert sorted(a.tensors) == sorted(b.tensors)
+        for n in a.tensors:
+            x, y = a.read(n).astype(np.float32), b.read(n)
+            assert y.dtype == np.float32 and x.shape == y.shape, n
+            assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), n
+
+
+def unbiased(src: Path, out: Path) -> Path:
+    """The zoo's Gemma 2 as llama.cpp's gemma2 graph runs it (the native writer refuses it otherwise): no
+    attention biases, query_pre_attn_scalar = head_dim (llama.cpp assumes it; the file does not store it)."""
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(src, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "attention_bias": False, "query_pre_attn_scalar": cfg["head_dim"]}))
+    for f in out.glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(f).items() if not k.endswith(".bias")}, f, metadata={"format": "pt"})
+    return out
+
+
+def logits(folder: Path) -> np.ndarray:
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([[1, 5, 9, 2, 7, 3]])).logits.numpy()
+
+
+def test_llama_cpp_converters_own_file_comes_back(folder, tmp_path):
+    """OLMo: the f32 file llama.cpp's convert_hf_to_gguf.py wrote, back to the original tensors."""
+    src = folder("olmo")
+    ref = _reference(src, "derived-olmo") / "f32.gguf"
+    report = convert(ref, tmp_path / "back", config=src / "config.json")
+    assert report.engine.startswith("derived: inverse of llama.cpp OlmoModel"), report.engine
+    assert_same_as_f32(src, tmp_path / "back")
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "olmo"
+
+
+@pytest.mark.parametrize("model_type", ROUND_TRIP)
+def test_round_trip_is_the_identity_on_tensors(model_type, folder, tmp_path):
+    src = folder(model_type)
+    convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
+    convert(tmp_path / "m.gguf", tmp_path / "back", config=src)
+    assert_same_as_f32(src, tmp_path / "back")
+    if model_type in LOGITS:
+        # same float32 weights, same config, same transformers class: the same logits, exactly
+        assert np.array_equal(logits(src), logits(tmp_path / "back"))
+
+
+def test_cli_without_config_is_one_line(folder, tmp_path):
+    src = folder("smollm3")
+    convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back")])
+    assert r.exit_code == 2, r.output
+    assert "pass the original config" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_config_the_file_was_not_made_from_is_refused(folder, tmp_path):
+    src = folder("smollm3")
+    convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-3
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back"),
+                                      "--config", str(tmp_path / "config.json")])
+    assert r.exit_code == 2, r.output
+    assert "layer_norm_rms_epsilon" in r.output and "not the config the file was made from" in r.output, r.output
+    assert not (tmp_path / "back").exists()
+
+
+def test_non_invertible_class_is_refused_in_one_line(folder, tmp_path):
+    """Gemma 2 back through llama.cpp's class (``--config`` selects the derived path for a registry family too):
+    Gemma2Model writes every RMSNorm weight as w + 1, a computed value, so the probe's proof fails and
+    the tensor is named (the native path undoes that shift with its own, typed, rule)."""
+    src = unbiased(folder("gemma2"), tmp_path / "gemma2")
+    convert(src, tmp_path / "m.gguf", "f32")       # the native writer (llama.cpp's class wants tokenizer.model)
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back"),
+                                      "--config", str(src)])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "not invertible" in line and "norm.weight (from HF model." in line, r.output
+    assert "changes its values" in line, r.output
+    assert not (tmp_path / "back").exists()
