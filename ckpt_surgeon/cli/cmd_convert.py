@@ -128,9 +128,10 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     k-quant types apply llama.cpp's mixture to that plan in the same pass.  A quantized release
     is read as stored and handled as llama.cpp's class handles it, in one pass: DeepSeek-V3's
     FP8 blocks dequantized, gpt-oss's MXFP4 experts kept MXFP4 (a k-quant of those is refused,
-    as llama-quantize refuses it).  Back, GGUF -> HF with --config ORIGINAL/config.json: the inverse of that class, learned by running it on probe
-    tensors (each element's source name and index), proved by a round trip, and refused in one
-    line where the class does more than move values (a sum, exp, a +1 shift, a dropped tensor).
+    as llama-quantize refuses it).  Back, GGUF -> HF with --config ORIGINAL/config.json: the
+    inverse of that class, learned by running it on probe tensors (each element's source name and
+    index), proved by a round trip, and refused in one line where the class does more than move
+    values (a sum, exp, a +1 shift, a dropped tensor).
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).
