@@ -6,7 +6,8 @@ does not divide head_dim, and rotates Q/K/V with a Hadamard only where head_dim 
 ``initializer_range`` raised to ``--init`` so the attention rows are far from uniform: at transformers'
 default 0.02 every row is near-uniform and no cache error reaches the logits, so the KLD would measure
 nothing).  q/k/v biases are the tiny builder's own N(0, 0.5) per dim (about the content's size, as in
-trained Qwen2 middle layers).  Then:
+trained Qwen2 middle layers); where the tiny spec switches on a bias or a head count llama.cpp's graph has no
+room for, the released setting (``AS_RELEASED``).  Then:
 
 * ``kv-equalize`` is asked for a dry-run plan; a refusal (MLA, no RoPE, heads that do not pair) is
   printed as its one line and the family is skipped;
@@ -47,10 +48,19 @@ _WIDTH_KEYS = ("hidden_size", "n_embd", "intermediate_size", "ffn_dim", "ffn_hid
                "v_head_dim")
 
 
+# Where a tiny spec switches on what the released models lack and llama.cpp's graph has no tensor for (so our
+# convert refuses the file), the widened twin takes the released setting: o_proj biases (attention_bias) off for
+# Qwen3 / Gemma 2 / 3, Falcon without biases, Phi-2 with MHA (llama.cpp's phi2 stores no n_head_kv).
+AS_RELEASED = {"qwen3": {"attention_bias": False}, "gemma3": {"attention_bias": False},
+               "gemma2": {"attention_bias": False}, "falcon": {"bias": False}, "falcon_mq": {"bias": False},
+               "falcon_old": {"bias": False}, "phi": {"num_key_value_heads": 4}}
+
+
 def wide_kwargs(name: str, init: float) -> dict:
-    """The tiny spec's config of ``name`` with every width x4 and ``initializer_range = init``."""
+    """The tiny spec's config of ``name`` with every width x4, ``initializer_range = init`` and AS_RELEASED."""
     from ckpt_surgeon import tiny
     kw = copy.deepcopy(tiny.SPECS[name].config_kwargs)
+    kw.update(AS_RELEASED.get(name, {}))
     for k in _WIDTH_KEYS:
         if isinstance(kw.get(k), int):
             kw[k] *= _WIDE
@@ -107,7 +117,7 @@ def family(name: str, work: Path, a, text_for) -> list[dict]:
     g = work / f"{name}.f32.gguf"
     try:
         if not g.is_file():
-            hf_to_gguf(hf, g, dtype="f32", name=f"{name}-wide")
+            hf_to_gguf(hf, g, dtype="f32", name="kv-harm")      # a neutral name (llama.cpp keys on some)
         text = text_for(hf)
         before = sweep(g, g, text, a.ctx, a.rows)
     except Exception as e:          # noqa: BLE001  (a family our convert or llama.cpp cannot take: recorded)
@@ -121,7 +131,7 @@ def family(name: str, work: Path, a, text_for) -> list[dict]:
             rep = _equalize(hf, eq, k, None if v == "f16" else v)
         ge = work / f"{name}-eq-{k}-{v}.f32.gguf"
         if not ge.is_file():
-            hf_to_gguf(eq, ge, dtype="f32", name=f"{name}-wide-eq")
+            hf_to_gguf(eq, ge, dtype="f32", name="kv-harm-eq")
         after = sweep(g, ge, text, a.ctx, row)[row]
         b = before[row]
         ratio = after.kl_mean / b.kl_mean

@@ -35,10 +35,16 @@ from .render import check_report_path, emit, open_kwargs, source_options
               help="Also turn the bias-dominated rotary pairs of q and k by a fixed angle (exact: 2-D rotations "
                    "commute with RoPE), chosen so the rotated bias spreads evenly over the cache blocks; not with "
                    "--calibrate or a per-head q/k norm.")
+@click.option("--min-gain", "min_gain", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.10,
+              show_default=True, metavar="F",
+              help="A layer whose predicted K (or V) error falls by less than this fraction keeps its weights (the "
+                   "prediction cannot resolve smaller gains; measured, they were rounding noise either way); 0: "
+                   "every layer takes the optimizer's choice.  Not with --calibrate.")
 @surgery_output_options
 @source_options
-def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn, out,
-            force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
+def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file, max_tokens, rows, attn_rot, turn,
+            min_gain, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
+            allow_full_download, progress):
     """Rescale q/k rotary pairs and value dims of SOURCE so a quantized KV cache hurts less; exact.
 
     Rotary pair j of every query head in a kv group is multiplied by alpha_j and the same pair of
@@ -61,7 +67,8 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
                          force=force, check=check, dry_run=dry_run, calibrate=calibrate, attn_rot=attn_rot, turn=turn,
-                         prompts=load_prompts(prompts_file) if prompts_file else None, max_tokens=max_tokens, rows=rows,
+                         min_gain=min_gain, prompts=load_prompts(prompts_file) if prompts_file else None,
+                         max_tokens=max_tokens, rows=rows,
                          **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)
