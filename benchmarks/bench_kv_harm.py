@@ -19,8 +19,13 @@ room for, the released setting (``AS_RELEASED``).  Then:
   unless V is f16), converted the same way and swept under the same row against the **original's**
   f16-cache run.  A family llama.cpp cannot load (or our convert cannot write) is listed with why.
 
+``NAME+plant`` (``--families``): the widened twin with a Qwen2.5-style key bias planted in layer 0 (27x the
+layer's own bias norm in the last two rotary pairs of each kv head): where the equalizer acts, not only where the
+guard (``surgery/kv_guard.py``) leaves a model as it is.
+
 One line per (family, cache): mean KLD before ± SE, after ± SE, ratio after / before, verdict
-(``HARM`` when after > 1.05 x before, the issue's 5 %).
+(``HARM`` when after > 1.05 x before, the issue's 5 %).  Where kv-equalize's plan changes no tensor (the
+guard kept every layer) the written model is the source's bytes, so its row is not re-run: ratio 1, "unchanged".
 
     python benchmarks/bench_kv_harm.py [--families a,b] [--rows q4_0/f16,q8_0/f16,q4_0/q4_0,q8_0/q8_0]
                                        [--ctx 128] [--chunks 8] [--init 0.08] [--out DIR] [--json FILE]
@@ -88,6 +93,37 @@ def build_wide(name: str, work: Path, init: float) -> Path:
     return out
 
 
+def plant(hf: Path, out: Path, scale: float = 27.0) -> Path | None:
+    """A copy of ``hf`` whose layer-0 key bias carries ``scale`` x the layer's own bias norm in the last two
+    rotary pairs of each kv head (Qwen2.5-7B's boundary layer: 605 against ~22 elsewhere), pairs taken from the
+    registry's own geometry (:func:`ckpt_surgeon.analysis.kv_cache.kv_geometry`).  None: no separate k bias."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from ckpt_surgeon import open_checkpoint
+    from ckpt_surgeon.analysis.kv_cache import kv_geometry
+    if (out / "config.json").is_file():
+        return out
+    with open_checkpoint(str(hf)) as ck:
+        lay = ck.layout()
+        name, pairs = lay.layers[0].k_bias, kv_geometry(ck, lay).pairs
+    if not name or lay.layers[0].qkv_weight or len(pairs) < 2:
+        return None
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    with torch.no_grad():
+        b = model.get_parameter(name).view(lay.num_kv_heads, lay.head_dim)
+        dims = torch.as_tensor(np.asarray(pairs[-2:]).reshape(-1))
+        b[:, dims] = float(scale * b.norm() / (lay.num_kv_heads * len(dims)) ** 0.5)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    for f in hf.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            (tmp / f.name).write_bytes(f.read_bytes())
+    tmp.rename(out)
+    return out
+
+
 def refusal(hf: Path, k: str, v: str | None) -> str | None:
     """kv-equalize's one-line refusal of ``hf`` for that target (None: it accepts)."""
     from ckpt_surgeon import kv_equalize
@@ -110,7 +146,12 @@ def sweep(reference: Path, candidate: Path, corpus_file: Path, ctx: int, rows: s
 def family(name: str, work: Path, a, text_for) -> list[dict]:
     """Every row of one family (a refusal or a failure: one record saying so)."""
     from ckpt_surgeon.conversion import hf_to_gguf
-    hf = build_wide(name, work, a.init)
+    base, _, planted = name.partition("+")
+    hf = build_wide(base, work, a.init)
+    if planted:
+        hf = plant(hf, work / f"{base}-wide-plant")
+        if hf is None:
+            return [{"family": name, "status": "not measured", "why": "no separate key bias to plant into"}]
     why = refusal(hf, "q4_0", "q4_0")
     if why is not None:
         return [{"family": name, "status": "refused by kv-equalize", "why": why}]
@@ -127,24 +168,35 @@ def family(name: str, work: Path, a, text_for) -> list[dict]:
         k, v = row.split("/")
         eq = work / f"{name}-eq-{k}-{v}"
         t0 = time.perf_counter()
+        dry = _equalize(hf, None, k, None if v == "f16" else v)
+        pred = (dry.improvement("k"), len(dry.plan.changed))
+        b = before[row]
+        if not dry.plan.changed:        # the guard kept every layer: OUT would be the source's bytes, KLD the same
+            out.append({"family": name, "status": "measured", "cache": row, "kld_before": b.kl_mean,
+                        "kld_before_se": b.kl_se, "kld_after": b.kl_mean, "kld_after_se": b.kl_se,
+                        "same_top_before": b.same_top, "same_top_after": b.same_top, "ratio": 1.0,
+                        "verdict": "ok (unchanged)", "seconds": time.perf_counter() - t0,
+                        "predicted_k_gain": pred[0], "tensors_changed": 0})
+            continue
         if not (eq / "config.json").is_file():
-            rep = _equalize(hf, eq, k, None if v == "f16" else v)
+            _equalize(hf, eq, k, None if v == "f16" else v)
         ge = work / f"{name}-eq-{k}-{v}.f32.gguf"
         if not ge.is_file():
             hf_to_gguf(eq, ge, dtype="f32", name="kv-harm-eq")
         after = sweep(g, ge, text, a.ctx, row)[row]
-        b = before[row]
         ratio = after.kl_mean / b.kl_mean
         out.append({"family": name, "status": "measured", "cache": row, "kld_before": b.kl_mean,
                     "kld_before_se": b.kl_se, "kld_after": after.kl_mean, "kld_after_se": after.kl_se,
                     "same_top_before": b.same_top, "same_top_after": after.same_top, "ratio": ratio,
-                    "verdict": "HARM" if ratio > HARM else "ok", "seconds": time.perf_counter() - t0})
+                    "verdict": "HARM" if ratio > HARM else "ok", "seconds": time.perf_counter() - t0,
+                    "predicted_k_gain": pred and pred[0], "tensors_changed": pred and pred[1]})
     return out
 
 
-def _equalize(hf: Path, eq: Path, k: str, v: str | None):
+def _equalize(hf: Path, eq: Path | None, k: str, v: str | None):
+    """kv-equalize ``hf`` into ``eq`` (None: a dry run, the plan only)."""
     from ckpt_surgeon import kv_equalize
-    return kv_equalize(str(hf), str(eq), cache_type_k=k, cache_type_v=v)
+    return kv_equalize(str(hf), str(eq or "unused"), cache_type_k=k, cache_type_v=v, dry_run=eq is None)
 
 
 def line(r: dict) -> str:
@@ -152,12 +204,15 @@ def line(r: dict) -> str:
         return f"{r['family']:<14} {r['status']}: {r['why']}"
     return (f"{r['family']:<14} {r['cache']:<10} KLD before {r['kld_before']:.3e} ± {r['kld_before_se']:.1e}  "
             f"after {r['kld_after']:.3e} ± {r['kld_after_se']:.1e}  ratio {r['ratio']:.3f}  {r['verdict']}  "
-            f"same top {100 * r['same_top_before']:.1f} -> {100 * r['same_top_after']:.1f} %")
+            f"same top {100 * r['same_top_before']:.1f} -> {100 * r['same_top_after']:.1f} %"
+            + (f"  (predicted K {r['predicted_k_gain']:.2f}x lower, {r['tensors_changed']} tensors changed)"
+               if r.get("tensors_changed") else "  (no tensor changed: the guard kept every layer)"))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--families", default=None, help="comma list of tiny names (default: all)")
+    ap.add_argument("--families", default=None, help="comma list of tiny names (default: all); NAME+plant: the "
+                    "widened twin with a Qwen2.5-style key bias planted in layer 0 (where the equalizer acts)")
     ap.add_argument("--rows", default=ROWS, help="K/V cache pairs, verify --cache-sweep syntax")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=8)
