@@ -55,12 +55,12 @@ _WIDTH_KEYS = ("hidden_size", "n_embd", "intermediate_size", "ffn_dim", "ffn_hid
 
 # Where a tiny spec switches on what the released models lack and llama.cpp's graph has no tensor for (so our
 # convert refuses the file), the widened twin takes the released setting: o_proj biases (attention_bias) off for
-# Qwen3 / Gemma 2 / 3, Falcon without biases, Phi-2 with MHA (llama.cpp's phi2 stores no n_head_kv), Gemma 3's
+# Qwen3 / Gemma 2 / 3 / OLMo2, Falcon without biases, Phi-2 with MHA (llama.cpp's phi2 stores no n_head_kv), Gemma 3's
 # layers as llama.cpp places them (5 sliding then 1 full: both of 2 layers sliding; it stores no pattern).
 AS_RELEASED = {"qwen3": {"attention_bias": False},
                "gemma3": {"attention_bias": False, "layer_types": ["sliding_attention", "sliding_attention"]},
                "gemma2": {"attention_bias": False}, "falcon": {"bias": False}, "falcon_mq": {"bias": False},
-               "falcon_old": {"bias": False}, "phi": {"num_key_value_heads": 4}}
+               "falcon_old": {"bias": False}, "phi": {"num_key_value_heads": 4}, "olmo2": {"attention_bias": False}}
 
 
 def wide_kwargs(name: str, init: float) -> dict:
