@@ -63,13 +63,11 @@ def test_exact(tiny, tmp_path, name):
     blocks = (lay.num_kv_heads * lay.head_dim) % 32 == 0
     t_k, t_v = ("q4_0", "q8_0") if blocks else ("fp8_e4m3", "fp8_e4m3")
     rep = _equalize(src, tmp_path / "eq", cache_type_k=t_k, cache_type_v=t_v)
-    # a tensor whose scales are all 1 is copied as it is (no step), so nothing changes only where nothing was chosen
-    assert rep.plan.changed or all(r.alpha_min == r.alpha_max == r.m_min == r.m_max == 1.0 for r in rep.layers), \
-        "nothing was rescaled"
     d, rel = _max_delta(logits64(src), logits64(tmp_path / "eq"))
     assert rel < REL_TOL, (name, d, rel)
-    if not any(r.alpha_max / r.alpha_min > 1.01 for r in rep.layers):
-        # the optimizer kept alpha = 1 (falcon_mq's per-tensor fp8 has nothing to gain): the same steps with
+    if not rep.plan.changed or not any(r.alpha_max / r.alpha_min > 1.01 for r in rep.layers):
+        # the optimizer kept alpha = 1 (falcon_mq's per-tensor fp8 has nothing to gain; the no-harm guard then
+        # writes nothing): the same steps with
         # random pair scales, so the family's exactness is still judged on a real transform
         _random_scales(src, tmp_path / "rnd")
         d, rel = _max_delta(logits64(src), logits64(tmp_path / "rnd"))

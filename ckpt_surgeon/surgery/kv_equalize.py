@@ -39,6 +39,7 @@ from ..analysis import kv_cache as KC
 from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
+from .kv_guard import MIN_GAIN, is_identity, keep_gain
 from .kv_turn import batched_errors, choose_turn
 from .plan import Plan, TensorStep, step_params
 
@@ -278,13 +279,14 @@ def layer_steps(ckpt, layout, lt, alpha: np.ndarray, m: np.ndarray | None = None
 
 def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
                      calibration=None, attn_rot: bool | None = None, turn: bool = True,
-                     scales: str | None = None) -> Plan:
+                     scales: str | None = None, min_gain: float = MIN_GAIN) -> Plan:
     """The kv-equalize plan of an open checkpoint (reads each layer's q/k/v/o once; writes nothing);
     ``calibration`` (:func:`ckpt_surgeon.surgery.kv_calibrate.collect`): choose alpha on its measured Q and K;
     ``attn_rot``: predict with llama.cpp's Hadamard rotation where it applies it (None: as llama.cpp would in
     this environment); ``turn``: also turn the bias-dominated pairs (:mod:`.kv_turn`; static choice only);
     ``scales``: ``pow2`` (powers of two: exact in the weights' own dtype) or ``continuous`` (None: pow2, or
     continuous with a calibration)."""
+    ``min_gain``: a layer whose predicted error falls by less keeps its weights (:mod:`.kv_guard`; static only)."""
     src = ckpt.source
     pow2 = _pow2_mode(scales, calibration, src)
     types_k = KC.parse_cache_types(cache_type_k, path=src)
@@ -297,7 +299,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     # turns only for llama.cpp's rotated blocks: on plain blocks they were predicted to help but measured worse
     # in llama.cpp (LLAMA_ATTN_ROT_DISABLE=1, concentrated q4_0: 0.040 -> 0.058)
     rotated = all(KR.rot_size(geom.head_dim, t, "k", geom.attn_rot) for t in types_k)
-    steps, recs = [], []
+    steps, recs, kept = [], [], []
     for lt in layout.layers:
         if types_v and not lt.o_weight:
             raise UnsupportedError("the layer has no output projection the layout could place, so the value map "
@@ -312,9 +314,13 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
             alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
         m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
+        if cal is None:
+            alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain)
         new = st.scaled(alpha=alpha, m=m)
         new = new.turned(phi, geom.pairs) if phi is not None else new
-        steps += layer_steps(ckpt, layout, lt, alpha, m, phi, geom.pairs)
+        layer = layer_steps(ckpt, layout, lt, alpha, None if m is None or np.all(m == 1.0) else m, phi, geom.pairs)
+        steps += [] if is_identity(alpha, phi, m) else layer
+        kept += [lt.layer] if is_identity(alpha, phi, m) else []
         t0 = types_k[0]
         recs.append(KvEqualizeLayer(
             lt.layer, KC.layer_error(st, geom, t0, "k"), KC.layer_error(new, geom, t0, "k"),
@@ -325,18 +331,18 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
             turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0))
     how = _how(calibration)
-    notes = _notes(calibration, how, types_k, types_v, pow2)
+    notes = _notes(calibration, how, types_k, types_v, pow2, kept if min_gain > 0 else [], min_gain)
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
               "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
-              "attn_rot": geom.attn_rot,
+              "attn_rot": geom.attn_rot, "min_gain": min_gain,
               "calibration": calibration.to_dict() if calibration is not None else None}
     return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
                 notes=tuple(notes))
 
 
-def _notes(calibration, how: str, types_k, types_v, pow2: bool) -> list[str]:
-    """The plan's notes: how the scales were chosen, and why the result is exact."""
-    return [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
+def _notes(calibration, how: str, types_k, types_v, pow2: bool, kept, min_gain: float) -> list[str]:
+    """The plan's notes: how the scales were chosen, why the transform is exact, which layers the guard kept."""
+    notes = [f"scales {how if calibration is not None else 'chosen ' + how}: " + (
                  "alpha per rotary pair per kv head by coordinate descent on the measured mean attention-row KL "
                  f"(keys through {', '.join(types_k)}, queries through the vec_dot type, ggml's kernels), from the "
                  "static choice; 'KL before/static/calibrated' are that measurement, 'before/after' the static "
@@ -349,6 +355,10 @@ def _notes(calibration, how: str, types_k, types_v, pow2: bool) -> list[str]:
                  "scales are powers of two, so rescaled weights are exact in their own dtype (exponent moved; "
                  "turned pairs and any element leaving the normal range rounded once from float64)" if pow2 else
                  "changed tensors computed in float64 and cast once")]
+    if kept and calibration is None:
+        notes.append(f"layers left as they are (predicted gain under {100 * min_gain:.0f} %, within what the "
+                     f"prediction can resolve): {', '.join(map(str, kept))}")
+    return notes
 
 
 def _pow2_mode(scales: str | None, calibration, src) -> bool:
@@ -435,7 +445,8 @@ class KvEqualizeReport:
 def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context: int | None = None,
                 force: bool = False, check: str = "auto", dry_run: bool = False, calibrate: bool = False,
                 prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool | None = None,
-                turn: bool = True, scales: str | None = None, **open_kw) -> KvEqualizeReport:
+                turn: bool = True, scales: str | None = None, min_gain: float = MIN_GAIN,
+                **open_kw) -> KvEqualizeReport:
     """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
 
     ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
@@ -447,6 +458,8 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     ``scales``: ``"pow2"`` (powers of two, the default of the static choice: the rescaled weights are exact in
     their own dtype and are computed on their bits) or ``"continuous"`` (any positive scale, float64 then one
     rounding; the default with ``calibrate``).
+    ``min_gain``: a layer whose predicted K (V) error falls by less than this fraction keeps its weights
+    (:mod:`ckpt_surgeon.surgery.kv_guard`; 0: every layer takes the optimizer's choice; static choice only).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
@@ -472,7 +485,7 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
                             "or .safetensors for an HF source (convert before or after)", path=str(out))
         make = lambda: plan_kv_equalize(ck, cache_type_k=cache_type_k, cache_type_v=cache_type_v,  # noqa: E731
                                         context=context, calibration=calibration, attn_rot=attn_rot, turn=turn,
-                                        scales=scales)
+                                        scales=scales, min_gain=min_gain)
         if dry_run:
             return KvEqualizeReport(make(), None)
         # values-only changes: the writer's kernel copy of the shards runs while the scales are chosen (as
