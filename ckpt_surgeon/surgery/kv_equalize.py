@@ -285,7 +285,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     ``attn_rot``: predict with llama.cpp's Hadamard rotation where it applies it (None: as llama.cpp would in
     this environment); ``turn``: also turn the bias-dominated pairs (:mod:`.kv_turn`; static choice only);
     ``scales``: ``pow2`` (powers of two: exact in the weights' own dtype) or ``continuous`` (None: pow2, or
-    continuous with a calibration)."""
+    continuous with a calibration);
     ``min_gain``: a layer whose predicted error falls by less keeps its weights (:mod:`.kv_guard`; static only)."""
     src = ckpt.source
     pow2 = _pow2_mode(scales, calibration, src)
