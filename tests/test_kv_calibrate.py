@@ -92,9 +92,10 @@ def test_calibrate_cli_and_bad_input(tmp_path, tiny):
     src = build_kv_qwen2(tiny, tmp_path / "m")
     (tmp_path / "p.json").write_text(json.dumps(PROMPTS))
     r = CliRunner().invoke(cli_main, ["kv-equalize", str(src), "-o", str(tmp_path / "o"), "--calibrate", "--prompts",
-                                      str(tmp_path / "p.json"), "--max-tokens", "16", "--dry-run"])
+                                      str(tmp_path / "p.json"), "--max-tokens", "16", "--dry-run"],
+                            env={"COLUMNS": "240"})     # wide enough that no header wraps (xdist workers: 80)
     assert r.exit_code == 0, r.output
-    flat = " ".join(r.output.split())          # the table may wrap at the runner's width
+    flat = " ".join(r.output.split())          # the labels may still wrap at the runner's width
     assert "scales chosen calibrated on 2 prompts" in flat and "KL calibrated" in flat, r.output
     assert "attn_rot Hadamard on" in flat
     r = CliRunner().invoke(cli_main, ["kv-equalize", str(src), "-o", str(tmp_path / "x"), "--calibrate",

@@ -77,10 +77,9 @@ def command(source, cache_type_k, cache_type_v, context, calibrate, prompts_file
     check_report_path(report_path, force, (source,))
     report = kv_equalize(source, out, cache_type_k=cache_type_k, cache_type_v=cache_type_v, context=context,
                          force=force, check=check, dry_run=dry_run, calibrate=calibrate, attn_rot=attn_rot, turn=turn,
-                         scales=scales, min_gain=min_gain,
-                         prompts=load_prompts(prompts_file) if prompts_file else None,
-                         max_tokens=max_tokens, rows=rows, **open_kwargs(allow_pickle, revision, hub_file,
-                                                                         allow_full_download, progress))
+                         scales=scales, min_gain=min_gain, prompts=load_prompts(prompts_file) if prompts_file else None,
+                         max_tokens=max_tokens, rows=rows,
+                         **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, report_path, title="ckpt-surgeon kv-equalize" + (" (dry run: nothing written)" if dry_run else ""),
          force=force)
     if not dry_run:

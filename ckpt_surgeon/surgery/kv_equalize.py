@@ -330,8 +330,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             float(m.min()) if m is not None else None, float(m.max()) if m is not None else None,
             *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
             turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0))
-    how = _how(calibration)
-    notes = _notes(calibration, how, types_k, types_v, pow2, kept if min_gain > 0 else [], min_gain)
+    notes = _notes(calibration, how := _how(calibration), types_k, types_v, pow2, kept * (min_gain > 0), min_gain)
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
               "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
               "attn_rot": geom.attn_rot, "min_gain": min_gain,
