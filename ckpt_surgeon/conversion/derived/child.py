@@ -81,7 +81,7 @@ def _hook_quantize(gguf) -> None:
     gguf.quants.quantize = quantize
 
 
-def _hook_reader(base, src: Path) -> None:
+def _hook_reader(base, src: Path) -> dict:
     """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
     import torch
     from ...checkpoint import open_stored
@@ -111,6 +111,7 @@ def _hook_reader(base, src: Path) -> None:
         return out
 
     base.ModelBase.index_tensors = index_tensors
+    return infos
 
 
 def _hook_pre(base, warnings: list) -> None:
@@ -239,7 +240,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
         raise NotImplementedError(f"{cls.__name__} writes more than one GGUF file (its own write()); not derived")
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
-    _hook_reader(base, folder)
+    stored = _hook_reader(base, folder)
     _hook_pre(base, warnings)
     _hook_sources(cls, sources)
     ftype = gguf.LlamaFileType[_FTYPES[req["base_dtype"]]]
@@ -249,7 +250,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
         model.prepare_metadata(vocab_only=False)
     if len(model.gguf_writer.tensors) != 1:
         raise ValueError("the class planned several shards")
-    return arch_name, cls, model
+    return arch_name, cls, model, stored
 
 
 def _first(v):
@@ -308,7 +309,7 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from ...formats.write import gguf as gw
-    arch_name, cls, model = _model(gguf, conversion, req, warnings, sources)
+    arch_name, cls, model, stored = _model(gguf, conversion, req, warnings, sources)
     writer = model.gguf_writer
     infos = writer.tensors[0]
     kvs = _kvs(gguf, writer)
@@ -330,7 +331,9 @@ def run(req: dict) -> dict:
         _write(gguf, writer, Path(req["output"]), kvs, slots, encode)
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
             "gguf_arch": writer.arch, "warnings": warnings, "files": files,
-            "tensors": [{"target": s.name, "source": sources.get(s.name, ""), "type": gguf.GGMLQuantizationType(s.type_id).name,
+            "tensors": [{"target": s.name, "source": sources.get(s.name, ""),
+                         "source_dtype": getattr(stored.get(sources.get(s.name, "")), "dtype", None),
+                         "type": gguf.GGMLQuantizationType(s.type_id).name,
                          "shape": list(s.shape), "nbytes": s.nbytes} for s in slots],
             "kv": {k.key: (k.value if k.vtype != gw.VT.ARRAY else f"[{len(k.value)}]") for k in kvs
                    if not k.key.startswith("tokenizer.ggml.") or k.key == "tokenizer.ggml.model"}}

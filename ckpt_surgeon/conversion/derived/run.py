@@ -117,20 +117,12 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``).
     ``split``: a :class:`~..split_output.SplitRequest`, the output then llama.cpp's split set, written
     by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill)."""
-    from ...checkpoint import open_stored
-    from ..output_path import check_output
     from ..quant_plan import check_quant_request
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
     folder = src if src.is_dir() else src.parent
     check_quant_request(dtype, imatrix)
-    with open_stored(folder) as ck:        # llama.cpp's class reads a quantized source itself
-        inputs = list(ck.files) + [str(folder / "config.json")]
-        check_output(out, inputs, force)
-        if split is not None:
-            from ..split_output import check_split_destination
-            check_split_destination(out, inputs, force)
-        src_dtypes = {n: i.dtype for n, i in ck.stored_tensors.items()}
+    inputs = _checked_inputs(folder, out, force, split is not None)
     root = converter_root()
     if mmproj and dtype not in DERIVED_DTYPES:
         raise UnsupportedError(f"--mmproj writes llama.cpp's converter's own outtypes ({', '.join(DERIVED_DTYPES)}), "
@@ -149,7 +141,7 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
         result = _write_one(req, out)
     files = tuple(Path(f) for f in result["files"])
     how = f"derived: llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python {llamacpp_version()})"
-    records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", src_dtypes.get(t["source"], "-"), t["type"],
+    records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", t.get("source_dtype") or "-", t["type"],
                                  tuple(t["shape"])) for t in result["tensors"])
     tied = not any(t["target"] == "output.weight" for t in result["tensors"])
     kv = result["kv"]
@@ -157,6 +149,22 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
                          sum(f.stat().st_size for f in files), time.perf_counter() - t0, tied,
                          kv.get("tokenizer.ggml.model"), records, tuple(result["warnings"]), kv,
                          tuple(str(f) for f in files), engine=how)
+
+
+def _checked_inputs(folder: Path, out: Path, force: bool, split: bool) -> list[str]:
+    """The files the conversion reads, the source's headers validated here (one line before the child
+    starts) and the output checked against them.  The checkpoint (its index: 92k headers for a
+    DeepSeek-V3 layout) is closed and dropped on return, so the parent holds nothing model-sized while
+    the child converts; the child reports each tensor's source dtype itself."""
+    from ...checkpoint import open_stored
+    from ..output_path import check_output
+    with open_stored(folder) as ck:        # llama.cpp's class reads a quantized source itself
+        inputs = list(ck.files) + [str(folder / "config.json")]
+    check_output(out, inputs, force)
+    if split:
+        from ..split_output import check_split_destination
+        check_split_destination(out, inputs, force)
+    return inputs
 
 
 def _write_one(req: dict, out: Path) -> dict:
