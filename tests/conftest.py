@@ -42,6 +42,26 @@ if str(_REPO) not in sys.path:  # so `import fixtures` works whatever the rootdi
     sys.path.insert(0, str(_REPO))
 
 
+# execnet starts each xdist worker with COLUMNS=80 and LINES=24 in its environment, which the CLI's
+# tables read as the terminal's width (cli/render.py: table_width), so the same test would wrap its
+# table under two workers and not under one.  The controller hands its own values to the workers, and
+# each worker restores them (unset where the controller had none).
+_TERMINAL_VARS = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_VARS}
+
+
+def pytest_configure(config):
+    for key, value in getattr(config, "workerinput", {}).get("terminal_env", {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _package_dir(module: str, pip_name: str) -> Path:
     """Directory of an installed package, or fail with the pip command that provides it."""
     spec = importlib.util.find_spec(module)
