@@ -106,10 +106,12 @@ def _cost(errs: list[np.ndarray], base: list[np.ndarray]) -> np.ndarray:
     return sum((e / np.where(b > 0, b, 1.0)) ** 2 for e, b in zip(errs, base))
 
 
-def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, pow2: bool = False) -> np.ndarray:
+def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, pow2: bool = False,
+                 errors: LayerErrors | None = None) -> np.ndarray:
     """``alpha [kv, d]`` minimising the predicted K error (Q's own quantization included) over ``types``;
     ``shared``: one scale per pair for every kv head (a per-head q/k-norm weight shared by all heads); ``pow2``:
-    every candidate rounded to powers of two before it is scored."""
+    every candidate rounded to powers of two before it is scored; ``errors``: the layer's
+    :class:`.kv_guard.LayerErrors` (its rotated moments and errors before are then computed once)."""
     kv, d = st.k_mean.shape
     g = st.q_mean.shape[0] // kv
     groups = geom.groups()
@@ -130,8 +132,8 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, 
     if pow2:
         cands = [to_pow2(c) for c in cands]
     cts = [KC.CACHE_TYPES[t] for t in types]
-    rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
-    base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
+    errors = errors if errors is not None else LayerErrors(st, geom)
+    rot, base = errors.rot, [errors.k_heads(t) for t in types]
     errs = head_errors(st, geom, cts, rot, cands)                   # each distinct (head, scales) scored once
     if errs is None:
         errs = batched_errors(st, geom, cts, rot, cands)           # all candidates in one evaluation
@@ -309,14 +311,14 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
         shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
                       == layout.head_dim and layout.num_heads > 1)
-        alpha = choose_alpha(st, geom, types_k, shared, pow2)
+        errs = LayerErrors(st, geom)
+        alpha = choose_alpha(st, geom, types_k, shared, pow2, errs)
         cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
         alpha = cal.alpha if cal is not None else alpha
         phi = None
         if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
             alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
         m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
-        errs = LayerErrors(st, geom)
         if cal is None:
             alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain, errs)
         layer = layer_steps(ckpt, layout, lt, alpha, None if m is None or np.all(m == 1.0) else m, phi, geom.pairs)

@@ -33,7 +33,27 @@ class LayerErrors:
             self._memo[key] = KC.layer_error(stats, self.geom, t, kind)
         return self._memo[key]
 
+    @property
+    def rot(self) -> tuple:
+        """``(rotate(k), rotate(q))`` of the unchanged layer (:func:`ckpt_surgeon.analysis.kv_cache.k_errors`)."""
+        if "rot" not in self._memo:
+            g, st = self.geom, self.st
+            self._memo["rot"] = (KC.rotate(st.k_mean, st.k_var, g), KC.rotate(st.q_mean, st.q_var, g))
+        return self._memo["rot"]
+
+    def k_heads(self, t: str) -> np.ndarray:
+        """Per kv head, the unchanged layer's K error for type ``t`` (what ``k_errors(st, geom, ct)`` gives)."""
+        key = ("k heads", t)
+        if key not in self._memo:
+            self._memo[key] = KC.k_errors(self.st, self.geom, KC.CACHE_TYPES[t], self.rot)["error"]
+        return self._memo[key]
+
     def before(self, t: str, kind: str) -> float:
+        if kind == "k":         # layer_error's own expression, on the heads' figures computed once
+            key = ("before", t, kind)
+            if key not in self._memo:
+                self._memo[key] = float(np.sqrt(np.mean(self.k_heads(t) ** 2)))
+            return self._memo[key]
         return self._get(("before", t, kind), self.st, t, kind)
 
     def k_after(self, t: str, alpha: np.ndarray, phi) -> float:
