@@ -39,8 +39,8 @@ from ..analysis import kv_cache as KC
 from ..analysis import kv_rot as KR
 from ..errors import CkptError, UnsupportedError
 from ..records import finite_or_none
-from .kv_guard import MIN_GAIN, is_identity, keep_gain
-from .kv_turn import batched_errors, choose_turn
+from .kv_guard import MIN_GAIN, LayerErrors, is_identity, keep_gain
+from .kv_turn import batched_errors, choose_turn, head_errors
 from .plan import Plan, TensorStep, step_params
 
 _T_BALANCE = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -106,10 +106,12 @@ def _cost(errs: list[np.ndarray], base: list[np.ndarray]) -> np.ndarray:
     return sum((e / np.where(b > 0, b, 1.0)) ** 2 for e, b in zip(errs, base))
 
 
-def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, pow2: bool = False) -> np.ndarray:
+def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, pow2: bool = False,
+                 errors: LayerErrors | None = None) -> np.ndarray:
     """``alpha [kv, d]`` minimising the predicted K error (Q's own quantization included) over ``types``;
     ``shared``: one scale per pair for every kv head (a per-head q/k-norm weight shared by all heads); ``pow2``:
-    every candidate rounded to powers of two before it is scored."""
+    every candidate rounded to powers of two before it is scored; ``errors``: the layer's
+    :class:`.kv_guard.LayerErrors` (its rotated moments and errors before are then computed once)."""
     kv, d = st.k_mean.shape
     g = st.q_mean.shape[0] // kv
     groups = geom.groups()
@@ -130,9 +132,11 @@ def choose_alpha(st: KC.KvLayerStats, geom: KC.KvGeometry, types, shared: bool, 
     if pow2:
         cands = [to_pow2(c) for c in cands]
     cts = [KC.CACHE_TYPES[t] for t in types]
-    rot = (KC.rotate(st.k_mean, st.k_var, geom), KC.rotate(st.q_mean, st.q_var, geom))
-    base = [KC.k_errors(st, geom, ct, rot)["error"] for ct in cts]
-    errs = batched_errors(st, geom, cts, rot, cands)               # all candidates in one evaluation
+    errors = errors if errors is not None else LayerErrors(st, geom)
+    rot, base = errors.rot, [errors.k_heads(t) for t in types]
+    errs = head_errors(st, geom, cts, rot, cands)                   # each distinct (head, scales) scored once
+    if errs is None:
+        errs = batched_errors(st, geom, cts, rot, cands)           # all candidates in one evaluation
     if errs is None:        # fp8's per-tensor scale couples the heads: one candidate at a time
         errs = [np.stack([KC.k_errors(st, geom, ct, KC.transform_rotated(rot, a))["error"] for a in cands])
                 for ct in cts]
@@ -307,7 +311,8 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
         st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
         shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
                       == layout.head_dim and layout.num_heads > 1)
-        alpha = choose_alpha(st, geom, types_k, shared, pow2)
+        errs = LayerErrors(st, geom)
+        alpha = choose_alpha(st, geom, types_k, shared, pow2, errs)
         cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
         alpha = cal.alpha if cal is not None else alpha
         phi = None
@@ -315,21 +320,11 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
             alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
         m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
         if cal is None:
-            alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain)
-        new = st.scaled(alpha=alpha, m=m)
-        new = new.turned(phi, geom.pairs) if phi is not None else new
+            alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain, errs)
         layer = layer_steps(ckpt, layout, lt, alpha, None if m is None or np.all(m == 1.0) else m, phi, geom.pairs)
         steps += [] if is_identity(alpha, phi, m) else layer
         kept += [lt.layer] if is_identity(alpha, phi, m) else []
-        t0 = types_k[0]
-        recs.append(KvEqualizeLayer(
-            lt.layer, KC.layer_error(st, geom, t0, "k"), KC.layer_error(new, geom, t0, "k"),
-            KC.layer_error(st, geom, types_v[0], "v") if types_v else None,
-            KC.layer_error(new, geom, types_v[0], "v") if types_v else None,
-            float(alpha.min()), float(alpha.max()),
-            float(m.min()) if m is not None else None, float(m.max()) if m is not None else None,
-            *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
-            turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0))
+        recs.append(_record(lt.layer, errs, types_k, types_v, alpha, phi, m, cal))
     notes = _notes(calibration, how := _how(calibration), types_k, types_v, pow2, kept * (min_gain > 0), min_gain)
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
               "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
@@ -337,6 +332,18 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
               "calibration": calibration.to_dict() if calibration is not None else None}
     return Plan(operation="kv-equalize", source=src, params=params, steps=tuple(steps), layers=tuple(recs),
                 notes=tuple(notes))
+
+
+def _record(layer: int, errs: LayerErrors, types_k, types_v, alpha, phi, m, cal) -> KvEqualizeLayer:
+    """The layer's row: the predicted error before and after for the first K (V) type, the scales' spread."""
+    t0, v0 = types_k[0], (types_v[0] if types_v else None)
+    return KvEqualizeLayer(
+        layer, errs.before(t0, "k"), errs.k_after(t0, alpha, phi),
+        errs.before(v0, "v") if v0 else None, errs.v_after(v0, m) if v0 else None,
+        float(alpha.min()), float(alpha.max()),
+        float(m.min()) if m is not None else None, float(m.max()) if m is not None else None,
+        *((cal.kl_before, cal.kl_static, cal.kl_after) if cal is not None else (None, None, None)),
+        turned=int(np.count_nonzero(phi, axis=1).max()) if phi is not None and phi.size else 0)
 
 
 def _notes(calibration, how: str, types_k, types_v, pow2: bool, kept, min_gain: float) -> list[str]:

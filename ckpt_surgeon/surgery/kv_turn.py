@@ -104,6 +104,47 @@ def batched_errors(st, geom, cts, rot, alphas: list, phis: list | None = None):
     return [KC.k_errors(big, geom, ct, r)["error"].reshape(n, kv) for ct in cts]
 
 
+def head_errors(st, geom, cts, rot, alphas: list):
+    """Per cache type ``[len(alphas), kv]``: what :func:`batched_errors` gives for ``alphas`` (no turns), with each
+    distinct (kv head, alpha row) scored once.  Powers of two round many candidates to the same scales (at the
+    Qwen2.5-7B shape 4-6 distinct rows of 68), and a kv head's figure depends on its own rows only: its blocks and
+    Hadamard chunks lie within the head (``head_dim`` a multiple of every block), its reductions run per head or
+    per element.  None where that does not hold (fp8's per-tensor scale, blocks across heads): call
+    :func:`batched_errors` then."""
+    kv, d = st.k_mean.shape
+    blocks = [b for ct in cts for b in (ct.block, KC.CACHE_TYPES[ct.dot_type].block if ct.dot_type else None) if b]
+    if any(ct.rule == "fp8" for ct in cts) or any(d % b for b in blocks):
+        return None
+    slot, heads, rows = {}, [], []
+    where = np.empty((len(alphas), kv), dtype=np.int64)
+    for c, a in enumerate(alphas):
+        for i in range(kv):
+            key = (i, a[i].tobytes())
+            if key not in slot:
+                slot[key] = len(heads)
+                heads.append(i)
+                rows.append(a[i])
+            where[c, i] = slot[key]
+    g = st.q_mean.shape[0] // kv
+    step = max(1, BATCH_ELEMENTS // max(1, rot[1][0][:, :g].size))       # rows per evaluation, as batched_errors
+    parts = [_rows_errors(st, cts, rot, geom, np.asarray(heads[i:i + step]), rows[i:i + step], g)
+             for i in range(0, len(heads), step)]
+    return [np.concatenate([p[t] for p in parts])[where] for t in range(len(cts))]
+
+
+def _rows_errors(st, cts, rot, geom, heads: np.ndarray, rows: list, g: int) -> list:
+    """Per type ``[len(heads)]``: the K error of kv head ``heads[r]`` with scales ``rows[r]``, each row an extra
+    kv head of one evaluation (with its group's query heads)."""
+    (km, kvar), (qm, qvar) = rot
+    qi = (heads[:, None] * g + np.arange(g)).reshape(-1)
+    sub = KC.KvLayerStats(st.layer, st.q_mean[qi], st.q_var[qi], st.k_mean[heads], st.k_var[heads], None, None, None,
+                          st.q_sampled)
+    # C order, as the tiled arrays of batched_errors: reductions follow the memory layout, and so do their bits
+    take = lambda x, idx: np.ascontiguousarray(x[:, idx])       # noqa: E731
+    r = KC.transform_rotated(((take(km, heads), take(kvar, heads)), (take(qm, qi), take(qvar, qi))), np.stack(rows))
+    return [KC.k_errors(sub, geom, ct, r)["error"] for ct in cts]
+
+
 def _active(phi, pairs):
     """``phi`` and ``pairs`` cut to the pairs some head turns (None: none): a turn by 0 leaves a pair's values as
     they are (cos 0 = 1, sin 0 = 0 exactly), so skipping it changes no figure, and most pairs are never turned."""
