@@ -20,6 +20,9 @@ and the mode.  The table prints family x (data-2, data-3, pipeline-2, pipeline-3
   refusal fills the family's row);
 - ``failed: ...``: anything else (a traceback, a time-out): a bug either way.
 
+A pipeline cell that differs is also compared with one process run with ``--stream`` (the path a
+pipeline computes as), appended as ``; vs one process --stream: same (r)`` or ``differs (...)``.
+
 Usage: python benchmarks/sweep_verify_distributed.py [--families a,b] [--modes data,pipeline]
             [--worlds 2,3] [--work DIR] [--json FILE]
 Run with PYTHONPATH=. and CKPT_SURGEON_FIXTURE_CACHE set to share the tiny-model cache.
@@ -81,6 +84,7 @@ def run_family(family: str, work: Path, ids: Path, cells: list) -> dict:
     t0 = time.perf_counter()
     kind, detail, one = _outcome(dist_util.single(args))
     out = {"one": f"{time.perf_counter() - t0:.0f} s"}
+    streamed: dict = {}
     if kind == "ok" and not one["corpus"]["kl"]["mean"] > 1e-6:
         kind, detail = "failed", "the candidate does not differ (KL mean 0): nothing is compared"
     for mode, ranks in cells:
@@ -94,8 +98,22 @@ def run_family(family: str, work: Path, ids: Path, cells: list) -> dict:
         except Exception as e:       # noqa: BLE001 - a time-out is a result of the sweep, not its end
             dk, dd, dist = "failed", f"{type(e).__name__}: {e}", None
         out[key] = compare(one, dist, ranks, mode) if dk == "ok" else f"{dk}: {dd}"
+        if mode == "pipeline" and out[key].startswith("differs"):
+            out[key] += "; " + _against_stream(args, dist, ranks, streamed)
         out[key + " s"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def _against_stream(args, dist: dict, ranks: int, streamed: dict) -> str:
+    """A pipeline computes as ``--stream`` does (layer by layer, the head in row blocks): when it
+    differs from the in-memory run, the same comparison against one process streaming (run once
+    per family) says whether the pipeline or the streamed path is what differs."""
+    if "run" not in streamed:
+        streamed["run"] = _outcome(dist_util.single([*args, "--stream"]))
+    kind, detail, one = streamed["run"]
+    if kind != "ok":
+        return f"--stream {kind}: {detail}"
+    return "vs one process --stream: " + compare(one, dist, ranks, "pipeline")
 
 
 def table(rows: dict, cells: list) -> str:
