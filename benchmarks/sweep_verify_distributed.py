@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="data,pipeline")
     ap.add_argument("--worlds", default="2,3")
     ap.add_argument("--work", type=Path, default=None, help="where the pairs are made (default: a temporary folder)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here (after each family)")
     a = ap.parse_args(argv)
     names = tiny_names()
     families = [f for f in a.families.split(",") if f] or names
@@ -148,6 +148,9 @@ def main(argv=None) -> int:
     for fam in families:
         rows[fam] = run_family(fam, work, ids, cells)
         print(f"{fam}: " + ", ".join(f"{k}={v}" for k, v in rows[fam].items()), flush=True)
+        if a.json:               # after every family: a sweep cut short keeps what it measured
+            a.json.write_text(json.dumps({"rows": rows, "wall_s": time.perf_counter() - t0,
+                                          "load": [load0, os.getloadavg()]}, indent=1))
     wall = time.perf_counter() - t0
     print()
     print(table(rows, cells))
