@@ -3,9 +3,11 @@
 Every distributed run here is ``python -m torch.distributed.run --nproc-per-node N -m ckpt_surgeon
 verify ...`` as a user types it (or, where each rank must see a different working directory,
 the ranks started by hand with torchrun's variables), compared with the same command run in one
-process.
+process.  The helpers (the commands, the model pairs, the comparison) are in ``dist_util.py``,
+shared with ``benchmarks/sweep_verify_distributed.py``, which runs the same comparison on every
+tiny family.
 
-Tolerance.  Both modes run the same transformers modules on the same inputs and rank 0
+Tolerance (``dist_util.REL_TOL``).  Both modes run the same transformers modules on the same inputs and rank 0
 accumulates the statistics over every token in chunk order, as one process does; torchrun gives
 each rank one thread, so the one-process runs here use one thread too (a different thread count
 may pick another BLAS blocking, which moves a float32 dot product by ~u·sqrt(K)).  Measured: the
@@ -16,11 +18,8 @@ or missing chunk makes (>= 1e-3 relative on these models).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,107 +31,25 @@ import pytest
 from ckpt_surgeon.errors import CkptError
 from ckpt_surgeon.verification.dist_env import detect
 from ckpt_surgeon.verification.dist_plan import blocks_for
-
-ROOT = Path(__file__).resolve().parent.parent
-CTX = 16
-REL_TOL = 1e-9
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    return dict(env, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
-
-
-def _torchrun_cmd(n: int, args, port: int) -> list:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "-m", "ckpt_surgeon", "verify", *map(str, args)]
-
-
-def _torchrun(n: int, args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(_torchrun_cmd(n, args, _port()), env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _single(args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_surgeon", "verify", *map(str, args)], env=_env(),
-                          capture_output=True, text=True, timeout=300)
-
-
-def _errors(stderr: str) -> list:
-    return [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
-
-
-def _close(a, b, where="") -> None:
-    """Every number of ``a`` within REL_TOL of ``b`` (see the module docstring), the rest equal."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-30), (where, a, b)
-    else:
-        assert a == b, (where, a, b)
-
-
-def _deeper(src: Path, dst: Path, layers: int = 4, perturb: bool = False) -> Path:
-    """``src`` with ``layers`` decoder layers (layer i a copy of layer min(i, n - 1)); ``perturb``: every
-    tensor of layer 1 times (1 + 0.1·N(0, 1)) (a candidate that differs from layer 1 on)."""
-    from safetensors.numpy import load_file, save_file
-    if dst.exists():
-        return dst
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    cfg = json.loads((src / "config.json").read_text())
-    n = cfg["num_hidden_layers"]
-    t = load_file(str(src / "model.safetensors"))
-    out = {k: v for k, v in t.items() if ".layers." not in k}
-    for i in range(layers):         # the extra layers repeat the last (DeepSeek: dense first, MoE after)
-        j = min(i, n - 1)
-        for k, v in t.items():
-            if f".layers.{j}." in k:
-                out[k.replace(f".layers.{j}.", f".layers.{i}.")] = v.copy()
-    if perturb:
-        rng = np.random.default_rng(0)
-        for k in sorted(out):
-            if ".layers.1." in k:
-                out[k] = (out[k] * (1 + 0.1 * rng.standard_normal(out[k].shape))).astype(out[k].dtype)
-    save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for k, v in list(cfg.items()):
-        if isinstance(v, list) and len(v) == n:
-            cfg[k] = [v[i % n] for i in range(layers)]
-    cfg["num_hidden_layers"] = layers
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    tmp.rename(dst)
-    return dst
+from dist_util import CTX, GATES, pair, write_ids
+from dist_util import close as _close
+from dist_util import deeper as _deeper
+from dist_util import env as _env
+from dist_util import errors as _errors
+from dist_util import port as _port
+from dist_util import single as _single
+from dist_util import torchrun as _torchrun
+from dist_util import torchrun_cmd as _torchrun_cmd
 
 
 @pytest.fixture(scope="module")
 def ids_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("dist") / "ids.json"
-    p.write_text(json.dumps([int(x) for x in np.random.default_rng(0).integers(3, 400, size=CTX * 7)]))
-    return p
+    return write_ids(tmp_path_factory.mktemp("dist") / "ids.json")
 
 
 def _models(tiny, tmp_path_factory, family: str):
-    root = tmp_path_factory.getbasetemp() / f"dist-{family}"
-    root.mkdir(exist_ok=True)
-    src = tiny(family)
-    return _deeper(src, root / "ref"), _deeper(src, root / "cand", perturb=True)
+    return pair(tiny(family), tmp_path_factory.getbasetemp() / f"dist-{family}")
 
-
-GATES = ("--max-mean-kl", "10", "--max-p99-kl", "10", "--min-same-top", "0")
 
 
 # --- unit: detection and the plan ---------------------------------------------------------------
