@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+import forkserver
 
 from ckpt_surgeon import tiny_cache
 from fixtures.build_fixtures import fixture_base
@@ -103,8 +103,7 @@ def _build(key: str, out: Path) -> None:
     _processor(hf, cfg["model_type"])
     root = llamacpp_source()
     env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
-    r = subprocess.run([sys.executable, str(_RUNNER), str(root), str(hf), str(out), "gpt-2",
-                        *(f"mmproj-{t}" for t in OUTTYPES)], capture_output=True, text=True, env=env)
+    r = forkserver.run([_RUNNER, root, hf, out, "gpt-2", *(f"mmproj-{t}" for t in OUTTYPES)], env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {key} (--mmproj): {r.stderr[-1500:]}")
 

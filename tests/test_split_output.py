@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import forkserver
 import pytest
 from click.testing import CliRunner
 
@@ -63,8 +64,7 @@ def _reference(folder: Path, outtype: str, options) -> list[Path]:
     def build(tmp: Path) -> None:
         root = llamacpp_source()
         env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
-        r = subprocess.run([sys.executable, str(_RUNNER), str(root), str(folder), str(tmp / "m.gguf"), pre, outtype,
-                            *options], capture_output=True, text=True, env=env)
+        r = forkserver.run([_RUNNER, root, folder, tmp / "m.gguf", pre, outtype, *options], env=env)
         if r.returncode != 0:
             pytest.fail(f"llama.cpp's convert_hf_to_gguf.py failed: {r.stderr.strip()[-1500:]}")
 
