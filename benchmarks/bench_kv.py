@@ -97,17 +97,18 @@ def timed(cli, src, parent: Path, repeat: int, scales: list[str]) -> None:
                 shutil.rmtree(tmp / "out")
                 res[name].append(r)
                 changed = len(json.loads(r["stdout"]).get("tensors_changed", [])) if name != "fold-bias" else None
-                print(f"run {i + 1} {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, {r['rss'] / 2**20:.0f} MiB "
+                print(f"run {i + 1} {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['user']:.1f} user + "
+                      f"{r['sys']:.1f} sys), {r['rss'] / 2**20:.0f} MiB "
                       f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})"
                       + (f"; {changed} tensors changed" if changed is not None else ""), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: (statistics.median(r["wall"] for r in v), statistics.median(r["cpu"] for r in v),
-               max(r["rss"] for r in v)) for k, v in res.items()}
+               max(r["rss"] for r in v), statistics.median(r["user"] for r in v)) for k, v in res.items()}
     fb = med["fold-bias"]
-    for k, (w, c, rss) in med.items():
+    for k, (w, c, rss, u) in med.items():
         print(f"median {k}: {w:.1f} s wall ({w / fb[0]:.2f}x fold-bias), {c:.1f} s CPU ({c / fb[1]:.2f}x), "
-              f"peak {rss / 2**20:.0f} MiB")
+              f"{u:.1f} s user ({u / fb[3]:.2f}x), peak {rss / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":
