@@ -17,13 +17,13 @@ p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wall = time.perf_counter() - t
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 rss, cpu = ru.ru_maxrss * 1024, ru.ru_utime + ru.ru_stime
-print(json.dumps({"wall": wall, "rss": rss, "cpu": cpu, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
+print(json.dumps({"wall": wall, "rss": rss, "cpu": cpu, "user": ru.ru_utime, "sys": ru.ru_stime, "rc": p.returncode, "stdout": p.stdout.decode()[-400000:],
                   "stderr": p.stderr.decode()[-4000:]}))
 """
 
 
 def run(cmd: list[str], *, sync: bool = False) -> dict:
-    """``{"wall", "rss", "cpu", "rc", "stdout", "stderr"}`` of ``cmd``; exits on a non-zero status.
+    """``{"wall", "rss", "cpu", "user", "sys", "rc", "stdout", "stderr"}`` of ``cmd``; exits on a non-zero status.
 
     ``sync``: flush dirty pages first (not timed), so a run does not pay for the previous
     run's deleted output still being written back (seen: a first ``cp -r`` at 25 s, the same

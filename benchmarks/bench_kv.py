@@ -15,8 +15,14 @@ real bytes: the write ratio then flatters fold-bias; ``--shape small`` writes re
 (wall, CPU = user + system of the process and its threads, peak RSS) and the medians, with the load average
 (the machine is shared: compare within one run).
 
+``--kbias concentrated`` builds the shape with the boundary layers' key bias in 4 low-frequency rotary pairs per
+kv head (make_qwen25_shape.py), the profile kv-equalize rewrites (at the 7b geometry its guard passes layers 0
+and 27: Q/K weights and biases rewritten and turned); the default ``random`` spreads it, and the guard keeps
+every layer, so kv-equalize then writes what fold-bias writes.  Each kv-equalize run prints how many tensors
+it changed.
+
 Usage: python benchmarks/bench_kv.py [--dir .bench/qwen2.5-7b-shape] [--sparse] [--shape 7b] [--inner 3] [--no-write]
-                                     [--repeat N] [--scales pow2,continuous]
+                                     [--repeat N] [--scales pow2,continuous] [--kbias random|concentrated]
 """
 from __future__ import annotations
 
@@ -52,15 +58,17 @@ print(json.dumps({"seconds": best, "at_risk": r.at_risk("q4_0"), "torch": "torch
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=".bench/qwen2.5-7b-shape")
+    ap.add_argument("--dir", default=None, help="default: .bench/qwen2.5-7b-shape (-KBIAS unless random)")
     ap.add_argument("--sparse", action="store_true")
     ap.add_argument("--shape", default="7b", help="7b | 0.5b | small (make_qwen25_shape.py)")
     ap.add_argument("--inner", type=int, default=3)
     ap.add_argument("--no-write", action="store_true", help="only the static prediction")
     ap.add_argument("--repeat", type=int, default=1, help="alternate fold-bias / kv-equalize runs this many times")
     ap.add_argument("--scales", default="pow2", help="kv-equalize --scales kinds to time, a comma list")
+    ap.add_argument("--kbias", default="random", help="key-bias profile: random | concentrated (make_qwen25_shape.py)")
     a = ap.parse_args(argv)
-    src = make_qwen25_shape(a.dir, sparse=a.sparse, quiet=True, shape=a.shape)
+    a.dir = a.dir or ".bench/qwen2.5-7b-shape" + ("" if a.kbias == "random" else f"-{a.kbias}")
+    src = make_qwen25_shape(a.dir, sparse=a.sparse, quiet=True, shape=a.shape, kbias=a.kbias)
     res = json.loads(run([sys.executable, "-c", STATIC, str(src), REPO, str(a.inner)])["stdout"])
     print(f"static kv_cache_report (q4_0,q8_0): {res['seconds']:.2f} s (best of {a.inner}); at risk {res['at_risk']}; "
           f"torch imported: {res['torch']}")
@@ -88,16 +96,19 @@ def timed(cli, src, parent: Path, repeat: int, scales: list[str]) -> None:
                 r = run(cli + args + ["-o", str(tmp / "out"), "--format", "json"], sync=True)
                 shutil.rmtree(tmp / "out")
                 res[name].append(r)
-                print(f"run {i + 1} {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, {r['rss'] / 2**20:.0f} MiB "
-                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+                changed = len(json.loads(r["stdout"]).get("tensors_changed", [])) if name != "fold-bias" else None
+                print(f"run {i + 1} {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['user']:.1f} user + "
+                      f"{r['sys']:.1f} sys), {r['rss'] / 2**20:.0f} MiB "
+                      f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})"
+                      + (f"; {changed} tensors changed" if changed is not None else ""), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: (statistics.median(r["wall"] for r in v), statistics.median(r["cpu"] for r in v),
-               max(r["rss"] for r in v)) for k, v in res.items()}
+               max(r["rss"] for r in v), statistics.median(r["user"] for r in v)) for k, v in res.items()}
     fb = med["fold-bias"]
-    for k, (w, c, rss) in med.items():
+    for k, (w, c, rss, u) in med.items():
         print(f"median {k}: {w:.1f} s wall ({w / fb[0]:.2f}x fold-bias), {c:.1f} s CPU ({c / fb[1]:.2f}x), "
-              f"peak {rss / 2**20:.0f} MiB")
+              f"{u:.1f} s user ({u / fb[3]:.2f}x), peak {rss / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ against the *original* model's f16-cache run, and the ratio before / after is pr
 the equalized concentrated model stays from the clean one.
 
     python benchmarks/bench_kv_cache.py [--ctx 256] [--chunks 16] [--out DIR] [--variants concentrated,spread,clean]
-                                        [--calibrate] [--scales pow2,continuous]
+                                        [--calibrate] [--scales pow2,continuous] [--min-gain F]
 
-``--calibrate`` also scores ``kv_equalize(..., calibrate=True)`` (scales chosen on the measured attention
+``--min-gain F`` passes kv-equalize's no-harm guard threshold (0: every layer as the optimizer chose, the
+behaviour before the guard); each equalized model's line says how many tensors changed and which layers the
+guard kept.  ``--calibrate`` also scores ``kv_equalize(..., calibrate=True)`` (scales chosen on the measured attention
 error of the built-in prompts) next to the static choice.
 
 If ``fixtures/kv_fixture.py`` is not in this checkout, an equivalent model is built inline (same
@@ -113,17 +115,22 @@ def line(variant: str, model: str, k: str, st, dt: float) -> str:
 
 
 def equalized(hf: Path, work: Path, variant: str, k: str, calibrate: bool = False,
-              scales: str | None = None) -> Path | None:
+              scales: str | None = None, min_gain: float | None = None) -> Path | None:
     import ckpt_surgeon
     kv_equalize = getattr(ckpt_surgeon, "kv_equalize", None)
     if kv_equalize is None:
         return None
-    out = work / f"{variant}-{'cal' if calibrate else 'eq'}{'-' + scales if scales else ''}-{k}"
+    mg = "" if min_gain is None else f"-mg{min_gain:g}"
+    out = work / f"{variant}-{'cal' if calibrate else 'eq'}{'-' + scales if scales else ''}{mg}-{k}"
     if not (out / "config.json").is_file():
         t0 = time.perf_counter()
-        rep = kv_equalize(hf, out, cache_type_k=k, calibrate=calibrate, **({"scales": scales} if scales else {}))
+        kw = {"scales": scales} if scales else {}
+        kw.update({"min_gain": min_gain} if min_gain is not None and not calibrate else {})
+        rep = kv_equalize(hf, out, cache_type_k=k, calibrate=calibrate, **kw)
+        kept = [n for n in rep.plan.notes if n.startswith("layers left as they are")]
         print(f"# kv-equalize {variant} {k}: scales chosen {rep.plan.params.get('scales')}, "
-              f"{rep.plan.params.get('scale_values', 'continuous')} "
+              f"{rep.plan.params.get('scale_values', 'continuous')}, min_gain {rep.plan.params.get('min_gain')}; "
+              f"{len(rep.plan.changed)} tensors changed; {kept[0] if kept else 'no layer kept by the guard'} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return out
 
@@ -139,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default=None,
                     help="static choice with these scale kinds, a comma list (pow2,continuous); the first is the "
                          "'static' row of the summary (default: kv-equalize's own default)")
+    ap.add_argument("--min-gain", type=float, default=None,
+                    help="kv-equalize's no-harm guard (default: its own, 0.10); 0 rewrites every layer as the "
+                         "optimizer chose (the runs before the guard existed)")
     a = ap.parse_args(argv)
     from ckpt_surgeon.conversion import hf_to_gguf
     work = Path(a.out or tempfile.mkdtemp(prefix="bench-kv-cache-"))
@@ -160,11 +170,11 @@ def main(argv=None) -> int:
         kinds += [("cal", None)] if a.calibrate else []
         for k in TYPES:
             for kind, sc in kinds:
-                eq = equalized(hf, work, variant, k, calibrate=kind == "cal", scales=sc)
+                eq = equalized(hf, work, variant, k, calibrate=kind == "cal", scales=sc, min_gain=a.min_gain)
                 if eq is None:
                     print(f"{variant:<13} equalized  (ckpt_surgeon.kv_equalize not importable: skipped)")
                     break
-                ge = work / f"{variant}-{kind}-{k}.f16.gguf"
+                ge = work / f"{eq.name}.f16.gguf"
                 if not ge.is_file():
                     hf_to_gguf(eq, ge, dtype="f16", name=f"kv-{variant}-{kind}")
                 (_, st, dt), = sweep(g, ge, text, a.ctx, (k,))

@@ -15,9 +15,16 @@ real bytes so copy/read benchmarks measure real I/O.
 ``--shape`` picks the geometry: ``7b`` (the default, above), ``0.5b`` (Qwen2.5-0.5B: hidden 896,
 24 layers, 14 / 2 heads of 64, intermediate 4864, vocab 151936, tied embeddings, one shard,
 ~0.99 GB) or ``small`` (the 0.5b geometry with 8 layers, ~0.51 GB: for smoke runs of the
-benchmarks on a shared machine).
+benchmarks on a shared machine) or ``7b4`` (the 7b geometry with 4 layers, ~4 GB).
+
+``--kbias`` picks the key-bias profile: ``random`` (the default, above: the boundary norms spread over every
+dimension) or ``concentrated``: ``|b_k|`` 605 at the first layer and 921 at the last (the public Qwen2.5-7B
+figures), each kv head's share in its last 4 (lowest-frequency) rotary pairs ``(j, j + head_dim/2)`` at random
+phases, as ``fixtures/kv_fixture.py``'s concentrated variant; ~22 spread elsewhere.  That is the profile
+``kv-equalize`` rewrites (its no-harm guard keeps layers whose bias is spread as it is).
 
 Usage: python benchmarks/make_qwen25_shape.py [--dir .bench/qwen2.5-7b-shape] [--shape 7b] [--sparse]
+                                              [--kbias random|concentrated]
 """
 from __future__ import annotations
 
@@ -49,6 +56,8 @@ SHAPES = {
     "7b": Shape(3584, 28, 28, 4, 128, 18944, 152064, 4, False, 131072),
     "0.5b": Shape(896, 24, 14, 2, 64, 4864, 151936, 1, True, 32768),
     "small": Shape(896, 8, 14, 2, 64, 4864, 151936, 1, True, 32768),
+    # the 7b geometry with 4 layers (~4 GB): kv-equalize's per-layer choices at the 7B shape, quickly
+    "7b4": Shape(3584, 4, 28, 4, 128, 18944, 152064, 1, False, 131072),
     # many narrow layers (bench_convert_memory.py): the model is ~5x its largest tensor (the
     # 151936 x 512 embedding / head), and "deep8" is the same geometry with 8 layers
     "deep": Shape(512, 64, 8, 2, 64, 2048, 151936, 2, False, 32768),
@@ -98,12 +107,31 @@ def _bf16(a: np.ndarray) -> bytes:
     return u.astype(np.uint16).tobytes()
 
 
-def _fill_value(name: str, shape, rng: np.random.Generator, n_layers: int) -> bytes | None:
+KBIAS = ("random", "concentrated")
+_CONCENTRATED = {0: 605.0, -1: 921.0}  # the public Qwen2.5-7B boundary key-bias norms (L2)
+
+
+def _concentrated_k_bias(rng: np.random.Generator, n: int, head_dim: int, norm: float) -> bytes:
+    """Each kv head's key bias in its last 4 rotary pairs (dims j, j + head_dim/2), random phases, L2 = norm."""
+    half = head_dim // 2
+    b = np.zeros((n // head_dim, head_dim))
+    for g in range(b.shape[0]):
+        for j in range(half - 4, half):
+            phi = rng.uniform(0, 2 * np.pi)
+            b[g, j], b[g, j + half] = np.cos(phi), np.sin(phi)
+    b = b.reshape(-1)
+    return _bf16(b * (norm / np.linalg.norm(b)))
+
+
+def _fill_value(name: str, shape, rng: np.random.Generator, n_layers: int, kbias: str = "random",
+                head_dim: int = 128) -> bytes | None:
     """Small tensors get meaningful random values; big ones use the shared block (None)."""
     n = int(np.prod(shape))
     if name.endswith(".bias"):
         layer = int(name.split(".")[2])
         scale = 1.0
+        if kbias == "concentrated" and "k_proj" in name and layer in (0, n_layers - 1):
+            return _concentrated_k_bias(rng, n, head_dim, _CONCENTRATED[0 if layer == 0 else -1])
         if "k_proj" in name:
             # large in the first and last layers, median ~22 (in L2 over 512 values)
             scale = {0: 600.0, n_layers - 1: 900.0}.get(layer, 22.0) / np.sqrt(n)
@@ -114,10 +142,14 @@ def _fill_value(name: str, shape, rng: np.random.Generator, n_layers: int) -> by
 
 
 def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *, sparse: bool = False,
-                      quiet: bool = False, shape: str = "7b") -> Path:
+                      quiet: bool = False, shape: str = "7b", kbias: str = "random") -> Path:
+    if kbias not in KBIAS:
+        raise ValueError(f"unknown key-bias profile {kbias!r}; known: {', '.join(KBIAS)}")
     out = Path(out_dir)
-    done = out / ".complete"
+    done, mark = out / ".complete", "ok\n" if kbias == "random" else f"ok {kbias}\n"
     if done.exists():
+        if done.read_text() != mark:
+            raise ValueError(f"{out} holds another key-bias profile ({done.read_text().strip()!r}); use another --dir")
         return out
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -153,7 +185,7 @@ def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *,
             base = f.tell()
             for name, dims in shard:
                 nb = int(np.prod(dims)) * 2
-                val = _fill_value(name, dims, rng, geo.layers)
+                val = _fill_value(name, dims, rng, geo.layers, kbias, geo.head_dim)
                 if val is not None:
                     f.write(val)
                 elif sparse:
@@ -172,7 +204,7 @@ def make_qwen25_shape(out_dir: str | os.PathLike = ".bench/qwen2.5-7b-shape", *,
         (out / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (out / "config.json").write_text(json.dumps(config(geo), indent=2))
-    done.write_text("ok\n")
+    done.write_text(mark)
     return out
 
 
@@ -181,5 +213,6 @@ if __name__ == "__main__":
     ap.add_argument("--dir", default=".bench/qwen2.5-7b-shape")
     ap.add_argument("--sparse", action="store_true", help="leave big weights as file holes")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b", help="geometry (see the module doc)")
+    ap.add_argument("--kbias", choices=KBIAS, default="random", help="key-bias profile (see the module doc)")
     a = ap.parse_args()
-    print(make_qwen25_shape(a.dir, sparse=a.sparse, shape=a.shape))
+    print(make_qwen25_shape(a.dir, sparse=a.sparse, shape=a.shape, kbias=a.kbias))

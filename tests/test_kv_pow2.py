@@ -93,3 +93,37 @@ def test_scales_option(tiny, tmp_path):
                                       "--calibrate"])
     assert r.exit_code == 2 and "--calibrate searches continuous scales" in r.output, r.output
     assert r.output.count("\n") == 1 and not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("dtype", sorted(_NP))
+def test_turned_rows_on_bits_equal_the_float64_path(dtype, tmp_path, monkeypatch):
+    """A turned step with power-of-two scales: the rows no turn touches are the exact products on the stored bits,
+    the turned rows go through ``ops.scale_axis`` alone (4 of 12 rows here), and the bytes written equal the
+    float64 path over the whole tensor (``scale_axis`` then the writer's one rounding), signed zeros included
+    (``(x + 0) * s`` makes -0 into +0 there)."""
+    from safetensors.numpy import save_file
+
+    from ckpt_surgeon.surgery import ops
+    from ckpt_surgeon.surgery.plan import Plan, TensorStep, execute, step_params
+
+    rng = np.random.default_rng(1)
+    x = {"w": (rng.choice([-1.0, 1.0], (12, 7)) * np.exp2(rng.uniform(-6, 0, (12, 7)))).astype(_NP[dtype]),
+         "b": (rng.choice([-1.0, 1.0], 12) * np.exp2(rng.uniform(-6, 0, 12))).astype(_NP[dtype])}
+    x["w"][1, 2], x["w"][0, 3], x["b"][5], x["b"][7] = -0.0, -0.0, -0.0, -0.0    # in a turned row and not
+    src = tmp_path / "src.safetensors"
+    save_file(x, str(src))
+    scale = np.exp2(rng.integers(-3, 4, 12)).astype(np.float64)
+    turn = dict(turn_a=[1, 2], turn_b=[5, 9], turn_angle=[0.7, -2.1])
+    steps = [TensorStep("scale_axis", n, (n,), step_params(scale=[float(s) for s in scale], axis=0, **turn), like=n)
+             for n in ("w", "b")]
+    seen = []
+    real = ops.scale_axis
+    monkeypatch.setattr(ops, "scale_axis", lambda v, *a, **k: (seen.append(np.shape(v)[0]), real(v, *a, **k))[1])
+    with open_checkpoint(str(src)) as ck:
+        execute(ck, Plan("kv-equalize", str(src), {}, tuple(steps)), tmp_path / "out.safetensors")
+    assert seen == [4, 4]                          # only the turned rows left the bit kernel
+    with open_checkpoint(str(tmp_path / "out.safetensors")) as ck:
+        for n in ("w", "b"):
+            want = cast_to_dtype(real(x[n].astype(np.float64), scale, 0, 0.0,
+                                      (turn["turn_a"], turn["turn_b"], turn["turn_angle"])), dtype)
+            assert bytes(ck.read_raw(n)) == want, n

@@ -239,7 +239,7 @@ class _Evaluator:
             return ops.center(self.value(step.inputs[0]), int(step.param("axis", 0)))
         if op == "scale_axis":
             turn = step.param("turn_a")
-            fast = self._scale_pow2(step) if turn is None and not step.param("offset", 0.0) else None
+            fast = self._scale_pow2(step) if not step.param("offset", 0.0) else None
             if fast is not None:
                 return fast
             return ops.scale_axis(self.value(step.inputs[0]), np.asarray(step.param("scale"), dtype=np.float64),
@@ -279,8 +279,41 @@ class _Evaluator:
         info = self.ck.tensors[name]
         if info.quantized or info.dtype not in ops.POW2_DTYPES:
             return None
-        return ops.scale_pow2_bits(self.ck.read_raw(name), info.dtype, tuple(info.shape), exps.astype(np.int64),
-                                   int(step.param("axis", 0)))
+        turned = step.param("turn_a") is not None
+        if turned and int(step.param("axis", 0)) % len(info.shape) != 0:
+            return None                  # a turn along another axis (Conv1D): the float64 path
+        raw = self.ck.read_raw(name)
+        out = ops.scale_pow2_bits(raw, info.dtype, tuple(info.shape), exps.astype(np.int64),
+                                  int(step.param("axis", 0)))
+        if out is None or not turned:
+            return out
+        return _turned_rows(out, raw, info, scale, step)
+
+
+def _turned_rows(bits: bytes, raw, info, scale: np.ndarray, step: TensorStep) -> bytes:
+    """A turned ``scale_axis`` (axis 0) on top of its power-of-two product ``bits``: the rows a turn moves are
+    computed as the float64 path computes them (``ops.scale_axis`` on just those rows, the same expressions
+    element by element, rounded once by the writer's own cast); every other row is the exact product, with a
+    zero made +0 as ``(x + 0) * s`` makes it there.  The same bytes as the float64 path over the whole tensor,
+    without decoding, scaling and rounding the rows no turn touches."""
+    from ..formats.write.cast import cast_to_dtype
+
+    unit = np.dtype("<u2" if info.dtype in ("BF16", "F16") else "<u4")
+    n = int(info.shape[0])
+    u = np.frombuffer(bits, dtype=unit).reshape(n, -1).copy()
+    u[u == unit.type(1 << (8 * unit.itemsize - 1))] = 0           # -0 -> +0
+    ia, ib = (np.asarray(step.param(k), dtype=np.int64) for k in ("turn_a", "turn_b"))
+    rows = np.unique(np.concatenate([ia, ib]))
+    src = np.frombuffer(raw, dtype=unit).reshape(n, -1)[rows]
+    if info.dtype == "BF16":
+        vals = (src.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    else:
+        vals = src.view(np.float16 if info.dtype == "F16" else np.float32)
+    vals = vals.astype(np.float64).reshape((len(rows),) + tuple(info.shape[1:]))
+    sub = ops.scale_axis(vals, scale[rows], 0, 0.0, (np.searchsorted(rows, ia), np.searchsorted(rows, ib),
+                                                     step.param("turn_angle")))
+    u[rows] = np.frombuffer(cast_to_dtype(sub, info.dtype), dtype=unit).reshape(len(rows), -1)
+    return u.tobytes()
 
 
 def _element_units(buf: bytes, info) -> np.ndarray:
