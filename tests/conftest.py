@@ -151,10 +151,16 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionstart(session):
     """A llama.cpp build that would crash on this CPU (compiled for instructions it lacks, or with
     the AMX kernels that segfault here) stops the run with one line, before hundreds of tests die
-    in SIGILL / SIGSEGV one by one."""
+    in SIGILL / SIGSEGV one by one.  And the derived convert path's children are forked from a server
+    with torch and transformers imported (tests/forkserver.py)."""
+    import forkserver
+    if forkserver.enabled():
+        from ckpt_surgeon.conversion.derived.spawn import set_launcher
+        set_launcher(forkserver.launcher)
     if importlib.util.find_spec("llama_cpp") is None:
         return  # the tests that need it fail with the install command (a broken set-up, not a skip)
     from ckpt_surgeon.verification.llama_build import build_problem
     problem = build_problem()
     if problem:
         pytest.exit(problem, returncode=2)
+

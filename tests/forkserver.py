@@ -11,6 +11,10 @@ folder, then ``PYTHONPATH``), ``sys.argv``, stdout / stderr to files, the script
 with the traceback on stderr).  The server imports only third-party libraries, never ``ckpt_surgeon``
 or ``gguf`` (llama.cpp's runner insists on its own gguf-py), so the code under test starts fresh.
 
+The suite also hands :func:`launcher` to the derived convert path (``spawn.set_launcher``, in
+tests/conftest.py), whose children import llama.cpp's converter and with it torch.  Processes a test
+starts to kill, time or measure (memory) stay plain subprocesses.
+
 ``run`` has ``subprocess.run``'s shape (``capture_output=True, text=True`` always); ``start`` returns a
 handle with ``wait`` / ``kill`` / ``returncode``.  ``CKPT_SURGEON_TEST_NO_FORK=1`` (or a platform
 without ``fork`` / ``pidfd_open``) runs every call as a plain subprocess instead.
@@ -212,6 +216,12 @@ def run(argv: list, env: dict | None = None, cwd=None, timeout: float | None = N
         proc.wait() if isinstance(proc, Forked) else proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def launcher(argv: list, env: dict, die_with_parent: bool) -> subprocess.CompletedProcess:
+    """For :func:`ckpt_surgeon.conversion.derived.spawn.set_launcher`: the derived path's children, forked.
+    (``die_with_parent`` needs nothing here: the parent is the server, which ends with the worker.)"""
+    return run(argv, env=env)
 
 
 if __name__ == "__main__":

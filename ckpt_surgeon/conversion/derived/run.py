@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from ...errors import ConfigError, FormatError, UnsupportedError
 from ...publish import Staging
 from ..report import ConvertReport, TensorRecord
 from .source import architecture_maps, converter_root, llamacpp_version
+from .spawn import run_module
 
 __all__ = ["derived_hf_to_gguf_report", "hf_architecture", "DERIVED_DTYPES"]
 
@@ -57,25 +57,11 @@ def _checked_arch(folder: Path, root: Path, want_mmproj: bool = False) -> str:
     return arch
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: end with this process (Linux ``PR_SET_PDEATHSIG``), so that a
-    killed ``convert`` stops its writer too and a rerun resumes a split set instead of finding it locked."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)    # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _run_child(req: dict, tmp: Path) -> dict:
     req_path = tmp / "request.json"
     req["report"] = str(tmp / "report.json")
     req_path.write_text(json.dumps(req), encoding="utf-8")
-    pkg_root = str(Path(__file__).resolve().parents[3])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p))
-    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon.conversion.derived.child", str(req_path)],
-                       capture_output=True, text=True, env=env, preexec_fn=_die_with_parent)
+    r = run_module("ckpt_surgeon.conversion.derived.child", req_path, die_with_parent=True)
     rep = Path(req["report"])
     if not rep.is_file():
         tail = (r.stderr or r.stdout).strip().splitlines()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import numpy as np
 from ...errors import ConfigError, FormatError, UnsupportedError
 from ..report import ConvertReport, TensorRecord
 from .source import converter_root, llamacpp_version
+from .spawn import run_module
 
 __all__ = ["derived_gguf_to_hf_report", "gguf_needs_derived"]
 
@@ -71,10 +71,7 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
     req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
            "report": str(tmp / "report.json")}
     (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
-    pkg_root = str(Path(__file__).resolve().parents[3])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p))
-    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon.conversion.derived.probe_child", str(tmp / "request.json")],
-                       capture_output=True, text=True, env=env)
+    r = run_module("ckpt_surgeon.conversion.derived.probe_child", tmp / "request.json")
     rep = Path(req["report"])
     if not rep.is_file():
         tail = (r.stderr or r.stdout).strip().splitlines()
