@@ -3,7 +3,11 @@ converter registers, converted by ``convert --engine llama.cpp`` and by llama.cp
 ``convert_hf_to_gguf.py`` (tests/llamacpp_ref_convert.py) on the same tiny folder; prints one line per
 architecture and outtype: identical (whole file, byte for byte), differs, or who refused and why.
 
-    CKPT_SURGEON_FIXTURE_CACHE=... python benchmarks/zoo_derived.py [model_type ...] [--outtypes f16,q8_0]
+    CKPT_SURGEON_FIXTURE_CACHE=... python benchmarks/zoo_derived.py [model_type ...] [--outtypes f16,q8_0] [--json OUT]
+
+Without model types: every derived model type the zoo lists (fixtures/zoo.py's mappings; the ones it
+cannot build are reported as unbuildable).  ``--json OUT`` also writes the per-type results there
+(``{"<type>/<outtype>": {"status", "llama.cpp", "ours", "seconds"}}``: the two refusals' last lines, plus ``_meta``: date, commit, versions).
 
 The zoo's folders (fixtures/zoo.py) carry no tokenizer: the tiny llama fixture's BPE tokenizer is
 copied in (llama.cpp pads the vocabulary up to the config's vocab_size as it does for real models).
@@ -16,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,22 +46,37 @@ def reference(root: Path, folder: Path, out: Path, outtypes) -> str:
     return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:160]
 
 
+def _option(argv, name, default):
+    if name not in argv:
+        return default, argv
+    i = argv.index(name)
+    return argv[i + 1], argv[:i] + argv[i + 2:]
+
+
+def _meta() -> dict:
+    import datetime
+    import transformers
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+            "transformers": transformers.__version__}
+
+
 def main(argv):
     from llamacpp_src import llamacpp_source
     from ckpt_surgeon.conversion import convert
     from ckpt_surgeon.conversion.derived import architecture_table
     from ckpt_surgeon.errors import CkptError
-    outtypes = ["f16", "q8_0"]
-    if "--outtypes" in argv:
-        i = argv.index("--outtypes")
-        outtypes = argv[i + 1].split(",")
-        argv = argv[:i] + argv[i + 2:]
+    from fixtures.zoo import zoo_mapping
+    outtypes, argv = _option(argv, "--outtypes", "f16,q8_0")
+    outtypes = outtypes.split(",")
+    json_out, argv = _option(argv, "--json", None)
     root = llamacpp_source()
     os.environ.setdefault("CKPT_SURGEON_LLAMACPP_SRC", str(root))
     derived = {r.model_type for r in architecture_table() if r.engine == "derived" and r.model_type}
-    types = argv or sorted(derived)
+    types = argv or sorted(derived & set(zoo_mapping()))
     work = Path(tempfile.mkdtemp(prefix="zoo-derived-"))
-    results = {}
+    results = {"_meta": {**_meta(), "outtypes": outtypes}}
     for mt in types:
         try:
             folder = folder_for(mt, work / "src")
@@ -66,6 +86,7 @@ def main(argv):
             continue
         ref = work / "ref" / mt
         ref.mkdir(parents=True)
+        t0 = time.perf_counter()
         why_ref = reference(root, folder, ref, outtypes)
         for ot in outtypes:
             ours = work / "ours" / mt / f"{ot}.gguf"
@@ -75,17 +96,22 @@ def main(argv):
                 why_ours = ""
             except CkptError as e:
                 why_ours = str(e)[-160:]
+            except Exception as e:  # noqa: BLE001 -- a crash on our side is a result to report, not the sweep's end
+                why_ours = f"CRASH {type(e).__name__}: {str(e)[-140:]}"
             if why_ref or why_ours:
                 status = "both refuse" if why_ref and why_ours else ("llama.cpp refuses" if why_ref else "ours refuses")
-                line = f"{status}: {why_ref or why_ours}"
+                line = f"{status}: {why_ref or why_ours}" + (f" | ours: {why_ours}" if why_ref and why_ours else "")
             else:
                 same = (ref / f"{ot}.gguf").read_bytes() == ours.read_bytes()
                 status = "identical" if same else "DIFFERS"
                 line = status
-            results[f"{mt}/{ot}"] = {"status": status, "why": why_ref or why_ours}
+            results[f"{mt}/{ot}"] = {"status": status, "llama.cpp": why_ref, "ours": why_ours,
+                                     "seconds": round(time.perf_counter() - t0, 1)}
             print(f"{mt:28s} {ot:5s} {line}", flush=True)
+        if json_out:   # after every type: a killed sweep keeps what it measured
+            Path(json_out).write_text(json.dumps(results, indent=1) + "\n")
     (work / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"results: {work / 'results.json'}")
+    print(f"results: {json_out or work / 'results.json'}")
 
 
 if __name__ == "__main__":
