@@ -7,7 +7,9 @@ architecture and outtype: identical (whole file, byte for byte), differs, or who
 
 Without model types: every derived model type the zoo lists (fixtures/zoo.py's mappings; the ones it
 cannot build are reported as unbuildable).  ``--json OUT`` also writes the per-type results there
-(``{"<type>/<outtype>": {"status", "llama.cpp", "ours", "seconds"}}``: the two refusals' last lines, plus ``_meta``: date, commit, versions).
+(``{"<type>/<outtype>": {"status", "llama.cpp", "ours", "seconds"}}``, the two sides' refusals' last
+lines; ``_meta``: date, commit, transformers).  Where llama.cpp's converter stops at the first outtype
+(its process ends there) and ours refuses it too, the other outtypes are recorded as the same, not run.
 
 The zoo's folders (fixtures/zoo.py) carry no tokenizer: the tiny llama fixture's BPE tokenizer is
 copied in (llama.cpp pads the vocabulary up to the config's vocab_size as it does for real models).
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,15 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
 def folder_for(model_type: str, dest: Path) -> Path:
-    from fixtures.build_fixtures import fixture_path, zoo_path
-    out = dest / model_type
-    if not out.exists():
-        shutil.copytree(zoo_path(model_type), out)
-        tok = fixture_path("llama")
-        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-            if (tok / f).is_file():
-                shutil.copy(tok / f, out / f)
-    return out
+    from derived_util import zoo_folder
+    return zoo_folder(model_type, dest)
 
 
 def reference(root: Path, folder: Path, out: Path, outtypes) -> str:
@@ -88,7 +82,12 @@ def main(argv):
         ref.mkdir(parents=True)
         t0 = time.perf_counter()
         why_ref = reference(root, folder, ref, outtypes)
-        for ot in outtypes:
+        for k, ot in enumerate(outtypes):
+            if why_ref and k and results[f"{mt}/{outtypes[0]}"]["status"] == "both refuse":
+                # llama.cpp's process stopped at the first outtype; ours refused it too: not run again
+                results[f"{mt}/{ot}"] = {**results[f"{mt}/{outtypes[0]}"], "not_rerun": True}
+                print(f"{mt:28s} {ot:5s} both refuse (as {outtypes[0]}; not run again)", flush=True)
+                continue
             ours = work / "ours" / mt / f"{ot}.gguf"
             ours.parent.mkdir(parents=True, exist_ok=True)
             try:
