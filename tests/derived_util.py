@@ -14,6 +14,19 @@ from llamacpp_src import llamacpp_source
 from fixtures.build_fixtures import fixture_path, zoo_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# what the model's own Hub folder has and the zoo folder lacks, which llama.cpp's class reads (both converters
+# read the same folder):
+# special tokens a class looks up by name (llama.cpp's _set_vocab_glm: bos [gMASK], eot <|user|>, eom
+# <|observation|>; GLM-4 / ChatGLM's set_vocab: <|user|>; Solar Open's: <unk>, <|startoftext|>)
+_GLM = ("[gMASK]", "<|user|>", "<|observation|>")
+SPECIALS = {"glm4_moe": _GLM, "glm4_moe_lite": _GLM, "glm_moe_dsa": _GLM, "glm4": _GLM, "glm": _GLM,
+            "solar_open": ("<unk>", "<|startoftext|>")}
+# config keys the Hub's config.json has and transformers' config class does not write (MiniMaxM2Model reads
+# rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the whole head, as transformers'
+# MiniMaxM2Config rotates it)
+CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
+# tokenizer_config.json keys (DeepSeek-V3.2's class asserts add_bos_token, which its Hub tokenizer_config sets)
+TOKENIZER_CONFIG = {"deepseek_v32": {"add_bos_token": True}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,9 +37,10 @@ def converter_src():
     os.environ.pop("CKPT_SURGEON_LLAMACPP_SRC", None)
 
 
-def zoo_folder(model_type: str, root: Path, *, config_extra: dict | None = None, specials=()) -> Path:
-    """``root/model_type``: the zoo's tiny ``model_type`` with the tokenizer copied in (built once);
-    ``config_extra`` merged into its config.json, ``specials`` added to the tokenizer as special tokens."""
+def zoo_folder(model_type: str, root: Path) -> Path:
+    """``root/model_type``: the zoo's tiny ``model_type`` with the tokenizer copied in (built once), and what
+    its own Hub folder has that llama.cpp's class reads (:data:`SPECIALS`, :data:`CONFIG_EXTRA`,
+    :data:`TOKENIZER_CONFIG`)."""
     out = root / model_type
     if out.exists():
         return out
@@ -34,12 +48,13 @@ def zoo_folder(model_type: str, root: Path, *, config_extra: dict | None = None,
     tok = fixture_path("llama")
     for f in TOKENIZER_FILES:
         shutil.copy(tok / f, out / f)
-    if config_extra:
-        cfg = json.loads((out / "config.json").read_text())
-        (out / "config.json").write_text(json.dumps({**cfg, **config_extra}, indent=2))
-    if specials:
+    for name, extra in (("config.json", CONFIG_EXTRA), ("tokenizer_config.json", TOKENIZER_CONFIG)):
+        if model_type in extra:
+            cfg = json.loads((out / name).read_text())
+            (out / name).write_text(json.dumps({**cfg, **extra[model_type]}, indent=2))
+    if model_type in SPECIALS:
         from tokenizers import AddedToken, Tokenizer
         t = Tokenizer.from_file(str(out / "tokenizer.json"))
-        t.add_special_tokens([AddedToken(s, special=True) for s in specials])
+        t.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS[model_type]])
         t.save(str(out / "tokenizer.json"))
     return out

@@ -33,20 +33,13 @@ ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_den
 # issue 33's frontier families (tiny, from transformers' configs): DeepSeek-V3, GLM-4.5, Llama 4, gpt-oss
 # (its bf16 form; not the MXFP4 release), MiniMax-M2
 FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
-# special tokens a converter class looks up by name (llama.cpp's _set_vocab_glm: bos, eot, eom)
-SPECIALS = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
-# config keys the Hub's config.json has and transformers' config class does not write, which llama.cpp's
-# class reads (MiniMaxM2Model: rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the
-# whole head, as transformers' MiniMaxM2Config rotates it)
-CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("derived")
-    return lambda model_type: zoo_folder(model_type, root, config_extra=CONFIG_EXTRA.get(model_type),
-                                         specials=SPECIALS.get(model_type, ()))
+    return lambda model_type: zoo_folder(model_type, root)
 
 
 @pytest.mark.parametrize("outtype", ("f16", "q8_0"))
