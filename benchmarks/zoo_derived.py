@@ -4,12 +4,18 @@ converter registers, converted by ``convert --engine llama.cpp`` and by llama.cp
 architecture and outtype: identical (whole file, byte for byte), differs, or who refused and why.
 
     CKPT_SURGEON_FIXTURE_CACHE=... python benchmarks/zoo_derived.py [model_type ...] [--outtypes f16,q8_0] [--json OUT]
+    python benchmarks/zoo_derived.py --summarize RUN.json [RUN.json ...] [--json MERGED]
 
 Without model types: every derived model type the zoo lists (fixtures/zoo.py's mappings; the ones it
 cannot build are reported as unbuildable).  ``--json OUT`` also writes the per-type results there
 (``{"<type>/<outtype>": {"status", "llama.cpp", "ours", "seconds"}}``, the two sides' refusals' last
 lines; ``_meta``: date, commit, transformers).  Where llama.cpp's converter stops at the first outtype
 (its process ends there) and ours refuses it too, the other outtypes are recorded as the same, not run.
+
+``--summarize`` merges runs (a later file's type replaces an earlier's; each entry keeps its run's commit),
+puts every model type in one class (identical f16 and q8_0, identical f16 only, DIFFERS, ours refuses,
+both refuse, llama.cpp refuses while ours converts, unbuildable) and prints the share identical at both
+outtypes of the types llama.cpp's converter converts.
 
 The zoo's folders (fixtures/zoo.py) carry no tokenizer: the tiny llama fixture's BPE tokenizer is
 copied in (llama.cpp pads the vocabulary up to the config's vocab_size as it does for real models).
@@ -54,6 +60,49 @@ def _meta() -> dict:
                             text=True).stdout.strip()
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
             "transformers": transformers.__version__}
+
+
+def classify(entries: dict) -> str:
+    """One class for a type's ``{outtype: entry}``."""
+    st = [e["status"] for e in entries.values()]
+    if all(x == "identical" for x in st):
+        return "identical f16 and q8_0" if {"f16", "q8_0"} <= set(entries) else "identical (" + ",".join(entries) + ")"
+    if "DIFFERS" in st:
+        return "DIFFERS"
+    if entries.get("f16", {}).get("status") == "identical":
+        return "identical f16 only"
+    if "ours refuses" in st:
+        return "ours refuses"
+    if "llama.cpp refuses" in st:
+        return "llama.cpp refuses, ours converts"
+    return "both refuse"
+
+
+def summarize(paths, json_out=None) -> dict:
+    by_type, runs = {}, []
+    for k, p in enumerate(paths):
+        data = json.loads(Path(p).read_text())
+        meta = data.pop("_meta", {})
+        runs.append(meta)
+        fresh = {}
+        for key, e in data.items():
+            mt, _, ot = key.partition("/")
+            fresh.setdefault(mt, {})[ot or "-"] = {**e, "run": k}
+        by_type.update(fresh)
+    classes = {}
+    for mt in sorted(by_type):
+        c = "unbuildable" if "-" in by_type[mt] else classify(by_type[mt])
+        classes.setdefault(c, []).append(mt)
+    for c, types in sorted(classes.items()):
+        print(f"{c} ({len(types)}): {' '.join(types)}")
+    ok = len(classes.get("identical f16 and q8_0", []))
+    denom = sum(len(v) for c, v in classes.items() if c not in ("both refuse", "unbuildable"))
+    print(f"{len(by_type)} types; llama.cpp's converter converts {denom}; identical f16 and q8_0: {ok} "
+          f"({100 * ok / max(denom, 1):.1f} %)")
+    merged = {"runs": runs, "classes": classes, "types": by_type}
+    if json_out:
+        Path(json_out).write_text(json.dumps(merged, indent=1) + "\n")
+    return merged
 
 
 def main(argv):
@@ -114,4 +163,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if "--summarize" in sys.argv:
+        out, rest = _option(sys.argv[1:], "--json", None)
+        summarize([a for a in rest if a != "--summarize"], out)
+    else:
+        main(sys.argv[1:])
