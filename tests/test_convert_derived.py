@@ -19,57 +19,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from llamacpp_src import llamacpp_source
+from derived_util import converter_src, zoo_folder  # noqa: F401 -- converter_src: the module's autouse fixture
 from test_llamacpp_converter import _reference
 from test_quantize import assert_same_tensors, llama_quantize
 
 from ckpt_surgeon.cli import cli as cli_main
 from ckpt_surgeon.conversion import convert
-from fixtures.build_fixtures import fixture_path, zoo_path
 
 # zoo model types outside the native registry, each a different llama.cpp converter class
 # (benchmarks/zoo_derived.py runs every one the zoo builds)
-ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense", "lfm2")
+# Ministral 3: Mistral3Model delegates to an inner model and overrides write(); the class's own write() runs
+ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense", "lfm2", "ministral3")
 # issue 33's frontier families (tiny, from transformers' configs): DeepSeek-V3, GLM-4.5, Llama 4, gpt-oss
 # (its bf16 form; not the MXFP4 release), MiniMax-M2
 FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
-# special tokens a converter class looks up by name (llama.cpp's _set_vocab_glm: bos, eot, eom)
-SPECIALS = {"glm4_moe": ("[gMASK]", "<|user|>", "<|observation|>")}
-# config keys the Hub's config.json has and transformers' config class does not write, which llama.cpp's
-# class reads (MiniMaxM2Model: rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the
-# whole head, as transformers' MiniMaxM2Config rotates it)
-CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _converter_src():
-    os.environ["CKPT_SURGEON_LLAMACPP_SRC"] = str(llamacpp_source())
-    yield
-    os.environ.pop("CKPT_SURGEON_LLAMACPP_SRC", None)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("derived")
-    tok = fixture_path("llama")
-
-    def get(model_type: str) -> Path:
-        out = root / model_type
-        if not out.exists():
-            shutil.copytree(zoo_path(model_type), out)
-            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-                shutil.copy(tok / f, out / f)
-            if model_type in CONFIG_EXTRA:
-                cfg = json.loads((out / "config.json").read_text())
-                (out / "config.json").write_text(json.dumps({**cfg, **CONFIG_EXTRA[model_type]}, indent=2))
-            if model_type in SPECIALS:
-                from tokenizers import AddedToken, Tokenizer
-                t = Tokenizer.from_file(str(out / "tokenizer.json"))
-                t.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS[model_type]])
-                t.save(str(out / "tokenizer.json"))
-        return out
-    return get
+    return lambda model_type: zoo_folder(model_type, root)
 
 
 @pytest.mark.parametrize("outtype", ("f16", "q8_0"))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from derived_util import converter_src  # noqa: F401 -- the module's autouse fixture
 from mxfp4_source import mxfp4_gpt_oss
-from test_convert_derived import _converter_src  # noqa: F401 -- fixture
 from test_split_output import _reference
 
 from ckpt_surgeon.checkpoint import open_checkpoint

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_convert_derived import _converter_src, folder  # noqa: F401 -- fixtures
+from derived_util import converter_src  # noqa: F401 -- the module's autouse fixture
+from test_convert_derived import folder  # noqa: F401 -- fixture
 from test_split_output import _reference, _split_args
 
 from ckpt_surgeon.cli import cli

@@ -10,20 +10,18 @@ run the result exactly as it runs the original.  A class that computes instead o
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from llamacpp_src import llamacpp_source
+from derived_util import converter_src, zoo_folder  # noqa: F401 -- converter_src: the module's autouse fixture
 from test_llamacpp_converter import _reference
 
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli as cli_main
 from ckpt_surgeon.conversion import convert
-from fixtures.build_fixtures import fixture_path, zoo_path
 
 # different shapes of llama.cpp transform: plain renames (SmolLM3, EXAONE 4), stacked experts kept
 # stacked (GraniteMoE), a short-conv hybrid (LFM2), MLA with kv_b split into k_b / v_b and per-expert
@@ -32,26 +30,10 @@ ROUND_TRIP = ("smollm3", "granitemoe", "exaone4", "lfm2", "deepseek_v3")
 LOGITS = ("granitemoe", "deepseek_v3")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _converter_src():
-    os.environ["CKPT_SURGEON_LLAMACPP_SRC"] = str(llamacpp_source())
-    yield
-    os.environ.pop("CKPT_SURGEON_LLAMACPP_SRC", None)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("g2h")
-    tok = fixture_path("llama")
-
-    def get(model_type: str) -> Path:
-        out = root / model_type
-        if not out.exists():
-            shutil.copytree(zoo_path(model_type), out)
-            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-                shutil.copy(tok / f, out / f)
-        return out
-    return get
+    return lambda model_type: zoo_folder(model_type, root)
 
 
 def assert_same_as_f32(original: Path, back: Path) -> None:

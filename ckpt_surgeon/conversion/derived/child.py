@@ -15,8 +15,11 @@ what the class delegates, so the class's decisions are kept and only the machine
   dtype, shape and size for F32 / F16 / BF16 / Q8_0, encoded at write time by our kernels
   (:func:`~ckpt_surgeon.formats.quantize.encode_rows`, byte-identical to gguf-py's); any other
   type goes to gguf-py's own function;
-* **writer**: the class's ``GGUFWriter`` only collects key-values and tensor infos; the file is
-  laid out by :mod:`ckpt_surgeon.formats.write.gguf` and written tensor by tensor.
+* **writer**: the class's own ``write()`` runs (base ``ModelBase.write``, or a class's override:
+  Mistral3Model hands it to the inner model it delegates to), but ``GGUFWriter``'s file steps only
+  record which writer was written; that writer's key-values and tensor infos are the plan, laid out
+  by :mod:`ckpt_surgeon.formats.write.gguf` and written tensor by tensor.  A ``write()`` that would
+  write more than one file (BertModel's LoRA adapters) is refused.
 
 The one place the class's answer may be replaced: ``get_vocab_base_pre`` names a BPE
 pre-tokenizer by hashing a known Hub tokenizer's ids; for a tokenizer it does not know it
@@ -236,21 +239,50 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
     kind = base.ModelType.MMPROJ if req.get("mmproj") else base.ModelType.TEXT
     arch_name = base.get_model_architecture(hparams, kind)
     cls = conversion.get_model_class(arch_name, mmproj=bool(req.get("mmproj")))
-    if cls.write is not base.ModelBase.write:
-        raise NotImplementedError(f"{cls.__name__} writes more than one GGUF file (its own write()); not derived")
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
     stored = _hook_reader(base, folder)
     _hook_pre(base, warnings)
     _hook_sources(cls, sources)
+    written = _hook_writer(gguf)
     ftype = gguf.LlamaFileType[_FTYPES[req["base_dtype"]]]
     with torch.inference_mode():
         model = cls(folder, ftype, Path(req["output"]), model_name=req.get("name"))
-        model.prepare_tensors()
-        model.prepare_metadata(vocab_only=False)
-    if len(model.gguf_writer.tensors) != 1:
+        for inner in _inner_models(base, model, cls):      # a class that delegates (Mistral3Model.impl)
+            _hook_sources(type(inner), sources)
+        model.write()       # the class's own write(): its writers only record that they were written
+    if len(written) != 1:
+        raise NotImplementedError(f"{cls.__name__}.write() wrote {len(written)} GGUF files (LoRA adapters beside the "
+                                  "model ...); the derived path writes one file")
+    writer = written[0]
+    if len(writer.tensors) != 1:
         raise ValueError("the class planned several shards")
-    return arch_name, cls, model, stored
+    return arch_name, cls, writer, stored
+
+
+def _hook_writer(gguf) -> list:
+    """``GGUFWriter``'s file output, replaced: ``write_header_to_file`` records the writer and writes
+    nothing; the key-value / tensor / close steps after it do nothing.  The class's ``write()`` then runs
+    as llama.cpp runs it (base ``ModelBase.write``: ``prepare_tensors``, ``prepare_metadata``; a class's
+    own ``write()`` whatever it calls), and the recorded writers are the files it would have written."""
+    written = []
+    cls = gguf.GGUFWriter
+
+    def write_header_to_file(self, path=None):
+        if any(w is self for w in written):
+            raise ValueError("a GGUF writer was written twice")
+        written.append(self)
+
+    cls.write_header_to_file = write_header_to_file
+    cls.write_kv_data_to_file = lambda self: None
+    cls.write_tensors_to_file = lambda self, *, progress=False: None
+    cls.close = lambda self: None
+    return written
+
+
+def _inner_models(base, model, cls) -> list:
+    """Model objects the class holds and may delegate its planning to (their tensors' HF names are kept too)."""
+    return [v for v in vars(model).values() if isinstance(v, base.ModelBase) and not isinstance(v, cls)]
 
 
 def _first(v):
@@ -309,8 +341,7 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from ...formats.write import gguf as gw
-    arch_name, cls, model, stored = _model(gguf, conversion, req, warnings, sources)
-    writer = model.gguf_writer
+    arch_name, cls, writer, stored = _model(gguf, conversion, req, warnings, sources)
     infos = writer.tensors[0]
     kvs = _kvs(gguf, writer)
     slots = [gw.Slot(n, tuple(int(d) for d in ti.shape), int(ti.dtype), int(ti.nbytes)) for n, ti in infos.items()]
@@ -340,6 +371,12 @@ def run(req: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    return serve(argv, run)
+
+
+def serve(argv: list[str], run) -> int:
+    """A child's main: ``run`` the request ``argv[1]`` names, its result or its error (one line, the
+    traceback beside; a ``CkptError`` of ours with its fields) written to the request's ``report``."""
     req = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     import logging
     logging.basicConfig(level=logging.WARNING)

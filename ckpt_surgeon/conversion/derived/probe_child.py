@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
 
-from .child import _import_llamacpp
+from .child import _import_llamacpp, serve
 
 DIGIT_BITS = 23
 
@@ -180,18 +179,7 @@ def run(req: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    req = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
-    import logging
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        result = run(req)
-        code = 0
-    except Exception as e:          # noqa: BLE001 -- the parent turns it into one typed error line
-        result = {"error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:600],
-                  "traceback": traceback.format_exc()[-4000:]}
-        code = 3
-    Path(req["report"]).write_text(json.dumps(result, default=str), encoding="utf-8")
-    return code
+    return serve(argv, run)
 
 
 if __name__ == "__main__":
