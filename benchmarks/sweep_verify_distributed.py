@@ -85,7 +85,9 @@ def run_family(family: str, work: Path, ids: Path, cells: list) -> dict:
     kind, detail, one = _outcome(dist_util.single(args))
     out = {"one": f"{time.perf_counter() - t0:.0f} s"}
     streamed: dict = {}
-    if kind == "ok" and not one["corpus"]["kl"]["mean"] > 1e-6:
+    # An unperturbed candidate runs the reference's computations bit for bit: KL exactly 0.  Any value above
+    # float64 noise means it differs (granite's logits_scaling keeps its softmax near uniform: KL mean ~1e-6).
+    if kind == "ok" and not one["corpus"]["kl"]["mean"] > 1e-12:
         kind, detail = "failed", "the candidate does not differ (KL mean 0): nothing is compared"
     for mode, ranks in cells:
         key = f"{mode}-{ranks}"

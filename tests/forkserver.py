@@ -82,6 +82,9 @@ def _child(req: dict, base: list) -> None:
         argv = req["argv"]
         sys.path[:] = _child_path(argv, req["env"], req["cwd"], base)
         importlib.invalidate_caches()        # folders written since the server started
+        threads = req["env"].get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:     # OpenMP read the server's value when torch loaded
+            sys.modules["torch"].set_num_threads(int(threads))
         try:
             if argv[0] == "-m":
                 sys.argv = [argv[1], *argv[2:]]
@@ -216,6 +219,30 @@ def run(argv: list, env: dict | None = None, cwd=None, timeout: float | None = N
         proc.wait() if isinstance(proc, Forked) else proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_all(procs: list, timeout: float | None = None) -> list:
+    """Wait for every process of :func:`start` (a whole group of ranks: on a timeout each is killed,
+    then TimeoutExpired) -> their ``subprocess.CompletedProcess`` in order."""
+    import time
+    end = None if timeout is None else time.monotonic() + timeout
+    done = []
+    try:
+        for p in procs:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if isinstance(p, Forked):
+                p.wait(left)
+                done.append(subprocess.CompletedProcess(p.args, p.returncode, p.stdout, p.stderr))
+            else:
+                out, err = p.communicate(timeout=left)
+                done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait() if isinstance(p, Forked) else p.communicate()
+        raise
+    return done
 
 
 def launcher(argv: list, env: dict, die_with_parent: bool) -> subprocess.CompletedProcess:

@@ -1,9 +1,13 @@
 """``verify`` launched by torchrun (issue 34): real gloo ranks on the CPU, tiny models.
 
-Every distributed run here is ``python -m torch.distributed.run --nproc-per-node N -m ckpt_surgeon
-verify ...`` as a user types it (or, where each rank must see a different working directory,
-the ranks started by hand with torchrun's variables), compared with the same command run in one
-process.  The helpers (the commands, the model pairs, the comparison) are in ``dist_util.py``,
+The runs that end, fail or are killed as a user's would (prompt mode, ``--save-reference``, the
+faults, the refusals) are ``python -m torch.distributed.run --nproc-per-node N -m ckpt_surgeon verify
+...`` as a user types it (or, where each rank must see a different working directory, the ranks
+started by hand with torchrun's variables).  The same-answer comparisons over families and modes
+start their ranks by hand too, each forked from the suite's server with torch imported
+(``dist_util.by_hand``, tests/forkserver.py: ~8 s of CPU less per rank; the product sees the same
+variables and runs the same code), and compare them with the same command run in one process;
+``benchmarks/sweep_verify_distributed.py`` runs that comparison under torchrun on every tiny family.  The helpers (the commands, the model pairs, the comparison) are in ``dist_util.py``,
 shared with ``benchmarks/sweep_verify_distributed.py``, which runs the same comparison on every
 tiny family.
 
@@ -32,6 +36,7 @@ from ckpt_surgeon.errors import CkptError
 from ckpt_surgeon.verification.dist_env import detect
 from ckpt_surgeon.verification.dist_plan import blocks_for
 from dist_util import CTX, GATES, pair, write_ids
+from dist_util import by_hand as _by_hand
 from dist_util import close as _close
 from dist_util import deeper as _deeper
 from dist_util import env as _env
@@ -96,7 +101,7 @@ _ONE_PROCESS: dict = {}
 def test_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_file, family, mode, ranks):
     ref, cand = _models(tiny, tmp_path_factory, family)
     args = [ref, cand, "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES]
-    dist = _torchrun(ranks, [*args, "--dist-mode", mode])
+    dist = _by_hand(ranks, [*args, "--dist-mode", mode])
     assert dist.returncode == 0, dist.stderr[-3000:]
     key = tuple(map(str, args))     # both modes of a family compare with the same one-process run: made once
     one = _ONE_PROCESS[key] if key in _ONE_PROCESS else _ONE_PROCESS.setdefault(key, _single(args))
@@ -445,7 +450,7 @@ def test_bf16_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_fi
     ref, cand = _models(tiny, tmp_path_factory, family)
     args = [ref, cand, "--corpus-ids", ids_file, "--ctx", CTX, "--device", "cpu", "--format", "json",
             "--dtype", "bfloat16", *GATES]
-    dist = _torchrun(2, [*args, "--dist-mode", mode])
+    dist = _by_hand(2, [*args, "--dist-mode", mode])
     assert dist.returncode == 0, dist.stderr[-3000:]
     one = _single([*args, "--stream"] if mode == "pipeline" else args)
     assert one.returncode == 0, one.stderr[-2000:]
