@@ -759,6 +759,17 @@ class KvCacheReport:
         return items
 
 
+def _layer_stats_ahead(ckpt, layout, values: bool):
+    """:func:`kv_layer_stats` of every layer in order, read and reduced on a second thread ahead of the
+    caller's predictions (the same numbers; only that thread touches the checkpoint's files)."""
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-read")
+    try:
+        yield from pool.map(lambda lt: kv_layer_stats(ckpt, layout, lt, values=values), layout.layers)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: bool = False,
                     values: bool = True, attn_rot: bool | None = None) -> KvCacheReport:
     """The static KV-cache prediction of an open checkpoint (see the module docstring); ``attn_rot``: model
@@ -769,8 +780,7 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
     check_blocks(layout, types, ckpt.source)
     geom = kv_geometry(ckpt, layout, context, attn_rot)
     heads, sampled = [], False
-    for lt in layout.layers:
-        st = kv_layer_stats(ckpt, layout, lt, values=values)
+    for st in _layer_stats_ahead(ckpt, layout, values):
         sampled = sampled or st.q_sampled
         heads += predict_layer(st, geom, types)
     notes = ["predicted from weights and biases only (no forward pass): content modelled as unit-variance "
