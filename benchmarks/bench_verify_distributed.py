@@ -22,7 +22,7 @@ Steps:
    single-process memory on one machine).
 
 Usage: python benchmarks/bench_verify_distributed.py [--shape small|0.5b|7b] [--data DIR]
-            [--chunks 4] [--ctx 64] [--device cpu|cuda] [--no-single] [--modes pipeline,data]
+            [--chunks 4] [--ctx 64] [--device cpu|cuda] [--no-single] [--modes pipeline,data] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -153,6 +153,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-single", action="store_true", help="skip the one-process in-memory run (7B on a small machine)")
     ap.add_argument("--modes", default="pipeline,data", help="the 2-rank runs, comma-separated (pipeline, data)")
+    ap.add_argument("--dtype", default=None, help="verify's --dtype for every run (e.g. bfloat16; default: float32)")
     a = ap.parse_args()
 
     import numpy as np
@@ -170,7 +171,8 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f}; shape {a.shape}, {a.chunks} chunks of {a.ctx} tokens, device {a.device}")
     env = dict(os.environ, PYTHONPATH=str(ROOT))          # torchrun gives each rank OMP_NUM_THREADS=1
     args = [str(ref), str(cand), "--corpus-ids", str(ids), "--ctx", str(a.ctx), "--device", a.device,
-            "--format", "json", "--max-mean-kl", "1e9", "--max-p99-kl", "1e9", "--min-same-top", "0"]
+            "--format", "json", "--max-mean-kl", "1e9", "--max-p99-kl", "1e9", "--min-same-top", "0",
+            *(["--dtype", a.dtype] if a.dtype else [])]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29571",
                 "-m", "ckpt_surgeon", "verify", *args]
     runs = {}

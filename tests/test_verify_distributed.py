@@ -182,17 +182,23 @@ def _store(env: dict):
                          timeout=datetime.timedelta(seconds=30))
 
 
+def _long_run(tiny, tmp_path_factory, tmp_path, mode: str, *save) -> tuple:
+    """The kill tests' run: qwen2's pair over 3,000 chunks (long enough to kill a rank mid-run), the
+    report (and, with ``save`` = option and file name, a saved reference) into an empty ``out``
+    folder -> (verify's arguments, out, a free port)."""
+    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
+    ids = write_ids(tmp_path / "long.json", chunks=3000, seed=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [ref, cand, "--corpus-ids", ids, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES,
+            "--dist-mode", mode, "-o", out / "report.json", *([save[0], out / save[1]] if save else [])]
+    return args, out, _port()
+
+
 def test_a_killed_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp_path):
     """SIGKILL rank 1 mid-run (as the out-of-memory killer does): rank 0 ends within 60 s with one
     line naming rank 1, and neither the report nor the saved reference exists."""
-    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
-    ids = tmp_path / "long.json"
-    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 3000)]))
-    out = tmp_path / "out"
-    out.mkdir()
-    port = _port()
-    args = [ref, cand, "--corpus-ids", ids, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES,
-            "--dist-mode", "data", "-o", out / "report.json", "--save-reference", out / "ref.safetensors"]
+    args, out, port = _long_run(tiny, tmp_path_factory, tmp_path, "data", "--save-reference", "ref.safetensors")
     proc = subprocess.Popen(_torchrun_cmd(2, args, port), env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -294,14 +300,7 @@ def test_a_killed_pipeline_rank_ends_every_rank_with_one_line(tiny, tmp_path_fac
     torchrun, so no launcher ends the others for us): every other rank, blocked in a receive from
     the dead one or from a rank that waits on it, ends within 60 s; rank 0 prints one line naming
     the victim, the others nothing; no report on disk."""
-    ref, cand = _models(tiny, tmp_path_factory, "qwen2")
-    ids = tmp_path / "long.json"
-    ids.write_text(json.dumps([int(x) for x in np.random.default_rng(1).integers(3, 400, size=CTX * 3000)]))
-    out = tmp_path / "out"
-    out.mkdir()
-    port = _port()
-    args = [ref, cand, "--corpus-ids", ids, "--ctx", CTX, "--device", "cpu", "--format", "json", *GATES,
-            "--dist-mode", "pipeline", "-o", out / "report.json"]
+    args, out, port = _long_run(tiny, tmp_path_factory, tmp_path, "pipeline")
     procs = [subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "verify", *map(str, args)],
                               env=_env(RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
                                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
