@@ -759,13 +759,15 @@ class KvCacheReport:
         return items
 
 
-def _layer_stats_ahead(ckpt, layout, values: bool):
-    """:func:`kv_layer_stats` of every layer in order, read and reduced on a second thread ahead of the
-    caller's predictions (the same numbers; only that thread touches the checkpoint's files)."""
+def layer_stats_ahead(ckpt, layout, **options):
+    """:func:`kv_layer_stats` (with ``options``) of every layer in order, read and reduced on a second thread
+    ahead of the caller's work on the previous layer: the same numbers, and the caller must not read tensor
+    data meanwhile (only that thread touches the checkpoint's files).  Close it (``contextlib.closing``) to
+    stop the reading early."""
     from concurrent.futures import ThreadPoolExecutor
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-read")
     try:
-        yield from pool.map(lambda lt: kv_layer_stats(ckpt, layout, lt, values=values), layout.layers)
+        yield from pool.map(lambda lt: kv_layer_stats(ckpt, layout, lt, **options), layout.layers)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -780,7 +782,7 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
     check_blocks(layout, types, ckpt.source)
     geom = kv_geometry(ckpt, layout, context, attn_rot)
     heads, sampled = [], False
-    for st in _layer_stats_ahead(ckpt, layout, values):
+    for st in layer_stats_ahead(ckpt, layout, values=values):
         sampled = sampled or st.q_sampled
         heads += predict_layer(st, geom, types)
     notes = ["predicted from weights and biases only (no forward pass): content modelled as unit-variance "

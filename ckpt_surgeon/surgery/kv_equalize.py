@@ -304,27 +304,32 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     # in llama.cpp (LLAMA_ATTN_ROT_DISABLE=1, concentrated q4_0: 0.040 -> 0.058)
     rotated = all(KR.rot_size(geom.head_dim, t, "k", geom.attn_rot) for t in types_k)
     steps, recs, kept = [], [], []
-    for lt in layout.layers:
-        if types_v and not lt.o_weight:
-            raise UnsupportedError("the layer has no output projection the layout could place, so the value map "
-                                   "has nowhere to put M^-1", path=src, tensor=lt.v_weight)
-        st = KC.kv_layer_stats(ckpt, layout, lt, values=bool(types_v), sample_q=False, sample_o=False)
-        shared = bool(lt.q_norm and lt.k_norm and min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm))
-                      == layout.head_dim and layout.num_heads > 1)
-        errs = LayerErrors(st, geom)
-        alpha = choose_alpha(st, geom, types_k, shared, pow2, errs)
-        cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
-        alpha = cal.alpha if cal is not None else alpha
-        phi = None
-        if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
-            alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
-        m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
-        if cal is None:
-            alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain, errs)
-        layer = layer_steps(ckpt, layout, lt, alpha, None if m is None or np.all(m == 1.0) else m, phi, geom.pairs)
-        steps += [] if is_identity(alpha, phi, m) else layer
-        kept += [lt.layer] if is_identity(alpha, phi, m) else []
-        recs.append(_record(lt.layer, errs, types_k, types_v, alpha, phi, m, cal))
+    # the next layer is read on a second thread meanwhile (this loop reads no tensor data itself)
+    ahead = KC.layer_stats_ahead(ckpt, layout, values=bool(types_v), sample_q=False, sample_o=False)
+    try:
+        for lt in layout.layers:
+            if types_v and not lt.o_weight:
+                raise UnsupportedError("the layer has no output projection the layout could place, so the value map "
+                                       "has nowhere to put M^-1", path=src, tensor=lt.v_weight)
+            st = next(ahead)
+            shared = bool(lt.q_norm and lt.k_norm and layout.num_heads > 1 and layout.head_dim
+                          == min(np.prod(ckpt.tensors[n].shape) for n in (lt.q_norm, lt.k_norm)))
+            errs = LayerErrors(st, geom)
+            alpha = choose_alpha(st, geom, types_k, shared, pow2, errs)
+            cal = _calibrate(calibration, lt.layer, geom, layout, types_k, alpha, shared, src)
+            alpha = cal.alpha if cal is not None else alpha
+            phi = None
+            if turn and rotated and cal is None and not (lt.q_norm and lt.k_norm):
+                alpha, phi = choose_turn(st, geom, types_k, alpha, pow2)
+            m = choose_m(st, types_v, geom.attn_rot, pow2) if types_v else None
+            if cal is None:
+                alpha, phi, m = keep_gain(st, geom, types_k, types_v, alpha, phi, m, min_gain, errs)
+            layer = layer_steps(ckpt, layout, lt, alpha, None if m is None or np.all(m == 1.0) else m, phi, geom.pairs)
+            steps += [] if is_identity(alpha, phi, m) else layer
+            kept += [lt.layer] if is_identity(alpha, phi, m) else []
+            recs.append(_record(lt.layer, errs, types_k, types_v, alpha, phi, m, cal))
+    finally:
+        ahead.close()
     notes = _notes(calibration, how := _how(calibration), types_k, types_v, pow2, kept * (min_gain > 0), min_gain)
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
               "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
