@@ -119,19 +119,32 @@ def f32_gguf(family_src, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def quantized_ref(tmp_path_factory):
+    """llama-quantize's file (default parameters, no importance matrix) for an F32 GGUF of :func:`f32_gguf`
+    and a type, made once per module: the HF and the GGUF source tests compare with the same reference."""
+    root = tmp_path_factory.mktemp("quant-refs")
+    made = {}
+
+    def get(f32: Path, ftype: str) -> Path:
+        if (f32, ftype) not in made:
+            made[f32, ftype] = out = root / f"{f32.stem}.{ftype}.gguf"
+            llama_quantize(f32, out, ftype)
+        return made[f32, ftype]
+    return get
+
+
 @pytest.mark.parametrize("family", TINY + WIDE)
-def test_hf_to_quantized_gguf_is_llama_quantize(family, family_src, f32_gguf, tmp_path):
+def test_hf_to_quantized_gguf_is_llama_quantize(family, family_src, f32_gguf, quantized_ref, tmp_path):
     src, f32 = family_src(family), f32_gguf(family)
     seen = set()
     for ftype in NO_IMATRIX:
-        ref = tmp_path / f"ref.{ftype}.gguf"
-        llama_quantize(f32, ref, ftype)
+        ref = quantized_ref(f32, ftype)
         ours = hf_to_gguf(src, tmp_path / f"ours.{ftype}.gguf", dtype=ftype, name="tiny")
         seen |= set(assert_same_tensors(ours, ref, f"{family} {ftype}", converter_q8_0=ftype == "q8_0").values())
         from ckpt_surgeon.formats.gguf import read_header
         assert read_header(ours).metadata["general.file_type"] == read_header(ref).metadata["general.file_type"]
         ours.unlink()
-        ref.unlink()
     if family in WIDE:   # the mixture really used the super-block types, not only their fallbacks
         assert {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S"} <= seen, sorted(seen)
     else:
@@ -139,11 +152,10 @@ def test_hf_to_quantized_gguf_is_llama_quantize(family, family_src, f32_gguf, tm
 
 
 @pytest.mark.parametrize("family", ("qwen2", "mixtral_q256", "qwen2_q256", "phi3_bpe"))
-def test_gguf_to_quantized_gguf_is_llama_quantize(family, f32_gguf, tmp_path):
+def test_gguf_to_quantized_gguf_is_llama_quantize(family, f32_gguf, quantized_ref, tmp_path):
     f32 = f32_gguf(family)
     for ftype in NO_IMATRIX:
-        ref = tmp_path / f"ref.{ftype}.gguf"
-        llama_quantize(f32, ref, ftype)
+        ref = quantized_ref(f32, ftype)
         ours = tmp_path / f"ours.{ftype}.gguf"
         convert(f32, ours, dtype=ftype)
         assert_same_tensors(ours, ref, f"{family} {ftype} gguf->gguf")
@@ -240,7 +252,7 @@ def _weights(entries: dict) -> dict:
 
 @pytest.mark.parametrize("family,form", [("qwen2_q256", "gguf"), ("qwen2_q256", "dat"), ("mixtral_q256", "gguf"),
                                          ("qwen2", "dat")])
-def test_imatrix_is_applied_as_llama_quantize(family, form, family_src, f32_gguf, tmp_path):
+def test_imatrix_is_applied_as_llama_quantize(family, form, family_src, f32_gguf, quantized_ref, tmp_path):
     f32 = f32_gguf(family)
     entries = _imatrix_entries(f32)
     if form == "dat":
@@ -251,7 +263,6 @@ def test_imatrix_is_applied_as_llama_quantize(family, form, family_src, f32_gguf
         path = tmp_path / "imatrix.gguf"
         write_imatrix_gguf(path, entries)
     weights = _weights(entries)
-    plain = tmp_path / "plain.gguf"
     ftypes = ("q4_0", "q4_k_m", "iq4_xs") + NEEDS_IMATRIX
     if form == "dat" and family != "qwen2":
         # The legacy form differs from the GGUF form only in how the file is read: the matrix we read from
@@ -268,7 +279,7 @@ def test_imatrix_is_applied_as_llama_quantize(family, form, family_src, f32_gguf
         ours = hf_to_gguf(family_src(family), tmp_path / f"ours.{ftype}.gguf", dtype=ftype, name="tiny", imatrix=path)
         assert_same_tensors(ours, ref, f"{family} {ftype} imatrix {form}")
         if ftype == "q4_k_m":      # the matrix changed bytes (else this test could not fail)
-            llama_quantize(f32, plain, ftype)
+            plain = quantized_ref(f32, ftype)
             assert tensors(plain)["blk.1.attn_q.weight"][2] != tensors(ours)["blk.1.attn_q.weight"][2]
         ours.unlink()
         ref.unlink()
@@ -355,12 +366,11 @@ np.save(sys.argv[2], np.array(m.scores[: len(toks)], dtype=np.float32))
 
 
 @pytest.mark.parametrize("ftype", ("q4_k_m", "q2_k", "iq4_xs", "q5_0"))
-def test_llama_cpp_runs_it_with_the_reference_logits(ftype, family_src, f32_gguf, tmp_path):
+def test_llama_cpp_runs_it_with_the_reference_logits(ftype, family_src, f32_gguf, quantized_ref, tmp_path):
     """Identical bytes, tensor order aside: llama.cpp's logits on ours equal those on llama-quantize's
     output exactly (same graph, same kernels, one thread), and are finite and not the F32 file's."""
     f32 = f32_gguf("qwen2_q256")
-    ref = tmp_path / "ref.gguf"
-    llama_quantize(f32, ref, ftype)
+    ref = quantized_ref(f32, ftype)
     ours = hf_to_gguf(family_src("qwen2_q256"), tmp_path / "ours.gguf", dtype=ftype, name="tiny")
     got = {}
     for label, path in (("ours", ours), ("ref", ref), ("f32", f32)):
