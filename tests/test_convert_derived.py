@@ -65,6 +65,38 @@ def test_frontier_family_is_llama_cpp_converters_file_and_its_kquant(model_type,
     assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")
 
 
+# llama.cpp writes 0 heads for an attention-free model (Mamba 2) and per-layer head counts with 0 for a hybrid's
+# recurrent / MLP-only layers (NemotronH: head_count_kv [0, 0, 2, 0] in the tiny one)
+ATTENTION_FREE = ("mamba2", "nemotron_h")
+
+
+@pytest.mark.parametrize("model_type", ATTENTION_FREE)
+def test_attention_free_layers_in_llama_cpps_file_are_read_and_quantized_as_llama_quantize(model_type, folder,
+                                                                                          tmp_path):
+    """llama.cpp's own file for the model is read (``inspect``: no KV cache in a layer with 0 kv heads, the others
+    counted); q4_k_m equals llama-quantize on llama.cpp's f32 file (its n_head_kv is layer 0's: 0 here)."""
+    from ckpt_surgeon.analysis.inspect import inspect
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    src = folder(model_type)
+    ref = _reference(src, f"derived-{model_type}")
+    with open_checkpoint(ref / "f32.gguf") as ck:
+        arch = ck.metadata["general.architecture"]
+        kv = ck.metadata.get(f"{arch}.attention.head_count_kv", ck.metadata[f"{arch}.attention.head_count"])
+        n = ck.metadata[f"{arch}.block_count"]
+    per = list(kv) if isinstance(kv, list) else [kv] * n
+    assert 0 in per, per                        # the case under test: llama.cpp wrote a 0
+    rep = inspect(ref / "f32.gguf")
+    assert rep.memory.layers["none"] == per.count(0) and rep.memory.layers["full"] == n - per.count(0)
+    head = rep.head_dim or 0
+    # f16 K and V of every attention layer, 1,000 tokens
+    assert rep.memory.kv_bytes_per_1000["f16"] == sum(2 * 1000 * v * head * 2 for v in per)
+    res = CliRunner().invoke(cli_main, ["inspect", str(ref / "f32.gguf")])
+    assert res.exit_code == 0 and "without attention heads" in res.output, res.output
+    llama_quantize(ref / "f32.gguf", tmp_path / "ref.q4_k_m.gguf", "q4_k_m")
+    convert(src, tmp_path / "ours.q4_k_m.gguf", "q4_k_m")
+    assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")
+
+
 def test_native_families_stay_native(tiny, tmp_path):
     report = convert(tiny("qwen2"), tmp_path / "q.gguf", "f16")
     assert report.engine == "native"

@@ -377,6 +377,10 @@ _COUNT = "it must be between 1 and 16,777,216"
     ("qwen2.attention.head_count", "i32", -4, f"is -4; {_COUNT}"),
     ("qwen2.attention.head_count_kv", "u64", 2 ** 64 - 1, f"is 18,446,744,073,709,551,615; {_COUNT}"),
     ("qwen2.feed_forward_length", "i32", -1, f"is -1; {_COUNT}"),
+    # 0 heads / FFN width: an attention-free layer, which llama.cpp writes for Mamba and hybrids, never for a
+    # registry family
+    ("qwen2.attention.head_count_kv", "i32", 0, f"is 0; {_COUNT}"),
+    ("qwen2.feed_forward_length", "i32s", [64, 0], f"is 0; {_COUNT}"),
     ("qwen2.block_count", "bool", True, f"is True (a boolean); {_INT}"),
     ("qwen2.context_length", "f32", 4.0, f"is 4.0 (a float); {_INT}"),
     ("qwen2.attention.layer_norm_rms_epsilon", "f32", float("nan"),

@@ -19,7 +19,11 @@ Each layer is one of:
   ``full_attention_interval`` (every N-th layer full); ``hybrid_override_pattern`` ``M``;
   ``attn_layer_period``/``attn_layer_offset``).  It keeps a fixed-size state per sequence, not per
   token: the convolution window plus the recurrent matrix, stored in f32 whatever the KV cache
-  type (llama.cpp's ``llama_memory_recurrent``: ``type_r`` / ``type_s`` are F32).
+  type (llama.cpp's ``llama_memory_recurrent``: ``type_r`` / ``type_s`` are F32);
+* ``none``: no attention heads in a GGUF file outside the registry (``head_count_kv`` 0 for the layer,
+  ``layer_kv_heads`` in the config :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf` reads): no K or V.
+  Whether the layer is recurrent or MLP-only is llama.cpp's architecture's own rule (NemotronH: recurrent
+  when its FFN width is 0 too; GraniteHybrid: always), so its state is not counted.
 """
 from __future__ import annotations
 
@@ -58,7 +62,10 @@ def _from_layer_types(types: list) -> list[str]:
 
 
 def layer_kinds(cfg: dict, n_layers: int, where) -> tuple[list[str], str]:
-    """Per layer ``full | sliding | recurrent`` and where the pattern came from (MLA is decided by the caller)."""
+    """Per layer ``full | sliding | recurrent | none`` and where the pattern came from (MLA is decided by the caller)."""
+    per_layer = cfg.get("layer_kv_heads")
+    if isinstance(per_layer, list) and len(per_layer) == n_layers:
+        return ["full" if v else "none" for v in per_layer], "head_count_kv per layer (GGUF)"
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n_layers:
         return _from_layer_types(types), "layer_types"

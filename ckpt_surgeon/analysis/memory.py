@@ -28,6 +28,7 @@ from .kv_layers import STATE_BYTES_PER_ELEMENT, layer_plan
 from ..arch.checked import MAX_WIDTH, config_int
 
 TOKENS = 1000
+_NO_KV = ("recurrent", "none")   # layer kinds that cache no K / V (arch/kv_layers.py)
 # llama.cpp's --cache-type-k/-v choices (common/arg.cpp kv_cache_types), then vLLM's fp8 (e4m3)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "fp8")
 _ALIASES = {"fp8_e4m3": "fp8", "fp8_e4m3fn": "fp8"}
@@ -154,7 +155,7 @@ def _kv_bytes(plan, rows: dict, ctype: str, part: int, tokens: int) -> int:
     """K (part 0) or V (part 1) bytes over every caching layer, for ``tokens`` tokens per sequence x batch."""
     total = 0
     for kind in plan.kinds:
-        if kind == "recurrent" or not rows[kind][part]:
+        if kind in _NO_KV or not rows[kind][part]:
             continue
         total += _tokens(kind, tokens, plan.window) * row_bytes(ctype, rows[kind][part])
         total += FP8_SCALE_BYTES if ctype == "fp8" else 0
@@ -189,6 +190,9 @@ def _notes(plan, rows, head: int, options: MemoryOptions, max_positions: int | N
     if plan.count("mla"):
         notes.append(f"MLA: compressed latent + rotary key per token ({rows['mla'][0]} elements, one copy for "
                      f"all heads) on {plan.count('mla')} layer(s)")
+    if plan.count("none"):
+        notes.append(f"{plan.count('none')} layer(s) without attention heads in the file (head_count_kv 0): no KV "
+                     "cache; recurrent or MLP-only as llama.cpp's architecture defines, any state not counted")
     if plan.count("recurrent"):
         n = plan.count("recurrent")
         notes.append(f"{n} recurrent layer(s) keep a fixed state of {plan.state_elements:,} f32 elements per "
@@ -227,20 +231,21 @@ def memory_figures(tensors: dict, config: dict | None, layout, options: MemoryOp
     rank = config_int(cfg, ("kv_lora_rank",), path=where, minimum=0, maximum=MAX_WIDTH)
     plan = layer_plan(cfg, n_layers, where, mla=bool(rank), hidden=layout.hidden_size) if n_layers else None
     attention_only_unknown = not (rank or (layout.num_kv_heads and layout.head_dim))
-    if plan is None or (attention_only_unknown and plan.count("recurrent") < n_layers):   # all-recurrent: no K/V
+    if plan is None or (attention_only_unknown and plan.count("recurrent") + plan.count("none") < n_layers):
+        # (every layer recurrent or without attention: no K/V)
         return MemoryFigures(weight, None, {}, "kv heads / head_dim unknown", options)
     attn = (layout.num_kv_heads or 0) * (layout.head_dim or 0)
     mla_row = (rank or 0) + (config_int(cfg, ("qk_rope_head_dim",), path=where, minimum=0, maximum=MAX_WIDTH) or 0)
     rows = {"full": (attn, attn), "sliding": (attn, attn), "mla": (mla_row, 0)}
     b, ctx = options.batch, options.context
-    elements = b * sum(_tokens(k, ctx, plan.window) * sum(rows[k]) for k in plan.kinds if k != "recurrent")
+    elements = b * sum(_tokens(k, ctx, plan.window) * sum(rows[k]) for k in plan.kinds if k not in _NO_KV)
     pair = {t: b * (_kv_bytes(plan, rows, t, 0, ctx) + _kv_bytes(plan, rows, t, 1, ctx)) for t in DEFAULT_TYPES}
     tk, tv = options.types
     kb, vb = b * _kv_bytes(plan, rows, tk, 0, ctx), b * _kv_bytes(plan, rows, tv, 1, ctx)
     state = (b * plan.count("recurrent") * plan.state_elements * STATE_BYTES_PER_ELEMENT
              if plan.count("recurrent") and plan.state_elements is not None else None)
     notes = _notes(plan, rows, mla_row if rank else (layout.head_dim or 0), options, layout.max_positions)
-    layers = {k: plan.count(k) for k in ("full", "sliding", "mla", "recurrent")}
+    layers = {k: plan.count(k) for k in ("full", "sliding", "mla", "recurrent", "none") if k != "none" or plan.count(k)}
     per_device = _per_device(tensors, {"kv": kb + vb, "state": state}, layout.num_kv_heads, options.devices,
                              bool(rank)) if options.devices > 1 else None
     return MemoryFigures(weight, elements, pair, "; ".join(notes) or None, options, kb, vb, layers,

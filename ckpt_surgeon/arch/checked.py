@@ -166,6 +166,14 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "attention.head_dim": COUNT,
     "projector_type": Bounds("str"),
 }
+# A file outside the registry may lack a part in some layers or all: llama.cpp writes
+# {arch}.attention.head_count = 0 and feed_forward_length = 0 for an attention-free, FFN-free model (Mamba 2:
+# Mamba2Model.set_gguf_parameters), and per-layer head counts and widths with 0 for a hybrid's recurrent or
+# FFN-less layers (NemotronH, GraniteHybrid: its runtime tells them apart by n_head_kv(il) == 0).  Registry
+# families have attention and an FFN in every layer: for them a 0 stays refused (GGUF_BOUNDS).
+ZERO_MEANS_NONE = {"attention.head_count": Bounds("int", 0, MAX_WIDTH),
+                   "attention.head_count_kv": Bounds("int", 0, MAX_WIDTH),
+                   "feed_forward_length": Bounds("int", 0, MAX_WIDTH)}
 TOKEN_ID = Bounds("int", 0, 2 ** 64 - 1)  # tokenizer.ggml.*_token_id (compared with the vocabulary where used)
 
 
@@ -185,9 +193,12 @@ def gguf_value(metadata: dict, key: str, bounds: Bounds, *, path: str | None, pe
     return bounds.check(name, v, path=path)
 
 
-def gguf_hparam(metadata: dict, arch: str, suffix: str, *, path: str | None, per_layer: bool = False):
-    """``{arch}.<suffix>`` checked against :data:`GGUF_BOUNDS` (a suffix without bounds is a bug)."""
-    return gguf_value(metadata, f"{arch}.{suffix}", GGUF_BOUNDS[suffix], path=path, per_layer=per_layer)
+def gguf_hparam(metadata: dict, arch: str, suffix: str, *, path: str | None, per_layer: bool = False,
+                zero_means_none: bool = False):
+    """``{arch}.<suffix>`` checked against :data:`GGUF_BOUNDS` (a suffix without bounds is a bug);
+    ``zero_means_none``: the keys of :data:`ZERO_MEANS_NONE` may be 0 (an architecture outside the registry)."""
+    bounds = ZERO_MEANS_NONE.get(suffix, GGUF_BOUNDS[suffix]) if zero_means_none else GGUF_BOUNDS[suffix]
+    return gguf_value(metadata, f"{arch}.{suffix}", bounds, path=path, per_layer=per_layer)
 
 
 def config_int(cfg: dict, keys, *, path: str | None, minimum: int, maximum: int, what: str = ""):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import families as F
-from .checked import GGUF_BOUNDS, TOKEN_ID, Bounds, describe, gguf_hparam, gguf_value
+from .checked import GGUF_BOUNDS, TOKEN_ID, ZERO_MEANS_NONE, Bounds, describe, gguf_hparam, gguf_value
 from .gguf_clip import clip_arch, clip_config
 
 
@@ -102,6 +102,25 @@ def _uniform(value):
     return value
 
 
+def _attention_free_layers(cfg: dict, metadata: dict, arch: str | None, path: str | None) -> None:
+    """A file outside the registry with 0 kv heads in some layer or all (Mamba 2, NemotronH, GraniteHybrid):
+    ``layer_kv_heads``, the per-layer count (arch/kv_layers.py caches no K / V there), and no head counts in
+    the config when no layer has any (the heads default above must not invent them)."""
+    if arch is None or arch in ARCH_HF_CLASS:
+        return
+    n = metadata.get(f"{arch}.block_count")
+    kv = metadata.get(f"{arch}.attention.head_count_kv", metadata.get(f"{arch}.attention.head_count"))
+    if not isinstance(n, int) or kv is None:
+        return
+    per = list(kv) if isinstance(kv, (list, tuple)) else [kv] * n
+    if len(per) != n or all(per):
+        return
+    cfg["layer_kv_heads"] = [int(v) for v in per]
+    if not any(per):
+        cfg.pop("num_key_value_heads", None)
+        cfg.pop("num_attention_heads", None) if not metadata.get(f"{arch}.attention.head_count") else None
+
+
 def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str | None = None, read=None) -> dict:
     """HF-style config dict from GGUF ``metadata`` (and tensor names, for tied embeddings / biases).
     ``read(info) -> array``: reads the few tensors that hold config settings (Phi-3's longrope
@@ -116,11 +135,13 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     if arch in ARCH_HF_CLASS:
         cfg["architectures"] = [ARCH_HF_CLASS[arch]]
     for suffix, key in ARCH_KEYS:
-        v = _uniform(gguf_hparam(metadata, arch, suffix, path=path, per_layer=GGUF_BOUNDS[suffix].kind == "int"))
-        if v is not None:
+        v = _uniform(gguf_hparam(metadata, arch, suffix, path=path, per_layer=GGUF_BOUNDS[suffix].kind == "int",
+                                 zero_means_none=arch not in ARCH_HF_CLASS))
+        if v is not None and not (v == 0 and suffix in ZERO_MEANS_NONE):     # 0 in every layer: no such part
             cfg[key] = v
     if "num_attention_heads" in cfg and "num_key_value_heads" not in cfg:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    _attention_free_layers(cfg, metadata, arch, path)
     for suffix, key in FLOAT_KEYS:
         v = gguf_hparam(metadata, arch, suffix, path=path)
         if v is not None:

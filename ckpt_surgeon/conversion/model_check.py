@@ -50,6 +50,10 @@ def _meta_model(config):
         # a deep copy: transformers' config classes standardise nested dicts in place (rope_parameters
         # gains partial_rotary_factor), and the caller may write this dict as config.json afterwards
         cfg = copy.deepcopy(config)
+        # as config.json read by from_pretrained: transformers writes inf / nan as {"__float__": "Infinity"}
+        # (Mamba 2's time_step_limit), which its config classes' field checks refuse undecoded
+        decode = getattr(transformers.PreTrainedConfig, "_decode_special_floats", None)
+        cfg = decode(cfg) if decode is not None else cfg
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
     with quiet_transformers(), torch.device("meta"):

@@ -50,7 +50,7 @@ def mixture(entries: list, dtype: str, arch: str, hp: dict, imatrix_path, path: 
     """``entries``: ``(GGUF name, numpy shape, source ggml type)``.  Returns (name -> TensorType,
     name -> importance weights) after every check llama.cpp makes before writing (imatrix from
     another model, a type that needs an imatrix without one)."""
-    model = MixModel(arch, int(hp["n_layer"]), int(hp["n_head"]), int(hp.get("n_head_kv") or hp["n_head"]),
+    model = MixModel(arch, int(hp["n_layer"]), int(hp["n_head"]), int(hp["n_head"] if hp.get("n_head_kv") is None else hp["n_head_kv"]),
                      int(hp.get("n_expert") or 0))
     im = None
     if imatrix_path is not None:

@@ -314,9 +314,11 @@ def _kquant(gguf, writer, kvs: list, slots: list, req: dict, warnings: list):
     kv = {k.key: k.value for k in kvs}
     if f"{arch}.block_count" not in kv:
         raise ValueError(f"--dtype {req['dtype']}: llama.cpp's mixture needs {arch}.block_count, which this file lacks")
-    n_head = _first(kv.get(f"{arch}.attention.head_count", 1)) or 1
+    # llama.cpp's hparams as llama-quantize loads them: layer 0's head counts, 0 when absent or attention-free
+    # (a Mamba model; a hybrid whose layer 0 is recurrent: n_gqa() is then 0), kv heads defaulting to heads
+    n_head = _first(kv.get(f"{arch}.attention.head_count", 0))
     hp = {"n_layer": _first(kv[f"{arch}.block_count"]), "n_head": n_head,
-          "n_head_kv": _first(kv.get(f"{arch}.attention.head_count_kv", n_head)) or n_head,
+          "n_head_kv": _first(kv.get(f"{arch}.attention.head_count_kv", n_head)),
           "n_expert": _first(kv.get(f"{arch}.expert_count", 0))}
     types, weights = mixture([(s.name, tuple(s.shape), gguf.GGMLQuantizationType(s.type_id).name) for s in slots],
                              req["dtype"], arch, hp, req.get("imatrix"), req["source"])
