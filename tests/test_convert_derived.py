@@ -157,12 +157,19 @@ def test_kquant_is_llama_quantize_on_llama_cpps_f32(folder, tmp_path):
     assert_same_tensors(tmp_path / "ours.gguf", tmp_path / "ref.gguf", "olmo q4_k_m")
 
 
-def test_report_says_derived(folder, tmp_path):
-    r = CliRunner().invoke(cli_main, ["convert", str(folder("olmo")), "-o", str(tmp_path / "o.gguf"), "--format", "json"])
+def test_report_says_derived_and_progress_is_shown(folder, tmp_path):
+    """The JSON report names the path; ``--progress`` shows the class's planning step and a bar over the bytes
+    (drawn by this process from the child's events, conversion/derived/feed.py); ``--no-progress``: silent."""
+    r = CliRunner().invoke(cli_main, ["convert", str(folder("olmo")), "-o", str(tmp_path / "o.gguf"), "--format", "json",
+                                      "--progress"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["engine"].startswith("derived: llama.cpp OlmoModel")
     assert all(t["transform"] == "llama.cpp" and t["source"] for t in rep["tensors"])
+    assert "llama.cpp's OlmoModel plans the tensors and metadata" in r.stderr, r.stderr
+    assert "writing o.gguf" in r.stderr and f"/{len(rep['tensors'])}" in r.stderr, r.stderr
+    r = CliRunner().invoke(cli_main, ["convert", str(folder("olmo")), "-o", str(tmp_path / "q.gguf"), "--no-progress"])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
 
 
 def test_list_architectures():

@@ -169,6 +169,6 @@ def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, eng
     if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
         from .derived.run import derived_hf_to_gguf_report
         return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
-                                         imatrix=imatrix, mmproj=mmproj, split=split)
+                                         imatrix=imatrix, mmproj=mmproj, split=split, progress=progress)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix, split=split)

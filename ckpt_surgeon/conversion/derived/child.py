@@ -231,7 +231,7 @@ def _write_split(req: dict, writer, kvs: list, slots: list, encode, warnings: li
     return [str(f) for f in files]
 
 
-def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
+def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
     import torch
     from conversion import base
     folder = Path(req["source"])
@@ -239,6 +239,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict):
     kind = base.ModelType.MMPROJ if req.get("mmproj") else base.ModelType.TEXT
     arch_name = base.get_model_architecture(hparams, kind)
     cls = conversion.get_model_class(arch_name, mmproj=bool(req.get("mmproj")))
+    feed.phase(f"llama.cpp's {cls.__name__} plans the tensors and metadata")
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
     stored = _hook_reader(base, folder)
@@ -343,7 +344,9 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from ...formats.write import gguf as gw
-    arch_name, cls, writer, stored = _model(gguf, conversion, req, warnings, sources)
+    from .feed import Feed
+    feed = Feed(req.get("progress"))
+    arch_name, cls, writer, stored = _model(gguf, conversion, req, warnings, sources, feed)
     infos = writer.tensors[0]
     kvs = _kvs(gguf, writer)
     slots = [gw.Slot(n, tuple(int(d) for d in ti.shape), int(ti.dtype), int(ti.nbytes)) for n, ti in infos.items()]
@@ -352,13 +355,20 @@ def run(req: dict) -> dict:
         kvs, slots, imatrix = _kquant(gguf, writer, kvs, slots, req, warnings)
     by_name = dict(infos)
 
-    def encode(slot):
+    def encode_one(slot):
         ti = by_name[slot.name]
         if slot.type_id == int(ti.dtype):
             return _tensor_bytes(gguf, ti)
         from ...formats.quant.quantize import encode_rows
         arr = _eager(gguf, ti.tensor.source).astype(np.float32, copy=False).reshape(slot.shape)
         return encode_rows(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
+
+    def encode(slot):
+        data = encode_one(slot)
+        feed.done(slot.nbytes)
+        return data
+
+    feed.total(sum(s.nbytes for s in slots), len(slots))
 
     files = _write_split(req, writer, kvs, slots, encode, warnings) if req.get("split") else \
         _write(gguf, writer, Path(req["output"]), kvs, slots, encode)

@@ -57,11 +57,16 @@ def _checked_arch(folder: Path, root: Path, want_mmproj: bool = False) -> str:
     return arch
 
 
-def _run_child(req: dict, tmp: Path) -> dict:
+def _run_child(req: dict, tmp: Path, progress=None, label: str = "") -> dict:
+    from ...progress import progress_enabled
+    from .feed import follow
     req_path = tmp / "request.json"
     req["report"] = str(tmp / "report.json")
+    req["progress"] = str(tmp / "progress") if progress_enabled(progress) else None
     req_path.write_text(json.dumps(req), encoding="utf-8")
-    r = run_module("ckpt_surgeon.conversion.derived.child", req_path, die_with_parent=True)
+    verb = "quantizing + writing" if req["dtype"] not in ("f32", "f16", "bf16") else "writing"
+    with follow(tmp / "progress", progress, f"{verb} {label or Path(req['output']).name}"):
+        r = run_module("ckpt_surgeon.conversion.derived.child", req_path, die_with_parent=True)
     rep = Path(req["report"])
     if not rep.is_file():
         tail = (r.stderr or r.stdout).strip().splitlines()
@@ -96,13 +101,15 @@ def _check_written(path: Path, result: dict) -> None:
 
 
 def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                              imatrix=None, mmproj: bool = False, split=None) -> ConvertReport:
+                              imatrix=None, mmproj: bool = False, split=None, progress=None) -> ConvertReport:
     """Convert the HF folder ``src`` to the GGUF ``out_path`` through llama.cpp's own converter class
     for its architecture (:mod:`.child`); ``dtype`` one of :data:`DERIVED_DTYPES` or a k-quant file
     type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file).
     ``mmproj``: the vision / audio projector file instead (``convert_hf_to_gguf.py --mmproj``).
     ``split``: a :class:`~..split_output.SplitRequest`, the output then llama.cpp's split set, written
-    by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill)."""
+    by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill).
+    ``progress``: a bar over the bytes written (tensors, rate, ETA) and a line for the class's planning
+    (:mod:`.feed`; None: on when stderr is a terminal)."""
     from ..quant_plan import check_quant_request
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
@@ -122,9 +129,9 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
         req.update(output=str(out), split=split.to_dict(),
                    inputs=[os.fspath(p) for p in (*inputs, *([imatrix] if imatrix is not None else []))])
         with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-derived-") as tmp:
-            result = _run_child(req, Path(tmp))
+            result = _run_child(req, Path(tmp), progress)
     else:
-        result = _write_one(req, out)
+        result = _write_one(req, out, progress)
     files = tuple(Path(f) for f in result["files"])
     how = f"derived: llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python {llamacpp_version()})"
     records = tuple(TensorRecord(t["source"], t["target"], "llama.cpp", t.get("source_dtype") or "-", t["type"],
@@ -153,13 +160,13 @@ def _checked_inputs(folder: Path, out: Path, force: bool, split: bool) -> list[s
     return inputs
 
 
-def _write_one(req: dict, out: Path) -> dict:
+def _write_one(req: dict, out: Path, progress=None) -> dict:
     """One file: the child writes a temp beside OUT, checked here against the plan, then renamed."""
     staging = Staging(out, folder=False)
     try:
         req["output"] = str(staging.path)
         with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-derived-") as tmp:
-            result = _run_child(req, Path(tmp))
+            result = _run_child(req, Path(tmp), progress, out.name)
         _check_written(staging.path, result)
         staging.publish(replace=True)
     except BaseException:

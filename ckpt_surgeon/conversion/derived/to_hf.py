@@ -194,6 +194,7 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
     inverting llama.cpp's converter class for the file's architecture (see the module doc).
     ``config``: the original config.json (or its folder), required and checked against the file."""
     from ...checkpoint import open_checkpoint
+    from ...progress import phase
     t0 = time.perf_counter()
     src, out = Path(gguf_path), Path(out_dir)
     if dtype not in _ST_DTYPES:
@@ -203,11 +204,13 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
         arch = ck.gguf_arch or meta.get("general.architecture")
         ck.refuse_truncated()
         cfg = _read_config(config, src, arch)
-        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp, \
+                phase(progress, f"probing llama.cpp's class for {arch} (its inverse, learned)"):
             result, arrays = _probe(cfg, Path(tmp), ck, src)
         _check_metadata(meta, result, src)
         _check_tensors(ck, result, arrays, src)
-        tensors = _gather(ck, result, arrays, src)
+        with phase(progress, "gathering the HF tensors and proving the round trip"):
+            tensors = _gather(ck, result, arrays, src)
         nbytes = _write(out, ck, tensors, cfg, dtype, force, progress, src)
         types = {n: i.dtype for n, i in ck.tensors.items()}
     how = f"derived: inverse of llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python " \
