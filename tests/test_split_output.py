@@ -40,10 +40,11 @@ QUANT = Path(__file__).resolve().parent.parent / "fixtures" / "quant"
 # provenance labels llama.cpp's converter derives from the folder name (tests/test_llamacpp_converter.py EXEMPT)
 _EXEMPT = {"general.name", "general.basename", "general.finetune", "general.size_label", "general.type"}
 # (family, outtype, split options): a dense model cut by size, the same cut by count and size at
-# q8_0, and a MoE model (stacked experts) cut by count
+# q8_0, a MoE model (stacked experts) cut by count, and a first part holding the metadata only
 CASES = [("qwen2", "f16", ("--split-max-size", "20K")),
          ("qwen2", "q8_0", ("--split-max-tensors", "5", "--split-max-size", "30K")),
-         ("qwen2_moe", "bf16", ("--split-max-tensors", "4"))]
+         ("qwen2_moe", "bf16", ("--split-max-tensors", "4")),
+         ("qwen2", "f16", ("--no-tensor-first-split", "--split-max-tensors", "8"))]
 
 
 def _key(folder: Path, outtype: str, options) -> str:
@@ -89,9 +90,10 @@ def _after_kv(path: Path) -> tuple:
 
 
 def _split_args(options) -> dict:
-    it = iter(options)
+    flag = "--no-tensor-first-split" in options
+    it = iter(o for o in options if o != "--no-tensor-first-split")
     args = dict(zip(it, it))
-    return {"split_max_size": args.get("--split-max-size"),
+    return {"split_max_size": args.get("--split-max-size"), "no_tensor_first_split": flag,
             "split_max_tensors": int(args["--split-max-tensors"]) if "--split-max-tensors" in args else None}
 
 
@@ -134,7 +136,13 @@ def test_llama_cpp_loads_the_set_with_the_unsplit_files_logits(tiny, tmp_path):
     rep = convert(folder, tmp_path / "s.gguf", dtype="f32", split_max_tensors=7)
     assert len(rep.files) == 4
     # the same tensors from the same bytes: equal exactly
-    assert np.array_equal(_llama_logits(rep.files[0]), _llama_logits(whole.output))
+    want = _llama_logits(whole.output)
+    assert np.array_equal(_llama_logits(rep.files[0]), want)
+    # a first part with the metadata only (--no-tensor-first-split, alone: two parts)
+    small = convert(folder, tmp_path / "k.gguf", dtype="f32", no_tensor_first_split=True)
+    assert len(small.files) == 2 and np.array_equal(_llama_logits(small.files[0]), want)
+    with open_checkpoint(small.files[0]) as ck:
+        assert list(ck.tensors) == list(open_checkpoint(whole.output).tensors)
 
 
 def test_one_pass_k_quant_set_equals_llama_quantize_keep_split(tmp_path):
@@ -251,6 +259,8 @@ def test_existing_parts_refused_without_force_and_replaced_with_it(tiny, tmp_pat
     # --split-max-tensors cannot shard an HF folder output
     res = CliRunner().invoke(cli, ["convert", first.files[0], "-o", str(tmp_path / "hf"), "--split-max-tensors", "5"])
     assert res.exit_code == 2 and "--split-max-tensors splits a GGUF output" in res.stderr
+    res = CliRunner().invoke(cli, ["convert", first.files[0], "-o", str(tmp_path / "hf"), "--no-tensor-first-split"])
+    assert res.exit_code == 2 and "--no-tensor-first-split splits a GGUF output" in res.stderr
     assert not (tmp_path / "hf").exists()
     again = convert(folder, tmp_path / "m.gguf", dtype="f16", split_max_tensors=10, force=True)
     assert again.files == first.files

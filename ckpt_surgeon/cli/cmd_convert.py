@@ -63,6 +63,9 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
 @click.option("--split-max-tensors", default=None, type=int, metavar="N",
               help="Write a GGUF output as llama.cpp's split set with at most N tensors per part (as "
                    "convert_hf_to_gguf.py --split-max-tensors; combines with --split-max-size).")
+@click.option("--no-tensor-first-split", is_flag=True,
+              help="A GGUF output as llama.cpp's split set whose first part holds only the metadata, the tensors "
+                   "from part 2 on (as convert_hf_to_gguf.py --no-tensor-first-split; alone: two parts).")
 @click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True,
               help="table: a short summary on stdout.  json: the conversion report (every tensor's source and "
                    "target name, transform and dtypes; hyper-parameters written; warnings) on stdout.")
@@ -85,8 +88,8 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
                    "class run on it must give the file's metadata, tensor names and shapes, else one line names "
                    "the first difference.  Given for a native architecture, it selects this path too.")
 @progress_option
-def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors, fmt,
-            progress, engine, mmproj, config):
+def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors,
+            no_tensor_first_split, fmt, progress, engine, mmproj, config):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -151,7 +154,8 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
 
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
                      imatrix=imatrix, allow_requantize=allow_requantize, split_max_size=split_max_size,
-                     split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj, config=config)
+                     split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj, config=config,
+                     no_tensor_first_split=no_tensor_first_split)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

@@ -76,13 +76,14 @@ def _check_local(source) -> None:
         raise missing_local(s)
 
 
-def _split(out, max_size, max_tensors):
+def _split(out, max_size, max_tensors, small_first=False):
     """The split request of the options (:mod:`.split_output`), checked against the output kind."""
     from ..errors import UnsupportedError
     from .split_output import split_request
-    split = split_request(max_size, max_tensors)
-    if split is not None and not str(out).endswith(".gguf") and split.max_tensors:
-        raise UnsupportedError("--split-max-tensors splits a GGUF output; an HF folder is sharded by size only "
+    split = split_request(max_size, max_tensors, small_first)
+    if split is not None and not str(out).endswith(".gguf") and (split.max_tensors or split.small_first):
+        what = "--split-max-tensors" if split.max_tensors else "--no-tensor-first-split"
+        raise UnsupportedError(f"{what} splits a GGUF output; an HF folder is sharded by size only "
                                "(--split-max-size)", path=os.fspath(out))
     return split
 
@@ -90,7 +91,7 @@ def _split(out, max_size, max_tensors):
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
             split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False,
-            config=None):
+            config=None, no_tensor_first_split: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -108,13 +109,14 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
 
     ``split_max_size`` (``"4G"``, bytes) / ``split_max_tensors``: a GGUF output becomes llama.cpp's
     split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
+    ``no_tensor_first_split``: the set's first part holds the metadata only (llama.cpp's option of that name).
     ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
     ``config`` (GGUF -> HF): the original config.json (or its folder); a GGUF whose architecture the native
     registry lacks converts back through llama.cpp's inverted class with it (:mod:`.derived.to_hf`)."""
     from ..errors import UnsupportedError
     _check_local(source)
     source = _gguf_in_folder(Path(os.fspath(source))) or source
-    split = _split(out, split_max_size, split_max_tensors)
+    split = _split(out, split_max_size, split_max_tensors, no_tensor_first_split)
     shard_bytes = split.max_size if split is not None else None
     if is_gguf(source) and str(out).endswith(".gguf") and dtype is not None:
         # GGUF -> GGUF quantization (without a dtype, a .gguf OUT for a GGUF source is refused below)

@@ -11,6 +11,9 @@ checked byte for byte against it (tests/test_split_output.py):
   current shard already holds ``max_tensors`` tensors, or when its tensor bytes (unpadded) plus
   this tensor's would exceed ``max_size``.  A shard always holds at least one tensor, so a tensor
   larger than ``max_size`` gets a shard of its own.
+* **A small first part** (``--no-tensor-first-split``, gguf-py's ``small_first_shard``): an empty part
+  comes first, holding the model's keys and no tensor, and the tensors are cut as above from part 2
+  on; with neither size nor count given that is two files, the keys and the tensors.
 * **Names**: ``OUT`` = ``dir/stem.gguf`` gives ``dir/stem-00001-of-0000N.gguf`` ...
   (``%s-%05d-of-%05d.gguf``, llama.cpp's ``llama_split_path``).  When the plan holds a single
   shard the file is ``OUT`` itself, without split keys (gguf-py: "Model fails split requirements,
@@ -59,9 +62,10 @@ class SplitRequest:
 
     max_size: int = 0
     max_tensors: int = 0
+    small_first: bool = False       # --no-tensor-first-split: part 1 holds the keys only
 
     def to_dict(self) -> dict:
-        return {"max_size": self.max_size, "max_tensors": self.max_tensors}
+        return {"max_size": self.max_size, "max_tensors": self.max_tensors, "small_first": self.small_first}
 
 
 def parse_split_size(text) -> int:
@@ -76,22 +80,23 @@ def parse_split_size(text) -> int:
     return n
 
 
-def split_request(max_size=None, max_tensors=None) -> SplitRequest | None:
-    """The request the options make, or None when neither is given."""
-    if max_size is None and max_tensors is None:
+def split_request(max_size=None, max_tensors=None, small_first: bool = False) -> SplitRequest | None:
+    """The request the options make, or None when none is given."""
+    if max_size is None and max_tensors is None and not small_first:
         return None
     size = parse_split_size(max_size) if max_size is not None else 0
     if max_tensors is not None:
         if isinstance(max_tensors, bool) or not isinstance(max_tensors, int) or max_tensors <= 0:
             raise UnsupportedError(f"--split-max-tensors {max_tensors!r} must be a positive whole number of tensors")
-    return SplitRequest(size, int(max_tensors or 0))
+    return SplitRequest(size, int(max_tensors or 0), bool(small_first))
 
 
 def shard_ranges(sizes: Sequence[int], req: SplitRequest | None) -> list[tuple[int, int]]:
     """``[start, stop)`` tensor index ranges of the shards, by gguf-py's rule (module docstring)."""
+    first = [(0, 0)] if req is not None and req.small_first else []
     if not sizes:
-        return [(0, 0)]
-    ranges, start, held = [], 0, 0
+        return first + [(0, 0)]
+    ranges, start, held = first, 0, 0
     for i, n in enumerate(sizes):
         if req is not None and i > start and (
                 (req.max_tensors and i - start >= req.max_tensors) or (req.max_size and held + n > req.max_size)):

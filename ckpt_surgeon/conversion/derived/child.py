@@ -226,6 +226,7 @@ def _write_split(req: dict, writer, kvs: list, slots: list, encode, warnings: li
     plan = [PlannedTensor(s.name, tuple(s.shape), GT.ggml_type(s.type_id).name, s.nbytes) for s in slots]
     files = write_split_set(Path(req["output"]), gw.encode_kvs(kvs), len(kvs), plan, lambda n: encode(by_name[n]),
                             max_size=req["split"]["max_size"], max_tensors=req["split"]["max_tensors"],
+                            small_first=bool(req["split"].get("small_first")),
                             alignment=writer.data_alignment, architecture=writer.arch, inputs=req["inputs"],
                             warnings=warnings)
     return [str(f) for f in files]

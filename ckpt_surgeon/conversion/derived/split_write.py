@@ -71,7 +71,7 @@ def _writer(encode: Callable, label: str):
 
 
 def write_split_set(out: Path, kv_bytes: bytes, kv_count: int, plan: Sequence[PlannedTensor], encode: Callable,
-                    *, max_size: int, max_tensors: int, alignment: int, architecture: str,
+                    *, max_size: int, max_tensors: int, alignment: int, architecture: str, small_first: bool = False,
                     inputs: Sequence[str], warnings: list) -> list[Path]:
     """Write ``plan`` as llama.cpp's split set of ``out`` (or ``out`` itself when one part holds
     it); ``encode(name)`` gives a tensor's file bytes.  Returns the files written, in order."""
@@ -82,5 +82,5 @@ def write_split_set(out: Path, kv_bytes: bytes, kv_count: int, plan: Sequence[Pl
         verify_written(tmp, final, part, chunks, architecture=architecture if first else None)
 
     return write_gguf_outputs(out, kv_bytes, kv_count, list(plan), _writer(encode, str(out)), verify=verify,
-                              req=SplitRequest(max_size, max_tensors), progress=False, alignment=alignment,
+                              req=SplitRequest(max_size, max_tensors, small_first), progress=False, alignment=alignment,
                               warnings=warnings, inputs=inputs)
