@@ -26,8 +26,9 @@ from test_split_output import _reference, _split_args
 from ckpt_surgeon.cli import cli
 from ckpt_surgeon.conversion import convert
 
-# (zoo model type, outtype, split options): by count, and by size at q8_0 (Q8_0 blocks: sizes as written)
-CASES = [("olmo", "f16", ("--split-max-tensors", "5")),
+# (zoo model type, outtype, split options): by count with a metadata-only first part, and by size at q8_0
+# (Q8_0 blocks: sizes as written)
+CASES = [("olmo", "f16", ("--no-tensor-first-split", "--split-max-tensors", "5")),
          ("smollm3", "q8_0", ("--split-max-size", "20K"))]
 
 
