@@ -21,43 +21,15 @@ import ctypes
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-
-def measured(cmd: list[str], env: dict | None = None, watch: Path | None = None) -> dict:
-    """Run ``cmd``; wall time, peak RSS of its process tree, and the largest byte count seen under ``watch``."""
-    import psutil
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak, disk, stop = [0], [0], threading.Event()
-
-    def sample():
-        proc = psutil.Process(p.pid)
-        while not stop.is_set():
-            try:
-                tree = [proc, *proc.children(recursive=True)]
-                peak[0] = max(peak[0], sum(q.memory_info().rss for q in tree if q.is_running()))
-            except psutil.Error:
-                pass
-            if watch is not None:
-                disk[0] = max(disk[0], sum(f.stat().st_size for f in watch.rglob("*") if f.is_file()))
-            stop.wait(0.05)
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    _, err = p.communicate()
-    stop.set()
-    th.join()
-    if p.returncode != 0:
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
-    return {"wall": time.perf_counter() - t0, "rss": peak[0], "disk": disk[0], "stderr": err}
+from benchmarks._proc import tree_measured as measured  # noqa: E402
 
 
 def n_gguf_tensors(layers: int, dense: int) -> int:

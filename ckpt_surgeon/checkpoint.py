@@ -128,6 +128,13 @@ class Checkpoint:
             return self.reader.stored.read_bytes(self.stored_tensors[name])
         return self.reader.read_bytes(self.tensors[name])
 
+    def read_raw_into(self, name: str, out) -> None:
+        """:meth:`read_raw` into the caller's writable buffer of exactly the tensor's size (no
+        intermediate ``bytes``: one copy of a large tensor in memory, not two)."""
+        if self.quantization is not None and name in self.stored_tensors:
+            return self.reader.stored.read_into(self.stored_tensors[name], out)
+        return self.reader.read_into(self.tensors[name], out)
+
     def read_stored(self, name: str) -> np.ndarray:
         """A stored tensor decoded as stored (a quantized weight's codes, its scales)."""
         src = self.reader.stored if self.quantization is not None else self.reader

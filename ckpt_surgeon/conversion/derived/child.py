@@ -95,9 +95,11 @@ def _hook_reader(base, src: Path) -> dict:
     def load(name):
         info = infos[name]
         dt = lazy_cls._dtype_str_map[info.dtype]
-        raw = bytearray(ck.read_raw(name))
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(info.shape) if raw else \
-            torch.empty(info.shape, dtype=dt)
+        raw = bytearray(info.end - info.start)      # read straight into the tensor's own buffer
+        if not raw:
+            return torch.empty(info.shape, dtype=dt)
+        ck.read_raw_into(name, raw)
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(info.shape)
 
     def index_tensors(self, remote_hf_model_id=None):
         out = {}
@@ -170,32 +172,57 @@ def _kvs(gguf, writer) -> list:
     return out
 
 
-def _tensor_bytes(gguf, ti) -> np.ndarray:
-    """One tensor's file bytes: ours for the deferred float / Q8_0 encodings, else gguf-py's value."""
+_PIECE = 64 << 20          # bytes of float32 input encoded at a time
+
+
+def _pieces(arr: np.ndarray, qtype_name: str, imatrix=None):
+    """``arr``'s rows encoded as ``qtype_name``, ~64 MiB of input at a time: the same bytes as encoding it at
+    once (every ggml type encodes each row on its own), without a second whole-tensor buffer."""
     from ...formats.quant.quantize import encode_rows
+    if qtype_name == "F16" and arr.dtype == np.float16 or qtype_name == "F32" and arr.dtype == np.float32:
+        yield np.ascontiguousarray(arr).reshape(-1)
+        return
+    arr = arr if arr.dtype in (np.float32, np.float16) else arr.astype(np.float32)
+    rows = arr.reshape(-1, arr.shape[-1]) if arr.ndim > 1 else arr.reshape(1, -1)
+    step = max(1, _PIECE // max(1, rows.shape[1] * 4))
+    for i in range(0, rows.shape[0], step):
+        yield encode_rows(rows[i:i + step], qtype_name, imatrix)
+
+
+def _tensor_pieces(gguf, ti, value):
+    """One tensor's file bytes, as pieces in order: ours for the deferred float / Q8_0 encodings (``value()``:
+    its evaluated source), else gguf-py's value."""
     t = ti.tensor
     if isinstance(t, Deferred):
-        arr = _eager(gguf, t.source)
-        if t.qtype_name == "F16" and arr.dtype == np.float16:
-            out = np.ascontiguousarray(arr)
+        yield from _pieces(np.asarray(value()), t.qtype_name)
+        return
+    real = _ORIGINAL_QUANTIZE[0]
+    hooked, gguf.quants.quantize = gguf.quants.quantize, real     # chunked tensors quantize while written
+    try:
+        if isinstance(t, gguf.LazyChunkedTensor):
+            import io
+            buf = io.BytesIO()
+            t.tofile(buf)
+            out = np.frombuffer(buf.getvalue(), np.uint8)
         else:
-            out = encode_rows(arr if arr.dtype in (np.float32, np.float16) else arr.astype(np.float32), t.qtype_name)
-    else:
-        real = _ORIGINAL_QUANTIZE[0]
-        hooked, gguf.quants.quantize = gguf.quants.quantize, real     # chunked tensors quantize while written
-        try:
-            if isinstance(t, gguf.LazyChunkedTensor):
-                import io
-                buf = io.BytesIO()
-                t.tofile(buf)
-                out = np.frombuffer(buf.getvalue(), np.uint8)
-            else:
-                out = np.ascontiguousarray(_eager(gguf, t))
-        finally:
-            gguf.quants.quantize = hooked
-    if out.nbytes != ti.nbytes:
-        raise ValueError(f"tensor gives {out.nbytes} bytes, its info says {ti.nbytes}")
-    return out
+            out = np.ascontiguousarray(_eager(gguf, t))
+    finally:
+        gguf.quants.quantize = hooked
+    yield out
+
+
+def counted(pieces, nbytes: int, name: str):
+    """``pieces`` as byte views, checked to add up to the planned ``nbytes``."""
+    total = 0
+    for p in pieces:
+        mv = memoryview(p).cast("B")
+        total += mv.nbytes
+        if total > nbytes:
+            break
+        yield mv
+    if total != nbytes:
+        raise ValueError(f"tensor {name!r} gives {'more than ' if total > nbytes else ''}{total} bytes, "
+                         f"its info says {nbytes}")
 
 
 def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> list[str]:
@@ -208,8 +235,10 @@ def _write(gguf, writer, out_path: Path, kvs: list, slots: list, encode) -> list
         pwrite_all(fd, lay.head, 0)
         gw.write_padding(fd, lay, [s.nbytes for s in slots])
         for slot, off in zip(slots, lay.offsets):
-            data = encode(slot)
-            pwrite_all(fd, memoryview(data).cast("B"), off)
+            for piece in encode(slot):      # written as encoded: no whole-tensor output buffer
+                pwrite_all(fd, piece, off)
+                off += piece.nbytes
+            piece = None    # not alive beside the next tensor's work
         os.ftruncate(fd, lay.end)
         os.fsync(fd)
     finally:
@@ -355,19 +384,26 @@ def run(req: dict) -> dict:
     if req["dtype"] != req["base_dtype"]:
         kvs, slots, imatrix = _kquant(gguf, writer, kvs, slots, req, warnings)
     by_name = dict(infos)
+    from .lazy_eval import Evaluator
+    ev = Evaluator(gguf.LazyBase, {n: ti.tensor.source for n, ti in infos.items() if isinstance(ti.tensor, Deferred)})
 
     def encode_one(slot):
         ti = by_name[slot.name]
+        value = lambda: ev.eager(slot.name, ti.tensor.source)     # noqa: E731
         if slot.type_id == int(ti.dtype):
-            return _tensor_bytes(gguf, ti)
-        from ...formats.quant.quantize import encode_rows
-        arr = _eager(gguf, ti.tensor.source).astype(np.float32, copy=False).reshape(slot.shape)
-        return encode_rows(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
+            yield from _tensor_pieces(gguf, ti, value)
+            return
+        arr = np.asarray(value()).astype(np.float32, copy=False).reshape(slot.shape)
+        yield from _pieces(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
 
     def encode(slot):
-        data = encode_one(slot)
+        """The slot's bytes as checked pieces; once they are all out, the tensor is dropped: its lazy
+        chain would keep each node's evaluated data (gguf-py's LazyBase), and llama.cpp's own writer pops each
+        tensor as it writes it; memory is then one tensor's work at a time, not the model's."""
+        yield from counted(encode_one(slot), slot.nbytes, slot.name)
+        by_name.pop(slot.name).tensor = None
+        infos.pop(slot.name, None)
         feed.done(slot.nbytes)
-        return data
 
     feed.total(sum(s.nbytes for s in slots), len(slots))
 

@@ -55,12 +55,14 @@ def _writer(encode: Callable, label: str):
     def write_data(fd, part, offsets, wbar):
         chunks = []
         for rec, off in zip(part, offsets):
-            data = memoryview(encode(rec.dst)).cast("B")
-            if data.nbytes != rec.nbytes:
-                raise FormatError(f"encoded {data.nbytes} bytes, planned {rec.nbytes}", path=label, tensor=rec.dst)
-            crc = zlib.crc32(data)
-            pwrite_all(fd, data, off)
-            del data
+            crc, pos = 0, off
+            try:
+                for piece in encode(rec.dst):         # checked pieces (child.counted), written as encoded
+                    crc = zlib.crc32(piece, crc)
+                    pwrite_all(fd, piece, pos)
+                    pos += piece.nbytes
+            except ValueError as e:
+                raise FormatError(str(e), path=label, tensor=rec.dst) from None
             if _crc_at(fd, off, rec.nbytes) != crc:
                 raise FormatError("bytes read back differ from the bytes written", path=label, tensor=rec.dst)
             chunks.append(Chunk(rec.dst, off, off + rec.nbytes, crc))
@@ -74,7 +76,7 @@ def write_split_set(out: Path, kv_bytes: bytes, kv_count: int, plan: Sequence[Pl
                     *, max_size: int, max_tensors: int, alignment: int, architecture: str, small_first: bool = False,
                     inputs: Sequence[str], warnings: list) -> list[Path]:
     """Write ``plan`` as llama.cpp's split set of ``out`` (or ``out`` itself when one part holds
-    it); ``encode(name)`` gives a tensor's file bytes.  Returns the files written, in order."""
+    it); ``encode(name)`` gives a tensor's file bytes as byte views in order.  Returns the files written, in order."""
     from ..gguf_stream import verify_written
     from ..split_output import SplitRequest, write_gguf_outputs
 
