@@ -16,9 +16,11 @@ pass by llama.cpp's own class reading the stored codes through our reader
 from __future__ import annotations
 
 import ctypes
+import shutil
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from derived_util import converter_src  # noqa: F401 -- the module's autouse fixture
@@ -104,3 +106,40 @@ def test_mxfp4_to_a_k_quant_is_refused_one_line_exit_2(gpt_oss, tmp_path):
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
     assert "keeps this tensor MXFP4" in r.stderr and "requantizing from type mxfp4 is disabled" in r.stderr
     assert os.listdir(out) == []
+
+
+def test_mxfp4_read_natively_as_transformers_dequantizes_it(gpt_oss, tmp_path):
+    """The MXFP4 release read as its logical model (formats/quant, scheme ``mxfp4``): each stacked expert weight
+    equals transformers' own dequantization (``from_pretrained`` on the CPU: ``convert_moe_packed_tensors``) bit for
+    bit; inspect / analyze / lint name it; the dense folder ``convert`` writes gives transformers' logits exactly."""
+    import torch
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt_oss, dtype=torch.float32)
+    want = model.state_dict()
+    with open_checkpoint(gpt_oss) as ck:
+        assert ck.quantization.method == "mxfp4"
+        experts = [n for n in ck.tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+        assert len(experts) == 4 and not any(n.endswith(("_blocks", "_scales")) for n in ck.tensors)
+        for n in experts:
+            assert np.array_equal(ck.read(n), want[n].numpy()), n
+    for cmd in ("inspect", "analyze", "lint"):
+        r = CliRunner().invoke(cli, [cmd, str(gpt_oss)])
+        assert r.exit_code == 0, (cmd, r.output)
+    assert "mxfp4" in CliRunner().invoke(cli, ["inspect", str(gpt_oss)]).output
+    convert(gpt_oss, tmp_path / "dense")
+    dense = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 22, 7, 3]])
+    with torch.no_grad():
+        assert torch.equal(dense(ids).logits, model(ids).logits)
+
+
+def test_mxfp4_scales_missing_one_line_exit_2(gpt_oss, tmp_path):
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "bad"
+    shutil.copytree(gpt_oss, bad)
+    t = load_file(str(bad / "model.safetensors"))
+    del t["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    r = CliRunner().invoke(cli, ["inspect", str(bad)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert "model.layers.1.mlp.experts.down_proj_blocks" in r.stderr and "scales missing" in r.stderr

@@ -349,6 +349,7 @@ def _k_tq2_0(b, o):
 
 # E2M1 values, doubled (ggml kvalues_mxfp4); the block scale is halved to compensate.
 _KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+E2M1_VALUES = _KV_MXFP4 / np.float32(2)      # the 16 FP4 (E2M1) values themselves (code 8 is -0 there, 0 here)
 
 
 def _e8m0_half_table() -> np.ndarray:

@@ -235,6 +235,21 @@ def dq_mlx(qt: QuantTensor, get: Get) -> np.ndarray:
     return round_to(round_to(q.reshape(out_, in_ // gs, gs) * s, dt) + b, dt).reshape(out_, in_)
 
 
+def dq_mxfp4(qt: QuantTensor, get: Get) -> np.ndarray:
+    """gpt-oss's stacked experts (transformers' ``convert_moe_packed_tensors``): byte k of a block holds
+    elements 2k (low nibble) and 2k + 1 (high), each an E2M1 value times ``2**(scale - 127)`` (ldexp: exact
+    in float32, inf past its range as there); ``[E, rows, G*32]`` with its last two axes swapped."""
+    from .dequant import E2M1_VALUES
+    blocks, scales = get("blocks"), get("scales")
+    vals = np.empty(blocks.shape[:-1] + (32,), np.float32)
+    vals[..., 0::2] = E2M1_VALUES[blocks & 0x0F]
+    vals[..., 1::2] = E2M1_VALUES[blocks >> 4]
+    with np.errstate(over="ignore"):
+        vals = np.ldexp(vals, (scales.astype(np.int32) - 127)[..., None]).astype(np.float32, copy=False)
+    e, rows, g = scales.shape
+    return vals.reshape(e, rows, g * 32).transpose(0, 2, 1)
+
+
 KERNELS: dict[str, Callable[[QuantTensor, Get], np.ndarray]] = {
     "gptq": dq_gptq,
     "awq": dq_awq,
@@ -245,6 +260,7 @@ KERNELS: dict[str, Callable[[QuantTensor, Get], np.ndarray]] = {
     "bnb-4bit": dq_bnb4,
     "bnb-int8": dq_bnb_int8,
     "mlx": dq_mlx,
+    "mxfp4": dq_mxfp4,
 }
 
 

@@ -33,6 +33,11 @@ The layouts are the producers' own (read, not copied):
   ``nested_quant_map`` under double quantization), ``weight.quant_map`` (16 code values),
   ``weight.quant_state.bitsandbytes__nf4|fp4`` (JSON: shape, blocksize, dtype); 8-bit
   ``weight`` int8 ``[out, in]`` with ``SCB`` (row absmax): ``w = q * SCB / 127``.
+* ``mxfp4`` (gpt-oss as OpenAI ships it; transformers' ``integrations/mxfp4.py``
+  ``convert_moe_packed_tensors``): per stacked expert weight ``<name>_blocks`` uint8
+  ``[E, rows, G, 16]`` (two E2M1 codes per byte, low nibble the even element) and ``<name>_scales``
+  uint8 ``[E, rows, G]`` (E8M0: ``2**(s - 127)`` per 32 values); the logical weight is
+  ``<name>`` ``[E, G*32, rows]`` (the blocks' last two axes swapped, transformers' bf16 layout).
 * MLX affine (``mlx.core.quantize``): ``weight`` uint32 ``[out, in*bits/32]`` low bits first,
   ``scales`` and ``biases`` ``[out, in/group]``: ``w = scales * q + biases``.  MLX's ``biases``
   are these offsets, never the Linear's ``bias``.
@@ -97,13 +102,16 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
     Scheme("bnb-int8", "bitsandbytes", "weight", ("I8",), ("SCB",), ("weight_format",),
            "int8 codes", "w = q * SCB[row] / 127",
            row_members=("weight", "SCB"), shared_members=("weight_format",)),
+    Scheme("mxfp4", "mxfp4", "blocks", ("U8",), ("scales",), (),
+           "uint8, two E2M1 codes per byte (low nibble first), 32 values per E8M0 scale, experts stacked",
+           "w = E2M1[code] * 2**(scale - 127), [E, rows, in] stored, [E, in, rows] logical"),
     Scheme("mlx", "mlx", "weight", ("U32",), ("scales", "biases"), (),
            "uint32, bits packed along the input axis, low bits first",
            "w = scales[g] * q + biases[g]  (biases: MLX's offsets, not the Linear's bias)",
            row_members=("weight", "scales", "biases")),
 )}
 
-SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "bitsandbytes", "mlx")
+SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "bitsandbytes", "mlx", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -481,9 +489,29 @@ def _mlx(tensors, q, path):
     return out, "affine"
 
 
+def _mxfp4(tensors, q, path):
+    s = SCHEMES["mxfp4"]
+    out = {}
+    for bname in sorted(n for n in tensors if n.endswith("_blocks")):
+        logical = bname[:-len("_blocks")]
+        sname = f"{logical}_scales"
+        if sname not in tensors:
+            raise _err("scales missing beside the MXFP4 blocks", path, bname, s.key)
+        b, sc = _shape(tensors, bname), _shape(tensors, sname)
+        for n in (bname, sname):
+            if tensors[n].dtype != "U8":
+                raise _err(f"is {tensors[n].dtype}, not uint8 (MXFP4 codes and E8M0 scales)", path, n, s.key)
+        if len(b) != 4 or b[-1] != 16 or sc != b[:-1]:
+            raise _err(f"blocks {list(b)} / scales {list(sc)} are not gpt-oss's stacked-expert layout [E, rows, G, 16] "
+                       "/ [E, rows, G]", path, bname, s.key)
+        out[logical] = QuantTensor(logical, logical.rsplit(".", 1)[0], s.key, (("blocks", bname), ("scales", sname)),
+                                   (b[0], b[2] * 32, b[1]), 4, 32)
+    return out, "e2m1"
+
+
 _DETECTORS = {
     "gptq": _gptq, "awq": _awq, "auto-round": _auto_round, "compressed-tensors": _compressed_tensors,
-    "fp8": _fp8, "bitsandbytes": _bnb, "mlx": _mlx,
+    "fp8": _fp8, "bitsandbytes": _bnb, "mlx": _mlx, "mxfp4": _mxfp4,
 }
 
 
