@@ -97,6 +97,24 @@ def test_attention_free_layers_in_llama_cpps_file_are_read_and_quantized_as_llam
     assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")
 
 
+def test_stacked_experts_take_their_own_importance_matrix_as_llama_quantize(folder, tmp_path):
+    """A derived MoE (GraniteMoE: experts stacked by llama.cpp's class) quantized with an importance matrix
+    holding one matrix per expert: every tensor equals llama-quantize's with the same matrix on llama.cpp's
+    f32 file (the experts are encoded a few at a time, each with its own matrix)."""
+    from test_quantize import _imatrix_entries, _weights, tensors, write_imatrix_gguf
+    src = folder("granitemoe")
+    f32 = _reference(src, "derived-granitemoe") / "f32.gguf"
+    entries = _imatrix_entries(f32)
+    stacked = [n for n, (_, c) in entries.items() if c.size > 1]
+    assert stacked, entries.keys()                 # the case under test: per-expert matrices
+    write_imatrix_gguf(tmp_path / "imatrix.gguf", entries)
+    llama_quantize(f32, tmp_path / "ref.gguf", "q4_k_m", imatrix=_weights(entries))
+    convert(src, tmp_path / "ours.gguf", "q4_k_m", imatrix=tmp_path / "imatrix.gguf")
+    assert_same_tensors(tmp_path / "ours.gguf", tmp_path / "ref.gguf", "granitemoe q4_k_m imatrix")
+    convert(src, tmp_path / "plain.gguf", "q4_k_m")       # the matrix changed the experts' bytes
+    assert tensors(tmp_path / "plain.gguf")[stacked[0]][2] != tensors(tmp_path / "ours.gguf")[stacked[0]][2]
+
+
 def test_native_families_stay_native(tiny, tmp_path):
     report = convert(tiny("qwen2"), tmp_path / "q.gguf", "f16")
     assert report.engine == "native"

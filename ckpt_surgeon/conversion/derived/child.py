@@ -183,6 +183,11 @@ def _pieces(arr: np.ndarray, qtype_name: str, imatrix=None):
         yield np.ascontiguousarray(arr).reshape(-1)
         return
     arr = arr if arr.dtype in (np.float32, np.float16) else arr.astype(np.float32)
+    if arr.ndim > 2:        # stacked experts: whole experts a piece (an importance matrix may hold one per expert)
+        step = max(1, _PIECE // max(1, arr[0].size * 4))
+        for e in range(0, arr.shape[0], step):
+            yield encode_rows(arr[e:e + step], qtype_name, imatrix, first=e)
+        return
     rows = arr.reshape(-1, arr.shape[-1]) if arr.ndim > 1 else arr.reshape(1, -1)
     step = max(1, _PIECE // max(1, rows.shape[1] * 4))
     for i in range(0, rows.shape[0], step):
