@@ -95,9 +95,11 @@ def _hook_reader(base, src: Path) -> dict:
     def load(name):
         info = infos[name]
         dt = lazy_cls._dtype_str_map[info.dtype]
-        raw = bytearray(info.end - info.start)      # read straight into the tensor's own buffer
-        if not raw:
+        n = info.end - info.start
+        if not n:
             return torch.empty(info.shape, dtype=dt)
+        # read straight into the tensor's own buffer (np.empty: not zero-filled first, as bytearray(n) is)
+        raw = np.empty(n, np.uint8)
         ck.read_raw_into(name, raw)
         return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(info.shape)
 
