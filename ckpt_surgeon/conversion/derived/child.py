@@ -392,7 +392,9 @@ def run(req: dict) -> dict:
         kvs, slots, imatrix = _kquant(gguf, writer, kvs, slots, req, warnings)
     by_name = dict(infos)
     from .lazy_eval import Evaluator
-    ev = Evaluator(gguf.LazyBase, {n: ti.tensor.source for n, ti in infos.items() if isinstance(ti.tensor, Deferred)})
+    # every output counted, those gguf-py's own code writes too (they may share a node with ours)
+    ev = Evaluator(gguf.LazyBase, {n: ti.tensor.source if isinstance(ti.tensor, Deferred) else ti.tensor
+                                   for n, ti in infos.items()})
 
     def encode_one(slot):
         ti = by_name[slot.name]
@@ -408,6 +410,7 @@ def run(req: dict) -> dict:
         chain would keep each node's evaluated data (gguf-py's LazyBase), and llama.cpp's own writer pops each
         tensor as it writes it; memory is then one tensor's work at a time, not the model's."""
         yield from counted(encode_one(slot), slot.nbytes, slot.name)
+        ev.release(slot.name)
         by_name.pop(slot.name).tensor = None
         infos.pop(slot.name, None)
         feed.done(slot.nbytes)
