@@ -92,6 +92,11 @@ def test_attention_free_layers_in_llama_cpps_file_are_read_and_quantized_as_llam
     assert rep.memory.kv_bytes_per_1000["f16"] == sum(2 * 1000 * v * head * 2 for v in per)
     res = CliRunner().invoke(cli_main, ["inspect", str(ref / "f32.gguf")])
     assert res.exit_code == 0 and "without attention heads" in res.output, res.output
+    res = CliRunner().invoke(cli_main, ["lint", str(ref / "f32.gguf")])     # no "layers without attention" error
+    assert res.exit_code == 0, res.output
+    if model_type == "nemotron_h":      # the HF folder (layers_block_type) caches what llama.cpp's file says
+        assert inspect(src).memory.kv_bytes_per_1000 == rep.memory.kv_bytes_per_1000
+        assert CliRunner().invoke(cli_main, ["lint", str(src)]).exit_code == 0
     llama_quantize(ref / "f32.gguf", tmp_path / "ref.q4_k_m.gguf", "q4_k_m")
     convert(src, tmp_path / "ours.q4_k_m.gguf", "q4_k_m")
     assert_same_tensors(tmp_path / "ours.q4_k_m.gguf", tmp_path / "ref.q4_k_m.gguf", f"{model_type} q4_k_m")

@@ -20,7 +20,8 @@ Each layer is one of:
   ``attn_layer_period``/``attn_layer_offset``).  It keeps a fixed-size state per sequence, not per
   token: the convolution window plus the recurrent matrix, stored in f32 whatever the KV cache
   type (llama.cpp's ``llama_memory_recurrent``: ``type_r`` / ``type_s`` are F32);
-* ``none``: no attention heads in a GGUF file outside the registry (``head_count_kv`` 0 for the layer,
+* ``none``: a layer without a token mixer (``layer_types`` / ``layers_block_type`` ``mlp`` or ``moe``:
+  NemotronH), or with no attention heads in a GGUF file outside the registry (``head_count_kv`` 0 for the layer,
   ``layer_kv_heads`` in the config :func:`ckpt_surgeon.arch.gguf_config.config_from_gguf` reads): no K or V.
   Whether the layer is recurrent or MLP-only is llama.cpp's architecture's own rule (NemotronH: recurrent
   when its FFN width is 0 too; GraniteHybrid: always), so its state is not counted.
@@ -53,11 +54,15 @@ def _int(cfg, keys, where, maximum=MAX_WIDTH):
     return config_int(cfg, keys if isinstance(keys, tuple) else (keys,), path=where, minimum=0, maximum=maximum)
 
 
+_MLP_ONLY_KINDS = frozenset({"mlp", "moe", "ffn"})      # a block with no token mixer: NemotronH's "-" / "E" layers
+
+
 def _from_layer_types(types: list) -> list[str]:
     out = []
     for t in types:
         t = str(t).lower()
-        out.append("sliding" if t == "sliding_attention" else "recurrent" if t in RECURRENT_KINDS else "full")
+        out.append("sliding" if t == "sliding_attention" else "recurrent" if t in RECURRENT_KINDS else
+                   "none" if t in _MLP_ONLY_KINDS else "full")
     return out
 
 
@@ -66,9 +71,10 @@ def layer_kinds(cfg: dict, n_layers: int, where) -> tuple[list[str], str]:
     per_layer = cfg.get("layer_kv_heads")
     if isinstance(per_layer, list) and len(per_layer) == n_layers:
         return ["full" if v else "none" for v in per_layer], "head_count_kv per layer (GGUF)"
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == n_layers:
-        return _from_layer_types(types), "layer_types"
+    for key in ("layer_types", "layers_block_type"):    # (NemotronH in transformers 5: layers_block_type)
+        types = cfg.get(key)
+        if isinstance(types, list) and len(types) == n_layers:
+            return _from_layer_types(types), key
     idxs = cfg.get("full_attn_idxs")        # LFM2 before layer_types: the attention layers, the rest short-conv
     if isinstance(idxs, list) and all(isinstance(i, int) for i in idxs):
         return ["full" if i in idxs else "recurrent" for i in range(n_layers)], "full_attn_idxs"

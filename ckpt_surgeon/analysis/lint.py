@@ -174,6 +174,13 @@ def check_layer_count(ctx: _Ctx) -> list[Finding]:
     if lay is None:
         return []
     empty = [lt.layer for lt in lay.layers if not (lt.q_weight or lt.qkv_weight or lt.k_weight)]
+    if empty:       # a hybrid's recurrent / MLP-only layers have none by design (analysis/kv_layers.py)
+        from .kv_layers import layer_kinds
+        try:
+            kinds, _ = layer_kinds(dict(ctx.ck.config or {}), lay.num_layers, lay.config_source)
+        except ConfigError:
+            kinds = []
+        empty = [i for i in empty if i >= len(kinds) or kinds[i] not in ("recurrent", "none")]
     if not empty or len(empty) == len(lay.layers):     # none at all: names the registry does not know
         return []
     return [_finding(ctx, "config-shapes", "error", None,

@@ -192,7 +192,8 @@ def _notes(plan, rows, head: int, options: MemoryOptions, max_positions: int | N
                      f"all heads) on {plan.count('mla')} layer(s)")
     if plan.count("none"):
         notes.append(f"{plan.count('none')} layer(s) without attention heads in the file (head_count_kv 0): no KV "
-                     "cache; recurrent or MLP-only as llama.cpp's architecture defines, any state not counted")
+                     "cache; recurrent or MLP-only as llama.cpp's architecture defines, any state not counted"
+                     if plan.how.endswith("(GGUF)") else f"{plan.count('none')} MLP-only layer(s): no KV cache, no state")
     if plan.count("recurrent"):
         n = plan.count("recurrent")
         notes.append(f"{n} recurrent layer(s) keep a fixed state of {plan.state_elements:,} f32 elements per "
