@@ -7,7 +7,7 @@ Like ``multiprocessing``'s forkserver with ``set_forkserver_preload``, one serve
 imports them once; each run is a ``fork()`` of it that then does what ``python SCRIPT ARGS`` or
 ``python -m MODULE ARGS`` does: its own environment, working directory, ``sys.path`` (the script's
 folder, then ``PYTHONPATH``), ``sys.argv``, stdout / stderr to files, the script or module run as
-``__main__``, its exit status (``SystemExit`` as the interpreter maps it, 1 on an uncaught exception
+``__main__``, its exit status (``SystemExit`` as the interpreter maps it, ``os._exit``'s own, 1 on an uncaught exception
 with the traceback on stderr).  The server imports only third-party libraries, never ``ckpt_surgeon``
 or ``gguf`` (llama.cpp's runner insists on its own gguf-py), so the code under test starts fresh.
 
@@ -66,6 +66,17 @@ def _child(req: dict, base: list) -> None:
     import runpy
     import traceback
     code = 1
+    real_exit = os._exit
+
+    def _exit(status: int) -> None:      # a child that ends itself with os._exit (a distributed rank) has its status
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            Path(req["rc"]).write_text(str(status))
+        finally:
+            real_exit(status)
+
+    os._exit = _exit
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)     # the server ignores it; subprocess.wait must not
         os.setpgrp()                                      # killed as a group, with any children of its own
@@ -105,7 +116,7 @@ def _child(req: dict, base: list) -> None:
             sys.stderr.flush()
             Path(req["rc"]).write_text(str(code))
         finally:
-            os._exit(code)
+            real_exit(code)
 
 
 def serve() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 
 import click
 
@@ -106,4 +107,10 @@ _register()
 
 
 def main() -> None:
-    cli(prog_name="ckpt-surgeon")
+    try:
+        cli(prog_name="ckpt-surgeon")
+    except SystemExit as e:
+        dist_env = sys.modules.get("ckpt_surgeon.verification.dist_env")   # loaded only under torchrun
+        if dist_env is not None:
+            dist_env.end_process(e.code)
+        raise

@@ -239,8 +239,30 @@ def looks_remote(exc) -> bool:
                                                                         "gloo", "NCCL", "Timed out", "timed out")))
 
 
+_STARTED: list = []
+
+
 def start(env: DistEnv, *, device: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
-    return Session(env, device=device, timeout_s=timeout_s)
+    sess = Session(env, device=device, timeout_s=timeout_s)
+    _STARTED.append(sess)
+    return sess
+
+
+def end_process(code) -> None:
+    """After a distributed run, end this rank's process with ``code`` (``SystemExit.code``) without the
+    interpreter's finalization: the process group, the store and the watch's store client are native objects
+    whose destructors, run at exit while the peers disconnect, can abort the process (seen once under load in
+    CI: a rank that had printed its one line and was exiting 2 ended with SIGABRT).  Everything the run writes
+    is closed and published by then; stdout and stderr are flushed here.  Does nothing in an ordinary run."""
+    if not _STARTED:
+        return
+    import sys
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            f.flush()
+        except Exception:            # noqa: BLE001 - a closed or replaced stream
+            pass
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 # --------------------------------------------------------------------------- messages
