@@ -68,7 +68,8 @@ def _child(req: dict, base: list) -> None:
     code = 1
     real_exit = os._exit
 
-    def _exit(status: int) -> None:      # a child that ends itself with os._exit (a distributed rank) has its status
+    def _exit(status: int) -> None:      # the status recorded, then the process ends (never returns); also the
+        # child's os._exit, so that one ending itself that way (a distributed rank) has its status too
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -111,12 +112,7 @@ def _child(req: dict, base: list) -> None:
             code = 1
         atexit._run_exitfuncs()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            Path(req["rc"]).write_text(str(code))
-        finally:
-            real_exit(code)
+        _exit(code)
 
 
 def serve() -> None:

@@ -42,7 +42,11 @@ def distributed(callback, params: dict, parse_size) -> bool:
     env = detect()
     if env is None or active() is not None:
         return False
-    if env.rank != 0:               # quiet: rank 0 alone prints
+    if env.rank != 0:               # quiet: rank 0 alone prints (fds too: torch's C++ side logs to fd 2 itself)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os.close(quiet)
         sys.stdout = sys.stderr = open(os.devnull, "w")
     for key, flag in _SINGLE_ONLY:
         if params.get(key) and params.get(key) != "transformers":

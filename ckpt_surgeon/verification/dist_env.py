@@ -209,6 +209,23 @@ class Session:
             line = self.post_fault(f"rank {self.rank}: {first_line(exc) if exc is not None else 'failed'}")
         return line
 
+    def ended(self, wait_s: float = GRACE_S) -> None:
+        """This rank's process is about to end.  Rank 0 says so on the store once its line is printed; the
+        other ranks wait for that (at most ``wait_s``, or until the store, which rank 0 hosts, is gone): a
+        launcher that sees a rank end with an error stops the rest, and rank 0, slower to reach the same
+        refusal (a rank that failed first), must not be stopped before it has said why."""
+        if self.rank == 0:
+            self.mark("ended")
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check(["ended/0"]):
+                    return
+            except Exception:        # noqa: BLE001 - rank 0 and its store are gone: nothing to wait for
+                return
+            time.sleep(0.05)
+
     def close(self, *, ok: bool) -> None:
         """Leave the group (after a clean run the others are told this rank is done)."""
         import torch.distributed as dist
@@ -262,6 +279,7 @@ def end_process(code) -> None:
             f.flush()
         except Exception:            # noqa: BLE001 - a closed or replaced stream
             pass
+    _STARTED[-1].ended()
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
