@@ -38,40 +38,67 @@ def run(cmd: list[str], *, sync: bool = False) -> dict:
     return res
 
 
+class TreePeak:
+    """While the block runs: the peak RSS of process ``pid`` and all its descendants together (psutil, the
+    sum over the tree sampled every 50 ms), in ``.rss`` bytes."""
+
+    def __init__(self, pid: int, period: float = 0.05):
+        import threading
+        self.pid, self.period, self.rss = pid, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            try:
+                tree = [proc, *proc.children(recursive=True)]
+                self.rss = max(self.rss, sum(q.memory_info().rss for q in tree if q.is_running()))
+            except psutil.Error:
+                pass
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def tree_measured(cmd: list[str], env: dict | None = None, watch=None) -> dict:
     """Run ``cmd``: wall time, CPU time (user + system of it and every descendant it waited for), peak RSS of
-    its whole process tree (psutil, the sum over the tree sampled every 50 ms: a parent and the child it
-    runs the work in count together), and the largest byte count seen under the folder ``watch``."""
+    its whole process tree (:class:`TreePeak`: a parent and the child it runs the work in count together),
+    and the largest byte count seen under the folder ``watch``."""
     import resource
     import threading
     import time
     from pathlib import Path
 
-    import psutil
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak, disk, stop = [0], [0], threading.Event()
+    disk, stop = [0], threading.Event()
 
-    def sample():
-        proc = psutil.Process(p.pid)
-        while not stop.is_set():
-            try:
-                tree = [proc, *proc.children(recursive=True)]
-                peak[0] = max(peak[0], sum(q.memory_info().rss for q in tree if q.is_running()))
-            except psutil.Error:
-                pass
-            if watch is not None:
-                disk[0] = max(disk[0], sum(f.stat().st_size for f in Path(watch).rglob("*") if f.is_file()))
-            stop.wait(0.05)
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    _, err = p.communicate()
+    def watch_disk():
+        while not stop.wait(0.05):
+            disk[0] = max(disk[0], sum(f.stat().st_size for f in Path(watch).rglob("*") if f.is_file()))
+    th = threading.Thread(target=watch_disk, daemon=True)
+    if watch is not None:
+        th.start()
+    with TreePeak(p.pid) as peak:
+        _, err = p.communicate()
     stop.set()
-    th.join()
+    if watch is not None:
+        th.join()
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"failed ({p.returncode}): {' '.join(map(str, cmd))}\n{err[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": wall, "cpu": cpu, "rss": peak[0], "disk": disk[0], "stderr": err}
+    return {"wall": wall, "cpu": cpu, "rss": peak.rss, "disk": disk[0], "stderr": err}

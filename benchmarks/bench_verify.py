@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -88,35 +87,17 @@ _CPU_BEFORE = [0.0]      # children's CPU seconds already counted (RUSAGE_CHILDR
 
 def run_measured(cmd: list[str]) -> dict:
     """Run ``cmd``; wall time, the process tree's peak RSS (sampled) and the child's ru_maxrss."""
-    import psutil
+    from benchmarks._proc import TreePeak
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        try:
-            p = psutil.Process(proc.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not stop.is_set():
-            try:
-                rss = p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
-                peak[0] = max(peak[0], rss)
-            except psutil.NoSuchProcess:
-                pass
-            stop.wait(0.05)
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    out, err = proc.communicate()
-    stop.set()
-    th.join()
+    with TreePeak(proc.pid) as peak:
+        out, err = proc.communicate()
     wall = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     maxrss = ru.ru_maxrss * 1024
     cpu = ru.ru_utime + ru.ru_stime - _CPU_BEFORE[0]
     _CPU_BEFORE[0] = ru.ru_utime + ru.ru_stime
-    return {"wall": wall, "cpu": cpu, "tree_peak_rss": peak[0], "child_maxrss": maxrss, "rc": proc.returncode,
+    return {"wall": wall, "cpu": cpu, "tree_peak_rss": peak.rss, "child_maxrss": maxrss, "rc": proc.returncode,
             "stdout": out.decode(), "stderr": err.decode()}
 
 
