@@ -263,3 +263,16 @@ def test_mmproj_is_llama_cpp_converters_file(key, outtype, tmp_path):
     report = convert(hf, tmp_path / "mmproj.gguf", outtype, mmproj=True)
     assert report.engine.startswith("derived: llama.cpp ") and report.arch == "clip"
     assert (tmp_path / "mmproj.gguf").read_bytes() == ref.read_bytes()
+
+
+def test_mmproj_file_does_not_convert_back_one_line(tmp_path):
+    """An mmproj file holds a tower and its projector, not an HF model: GGUF -> HF refuses it in one line, with
+    or without --config (before, the lines asked for a config, then failed inside llama.cpp's class)."""
+    from mmproj_util import mmproj_pair
+    hf, ref = mmproj_pair("qwen2_5_vl@mm", "f32")
+    for extra in ([], ["--config", str(hf)]):
+        r = CliRunner().invoke(cli_main, ["convert", str(ref), "-o", str(tmp_path / "back")] + extra)
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert "an mmproj file" in r.output and "convert --mmproj" in r.output, r.output
+        assert not (tmp_path / "back").exists()
+

@@ -14,8 +14,14 @@ class hands its ``GGUFWriter``:
 * **random**: seeded normal values.
 
 Each GGUF element's (id, index) says which HF element it came from: that is the inverse, a gather
-per HF tensor.  It is proved on the random pass: scattering the GGUF tensors of that pass back by
-the learned map gives the random inputs bit for bit, and every HF element is reached.  Where that
+per HF tensor.  It is proved on the random pass: every GGUF element of that pass holds the random
+input of the HF element the map names, bit for bit, and every HF element is reached.
+
+Each output is consumed as the class writes it and kept only as *runs* (:func:`segments`: GGUF start,
+HF tensor, HF start; a copied or permuted tensor is one run or a run a row, a stack of experts a run an
+expert), so the probe's memory is one output's work and the maps' size, not the model's: the parent
+gathers one group of tensors at a time from them (:mod:`.to_hf`).  A tensor the class transposes is a
+run an element, the worst case (24 bytes an element for that tensor).  Where that
 fails the class does not only move values (a sum, ``exp``, a ``+ 1`` shift, a dropped tensor) and
 the answer is one line naming the tensor.  A GGUF tensor with no valid ids that is the same in
 every pass is generated from the config (rope factors): kept, for the parent to compare.
@@ -57,10 +63,10 @@ def _hook_sources(cls) -> None:
     cls._ckpt_surgeon_sources = sources
 
 
-def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, digit: int = 0):
-    """One forward run of the class on probe tensors -> (GGUF name -> float32 array, the model)."""
+def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, digit: int = 0):
+    """One forward run of the class on probe tensors, each output handed to ``on_tensor(GGUF name, float32
+    values)`` as the class writes it (and not kept: memory is one output's work); returns the model."""
     import torch
-    captured: dict[str, np.ndarray] = {}
 
     def index_tensors(self, remote_hf_model_id=None):
         out = {}
@@ -73,7 +79,7 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
 
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
         arr = gguf.LazyNumpyTensor.to_eager(tensor) if isinstance(tensor, gguf.LazyBase) else np.asarray(tensor)
-        captured[name] = np.array(arr, dtype=np.float32)
+        on_tensor(name, np.array(arr, dtype=np.float32).ravel(), tuple(arr.shape))
 
     base.ModelBase.index_tensors = index_tensors
     gguf.GGUFWriter.add_tensor = add_tensor
@@ -82,52 +88,145 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
     with torch.inference_mode():
         model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", eager=True, model_name="probe")
         model.prepare_tensors()
-    return captured, model
+    return model
 
 
-def _learn(passes: dict, n_digits: int, names: list, sources: dict) -> tuple[dict, dict, str | None]:
-    """(GGUF name -> (ids, flat indices)), (GGUF name -> generated values), refusal or None."""
-    maps, generated = {}, {}
-    n = len(names)
-    for t, ids_f in passes["id"].items():
-        same = all(np.array_equal(passes[p][t], ids_f) for p in passes if p != "id")
-        valid = np.all(ids_f == np.round(ids_f)) and ids_f.size and ids_f.min() >= 1 and ids_f.max() <= n
-        if not valid:
-            if same:
-                generated[t] = ids_f
-                continue
-            src = f" (from HF {sources[t]})" if t in sources else ""
-            return maps, generated, (f"GGUF tensor {t}{src}: llama.cpp's converter changes its values (not only "
-                                     "their places: a shift, a scale, exp, a sum ...), so it cannot be inverted")
-        idx = np.zeros(ids_f.shape, np.int64)
-        for d in range(n_digits):
-            idx |= passes[f"idx{d}"][t].astype(np.int64) << (DIGIT_BITS * d)
-        maps[t] = (ids_f.astype(np.int32), idx)
-    return maps, generated, None
+def runs(values: np.ndarray, slope: int) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (1-D integers) as runs: (start positions, the value at each) where inside a run each value
+    is the one before plus ``slope`` (0: constant runs; 1: counting runs)."""
+    if not values.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1] + slope) + 1)).astype(np.int64)
+    return starts, values[starts].astype(np.int64)
 
 
-def _prove(maps: dict, rand: dict, names: list, shapes: dict) -> str | None:
-    """Scatter the random pass back by the learned map: every HF element reached, values bit-exact."""
-    hf = {k: np.full(int(np.prod(shapes[n], dtype=np.int64)), np.nan, np.float32) for k, n in enumerate(names, 1)}
-    seen = {k: np.zeros(a.size, bool) for k, a in hf.items()}
-    for t, (ids, idx) in maps.items():
-        vals = rand[t].ravel()
-        for k in np.unique(ids):
-            m = ids.ravel() == k
-            if idx.ravel()[m].max() >= hf[int(k)].size:
-                return (f"GGUF tensor {t}: its probe values name no element of an HF tensor (llama.cpp's converter "
-                        "changes its values, not only their places: a shift, a scale, exp ...), so it cannot be inverted")
-            hf[int(k)][idx.ravel()[m]] = vals[m]
-            seen[int(k)][idx.ravel()[m]] = True
-    for k, name in enumerate(names, 1):
-        want = _values("rand", k, hf[k].size)
-        if not seen[k].all():
-            return (f"HF tensor {name}: {int((~seen[k]).sum())} of {seen[k].size} elements reach no GGUF tensor "
-                    "(llama.cpp's converter drops or merges them), so the GGUF cannot give it back")
-        if not np.array_equal(hf[k].view(np.uint32), want.view(np.uint32)):
-            return (f"HF tensor {name}: llama.cpp's converter changes its values (not only their places: a shift, "
-                    "a scale, exp ...), so the GGUF does not give it back bit for bit")
-    return None
+def _at(run: tuple, slope: int, pos: np.ndarray) -> np.ndarray:
+    starts, vals = run
+    r = np.searchsorted(starts, pos, side="right") - 1
+    return vals[r] + slope * (pos - starts[r])
+
+
+def segments(id_run: tuple, digit_runs: list, numel: int, bits: int = DIGIT_BITS) -> np.ndarray:
+    """The map of one GGUF tensor as segments: rows (GGUF start, HF tensor id, HF start); inside a segment
+    GGUF element ``start + j`` came from element ``HF start + j`` of HF tensor ``id`` (up to the next row's
+    start, the last up to ``numel``).  The runs of the id pass (constant) and of each index digit's pass
+    (digit 0 counting, the others constant; ``bits`` a digit) are cut at every run start of any of them."""
+    pos = np.unique(np.concatenate([id_run[0]] + [r[0] for r in digit_runs]))
+    ids = _at(id_run, 0, pos)
+    idx = np.zeros(pos.size, np.int64)
+    for d, run in enumerate(digit_runs):
+        idx |= _at(run, 1 if d == 0 else 0, pos) << (bits * d)
+    if pos.size > 1:          # a cut where the map runs on (an id or digit run ends where another starts): joined
+        lengths = np.diff(np.append(pos, numel))
+        keep = np.ones(pos.size, bool)
+        keep[1:] = (ids[1:] != ids[:-1]) | (idx[1:] != idx[:-1] + lengths[:-1])
+        pos, ids, idx = pos[keep], ids[keep], idx[keep]
+    return np.stack([pos, ids, idx], axis=1)
+
+
+def expand(seg: np.ndarray, numel: int) -> tuple[np.ndarray, np.ndarray]:
+    """A tensor's segments as (HF id, HF flat index) of each of its ``numel`` elements."""
+    pos, ids, idx = seg[:, 0], seg[:, 1], seg[:, 2]
+    lengths = np.diff(np.append(pos, numel))
+    return np.repeat(ids, lengths), np.repeat(idx - pos, lengths) + np.arange(numel, dtype=np.int64)
+
+
+def by_id(ids: np.ndarray):
+    """(HF id, the positions holding it) for each id in ``ids``: one sort, not a pass over ``ids`` an id (a
+    stack of 256 experts)."""
+    if ids.size and ids.min() == ids.max():
+        yield int(ids[0]), slice(None)
+        return
+    order = np.argsort(ids, kind="stable")
+    uniq, first = np.unique(ids[order], return_index=True)
+    for k, a, b in zip(uniq, first, np.append(first[1:], ids.size)):
+        yield int(k), order[a:b]
+
+
+def _changes(t: str, sources: dict) -> str:
+    src = f" (from HF {sources[t]})" if t in sources else ""
+    return (f"GGUF tensor {t}{src}: llama.cpp's converter changes its values (not only their places: a shift, a "
+            "scale, exp, a sum ...), so it cannot be inverted")
+
+
+class _Learner:
+    """The passes' outputs, consumed one tensor at a time and kept as runs (a copied, permuted or stacked
+    tensor is a few runs; a transposed one a run an element, the worst case)."""
+
+    def __init__(self, names: list, shapes: dict, sources: dict):
+        self.n, self.names, self.sources = len(names), names, sources
+        self.numel = {k: int(np.prod(shapes[nm], dtype=np.int64)) for k, nm in enumerate(names, 1)}
+        self.id_runs, self.digits, self.shape = {}, {}, {}
+        self.odd: dict[str, np.ndarray] = {}        # no valid ids: generated (rope factors) if every pass agrees
+        self.segs: dict[str, np.ndarray] = {}
+        self.refusal: str | None = None
+        self.digit = 0      # the index digit the current pass carries
+
+    def _refuse(self, why: str) -> None:
+        self.refusal = self.refusal or why
+
+    def on_id(self, t, v, shape):
+        self.shape[t] = shape
+        ok = v.size and np.all(v == np.round(v)) and v.min() >= 1 and v.max() <= self.n
+        if ok:
+            self.id_runs[t] = runs(v.astype(np.int64), 0)
+        else:
+            self.odd[t] = v
+
+    def on_digit(self, t, v, shape):
+        if t in self.odd:
+            if not np.array_equal(v, self.odd[t]):
+                self._refuse(_changes(t, self.sources))
+            return
+        if t not in self.id_runs or not (np.all(v == np.round(v)) and v.min() >= 0 and v.max() < 1 << DIGIT_BITS):
+            self._refuse(_changes(t, self.sources))
+            return
+        self.digits.setdefault(t, []).append(runs(v.astype(np.int64), 1 if self.digit == 0 else 0))
+
+    def merge(self) -> None:
+        for t, id_run in self.id_runs.items():
+            numel = int(np.prod(self.shape[t], dtype=np.int64))
+            self.segs[t] = segments(id_run, self.digits.get(t, []), numel)
+        self.id_runs, self.digits = {}, {}
+
+    def on_rand(self, t, v, shape):
+        """Proof on the random pass: each GGUF element holds the random value of the HF element the map names."""
+        if t in self.odd:
+            if not np.array_equal(v, self.odd[t]):
+                self._refuse(_changes(t, self.sources))
+            return
+        if t not in self.segs or self.refusal:
+            return
+        ids, idx = expand(self.segs[t], v.size)
+        for k, m in by_id(ids):
+            if idx[m].min() < 0 or idx[m].max() >= self.numel[int(k)]:
+                self._refuse(f"GGUF tensor {t}: its probe values name no element of an HF tensor (llama.cpp's "
+                             "converter changes its values, not only their places: a shift, a scale, exp ...), so it "
+                             "cannot be inverted")
+                return
+            want = _values("rand", int(k), self.numel[int(k)])[idx[m]]
+            if not np.array_equal(v[m].view(np.uint32), want.view(np.uint32)):
+                self._refuse(f"HF tensor {self.names[int(k) - 1]}: llama.cpp's converter changes its values (not only "
+                             "their places: a shift, a scale, exp ...), so the GGUF does not give it back bit for bit")
+                return
+
+    def check_coverage(self) -> None:
+        """Every element of every HF tensor reaches some GGUF element (else the class drops or merges it)."""
+        spans: dict[int, list] = {}
+        for t, seg in self.segs.items():
+            lengths = np.diff(np.append(seg[:, 0], int(np.prod(self.shape[t], dtype=np.int64))))
+            for k, start, length in zip(seg[:, 1], seg[:, 2], lengths):
+                spans.setdefault(int(k), []).append((int(start), int(start + length)))
+        for k, name in enumerate(self.names, 1):
+            reach, missing = 0, 0
+            for a, b in sorted(spans.get(k, ())):
+                missing += max(0, a - reach)
+                reach = max(reach, b)
+            missing += max(0, self.numel[k] - reach)
+            if missing:
+                self._refuse(f"HF tensor {name}: {missing} of {self.numel[k]} elements reach no GGUF tensor "
+                             "(llama.cpp's converter drops or merges them), so the GGUF cannot give it back")
+                return
 
 
 def _kv_values(writer) -> dict:
@@ -158,23 +257,25 @@ def run(req: dict) -> dict:
     arch_name, cls = _class_for(conversion, base, folder)
     biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
     n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
-    passes = {}
-    passes["id"], model = _run_pass(gguf, base, cls, folder, names, shapes, "id")
+    if "_ckpt_surgeon_sources" not in cls.__dict__:
+        _hook_sources(cls)
+    learn = _Learner(names, shapes, cls._ckpt_surgeon_sources)
+    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id)
     for d in range(n_digits):
-        passes[f"idx{d}"], _ = _run_pass(gguf, base, cls, folder, names, shapes, "idx", d)
-    passes["rand"], _ = _run_pass(gguf, base, cls, folder, names, shapes, "rand")
-    maps, generated, refusal = _learn(passes, n_digits, names, cls._ckpt_surgeon_sources)
-    refusal = refusal or _prove(maps, passes["rand"], names, shapes)
+        learn.digit = d
+        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, d)
+    learn.merge()
+    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand)
+    if not learn.refusal:
+        learn.check_coverage()
     model.set_gguf_parameters()
-    arrays = {}
-    for i, (t, (ids, idx)) in enumerate(maps.items()):
-        arrays[f"ids{i}"], arrays[f"idx{i}"] = ids, idx
-    for i, (t, vals) in enumerate(generated.items()):
-        arrays[f"gen{i}"] = vals
+    arrays = {f"seg{i}": seg for i, seg in enumerate(learn.segs.values())}
+    arrays.update({f"gen{i}": vals.reshape(learn.shape[t]) for i, (t, vals) in enumerate(learn.odd.items())})
     np.savez(req["maps"], **arrays)
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
-            "gguf_arch": model.gguf_writer.arch, "refusal": refusal, "hf": [[n, list(shapes[n])] for n in names],
-            "mapped": [[t, list(maps[t][0].shape)] for t in maps], "generated": list(generated),
+            "gguf_arch": model.gguf_writer.arch, "refusal": learn.refusal,
+            "hf": [[n, list(shapes[n])] for n in names],
+            "mapped": [[t, list(learn.shape[t])] for t in learn.segs], "generated": list(learn.odd),
             "kv": _kv_values(model.gguf_writer)}
 
 

@@ -134,29 +134,72 @@ def _check_tensors(ck, result: dict, arrays: dict, src: Path) -> None:
                               "given config gives: not the config the file was made from", path=str(src), tensor=t)
 
 
-def _gather(ck, result: dict, arrays: dict, src: Path) -> dict:
-    """HF name -> float32 array, each element from the GGUF element the learned map names; then
-    the forward direction re-applied to the result and compared with the file, bit for bit."""
-    hf = [(n, tuple(s)) for n, s in result["hf"]]
-    flat = [np.zeros(int(np.prod(s, dtype=np.int64)), np.float32) for _, s in hf]
-    data = {}
-    for i, (t, _shape) in enumerate(result["mapped"]):
-        ids, idx, vals = arrays[f"ids{i}"].ravel(), arrays[f"idx{i}"].ravel(), ck.read(t).astype(np.float32).ravel()
-        data[t] = vals
-        for k in np.unique(ids):
-            m = ids == k
-            flat[int(k) - 1][idx[m]] = vals[m]
-    for i, (t, _shape) in enumerate(result["mapped"]):
-        ids, idx = arrays[f"ids{i}"].ravel(), arrays[f"idx{i}"].ravel()
-        back = np.empty(ids.size, np.float32)
-        for k in np.unique(ids):
-            m = ids == k
-            back[m] = flat[int(k) - 1][idx[m]]
-        if not np.array_equal(back.view(np.uint32), data[t].view(np.uint32)):
-            raise FormatError("mapped forward again, the gathered HF tensors do not give this tensor back (llama.cpp's "
-                              "converter copies one HF element to several places, and the file's copies differ)",
-                              path=str(src), tensor=t)
-    return {n: f.reshape(s) for (n, s), f in zip(hf, flat)}
+class _Gather:
+    """HF tensors gathered back from the file by the learned map (:mod:`.probe_child`'s segments), one
+    *group* at a time: the HF and GGUF tensors the map connects (a tensor and its copy; a fused QKV and its
+    three parts; a layer's experts and their stack).  Each HF element comes from the GGUF element the map
+    names; then the group's GGUF tensors are mapped forward again from the gathered tensors and compared
+    with the file bit for bit (the round trip on the real data).  Memory is the largest group, not the model."""
+
+    def __init__(self, ck, result: dict, arrays: dict, src: Path):
+        from .probe_child import by_id
+        self._by_id = by_id
+        self.ck, self.src = ck, src
+        self.hf = [(n, tuple(s)) for n, s in result["hf"]]
+        self.segs = {t: arrays[f"seg{i}"] for i, (t, _s) in enumerate(result["mapped"])}
+        parent = list(range(len(self.hf) + 1))
+
+        def root(a):
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+        self.sources = {t: [int(k) for k in np.unique(seg[:, 1])] for t, seg in self.segs.items()}
+        for ks in self.sources.values():
+            for k in ks[1:]:
+                parent[root(k)] = root(ks[0])
+        self._root = {k: root(k) for k in range(1, len(self.hf) + 1)}
+        self._members: dict[int, list] = {}
+        for k, g in self._root.items():
+            self._members.setdefault(g, []).append(k)
+        self._targets: dict[int, list] = {}
+        for t, ks in self.sources.items():
+            self._targets.setdefault(self._root[ks[0]], []).append(t)
+        self._ready: dict[int, np.ndarray] = {}
+
+    def source_of(self) -> dict:
+        """HF name -> the first GGUF tensor it went to (for the report)."""
+        out = {}
+        for t, ks in self.sources.items():
+            for k in ks:
+                out.setdefault(self.hf[k - 1][0], t)
+        return out
+
+    def _group(self, g: int) -> None:
+        from .probe_child import expand
+        flat = {k: np.zeros(int(np.prod(self.hf[k - 1][1], dtype=np.int64)), np.float32) for k in self._members[g]}
+        maps = {}
+        for t in self._targets.get(g, ()):
+            vals = self.ck.read(t).astype(np.float32).ravel()
+            ids, idx = expand(self.segs[t], vals.size)
+            for k, m in self._by_id(ids):
+                flat[k][idx[m]] = vals[m]
+            maps[t] = (ids, idx, vals)
+        for t, (ids, idx, vals) in maps.items():
+            back = np.empty(ids.size, np.float32)
+            for k, m in self._by_id(ids):
+                back[m] = flat[k][idx[m]]
+            if not np.array_equal(back.view(np.uint32), vals.view(np.uint32)):
+                raise FormatError("mapped forward again, the gathered HF tensors do not give this tensor back "
+                                  "(llama.cpp's converter copies one HF element to several places, and the file's "
+                                  "copies differ)", path=str(self.src), tensor=t)
+        self._ready.update(flat)
+
+    def tensor(self, k: int) -> np.ndarray:
+        """HF tensor number ``k`` (1-based), gathered with its group the first time one of them is asked for."""
+        if k not in self._ready:
+            self._group(self._root[k])
+        return self._ready.pop(k).reshape(self.hf[k - 1][1])
 
 
 def _encode(arr: np.ndarray, dtype: str) -> np.ndarray:
@@ -168,13 +211,14 @@ def _encode(arr: np.ndarray, dtype: str) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def _write(out: Path, ck, tensors: dict, cfg: dict, dtype: str, force: bool, progress, src: Path) -> int:
+def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, progress, src: Path) -> int:
+    """The folder, each tensor gathered (with its group) when the writer comes to it."""
     from ...formats.write.writer import CheckpointWriter
     from ..from_gguf import write_hf_tokenizer
     st = _ST_DTYPES[dtype]
     w = CheckpointWriter(out, force=force, progress=progress)
-    for name, arr in tensors.items():
-        w.put(name, _encode(arr, dtype), dtype=st, shape=arr.shape)
+    for k, (name, shape) in enumerate(gather.hf, 1):
+        w.put(name, lambda k=k: _encode(gather.tensor(k), dtype), dtype=st, shape=shape)
     cfg = dict(cfg)
     cfg["dtype"] = dtype
     cfg.pop("torch_dtype", None)
@@ -203,24 +247,25 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
         meta = ck.metadata
         arch = ck.gguf_arch or meta.get("general.architecture")
         ck.refuse_truncated()
+        if meta.get("general.type") == "mmproj" or arch == "clip":
+            raise UnsupportedError("an mmproj file (a vision or audio tower and its projector, for llama.cpp's "
+                                   "multimodal runtime) holds only part of an HF model, so it has no HF folder to "
+                                   "convert back to; the model's HF folder converts to it (convert --mmproj)",
+                                   path=str(src))
         cfg = _read_config(config, src, arch)
         with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp, \
                 phase(progress, f"probing llama.cpp's class for {arch} (its inverse, learned)"):
             result, arrays = _probe(cfg, Path(tmp), ck, src)
         _check_metadata(meta, result, src)
         _check_tensors(ck, result, arrays, src)
-        with phase(progress, "gathering the HF tensors and proving the round trip"):
-            tensors = _gather(ck, result, arrays, src)
-        nbytes = _write(out, ck, tensors, cfg, dtype, force, progress, src)
+        gather = _Gather(ck, result, arrays, src)
+        nbytes = _write(out, ck, gather, cfg, dtype, force, progress, src)
         types = {n: i.dtype for n, i in ck.tensors.items()}
     how = f"derived: inverse of llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python " \
           f"{llamacpp_version()}), learned by probing it"
-    src_of = {}
-    for i, (t, _s) in enumerate(result["mapped"]):
-        for k in np.unique(arrays[f"ids{i}"]):
-            src_of.setdefault(result["hf"][int(k) - 1][0], t)
+    src_of = gather.source_of()
     records = tuple(TensorRecord(src_of.get(n, ""), n, "llama.cpp inverse", types.get(src_of.get(n, ""), "-"),
-                                 _ST_DTYPES[dtype], tuple(a.shape)) for n, a in tensors.items())
+                                 _ST_DTYPES[dtype], shape) for n, shape in gather.hf)
     tied = bool(cfg.get("tie_word_embeddings"))
     return ConvertReport("gguf->hf", str(src), str(out), arch, cfg["model_type"], dtype, len(records), nbytes,
                          time.perf_counter() - t0, tied, meta.get("tokenizer.ggml.model"), records, (), cfg,

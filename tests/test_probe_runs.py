@@ -1,0 +1,46 @@
+"""The GGUF -> HF probe's maps kept as runs (ckpt_surgeon/conversion/derived/probe_child.py): what the passes
+see (an id per element, the flat index in digits of a few bits) comes back as segments that expand to the
+exact map, for the shapes llama.cpp's classes make: a copy, a row permutation (Q/K), a stack of experts, a
+transpose (a run an element), and indices wider than one digit (the 7B embedding needs two 23-bit digits;
+here 3-bit digits make a 300-element tensor need three)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ckpt_surgeon.conversion.derived.probe_child import by_id, expand, runs, segments
+
+
+def _maps() -> dict:
+    rng = np.random.default_rng(0)
+    rows, cols = 20, 15
+    grid = np.arange(rows * cols).reshape(rows, cols)
+    perm = rng.permutation(rows)
+    return {
+        "copy": (np.full(rows * cols, 4), np.arange(rows * cols)),
+        "row permutation": (np.full(rows * cols, 2), grid[perm].ravel()),
+        "stack": (np.repeat([7, 3, 5], rows * cols), np.tile(np.arange(rows * cols), 3)),
+        "transpose": (np.full(rows * cols, 1), grid.T.ravel()),
+        "interleaved": (np.tile([1, 2], rows * cols // 2), np.repeat(np.arange(rows * cols // 2), 2)),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_maps()))
+@pytest.mark.parametrize("bits", (3, 23))
+def test_segments_expand_to_the_map_the_passes_saw(kind, bits):
+    ids, idx = _maps()[kind]
+    n_digits = max(1, -(-int(idx.max()).bit_length() // bits))
+    digit_runs = [runs((idx >> (bits * d)) & ((1 << bits) - 1), 1 if d == 0 else 0) for d in range(n_digits)]
+    seg = segments(runs(ids, 0), digit_runs, ids.size, bits)
+    got_ids, got_idx = expand(seg, ids.size)
+    assert np.array_equal(got_ids, ids) and np.array_equal(got_idx, idx)
+    if kind in ("copy", "stack"):                    # compact where the map is: one segment a source tensor
+        assert len(seg) == len(np.unique(ids)), seg
+    if kind == "row permutation":                   # a segment a row at most
+        assert len(seg) <= 20
+
+
+def test_by_id_groups_positions_by_source():
+    ids = np.array([3, 1, 3, 2, 1, 3])
+    assert {k: list(np.arange(6)[m]) for k, m in by_id(ids)} == {1: [1, 4], 2: [3], 3: [0, 2, 5]}
+    assert [(k, m) for k, m in by_id(np.array([5, 5]))] == [(5, slice(None))]
