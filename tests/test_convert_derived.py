@@ -36,6 +36,17 @@ FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def small_slabs():
+    """The child encodes element-wise outputs (the embedding, the MLP matrices: read, ``.to(float32)``,
+    ``.numpy()``) a slab of rows at a time, ~64 MiB of float32 a slab; at 4 KiB the tiny models' tensors are
+    cut into many slabs (one expert a slab for GraniteMoE's stacked ``ffn_down_exps``, each with its own
+    importance matrix row), so every byte-identity test in this module checks the slabs' seams too."""
+    os.environ["CKPT_SURGEON_DERIVED_PIECE"] = "4096"
+    yield
+    os.environ.pop("CKPT_SURGEON_DERIVED_PIECE", None)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("derived")
@@ -276,3 +287,40 @@ def test_mmproj_file_does_not_convert_back_one_line(tmp_path):
         assert "an mmproj file" in r.output and "convert --mmproj" in r.output, r.output
         assert not (tmp_path / "back").exists()
 
+
+_ROW_CHAIN_SCRIPT = r'''
+import sys
+from pathlib import Path
+import numpy as np
+from ckpt_surgeon.conversion.derived.child import _import_llamacpp
+gguf, _ = _import_llamacpp(Path(sys.argv[1]))
+import torch
+from conversion.base import LazyTorchTensor as L
+from ckpt_surgeon.conversion.derived.lazy_eval import Evaluator
+stored = torch.arange(24, dtype=torch.float32).reshape(6, 4).to(torch.bfloat16)
+def load(name):
+    return stored.clone()
+def leaf():
+    return L(meta=L.meta_with_dtype_and_shape(torch.bfloat16, (6, 4)), args=("w",), func=load)
+casts = leaf().to(torch.float32).numpy()                  # what prepare_tensors does to a weight it keeps
+moved = leaf().to(torch.float32).reshape(4, 6).numpy()    # a reshape (a permutation, a split) is not row-wise
+shared = leaf().to(torch.float32)
+ev = Evaluator(gguf.LazyBase, {"casts": casts, "moved": moved, "a": shared.numpy(), "b": shared.numpy()})
+chain = ev.row_chain(casts, load)
+slabs = list(chain.slabs(lambda name, a, b: stored[a:b].clone(), 2 * 4 * 4))   # two rows a slab
+whole = ev.eager("casts", casts)
+print(chain.leaf, chain.shape, [f for f, _ in slabs], np.array_equal(np.concatenate([s for _, s in slabs]), whole),
+      ev.row_chain(moved, load), ev.row_chain(ev._nodes["a"][0], load))
+'''
+
+
+def test_row_chain_is_recognised_only_for_element_wise_casts(tmp_path):
+    """The slab evaluation (conversion/derived/lazy_eval.RowChain) takes an output only when its chain is
+    element-wise casts of one stored tensor, not shared with another output: the gguf-py lazy chain
+    ``.to(float32).numpy()`` is one, in slabs of two rows equal to the whole evaluation; a reshape is not,
+    nor a cast two outputs share.  (Recognised by gguf-py's own closures: a gguf-py that renames them
+    would fall back to the whole evaluation, which this test would show.)"""
+    r = subprocess.run([sys.executable, "-c", _ROW_CHAIN_SCRIPT, os.environ["CKPT_SURGEON_LLAMACPP_SRC"]],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["w", "(6,", "4)", "[0,", "2,", "4]", "True", "None", "None"], r.stdout

@@ -84,24 +84,43 @@ def _hook_quantize(gguf) -> None:
     gguf.quants.quantize = quantize
 
 
-def _hook_reader(base, src: Path) -> dict:
-    """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
-    import torch
-    from ...checkpoint import open_stored
-    lazy_cls = base.LazyTorchTensor
-    ck = open_stored(src)        # as stored: the class applies the checkpoint's quantization (FP8, MXFP4 ...)
-    infos = ck.stored_tensors
+class StoredReader:
+    """The folder's stored tensors as llama.cpp's class reads them (``load``: one whole tensor, the function of
+    the lazy leaves), and rows of one (``rows``: what :class:`.lazy_eval.RowChain` reads a slab with)."""
 
-    def load(name):
-        info = infos[name]
-        dt = lazy_cls._dtype_str_map[info.dtype]
+    def __init__(self, src: Path, dtypes: dict):
+        from ...checkpoint import open_stored
+        self._ck = open_stored(src)     # as stored: the class applies the checkpoint's quantization (FP8, MXFP4 ...)
+        self.infos, self._dtypes = self._ck.stored_tensors, dtypes
+        self.load = self._load          # one bound object: lazy leaves are recognised by it
+
+    def _tensor(self, raw: np.ndarray, name: str, shape: tuple):
+        import torch
+        return torch.frombuffer(raw, dtype=torch.uint8).view(self._dtypes[self.infos[name].dtype]).reshape(shape)
+
+    def _load(self, name: str):
+        import torch
+        info = self.infos[name]
         n = info.end - info.start
         if not n:
-            return torch.empty(info.shape, dtype=dt)
+            return torch.empty(info.shape, dtype=self._dtypes[info.dtype])
         # read straight into the tensor's own buffer (np.empty: not zero-filled first, as bytearray(n) is)
         raw = np.empty(n, np.uint8)
-        ck.read_raw_into(name, raw)
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(info.shape)
+        self._ck.read_raw_into(name, raw)
+        return self._tensor(raw, name, tuple(info.shape))
+
+    def rows(self, name: str, start: int, stop: int):
+        info = self.infos[name]
+        raw = np.empty((info.end - info.start) // info.shape[0] * (stop - start), np.uint8)
+        self._ck.read_rows_into(name, start, stop, raw)
+        return self._tensor(raw, name, (stop - start, *info.shape[1:]))
+
+
+def _hook_reader(base, src: Path) -> StoredReader:
+    """Every class's ``index_tensors`` (theirs call ``super()``) reads through our Checkpoint."""
+    lazy_cls = base.LazyTorchTensor
+    reader = StoredReader(src, lazy_cls._dtype_str_map)
+    infos, load = reader.infos, reader.load
 
     def index_tensors(self, remote_hf_model_id=None):
         out = {}
@@ -118,7 +137,7 @@ def _hook_reader(base, src: Path) -> dict:
         return out
 
     base.ModelBase.index_tensors = index_tensors
-    return infos
+    return reader
 
 
 def _hook_pre(base, warnings: list) -> None:
@@ -174,12 +193,14 @@ def _kvs(gguf, writer) -> list:
     return out
 
 
-_PIECE = 64 << 20          # bytes of float32 input encoded at a time
+# bytes of float32 input encoded at a time (the environment variable: tests make it small, to cut tiny tensors)
+_PIECE = int(os.environ.get("CKPT_SURGEON_DERIVED_PIECE", 64 << 20))
 
 
-def _pieces(arr: np.ndarray, qtype_name: str, imatrix=None):
+def _pieces(arr: np.ndarray, qtype_name: str, imatrix=None, first: int = 0):
     """``arr``'s rows encoded as ``qtype_name``, ~64 MiB of input at a time: the same bytes as encoding it at
-    once (every ggml type encodes each row on its own), without a second whole-tensor buffer."""
+    once (every ggml type encodes each row on its own), without a second whole-tensor buffer.  ``first``: the
+    index of ``arr``'s first expert in its tensor, for a 3-D slab (an importance matrix may hold one per expert)."""
     from ...formats.quant.quantize import encode_rows
     if qtype_name == "F16" and arr.dtype == np.float16 or qtype_name == "F32" and arr.dtype == np.float32:
         yield np.ascontiguousarray(arr).reshape(-1)
@@ -188,7 +209,7 @@ def _pieces(arr: np.ndarray, qtype_name: str, imatrix=None):
     if arr.ndim > 2:        # stacked experts: whole experts a piece (an importance matrix may hold one per expert)
         step = max(1, _PIECE // max(1, arr[0].size * 4))
         for e in range(0, arr.shape[0], step):
-            yield encode_rows(arr[e:e + step], qtype_name, imatrix, first=e)
+            yield encode_rows(arr[e:e + step], qtype_name, imatrix, first=first + e)
         return
     rows = arr.reshape(-1, arr.shape[-1]) if arr.ndim > 1 else arr.reshape(1, -1)
     step = max(1, _PIECE // max(1, rows.shape[1] * 4))
@@ -279,7 +300,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
     feed.phase(f"llama.cpp's {cls.__name__} plans the tensors and metadata")
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
-    stored = _hook_reader(base, folder)
+    reader = _hook_reader(base, folder)
     _hook_pre(base, warnings)
     _hook_sources(cls, sources)
     written = _hook_writer(gguf)
@@ -295,7 +316,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
     writer = written[0]
     if len(writer.tensors) != 1:
         raise ValueError("the class planned several shards")
-    return arch_name, cls, writer, stored
+    return arch_name, cls, writer, reader
 
 
 def _hook_writer(gguf) -> list:
@@ -383,7 +404,8 @@ def run(req: dict) -> dict:
     from ...formats.write import gguf as gw
     from .feed import Feed
     feed = Feed(req.get("progress"))
-    arch_name, cls, writer, stored = _model(gguf, conversion, req, warnings, sources, feed)
+    arch_name, cls, writer, reader = _model(gguf, conversion, req, warnings, sources, feed)
+    stored = reader.infos
     infos = writer.tensors[0]
     kvs = _kvs(gguf, writer)
     slots = [gw.Slot(n, tuple(int(d) for d in ti.shape), int(ti.dtype), int(ti.nbytes)) for n, ti in infos.items()]
@@ -398,12 +420,18 @@ def run(req: dict) -> dict:
 
     def encode_one(slot):
         ti = by_name[slot.name]
+        qtype = gguf.GGMLQuantizationType(slot.type_id).name
+        if isinstance(ti.tensor, Deferred) and (chain := ev.row_chain(ti.tensor.source, reader.load)) and \
+                (slot.type_id == int(ti.dtype) or chain.shape == tuple(slot.shape)):
+            for first, slab in chain.slabs(reader.rows, _PIECE):     # element-wise casts: a slab at a time
+                yield from _pieces(np.asarray(slab), qtype, imatrix.get(slot.name), first)
+            return
         value = lambda: ev.eager(slot.name, ti.tensor.source)     # noqa: E731
         if slot.type_id == int(ti.dtype):
             yield from _tensor_pieces(gguf, ti, value)
             return
         arr = np.asarray(value()).astype(np.float32, copy=False).reshape(slot.shape)
-        yield from _pieces(arr, gguf.GGMLQuantizationType(slot.type_id).name, imatrix.get(slot.name))
+        yield from _pieces(arr, qtype, imatrix.get(slot.name))
 
     def encode(slot):
         """The slot's bytes as checked pieces; once they are all out, the tensor is dropped: its lazy

@@ -13,12 +13,66 @@ changes is only which results are kept: a node's result is kept on the node only
 pending output reaches it (a fused QKV split three ways, one stored tensor written twice), and dropped
 when the last of them is written.  A chain's intermediates are otherwise freed as soon as the next step
 has consumed them (the stored bf16 bytes once their float32 copy exists).
+
+An output whose chain is only element-wise casts of one stored tensor (the read, ``.to(float32)``,
+``.numpy()``, ``.astype``: what llama.cpp's ``prepare_tensors`` does to a weight it writes as it is; the
+embedding and the MLP matrices of most models) is not evaluated whole: :meth:`Evaluator.row_chain`
+recognises it, and :class:`RowChain` runs the same functions on slabs of the stored tensor's outermost
+axis.  A cast maps each element on its own, so slab by slab gives every element the value the whole
+evaluation gives it; memory is then a slab, not the stored tensor beside its float32 copy.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["Evaluator"]
+__all__ = ["Evaluator", "RowChain"]
+
+_CASTS = {"float", "half", "bfloat16", "contiguous"}      # element-wise methods taking no argument
+
+
+def _method(func) -> str | None:
+    """The tensor method a gguf-py lazy node calls (``LazyMeta.__getattr__``'s wrapper closes over its name)."""
+    if "__getattr__.<locals>.<lambda>" in getattr(func, "__qualname__", "") and \
+            func.__code__.co_freevars == ("name",):
+        return func.__closure__[0].cell_contents
+    return None
+
+
+def _elementwise(node, lazy_base) -> bool:
+    """True when ``node`` is one element-wise cast of its one lazy argument (nothing else lazy, no kwargs)."""
+    args, qual = node._args, getattr(node._func, "__qualname__", "")
+    if node._kwargs or not args or not isinstance(args[0], lazy_base) or \
+            any(isinstance(a, (lazy_base, list, tuple)) for a in args[1:]):
+        return False
+    if qual.endswith("LazyTorchTensor.numpy.<locals>.<lambda>"):
+        return len(args) == 1
+    if qual.endswith("LazyNumpyTensor.astype.<locals>.<lambda>"):
+        return len(args) == 2
+    method = _method(node._func)
+    if method == "to":
+        import torch
+        return len(args) == 2 and isinstance(args[1], torch.dtype)
+    return method in _CASTS and len(args) == 1
+
+
+class RowChain:
+    """Output = casts of stored tensor ``leaf`` (``steps``: the nodes from the read outwards)."""
+
+    def __init__(self, leaf: str, shape: tuple, steps: list):
+        self.leaf, self.shape, self._steps = leaf, shape, steps
+
+    def slabs(self, read_rows, piece_bytes: int):
+        """(first row, the chain's value on rows ``first:first + k`` of the stored tensor), about
+        ``piece_bytes`` of float32 a slab; ``read_rows(leaf, start, stop)`` reads the stored rows."""
+        per_row = 1
+        for d in self.shape[1:]:
+            per_row *= int(d)
+        step = max(1, piece_bytes // max(1, per_row * 4))
+        for first in range(0, self.shape[0], step):
+            x = read_rows(self.leaf, first, min(first + step, self.shape[0]))
+            for node in self._steps:
+                x = node._func(x, *node._args[1:])
+            yield first, x
 
 
 class Evaluator:
@@ -61,6 +115,22 @@ class Evaluator:
         if self._users[id(node)] > 1:           # another pending output reaches it: keep it for that one
             node._data = result
         return result
+
+    def row_chain(self, value, leaf_func) -> RowChain | None:
+        """``value`` as a :class:`RowChain` when it is element-wise casts, not shared with another pending
+        output and not evaluated yet, of a stored tensor of 2+ dimensions read by ``leaf_func(name)``."""
+        steps, node = [], value
+        while isinstance(node, self._lazy) and node._data is None and self._users[id(node)] == 1:
+            if node._func is leaf_func:
+                shape = tuple(node._meta.shape)
+                if len(node._args) != 1 or len(shape) < 2 or tuple(value._meta.shape) != shape or not shape[0]:
+                    return None
+                return RowChain(node._args[0], shape, steps[::-1])
+            if not _elementwise(node, self._lazy):
+                return None
+            steps.append(node)
+            node = node._args[0]
+        return None
 
     def eager(self, name: str, value):
         """The value of output ``name`` (evaluated now), then its chain released (:meth:`release`)."""
