@@ -42,6 +42,9 @@ def main() -> None:
     try:
         src = build(work / "olmo", a.hidden, a.layers, a.vocab)
         gguf = work / "olmo.f32.gguf"
+        # run from the scratch folder: ``python -m`` puts the working directory first on sys.path, which must not
+        # shadow --code's checkout with this one
+        os.chdir(work)
         r = tree_measured([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(gguf), "--dtype",
                            "f32", "--no-progress"], env)
         with open_checkpoint(src) as ck:
@@ -59,6 +62,7 @@ def main() -> None:
         print(f"GGUF -> HF ({a.code}): {t['wall']:.1f} s wall, {t['cpu']:.1f} s CPU, peak RSS "
               f"{t['rss'] / 2**20:,.0f} MiB   round trip {'identical' if same else 'DIFFERENT'}", flush=True)
     finally:
+        os.chdir(ROOT)
         shutil.rmtree(work, ignore_errors=True)
 
 

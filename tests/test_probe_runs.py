@@ -44,3 +44,32 @@ def test_by_id_groups_positions_by_source():
     ids = np.array([3, 1, 3, 2, 1, 3])
     assert {k: list(np.arange(6)[m]) for k, m in by_id(ids)} == {1: [1, 4], 2: [3], 3: [0, 2, 5]}
     assert [(k, m) for k, m in by_id(np.array([5, 5]))] == [(5, slice(None))]
+
+
+@pytest.mark.parametrize("few", (True, False))
+@pytest.mark.parametrize("kind", list(_maps()))
+def test_pairs_scatter_as_the_expanded_map(kind, few, monkeypatch):
+    """``pairs`` (slices a segment, or index arrays past FEW_SEGMENTS segments) moves every element where the
+    expanded map says."""
+    import ckpt_surgeon.conversion.derived.probe_child as P
+    monkeypatch.setattr(P, "FEW_SEGMENTS", 1 << 30 if few else 0)
+    ids, idx = _maps()[kind]
+    seg = segments(runs(ids, 0), [runs(idx, 1)], ids.size, 62)
+    vals = np.random.default_rng(1).standard_normal(ids.size)
+    want, got = {}, {}
+    for k in np.unique(ids):
+        want[k] = np.full(idx[ids == k].max() + 1, np.nan)
+        want[k][idx[ids == k]] = vals[ids == k]
+        got[k] = np.full(want[k].size, np.nan)
+    for k, at, src in P.pairs(seg, ids.size):
+        got[k][src] = vals[at]
+    assert all(np.array_equal(got[k], want[k], equal_nan=True) for k in want)
+
+
+@pytest.mark.parametrize("numel", (1, 7, 8, 9, 100))
+def test_index_digits_are_the_flat_index_in_pieces(numel, monkeypatch):
+    """The idx passes' probe values (made in float32 a block at a time) are the flat index's digits."""
+    import ckpt_surgeon.conversion.derived.probe_child as P
+    monkeypatch.setattr(P, "DIGIT_BITS", 3)
+    for d in range(3):
+        assert np.array_equal(P._values("idx", 1, numel, d), ((np.arange(numel) >> (3 * d)) & 7).astype(np.float32))

@@ -46,8 +46,21 @@ def _values(kind: str, k: int, numel: int, digit: int = 0) -> np.ndarray:
     if kind == "id":
         return np.full(numel, k, np.float32)
     if kind == "idx":
-        return ((np.arange(numel, dtype=np.int64) >> (DIGIT_BITS * digit)) & ((1 << DIGIT_BITS) - 1)).astype(np.float32)
+        return _index_digit(numel, digit)
     return np.random.default_rng(k).standard_normal(numel, dtype=np.float32)
+
+
+def _index_digit(numel: int, digit: int) -> np.ndarray:
+    """Digit ``digit`` (``DIGIT_BITS`` bits) of each element's flat index, made in float32 a block of
+    ``2**DIGIT_BITS`` at a time (no 8-byte index array): inside a block the low digit counts from 0 and every
+    higher digit is the block start's."""
+    block = 1 << DIGIT_BITS
+    out = np.empty(numel, np.float32)
+    count = np.arange(min(block, numel), dtype=np.float32)
+    for start in range(0, numel, block):
+        n = min(block, numel - start)
+        out[start:start + n] = count[:n] if digit == 0 else (start >> (DIGIT_BITS * digit)) & (block - 1)
+    return out
 
 
 def _hook_sources(cls) -> None:
@@ -79,7 +92,7 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
 
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
         arr = gguf.LazyNumpyTensor.to_eager(tensor) if isinstance(tensor, gguf.LazyBase) else np.asarray(tensor)
-        on_tensor(name, np.array(arr, dtype=np.float32).ravel(), tuple(arr.shape))
+        on_tensor(name, np.asarray(arr, dtype=np.float32).ravel(), tuple(arr.shape))
 
     base.ModelBase.index_tensors = index_tensors
     gguf.GGUFWriter.add_tensor = add_tensor
@@ -92,8 +105,9 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
 
 
 def runs(values: np.ndarray, slope: int) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (1-D integers) as runs: (start positions, the value at each) where inside a run each value
-    is the one before plus ``slope`` (0: constant runs; 1: counting runs)."""
+    """``values`` (1-D integers, or floats holding integers below 2**24: exact) as runs: (start positions, the
+    value at each) where inside a run each value is the one before plus ``slope`` (0: constant runs; 1:
+    counting runs)."""
     if not values.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1] + slope) + 1)).astype(np.int64)
@@ -131,6 +145,24 @@ def expand(seg: np.ndarray, numel: int) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(ids, lengths), np.repeat(idx - pos, lengths) + np.arange(numel, dtype=np.int64)
 
 
+FEW_SEGMENTS = 4096     # up to this many, a map is applied segment by segment (slices, no index arrays)
+
+
+def pairs(seg: np.ndarray, numel: int):
+    """(HF id, positions in the GGUF tensor, positions in the HF tensor) covering a tensor's ``numel`` elements:
+    slices a segment (a copy, a permutation by rows, an expert of a stack: no index array, whatever the
+    tensor's size) when there are at most :data:`FEW_SEGMENTS`, else index arrays grouped by HF id (a
+    transposed tensor: 8 bytes an element for each)."""
+    if len(seg) <= FEW_SEGMENTS:
+        ends = np.append(seg[1:, 0], numel)
+        for (pos, k, idx), end in zip(seg.tolist(), ends.tolist()):
+            yield k, slice(pos, end), slice(idx, idx + end - pos)
+        return
+    ids, idx = expand(seg, numel)
+    for k, m in by_id(ids):
+        yield k, m, idx[m]
+
+
 def by_id(ids: np.ndarray):
     """(HF id, the positions holding it) for each id in ``ids``: one sort, not a pass over ``ids`` an id (a
     stack of 256 experts)."""
@@ -141,6 +173,12 @@ def by_id(ids: np.ndarray):
     uniq, first = np.unique(ids[order], return_index=True)
     for k, a, b in zip(uniq, first, np.append(first[1:], ids.size)):
         yield int(k), order[a:b]
+
+
+def _within(src, numel: int) -> bool:
+    if isinstance(src, slice):
+        return 0 <= src.start and src.stop <= numel
+    return bool(src.size == 0 or (src.min() >= 0 and src.max() < numel))
 
 
 def _changes(t: str, sources: dict) -> str:
@@ -161,27 +199,28 @@ class _Learner:
         self.segs: dict[str, np.ndarray] = {}
         self.refusal: str | None = None
         self.digit = 0      # the index digit the current pass carries
+        self._last = (0, None)
 
     def _refuse(self, why: str) -> None:
         self.refusal = self.refusal or why
 
     def on_id(self, t, v, shape):
         self.shape[t] = shape
-        ok = v.size and np.all(v == np.round(v)) and v.min() >= 1 and v.max() <= self.n
+        ok = v.size and v.min() >= 1 and v.max() <= self.n and np.all(v == np.round(v))
         if ok:
-            self.id_runs[t] = runs(v.astype(np.int64), 0)
+            self.id_runs[t] = runs(v, 0)
         else:
-            self.odd[t] = v
+            self.odd[t] = v.copy()
 
     def on_digit(self, t, v, shape):
         if t in self.odd:
             if not np.array_equal(v, self.odd[t]):
                 self._refuse(_changes(t, self.sources))
             return
-        if t not in self.id_runs or not (np.all(v == np.round(v)) and v.min() >= 0 and v.max() < 1 << DIGIT_BITS):
+        if t not in self.id_runs or not (v.min() >= 0 and v.max() < 1 << DIGIT_BITS and np.all(v == np.round(v))):
             self._refuse(_changes(t, self.sources))
             return
-        self.digits.setdefault(t, []).append(runs(v.astype(np.int64), 1 if self.digit == 0 else 0))
+        self.digits.setdefault(t, []).append(runs(v, 1 if self.digit == 0 else 0))
 
     def merge(self) -> None:
         for t, id_run in self.id_runs.items():
@@ -197,18 +236,24 @@ class _Learner:
             return
         if t not in self.segs or self.refusal:
             return
-        ids, idx = expand(self.segs[t], v.size)
-        for k, m in by_id(ids):
-            if idx[m].min() < 0 or idx[m].max() >= self.numel[int(k)]:
+        for k, at, src in pairs(self.segs[t], v.size):
+            if not _within(src, self.numel[int(k)]):
                 self._refuse(f"GGUF tensor {t}: its probe values name no element of an HF tensor (llama.cpp's "
                              "converter changes its values, not only their places: a shift, a scale, exp ...), so it "
                              "cannot be inverted")
                 return
-            want = _values("rand", int(k), self.numel[int(k)])[idx[m]]
-            if not np.array_equal(v[m].view(np.uint32), want.view(np.uint32)):
+            want = self._rand(int(k))[src]
+            if not np.array_equal(v[at].view(np.uint32), want.view(np.uint32)):
                 self._refuse(f"HF tensor {self.names[int(k) - 1]}: llama.cpp's converter changes its values (not only "
                              "their places: a shift, a scale, exp ...), so the GGUF does not give it back bit for bit")
                 return
+
+    def _rand(self, k: int) -> np.ndarray:
+        """HF tensor ``k``'s random probe values, kept while the outputs come from it (a stack's experts one
+        after the other; a fused QKV's three parts)."""
+        if self._last[0] != k:
+            self._last = (k, _values("rand", k, self.numel[k]))
+        return self._last[1]
 
     def check_coverage(self) -> None:
         """Every element of every HF tensor reaches some GGUF element (else the class drops or merges it)."""

@@ -142,8 +142,6 @@ class _Gather:
     with the file bit for bit (the round trip on the real data).  Memory is the largest group, not the model."""
 
     def __init__(self, ck, result: dict, arrays: dict, src: Path):
-        from .probe_child import by_id
-        self._by_id = by_id
         self.ck, self.src = ck, src
         self.hf = [(n, tuple(s)) for n, s in result["hf"]]
         self.segs = {t: arrays[f"seg{i}"] for i, (t, _s) in enumerate(result["mapped"])}
@@ -176,20 +174,16 @@ class _Gather:
         return out
 
     def _group(self, g: int) -> None:
-        from .probe_child import expand
+        from .probe_child import pairs
         flat = {k: np.zeros(int(np.prod(self.hf[k - 1][1], dtype=np.int64)), np.float32) for k in self._members[g]}
-        maps = {}
+        data = {}
         for t in self._targets.get(g, ()):
-            vals = self.ck.read(t).astype(np.float32).ravel()
-            ids, idx = expand(self.segs[t], vals.size)
-            for k, m in self._by_id(ids):
-                flat[k][idx[m]] = vals[m]
-            maps[t] = (ids, idx, vals)
-        for t, (ids, idx, vals) in maps.items():
-            back = np.empty(ids.size, np.float32)
-            for k, m in self._by_id(ids):
-                back[m] = flat[k][idx[m]]
-            if not np.array_equal(back.view(np.uint32), vals.view(np.uint32)):
+            data[t] = vals = self.ck.read(t).astype(np.float32, copy=False).ravel()
+            for k, at, src in pairs(self.segs[t], vals.size):
+                flat[k][src] = vals[at]
+        for t, vals in data.items():
+            if not all(np.array_equal(flat[k][src].view(np.uint32), vals[at].view(np.uint32))
+                       for k, at, src in pairs(self.segs[t], vals.size)):
                 raise FormatError("mapped forward again, the gathered HF tensors do not give this tensor back "
                                   "(llama.cpp's converter copies one HF element to several places, and the file's "
                                   "copies differ)", path=str(self.src), tensor=t)
