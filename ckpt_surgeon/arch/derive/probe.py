@@ -16,7 +16,10 @@ max|logits|`` compares a modified instance with the original:
   v = 0, so the attention output is 0 whatever the softmax does; setting bias row i to 1 moves
   the logits exactly when i is a value row.  The layout (``concat`` / ``per_head`` /
   ``grouped``, :mod:`ckpt_surgeon.arch.layouts`) whose value rows are those rows is taken; any
-  exact key claim made with it is then checked by the removal probe above.
+  exact key claim made with it is then checked by the removal probe above.  A candidate layout is
+  tried first: its value rows one by one, the other rows together (seeded values, which must leave
+  the logits still); only when no layout is confirmed is every row tried alone (its rows then named
+  in the refusal).
 * **gated query** (a q projection of ``2 x heads x head_dim`` rows, query + output gate): with
   the rows a candidate layout calls the query zeroed (weights and bias), q = 0 after any q-norm
   and rotary, every logit is 0 and the attention is uniform, so perturbing ``W_k`` must leave the
@@ -67,12 +70,15 @@ def _fused_layout(inst: ProbeInstance, b: Block) -> tuple[str | None, str]:
         mod.bias.copy_(zero_b)
         try:
             ref = inst.run()
-            v_rows = []
-            for i in range(mod.bias.shape[0]):
+
+            def moves(rows, values) -> bool:
                 mod.bias.zero_()
-                mod.bias[i] = 1.0
-                if float((inst.run() - ref).abs().max()) / inst.scale > SENSITIVE_TOL:
-                    v_rows.append(i)
+                mod.bias[rows] = values
+                return float((inst.run() - ref).abs().max()) / inst.scale > SENSITIVE_TOL
+            n = mod.bias.shape[0]
+            v_rows = _v_rows_of_a_layout(moves, n, h, kv, d, torch)
+            if v_rows is None:      # no layout's rows confirmed: every row alone, for the message below
+                v_rows = [i for i in range(n) if moves([i], 1.0)]
         finally:
             mod.weight.copy_(saved[0])
             mod.bias.copy_(saved[1])
@@ -90,6 +96,30 @@ def _fused_layout(inst: ProbeInstance, b: Block) -> tuple[str | None, str]:
     if any(not (np.array_equal(first[1][0], o[1][0]) and np.array_equal(first[1][1], o[1][1])) for o in found[1:]):
         return None, "value rows fit several layouts that order q and k differently"
     return first[0], f"value rows probed ({len(v_rows)} rows) fit the {first[0]!r} layout"
+
+
+def _v_rows_of_a_layout(moves, n: int, h: int, kv: int, d: int, torch) -> list | None:
+    """The value rows of the first known layout the probe confirms, or None: every row the layout does not
+    call a value row set at once (seeded normal values) must leave the logits still (q and k rows do, exactly,
+    with v = 0), and each of its value rows set to 1 alone must move them, as the row-by-row probe asks of it.
+    (The rows outside are then tested together, not one by one: a value row among them would move the
+    logits unless the seeded values cancel exactly.)  ``n`` + layouts runs at most instead of ``n`` + 1."""
+    tried = set()
+    for layout in LAYOUTS:
+        try:
+            want = tuple(sorted(int(i) for i in qkv_row_index(layout, h, kv, d)[2]))
+        except ValueError:
+            continue
+        if want in tried or not want or max(want) >= n:
+            continue
+        tried.add(want)
+        others = sorted(set(range(n)) - set(want))
+        values = torch.randn(len(others), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        if others and moves(others, values):
+            continue
+        if all(moves([i], 1.0) for i in want):
+            return list(want)
+    return None
 
 
 def _shaken(inst: ProbeInstance, w, rows, conv: bool, gen):
