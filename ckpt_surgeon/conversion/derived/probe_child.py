@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .child import _import_llamacpp, serve
+from .child import _hook_sources, _import_llamacpp, serve
 
 DIGIT_BITS = 23
 
@@ -63,19 +63,6 @@ def _index_digit(numel: int, digit: int) -> np.ndarray:
     return out
 
 
-def _hook_sources(cls) -> None:
-    """Remember, for each GGUF tensor, the HF tensor whose ``modify_tensors`` call produced it."""
-    original, sources = cls.modify_tensors, {}
-
-    def modify_tensors(self, data_torch, name, bid):
-        for new_name, data in original(self, data_torch, name, bid):
-            sources.setdefault(new_name, name)
-            yield new_name, data
-
-    cls.modify_tensors = modify_tensors
-    cls._ckpt_surgeon_sources = sources
-
-
 def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, digit: int = 0):
     """One forward run of the class on probe tensors, each output handed to ``on_tensor(GGUF name, float32
     values)`` as the class writes it (and not kept: memory is one output's work); returns the model."""
@@ -96,8 +83,6 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
 
     base.ModelBase.index_tensors = index_tensors
     gguf.GGUFWriter.add_tensor = add_tensor
-    if "_ckpt_surgeon_sources" not in cls.__dict__:
-        _hook_sources(cls)
     with torch.inference_mode():
         model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", eager=True, model_name="probe")
         model.prepare_tensors()
@@ -302,9 +287,9 @@ def run(req: dict) -> dict:
     arch_name, cls = _class_for(conversion, base, folder)
     biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
     n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
-    if "_ckpt_surgeon_sources" not in cls.__dict__:
-        _hook_sources(cls)
-    learn = _Learner(names, shapes, cls._ckpt_surgeon_sources)
+    sources: dict[str, str] = {}
+    _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
+    learn = _Learner(names, shapes, sources)
     model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id)
     for d in range(n_digits):
         learn.digit = d
