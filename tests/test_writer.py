@@ -368,3 +368,23 @@ def test_before_publish_hook_gates_the_output(tmp_path):
     with CheckpointWriter(tmp_path / "out", ck, before_publish=lambda: seen.append("ok")) as w2:
         w2.put("a.bias", np.zeros(64))
     assert seen[-1] == "ok" and (open_checkpoint(tmp_path / "out").read("a.bias") == 0).all()
+
+
+def test_gguf_key_values_pack_as_gguf_py():
+    """Our GGUF key-value encoding equals gguf-py's writer (``GGUFWriter._pack_val``), including what its
+    struct packing accepts: a bool stores any value's truth (llama.cpp's ERNIE 4.5 class writes
+    ``add_space_prefix`` None, as false); a value the type cannot hold is one error naming the key."""
+    import gguf
+
+    from ckpt_surgeon.formats.write import gguf as gw
+    w = gguf.GGUFWriter(None, "llama")
+    VT = gguf.GGUFValueType
+    cases = [(VT.BOOL, None, None), (VT.BOOL, False, None), (VT.BOOL, True, None), (VT.BOOL, 2, None),
+             (VT.UINT32, 7, None), (VT.INT32, -3, None), (VT.FLOAT32, 0.1, None), (VT.STRING, "é", None),
+             (VT.ARRAY, [True, None, 1], VT.BOOL), (VT.ARRAY, [1, 2], VT.INT32), (VT.ARRAY, ["a", "bc"], VT.STRING)]
+    for vtype, value, sub in cases:
+        theirs = w._pack_val(value, vtype, add_vtype=True, sub_type=sub)
+        ours = gw.encode_kv(gw.KV("k", int(vtype), value, None if sub is None else int(sub)))
+        assert ours == gw.encode_string("k") + theirs, (vtype, value)
+    with pytest.raises(ValueError, match="GGUF key 'x.head_count': value None"):
+        gw.encode_kv(gw.KV("x.head_count", int(VT.UINT32), None, None))

@@ -102,6 +102,10 @@ def encode_string(s: str | bytes) -> bytes:
 def _scalar(vtype: int, value) -> bytes:
     if vtype == VT.STRING:
         return encode_string(value)
+    if vtype == VT.BOOL:
+        # gguf-py packs a bool with struct's "?", which stores any value's truth: llama.cpp's converter writes
+        # ERNIE 4.5's add_space_prefix, None in its tokenizer, as false
+        return bytes([bool(value)])
     dt = _NUMPY.get(vtype)
     if dt is None:
         raise ValueError(f"GGUF value type {vtype} is not a scalar type")
@@ -118,12 +122,20 @@ def _value(vtype: int, value, item_type: int | None) -> bytes:
         return head + b"".join(encode_string(v) for v in value)
     if item_type == VT.ARRAY:
         raise ValueError("nested GGUF arrays are not written")
+    if item_type == VT.BOOL:
+        return head + bytes(bool(v) for v in value)
     return head + np.asarray(value, dtype=_NUMPY[item_type]).tobytes()
 
 
 def encode_kv(kv: KV) -> bytes:
-    """One key-value pair as stored (key, u32 type, value)."""
-    return encode_string(kv.key) + kv.vtype.to_bytes(4, "little") + _value(kv.vtype, kv.value, kv.item_type)
+    """One key-value pair as stored (key, u32 type, value); a value its type cannot hold (None for an integer)
+    is a ``ValueError`` naming the key."""
+    try:
+        value = _value(kv.vtype, kv.value, kv.item_type)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"GGUF key {kv.key!r}: value {kv.value!r} cannot be stored as GGUF type {kv.vtype} "
+                         f"({type(e).__name__}: {e})") from e
+    return encode_string(kv.key) + kv.vtype.to_bytes(4, "little") + value
 
 
 def encode_kvs(kvs: Sequence[KV]) -> bytes:
