@@ -17,8 +17,10 @@ puts every model type in one class (identical f16 and q8_0, identical f16 only, 
 both refuse, llama.cpp refuses while ours converts, unbuildable) and prints the share identical at both
 outtypes of the types llama.cpp's converter converts.
 
-The zoo's folders (fixtures/zoo.py) carry no tokenizer: the tiny llama fixture's BPE tokenizer is
-copied in (llama.cpp pads the vocabulary up to the config's vocab_size as it does for real models).
+The zoo's folders (fixtures/zoo.py) carry no tokenizer: tests/derived_util.py copies the tiny llama fixture's BPE
+tokenizer in, or a SentencePiece one for the families that ship one (llama.cpp pads the vocabulary up to the config's
+vocab_size as it does for real models), and adds what the model's own Hub folder has and llama.cpp's class reads.
+llama.cpp's converter is told the pre-tokenizer name (tests/test_llamacpp_converter.py ``_pre_tokenizer``).
 """
 from __future__ import annotations
 
@@ -40,9 +42,10 @@ def folder_for(model_type: str, dest: Path) -> Path:
 
 
 def reference(root: Path, folder: Path, out: Path, outtypes) -> str:
+    from test_llamacpp_converter import _pre_tokenizer
     env = dict(os.environ, PYTHONPATH=str(root / "gguf-py"), NO_LOCAL_GGUF="1")
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "llamacpp_ref_convert.py"), str(root), str(folder), str(out),
-                        "gpt-2", *outtypes], capture_output=True, text=True, env=env)
+                        _pre_tokenizer(folder), *outtypes], capture_output=True, text=True, env=env)
     return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:160]
 
 

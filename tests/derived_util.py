@@ -23,10 +23,29 @@ SPECIALS = {"glm4_moe": _GLM, "glm4_moe_lite": _GLM, "glm_moe_dsa": _GLM, "glm4"
             "solar_open": ("<unk>", "<|startoftext|>")}
 # config keys the Hub's config.json has and transformers' config class does not write (MiniMaxM2Model reads
 # rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the whole head, as transformers'
-# MiniMaxM2Config rotates it)
-CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16}}
+# MiniMaxM2Config rotates it; GPT-SW3's config.json keeps GPT-2's n_ctx, which GPT2Model.set_gguf_parameters reads;
+# Qwen4Exp's class writes the indexer's sizes, None in transformers' config of a model with no indexed layer, as
+# the tiny one is: tiny values, metadata only)
+CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16},
+                "gpt-sw3": {"n_ctx": 1024},
+                "qwen4_exp": {"indexer_n_heads": 2, "indexer_head_dim": 16, "indexer_budget": 64,
+                              "indexer_compress_ratio": 4, "indexer_kv_heads": 1}}
 # tokenizer_config.json keys (DeepSeek-V3.2's class asserts add_bos_token, which its Hub tokenizer_config sets)
 TOKENIZER_CONFIG = {"deepseek_v32": {"add_bos_token": True}}
+# the families that ship a SentencePiece tokenizer (tokenizer.model, and tokenizer.json = transformers' conversion of
+# it: BPE with byte fallback), which llama.cpp's class reads (_set_vocab_sentencepiece: Gemma, ERNIE 4.5, Nemotron,
+# MiniCPM3, Jamba; gguf.LlamaHfVocab, which wants the byte-fallback BPE tokenizer.json: Gemma 4); value: the
+# transformers tokenizer class that converts it and the special ids the family's own tokenizer has
+_GEMMA_SPM = ("GemmaTokenizer", dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+                                     bos_piece="<bos>", unk_piece="<unk>", add_dummy_prefix=False))
+_LLAMA_SPM = ("LlamaTokenizer", dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
+SPM = {"gemma": _GEMMA_SPM, "gemma4": _GEMMA_SPM, "gemma4_text": _GEMMA_SPM, "ernie4_5": _LLAMA_SPM,
+       "ernie4_5_moe": _LLAMA_SPM, "nemotron": _LLAMA_SPM, "minicpm3": _LLAMA_SPM, "jamba": _LLAMA_SPM}
+# tensors the Hub checkpoint carries and transformers' class does not build: Qwen3-Next's and Qwen3.5's
+# multi-token-prediction block (``mtp.*``: one more full-attention decoder layer, ``fc`` over the concatenated
+# embedding and hidden state, three norms), which llama.cpp's class requires (``_QwenMtpMixin``) and writes as a
+# NextN layer
+MTP = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,16 +57,29 @@ def converter_src():
 
 
 def zoo_folder(model_type: str, root: Path) -> Path:
-    """``root/model_type``: the zoo's tiny ``model_type`` with the tokenizer copied in (built once), and what
-    its own Hub folder has that llama.cpp's class reads (:data:`SPECIALS`, :data:`CONFIG_EXTRA`,
-    :data:`TOKENIZER_CONFIG`)."""
+    """``root/model_type``: the zoo's tiny ``model_type`` with a tokenizer (the tiny llama fixture's BPE one copied
+    in, or a SentencePiece one for :data:`SPM`), built once, and what its own Hub folder has that llama.cpp's class
+    reads (:data:`SPECIALS`, :data:`CONFIG_EXTRA`, :data:`TOKENIZER_CONFIG`, :data:`MTP`)."""
     out = root / model_type
     if out.exists():
         return out
-    shutil.copytree(zoo_path(model_type), out)
-    tok = fixture_path("llama")
-    for f in TOKENIZER_FILES:
-        shutil.copy(tok / f, out / f)
+    tmp = root / f".{model_type}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(zoo_path(model_type), tmp)
+    _fill(model_type, tmp)
+    tmp.rename(out)
+    return out
+
+
+def _fill(model_type: str, out: Path) -> None:
+    if model_type in SPM:
+        _spm_tokenizer_into(out, *SPM[model_type])
+    else:
+        tok = fixture_path("llama")
+        for f in TOKENIZER_FILES:
+            shutil.copy(tok / f, out / f)
+    if model_type in MTP:
+        _add_mtp(out)
     for name, extra in (("config.json", CONFIG_EXTRA), ("tokenizer_config.json", TOKENIZER_CONFIG)):
         if model_type in extra:
             cfg = json.loads((out / name).read_text())
@@ -57,4 +89,36 @@ def zoo_folder(model_type: str, root: Path) -> Path:
         t = Tokenizer.from_file(str(out / "tokenizer.json"))
         t.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS[model_type]])
         t.save(str(out / "tokenizer.json"))
-    return out
+
+
+def _spm_tokenizer_into(out: Path, tokenizer_class: str, ids: dict) -> None:
+    """A SentencePiece BPE model with byte fallback trained on the fixtures' corpus (below the zoo's vocabulary of
+    512, which llama.cpp pads), as ``tokenizer.model``, with transformers' own conversion of it saved beside."""
+    import transformers
+    from convert_variants import train_spm
+    work = out.parent / f".{out.name}.spm"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    shutil.copy(train_spm(work / "sp", vocab_size=500, **ids), out / "tokenizer.model")
+    getattr(transformers, tokenizer_class).from_pretrained(out).save_pretrained(out)
+    shutil.rmtree(work)
+
+
+def _add_mtp(out: Path) -> None:
+    """``mtp.layers.0.*`` shaped as the model's last full-attention layer, ``mtp.fc`` (hidden x 2 hidden) and the
+    three norms, seeded, in the model's dtype, added to its safetensors file."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    cfg = json.loads((out / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    full = max(i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention")
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    prefix = f"model.layers.{full}."
+    hidden, dtype = tensors["model.norm.weight"].shape[0], tensors["model.norm.weight"].dtype
+    shapes = {"mtp.layers.0." + k[len(prefix):]: v.shape for k, v in tensors.items() if k.startswith(prefix)}
+    shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+                   "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)})
+    rng = np.random.default_rng(0)
+    tensors.update({k: (rng.standard_normal(shape) * 0.02).astype(dtype) for k, shape in sorted(shapes.items())})
+    save_file(tensors, path, metadata={"format": "pt"})

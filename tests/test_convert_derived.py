@@ -31,8 +31,9 @@ from ckpt_surgeon.conversion import convert
 # Ministral 3: Mistral3Model delegates to an inner model and overrides write(); the class's own write() runs
 ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_dense", "lfm2", "ministral3")
 # issue 33's frontier families (tiny, from transformers' configs): DeepSeek-V3, GLM-4.5, Llama 4, gpt-oss
-# (its bf16 form; not the MXFP4 release), MiniMax-M2
-FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2")
+# (its bf16 form; not the MXFP4 release), MiniMax-M2, Qwen3.5 MoE (hybrid linear attention, with the MTP block its
+# Hub checkpoints carry), ERNIE 4.5 MoE (a SentencePiece tokenizer): tests/derived_util.py
+FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2", "qwen3_5_moe", "ernie4_5_moe")
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
 
 

@@ -89,16 +89,27 @@ _RUNNER = Path(__file__).with_name("llamacpp_ref_convert.py")
 
 
 def _pre_tokenizer(folder: Path) -> str:
-    """The pre-tokenizer transformers runs for this folder, which llama.cpp's converter would
-    recognise by its hash on the real checkpoints: Qwen2Tokenizer's split for model_type qwen2,
-    the byte-level GPT-2 split of the fixtures' tokenizer.json otherwise."""
-    return "qwen2" if read_json(folder / "config.json")["model_type"] == "qwen2" else "gpt-2"
+    """The pre-tokenizer transformers runs for this folder, which llama.cpp's converter would recognise by its
+    hash on the real checkpoints, named by the rule our converters use for a tokenizer llama.cpp does not know
+    (``pre_name_for`` on the split of the tokenizer transformers loads: the tokenizer class it picks for the model
+    type may replace tokenizer.json's, Qwen2Tokenizer's for qwen2, Qwen3_5Tokenizer's for qwen3_5_moe); gpt-2
+    where it names none (a SentencePiece folder: llama.cpp's class does not ask)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from ckpt_surgeon.conversion.tokenizer import pre_name_for
+    if not (folder / "tokenizer.json").is_file():
+        return "gpt-2"
+    tj = json.loads(AutoTokenizer.from_pretrained(folder, local_files_only=True).backend_tokenizer.to_str())
+    return pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool((tj.get("model") or {}).get("ignore_merges"))) \
+        or "gpt-2"
 
 
 def _folder_key(folder: Path) -> str:
     h = hashlib.sha256()
     h.update(importlib.metadata.version("llama-cpp-python").encode())
-    h.update(_RUNNER.read_bytes())
+    h.update(_RUNNER.read_bytes() + _pre_tokenizer(folder).encode())
     for p in sorted(folder.iterdir()):
         if p.is_file():
             h.update(p.name.encode() + b"\0" + p.read_bytes())
