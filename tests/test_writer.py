@@ -388,3 +388,21 @@ def test_gguf_key_values_pack_as_gguf_py():
         assert ours == gw.encode_string("k") + theirs, (vtype, value)
     with pytest.raises(ValueError, match="GGUF key 'x.head_count': value None"):
         gw.encode_kv(gw.KV("x.head_count", int(VT.UINT32), None, None))
+
+
+def test_a_tensor_computed_in_pieces_is_written_in_order_and_its_size_checked(tmp_path):
+    """A producer returning an iterator (a large tensor gathered a slab at a time) is written piece by piece;
+    the pieces must add up to the declared size, else one error naming the tensor and nothing is written."""
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    with CheckpointWriter(tmp_path / "ok", force=False) as w:
+        w.put("x", lambda: (x[a:a + 2] for a in range(0, 6, 2)), dtype="F32", shape=(6, 4))
+        w.put("y", lambda: iter([x[:3].astype(np.float64), x[3:].astype(np.float64)]), dtype="BF16", shape=(6, 4))
+    got = load_file(tmp_path / "ok" / "model.safetensors")
+    assert np.array_equal(got["x"], x)
+    assert np.array_equal(got["y"].view(np.uint16), (x.view(np.uint32) >> 16).astype(np.uint16))  # exact in bf16
+    for pieces in ([x[:2], x[2:4]], [x, x[:1]]):          # too few bytes; too many
+        w = CheckpointWriter(tmp_path / "bad", force=False)
+        w.put("x", lambda p=pieces: iter(p), dtype="F32", shape=(6, 4))
+        with pytest.raises(CkptError, match="computed more or fewer bytes"):
+            w.commit()
+        assert not (tmp_path / "bad").exists()

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import WriteError
+from ...errors import CkptError, WriteError
 from ..safe_input import open_regular
 
 __all__ = ["STAGE_OBSERVERS", "stage", "copy_range", "pwrite_all", "hash_range", "copy_file",
@@ -93,11 +93,26 @@ def copy_file(src: Path, dst: Path) -> None:
 
 
 def write_computed(fd: int, e, at: int, produce) -> None:
-    """Write a computed entry's bytes (``produce(e)``) at ``at`` and remember their sha256 in
-    ``e.digest`` for the reread check; the bytes are dropped right after."""
+    """Write a computed entry's bytes (``produce(e)``: the bytes, or an iterator of pieces written one after
+    the other) at ``at`` and remember their sha256 in ``e.digest`` for the reread check; the bytes are dropped
+    right after (a piece once written)."""
     raw = produce(e)
-    e.digest = hashlib.sha256(raw).digest()
-    pwrite_all(fd, raw, at)
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        e.digest = hashlib.sha256(raw).digest()
+        pwrite_all(fd, raw, at)
+        return
+    h, n = hashlib.sha256(), 0
+    for piece in raw:
+        if n + len(piece) > e.nbytes:
+            break
+        h.update(piece)
+        pwrite_all(fd, piece, at + n)
+        n += len(piece)
+    else:
+        if n == e.nbytes:
+            e.digest = h.digest()
+            return
+    raise CkptError(f"computed more or fewer bytes than {e.dtype}{list(e.shape)} needs ({e.nbytes})", tensor=e.name)
 
 
 class FdCache:

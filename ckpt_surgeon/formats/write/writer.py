@@ -519,10 +519,16 @@ class CheckpointWriter:
     def _shard_path(self, fname: str) -> Path:
         return self._tmp / fname
 
-    def _produce(self, e: Entry) -> bytes:
+    def _produce(self, e: Entry):
+        """The entry's bytes; or, when its callable returns an iterator (a large tensor computed a slab at a
+        time), an iterator of byte pieces, each array cast as a whole tensor would be (the writer checks that
+        they add up to the declared size)."""
         data = e.producer
         if callable(data):
             data = data()
+        if not isinstance(data, (bytes, bytearray, memoryview, np.ndarray)) and hasattr(data, "__next__"):
+            return (p if isinstance(p, (bytes, bytearray, memoryview)) else cast_to_dtype(np.asarray(p), e.dtype)
+                    for p in data)
         if isinstance(data, (bytes, bytearray, memoryview)):
             raw = bytes(data)
         else:
