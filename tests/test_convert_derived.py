@@ -312,6 +312,15 @@ slabs = list(chain.slabs(lambda name, a, b: stored[a:b].clone(), 2 * 4 * 4))   #
 whole = ev.eager("casts", casts)
 print(chain.leaf, chain.shape, [f for f, _ in slabs], np.array_equal(np.concatenate([s for _, s in slabs]), whole),
       ev.row_chain(moved, load), ev.row_chain(ev._nodes["a"][0], load))
+# the GGUF -> HF probe's identity outputs: float32 through value-keeping casts (F32's astype(copy=False)) only
+from ckpt_surgeon.conversion.derived.lazy_eval import identity_leaf
+def f32():
+    return L(meta=L.meta_with_dtype_and_shape(torch.float32, (6, 4)), args=("p",), func=load)
+print(identity_leaf(f32().to(torch.float32).numpy().astype(np.float32, copy=False), gguf.LazyBase, load),
+      identity_leaf(f32().to(torch.float16).numpy(), gguf.LazyBase, load),
+      identity_leaf(f32().numpy().astype(np.float16), gguf.LazyBase, load),
+      identity_leaf(f32().reshape(4, 6).numpy(), gguf.LazyBase, load),
+      identity_leaf(f32().numpy(), gguf.LazyBase, lambda n: None))
 '''
 
 
@@ -320,8 +329,11 @@ def test_row_chain_is_recognised_only_for_element_wise_casts(tmp_path):
     element-wise casts of one stored tensor, not shared with another output: the gguf-py lazy chain
     ``.to(float32).numpy()`` is one, in slabs of two rows equal to the whole evaluation; a reshape is not,
     nor a cast two outputs share.  (Recognised by gguf-py's own closures: a gguf-py that renames them
-    would fall back to the whole evaluation, which this test would show.)"""
+    would fall back to the whole evaluation, which this test would show.)  The GGUF -> HF probe's identity
+    outputs (lazy_eval.identity_leaf): casts that keep float32 values (``astype(float32, copy=False)`` as
+    gguf-py's F32 quantize does) yes; a cast to float16, a reshape, another leaf no."""
     r = subprocess.run([sys.executable, "-c", _ROW_CHAIN_SCRIPT, os.environ["CKPT_SURGEON_LLAMACPP_SRC"]],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["w", "(6,", "4)", "[0,", "2,", "4]", "True", "None", "None"], r.stdout
+    assert r.stdout.split() == ["w", "(6,", "4)", "[0,", "2,", "4]", "True", "None", "None",
+                                "p", "None", "None", "None", "None"], r.stdout

@@ -131,3 +131,35 @@ def test_non_invertible_class_is_refused_in_one_line(folder, tmp_path):
     assert len(line.splitlines()) == 1 and "not invertible" in line and "norm.weight (from HF model." in line, r.output
     assert "changes its values" in line, r.output
     assert not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize("outtype,dtype", [("bf16", "bfloat16"), ("f16", "float16")])
+def test_half_file_comes_back_in_half_and_converts_to_the_same_file(outtype, dtype, folder, tmp_path, monkeypatch):
+    """A bf16 (f16) GGUF back to a bfloat16 (float16) HF folder, converted forward once more: every tensor the
+    file holds in that type comes back with the same bytes (not rounded again); the ones it holds in F32
+    (biases, norms) come back rounded to the type once, to nearest even as torch rounds.  The copied tensors
+    (the embedding, the MLP matrices) are gathered in slabs of 4 KiB here, so their seams are checked too."""
+    import torch
+    from test_quantize import tensors
+    monkeypatch.setenv("CKPT_SURGEON_DERIVED_PIECE", "4096")
+    src = folder("olmo")
+    convert(src, tmp_path / "m.gguf", outtype, engine="llama.cpp")
+    convert(tmp_path / "m.gguf", tmp_path / "back", dtype, config=src)
+    with open_checkpoint(tmp_path / "back") as b:
+        assert {i.dtype for i in b.tensors.values()} == {"BF16" if outtype == "bf16" else "F16"}
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, tmp_path / "back" / f)
+    convert(tmp_path / "back", tmp_path / "again.gguf", outtype, engine="llama.cpp")
+    first, again = tensors(tmp_path / "m.gguf"), tensors(tmp_path / "again.gguf")
+    assert sorted(first) == sorted(again)
+    half = getattr(torch, dtype)
+    kinds = set()
+    for name, (typ, shape, raw) in first.items():
+        assert again[name][:2] == (typ, shape), name
+        kinds.add(typ)
+        if typ == "F32":
+            want = torch.from_numpy(np.frombuffer(raw, np.float32).copy()).to(half).float().numpy()
+            assert np.array_equal(np.frombuffer(again[name][2], np.float32).view(np.uint32), want.view(np.uint32)), name
+        else:
+            assert again[name][2] == raw, name
+    assert kinds == {"F32", outtype.upper()}        # both cases exist in the file

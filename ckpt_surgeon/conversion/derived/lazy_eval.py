@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["Evaluator", "RowChain"]
+__all__ = ["Evaluator", "RowChain", "identity_leaf"]
 
 _CASTS = {"float", "half", "bfloat16", "contiguous"}      # element-wise methods taking no argument
 
@@ -41,18 +41,50 @@ def _method(func) -> str | None:
 def _elementwise(node, lazy_base) -> bool:
     """True when ``node`` is one element-wise cast of its one lazy argument (nothing else lazy, no kwargs)."""
     args, qual = node._args, getattr(node._func, "__qualname__", "")
-    if node._kwargs or not args or not isinstance(args[0], lazy_base) or \
-            any(isinstance(a, (lazy_base, list, tuple)) for a in args[1:]):
+    astype = qual.endswith("LazyNumpyTensor.astype.<locals>.<lambda>")
+    # astype's copy= says whether a same-type cast returns a copy: the values are the same either way
+    if (node._kwargs and not (astype and set(node._kwargs) <= {"copy"})) or not args or \
+            not isinstance(args[0], lazy_base) or any(isinstance(a, (lazy_base, list, tuple)) for a in args[1:]):
         return False
     if qual.endswith("LazyTorchTensor.numpy.<locals>.<lambda>"):
         return len(args) == 1
-    if qual.endswith("LazyNumpyTensor.astype.<locals>.<lambda>"):
+    if astype:
         return len(args) == 2
     method = _method(node._func)
     if method == "to":
         import torch
         return len(args) == 2 and isinstance(args[1], torch.dtype)
     return method in _CASTS and len(args) == 1
+
+
+def _keeps_float32(node) -> bool:
+    """True when the element-wise cast ``node`` gives float32 (or float64) input back unchanged."""
+    qual = getattr(node._func, "__qualname__", "")
+    if qual.endswith("LazyTorchTensor.numpy.<locals>.<lambda>"):
+        return True
+    if qual.endswith("LazyNumpyTensor.astype.<locals>.<lambda>"):
+        import numpy as np
+        return np.dtype(node._args[1]) in (np.float32, np.float64)
+    method = _method(node._func)
+    if method == "to":
+        import torch
+        return node._args[1] in (torch.float32, torch.float64)
+    return method in ("float", "contiguous")
+
+
+def identity_leaf(value, lazy_base, leaf_func):
+    """The argument of the leaf (``leaf_func``'s node) when ``value`` is that leaf's tensor through element-wise
+    casts that give float32 values back unchanged (``.to(float32)``, ``.numpy()``, ``.astype(float32)``), of the
+    same shape: every element of the output is the leaf's element at the same flat index.  Else None."""
+    node = value
+    while isinstance(node, lazy_base):
+        if node._func is leaf_func:
+            ok = len(node._args) == 1 and tuple(node._meta.shape) == tuple(value._meta.shape)
+            return node._args[0] if ok else None
+        if not _elementwise(node, lazy_base) or not _keeps_float32(node):
+            return None
+        node = node._args[0]
+    return None
 
 
 class RowChain:

@@ -26,6 +26,12 @@ fails the class does not only move values (a sum, ``exp``, a ``+ 1`` shift, a dr
 the answer is one line naming the tensor.  A GGUF tensor with no valid ids that is the same in
 every pass is generated from the config (rope factors): kept, for the parent to compare.
 
+An output whose lazy chain is one HF tensor through casts that keep float32 values (the read, ``.to(float32)``,
+``.numpy()``, ``.astype(float32)``: :func:`.lazy_eval.identity_leaf`) is the identity map by construction and is
+recorded without being evaluated: no probe tensor, no proof pass (a value-keeping cast gives each element back
+unchanged).  The embedding and the MLP matrices of most models are such outputs, so the probe's memory is the
+largest tensor the class moves, not the largest tensor.
+
 The class's ``set_gguf_parameters`` key-values come back too: the parent checks them against the
 GGUF's, which is what proves the given config is the one the file was made from.
 """
@@ -63,28 +69,45 @@ def _index_digit(numel: int, digit: int) -> np.ndarray:
     return out
 
 
-def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, digit: int = 0):
-    """One forward run of the class on probe tensors, each output handed to ``on_tensor(GGUF name, float32
-    values)`` as the class writes it (and not kept: memory is one output's work); returns the model."""
+def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, digit: int = 0,
+              on_identity=None):
+    """One forward run of the class, lazily as llama.cpp runs it, on probe tensors; each output handed to
+    ``on_tensor(GGUF name, float32 values, shape)`` as the class writes it (and not kept: memory is one output's
+    work), or, when it is an HF tensor through value-keeping casts only (:func:`.lazy_eval.identity_leaf`: the
+    map is the identity, nothing to probe), to ``on_identity(GGUF name, HF id, shape)`` unevaluated, so the
+    largest tensors of most models (the embedding, the MLP matrices) never get a probe tensor.  Returns the model."""
     import torch
+
+    from .lazy_eval import identity_leaf
+    lazy_cls = base.LazyTorchTensor
+
+    def probe(k: int):
+        shape = shapes[names[k - 1]]
+        numel = int(np.prod(shape, dtype=np.int64))
+        return torch.from_numpy(_values(kind, k, numel, digit).reshape(shape))
 
     def index_tensors(self, remote_hf_model_id=None):
         out = {}
         for k, name in enumerate(names, 1):
-            numel = int(np.prod(shapes[name], dtype=np.int64))
-            gen = (lambda k=k, n=numel, s=shapes[name]: torch.from_numpy(_values(kind, k, n, digit).reshape(s)))
+            gen = (lambda k=k, s=tuple(shapes[name]): lazy_cls(
+                meta=lazy_cls.meta_with_dtype_and_shape(torch.float32, s), args=(k,), func=probe))
             if item := self.filter_tensors((name, gen)):
                 out[item[0]] = item[1]
         return out
 
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+        if isinstance(tensor, gguf.LazyBase):
+            k = identity_leaf(tensor, gguf.LazyBase, probe)
+            if k is not None and on_identity is not None:
+                on_identity(name, k, tuple(tensor._meta.shape))
+                return
         arr = gguf.LazyNumpyTensor.to_eager(tensor) if isinstance(tensor, gguf.LazyBase) else np.asarray(tensor)
         on_tensor(name, np.asarray(arr, dtype=np.float32).ravel(), tuple(arr.shape))
 
     base.ModelBase.index_tensors = index_tensors
     gguf.GGUFWriter.add_tensor = add_tensor
     with torch.inference_mode():
-        model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", eager=True, model_name="probe")
+        model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", model_name="probe")
         model.prepare_tensors()
     return model
 
@@ -182,6 +205,7 @@ class _Learner:
         self.id_runs, self.digits, self.shape = {}, {}, {}
         self.odd: dict[str, np.ndarray] = {}        # no valid ids: generated (rope factors) if every pass agrees
         self.segs: dict[str, np.ndarray] = {}
+        self.ident: dict[str, int] = {}     # outputs that are an HF tensor's values in its own order (casts only)
         self.refusal: str | None = None
         self.digit = 0      # the index digit the current pass carries
         self._last = (0, None)
@@ -197,6 +221,16 @@ class _Learner:
         else:
             self.odd[t] = v.copy()
 
+    def on_identity(self, t, k, shape):
+        """Output ``t`` is HF tensor ``k`` through value-keeping casts: GGUF element i is its element i."""
+        self.shape[t] = shape
+        self.ident[t] = int(k)
+
+    def skip(self, t, k, shape):
+        """Later passes: the same output, recognised the same way (the class is deterministic), not run."""
+        if self.ident.get(t) != int(k):
+            self._refuse(f"GGUF tensor {t}: llama.cpp's converter wrote it differently in two probe passes")
+
     def on_digit(self, t, v, shape):
         if t in self.odd:
             if not np.array_equal(v, self.odd[t]):
@@ -211,6 +245,8 @@ class _Learner:
         for t, id_run in self.id_runs.items():
             numel = int(np.prod(self.shape[t], dtype=np.int64))
             self.segs[t] = segments(id_run, self.digits.get(t, []), numel)
+        for t, k in self.ident.items():
+            self.segs[t] = np.array([[0, k, 0]], np.int64)
         self.id_runs, self.digits = {}, {}
 
     def on_rand(self, t, v, shape):
@@ -290,12 +326,12 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
     learn = _Learner(names, shapes, sources)
-    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id)
+    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, on_identity=learn.on_identity)
     for d in range(n_digits):
         learn.digit = d
-        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, d)
+        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, d, on_identity=learn.skip)
     learn.merge()
-    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand)
+    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand, on_identity=learn.skip)
     if not learn.refusal:
         learn.check_coverage()
     model.set_gguf_parameters()

@@ -7,7 +7,8 @@ holding it).  It is *checked*, not trusted: the class run on that config must pr
 GGUF's ``{arch}.*`` key-values and its tensor names and shapes, else one line names the first
 difference.  The weights are then gathered back by the learned map (each GGUF element to the HF
 element it came from), the gathered tensors are mapped forward again and compared with the GGUF's
-bit for bit (the round trip, on the real data), and the folder is written atomically with
+bit for bit (the round trip, on the real data; a tensor the class only casts is copied a slab of rows at a
+time, and maps forward to itself), and the folder is written atomically with
 the given config.json and the tokenizer files rebuilt from ``tokenizer.ggml.*``.
 docs/convert.md ("GGUF -> HF on the derived path") gives the reasoning and the zoo sweep.
 """
@@ -164,6 +165,25 @@ class _Gather:
         for t, ks in self.sources.items():
             self._targets.setdefault(self._root[ks[0]], []).append(t)
         self._ready: dict[int, np.ndarray] = {}
+        # groups of one HF tensor copied whole, in its own order, into one GGUF tensor (the class only casts it:
+        # the embedding, the MLP matrices): HF id -> that GGUF tensor, streamed a slab of rows at a time
+        self.copies = {ks[0]: t for t, ks in self.sources.items()
+                       if len(self.segs[t]) == 1 and self.segs[t][0].tolist() == [0, ks[0], 0]
+                       and self._targets[self._root[ks[0]]] == [t] and self._members[self._root[ks[0]]] == [ks[0]]
+                       and int(np.prod(ck.tensors[t].shape, dtype=np.int64))
+                       == int(np.prod(self.hf[ks[0] - 1][1], dtype=np.int64))}
+
+    def slabs(self, k: int):
+        """HF tensor ``k`` of :attr:`copies` as float32 slabs of its GGUF tensor's rows (flat order is the same),
+        ~64 MiB each (``CKPT_SURGEON_DERIVED_PIECE`` bytes: tests cut tiny tensors): memory is a slab, not the
+        tensor; no check to run again (a copy maps forward to itself)."""
+        piece_bytes = int(os.environ.get("CKPT_SURGEON_DERIVED_PIECE", 64 << 20))
+        t = self.copies[k]
+        shape = tuple(self.ck.tensors[t].shape) or (1,)
+        per_row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+        step = max(1, piece_bytes // (per_row * 4))
+        for a in range(0, shape[0], step):
+            yield self.ck.read_rows(t, a, min(a + step, shape[0])).astype(np.float32, copy=False).ravel()
 
     def source_of(self) -> dict:
         """HF name -> the first GGUF tensor it went to (for the report)."""
@@ -196,15 +216,6 @@ class _Gather:
         return self._ready.pop(k).reshape(self.hf[k - 1][1])
 
 
-def _encode(arr: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "float32":
-        return arr
-    if dtype == "float16":
-        return arr.astype(np.float16)
-    u = arr.view(np.uint32).astype(np.uint64)          # round to nearest even, as torch's bfloat16 cast
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, progress, src: Path) -> int:
     """The folder, each tensor gathered (with its group) when the writer comes to it."""
     from ...formats.write.writer import CheckpointWriter
@@ -212,7 +223,10 @@ def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, p
     st = _ST_DTYPES[dtype]
     w = CheckpointWriter(out, force=force, progress=progress)
     for k, (name, shape) in enumerate(gather.hf, 1):
-        w.put(name, lambda k=k: _encode(gather.tensor(k), dtype), dtype=st, shape=shape)
+        if k in gather.copies:      # a slab at a time (the writer takes the pieces in order)
+            w.put(name, lambda k=k: gather.slabs(k), dtype=st, shape=shape)
+        else:       # float32 values, rounded to nearest even by the writer for float16 / bfloat16
+            w.put(name, lambda k=k: gather.tensor(k), dtype=st, shape=shape)
     cfg = dict(cfg)
     cfg["dtype"] = dtype
     cfg.pop("torch_dtype", None)
