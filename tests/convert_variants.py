@@ -303,13 +303,13 @@ def train_spm(prefix: Path, vocab_size: int = 700, **ids) -> Path:
     return Path(f"{prefix}.model")
 
 
-def _spm_tokenizer(out: Path, tokenizer_class, **ids):
+def _spm_tokenizer(out: Path, tokenizer_class, vocab_size: int = 700, **ids):
     """(work folder beside ``out`` holding ``sp.model``, the transformers tokenizer ``tokenizer_class``
     builds from it)."""
     work = out.with_name(out.name + ".work")
     shutil.rmtree(work, ignore_errors=True)
     (work / "spm").mkdir(parents=True)
-    train_spm(work / "sp", **ids)
+    train_spm(work / "sp", vocab_size=vocab_size, **ids)
     shutil.copy(work / "sp.model", work / "spm" / "tokenizer.model")
     return work, tokenizer_class.from_pretrained(work / "spm")
 

@@ -95,12 +95,10 @@ def _spm_tokenizer_into(out: Path, tokenizer_class: str, ids: dict) -> None:
     """A SentencePiece BPE model with byte fallback trained on the fixtures' corpus (below the zoo's vocabulary of
     512, which llama.cpp pads), as ``tokenizer.model``, with transformers' own conversion of it saved beside."""
     import transformers
-    from convert_variants import train_spm
-    work = out.parent / f".{out.name}.spm"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    shutil.copy(train_spm(work / "sp", vocab_size=500, **ids), out / "tokenizer.model")
-    getattr(transformers, tokenizer_class).from_pretrained(out).save_pretrained(out)
+    from convert_variants import _spm_tokenizer
+    work, tok = _spm_tokenizer(out, getattr(transformers, tokenizer_class), vocab_size=500, **ids)
+    shutil.copy(work / "sp.model", out / "tokenizer.model")
+    tok.save_pretrained(out)
     shutil.rmtree(work)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import forkserver
 import pytest
 
-from convert_variants import build_variant, gguf_metadata, read_json
+from convert_variants import build_variant, gguf_metadata
 from llamacpp_src import llamacpp_source
 
 from ckpt_surgeon import tiny_cache

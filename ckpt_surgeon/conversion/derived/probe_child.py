@@ -69,8 +69,8 @@ def _index_digit(numel: int, digit: int) -> np.ndarray:
     return out
 
 
-def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, digit: int = 0,
-              on_identity=None):
+def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, on_identity,
+              digit: int = 0):
     """One forward run of the class, lazily as llama.cpp runs it, on probe tensors; each output handed to
     ``on_tensor(GGUF name, float32 values, shape)`` as the class writes it (and not kept: memory is one output's
     work), or, when it is an HF tensor through value-keeping casts only (:func:`.lazy_eval.identity_leaf`: the
@@ -98,7 +98,7 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
         if isinstance(tensor, gguf.LazyBase):
             k = identity_leaf(tensor, gguf.LazyBase, probe)
-            if k is not None and on_identity is not None:
+            if k is not None:
                 on_identity(name, k, tuple(tensor._meta.shape))
                 return
         arr = gguf.LazyNumpyTensor.to_eager(tensor) if isinstance(tensor, gguf.LazyBase) else np.asarray(tensor)
@@ -327,12 +327,12 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
     learn = _Learner(names, shapes, sources)
-    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, on_identity=learn.on_identity)
+    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
     for d in range(n_digits):
         learn.digit = d
-        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, d, on_identity=learn.skip)
+        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, learn.skip, d)
     learn.merge()
-    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand, on_identity=learn.skip)
+    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand, learn.skip)
     if not learn.refusal:
         learn.check_coverage()
     model.set_gguf_parameters()
