@@ -337,3 +337,26 @@ def test_row_chain_is_recognised_only_for_element_wise_casts(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["w", "(6,", "4)", "[0,", "2,", "4]", "True", "None", "None",
                                 "p", "None", "None", "None", "None"], r.stdout
+
+
+def test_a_bare_assertion_in_the_class_is_named_by_its_statement(tmp_path):
+    """llama.cpp's classes check configs and tensors with bare ``assert`` statements: the child's one line names
+    the statement and where it is (the report said only ``AssertionError:``); a message the class gives is kept."""
+    import importlib.util
+
+    from ckpt_surgeon.conversion.derived.child import serve
+    # a module of its own, as the class's is: pytest rewrites the asserts of test modules (giving them a message)
+    (tmp_path / "klass.py").write_text("def bare(req):\n    hparams = {'num_nextn_predict_layers': 0}\n"
+                                       "    assert hparams['num_nextn_predict_layers'] > 0\n\n\n"
+                                       "def said(req):\n    raise KeyError('rotary_pct')\n")
+    spec = importlib.util.spec_from_file_location("klass", tmp_path / "klass.py")
+    klass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(klass)
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"report": str(tmp_path / "report.json")}))
+    lines = []
+    for run in (klass.bare, klass.said):
+        assert serve(["child", str(req)], run) == 3
+        lines.append(json.loads((tmp_path / "report.json").read_text())["error"])
+    assert lines[0] == "AssertionError at klass.py:3: assert hparams['num_nextn_predict_layers'] > 0", lines[0]
+    assert lines[1] == "KeyError: 'rotary_pct'", lines[1]

@@ -98,12 +98,11 @@ def _pre_tokenizer(folder: Path) -> str:
 
     from transformers import AutoTokenizer
 
-    from ckpt_surgeon.conversion.tokenizer import pre_name_for
+    from ckpt_surgeon.conversion.tokenizer import pre_name_for_json
     if not (folder / "tokenizer.json").is_file():
         return "gpt-2"
-    tj = json.loads(AutoTokenizer.from_pretrained(folder, local_files_only=True).backend_tokenizer.to_str())
-    return pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool((tj.get("model") or {}).get("ignore_merges"))) \
-        or "gpt-2"
+    return pre_name_for_json(json.loads(AutoTokenizer.from_pretrained(folder, local_files_only=True)
+                                        .backend_tokenizer.to_str())) or "gpt-2"
 
 
 def _folder_key(folder: Path) -> str:

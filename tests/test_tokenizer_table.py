@@ -381,6 +381,21 @@ def test_tokenizer_json_originals_are_recognised():
     assert pre_name_for(split(r"\p{L}+")) is None
 
 
+def test_whole_tokenizer_json_names_wordpiece_default_and_bpe_by_its_split(llama_vocab_cpp):
+    """A WordPiece vocabulary is written as llama.cpp's ``bert`` (WPM) one, which has no pre-tokenizer ("only BPE
+    models have pre-tokenizers", llama-vocab.cpp): named ``default`` whatever its split; a BPE one by its split and
+    its model's ignore_merges, as :func:`pre_name_for`."""
+    from ckpt_surgeon.conversion.tokenizer import pre_name_for_json
+    bert = {"model": {"type": "WordPiece"}, "pre_tokenizer": {"type": "BertPreTokenizer"}}
+    assert pre_name_for(bert["pre_tokenizer"]) is None and pre_name_for_json(bert) == "default"
+    gpt2 = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    assert pre_name_for_json({"model": {"type": "BPE"}, "pre_tokenizer": gpt2}) == "gpt-2"
+    assert pre_name_for_json({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "BertPreTokenizer"}}) is None
+    src = llama_vocab_cpp.read_text()
+    wpm = src.index("only BPE models have pre-tokenizers")
+    assert src[wpm:wpm + 200].split("\n")[1].strip() == "if (type == LLAMA_VOCAB_TYPE_BPE) {", src[wpm:wpm + 200]
+
+
 # --- tokenizer.ggml.add_sep_token: decided as gguf-py decides it (issue 24) -----------------------
 
 _S = lambda t: {"SpecialToken": {"id": t, "type_id": 0}}      # noqa: E731

@@ -147,9 +147,8 @@ def _hook_pre(base, warnings: list) -> None:
         try:
             return original(self, tokenizer)
         except NotImplementedError:
-            from ..tokenizer.pretokenizers import pre_name_for
-            tj = json.loads(tokenizer.backend_tokenizer.to_str())
-            pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool((tj.get("model") or {}).get("ignore_merges")))
+            from ..tokenizer.pretokenizers import pre_name_for_json
+            pre = pre_name_for_json(json.loads(tokenizer.backend_tokenizer.to_str()))
             if pre is None:
                 raise
             warnings.append(f"tokenizer.ggml.pre {pre!r}: llama.cpp's converter does not know this tokenizer's hash "
@@ -461,6 +460,19 @@ def main(argv: list[str]) -> int:
     return serve(argv, run)
 
 
+def error_line(e: BaseException) -> str:
+    """One line for an exception the class raised: its type and message; where the message says nothing
+    (a bare ``assert``, llama.cpp's usual check of a config or tensor), the statement that stopped it and
+    where (``AssertionError at qwen.py:212: assert self.hparams[...] ...``)."""
+    msg, frames = str(e).strip(), traceback.extract_tb(e.__traceback__)
+    if not msg and frames:
+        f = frames[-1]
+        line = f"{type(e).__name__} at {Path(f.filename).name}:{f.lineno}" + (f": {f.line.strip()}" if f.line else "")
+    else:
+        line = f"{type(e).__name__}: {msg}".strip()
+    return line.splitlines()[0][:600]
+
+
 def serve(argv: list[str], run) -> int:
     """A child's main: ``run`` the request ``argv[1]`` names, its result or its error (one line, the
     traceback beside; a ``CkptError`` of ours with its fields) written to the request's ``report``."""
@@ -471,8 +483,7 @@ def serve(argv: list[str], run) -> int:
         result = run(req)
         code = 0
     except Exception as e:          # noqa: BLE001 -- the parent turns it into one typed error line
-        result = {"error": f"{type(e).__name__}: {e}".strip().splitlines()[0][:600],
-                  "traceback": traceback.format_exc()[-4000:]}
+        result = {"error": error_line(e), "traceback": traceback.format_exc()[-4000:]}
         from ...errors import CkptError
         if isinstance(e, CkptError):    # ours (the writer's), not llama.cpp's: raised again as it is
             result["ours"] = {"class": type(e).__name__, "detail": e.detail, "path": e.path, "tensor": e.tensor,

@@ -307,5 +307,16 @@ def pre_name_for(pre_tokenizer, ignore_merges: bool | None = None) -> str | None
     return found[0].name if found else None
 
 
+def pre_name_for_json(tokenizer_json: dict) -> str | None:
+    """:func:`pre_name_for` on a whole ``tokenizer.json`` (its split, its BPE model's ignore_merges).  A WordPiece
+    vocabulary gets ``default``: llama.cpp writes it as a ``bert`` (WPM) vocabulary, whose tokenizer splits words
+    itself ("only BPE models have pre-tokenizers", llama-vocab.cpp), so the name is metadata only and ``default``
+    is what llama.cpp's own converter writes where no hash is needed."""
+    model = tokenizer_json.get("model") or {}
+    if model.get("type") == "WordPiece":
+        return "default"
+    return pre_name_for(tokenizer_json.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
+
+
 def pre_by_name(name: str | None) -> PreTokenizer | None:
     return _PRE_BY_NAME.get(name)
