@@ -290,16 +290,17 @@ def with_dtype(src: Path, dtype: str, out: Path) -> Path:
 
 def train_spm(prefix: Path, vocab_size: int = 700, **ids) -> Path:
     """A SentencePiece BPE model with byte fallback trained on the fixtures' corpus
-    (``prefix``.model); ``ids``: the special ids / pieces and options that differ per family."""
+    (``prefix``.model); ``ids``: the special ids / pieces and options that differ per family (a Unigram model:
+    ``model_type="unigram"``)."""
     import sentencepiece as spm
 
     from ckpt_surgeon.tiny import _CORPUS
 
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_CORPUS * 3), model_prefix=str(prefix), vocab_size=vocab_size, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, hard_vocab_limit=False, minloglevel=2,
-        **ids)
+    opts = dict(model_type="bpe", byte_fallback=True, character_coverage=1.0, split_digits=True,
+                normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+                hard_vocab_limit=False, minloglevel=2)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_CORPUS * 3), model_prefix=str(prefix),
+                                   vocab_size=vocab_size, **{**opts, **ids})
     return Path(f"{prefix}.model")
 
 

@@ -35,6 +35,10 @@ ARCHS = ("olmo", "smollm3", "seed_oss", "exaone4", "granitemoe", "hunyuan_v1_den
 # Hub checkpoints carry), ERNIE 4.5 MoE (a SentencePiece tokenizer): tests/derived_util.py
 FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2", "qwen3_5_moe", "ernie4_5_moe")
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
+# folders in the Hub's form where transformers' save differs (tests/derived_util.py): BERT as its base model with a
+# WordPiece vocabulary (tokenizer.ggml.pre named "default" on both sides); DeepSeek-V4 under its release's names
+# (no `model.` prefix, `attn.kv_norm`), its routed experts MXFP4 (packed codes + E8M0 scales, repacked by the class)
+HUB_FORM = ("bert", "deepseek_v4")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,6 +65,14 @@ def test_derived_file_is_llama_cpp_converters_byte_for_byte(model_type, outtype,
     ref = _reference(src, f"derived-{model_type}") / f"{outtype}.gguf"
     report = convert(src, tmp_path / "ours.gguf", outtype)
     assert report.engine.startswith("derived: llama.cpp "), report.engine
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.parametrize("model_type", HUB_FORM)
+def test_hub_form_folder_is_llama_cpp_converters_file(model_type, folder, tmp_path):
+    src = folder(model_type)
+    ref = _reference(src, f"derived-{model_type}") / "f16.gguf"
+    convert(src, tmp_path / "ours.gguf", "f16")
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
 
 
