@@ -25,8 +25,9 @@ from ckpt_surgeon.conversion import convert
 
 # different shapes of llama.cpp transform: plain renames (SmolLM3, EXAONE 4), stacked experts kept
 # stacked (GraniteMoE), a short-conv hybrid (LFM2), MLA with kv_b split into k_b / v_b and per-expert
-# tensors stacked (DeepSeek-V3)
-ROUND_TRIP = ("smollm3", "granitemoe", "exaone4", "lfm2", "deepseek_v3")
+# tensors stacked (DeepSeek-V3), an encoder whose checkpoint is the base model the config's architectures name
+# (ModernBertModel: the probe lists the HF tensors of that class, not of the model type's causal / masked LM)
+ROUND_TRIP = ("smollm3", "granitemoe", "exaone4", "lfm2", "deepseek_v3", "modernbert")
 LOGITS = ("granitemoe", "deepseek_v3")
 
 

@@ -26,8 +26,12 @@ from ..errors import CkptError, ConfigError
 from ..quiet import quiet_transformers
 
 
-def expected_tensors(config) -> dict[str, tuple[int, ...]]:
+def expected_tensors(config, *, by_architecture: bool = False) -> dict[str, tuple[int, ...]]:
     """``name -> shape`` of every tensor a checkpoint for ``config`` must hold.
+
+    The model is transformers' causal-LM class for the model type, or with ``by_architecture`` the class the
+    config's ``architectures`` names where transformers has it (an encoder's ``BertModel``, a masked LM's
+    ``DistilBertForMaskedLM``: what llama.cpp's converter registers and the checkpoint holds).
 
     ``config`` is a ``PretrainedConfig`` or a dict with ``model_type``.  Parameters shared by
     tying (``lm_head.weight`` when ``tie_word_embeddings``) are listed once, under the first
@@ -37,12 +41,12 @@ def expected_tensors(config) -> dict[str, tuple[int, ...]]:
     (``core_model_loading.revert_weight_conversion``, which ``save_pretrained`` calls); the
     same reversal is applied here, on the meta tensors.
     """
-    return _checkpoint_shapes(_meta_model(config))
+    return _checkpoint_shapes(_meta_model(config, by_architecture=by_architecture))
 
 
-def _meta_model(config):
+def _meta_model(config, *, by_architecture: bool = False):
     """The model transformers builds for ``config`` (a ``PretrainedConfig`` or a dict with
-    ``model_type``), on the meta device: shapes only, no memory."""
+    ``model_type``), on the meta device: shapes only, no memory.  Its class: see :func:`expected_tensors`."""
     import torch
     import transformers
 
@@ -56,7 +60,11 @@ def _meta_model(config):
         cfg = decode(cfg) if decode is not None else cfg
         model_type = cfg.pop("model_type")
         config = transformers.AutoConfig.for_model(model_type, **cfg)
+    names = (getattr(config, "architectures", None) or []) if by_architecture else []
+    named = getattr(transformers, names[0], None) if names else None
     with quiet_transformers(), torch.device("meta"):
+        if isinstance(named, type) and issubclass(named, transformers.PreTrainedModel):
+            return named._from_config(config)
         return transformers.AutoModelForCausalLM.from_config(config)
 
 

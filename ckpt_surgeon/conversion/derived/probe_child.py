@@ -317,7 +317,7 @@ def run(req: dict) -> dict:
     from ..model_check import expected_tensors
     folder = Path(req["folder"])
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shapes = {n: tuple(s) for n, s in expected_tensors(config).items()}
+    shapes = {n: tuple(s) for n, s in expected_tensors(config, by_architecture=True).items()}
     names = sorted(shapes)
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from conversion import base
