@@ -255,11 +255,13 @@ def test_without_network_says_what_to_install(folder, tmp_path):
 
 
 def test_llama_cpp_refusal_is_one_line(folder, tmp_path):
-    """The zoo's Cohere2 has non-zero attention biases, which llama.cpp's Cohere2Model refuses (its
-    runtime has no bias tensors): the derived path stops where llama.cpp's converter stops."""
-    r = CliRunner().invoke(cli_main, ["convert", str(folder("cohere2")), "-o", str(tmp_path / "o.gguf")])
+    """transformers' BitNet checkpoint (BitNet b1.58 2B4T's layout: a separate `lm_head`, `attn_sub_norm` /
+    `ffn_sub_norm`) is not the one llama.cpp's BitnetModel maps (1bitLLM's): the derived path stops where
+    llama.cpp's converter stops, in one line."""
+    r = CliRunner().invoke(cli_main, ["convert", str(folder("bitnet")), "-o", str(tmp_path / "o.gguf")])
     assert r.exit_code == 2, r.output
     assert len(r.output.strip().splitlines()) == 1 and "llama.cpp's converter stopped" in r.output
+    assert "Can not map tensor 'lm_head.weight'" in r.output, r.output
     assert not (tmp_path / "o.gguf").exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
