@@ -116,6 +116,10 @@ def test_attention_free_layers_in_llama_cpps_file_are_read_and_quantized_as_llam
     assert rep.memory.kv_bytes_per_1000["f16"] == sum(2 * 1000 * v * head * 2 for v in per)
     res = CliRunner().invoke(cli_main, ["inspect", str(ref / "f32.gguf")])
     assert res.exit_code == 0 and "without attention heads" in res.output, res.output
+    # the heads row: none when no layer has attention (Mamba 2; it said "2 / 2 / 16", the kv heads defaulting to
+    # the file's head count), the counts for a hybrid
+    assert ("none: no layer has attention" in res.output) == (not any(per)), res.output
+    assert (rep.num_kv_heads == 0) == (not any(per)), rep.num_kv_heads
     res = CliRunner().invoke(cli_main, ["lint", str(ref / "f32.gguf")])     # no "layers without attention" error
     assert res.exit_code == 0, res.output
     if model_type == "nemotron_h":      # the HF folder (layers_block_type) caches what llama.cpp's file says

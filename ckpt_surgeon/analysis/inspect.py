@@ -261,8 +261,9 @@ class InspectReport(LayoutSummary):
                 f" [registry: {self.family}]" if self.family else
                 " [derived from transformers, probed]" if self.derivation else " [not in registry]")),
             ("layers", str(self.num_layers)),
-            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or
-             f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}"),
+            ("heads / kv heads / head_dim", heads_cell(self.missing_config) or (
+                "none: no layer has attention" if _attention_free(self.memory) else
+                f"{self.num_heads} / {self.num_kv_heads} / {self.head_dim}")),
             ("position encoding", pos),
             ("norm placement", self.norm_placement or "unknown"),
             ("q/k-norm", "yes" if self.qk_norm else "no"),
@@ -417,8 +418,14 @@ def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
     params, dtypes = _parameter_counts(ck, layout)
     tensor_types = {n: i.dtype for n, i in ck.tensors.items()} if ck.naming == "gguf" else {}
     file_metadata = dict(getattr(ck, "file_summary", None) or {})
+    mem = memory_figures(ck.stored_tensors, ck.config, layout, memory, ck.metadata if ck.naming == "gguf" else None)
+    summary = layout.summary()
+    if _attention_free(mem):
+        # no layer caches K / V (all Mamba / recurrent / MLP-only): no kv heads, whatever default the config's
+        # reading gave (a head count the file carries is kept; the kv heads default to it otherwise)
+        summary["num_kv_heads"] = 0
     return InspectReport(
-        **layout.summary(), source=ck.source, format=ck.format, fused_layout=layout.fused_layout,
+        **summary, source=ck.source, format=ck.format, fused_layout=layout.fused_layout,
         max_positions=layout.max_positions,
         parameter_count=params, dtypes=dtypes, layers=tuple(layer_reports),
         layers_with_qkv_bias=sum(1 for lr in layer_reports if lr.has_qkv_bias),
@@ -426,10 +433,15 @@ def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
         notes=notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
-        memory=memory_figures(ck.stored_tensors, ck.config, layout, memory,
-                              ck.metadata if ck.naming == "gguf" else None),
-        facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
+        memory=mem, facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
         towers=tuple(towers), missing_config=ck.missing_config)
+
+
+def _attention_free(mem) -> bool:
+    """The memory figures counted layers and none of them has attention (only recurrent / no-attention layers)."""
+    layers = getattr(mem, "layers", None) or {}
+    return bool(layers) and sum(layers.values()) > 0 and not any(
+        v for k, v in layers.items() if k not in ("none", "recurrent"))
 
 
 def _stack_reports(ck: Checkpoint, layout: ModelLayout, missing: list, warnings: list, sinks, where: str):
