@@ -18,8 +18,9 @@ both refuse, llama.cpp refuses while ours converts, unbuildable) and prints the 
 outtypes of the types llama.cpp's converter converts.
 
 The zoo's folders (fixtures/zoo.py) carry no tokenizer: tests/derived_util.py copies the tiny llama fixture's BPE
-tokenizer in, or a SentencePiece one for the families that ship one (llama.cpp pads the vocabulary up to the config's
-vocab_size as it does for real models), and adds what the model's own Hub folder has and llama.cpp's class reads.
+tokenizer in, or a SentencePiece / WordPiece one for the families that ship one (llama.cpp pads the vocabulary up to
+the config's vocab_size as it does for real models), and gives the folder the Hub's form where llama.cpp's class reads
+it: the class llama.cpp registers (an encoder's base model), config keys and values, tensor names and storage.
 llama.cpp's converter is told the pre-tokenizer name (tests/test_llamacpp_converter.py ``_pre_tokenizer``).
 """
 from __future__ import annotations
