@@ -767,20 +767,28 @@ def test_cli_both_directions(gguf_of, family_dir, tmp_path):
 
 def test_cli_exit_code_in_a_real_process(tiny, tmp_path):
     """A refusal in a real process: exit code 2, one line on stderr, nothing on stdout or at OUT.  The native
-    registry has no bert; the default engine hands it to llama.cpp's own BertModel class, which stops on the
-    tiny model's tokenizer (its pre-tokenizer hash is unknown to llama.cpp): both are one line."""
-    base = [sys.executable, "-m", "ckpt_surgeon", "convert", str(tiny("bert")), "-o", str(tmp_path / "b.gguf")]
+    registry has no bert; the default engine hands it to llama.cpp's own BertModel class, which stops on a
+    classifier pooling it does not write (``classifier_pooling: late``, EuroBERT's config default, added to the
+    tiny BERT's config): both are one line."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run([*base, "--engine", "native"], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "convert", str(tiny("bert")), "-o",
+                        str(tmp_path / "b.gguf"), "--engine", "native"], capture_output=True, text=True, env=env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"error: {tiny('bert') / 'config.json'}: model_type 'bert' has no GGUF mapping here "
         f"(supported: {', '.join(N.supported_model_types())})"]
     assert r.stdout == ""
-    r = subprocess.run(base, capture_output=True, text=True, env=env)
+    src = tmp_path / "bert"
+    src.mkdir()
+    shutil.copytree(tiny("bert"), src, dirs_exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "classifier_pooling": "late"}))
+    r = subprocess.run([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(tmp_path / "b.gguf")],
+                       capture_output=True, text=True, env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"error: {tiny('bert')}: llama.cpp's converter stopped: "), lines
+    assert lines[0] == f"error: {src}: llama.cpp's converter stopped: NotImplementedError: Unsupported " \
+                       "classifier_pooling: late", lines
     assert not (tmp_path / "b.gguf").exists()
 
 
