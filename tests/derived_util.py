@@ -232,55 +232,63 @@ def _wordpiece_tokenizer_into(out: Path) -> None:
         shutil.copy(Path(work) / "vocab.txt", out / "vocab.txt")
 
 
+def _rewrite(out: Path, edit) -> None:
+    """The model's safetensors file replaced by ``edit(tensors)`` (a dict of torch tensors in, one out)."""
+    from safetensors.torch import load_file, save_file
+    path = out / "model.safetensors"
+    save_file(edit(load_file(str(path))), str(path), metadata={"format": "pt"})
+
+
 def _rename(out: Path, rules) -> None:
-    """The model's safetensors file with its tensor names rewritten by ``rules`` ((pattern, replacement), ...)."""
+    """The model's tensor names rewritten by ``rules`` ((pattern, replacement), ... applied in order)."""
     import re
 
-    from safetensors.numpy import load_file, save_file
-    path = out / "model.safetensors"
-    tensors = load_file(path)
-    for pattern, repl in rules:
-        tensors = {re.sub(pattern, repl, k): v for k, v in tensors.items()}
-    save_file(tensors, path, metadata={"format": "pt"})
+    def edit(tensors):
+        for pattern, repl in rules:
+            tensors = {re.sub(pattern, repl, k): v for k, v in tensors.items()}
+        return tensors
+    _rewrite(out, edit)
 
 
 def _mxfp4_experts(out: Path, pattern: str) -> None:
-    """The tensors of the model's safetensors file whose names match ``pattern`` replaced by MXFP4 ones of the same
-    logical shape: the packed codes (int8, [rows, cols / 2]) under the name, the E8M0 exponents
-    ([rows, cols / 32]) under ``.scale`` in place of ``.weight``."""
+    """The tensors whose names match ``pattern`` replaced by MXFP4 ones of the same logical shape: the packed codes
+    (int8, [rows, cols / 2]) under the name, the E8M0 exponents ([rows, cols / 32]) under ``.scale`` in place of
+    ``.weight``."""
     import re
 
     import torch
-    from safetensors.torch import load_file, save_file
-    path = out / "model.safetensors"
-    gen = torch.Generator().manual_seed(0)
-    new = {}
-    for name, t in load_file(str(path)).items():
-        if re.match(pattern, name):
-            rows, cols = t.shape
-            new[name] = torch.randint(-128, 128, (rows, cols // 2), generator=gen, dtype=torch.int8)
-            new[name.removesuffix(".weight") + ".scale"] = torch.randint(
-                120, 131, (rows, cols // 32), generator=gen, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-        else:
-            new[name] = t
-    save_file(new, str(path), metadata={"format": "pt"})
+
+    def edit(tensors):
+        gen = torch.Generator().manual_seed(0)
+        new = {}
+        for name, t in tensors.items():
+            if re.match(pattern, name):
+                rows, cols = t.shape
+                new[name] = torch.randint(-128, 128, (rows, cols // 2), generator=gen, dtype=torch.int8)
+                new[name.removesuffix(".weight") + ".scale"] = torch.randint(
+                    120, 131, (rows, cols // 32), generator=gen, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            else:
+                new[name] = t
+        return new
+    _rewrite(out, edit)
 
 
 def _add_mtp(out: Path) -> None:
     """``mtp.layers.0.*`` shaped as the model's last full-attention layer, ``mtp.fc`` (hidden x 2 hidden) and the
     three norms, seeded, in the model's dtype, added to its safetensors file."""
     import numpy as np
-    from safetensors.numpy import load_file, save_file
+    import torch
     cfg = json.loads((out / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     full = max(i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention")
-    path = out / "model.safetensors"
-    tensors = load_file(path)
     prefix = f"model.layers.{full}."
-    hidden, dtype = tensors["model.norm.weight"].shape[0], tensors["model.norm.weight"].dtype
-    shapes = {"mtp.layers.0." + k[len(prefix):]: v.shape for k, v in tensors.items() if k.startswith(prefix)}
-    shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
-                   "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)})
-    rng = np.random.default_rng(0)
-    tensors.update({k: (rng.standard_normal(shape) * 0.02).astype(dtype) for k, shape in sorted(shapes.items())})
-    save_file(tensors, path, metadata={"format": "pt"})
+
+    def edit(tensors):
+        hidden, dtype = tensors["model.norm.weight"].shape[0], tensors["model.norm.weight"].numpy().dtype
+        shapes = {"mtp.layers.0." + k[len(prefix):]: tuple(v.shape) for k, v in tensors.items() if k.startswith(prefix)}
+        shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+                       "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)})
+        rng = np.random.default_rng(0)
+        return {**tensors, **{k: torch.from_numpy((rng.standard_normal(shape) * 0.02).astype(dtype))
+                              for k, shape in sorted(shapes.items())}}
+    _rewrite(out, edit)

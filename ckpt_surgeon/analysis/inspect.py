@@ -433,7 +433,8 @@ def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
         notes=notes, warnings=tuple(warnings), skipped=unreported(layout), missing=tuple(missing),
         missing_bytes=ck.missing_bytes, file_metadata=file_metadata, tensor_types=tensor_types,
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
-        memory=mem, facts=tuple(layout.facts()), derivation=layout.derivation(), quantization=quant_summary(ck, params),
+        memory=mem, facts=tuple(layout.facts()), derivation=layout.derivation(),
+        quantization=quant_summary(ck, params),
         towers=tuple(towers), missing_config=ck.missing_config)
 
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from .from_hf import check_name_for_llamacpp, hf_vocab
 from .hf_files import effective_tokenizer_json
-from .pretokenizers import PRE_TOKENIZERS, PRE_TYPE_REGEXES, PreTokenizer, pre_by_name, pre_name_for, pre_name_for_json
+from .pretokenizers import (PRE_TOKENIZERS, PRE_TYPE_REGEXES, PreTokenizer, pre_by_name, pre_name_for,
+                            pre_name_for_json)
 from .spm import spm_model_vocab
 from .to_hf import HFTokenizerFiles, hf_tokenizer_files
 from .vocab import BYTE, CONTROL, NORMAL, SPECIAL_KEYS, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab, vocab_from_metadata
 
 __all__ = ["BYTE", "CONTROL", "NORMAL", "PRE_TOKENIZERS", "PRE_TYPE_REGEXES", "SPECIAL_KEYS", "UNKNOWN", "UNUSED",
            "USER_DEFINED", "GGUFVocab", "HFTokenizerFiles", "PreTokenizer", "effective_tokenizer_json",
-           "check_name_for_llamacpp", "hf_tokenizer_files", "hf_vocab", "pre_by_name", "pre_name_for", "pre_name_for_json",
-           "spm_model_vocab", "vocab_from_metadata"]
+           "check_name_for_llamacpp", "hf_tokenizer_files", "hf_vocab", "pre_by_name", "pre_name_for",
+           "pre_name_for_json", "spm_model_vocab", "vocab_from_metadata"]

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ...errors import FormatError, UnsupportedError
-from .pretokenizers import PRE_TOKENIZERS, PreTokenizer, pre_by_name, pre_name_for
+from .pretokenizers import PRE_TOKENIZERS, PreTokenizer, pre_by_name, pre_name_for_json
 from .vocab import CONTROL, GGUFVocab
 
 
@@ -31,9 +31,9 @@ def merge_strings(merges: list, path: str) -> list[str]:
     return out
 
 
-def gpt2_pre_name(tj: dict, model: dict, tj_path: Path) -> str:
+def gpt2_pre_name(tj: dict, tj_path: Path) -> str:
     """llama.cpp's name for a byte-level tokenizer's pre_tokenizer; unknown ones are refused."""
-    pre = pre_name_for(tj.get("pre_tokenizer"), ignore_merges=bool(model.get("ignore_merges")))
+    pre = pre_name_for_json(tj)
     if pre is None:
         raise UnsupportedError(
             "tokenizer.json's pre_tokenizer is not one llama.cpp knows by name "

@@ -132,7 +132,7 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
         add_space_prefix = spm_adds_prefix(tj)
         pre = "default"
     else:
-        pre = gpt2_pre_name(tj, model, tj_path)
+        pre = gpt2_pre_name(tj, tj_path)
 
     ids = special_token_ids(folder, vocab, specials_by_name, config, n_vocab)
     add_bos, add_eos = adds_bos_eos(tj, tcfg, specials_by_name.get("bos"), specials_by_name.get("eos"))
