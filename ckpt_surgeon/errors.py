@@ -57,6 +57,10 @@ class PickleRefusedError(CkptError):
     """A pickle checkpoint was found and --allow-pickle was not given."""
 
 
+class RemoteCodeRefusedError(CkptError):
+    """A model folder's own Python (a module its auto_map names) would run and --trust-remote-code was not given."""
+
+
 class ConfigError(CkptError):
     """config.json is missing a key or contradicts the tensors."""
 

@@ -269,6 +269,43 @@ def test_llama_cpp_refusal_is_one_line(folder, tmp_path):
     assert not (tmp_path / "o.gguf").exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
+def test_python_shipped_with_the_model_runs_only_with_trust_remote_code(folder, tmp_path, monkeypatch):
+    """GLM-4's class loads the tokenizer with ``trust_remote_code=True`` (so do the classes for Kimi-K2, Kimi-Linear,
+    Hunyuan ...): a folder whose tokenizer_config.json auto_map names a module of its own had that module imported by
+    ``convert`` without a word.  Now: refused in one line naming it, exit 2, nothing written, not even copied into
+    transformers' module cache; with --trust-remote-code it runs, and the file is llama.cpp's converter's, which
+    runs it too (the marker shows both ran it: what the refusal guards is real)."""
+    from test_llamacpp_converter import _run_reference
+    src = tmp_path / "glm4"
+    shutil.copytree(folder("glm4"), src)
+    marker, modules = tmp_path / "ran", tmp_path / "modules"
+    (src / "tokenization_probe.py").write_text(
+        "import os\nfrom transformers import PreTrainedTokenizerFast\n"
+        "open(os.environ['CKPT_TEST_REMOTE_MARKER'], 'a').write('ran')\n"
+        "class ProbeTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    tcfg = json.loads((src / "tokenizer_config.json").read_text())
+    tcfg["auto_map"] = {"AutoTokenizer": [None, "tokenization_probe.ProbeTokenizer"]}
+    (src / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    monkeypatch.setenv("CKPT_TEST_REMOTE_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(modules))       # read by transformers in the child at import
+    r = CliRunner().invoke(cli_main, ["convert", str(src), "-o", str(tmp_path / "o.gguf")])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "Glm4Model would run Python shipped with the model" in line, r.output
+    assert "tokenization_probe.py" in line and "--trust-remote-code" in line, r.output
+    assert not marker.exists() and not (tmp_path / "o.gguf").exists()
+    assert not list(modules.rglob("tokenization_probe.py")) if modules.exists() else True
+    r = CliRunner().invoke(cli_main, ["convert", str(src), "-o", str(tmp_path / "o.gguf"), "--trust-remote-code"])
+    assert r.exit_code == 0, r.output
+    assert marker.read_text() == "ran"
+    marker.unlink()
+    (tmp_path / "ref").mkdir()
+    ref = _run_reference(src, tmp_path / "ref", ("f16",))
+    assert ref.returncode == 0, ref.stderr[-1500:]
+    assert marker.exists()
+    assert (tmp_path / "o.gguf").read_bytes() == (tmp_path / "ref" / "f16.gguf").read_bytes()
+
+
 def test_derived_llama_file_round_trips_through_the_native_reverse(tiny, tmp_path):
     """GGUF -> HF covers the registry's GGUF architectures: a file llama.cpp's class wrote for one of them
     (here llama, forced through the derived path at f32) comes back to the original tensors bit for bit."""

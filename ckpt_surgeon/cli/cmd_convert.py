@@ -87,9 +87,14 @@ DTYPE_CHOICES = ("f32", "f16", "bf16", "float32", "float16", "bfloat16") + QUANT
                    "The GGUF's metadata is a lossy subset of it, so it is required there, and checked: llama.cpp's "
                    "class run on it must give the file's metadata, tensor names and shapes, else one line names "
                    "the first difference.  Given for a native architecture, it selects this path too.")
+@click.option("--trust-remote-code", is_flag=True,
+              help="HF -> GGUF through llama.cpp's converter class: let the class run Python shipped with the "
+                   "model (a tokenizer module its tokenizer_config.json auto_map names, as Kimi-K2's or "
+                   "Hunyuan's), as convert_hf_to_gguf.py does.  Without it such a folder is refused in one line "
+                   "naming the module, before any of its code is copied or run.")
 @progress_option
 def command(source, out, dtype, imatrix, allow_requantize, force, name, split_max_size, split_max_tensors,
-            no_tensor_first_split, fmt, progress, engine, mmproj, config):
+            no_tensor_first_split, fmt, progress, engine, mmproj, config, trust_remote_code):
     """Convert SOURCE between GGUF and Hugging Face safetensors.
 
     The direction follows SOURCE: a .gguf file (recognised by its magic bytes; any part of a
@@ -155,7 +160,7 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     report = convert(source, out, dtype=dtype, force=force, name=name, progress=progress, isolate=True,
                      imatrix=imatrix, allow_requantize=allow_requantize, split_max_size=split_max_size,
                      split_max_tensors=split_max_tensors, engine=engine, mmproj=mmproj, config=config,
-                     no_tensor_first_split=no_tensor_first_split)
+                     no_tensor_first_split=no_tensor_first_split, trust_remote_code=trust_remote_code)
     if fmt == "json":
         sys.stdout.write(to_json(report))
         sys.stdout.flush()

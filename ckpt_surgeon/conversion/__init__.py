@@ -91,7 +91,7 @@ def _split(out, max_size, max_tensors, small_first=False):
 def convert(source, out, dtype: str | None = None, force: bool = False, *, name: str | None = None,
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
             split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False,
-            config=None, no_tensor_first_split: bool = False):
+            config=None, no_tensor_first_split: bool = False, trust_remote_code: bool = False):
     """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
 
     A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
@@ -111,6 +111,8 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
     ``no_tensor_first_split``: the set's first part holds the metadata only (llama.cpp's option of that name).
     ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
+    ``trust_remote_code`` (HF -> GGUF, llama.cpp's class): let the class run Python shipped with the model (a
+    tokenizer module its auto_map names); refused without it.
     ``config`` (GGUF -> HF): the original config.json (or its folder); a GGUF whose architecture the native
     registry lacks converts back through llama.cpp's inverted class with it (:mod:`.derived.to_hf`)."""
     from ..errors import UnsupportedError
@@ -146,7 +148,8 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
     return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
-                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split)
+                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split,
+                    trust_remote_code=trust_remote_code)
 
 
 def _to_hf(source, out, dtype, force, progress, shard_bytes, config):
@@ -163,7 +166,8 @@ def _to_hf(source, out, dtype, force, progress, shard_bytes, config):
                              progress=progress, **extra)
 
 
-def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False, split=None):
+def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False, split=None,
+             trust_remote_code=False):
     """HF -> GGUF by the native registry or, for another architecture, llama.cpp's class (:mod:`.derived`)."""
     from .derived.listing import engine_for
     from .to_gguf import hf_to_gguf_report
@@ -171,6 +175,7 @@ def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, eng
     if engine_for(folder if folder.is_dir() else folder.parent, engine) == "derived":
         from .derived.run import derived_hf_to_gguf_report
         return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
-                                         imatrix=imatrix, mmproj=mmproj, split=split, progress=progress)
+                                         imatrix=imatrix, mmproj=mmproj, split=split, progress=progress,
+                                         trust_remote_code=trust_remote_code)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix, split=split)

@@ -62,6 +62,30 @@ def _import_llamacpp(root: Path):
     return gguf, conversion
 
 
+def guard_remote_code(allowed: bool, who: str, folder: Path) -> None:
+    """transformers runs a model folder's own Python (the modules an ``auto_map`` in its config names) only
+    through ``dynamic_module_utils.get_cached_module_file`` and ``get_class_in_module``; some of llama.cpp's
+    classes ask it to (``AutoTokenizer.from_pretrained(dir, trust_remote_code=True)`` in the set_vocab of
+    DeepSeek-V3's for Kimi-K2, GLM-4's, Kimi-Linear's, Hunyuan's ...).  Unless ``allowed`` both refuse, naming
+    the module, before any of its code is copied or imported: converting a folder runs no code from it, as
+    reading a pickle needs --allow-pickle.  A folder that names no module is read as before (transformers
+    never reaches them), so the file is llama.cpp's converter's either way."""
+    if allowed:
+        return
+    from transformers import dynamic_module_utils as dmu
+
+    from ...errors import RemoteCodeRefusedError
+
+    def refuse(what: str):
+        raise RemoteCodeRefusedError(f"llama.cpp's {who} would run Python shipped with the model ({what}, named by "
+                                     "an auto_map in its config); convert runs no code from a model folder",
+                                     path=str(folder), hint="pass --trust-remote-code to run it, as "
+                                     "convert_hf_to_gguf.py does")
+
+    dmu.get_cached_module_file = lambda repo, module_file, *a, **k: refuse(str(module_file))
+    dmu.get_class_in_module = lambda class_name, module_path, *a, **k: refuse(f"{module_path}: {class_name}")
+
+
 def _hook_quantize(gguf) -> None:
     original = gguf.quants.quantize
     sizes = gguf.GGML_QUANT_SIZES
@@ -297,6 +321,7 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
     arch_name = base.get_model_architecture(hparams, kind)
     cls = conversion.get_model_class(arch_name, mmproj=bool(req.get("mmproj")))
     feed.phase(f"llama.cpp's {cls.__name__} plans the tensors and metadata")
+    guard_remote_code(bool(req.get("trust_remote_code")), cls.__name__, folder)
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
     reader = _hook_reader(base, folder)

@@ -101,7 +101,8 @@ def _check_written(path: Path, result: dict) -> None:
 
 
 def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = False, *, name: str | None = None,
-                              imatrix=None, mmproj: bool = False, split=None, progress=None) -> ConvertReport:
+                              imatrix=None, mmproj: bool = False, split=None, progress=None,
+                              trust_remote_code: bool = False) -> ConvertReport:
     """Convert the HF folder ``src`` to the GGUF ``out_path`` through llama.cpp's own converter class
     for its architecture (:mod:`.child`); ``dtype`` one of :data:`DERIVED_DTYPES` or a k-quant file
     type (the class at f32, then llama.cpp's mixture and kernels, as llama-quantize on that file).
@@ -109,7 +110,9 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     ``split``: a :class:`~..split_output.SplitRequest`, the output then llama.cpp's split set, written
     by the native path's splitter in the child (:mod:`.split_write`; resumable after a kill).
     ``progress``: a bar over the bytes written (tensors, rate, ETA) and a line for the class's planning
-    (:mod:`.feed`; None: on when stderr is a terminal)."""
+    (:mod:`.feed`; None: on when stderr is a terminal).  ``trust_remote_code``: let the class load Python shipped
+    with the model (a tokenizer module its auto_map names, as Kimi-K2's); without it that is refused
+    (:class:`~ckpt_surgeon.errors.RemoteCodeRefusedError`) before any of it runs."""
     from ..quant_plan import check_quant_request
     t0 = time.perf_counter()
     src, out = Path(src), Path(out_path)
@@ -123,7 +126,8 @@ def derived_hf_to_gguf_report(src, out_path, dtype: str = "f16", force: bool = F
     arch = _checked_arch(folder, root, mmproj)
     base = dtype if dtype in DERIVED_DTYPES else "f32"
     req = {"llamacpp": str(root), "source": str(folder), "dtype": dtype, "base_dtype": base, "name": name,
-           "imatrix": str(imatrix) if imatrix is not None else None, "mmproj": mmproj}
+           "imatrix": str(imatrix) if imatrix is not None else None, "mmproj": mmproj,
+           "trust_remote_code": bool(trust_remote_code)}
     if split is not None:
         # the child writes the parts through the splitter, beside OUT, and renames them into place
         req.update(output=str(out), split=split.to_dict(),
