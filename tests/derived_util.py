@@ -71,7 +71,7 @@ _GEMMA_SPM = ("GemmaTokenizer", dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad
 _LLAMA_SPM = ("LlamaTokenizer", dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
 SPM = {"gemma": _GEMMA_SPM, "gemma4": _GEMMA_SPM, "gemma4_text": _GEMMA_SPM, "gemma4_unified": _GEMMA_SPM,
        "ernie4_5": _LLAMA_SPM, "ernie4_5_moe": _LLAMA_SPM, "nemotron": _LLAMA_SPM, "minicpm3": _LLAMA_SPM,
-       "jamba": _LLAMA_SPM,
+       "jamba": _LLAMA_SPM, "bitnet@1bitllm": _LLAMA_SPM,
        # XLM-RoBERTa's: a Unigram model (XLMRobertaModel's set_vocab asserts it) without byte fallback, fairseq's
        # ids, in sentencepiece.bpe.model
        "xlm-roberta": ("XLMRobertaTokenizer", dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, model_type="unigram",
@@ -108,7 +108,15 @@ REBUILD = {"bert": ("BertModel", {}), "camembert": ("CamembertModel", {}), "robe
            "lfm2_moe": (None, {"conv_bias": False}),
            "deepseek_v4": (None, {"attention_bias": False, "mlp_bias": False}),
            "falcon_h1": (None, {"attention_bias": False, "mlp_bias": False, "projectors_bias": False,
-                                "mamba_proj_bias": False})}
+                                "mamba_proj_bias": False}),
+           # a second layout of a model type (key MODEL_TYPE@LAYOUT, the zoo's tiny MODEL_TYPE config): BitNet as
+           # llama.cpp's BitnetModel maps it, 1bitLLM's architecture name, sub-norm names (RENAME) and tied
+           # embeddings (its tensor list has no output matrix), where transformers' BitNet class is BitNet b1.58
+           # 2B4T's layout (`attn_sub_norm` / `ffn_sub_norm`, at the same place in the block), which the class
+           # cannot map (tests/test_convert_derived.py's refusal)
+           "bitnet@1bitllm": ("BitNetForCausalLM", {"tie_word_embeddings": True, "attention_bias": False})}
+# the architecture name a REBUILD layout's config.json carries, where it is not the class transformers builds
+ARCHITECTURE = {"bitnet@1bitllm": "BitnetForCausalLM"}
 # the families whose Hub tokenizer is WordPiece (BERT's vocab.txt), which llama.cpp's BERT classes read as such
 # (NomicBertModel refuses any other)
 WORDPIECE = ("bert", "nomic_bert")
@@ -126,6 +134,8 @@ RENAME = {"kimi_linear": ((r"^(model\.layers\.\d+)\.block_sparse_moe\.(gate|up|d
           "hy_v4": ((r"^model\.hc_pre\.hc_head\.", "model.hc_head."),
                     (r"\.hc_pre\.hc_(attn|mlp)_layer\.hc_(fn|base|scale)$", r".hc_\1_layer.hc_pre.hc_\2"),
                     (r"\.mlp\.((?:shared_experts\.)?)linear_gate\.", r".mlp.\1gate_proj.")),
+          "bitnet@1bitllm": ((r"\.self_attn\.attn_sub_norm\.", ".self_attn.inner_attn_ln."),
+                             (r"\.mlp\.ffn_sub_norm\.", ".mlp.ffn_layernorm.")),
           "deepseek_v4": ((r"^model\.embed_tokens\.", "embed."),
                           (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
                           (r"^model\.", ""), (r"^(layers\.\d+\.attn)\.norm\.", r"\1.kv_norm."))}
@@ -166,13 +176,16 @@ def _rebuild(model_type: str, out: Path) -> None:
     from fixtures.zoo import _instance, zoo_config
     from ckpt_surgeon.runtime import quiet_transformers
     klass, values = REBUILD[model_type]
-    cfg = zoo_config(model_type)
+    cfg = zoo_config(model_type.partition("@")[0])
     cfg.update(values(cfg) if callable(values) else values)
     if klass is not None:
         cfg["architectures"] = [klass]
     _, model = _instance(cfg, getattr(transformers, cfg["architectures"][0]), 0)
     with quiet_transformers():
         model.save_pretrained(out)
+    if model_type in ARCHITECTURE:
+        saved = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**saved, "architectures": [ARCHITECTURE[model_type]]}, indent=2))
 
 
 def _fill(model_type: str, out: Path) -> None:

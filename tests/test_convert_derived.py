@@ -37,8 +37,11 @@ FRONTIER = ("deepseek_v3", "glm4_moe", "llama4", "gpt_oss", "minimax_m2", "qwen3
 LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp-python)
 # folders in the Hub's form where transformers' save differs (tests/derived_util.py): BERT as its base model with a
 # WordPiece vocabulary (tokenizer.ggml.pre named "default" on both sides); DeepSeek-V4 under its release's names
-# (no `model.` prefix, `attn.kv_norm`), its routed experts MXFP4 (packed codes + E8M0 scales, repacked by the class)
-HUB_FORM = ("bert", "deepseek_v4")
+# (no `model.` prefix, `attn.kv_norm`), its routed experts MXFP4 (packed codes + E8M0 scales, repacked by the class);
+# BitNet in the layout llama.cpp's BitnetModel maps (1bitLLM's names, tied embeddings: transformers' own layout is
+# refused by both, test_llama_cpp_refusal_is_one_line), whose class ternarizes each projection by its whole-tensor
+# mean |w|: a computed chain, evaluated whole, which the 4 KiB slabs here would break if it were taken for casts
+HUB_FORM = ("bert", "deepseek_v4", "bitnet@1bitllm")
 
 
 @pytest.fixture(scope="module", autouse=True)
