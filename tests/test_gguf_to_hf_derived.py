@@ -23,11 +23,13 @@ from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.cli import cli as cli_main
 from ckpt_surgeon.conversion import convert
 
-# different shapes of llama.cpp transform: plain renames (SmolLM3, EXAONE 4), stacked experts kept
+# different shapes of llama.cpp transform: plain renames (SmolLM3), stacked experts kept
 # stacked (GraniteMoE), a short-conv hybrid (LFM2), MLA with kv_b split into k_b / v_b and per-expert
 # tensors stacked (DeepSeek-V3), an encoder whose checkpoint is the base model the config's architectures name
-# (ModernBertModel: the probe lists the HF tensors of that class, not of the model type's causal / masked LM)
-ROUND_TRIP = ("smollm3", "granitemoe", "exaone4", "lfm2", "deepseek_v3", "modernbert")
+# (ModernBertModel: the probe lists the HF tensors of that class, not of the model type's causal / masked LM), a
+# class that delegates its planning to an inner model and has its own write() (Mistral3Model: the tensors and
+# metadata are the inner Ministral3Model's writer's)
+ROUND_TRIP = ("smollm3", "granitemoe", "ministral3", "lfm2", "deepseek_v3", "modernbert")
 LOGITS = ("granitemoe", "deepseek_v3")
 
 
@@ -116,6 +118,29 @@ def test_a_config_the_file_was_not_made_from_is_refused(folder, tmp_path):
                                       "--config", str(tmp_path / "config.json")])
     assert r.exit_code == 2, r.output
     assert "layer_norm_rms_epsilon" in r.output and "not the config the file was made from" in r.output, r.output
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_name_the_class_cannot_map_is_taken_in_the_spelling_transformers_reads_alike(folder, tmp_path):
+    """Kimi-Linear: transformers' save spells the dense first layer's MLP `block_sparse_moe.*` (its reversal of the
+    load rename of the MoE blocks), the Hub and llama.cpp's class `mlp.*`; transformers reads both into the same
+    parameter.  The probe takes the spelling the class maps, and so reaches the values: refused then for what the
+    class computes (Mamba-style A = -exp(A_log)), not for a name (before: `Can not map tensor`)."""
+    from fixtures.zoo import zoo_config
+
+    from ckpt_surgeon.conversion.model_check import _checkpoint_shapes, _meta_model, checkpoint_spellings
+    model = _meta_model(zoo_config("kimi_linear"), by_architecture=True)
+    spell = checkpoint_spellings(model, _checkpoint_shapes(model))
+    dense = {f"model.layers.0.block_sparse_moe.{p}_proj.weight": f"model.layers.0.mlp.{p}_proj.weight"
+             for p in ("gate", "up", "down")}
+    assert dense.items() <= spell.items(), spell
+    src = folder("kimi_linear")
+    convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back"),
+                                      "--config", str(src)])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "not invertible: GGUF tensor blk.0.ssm_a" in line, r.output
     assert not (tmp_path / "back").exists()
 
 

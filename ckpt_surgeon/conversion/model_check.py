@@ -85,6 +85,22 @@ def _checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
 
 
+def checkpoint_spellings(model, names) -> dict[str, str]:
+    """``name -> other spelling`` for the checkpoint ``names`` of ``model`` (:func:`_checkpoint_shapes`) that
+    transformers' load only renames (no converter fuses or splits them) into a parameter key spelled otherwise,
+    and that key read as a checkpoint name lands on the same parameter: two spellings ``from_pretrained`` reads
+    alike.  Which one a checkpoint holds is the writer's choice: transformers' save writes the first (its reversal
+    of the load renames), a Hub release may hold the other (Kimi-Linear's dense MLP: ``mlp.gate_proj`` on the Hub,
+    ``block_sparse_moe.gate_proj`` from save_pretrained)."""
+    rename = checkpoint_key_renamer(model)
+    out = {}
+    for name in names:
+        key, pattern = rename(name)
+        if pattern is None and key != name and rename(key) == (key, None):
+            out[name] = key
+    return out
+
+
 def checkpoint_key_renamer(model):
     """``name -> (key in the model's state dict, converter pattern or None)``: where transformers'
     ``from_pretrained`` puts a checkpoint tensor of that name (transformers 5 renames keys at load:

@@ -38,12 +38,13 @@ GGUF's, which is what proves the given config is the one the file was made from.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .child import _hook_sources, _import_llamacpp, serve
+from .child import _hook_sources, _import_llamacpp, guard_remote_code, serve
 
 DIGIT_BITS = 23
 
@@ -75,7 +76,10 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
     ``on_tensor(GGUF name, float32 values, shape)`` as the class writes it (and not kept: memory is one output's
     work), or, when it is an HF tensor through value-keeping casts only (:func:`.lazy_eval.identity_leaf`: the
     map is the identity, nothing to probe), to ``on_identity(GGUF name, HF id, shape)`` unevaluated, so the
-    largest tensors of most models (the embedding, the MLP matrices) never get a probe tensor.  Returns the model."""
+    largest tensors of most models (the embedding, the MLP matrices) never get a probe tensor.  Returns the model
+    and the GGUF writer its tensors went to: the model's own, or that of the model it delegates its planning to
+    (Mistral3Model's ``impl``); a class that writes tensors to a second writer (a LoRA adapter file beside the
+    model: BertModel's jina-v3 adapters) is refused."""
     import torch
 
     from .lazy_eval import identity_leaf
@@ -95,7 +99,14 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
                 out[item[0]] = item[1]
         return out
 
+    writers = []
+
     def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+        if not any(w is self for w in writers):
+            writers.append(self)
+            if len(writers) > 1:
+                raise NotImplementedError(f"{cls.__name__} writes tensors to more than one GGUF file (an adapter "
+                                          "beside the model); not derived")
         if isinstance(tensor, gguf.LazyBase):
             k = identity_leaf(tensor, gguf.LazyBase, probe)
             if k is not None:
@@ -109,7 +120,7 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
     with torch.inference_mode():
         model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", model_name="probe")
         model.prepare_tensors()
-    return model
+    return model, (writers[0] if writers else model.gguf_writer)
 
 
 def runs(values: np.ndarray, slope: int) -> tuple[np.ndarray, np.ndarray]:
@@ -308,17 +319,24 @@ def _class_for(conversion, base, folder: Path):
     hparams = base.ModelBase.load_hparams(folder, False)
     arch_name = base.get_model_architecture(hparams, base.ModelType.TEXT)
     cls = conversion.get_model_class(arch_name, mmproj=False)
-    if cls.write is not base.ModelBase.write:
-        raise NotImplementedError(f"{cls.__name__} writes more than one GGUF file (its own write()); not derived")
+    guard_remote_code(False, cls.__name__, folder)     # the probe folder holds a config and rebuilt tokenizer files
     return arch_name, cls
 
 
+def _unmapped(e: BaseException) -> str | None:
+    """The HF name in llama.cpp's ``Can not map tensor 'NAME'`` (``ModelBase.map_tensor_name``), else None."""
+    m = re.fullmatch(r"Can not map tensor '(.+)'", str(e)) if isinstance(e, ValueError) else None
+    return m.group(1) if m else None
+
+
 def run(req: dict) -> dict:
-    from ..model_check import expected_tensors
+    from ..model_check import _checkpoint_shapes, _meta_model, checkpoint_spellings
     folder = Path(req["folder"])
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shapes = {n: tuple(s) for n, s in expected_tensors(config, by_architecture=True).items()}
-    names = sorted(shapes)
+    meta_model = _meta_model(config, by_architecture=True)
+    shapes = {n: tuple(s) for n, s in _checkpoint_shapes(meta_model).items()}
+    spellings = checkpoint_spellings(meta_model, shapes)
+    del meta_model
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from conversion import base
     arch_name, cls = _class_for(conversion, base, folder)
@@ -326,8 +344,21 @@ def run(req: dict) -> dict:
     n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
-    learn = _Learner(names, shapes, sources)
-    model = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
+    # The HF side is spelled as transformers' save writes it.  Where the class cannot map such a name and
+    # transformers reads another spelling of it into the same parameter (:func:`checkpoint_spellings`), the other
+    # spelling is taken and the first pass run again: the spelling the class maps, which transformers loads alike.
+    while True:
+        names = sorted(shapes)
+        sources.clear()
+        learn = _Learner(names, shapes, sources)
+        try:
+            model, writer = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
+            break
+        except ValueError as e:
+            name = _unmapped(e)
+            if name not in spellings or spellings[name] in shapes:
+                raise
+            shapes[spellings.pop(name)] = shapes.pop(name)
     for d in range(n_digits):
         learn.digit = d
         _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, learn.skip, d)
@@ -340,10 +371,10 @@ def run(req: dict) -> dict:
     arrays.update({f"gen{i}": vals.reshape(learn.shape[t]) for i, (t, vals) in enumerate(learn.odd.items())})
     np.savez(req["maps"], **arrays)
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
-            "gguf_arch": model.gguf_writer.arch, "refusal": learn.refusal,
+            "gguf_arch": writer.arch, "refusal": learn.refusal,
             "hf": [[n, list(shapes[n])] for n in names],
             "mapped": [[t, list(learn.shape[t])] for t in learn.segs], "generated": list(learn.odd),
-            "kv": _kv_values(model.gguf_writer)}
+            "kv": _kv_values(writer)}
 
 
 def main(argv: list[str]) -> int:

@@ -82,12 +82,26 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
     if "error" in result:
         if os.environ.get("CKPT_SURGEON_DEBUG"):
             sys.stderr.write(result.get("traceback", ""))
-        raise UnsupportedError(f"llama.cpp's converter stopped on this config: {result['error']}", path=str(src))
+        raise UnsupportedError(f"llama.cpp's converter stopped on this config: {result['error']}{_nextn_note(ck)}",
+                               path=str(src))
     if result["refusal"]:
         raise UnsupportedError(f"not invertible: {result['refusal']}", path=str(src))
     with np.load(req["maps"]) as z:
         arrays = {k: z[k] for k in z.files}
     return result, arrays
+
+
+def _nextn_note(ck) -> str:
+    """Where the file holds multi-token-prediction layers (llama.cpp's NextN: the HF checkpoint's ``mtp.*`` block,
+    which transformers' classes do not build, so the probe, whose HF side is transformers' model, has no tensors
+    for them), what the class's stop most likely means."""
+    arch = ck.metadata.get("general.architecture")
+    n = ck.metadata.get(f"{arch}.nextn_predict_layers")
+    if not n:
+        return ""
+    return (f"; the file holds {n} multi-token-prediction layer(s) ({arch}.nextn_predict_layers), the checkpoint's "
+            "mtp.* block, which transformers' class for this config does not build: there are no HF tensors to "
+            "give them back to")
 
 
 def _same_value(a, b) -> bool:
