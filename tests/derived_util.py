@@ -21,7 +21,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 # <|observation|>; GLM-4 / ChatGLM's set_vocab: <|user|>; Solar Open's: <unk>, <|startoftext|>)
 _GLM = ("[gMASK]", "<|user|>", "<|observation|>")
 SPECIALS = {"glm4_moe": _GLM, "glm4_moe_lite": _GLM, "glm_moe_dsa": _GLM, "glm4": _GLM, "glm": _GLM,
-            "solar_open": ("<unk>", "<|startoftext|>")}
+            "solar_open": ("<unk>", "<|startoftext|>"), "dots3_note": ("<|endofassistant|>",)}
 # config keys the Hub's config.json has and transformers' config class does not write (MiniMaxM2Model reads
 # rotary_dim; MiniMax-M2's own config says 64 of head_dim 128; here the whole head, as transformers'
 # MiniMaxM2Config rotates it; GPT-SW3's config.json keeps GPT-2's n_ctx, which GPT2Model.set_gguf_parameters reads;
@@ -60,6 +60,35 @@ CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16},
                                "causal": False, "prenorm": False, "qkv_proj_bias": False, "mlp_fc1_bias": False,
                                "mlp_fc2_bias": False, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
                                "rotary_emb_scale_base": None}}
+
+
+def _dots3_release(cfg: dict) -> dict:
+    """dots3-note's config.json as its release stores it (transformers' Dots3NoteConfig: "published checkpoints
+    store the text configuration at the top level", with the sliding-window layers' MLA sizes as flat ``swa_*``
+    keys, which Dots3NoteTextConfig normalises into ``per_layer_config``): the outer model type with the text keys
+    flat, the DSA layers under their legacy name ``full_attention`` with ``use_dsa``, ``swa_*`` = a sliding layer's
+    sizes as transformers' config gives them, the window as ``sliding_window_size``, the RoPE bases flat, the
+    router as transformers' class runs it (sigmoid scores + correction bias: ``scoring_func`` sigmoid,
+    ``topk_method`` noaux_tc), and the vision / audio sub-configs' one field the outer config checks against the
+    text width (their adapters' output).  Dots3NoteModel reads these keys."""
+    sliding = cfg["layer_types"].index("sliding_attention")
+    sizes = ("num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "head_dim",
+             "qk_nope_head_dim", "v_head_dim", "qk_rope_head_dim")
+    swa = {**{k: cfg[k] for k in sizes}, **cfg["per_layer_config"][str(sliding)]}
+    rope = cfg["rope_parameters"]
+    flat = {k: v for k, v in cfg.items() if k not in ("per_layer_config", "rope_parameters")}
+    return {**flat, "model_type": "dots3_note", "use_dsa": True,
+            "layer_types": ["full_attention" if t == "indexed_attention" else t for t in cfg["layer_types"]],
+            **{f"swa_{k}": v for k, v in swa.items()}, "sliding_window_size": cfg["sliding_window"],
+            "rope_theta": rope["indexed_attention"]["rope_theta"],
+            "swa_rope_theta": rope["sliding_attention"]["rope_theta"],
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "vision_config": {"adapter_out_dim": cfg["hidden_size"]},
+            "audio_config": {"adapter_out_dim": cfg["hidden_size"]}}
+
+
+# config.json replaced whole by the release's form of it (keys transformers writes and the release does not)
+CONFIG_FORM = {"dots3_note": _dots3_release}
 # tokenizer_config.json keys (DeepSeek-V3.2's class asserts add_bos_token, which its Hub tokenizer_config sets)
 TOKENIZER_CONFIG = {"deepseek_v32": {"add_bos_token": True}}
 # the families that ship a SentencePiece tokenizer (tokenizer.model, and tokenizer.json = transformers' conversion of
@@ -114,7 +143,13 @@ REBUILD = {"bert": ("BertModel", {}), "camembert": ("CamembertModel", {}), "robe
            # embeddings (its tensor list has no output matrix), where transformers' BitNet class is BitNet b1.58
            # 2B4T's layout (`attn_sub_norm` / `ffn_sub_norm`, at the same place in the block), which the class
            # cannot map (tests/test_convert_derived.py's refusal)
-           "bitnet@1bitllm": ("BitNetForCausalLM", {"tie_word_embeddings": True, "attention_bias": False})}
+           "bitnet@1bitllm": ("BitNetForCausalLM", {"tie_word_embeddings": True, "attention_bias": False}),
+           # dots3-note with a sliding-window layer, as the release has (the zoo's two layers are both DSA layers in
+           # transformers' own schedule, full for i < 2): three layers, the schedule and the MLP types transformers'
+           # config derives, the sliding layer's MLA sizes unlike the DSA layers' (head 16 = nope 8 + rope 8, kv rank
+           # 16, v 8: the class splits each layer's kv_b_proj by its own kind's sizes)
+           "dots3_note": (None, {"num_hidden_layers": 3, "layer_types": None, "mlp_layer_types": None,
+                                 "per_layer_config": {"2": {"head_dim": 16, "kv_lora_rank": 16, "v_head_dim": 8}}})}
 # the architecture name a REBUILD layout's config.json carries, where it is not the class transformers builds
 ARCHITECTURE = {"bitnet@1bitllm": "BitnetForCausalLM"}
 # the families whose Hub tokenizer is WordPiece (BERT's vocab.txt), which llama.cpp's BERT classes read as such
@@ -203,6 +238,9 @@ def _fill(model_type: str, out: Path) -> None:
             shutil.copy(tok / f, out / f)
     if model_type in MTP:
         _add_mtp(out)
+    if model_type in CONFIG_FORM:
+        cfg = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(CONFIG_FORM[model_type](cfg), indent=2))
     for name, extra in (("config.json", CONFIG_EXTRA), ("tokenizer_config.json", TOKENIZER_CONFIG)):
         if model_type in extra:
             cfg = json.loads((out / name).read_text())
