@@ -12,7 +12,8 @@ cannot build are reported as unbuildable).  ``--json OUT`` also writes the per-t
 lines; ``_meta``: date, commit, transformers).  Where llama.cpp's converter stops at the first outtype
 (its process ends there) and ours refuses it too, the other outtypes are recorded as the same, not run.
 
-``--summarize`` merges runs (a later file's type replaces an earlier's; each entry keeps its run's commit),
+``--summarize`` merges runs, or an earlier ``--summarize`` output with runs (a later file's type replaces an
+earlier's; each entry keeps its run's commit),
 puts every model type in one class (identical f16 and q8_0, identical f16 only, DIFFERS, ours refuses,
 both refuse, llama.cpp refuses while ours converts, unbuildable) and prints the share identical at both
 outtypes of the types llama.cpp's converter converts.
@@ -35,6 +36,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def _remote_tokenizer() -> dict:
+    from derived_util import REMOTE_TOKENIZER
+    return REMOTE_TOKENIZER
 
 
 def folder_for(model_type: str, dest: Path) -> Path:
@@ -84,14 +90,20 @@ def classify(entries: dict) -> str:
 
 def summarize(paths, json_out=None) -> dict:
     by_type, runs = {}, []
-    for k, p in enumerate(paths):
+    for p in paths:
         data = json.loads(Path(p).read_text())
+        if "types" in data and "runs" in data:      # an earlier --summarize output: its runs and types, renumbered
+            first = len(runs)
+            runs.extend(data["runs"])
+            by_type.update({mt: {ot: {**e, "run": first + e["run"]} for ot, e in entries.items()}
+                            for mt, entries in data["types"].items()})
+            continue
         meta = data.pop("_meta", {})
         runs.append(meta)
         fresh = {}
         for key, e in data.items():
             mt, _, ot = key.partition("/")
-            fresh.setdefault(mt, {})[ot or "-"] = {**e, "run": k}
+            fresh.setdefault(mt, {})[ot or "-"] = {**e, "run": len(runs) - 1}
         by_type.update(fresh)
     classes = {}
     for mt in sorted(by_type):
@@ -124,6 +136,7 @@ def main(argv):
     types = argv or sorted(derived & set(zoo_mapping()))
     work = Path(tempfile.mkdtemp(prefix="zoo-derived-"))
     results = {"_meta": {**_meta(), "outtypes": outtypes}}
+    REMOTE_TOKENIZER = _remote_tokenizer()
     for mt in types:
         try:
             folder = folder_for(mt, work / "src")
@@ -144,7 +157,8 @@ def main(argv):
             ours = work / "ours" / mt / f"{ot}.gguf"
             ours.parent.mkdir(parents=True, exist_ok=True)
             try:
-                convert(folder, ours, ot, engine="llama.cpp")
+                # a folder with its own tokenizer module (derived_util.REMOTE_TOKENIZER: ours, written for the test)
+                convert(folder, ours, ot, engine="llama.cpp", trust_remote_code=mt in REMOTE_TOKENIZER)
                 why_ours = ""
             except CkptError as e:
                 why_ours = str(e)[-160:]

@@ -25,7 +25,8 @@ def round_trip(folder: Path, work: Path) -> tuple[str, str]:
     from ckpt_surgeon.errors import CkptError
     gguf, back = work / "m.f32.gguf", work / "back"
     try:
-        convert(folder, gguf, "f32", engine="llama.cpp")
+        from derived_util import REMOTE_TOKENIZER      # a folder with its own tokenizer module (ours, for the test)
+        convert(folder, gguf, "f32", engine="llama.cpp", trust_remote_code=folder.name in REMOTE_TOKENIZER)
     except CkptError as e:
         return "forward refused", str(e)[-200:]
     try:

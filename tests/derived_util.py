@@ -31,6 +31,12 @@ CONFIG_EXTRA = {"minimax_m2": {"rotary_dim": 16},
                 "gpt-sw3": {"n_ctx": 1024},
                 "qwen4_exp": {"indexer_n_heads": 2, "indexer_head_dim": 16, "indexer_budget": 64,
                               "indexer_compress_ratio": 4, "indexer_kv_heads": 1},
+                # Hunyuan-A13B's config.json gives the expert width, the router's top-k and the shared experts per layer
+                # (lists), which HunYuanMoEModel asserts uniform and reads; transformers' config has one top-k and its
+                # experts are intermediate_size wide, with one shared MLP a layer
+                "hunyuan_v1_moe": lambda cfg: {"moe_intermediate_size": [cfg["intermediate_size"]] * cfg["num_hidden_layers"],
+                                               "moe_topk": [cfg["moe_topk"]] * cfg["num_hidden_layers"],
+                                               "num_shared_expert": [1] * cfg["num_hidden_layers"]},
                 # Cohere2Model reads rotary_pct (Command R7B rotates the whole head, as transformers' Cohere2 does);
                 # FalconH1Model reads head_dim, which transformers' config derives (hidden / heads) and does not write
                 "cohere2": {"rotary_pct": 1.0},
@@ -85,6 +91,36 @@ def _dots3_release(cfg: dict) -> dict:
             "scoring_func": "sigmoid", "topk_method": "noaux_tc",
             "vision_config": {"adapter_out_dim": cfg["hidden_size"]},
             "audio_config": {"adapter_out_dim": cfg["hidden_size"]}}
+
+
+# the families whose Hub tokenizer is a module of their own (tokenizer_config.json auto_map; Hunyuan-A13B's
+# tokenization_hy.HYTokenizer, tiktoken), which llama.cpp's class loads with trust_remote_code and reads as tiktoken
+# (mergeable_ranks, special_tokens, vocab_size): convert needs --trust-remote-code for these folders
+REMOTE_TOKENIZER = {"hunyuan_v1_moe": "tokenization_hy.HYTokenizer"}
+_REMOTE_TOKENIZER_CODE = '''"""The folder's own tokenizer module, as Hunyuan ships one (tokenization_hy.py, named by tokenizer_config.json's
+auto_map), for a tiny test model: the byte-level BPE of tokenizer.json, exposing what a tiktoken tokenizer exposes
+and llama.cpp's HunYuanMoEModel reads (mergeable_ranks: each token's bytes -> its id, in id order; special_tokens;
+vocab_size)."""
+from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+
+class HYTokenizer(PreTrainedTokenizerFast):
+    @property
+    def special_tokens(self):
+        return dict(self.get_added_vocab())
+
+    @property
+    def mergeable_ranks(self):
+        byte = {ch: b for b, ch in bytes_to_unicode().items()}
+        special = self.special_tokens
+        ranked = sorted((i, tok) for tok, i in self.get_vocab().items() if tok not in special)
+        return {bytes(byte[ch] for ch in tok): i for i, tok in ranked}     # in rank order, as a .tiktoken file
+
+    @property
+    def vocab_size(self):
+        return len(self.get_vocab())
+'''
 
 
 # config.json replaced whole by the release's form of it (keys transformers writes and the release does not)
@@ -148,6 +184,8 @@ REBUILD = {"bert": ("BertModel", {}), "camembert": ("CamembertModel", {}), "robe
            # transformers' own schedule, full for i < 2): three layers, the schedule and the MLP types transformers'
            # config derives, the sliding layer's MLA sizes unlike the DSA layers' (head 16 = nope 8 + rope 8, kv rank
            # 16, v 8: the class splits each layer's kv_b_proj by its own kind's sizes)
+           # Hunyuan-A13B: no attention biases; several experts, two routed (the zoo's shrink left one)
+           "hunyuan_v1_moe": (None, {"attention_bias": False, "num_experts": 4, "moe_topk": 2}),
            "dots3_note": (None, {"num_hidden_layers": 3, "layer_types": None, "mlp_layer_types": None,
                                  "per_layer_config": {"2": {"head_dim": 16, "kv_lora_rank": 16, "v_head_dim": 8}}})}
 # the architecture name a REBUILD layout's config.json carries, where it is not the class transformers builds
@@ -238,6 +276,8 @@ def _fill(model_type: str, out: Path) -> None:
             shutil.copy(tok / f, out / f)
     if model_type in MTP:
         _add_mtp(out)
+    if model_type in REMOTE_TOKENIZER:
+        _remote_tokenizer_into(out, REMOTE_TOKENIZER[model_type])
     if model_type in CONFIG_FORM:
         cfg = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps(CONFIG_FORM[model_type](cfg), indent=2))
@@ -281,6 +321,22 @@ def _wordpiece_tokenizer_into(out: Path) -> None:
         wp.save_model(work)
         transformers.BertTokenizer.from_pretrained(work).save_pretrained(out)
         shutil.copy(Path(work) / "vocab.txt", out / "vocab.txt")
+
+
+def _remote_tokenizer_into(out: Path, klass: str) -> None:
+    """The folder's tokenizer served by a module of its own (:data:`REMOTE_TOKENIZER`): the module written beside,
+    named by tokenizer_config.json's auto_map, and reserved special tokens (``<|extra_N|>``, as tiktoken releases
+    reserve theirs) filling the vocabulary up to config.json's vocab_size, which the class asserts equal."""
+    from tokenizers import AddedToken, Tokenizer
+    module, name = klass.split(".")
+    (out / f"{module}.py").write_text(_REMOTE_TOKENIZER_CODE)
+    vocab_size = json.loads((out / "config.json").read_text())["vocab_size"]
+    t = Tokenizer.from_file(str(out / "tokenizer.json"))
+    t.add_special_tokens([AddedToken(f"<|extra_{k}|>", special=True) for k in range(vocab_size - t.get_vocab_size())])
+    t.save(str(out / "tokenizer.json"))
+    tcfg = json.loads((out / "tokenizer_config.json").read_text())
+    tcfg.update(tokenizer_class=name, auto_map={"AutoTokenizer": [None, klass]})
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
 
 
 def _rewrite(out: Path, edit) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from derived_util import converter_src, zoo_folder  # noqa: F401 -- converter_src: the module's autouse fixture
+from derived_util import REMOTE_TOKENIZER, converter_src, zoo_folder  # noqa: F401 -- converter_src: the module's autouse fixture
 from test_llamacpp_converter import _reference
 from test_quantize import assert_same_tensors, llama_quantize
 
@@ -41,7 +41,9 @@ LOADS = ("olmo", "exaone4", "granitemoe")     # also run by llama.cpp (llama-cpp
 # BitNet in the layout llama.cpp's BitnetModel maps (1bitLLM's names, tied embeddings: transformers' own layout is
 # refused by both, test_llama_cpp_refusal_is_one_line), whose class ternarizes each projection by its whole-tensor
 # mean |w|: a computed chain, evaluated whole, which the 4 KiB slabs here would break if it were taken for casts
-HUB_FORM = ("bert", "deepseek_v4", "bitnet@1bitllm")
+# Hunyuan MoE with its own tokenizer module (tiktoken's interface; convert needs --trust-remote-code) and per-layer
+# expert lists; dots3-note in its release's config form, with a sliding-window MLA layer
+HUB_FORM = ("bert", "deepseek_v4", "bitnet@1bitllm", "hunyuan_v1_moe", "dots3_note")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,7 +77,7 @@ def test_derived_file_is_llama_cpp_converters_byte_for_byte(model_type, outtype,
 def test_hub_form_folder_is_llama_cpp_converters_file(model_type, folder, tmp_path):
     src = folder(model_type)
     ref = _reference(src, f"derived-{model_type}") / "f16.gguf"
-    convert(src, tmp_path / "ours.gguf", "f16")
+    convert(src, tmp_path / "ours.gguf", "f16", trust_remote_code=model_type in REMOTE_TOKENIZER)
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
 
 

@@ -101,8 +101,14 @@ def _pre_tokenizer(folder: Path) -> str:
     from ckpt_surgeon.conversion.tokenizer import pre_name_for_json
     if not (folder / "tokenizer.json").is_file():
         return "gpt-2"
-    return pre_name_for_json(json.loads(AutoTokenizer.from_pretrained(folder, local_files_only=True)
-                                        .backend_tokenizer.to_str())) or "gpt-2"
+    import transformers
+    tcfg = folder / "tokenizer_config.json"
+    tcfg = json.loads(tcfg.read_text()) if tcfg.is_file() else {}
+    # a tokenizer module of the folder's own (the tests' fixtures: tests/derived_util.py REMOTE_TOKENIZER) where no
+    # transformers class stands for it; else transformers' own class, without importing the module
+    remote = "AutoTokenizer" in (tcfg.get("auto_map") or {}) and not hasattr(transformers, tcfg.get("tokenizer_class") or "")
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **({"trust_remote_code": True} if remote else {}))
+    return pre_name_for_json(json.loads(tok.backend_tokenizer.to_str())) or "gpt-2"
 
 
 def _folder_key(folder: Path) -> str:
