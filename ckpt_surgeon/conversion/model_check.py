@@ -64,6 +64,13 @@ def _meta_model(config, *, by_architecture: bool = False):
     named = getattr(transformers, names[0], None) if names else None
     with quiet_transformers(), torch.device("meta"):
         if isinstance(named, type) and issubclass(named, transformers.PreTrainedModel):
+            # a text-only class named by a multimodal release's outer config (Dots3NoteForCausalLM under
+            # Dots3NoteConfig, whose text keys the release stores flat): built from the text config, the one its
+            # config_class is, as AutoModelForCausalLM.from_config builds it
+            own = getattr(named, "config_class", None)
+            text = config.get_text_config() if hasattr(config, "get_text_config") else config
+            if isinstance(own, type) and not isinstance(config, own) and isinstance(text, own):
+                config = text
             return named._from_config(config)
         return transformers.AutoModelForCausalLM.from_config(config)
 
