@@ -111,8 +111,7 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
     split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
     ``no_tensor_first_split``: the set's first part holds the metadata only (llama.cpp's option of that name).
     ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
-    ``trust_remote_code`` (HF -> GGUF, llama.cpp's class): let the class run Python shipped with the model (a
-    tokenizer module its auto_map names); refused without it.
+    ``trust_remote_code``: llama.cpp's class may run Python shipped with the model (refused without it).
     ``config`` (GGUF -> HF): the original config.json (or its folder); a GGUF whose architecture the native
     registry lacks converts back through llama.cpp's inverted class with it (:mod:`.derived.to_hf`)."""
     from ..errors import UnsupportedError
@@ -148,8 +147,7 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
                                "(an HF folder output is written only for a quantized source: its dense folder)",
                                path=os.fspath(out))
     return _to_gguf(source, out, dtype, force, name=name, progress=progress, isolate=isolate, imatrix=imatrix,
-                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split,
-                    trust_remote_code=trust_remote_code)
+                    engine="llama.cpp" if mmproj else engine, mmproj=mmproj, split=split, trust=trust_remote_code)
 
 
 def _to_hf(source, out, dtype, force, progress, shard_bytes, config):
@@ -167,7 +165,7 @@ def _to_hf(source, out, dtype, force, progress, shard_bytes, config):
 
 
 def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, engine, mmproj=False, split=None,
-             trust_remote_code=False):
+             trust=False):
     """HF -> GGUF by the native registry or, for another architecture, llama.cpp's class (:mod:`.derived`)."""
     from .derived.listing import engine_for
     from .to_gguf import hf_to_gguf_report
@@ -176,6 +174,6 @@ def _to_gguf(source, out, dtype, force, *, name, progress, isolate, imatrix, eng
         from .derived.run import derived_hf_to_gguf_report
         return derived_hf_to_gguf_report(source, out, normalize_dtype(dtype or "f16", to_gguf=True), force, name=name,
                                          imatrix=imatrix, mmproj=mmproj, split=split, progress=progress,
-                                         trust_remote_code=trust_remote_code)
+                                         trust_remote_code=trust)
     return hf_to_gguf_report(source, out, dtype=dtype if dtype is not None else "f16", force=force, name=name,
                              progress=progress, isolate=isolate, imatrix=imatrix, split=split)
