@@ -38,11 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
-def _remote_tokenizer() -> dict:
-    from derived_util import REMOTE_TOKENIZER
-    return REMOTE_TOKENIZER
-
-
 def folder_for(model_type: str, dest: Path) -> Path:
     from derived_util import zoo_folder
     return zoo_folder(model_type, dest)
@@ -136,7 +131,7 @@ def main(argv):
     types = argv or sorted(derived & set(zoo_mapping()))
     work = Path(tempfile.mkdtemp(prefix="zoo-derived-"))
     results = {"_meta": {**_meta(), "outtypes": outtypes}}
-    REMOTE_TOKENIZER = _remote_tokenizer()
+    from derived_util import REMOTE_TOKENIZER
     for mt in types:
         try:
             folder = folder_for(mt, work / "src")

@@ -44,6 +44,13 @@ def expected_tensors(config, *, by_architecture: bool = False) -> dict[str, tupl
     return _checkpoint_shapes(_meta_model(config, by_architecture=by_architecture))
 
 
+def expected_tensors_and_spellings(config, *, by_architecture: bool = False) -> tuple[dict, dict]:
+    """:func:`expected_tensors` and, from the same model, :func:`checkpoint_spellings` of its names."""
+    model = _meta_model(config, by_architecture=by_architecture)
+    shapes = _checkpoint_shapes(model)
+    return shapes, checkpoint_spellings(model, shapes)
+
+
 def _meta_model(config, *, by_architecture: bool = False):
     """The model transformers builds for ``config`` (a ``PretrainedConfig`` or a dict with
     ``model_type``), on the meta device: shapes only, no memory.  Its class: see :func:`expected_tensors`."""

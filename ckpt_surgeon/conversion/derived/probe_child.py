@@ -330,13 +330,11 @@ def _unmapped(e: BaseException) -> str | None:
 
 
 def run(req: dict) -> dict:
-    from ..model_check import _checkpoint_shapes, _meta_model, checkpoint_spellings
+    from ..model_check import expected_tensors_and_spellings
     folder = Path(req["folder"])
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    meta_model = _meta_model(config, by_architecture=True)
-    shapes = {n: tuple(s) for n, s in _checkpoint_shapes(meta_model).items()}
-    spellings = checkpoint_spellings(meta_model, shapes)
-    del meta_model
+    shapes, spellings = expected_tensors_and_spellings(config, by_architecture=True)
+    shapes = {n: tuple(s) for n, s in shapes.items()}
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from conversion import base
     arch_name, cls = _class_for(conversion, base, folder)
