@@ -108,8 +108,9 @@ def summarize(paths, json_out=None) -> dict:
         print(f"{c} ({len(types)}): {' '.join(types)}")
     ok = len(classes.get("identical f16 and q8_0", []))
     denom = sum(len(v) for c, v in classes.items() if c not in ("both refuse", "unbuildable"))
+    built = sum(len(v) for c, v in classes.items() if c != "unbuildable")
     print(f"{len(by_type)} types; llama.cpp's converter converts {denom}; identical f16 and q8_0: {ok} "
-          f"({100 * ok / max(denom, 1):.1f} %)")
+          f"({100 * ok / max(denom, 1):.1f} % of those; {100 * ok / max(built, 1):.1f} % of the {built} the zoo builds)")
     merged = {"runs": runs, "classes": classes, "types": by_type}
     if json_out:
         Path(json_out).write_text(json.dumps(merged, indent=1) + "\n")
