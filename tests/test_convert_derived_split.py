@@ -78,8 +78,9 @@ def _kill_derived_at(stage: str, src: Path, out: Path, *options) -> None:
     (site / "sitecustomize.py").write_text(_SITE)
     marker = out.parent.parent / "paused"
     repo = Path(__file__).resolve().parent.parent
+    # TMPDIR: the killed converter's scratch folder (it cannot remove it) stays under the test's folder, not in /tmp
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(site), str(repo))), CKPT_SURGEON_PAUSE_AT=stage,
-               CKPT_SURGEON_PAUSE_FILE=str(marker))
+               CKPT_SURGEON_PAUSE_FILE=str(marker), TMPDIR=str(out.parent.parent))
     p = subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "convert", str(src), "-o", str(out), "--no-progress",
                           *options], env=env, stderr=subprocess.PIPE)
     deadline = time.time() + 180

@@ -199,7 +199,8 @@ def test_a_killed_rank_ends_every_rank_with_one_line(tiny, tmp_path_factory, tmp
     """SIGKILL rank 1 mid-run (as the out-of-memory killer does): rank 0 ends within 60 s with one
     line naming rank 1, and neither the report nor the saved reference exists."""
     args, out, port = _long_run(tiny, tmp_path_factory, tmp_path, "data", "--save-reference", "ref.safetensors")
-    proc = subprocess.Popen(_torchrun_cmd(2, args, port), env=_env(), stdout=subprocess.PIPE,
+    # TMPDIR: the killed rank's scratch folder (it cannot remove it) stays under the test's folder, not in /tmp
+    proc = subprocess.Popen(_torchrun_cmd(2, args, port), env=_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -303,7 +304,7 @@ def test_a_killed_pipeline_rank_ends_every_rank_with_one_line(tiny, tmp_path_fac
     args, out, port = _long_run(tiny, tmp_path_factory, tmp_path, "pipeline")
     procs = [subprocess.Popen([sys.executable, "-m", "ckpt_surgeon", "verify", *map(str, args)],
                               env=_env(RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=str(tmp_path)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     try:
         deadline = time.monotonic() + 240
