@@ -28,8 +28,10 @@ from ckpt_surgeon.conversion import convert
 # tensors stacked (DeepSeek-V3), an encoder whose checkpoint is the base model the config's architectures name
 # (ModernBertModel: the probe lists the HF tensors of that class, not of the model type's causal / masked LM), a
 # class that delegates its planning to an inner model and has its own write() (Mistral3Model: the tensors and
-# metadata are the inner Ministral3Model's writer's)
-ROUND_TRIP = ("smollm3", "granitemoe", "ministral3", "lfm2", "deepseek_v3", "modernbert")
+# metadata are the inner Ministral3Model's writer's), a release whose names are neither transformers' save spelling
+# nor its keys (HY-V4, the Hub's `model.hc_head.hc_head_fn`, `layers.N.hc_attn_layer.hc_pre.hc_fn`: the probe takes
+# the spelling llama.cpp's tensor map holds that transformers reads alike, so the folder comes back as the Hub's)
+ROUND_TRIP = ("smollm3", "granitemoe", "ministral3", "lfm2", "deepseek_v3", "modernbert", "hy_v4")
 LOGITS = ("granitemoe", "deepseek_v3")
 
 
@@ -140,6 +142,21 @@ def test_a_name_the_class_cannot_map_is_taken_in_the_spelling_transformers_reads
     assert r.exit_code == 2, r.output
     line = r.output.strip()
     assert len(line.splitlines()) == 1 and "not invertible: GGUF tensor blk.0.ssm_a" in line, r.output
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_name_the_class_asks_for_is_taken_with_its_prefix_rule(folder, tmp_path):
+    """DeepSeek-V4: the release's names have no `model.` prefix, which transformers' save adds (and reads both
+    ways).  The class asks for `layers.0.ffn.gate.tid2eid` by name (a KeyError, not llama.cpp's `Can not map`); the
+    probe takes that spelling and the prefix-less one of every name transformers reads alike, and so reaches what
+    the class really needs: the routed experts in the release's FP4 form (weight + e8m0 scale, which it repacks
+    into MXFP4 bytes), a form transformers' class does not have.  Refused in one line naming that, nothing written."""
+    src = folder("deepseek_v4")
+    convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back"),
+                                      "--config", str(src)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "Missing routed expert tensors for layers.0.ffn.experts.0.w1.weight" in r.output, r.output
     assert not (tmp_path / "back").exists()
 
 

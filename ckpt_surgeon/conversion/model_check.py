@@ -44,11 +44,11 @@ def expected_tensors(config, *, by_architecture: bool = False) -> dict[str, tupl
     return _checkpoint_shapes(_meta_model(config, by_architecture=by_architecture))
 
 
-def expected_tensors_and_spellings(config, *, by_architecture: bool = False) -> tuple[dict, dict]:
-    """:func:`expected_tensors` and, from the same model, :func:`checkpoint_spellings` of its names."""
+def expected_tensors_and_spellings(config, *, by_architecture: bool = False) -> tuple[dict, Spellings]:
+    """:func:`expected_tensors` and, from the same model, the other spellings of its names (:class:`Spellings`)."""
     model = _meta_model(config, by_architecture=by_architecture)
     shapes = _checkpoint_shapes(model)
-    return shapes, checkpoint_spellings(model, shapes)
+    return shapes, Spellings(model, shapes)
 
 
 def _meta_model(config, *, by_architecture: bool = False):
@@ -99,20 +99,48 @@ def _checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
 
 
-def checkpoint_spellings(model, names) -> dict[str, str]:
+def checkpoint_spellings(model, names, rename=None) -> dict[str, str]:
     """``name -> other spelling`` for the checkpoint ``names`` of ``model`` (:func:`_checkpoint_shapes`) that
     transformers' load only renames (no converter fuses or splits them) into a parameter key spelled otherwise,
     and that key read as a checkpoint name lands on the same parameter: two spellings ``from_pretrained`` reads
     alike.  Which one a checkpoint holds is the writer's choice: transformers' save writes the first (its reversal
     of the load renames), a Hub release may hold the other (Kimi-Linear's dense MLP: ``mlp.gate_proj`` on the Hub,
     ``block_sparse_moe.gate_proj`` from save_pretrained)."""
-    rename = checkpoint_key_renamer(model)
+    rename = rename or checkpoint_key_renamer(model)
     out = {}
     for name in names:
         key, pattern = rename(name)
         if pattern is None and key != name and rename(key) == (key, None):
             out[name] = key
     return out
+
+
+class Spellings(dict):
+    """``name -> other spelling`` of a checkpoint's ``names`` (:func:`checkpoint_spellings`: transformers' own key),
+    and, through :meth:`among`, the spellings a list of candidate names offers (llama.cpp's tensor map: HY-V4's
+    Hub names, which are neither transformers' save spelling nor its key)."""
+
+    def __init__(self, model, names):
+        self._rename = checkpoint_key_renamer(model)
+        super().__init__(checkpoint_spellings(model, names, self._rename))
+        self._names = list(names)
+
+    def among(self, candidates) -> dict[str, str]:
+        """``name -> candidate`` for each name a candidate also spells: transformers' load only renames both (no
+        converter) into the same parameter.  Where several do, transformers' own key if it is one of them, else the
+        first in sorted order (they differ only in the name the HF folder shows)."""
+        by_key: dict[str, list] = {}
+        for c in candidates:
+            key, pattern = self._rename(c)
+            if pattern is None:
+                by_key.setdefault(key, []).append(c)
+        out = {}
+        for name in self._names:
+            key, pattern = self._rename(name)
+            options = sorted(c for c in by_key.get(key, ()) if c != name) if pattern is None else []
+            if options:
+                out[name] = key if key in options else options[0]
+        return out
 
 
 def checkpoint_key_renamer(model):

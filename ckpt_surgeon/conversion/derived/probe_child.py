@@ -329,6 +329,64 @@ def _unmapped(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
+def _tensor_map(gguf, cls, config: dict):
+    """llama.cpp's tensor map (gguf-py's ``TensorNameMap``) for the class's architecture, over the config's layers
+    and its multi-token-prediction ones (the keys llama.cpp's ``TextModel`` reads)."""
+    text = {**config, **(config.get("text_config") or {})}
+    n = max(int(text.get(k) or 0) for k in ("n_layers", "num_hidden_layers", "n_layer", "num_layers"))
+    n += int(text.get("num_nextn_predict_layers") or 0) + int(text.get("mtp_num_hidden_layers") or 0)
+    return gguf.get_tensor_name_map(cls.model_arch, n)
+
+
+class _Respeller:
+    """The HF names to spell otherwise after the class could not map ``failed`` (llama.cpp's message names our name,
+    or it with the ``.weight`` / ``.bias`` the class appends): that name's other spelling, one llama.cpp's tensor map
+    holds (HY-V4's Hub names) or else transformers' key (Kimi-Linear's dense MLP), both read by transformers into
+    the same parameter (:class:`~ckpt_surgeon.conversion.model_check.Spellings`); and with it every other name the
+    map cannot map and spells otherwise, so the pass runs once more, not once a name.  A name is respelled once."""
+
+    def __init__(self, spellings, tensor_map):
+        self.spellings, self._tensor_map, self._map, self._among, self.done = spellings, tensor_map, None, None, set()
+
+    def __call__(self, failed: str | None, shapes: dict) -> dict[str, str]:
+        own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
+        if own is None or own in self.done:
+            return {}
+        if self._among is None:
+            self._map = self._tensor_map()
+            self._among = self.spellings.among(c + s for c in self._map.mapping for s in ("", ".weight", ".bias"))
+        fixes = {own: self._among.get(own, self.spellings.get(own))}
+        fixes.update({n: c for n, c in self._among.items()
+                      if self._map.get_name(n, try_suffixes=(".weight", ".bias")) is None})
+        return self._keep(fixes, shapes)
+
+    def wanted(self, name: str | None, shapes: dict) -> dict[str, str]:
+        """The class asked for ``name`` (``KeyError: 'Missing hash routing tensor layers.0.ffn.gate.tid2eid'``), another
+        spelling of one of ours: that one respelled, and where ours is ``name`` under a prefix (transformers' save
+        adds its base-model prefix, ``model.``; DeepSeek-V4's release has none), every name the prefix-less spelling
+        also spells."""
+        own = self.spellings.among([name]) if name else {}
+        fixes = {n: c for n, c in own.items() if n in shapes}
+        for n, c in list(fixes.items()):
+            if n.endswith("." + c):
+                cut = len(n) - len(c)
+                bare = self.spellings.among(m[cut:] for m in shapes if m.startswith(n[:cut]))
+                fixes.update({m: b for m, b in bare.items() if b == m[cut:]})
+        return self._keep(fixes, shapes)
+
+    def _keep(self, fixes: dict, shapes: dict) -> dict[str, str]:
+        fixes = {n: c for n, c in fixes.items() if c and n in shapes and n not in self.done and c not in shapes}
+        self.done.update(fixes.values())
+        self.done.update(fixes)
+        return fixes
+
+
+def _wanted(e: BaseException) -> str | None:
+    """The dotted tensor name a ``KeyError`` of the class ends with (``Missing hash routing tensor NAME``), else None."""
+    m = re.search(r"(\w+(?:\.\w+)+)$", str(e.args[0]) if isinstance(e, KeyError) and e.args else "")
+    return m.group(1) if m else None
+
+
 def run(req: dict) -> dict:
     from ..model_check import expected_tensors_and_spellings
     folder = Path(req["folder"])
@@ -338,13 +396,16 @@ def run(req: dict) -> dict:
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from conversion import base
     arch_name, cls = _class_for(conversion, base, folder)
+    if req.get("no_mtp"):
+        cls.no_mtp = True       # as convert_hf_to_gguf.py --no-mtp sets it (else the class's own default: Qwen4Exp's is on)
     biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
     n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
     # The HF side is spelled as transformers' save writes it.  Where the class cannot map such a name and
-    # transformers reads another spelling of it into the same parameter (:func:`checkpoint_spellings`), the other
+    # transformers reads another spelling of it into the same parameter (:func:`_respellings`), the other
     # spelling is taken and the first pass run again: the spelling the class maps, which transformers loads alike.
+    respell = _Respeller(spellings, lambda: _tensor_map(gguf, cls, config))
     while True:
         names = sorted(shapes)
         sources.clear()
@@ -352,11 +413,12 @@ def run(req: dict) -> dict:
         try:
             model, writer = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
             break
-        except ValueError as e:
-            name = _unmapped(e)
-            if name not in spellings or spellings[name] in shapes:
+        except (ValueError, KeyError) as e:
+            fixes = respell(_unmapped(e), shapes) or respell.wanted(_wanted(e), shapes)
+            if not fixes:
                 raise
-            shapes[spellings.pop(name)] = shapes.pop(name)
+            for old, new in fixes.items():
+                shapes[new] = shapes.pop(old)
     for d in range(n_digits):
         learn.digit = d
         _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, learn.skip, d)

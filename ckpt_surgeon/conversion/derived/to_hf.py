@@ -69,16 +69,14 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
     write_hf_tokenizer(ck, cfg, folder)
-    req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
-           "report": str(tmp / "report.json")}
-    (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
-    r = run_module("ckpt_surgeon.conversion.derived.probe_child", tmp / "request.json")
-    rep = Path(req["report"])
-    if not rep.is_file():
-        tail = (r.stderr or r.stdout).strip().splitlines()
-        raise UnsupportedError(f"the probe of llama.cpp's converter ended without a report (rc {r.returncode}): "
-                               f"{tail[-1] if tail else ''}", path=str(src))
-    result = json.loads(rep.read_text(encoding="utf-8"))
+    result = _probe_run(tmp, folder, src)
+    if "error" in result and _nextn_layers(ck):
+        # the class stopped, and the file holds a multi-token-prediction block, whose HF names transformers does not
+        # know: the class's own no-MTP mode (convert_hf_to_gguf.py --no-mtp) says whether the rest inverts at all
+        rest = _probe_run(tmp, folder, src, no_mtp=True)
+        if rest.get("refusal"):
+            raise UnsupportedError(f"not invertible: {rest['refusal']} (probed without the file's multi-token-"
+                                   "prediction block, whose HF names transformers does not know)", path=str(src))
     if "error" in result:
         if os.environ.get("CKPT_SURGEON_DEBUG"):
             sys.stderr.write(result.get("traceback", ""))
@@ -86,17 +84,36 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
                                path=str(src))
     if result["refusal"]:
         raise UnsupportedError(f"not invertible: {result['refusal']}", path=str(src))
-    with np.load(req["maps"]) as z:
+    with np.load(tmp / "maps.npz") as z:
         arrays = {k: z[k] for k in z.files}
     return result, arrays
+
+
+def _probe_run(tmp: Path, folder: Path, src: Path, no_mtp: bool = False) -> dict:
+    """One run of :mod:`.probe_child` on ``folder`` (``no_mtp``: the class's ``no_mtp`` mode) -> its report."""
+    req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
+           "report": str(tmp / "report.json"), "no_mtp": no_mtp}
+    (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
+    rep = Path(req["report"])
+    rep.unlink(missing_ok=True)
+    r = run_module("ckpt_surgeon.conversion.derived.probe_child", tmp / "request.json")
+    if not rep.is_file():
+        tail = (r.stderr or r.stdout).strip().splitlines()
+        raise UnsupportedError(f"the probe of llama.cpp's converter ended without a report (rc {r.returncode}): "
+                               f"{tail[-1] if tail else ''}", path=str(src))
+    return json.loads(rep.read_text(encoding="utf-8"))
+
+
+def _nextn_layers(ck) -> int:
+    arch = ck.metadata.get("general.architecture")
+    return int(ck.metadata.get(f"{arch}.nextn_predict_layers") or 0)
 
 
 def _nextn_note(ck) -> str:
     """Where the file holds multi-token-prediction layers (llama.cpp's NextN: the HF checkpoint's ``mtp.*`` block,
     which transformers' classes do not build, so the probe, whose HF side is transformers' model, has no tensors
     for them), what the class's stop most likely means."""
-    arch = ck.metadata.get("general.architecture")
-    n = ck.metadata.get(f"{arch}.nextn_predict_layers")
+    arch, n = ck.metadata.get("general.architecture"), _nextn_layers(ck)
     if not n:
         return ""
     return (f"; the file holds {n} multi-token-prediction layer(s) ({arch}.nextn_predict_layers), the checkpoint's "
