@@ -157,6 +157,9 @@ def test_a_name_the_class_asks_for_is_taken_with_its_prefix_rule(folder, tmp_pat
                                       "--config", str(src)])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "Missing routed expert tensors for layers.0.ffn.experts.0.w1.weight" in r.output, r.output
+    # the class asked for a tensor the HF side holds: the line says the class wants another form of it
+    assert "the probe's HF side holds model.layers.0.ffn.experts.0.w1.weight, in transformers' form" in r.output, \
+        r.output
     assert not (tmp_path / "back").exists()
 
 

@@ -387,6 +387,31 @@ def _wanted(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
+def _first_pass(gguf, base, cls, folder: Path, shapes: dict, sources: dict, respell: _Respeller):
+    """The id pass -> (its learner, the model, its writer).  The HF side is spelled as transformers' save writes it;
+    where the class cannot map a name or asks for another spelling of one, transformers reading both into the same
+    parameter (:class:`_Respeller`), that spelling is taken (``shapes`` renamed in place) and the pass run again."""
+    while True:
+        names = sorted(shapes)
+        sources.clear()
+        learn = _Learner(names, shapes, sources)
+        try:
+            model, writer = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
+            return learn, model, writer
+        except (ValueError, KeyError) as e:
+            want = _wanted(e)
+            fixes = respell(_unmapped(e), shapes) or respell.wanted(want, shapes)
+            held = next((n for n in shapes if n == want or n.endswith(f".{want}")), None) if want else None
+            if not fixes and held:
+                raise KeyError(f"{e.args[0]} (the probe's HF side holds {held}, in transformers' form: the class "
+                               "wants another form of it, as the release stores it (quantized?), which the probe "
+                               "does not write)") from e
+            if not fixes:
+                raise
+            for old, new in fixes.items():
+                shapes[new] = shapes.pop(old)
+
+
 def run(req: dict) -> dict:
     from ..model_check import expected_tensors_and_spellings
     folder = Path(req["folder"])
@@ -402,23 +427,9 @@ def run(req: dict) -> dict:
     n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
-    # The HF side is spelled as transformers' save writes it.  Where the class cannot map such a name and
-    # transformers reads another spelling of it into the same parameter (:func:`_respellings`), the other
-    # spelling is taken and the first pass run again: the spelling the class maps, which transformers loads alike.
-    respell = _Respeller(spellings, lambda: _tensor_map(gguf, cls, config))
-    while True:
-        names = sorted(shapes)
-        sources.clear()
-        learn = _Learner(names, shapes, sources)
-        try:
-            model, writer = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
-            break
-        except (ValueError, KeyError) as e:
-            fixes = respell(_unmapped(e), shapes) or respell.wanted(_wanted(e), shapes)
-            if not fixes:
-                raise
-            for old, new in fixes.items():
-                shapes[new] = shapes.pop(old)
+    learn, model, writer = _first_pass(gguf, base, cls, folder, shapes, sources,
+                                       _Respeller(spellings, lambda: _tensor_map(gguf, cls, config)))
+    names = learn.names
     for d in range(n_digits):
         learn.digit = d
         _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, learn.skip, d)
