@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,10 @@ def torchrun_cmd(n: int, args, rdv_port: int) -> list:
 
 def torchrun(n: int, args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``verify ARGS`` under torchrun with ``n`` ranks (gloo on the CPU)."""
-    return subprocess.run(torchrun_cmd(n, args, port()), env=env(), capture_output=True, text=True, timeout=timeout)
+    # TMPDIR: torchrun makes a torchelastic_* log folder there and leaves it; removed with this one
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
+        return subprocess.run(torchrun_cmd(n, args, port()), env=env(TMPDIR=tmp), capture_output=True, text=True,
+                              timeout=timeout)
 
 
 def _forkserver():
