@@ -375,7 +375,10 @@ class _Respeller:
         return self._keep(fixes, shapes)
 
     def _keep(self, fixes: dict, shapes: dict) -> dict[str, str]:
-        fixes = {n: c for n, c in fixes.items() if c and n in shapes and n not in self.done and c not in shapes}
+        """The fixes that rename a name not yet respelled to a free name, no two to the same one."""
+        targets = list(fixes.values())
+        fixes = {n: c for n, c in fixes.items() if c and n in shapes and n not in self.done and c not in shapes
+                 and targets.count(c) == 1}
         self.done.update(fixes.values())
         self.done.update(fixes)
         return fixes
