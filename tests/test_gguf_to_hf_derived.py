@@ -41,10 +41,19 @@ def folder(tmp_path_factory):
     return lambda model_type: zoo_folder(model_type, root)
 
 
+FLOATS = ("F64", "F32", "F16", "BF16")
+
+
 def assert_same_as_f32(original: Path, back: Path) -> None:
+    """Every float tensor as float32, bit for bit; the others (integers, a release's packed form) as stored, byte for
+    byte, in the same dtype."""
     with open_checkpoint(original) as a, open_checkpoint(back) as b:
         assert sorted(a.tensors) == sorted(b.tensors)
         for n in a.tensors:
+            if a.tensors[n].dtype not in FLOATS:
+                assert (b.tensors[n].dtype, b.tensors[n].shape) == (a.tensors[n].dtype, a.tensors[n].shape), n
+                assert a.read_raw(n) == b.read_raw(n), n
+                continue
             x, y = a.read(n).astype(np.float32), b.read(n)
             assert y.dtype == np.float32 and x.shape == y.shape, n
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), n
@@ -131,7 +140,7 @@ def test_a_name_the_class_cannot_map_is_taken_in_the_spelling_transformers_reads
     from fixtures.zoo import zoo_config
 
     from ckpt_surgeon.conversion.model_check import expected_tensors_and_spellings
-    _, spell = expected_tensors_and_spellings(zoo_config("kimi_linear"), by_architecture=True)
+    _, spell, _ = expected_tensors_and_spellings(zoo_config("kimi_linear"), by_architecture=True)
     dense = {f"model.layers.0.block_sparse_moe.{p}_proj.weight": f"model.layers.0.mlp.{p}_proj.weight"
              for p in ("gate", "up", "down")}
     assert dense.items() <= spell.items(), spell
@@ -145,22 +154,69 @@ def test_a_name_the_class_cannot_map_is_taken_in_the_spelling_transformers_reads
     assert not (tmp_path / "back").exists()
 
 
-def test_a_name_the_class_asks_for_is_taken_with_its_prefix_rule(folder, tmp_path):
-    """DeepSeek-V4: the release's names have no `model.` prefix, which transformers' save adds (and reads both
-    ways).  The class asks for `layers.0.ffn.gate.tid2eid` by name (a KeyError, not llama.cpp's `Can not map`); the
-    probe takes that spelling and the prefix-less one of every name transformers reads alike, and so reaches what
-    the class really needs: the routed experts in the release's FP4 form (weight + e8m0 scale, which it repacks
-    into MXFP4 bytes), a form transformers' class does not have.  Refused in one line naming that, nothing written."""
+def test_a_release_form_the_class_asks_for_comes_back(folder, tmp_path):
+    """DeepSeek-V4: the class reads the release's names (no `model.` prefix, which transformers' save adds; its
+    `attn.kv_norm`, which transformers' reversed renames spell `attn.norm`) and its routed experts only in the
+    release's FP4 form (int8 codes two a byte + an e8m0 exponent a block, moved into MXFP4 bytes).  The probe takes
+    transformers' save spelling without the prefix, the next spelling transformers reads alike where the class still
+    cannot map one, and the packed form, whose bit map it learns a nibble at a time.  The file comes back as the
+    release stores it: every float tensor bit for bit, the codes, exponents and hash-routing table (int64) byte for
+    byte, in their dtypes; converted again, by llama.cpp's converter and by ours, it gives the same GGUF bytes.  A file
+    whose experts were quantized again is refused in one line."""
     src = folder("deepseek_v4")
     convert(src, tmp_path / "m.gguf", "f32", engine="llama.cpp")
-    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "back"),
+    report = convert(tmp_path / "m.gguf", tmp_path / "back", config=src)
+    assert report.engine.startswith("derived: inverse of llama.cpp DeepseekV4Model"), report.engine
+    assert_same_as_f32(src, tmp_path / "back")
+    by_name = {r.target: r for r in report.tensors}
+    assert (by_name["layers.0.ffn.experts.0.w1.weight"].source, by_name["layers.0.ffn.experts.0.w1.weight"].target_dtype,
+            by_name["layers.0.ffn.experts.0.w1.scale"].target_dtype) == ("blk.0.ffn_gate_exps.weight", "I8", "F8_E8M0")
+    with open_checkpoint(tmp_path / "back") as ck:
+        assert ck.tensors["layers.0.ffn.experts.0.w1.weight"].dtype == "I8"
+        assert ck.tensors["layers.0.attn.kv_norm.weight"].dtype == "F32"
+    convert(tmp_path / "back", tmp_path / "again-llamacpp.gguf", "f32", engine="llama.cpp")
+    convert(tmp_path / "back", tmp_path / "again.gguf", "f32")
+    with open_checkpoint(tmp_path / "m.gguf") as a, open_checkpoint(tmp_path / "again-llamacpp.gguf") as b, \
+            open_checkpoint(tmp_path / "again.gguf") as c:
+        assert sorted(a.tensors) == sorted(b.tensors) == sorted(c.tensors)
+        for n in a.tensors:
+            assert a.tensors[n].dtype == b.tensors[n].dtype == c.tensors[n].dtype, n
+            assert a.read_raw(n) == b.read_raw(n) == c.read_raw(n), n
+    # the experts quantized again (MXFP4 -> Q8_0): the release's bits are gone, so one line, exit 2, nothing written
+    convert(tmp_path / "m.gguf", tmp_path / "q8.gguf", "q8_0", allow_requantize=True)
+    r = CliRunner().invoke(cli_main, ["convert", str(tmp_path / "q8.gguf"), "-o", str(tmp_path / "back-q8"),
                                       "--config", str(src)])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "Missing routed expert tensors for layers.0.ffn.experts.0.w1.weight" in r.output, r.output
-    # the class asked for a tensor the HF side holds: the line says the class wants another form of it
-    assert "the probe's HF side holds model.layers.0.ffn.experts.0.w1.weight, in transformers' form" in r.output, \
-        r.output
-    assert not (tmp_path / "back").exists()
+    assert "tensor 'blk.0.ffn_gate_exps.weight': stored as Q8_0: llama.cpp's converter writes it as MXFP4" in r.output
+    assert not (tmp_path / "back-q8").exists()
+
+
+@pytest.mark.parametrize("variant", ["", "computed", "rows-reversed"])
+def test_the_packed_bit_map_is_learned_from_llamacpps_repack(variant):
+    """The nibble passes (conversion/derived/packed.py) on llama.cpp's own repack_mxfp4_blocks over a stack of three
+    experts: the map is learned, proved on random bytes and gives the release's bytes back from the repacked stack.
+    Refused: the same repack with the exponent computed (+ 1: the ids it seems to carry are the next tensor's, one
+    naming no packed tensor), and with each expert's rows reversed (it only moves bits, but the learner counts a
+    tensor's blocks in order: the proof on random bytes fails, so nothing wrong is written)."""
+    import subprocess
+    import sys
+
+    from llamacpp_src import llamacpp_source
+    script = Path(__file__).parent / "packed_probe_script.py"
+    r = subprocess.run([sys.executable, str(script), str(llamacpp_source()), variant],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if variant == "computed":
+        assert got["refusal"].startswith("GGUF tensor blk.0.ffn_gate_exps.weight: ") and \
+            ("converter computes them" in got["refusal"] or "does not only move" in got["refusal"]), got
+    elif variant == "rows-reversed":
+        assert got["refusal"] == ("GGUF tensor blk.0.ffn_gate_exps.weight: llama.cpp's converter does not only move "
+                                  "the packed tensors' bits (block by block, in order), so the probe cannot invert "
+                                  "it"), got
+    else:
+        # 34 columns (an MXFP4 block: the exponent's two nibbles, 16 code bytes), one run per expert each
+        assert got == {"refusal": None, "gathered_back": True, "map_rows": 34 * 3}, got
 
 
 def test_non_invertible_class_is_refused_in_one_line(folder, tmp_path):

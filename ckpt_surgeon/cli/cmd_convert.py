@@ -139,7 +139,9 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     as llama-quantize refuses it).  Back, GGUF -> HF with --config ORIGINAL/config.json: the
     inverse of that class, learned by running it on probe tensors (each element's source name and
     index), proved by a round trip, and refused in one line where the class does more than move
-    values (a sum, exp, a +1 shift, a dropped tensor).
+    values (a sum, exp, a +1 shift, a dropped tensor).  A tensor the class takes only in the
+    release's own form comes back in it, whatever --dtype says for the floats (DeepSeek-V4's FP4
+    experts: int8 codes and e8m0 exponents, their bits moved back out of the MXFP4 blocks).
 
     Outputs are written beside OUT and renamed into place; inputs are never modified.
     SOURCE is local: a Hub repo is downloaded first (hf download owner/name --local-dir DIR).

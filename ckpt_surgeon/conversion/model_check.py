@@ -44,11 +44,15 @@ def expected_tensors(config, *, by_architecture: bool = False) -> dict[str, tupl
     return _checkpoint_shapes(_meta_model(config, by_architecture=by_architecture))
 
 
-def expected_tensors_and_spellings(config, *, by_architecture: bool = False) -> tuple[dict, Spellings]:
-    """:func:`expected_tensors` and, from the same model, the other spellings of its names (:class:`Spellings`)."""
+def expected_tensors_and_spellings(config, *, by_architecture: bool = False) -> tuple[dict, Spellings, dict]:
+    """:func:`expected_tensors`, from the same model the other spellings of its names (:class:`Spellings`), and the
+    names of the tensors the model keeps as integers (DeepSeek-V4's hash-routing table) -> their torch dtype."""
     model = _meta_model(config, by_architecture=by_architecture)
-    shapes = _checkpoint_shapes(model)
-    return shapes, Spellings(model, shapes)
+    tensors = _checkpoint_tensors(model)
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    integers = {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()
+                if not v.dtype.is_floating_point and not v.dtype.is_complex}
+    return shapes, Spellings(model, shapes), integers
 
 
 def _meta_model(config, *, by_architecture: bool = False):
@@ -91,12 +95,17 @@ def rotary_widths(model) -> list[int]:
 
 def _checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
     """``name -> shape`` of the tensors a checkpoint of ``model`` stores (see :func:`expected_tensors`)."""
+    return {k: tuple(v.shape) for k, v in _checkpoint_tensors(model).items()}
+
+
+def _checkpoint_tensors(model) -> dict:
+    """``name -> meta tensor`` (shape and dtype) of the tensors a checkpoint of ``model`` stores."""
     from transformers.core_model_loading import revert_weight_conversion
 
     unique = {n for n, _ in model.named_parameters()}
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
     state = {k: v for k, v in model.state_dict().items() if k not in aliases}
-    return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
+    return revert_weight_conversion(model, state)
 
 
 def checkpoint_spellings(model, names, rename=None) -> dict[str, str]:
@@ -123,7 +132,58 @@ class Spellings(dict):
     def __init__(self, model, names):
         self._rename = checkpoint_key_renamer(model)
         super().__init__(checkpoint_spellings(model, names, self._rename))
-        self._names = list(names)
+        self._names, self._model = list(names), model
+
+    def alternatives(self, name: str) -> list[str]:
+        """Other spellings transformers loads into the same parameter as ``name`` (renamed only, no converter): its key
+        with transformers' reversed renames (those ``save_pretrained`` applies, in its order) applied in part, fewest
+        left out first.  Where a reversed rename is wider than the rename it undoes (DeepSeek-V4's ``.norm.`` ->
+        ``.kv_norm.`` reversed turns the attention's own ``attn.kv_norm`` into ``attn.norm`` too), the spelling a
+        release has is one of these."""
+        from transformers.core_model_loading import WeightRenaming
+
+        from ..arch.derive.renames import conversions
+        key, pattern = self._rename(name)
+        if pattern is not None:
+            return []
+        prefix = (getattr(self._model, "base_model_prefix", "") or "") + "."
+        start = key if name.startswith(prefix) or not key.startswith(prefix) else key[len(prefix):]
+        rules = [c.reverse_transform() for c in conversions(self._model)[::-1] if isinstance(c, WeightRenaming)]
+        found: dict[str, int] = {}
+
+        def walk(i: int, cur: str, left_out: int) -> None:
+            if i == len(rules):
+                found[cur] = min(found.get(cur, left_out), left_out)
+                return
+            new, _ = rules[i].rename_source_key(cur)
+            walk(i + 1, new, left_out)
+            if new != cur:
+                walk(i + 1, cur, left_out + 1)
+        walk(0, start, 0)
+        return sorted((c for c in found if c != name and self._rename(c) == (key, None)), key=lambda c: (found[c], c))
+
+    def unprefixed(self, prefix: str) -> dict[str, str]:
+        """``name -> spelling`` in a checkpoint of the model saved without ``prefix`` (its base-model prefix: a release
+        that has none, DeepSeek-V4's): transformers' own save (``revert_weight_conversion``) of the state dict with
+        the prefix taken off, whose reversed renames anchored at the start of a name (``^embed``) then apply.  Each
+        spelling is paired with the name it stands for: the name with the prefix, or the name transformers loads
+        into the same parameter."""
+        from transformers.core_model_loading import revert_weight_conversion
+        unique = {n for n, _ in self._model.named_parameters()}
+        aliases = {n for n, _ in self._model.named_parameters(remove_duplicate=False)} - unique
+        state = {k.removeprefix(prefix): v for k, v in self._model.state_dict().items() if k not in aliases}
+        names, by_key = set(self._names), {}
+        for n in self._names:
+            key, pattern = self._rename(n)
+            if pattern is None:
+                by_key[key] = n
+        out = {}
+        for b in revert_weight_conversion(self._model, state):
+            key, pattern = self._rename(b)
+            n = prefix + b if prefix + b in names else (by_key.get(key) if pattern is None else None)
+            if n is not None and n != b:
+                out[n] = b
+        return out
 
     def among(self, candidates) -> dict[str, str]:
         """``name -> candidate`` for each name a candidate also spells: transformers' load only renames both (no

@@ -32,6 +32,15 @@ recorded without being evaluated: no probe tensor, no proof pass (a value-keepin
 unchanged).  The embedding and the MLP matrices of most models are such outputs, so the probe's memory is the
 largest tensor the class moves, not the largest tensor.
 
+A tensor the model keeps as integers (DeepSeek-V4's hash-routing table) is given in its own dtype, its random pass
+random integers float32 holds exactly; the parent writes it back in that dtype.  A tensor the class asks for in a
+release's packed form (DeepSeek-V4's routed experts: its ``KeyError`` names one the HF side holds as floats) is given
+in that form (:func:`_pack`, :data:`.packed.FORMS`), and the bits the class moves into ggml blocks are learned by
+nibble passes (:mod:`.packed`); a raw block the class quantizes itself is refused.
+
+The HF side's names are transformers' save spelling; where the class cannot map one, or asks for another spelling
+of one, the probe takes one transformers reads alike (:class:`_Respeller`) and runs the pass again.
+
 The class's ``set_gguf_parameters`` key-values come back too: the parent checks them against the
 GGUF's, which is what proves the given config is the one the file was made from.
 """
@@ -49,12 +58,15 @@ from .child import _hook_sources, _import_llamacpp, guard_remote_code, serve
 DIGIT_BITS = 23
 
 
-def _values(kind: str, k: int, numel: int, digit: int = 0) -> np.ndarray:
+def _values(kind: str, k: int, numel: int, digit: int = 0, integer: bool = False) -> np.ndarray:
     if kind == "id":
         return np.full(numel, k, np.float32)
     if kind == "idx":
         return _index_digit(numel, digit)
-    return np.random.default_rng(k).standard_normal(numel, dtype=np.float32)
+    rng = np.random.default_rng(k)
+    if integer:         # an integer tensor (a routing table): integers float32 holds exactly
+        return rng.integers(0, 1 << 24, numel).astype(np.float32)
+    return rng.standard_normal(numel, dtype=np.float32)
 
 
 def _index_digit(numel: int, digit: int) -> np.ndarray:
@@ -70,13 +82,59 @@ def _index_digit(numel: int, digit: int) -> np.ndarray:
     return out
 
 
-def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: str, on_tensor, on_identity,
-              digit: int = 0):
-    """One forward run of the class, lazily as llama.cpp runs it, on probe tensors; each output handed to
+class _Feed:
+    """The probe tensors of one pass (``mode``: the pass kind and the digit it carries): float passes (``id``,
+    ``idx``, ``rand``) give the float and integer HF tensors their values and the packed ones zeros; nibble passes
+    (``nid``, ``npos``, ``nrand``: :mod:`.packed`) the other way round.  ``integers``: name -> torch dtype of the
+    tensors the model keeps as integers (given in that dtype); ``packed``: name -> (stored dtype, elements per
+    block) of the tensors given in a release's packed form (:data:`.packed.FORMS`)."""
+
+    def __init__(self, names: list, shapes: dict, integers: dict, packed: dict):
+        self.names, self.shapes, self.integers, self.packed = names, shapes, integers, packed
+        self.mode = ("id", 0)
+
+    def numel(self, k: int) -> int:
+        return int(np.prod(self.shapes[self.names[k - 1]], dtype=np.int64))
+
+    def dtype(self, k: int):
+        import torch
+        name = self.names[k - 1]
+        kind = self.packed[name][0] if name in self.packed else None
+        return getattr(torch, _torch_name(kind) if kind else self.integers.get(name, "float32"))
+
+    def rand(self, k: int) -> np.ndarray:
+        """HF tensor ``k``'s values on the random pass, as float32."""
+        return _values("rand", k, self.numel(k), integer=self.names[k - 1] in self.integers)
+
+    def __call__(self, k: int):
+        import torch
+
+        from .packed import probe_bytes
+        name, (kind, digit) = self.names[k - 1], self.mode
+        shape, numel = tuple(self.shapes[name]), self.numel(k)
+        if name in self.packed:
+            data = probe_bytes(kind, k, numel, self.packed[name][1], digit) if kind.startswith("n") else \
+                np.zeros(numel, np.uint8)
+            return torch.from_numpy(data.reshape(shape)).view(self.dtype(k))
+        if kind.startswith("n"):
+            return torch.zeros(shape, dtype=self.dtype(k))
+        vals = _values(kind, k, numel, digit, name in self.integers)
+        return torch.from_numpy(vals.reshape(shape)).to(self.dtype(k))
+
+
+def _torch_name(stored: str) -> str:
+    from .packed import TORCH_DTYPES
+    return TORCH_DTYPES[stored]
+
+
+def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity, on_raw):
+    """One forward run of the class, lazily as llama.cpp runs it, on ``feed``'s probe tensors; each output handed to
     ``on_tensor(GGUF name, float32 values, shape)`` as the class writes it (and not kept: memory is one output's
     work), or, when it is an HF tensor through value-keeping casts only (:func:`.lazy_eval.identity_leaf`: the
     map is the identity, nothing to probe), to ``on_identity(GGUF name, HF id, shape)`` unevaluated, so the
-    largest tensors of most models (the embedding, the MLP matrices) never get a probe tensor.  Returns the model
+    largest tensors of most models (the embedding, the MLP matrices) never get a probe tensor; or, when the class
+    hands raw blocks of a ggml block type (DeepSeek-V4's experts repacked into MXFP4), to ``on_raw(GGUF name, bytes,
+    ggml type)``.  Returns the model
     and the GGUF writer its tensors went to: the model's own, or that of the model it delegates its planning to
     (Mistral3Model's ``impl``); a class that writes tensors to a second writer (a LoRA adapter file beside the
     model: BertModel's jina-v3 adapters) is refused."""
@@ -85,16 +143,11 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
     from .lazy_eval import identity_leaf
     lazy_cls = base.LazyTorchTensor
 
-    def probe(k: int):
-        shape = shapes[names[k - 1]]
-        numel = int(np.prod(shape, dtype=np.int64))
-        return torch.from_numpy(_values(kind, k, numel, digit).reshape(shape))
-
     def index_tensors(self, remote_hf_model_id=None):
         out = {}
-        for k, name in enumerate(names, 1):
-            gen = (lambda k=k, s=tuple(shapes[name]): lazy_cls(
-                meta=lazy_cls.meta_with_dtype_and_shape(torch.float32, s), args=(k,), func=probe))
+        for k, name in enumerate(feed.names, 1):
+            gen = (lambda k=k, s=tuple(feed.shapes[name]): lazy_cls(
+                meta=lazy_cls.meta_with_dtype_and_shape(feed.dtype(k), s), args=(k,), func=feed))
             if item := self.filter_tensors((name, gen)):
                 out[item[0]] = item[1]
         return out
@@ -108,11 +161,14 @@ def _run_pass(gguf, base, cls, folder: Path, names: list, shapes: dict, kind: st
                 raise NotImplementedError(f"{cls.__name__} writes tensors to more than one GGUF file (an adapter "
                                           "beside the model); not derived")
         if isinstance(tensor, gguf.LazyBase):
-            k = identity_leaf(tensor, gguf.LazyBase, probe)
+            k = identity_leaf(tensor, gguf.LazyBase, feed)
             if k is not None:
                 on_identity(name, k, tuple(tensor._meta.shape))
                 return
         arr = gguf.LazyNumpyTensor.to_eager(tensor) if isinstance(tensor, gguf.LazyBase) else np.asarray(tensor)
+        if raw_dtype is not None and gguf.GGML_QUANT_SIZES[raw_dtype][0] > 1:
+            on_raw(name, np.asarray(arr), raw_dtype.name, gguf.GGML_QUANT_SIZES[raw_dtype])
+            return
         on_tensor(name, np.asarray(arr, dtype=np.float32).ravel(), tuple(arr.shape))
 
     base.ModelBase.index_tensors = index_tensors
@@ -210,9 +266,10 @@ class _Learner:
     """The passes' outputs, consumed one tensor at a time and kept as runs (a copied, permuted or stacked
     tensor is a few runs; a transposed one a run an element, the worst case)."""
 
-    def __init__(self, names: list, shapes: dict, sources: dict):
-        self.n, self.names, self.sources = len(names), names, sources
-        self.numel = {k: int(np.prod(shapes[nm], dtype=np.int64)) for k, nm in enumerate(names, 1)}
+    def __init__(self, feed: _Feed, sources: dict):
+        self.feed, self.n, self.names, self.sources = feed, len(feed.names), feed.names, sources
+        self.numel = {k: feed.numel(k) for k in range(1, self.n + 1)}
+        self.raw: dict[str, tuple] = {}     # raw ggml blocks the class writes (:mod:`.packed`): name -> (shape, type)
         self.id_runs, self.digits, self.shape = {}, {}, {}
         self.odd: dict[str, np.ndarray] = {}        # no valid ids: generated (rope factors) if every pass agrees
         self.segs: dict[str, np.ndarray] = {}
@@ -231,6 +288,11 @@ class _Learner:
             self.id_runs[t] = runs(v, 0)
         else:
             self.odd[t] = v.copy()
+
+    def on_raw(self, t, raw, qtype: str, sizes: tuple):
+        """Raw ggml blocks (learned by the nibble passes): their logical shape and type, for the plan."""
+        block, type_size = sizes
+        self.raw[t] = ((*raw.shape[:-1], raw.shape[-1] // type_size * block), qtype)
 
     def on_identity(self, t, k, shape):
         """Output ``t`` is HF tensor ``k`` through value-keeping casts: GGUF element i is its element i."""
@@ -285,7 +347,7 @@ class _Learner:
         """HF tensor ``k``'s random probe values, kept while the outputs come from it (a stack's experts one
         after the other; a fused QKV's three parts)."""
         if self._last[0] != k:
-            self._last = (k, _values("rand", k, self.numel[k]))
+            self._last = (k, self.feed.rand(k))
         return self._last[1]
 
     def check_coverage(self) -> None:
@@ -296,6 +358,8 @@ class _Learner:
             for k, start, length in zip(seg[:, 1], seg[:, 2], lengths):
                 spans.setdefault(int(k), []).append((int(start), int(start + length)))
         for k, name in enumerate(self.names, 1):
+            if name in self.feed.packed:        # its bits: the nibble passes' coverage
+                continue
             reach, missing = 0, 0
             for a, b in sorted(spans.get(k, ())):
                 missing += max(0, a - reach)
@@ -324,8 +388,9 @@ def _class_for(conversion, base, folder: Path):
 
 
 def _unmapped(e: BaseException) -> str | None:
-    """The HF name in llama.cpp's ``Can not map tensor 'NAME'`` (``ModelBase.map_tensor_name``), else None."""
-    m = re.fullmatch(r"Can not map tensor '(.+)'", str(e)) if isinstance(e, ValueError) else None
+    """The HF name in llama.cpp's ``Can not map tensor 'NAME'`` (``ModelBase.map_tensor_name``), or the quoted
+    dotted name of a class's own ``ValueError`` (DeepSeek-V4's ``Unsupported DeepSeek-V4 tensor 'NAME'``), else None."""
+    m = re.search(r"'(\w+(?:\.\w+)+)'", str(e)) if isinstance(e, ValueError) else None
     return m.group(1) if m else None
 
 
@@ -347,6 +412,7 @@ class _Respeller:
 
     def __init__(self, spellings, tensor_map):
         self.spellings, self._tensor_map, self._map, self._among, self.done = spellings, tensor_map, None, None, set()
+        self.tried: set = set()     # spellings :meth:`other` gave
 
     def __call__(self, failed: str | None, shapes: dict) -> dict[str, str]:
         own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
@@ -362,17 +428,37 @@ class _Respeller:
 
     def wanted(self, name: str | None, shapes: dict) -> dict[str, str]:
         """The class asked for ``name`` (``KeyError: 'Missing hash routing tensor layers.0.ffn.gate.tid2eid'``), another
-        spelling of one of ours: that one respelled, and where ours is ``name`` under a prefix (transformers' save
-        adds its base-model prefix, ``model.``; DeepSeek-V4's release has none), every name the prefix-less spelling
-        also spells."""
+        spelling of one of ours: that one respelled; and where ours is ``name`` under a prefix (transformers' save
+        adds its base-model prefix, ``model.``; DeepSeek-V4's release has none), every name as transformers' save
+        spells it without the prefix (:meth:`~ckpt_surgeon.conversion.model_check.Spellings.unprefixed`)."""
         own = self.spellings.among([name]) if name else {}
         fixes = {n: c for n, c in own.items() if n in shapes}
         for n, c in list(fixes.items()):
             if n.endswith("." + c):
-                cut = len(n) - len(c)
-                bare = self.spellings.among(m[cut:] for m in shapes if m.startswith(n[:cut]))
-                fixes.update({m: b for m, b in bare.items() if b == m[cut:]})
+                fixes.update(self.spellings.unprefixed(n[:len(n) - len(c)]))
         return self._keep(fixes, shapes)
+
+    def other(self, failed: str | None, shapes: dict) -> dict[str, str]:
+        """The class still cannot map ``failed`` (one of ours, already respelled): its next spelling transformers reads
+        alike (:meth:`~ckpt_surgeon.conversion.model_check.Spellings.alternatives`), not tried before, and the same
+        change on every name of its pattern (its numbers any: every layer's), where transformers reads that alike too."""
+        own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
+        for alt in self.spellings.alternatives(own) if own else ():
+            if alt in self.tried or alt in shapes:
+                continue
+            fixes = {own: alt}
+            digits = re.findall(r"\d+", own)
+            if re.findall(r"\d+", alt) == digits:
+                pattern = re.compile(re.sub(r"\d+", r"(\\d+)", re.escape(own)))
+                parts = re.split(r"\d+", alt)
+                for n in shapes:
+                    m = pattern.fullmatch(n)
+                    other = "".join(p + d for p, d in zip(parts, (*m.groups(), ""))) if m and n != own else None
+                    if other and other not in shapes and other in self.spellings.alternatives(n):
+                        fixes[n] = other
+            self.tried.update(fixes.values())
+            return fixes
+        return {}
 
     def _keep(self, fixes: dict, shapes: dict) -> dict[str, str]:
         """The fixes that rename a name not yet respelled to a free name, no two to the same one."""
@@ -390,21 +476,50 @@ def _wanted(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def _first_pass(gguf, base, cls, folder: Path, shapes: dict, sources: dict, respell: _Respeller):
+def _pack(gguf, held: str, want: str, feed: _Feed) -> bool:
+    """``held`` (the class asked for it as ``want``: the same name, or it under a prefix the release does not have,
+    DeepSeek-V4's ``model.``) and every HF name of its pattern (its numbers any: every expert of every layer) given
+    as the class asks, in the first release form (:data:`.packed.FORMS`) that stores them: ``feed``'s shapes and
+    ``packed`` changed in place.  False when none does (or they are given so already)."""
+    from .packed import FORMS, packed_parts
+    pattern = re.compile(re.sub(r"\d+", r"\\d+", re.escape(held)))
+    names = [n for n in feed.shapes if pattern.fullmatch(n)]
+    cut = len(held) - len(want)
+    if any(n in feed.packed for n in names) or not names:
+        return False
+    for form in FORMS:
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[form.ggml_type]][0]
+        parts = [packed_parts(form, n[cut:], feed.shapes[n], block) for n in names]
+        if all(parts) and not any(m in feed.shapes and m not in names for p in parts for m in p):
+            for n, p in zip(names, parts):
+                del feed.shapes[n]
+                for m, (shape, dtype, per_block) in p.items():
+                    feed.shapes[m], feed.packed[m] = shape, (dtype, per_block)
+            return True
+    return False
+
+
+def _first_pass(gguf, base, cls, folder: Path, feed: _Feed, sources: dict, respell: _Respeller):
     """The id pass -> (its learner, the model, its writer).  The HF side is spelled as transformers' save writes it;
     where the class cannot map a name or asks for another spelling of one, transformers reading both into the same
-    parameter (:class:`_Respeller`), that spelling is taken (``shapes`` renamed in place) and the pass run again."""
+    parameter (:class:`_Respeller`), that spelling is taken (``feed``'s names changed in place) and the pass run
+    again; where it asks for a tensor the side holds in transformers' (float) form, that tensor is given in a
+    release's packed form (:func:`_pack`) and the pass run again."""
+    shapes = feed.shapes
     while True:
-        names = sorted(shapes)
+        feed.names, feed.mode = sorted(shapes), ("id", 0)
         sources.clear()
-        learn = _Learner(names, shapes, sources)
+        learn = _Learner(feed, sources)
         try:
-            model, writer = _run_pass(gguf, base, cls, folder, names, shapes, "id", learn.on_id, learn.on_identity)
+            model, writer = _run_pass(gguf, base, cls, folder, feed, learn.on_id, learn.on_identity, learn.on_raw)
             return learn, model, writer
         except (ValueError, KeyError) as e:
             want = _wanted(e)
-            fixes = respell(_unmapped(e), shapes) or respell.wanted(want, shapes)
+            failed = _unmapped(e)
+            fixes = respell(failed, shapes) or respell.wanted(want, shapes) or respell.other(failed, shapes)
             held = next((n for n in shapes if n == want or n.endswith(f".{want}")), None) if want else None
+            if not fixes and held and _pack(gguf, held, want, feed):
+                continue
             if not fixes and held:
                 raise KeyError(f"{e.args[0]} (the probe's HF side holds {held}, in transformers' form: the class "
                                "wants another form of it, as the release stores it (quantized?), which the probe "
@@ -413,41 +528,90 @@ def _first_pass(gguf, base, cls, folder: Path, shapes: dict, sources: dict, resp
                 raise
             for old, new in fixes.items():
                 shapes[new] = shapes.pop(old)
+                if old in feed.integers:
+                    feed.integers[new] = feed.integers.pop(old)
+
+
+def _nibble_passes(gguf, base, cls, folder: Path, feed: _Feed, learn: _Learner):
+    """The packed HF tensors' bit maps (:mod:`.packed`): the id and place passes, then the proof on random bytes ->
+    the :class:`~.packed.NibbleLearner` (None when nothing is packed).  A raw output with no map (ggml blocks the
+    class quantizes itself) is refused."""
+    from .packed import NibbleLearner, digits_for
+    ids = {k: feed.packed[n][1] for k, n in enumerate(feed.names, 1) if n in feed.packed}
+    nib = None
+    if ids:
+        nib = NibbleLearner(ids, {k: feed.numel(k) for k in ids}, feed.names)
+
+        def raw(handler):
+            return lambda t, arr, qtype, sizes: handler(t, arr, sizes[1])
+        passes = [("nid", d, nib.on_id) for d in range(digits_for(max(ids)))]
+        passes += [("npos", d, nib.on_place) for d in range(digits_for(max(ids.values()) - 1))]
+        for kind, d, handler in passes + [("merge", 0, None), ("nrand", 0, nib.on_rand)]:
+            if kind == "merge":
+                nib.merge()
+                continue
+            feed.mode, nib.digit = (kind, d), d
+            _run_pass(gguf, base, cls, folder, feed, _ignore, _ignore, raw(handler))
+        if not nib.refusal:
+            nib.check_coverage()
+        learn.refusal = learn.refusal or nib.refusal
+    unmapped = [t for t in learn.raw if nib is None or t not in nib.maps]
+    if unmapped and not learn.refusal:
+        learn.refusal = (f"GGUF tensor {unmapped[0]}: llama.cpp's converter quantizes it into ggml blocks itself "
+                         f"({learn.raw[unmapped[0]][1]}), which is not invertible")
+    return nib
+
+
+def _ignore(*_args) -> None:
+    return None
+
+
+_SAFETENSORS = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def _float_passes(gguf, base, cls, folder: Path, feed: _Feed, learn: _Learner) -> None:
+    """The index-digit passes (as many as the largest tensor needs), the merge, the random pass and the coverage."""
+    biggest = max(feed.numel(k) for k in range(1, len(feed.names) + 1))
+    for d in range(max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))):
+        feed.mode, learn.digit = ("idx", d), d
+        _run_pass(gguf, base, cls, folder, feed, learn.on_digit, learn.skip, _ignore)
+    learn.merge()
+    feed.mode = ("rand", 0)
+    _run_pass(gguf, base, cls, folder, feed, learn.on_rand, learn.skip, _ignore)
+    if not learn.refusal:
+        learn.check_coverage()
 
 
 def run(req: dict) -> dict:
     from ..model_check import expected_tensors_and_spellings
     folder = Path(req["folder"])
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shapes, spellings = expected_tensors_and_spellings(config, by_architecture=True)
-    shapes = {n: tuple(s) for n, s in shapes.items()}
+    shapes, spellings, integers = expected_tensors_and_spellings(config, by_architecture=True)
+    feed = _Feed([], {n: tuple(s) for n, s in shapes.items()}, integers, {})
     gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
     from conversion import base
     arch_name, cls = _class_for(conversion, base, folder)
     if req.get("no_mtp"):
         cls.no_mtp = True       # as convert_hf_to_gguf.py --no-mtp sets it (else the class's own default: Qwen4Exp's is on)
-    biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
-    n_digits = max(1, -(-max(1, biggest - 1).bit_length() // DIGIT_BITS))
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
-    learn, model, writer = _first_pass(gguf, base, cls, folder, shapes, sources,
+    learn, model, writer = _first_pass(gguf, base, cls, folder, feed, sources,
                                        _Respeller(spellings, lambda: _tensor_map(gguf, cls, config)))
-    names = learn.names
-    for d in range(n_digits):
-        learn.digit = d
-        _run_pass(gguf, base, cls, folder, names, shapes, "idx", learn.on_digit, learn.skip, d)
-    learn.merge()
-    _run_pass(gguf, base, cls, folder, names, shapes, "rand", learn.on_rand, learn.skip)
-    if not learn.refusal:
-        learn.check_coverage()
+    _float_passes(gguf, base, cls, folder, feed, learn)
+    nib = _nibble_passes(gguf, base, cls, folder, feed, learn)
     model.set_gguf_parameters()
     arrays = {f"seg{i}": seg for i, seg in enumerate(learn.segs.values())}
     arrays.update({f"gen{i}": vals.reshape(learn.shape[t]) for i, (t, vals) in enumerate(learn.odd.items())})
+    raw = dict(nib.maps) if nib is not None and not learn.refusal else {}
+    arrays.update({f"raw{i}": rows for i, rows in enumerate(raw.values())})
     np.savez(req["maps"], **arrays)
+    stored = {**{n: _SAFETENSORS[d] for n, d in feed.integers.items()}, **{n: p[0] for n, p in feed.packed.items()}}
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
             "gguf_arch": writer.arch, "refusal": learn.refusal,
-            "hf": [[n, list(shapes[n])] for n in names],
+            "hf": [[n, list(feed.shapes[n]), stored.get(n)] for n in feed.names],
+            "per_block": {str(k): p for k, p in (nib.packed.items() if nib else ())},
             "mapped": [[t, list(learn.shape[t])] for t in learn.segs], "generated": list(learn.odd),
+            "raw": [[t, list(learn.raw[t][0]), learn.raw[t][1]] for t in raw],
             "kv": _kv_values(writer)}
 
 

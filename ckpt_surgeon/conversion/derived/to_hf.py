@@ -9,7 +9,9 @@ difference.  The weights are then gathered back by the learned map (each GGUF el
 element it came from), the gathered tensors are mapped forward again and compared with the GGUF's
 bit for bit (the round trip, on the real data; a tensor the class only casts is copied a slab of rows at a
 time, and maps forward to itself), and the folder is written atomically with
-the given config.json and the tokenizer files rebuilt from ``tokenizer.ggml.*``.
+the given config.json and the tokenizer files rebuilt from ``tokenizer.ggml.*``.  A tensor the class takes in a
+release's own form (integers; DeepSeek-V4's FP4 experts, whose bits it moves into ggml blocks: :mod:`.packed`) is
+gathered and written in that form, its dtype its own, not ``--dtype``.
 docs/convert.md ("GGUF -> HF on the derived path") gives the reasoning and the zoo sweep.
 """
 from __future__ import annotations
@@ -150,6 +152,12 @@ def _check_tensors(ck, result: dict, arrays: dict, src: Path) -> None:
     plan = {t: tuple(s) for t, s in result["mapped"]}
     for i, t in enumerate(result["generated"]):
         plan[t] = tuple(arrays[f"gen{i}"].shape)
+    for t, shape, qtype in result["raw"]:       # ggml blocks the class writes from a release's packed tensors
+        plan[t] = tuple(shape)
+        if t in ck.tensors and ck.tensors[t].dtype != qtype:
+            raise FormatError(f"stored as {ck.tensors[t].dtype}: llama.cpp's converter writes it as {qtype} (the "
+                              "release's packed bits, moved), so this file was quantized again and cannot give the "
+                              "release's tensors back", path=str(src), tensor=t)
     have = {n: tuple(i.shape) for n, i in ck.tensors.items()}
     for name in sorted(set(plan) | set(have)):
         if name not in have:
@@ -175,8 +183,13 @@ class _Gather:
 
     def __init__(self, ck, result: dict, arrays: dict, src: Path):
         self.ck, self.src = ck, src
-        self.hf = [(n, tuple(s)) for n, s in result["hf"]]
+        self.hf = [(n, tuple(s)) for n, s, _stored in result["hf"]]
+        # HF tensors stored in a dtype of their own, not the --dtype: integers (a routing table) and a release's
+        # packed form (their bits gathered a nibble at a time: :mod:`.packed`)
+        self.stored = {k: st for k, (_n, _s, st) in enumerate(result["hf"], 1) if st}
+        self.per_block = {int(k): v for k, v in result["per_block"].items()}
         self.segs = {t: arrays[f"seg{i}"] for i, (t, _s) in enumerate(result["mapped"])}
+        self.raw = {t: arrays[f"raw{i}"] for i, (t, _s, _q) in enumerate(result["raw"])}
         parent = list(range(len(self.hf) + 1))
 
         def root(a):
@@ -185,6 +198,7 @@ class _Gather:
                 a = parent[a]
             return a
         self.sources = {t: [int(k) for k in np.unique(seg[:, 1])] for t, seg in self.segs.items()}
+        self.sources.update({t: [int(k) for k in np.unique(rows[:, 2])] for t, rows in self.raw.items()})
         for ks in self.sources.values():
             for k in ks[1:]:
                 parent[root(k)] = root(ks[0])
@@ -199,7 +213,7 @@ class _Gather:
         # groups of one HF tensor copied whole, in its own order, into one GGUF tensor (the class only casts it:
         # the embedding, the MLP matrices): HF id -> that GGUF tensor, streamed a slab of rows at a time
         self.copies = {ks[0]: t for t, ks in self.sources.items()
-                       if len(self.segs[t]) == 1 and self.segs[t][0].tolist() == [0, ks[0], 0]
+                       if t in self.segs and ks[0] not in self.stored and len(self.segs[t]) == 1 and self.segs[t][0].tolist() == [0, ks[0], 0]
                        and self._targets[self._root[ks[0]]] == [t] and self._members[self._root[ks[0]]] == [ks[0]]
                        and int(np.prod(ck.tensors[t].shape, dtype=np.int64))
                        == int(np.prod(self.hf[ks[0] - 1][1], dtype=np.int64))}
@@ -224,27 +238,60 @@ class _Gather:
                 out.setdefault(self.hf[k - 1][0], t)
         return out
 
+    def _empty(self, k: int) -> np.ndarray:
+        """HF tensor ``k``'s gather buffer: nibbles of its bytes (packed), int64 (integers) or float32 values."""
+        numel = int(np.prod(self.hf[k - 1][1], dtype=np.int64))
+        if k in self.per_block:
+            return np.zeros(2 * numel, np.uint8)
+        return np.zeros(numel, np.int64 if k in self.stored else np.float32)
+
+    def _read(self, t: str) -> np.ndarray:
+        """GGUF tensor ``t``: ggml blocks as rows of nibbles (``raw``), else its values (int64 or float32)."""
+        if t in self.raw:
+            from ...formats.quant.ggml_types import block_size, nbytes
+
+            from .packed import nibbles
+            qtype = self.ck.tensors[t].dtype
+            return nibbles(np.frombuffer(self.ck.read_raw(t), np.uint8)).reshape(
+                -1, 2 * nbytes(qtype, (block_size(qtype),)))
+        v = self.ck.read(t)
+        return v.astype(np.int64 if v.dtype.kind in "iu" else np.float32, copy=False).ravel()
+
     def _group(self, g: int) -> None:
+        from . import packed
         from .probe_child import pairs
-        flat = {k: np.zeros(int(np.prod(self.hf[k - 1][1], dtype=np.int64)), np.float32) for k in self._members[g]}
+        flat = {k: self._empty(k) for k in self._members[g]}
         data = {}
         for t in self._targets.get(g, ()):
-            data[t] = vals = self.ck.read(t).astype(np.float32, copy=False).ravel()
+            data[t] = vals = self._read(t)
+            if t in self.raw:
+                packed.scatter(self.raw[t], vals, flat, self.per_block)
+                continue
             for k, at, src in pairs(self.segs[t], vals.size):
                 flat[k][src] = vals[at]
         for t, vals in data.items():
-            if not all(np.array_equal(flat[k][src].view(np.uint32), vals[at].view(np.uint32))
-                       for k, at, src in pairs(self.segs[t], vals.size)):
+            if t in self.raw:
+                same = np.array_equal(packed.predict(self.raw[t], *vals.shape, flat.__getitem__, self.per_block), vals)
+            else:
+                same = all(_same(flat[k][src], vals[at]) for k, at, src in pairs(self.segs[t], vals.size))
+            if not same:
                 raise FormatError("mapped forward again, the gathered HF tensors do not give this tensor back "
                                   "(llama.cpp's converter copies one HF element to several places, and the file's "
                                   "copies differ)", path=str(self.src), tensor=t)
-        self._ready.update(flat)
+        self._ready.update({k: packed.pack(v) if k in self.per_block else v for k, v in flat.items()})
 
     def tensor(self, k: int) -> np.ndarray:
         """HF tensor number ``k`` (1-based), gathered with its group the first time one of them is asked for."""
         if k not in self._ready:
             self._group(self._root[k])
         return self._ready.pop(k).reshape(self.hf[k - 1][1])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit (float32), or value for value (integers)."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    return np.array_equal(a, b)
 
 
 def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, progress, src: Path) -> int:
@@ -256,8 +303,10 @@ def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, p
     for k, (name, shape) in enumerate(gather.hf, 1):
         if k in gather.copies:      # a slab at a time (the writer takes the pieces in order)
             w.put(name, lambda k=k: gather.slabs(k), dtype=st, shape=shape)
-        else:       # float32 values, rounded to nearest even by the writer for float16 / bfloat16
-            w.put(name, lambda k=k: gather.tensor(k), dtype=st, shape=shape)
+        elif k in gather.per_block:     # a release's packed form: its bytes, as gathered
+            w.put(name, lambda k=k: gather.tensor(k).tobytes(), dtype=gather.stored[k], shape=shape)
+        else:       # float32 values, rounded to nearest even by the writer for float16 / bfloat16; integers as stored
+            w.put(name, lambda k=k: gather.tensor(k), dtype=gather.stored.get(k, st), shape=shape)
     cfg = dict(cfg)
     cfg["dtype"] = dtype
     cfg.pop("torch_dtype", None)
@@ -304,7 +353,8 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
           f"{llamacpp_version()}), learned by probing it"
     src_of = gather.source_of()
     records = tuple(TensorRecord(src_of.get(n, ""), n, "llama.cpp inverse", types.get(src_of.get(n, ""), "-"),
-                                 _ST_DTYPES[dtype], shape) for n, shape in gather.hf)
+                                 gather.stored.get(k, _ST_DTYPES[dtype]), shape)
+                    for k, (n, shape) in enumerate(gather.hf, 1))
     tied = bool(cfg.get("tie_word_embeddings"))
     return ConvertReport("gguf->hf", str(src), str(out), arch, cfg["model_type"], dtype, len(records), nbytes,
                          time.perf_counter() - t0, tied, meta.get("tokenizer.ggml.model"), records, (), cfg,
