@@ -127,7 +127,7 @@ def _torch_name(stored: str) -> str:
     return TORCH_DTYPES[stored]
 
 
-def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity, on_raw):
+def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity, on_raw, built: list | None = None):
     """One forward run of the class, lazily as llama.cpp runs it, on ``feed``'s probe tensors; each output handed to
     ``on_tensor(GGUF name, float32 values, shape)`` as the class writes it (and not kept: memory is one output's
     work), or, when it is an HF tensor through value-keeping casts only (:func:`.lazy_eval.identity_leaf`: the
@@ -137,7 +137,8 @@ def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity
     ggml type)``.  Returns the model
     and the GGUF writer its tensors went to: the model's own, or that of the model it delegates its planning to
     (Mistral3Model's ``impl``); a class that writes tensors to a second writer (a LoRA adapter file beside the
-    model: BertModel's jina-v3 adapters) is refused."""
+    model: BertModel's jina-v3 adapters) is refused.  ``built`` gets the model once constructed (its own tensor map,
+    for :class:`_Respeller`, when the pass then fails)."""
     import torch
 
     from .lazy_eval import identity_leaf
@@ -175,6 +176,8 @@ def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity
     gguf.GGUFWriter.add_tensor = add_tensor
     with torch.inference_mode():
         model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "probe.gguf", model_name="probe")
+        if built is not None:
+            built.append(model)
         model.prepare_tensors()
     return model, (writers[0] if writers else model.gguf_writer)
 
@@ -394,35 +397,29 @@ def _unmapped(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def _tensor_map(gguf, cls, config: dict):
-    """llama.cpp's tensor map (gguf-py's ``TensorNameMap``) for the class's architecture, over the config's layers
-    and its multi-token-prediction ones (the keys llama.cpp's ``TextModel`` reads)."""
-    text = {**config, **(config.get("text_config") or {})}
-    n = max(int(text.get(k) or 0) for k in ("n_layers", "num_hidden_layers", "n_layer", "num_layers"))
-    n += int(text.get("num_nextn_predict_layers") or 0) + int(text.get("mtp_num_hidden_layers") or 0)
-    return gguf.get_tensor_name_map(cls.model_arch, n)
-
-
 class _Respeller:
     """The HF names to spell otherwise after the class could not map ``failed`` (llama.cpp's message names our name,
-    or it with the ``.weight`` / ``.bias`` the class appends): that name's other spelling, one llama.cpp's tensor map
-    holds (HY-V4's Hub names) or else transformers' key (Kimi-Linear's dense MLP), both read by transformers into
+    or it with the ``.weight`` / ``.bias`` the class appends): that name's other spelling, one the class's own tensor
+    map holds (``tensor_map``, gguf-py's ``TensorNameMap`` as the class built it: HY-V4's Hub names) or else
+    transformers' key (Kimi-Linear's dense MLP), both read by transformers into
     the same parameter (:class:`~ckpt_surgeon.conversion.model_check.Spellings`); and with it every other name the
     map cannot map and spells otherwise, so the pass runs once more, not once a name.  A name is respelled once."""
 
-    def __init__(self, spellings, tensor_map):
-        self.spellings, self._tensor_map, self._map, self._among, self.done = spellings, tensor_map, None, None, set()
+    def __init__(self, spellings):
+        self.spellings, self._map, self._among, self.done = spellings, None, None, set()
+        self.built: list = []       # the models the passes constructed: the last one's tensor map is the class's own
         self.tried: set = set()     # spellings :meth:`other` gave
 
     def __call__(self, failed: str | None, shapes: dict) -> dict[str, str]:
         own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
         if own is None or own in self.done:
             return {}
-        if self._among is None:
-            self._map = self._tensor_map()
+        if self._among is None and self.built:      # the class's own tensor map (TextModel's ``tensor_map``)
+            self._map = self.built[-1].tensor_map
             self._among = self.spellings.among(c + s for c in self._map.mapping for s in ("", ".weight", ".bias"))
-        fixes = {own: self._among.get(own, self.spellings.get(own))}
-        fixes.update({n: c for n, c in self._among.items()
+        among = self._among or {}
+        fixes = {own: among.get(own, self.spellings.get(own))}
+        fixes.update({n: c for n, c in among.items()
                       if self._map.get_name(n, try_suffixes=(".weight", ".bias")) is None})
         return self._keep(fixes, shapes)
 
@@ -511,7 +508,8 @@ def _first_pass(gguf, base, cls, folder: Path, feed: _Feed, sources: dict, respe
         sources.clear()
         learn = _Learner(feed, sources)
         try:
-            model, writer = _run_pass(gguf, base, cls, folder, feed, learn.on_id, learn.on_identity, learn.on_raw)
+            model, writer = _run_pass(gguf, base, cls, folder, feed, learn.on_id, learn.on_identity, learn.on_raw,
+                                      respell.built)
             return learn, model, writer
         except (ValueError, KeyError) as e:
             want = _wanted(e)
@@ -595,8 +593,7 @@ def run(req: dict) -> dict:
         cls.no_mtp = True       # as convert_hf_to_gguf.py --no-mtp sets it (else the class's own default: Qwen4Exp's is on)
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
-    learn, model, writer = _first_pass(gguf, base, cls, folder, feed, sources,
-                                       _Respeller(spellings, lambda: _tensor_map(gguf, cls, config)))
+    learn, model, writer = _first_pass(gguf, base, cls, folder, feed, sources, _Respeller(spellings))
     _float_passes(gguf, base, cls, folder, feed, learn)
     nib = _nibble_passes(gguf, base, cls, folder, feed, learn)
     model.set_gguf_parameters()
