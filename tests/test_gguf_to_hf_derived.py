@@ -154,6 +154,31 @@ def test_a_name_the_class_cannot_map_is_taken_in_the_spelling_transformers_reads
     assert not (tmp_path / "back").exists()
 
 
+def test_the_spellings_a_release_without_the_prefix_has(folder):
+    """What the probe offers DeepSeek-V4's class, from transformers' own renames (no conversion run): the names
+    transformers' save gives without the `model.` prefix (its renames anchored at the start reverse then: `embed`,
+    `hc_head_fn`), the other spellings of the attention's `kv_norm` that transformers reads alike, the one the class
+    maps (the release's) among the first; and the respelling never sends two names to one."""
+    from ckpt_surgeon.conversion.derived.probe_child import _Respeller
+    from ckpt_surgeon.conversion.model_check import expected_tensors_and_spellings
+    cfg = json.loads((folder("deepseek_v4") / "config.json").read_text())
+    shapes, spell, integers = expected_tensors_and_spellings(cfg, by_architecture=True)
+    bare = spell.unprefixed("model.")
+    assert {n: bare[n] for n in ("model.embed_tokens.weight", "model.hc_head.hc_fn", "model.layers.0.ffn.gate.tid2eid",
+                                 "model.layers.0.ffn.experts.0.w1.weight")} == {
+        "model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
+        "model.layers.0.ffn.gate.tid2eid": "layers.0.ffn.gate.tid2eid",
+        "model.layers.0.ffn.experts.0.w1.weight": "layers.0.ffn.experts.0.w1.weight"}
+    # transformers' save spells the attention's kv_norm `attn.norm`, prefix or not (its `.norm.` -> `.kv_norm.` reversed)
+    assert bare["model.layers.0.attn.norm.weight"] == "layers.0.attn.norm.weight"
+    assert spell.alternatives("layers.0.attn.norm.weight")[:2] == ["layers.0.attn.kv_norm.weight",
+                                                                   "layers.0.self_attn.norm.weight"]
+    assert integers == {"model.layers.0.ffn.gate.tid2eid": "int64", "model.layers.1.ffn.gate.tid2eid": "int64"}
+    # two names to one spelling, or a name to one the side holds: neither is taken; a free one is
+    assert _Respeller(spell)._keep({"a": "x", "b": "x", "d": "c"}, {"a": 1, "b": 1, "c": 1, "d": 1}) == {}
+    assert _Respeller(spell)._keep({"a": "x", "b": "x", "c": "y"}, {"a": 1, "b": 1, "c": 1}) == {"c": "y"}
+
+
 def test_a_release_form_the_class_asks_for_comes_back(folder, tmp_path):
     """DeepSeek-V4: the class reads the release's names (no `model.` prefix, which transformers' save adds; its
     `attn.kv_norm`, which transformers' reversed renames spell `attn.norm`) and its routed experts only in the
