@@ -1,8 +1,8 @@
 """Run by tests/test_gguf_to_hf_derived.py in a child process (llama.cpp's ``conversion`` package imports its own
 gguf-py): :class:`~ckpt_surgeon.conversion.derived.packed.NibbleLearner` driven by llama.cpp's own
 ``ModelBase.repack_mxfp4_blocks`` over a stack of experts, as DeepSeek-V4's class calls it, or by that repack with
-the exponent computed (``computed``: + 1) or with each expert's rows reversed (``rows-reversed``).  Prints JSON: the refusal, and whether the release's
-bytes gathered back from the repacked stack are the ones given."""
+the exponent computed (``computed``: + 1) or with each expert's rows reversed (``rows-reversed``).  Prints JSON:
+the refusal, and whether the release's bytes gathered back from the repacked stack are the ones given."""
 from __future__ import annotations
 
 import json

@@ -169,7 +169,7 @@ def test_the_spellings_a_release_without_the_prefix_has(folder):
         "model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
         "model.layers.0.ffn.gate.tid2eid": "layers.0.ffn.gate.tid2eid",
         "model.layers.0.ffn.experts.0.w1.weight": "layers.0.ffn.experts.0.w1.weight"}
-    # transformers' save spells the attention's kv_norm `attn.norm`, prefix or not (its `.norm.` -> `.kv_norm.` reversed)
+    # transformers' save spells the attention's kv_norm `attn.norm`, prefix or not (`.norm.` -> `.kv_norm.` reversed)
     assert bare["model.layers.0.attn.norm.weight"] == "layers.0.attn.norm.weight"
     assert spell.alternatives("layers.0.attn.norm.weight")[:2] == ["layers.0.attn.kv_norm.weight",
                                                                    "layers.0.self_attn.norm.weight"]
@@ -194,8 +194,8 @@ def test_a_release_form_the_class_asks_for_comes_back(folder, tmp_path):
     assert report.engine.startswith("derived: inverse of llama.cpp DeepseekV4Model"), report.engine
     assert_same_as_f32(src, tmp_path / "back")
     by_name = {r.target: r for r in report.tensors}
-    assert (by_name["layers.0.ffn.experts.0.w1.weight"].source, by_name["layers.0.ffn.experts.0.w1.weight"].target_dtype,
-            by_name["layers.0.ffn.experts.0.w1.scale"].target_dtype) == ("blk.0.ffn_gate_exps.weight", "I8", "F8_E8M0")
+    codes, scale = by_name["layers.0.ffn.experts.0.w1.weight"], by_name["layers.0.ffn.experts.0.w1.scale"]
+    assert (codes.source, codes.target_dtype, scale.target_dtype) == ("blk.0.ffn_gate_exps.weight", "I8", "F8_E8M0")
     with open_checkpoint(tmp_path / "back") as ck:
         assert ck.tensors["layers.0.ffn.experts.0.w1.weight"].dtype == "I8"
         assert ck.tensors["layers.0.attn.kv_norm.weight"].dtype == "F32"

@@ -109,7 +109,8 @@ def predict(rows: np.ndarray, n_blocks: int, width: int, hf_nibbles, per_block: 
 
 
 def scatter(rows: np.ndarray, out: np.ndarray, hf: dict, per_block: dict) -> None:
-    """The HF tensors' nibbles (``hf``: id -> flat nibble array, filled here) from the output's ``[n_blocks, width]``."""
+    """The HF tensors' nibbles (``hf``: id -> flat nibble array, filled here) from the output's nibbles
+    ``[n_blocks, width]``."""
     for q, s, k, c, p in columns(rows, out.shape[0]):
         hf[k].reshape(-1, per_block[k])[c:c + s.stop - s.start, p] = out[s, q]
 

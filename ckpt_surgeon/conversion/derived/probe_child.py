@@ -438,7 +438,8 @@ class _Respeller:
     def other(self, failed: str | None, shapes: dict) -> dict[str, str]:
         """The class still cannot map ``failed`` (one of ours, already respelled): its next spelling transformers reads
         alike (:meth:`~ckpt_surgeon.conversion.model_check.Spellings.alternatives`), not tried before, and the same
-        change on every name of its pattern (its numbers any: every layer's), where transformers reads that alike too."""
+        change on every name of its pattern (its numbers any: every layer's), where transformers reads that alike
+        too."""
         own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
         for alt in self.spellings.alternatives(own) if own else ():
             if alt in self.tried or alt in shapes:
@@ -468,7 +469,8 @@ class _Respeller:
 
 
 def _wanted(e: BaseException) -> str | None:
-    """The dotted tensor name a ``KeyError`` of the class ends with (``Missing hash routing tensor NAME``), else None."""
+    """The dotted tensor name a ``KeyError`` of the class ends with (``Missing hash routing tensor NAME``), else
+    None."""
     m = re.search(r"(\w+(?:\.\w+)+)$", str(e.args[0]) if isinstance(e, KeyError) and e.args else "")
     return m.group(1) if m else None
 
@@ -590,7 +592,7 @@ def run(req: dict) -> dict:
     from conversion import base
     arch_name, cls = _class_for(conversion, base, folder)
     if req.get("no_mtp"):
-        cls.no_mtp = True       # as convert_hf_to_gguf.py --no-mtp sets it (else the class's own default: Qwen4Exp's is on)
+        cls.no_mtp = True   # as convert_hf_to_gguf.py --no-mtp sets it (else the class's own default: Qwen4Exp's is on)
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
     learn, model, writer = _first_pass(gguf, base, cls, folder, feed, sources, _Respeller(spellings))

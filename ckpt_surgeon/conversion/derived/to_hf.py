@@ -161,7 +161,8 @@ def _check_tensors(ck, result: dict, arrays: dict, src: Path) -> None:
     have = {n: tuple(i.shape) for n, i in ck.tensors.items()}
     for name in sorted(set(plan) | set(have)):
         if name not in have:
-            raise FormatError("missing: llama.cpp's converter writes it for the given config", path=str(src), tensor=name)
+            raise FormatError("missing: llama.cpp's converter writes it for the given config", path=str(src),
+                              tensor=name)
         if name not in plan:
             raise FormatError("llama.cpp's converter writes no such tensor for the given config", path=str(src),
                               tensor=name)
@@ -213,7 +214,8 @@ class _Gather:
         # groups of one HF tensor copied whole, in its own order, into one GGUF tensor (the class only casts it:
         # the embedding, the MLP matrices): HF id -> that GGUF tensor, streamed a slab of rows at a time
         self.copies = {ks[0]: t for t, ks in self.sources.items()
-                       if t in self.segs and ks[0] not in self.stored and len(self.segs[t]) == 1 and self.segs[t][0].tolist() == [0, ks[0], 0]
+                       if t in self.segs and ks[0] not in self.stored and len(self.segs[t]) == 1
+                       and self.segs[t][0].tolist() == [0, ks[0], 0]
                        and self._targets[self._root[ks[0]]] == [t] and self._members[self._root[ks[0]]] == [ks[0]]
                        and int(np.prod(ck.tensors[t].shape, dtype=np.int64))
                        == int(np.prod(self.hf[ks[0] - 1][1], dtype=np.int64))}
