@@ -137,7 +137,7 @@ class NibbleLearner:
         return nib.reshape(self.shape[t])
 
     def on_id(self, t, raw, type_size):
-        from .probe_child import runs
+        from .runlength import runs
         cols = self._blocks(t, raw, type_size)
         self.ids.setdefault(t, []).append([runs(cols[:, q], 0) for q in range(cols.shape[1])])
 
@@ -152,7 +152,7 @@ class NibbleLearner:
         self.place[t] = self.place.get(t, 0) + (cols[0].astype(np.int64) << (NIBBLE * self.digit))
 
     def merge(self) -> None:
-        from .probe_child import _at
+        from .runlength import at
         for t, passes in self.ids.items():
             if t not in self.place:         # refused on the place passes
                 continue
@@ -160,7 +160,7 @@ class NibbleLearner:
             rows = []
             for q in range(width):
                 starts = np.unique(np.concatenate([p[q][0] for p in passes]))
-                ids = sum(_at(p[q], 0, starts) << (NIBBLE * d) for d, p in enumerate(passes))
+                ids = sum(at(p[q], 0, starts) << (NIBBLE * d) for d, p in enumerate(passes))
                 keep = np.concatenate(([True], ids[1:] != ids[:-1]))
                 starts, ids = starts[keep], ids[keep]
                 seen: dict = {}

@@ -54,6 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from .child import _hook_sources, _import_llamacpp, guard_remote_code, serve
+from .runlength import at as _at
+from .runlength import runs
 
 DIGIT_BITS = 23
 
@@ -180,22 +182,6 @@ def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity
             built.append(model)
         model.prepare_tensors()
     return model, (writers[0] if writers else model.gguf_writer)
-
-
-def runs(values: np.ndarray, slope: int) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (1-D integers, or floats holding integers below 2**24: exact) as runs: (start positions, the
-    value at each) where inside a run each value is the one before plus ``slope`` (0: constant runs; 1:
-    counting runs)."""
-    if not values.size:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1] + slope) + 1)).astype(np.int64)
-    return starts, values[starts].astype(np.int64)
-
-
-def _at(run: tuple, slope: int, pos: np.ndarray) -> np.ndarray:
-    starts, vals = run
-    r = np.searchsorted(starts, pos, side="right") - 1
-    return vals[r] + slope * (pos - starts[r])
 
 
 def segments(id_run: tuple, digit_runs: list, numel: int, bits: int = DIGIT_BITS) -> np.ndarray:
