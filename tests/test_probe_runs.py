@@ -73,3 +73,19 @@ def test_index_digits_are_the_flat_index_in_pieces(numel, monkeypatch):
     monkeypatch.setattr(P, "DIGIT_BITS", 3)
     for d in range(3):
         assert np.array_equal(P._values("idx", 1, numel, d), ((np.arange(numel) >> (3 * d)) & 7).astype(np.float32))
+
+
+def test_a_release_packed_form_and_its_nibbles():
+    """conversion/derived/packed.py's pieces: the MXFP4 pack form's parts of a float weight (codes two a byte under
+    the weight's name, one exponent byte per 32-value block beside it), none for what it cannot store (a bias, a row
+    not a whole number of blocks), and nibbles <-> bytes (low nibble first, as llama.cpp's repack reads them)."""
+    from ckpt_surgeon.conversion.derived.packed import FORMS, nibbles, pack, packed_parts
+    mxfp4 = FORMS[0]
+    assert packed_parts(mxfp4, "layers.0.ffn.experts.3.w1.weight", (8, 64), 32) == {
+        "layers.0.ffn.experts.3.w1.weight": ((8, 32), "I8", 32),
+        "layers.0.ffn.experts.3.w1.scale": ((8, 2), "F8_E8M0", 2)}
+    assert packed_parts(mxfp4, "layers.0.ffn.experts.3.w1.weight", (8, 48), 32) is None
+    assert packed_parts(mxfp4, "layers.0.ffn.gate.bias", (64,), 32) is None
+    b = np.array([0x21, 0xF0, 0x0F], np.uint8)
+    assert nibbles(b).tolist() == [1, 2, 0, 15, 15, 0]
+    assert np.array_equal(pack(nibbles(b)), b)
