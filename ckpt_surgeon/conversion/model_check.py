@@ -98,13 +98,14 @@ def _checkpoint_shapes(model) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in _checkpoint_tensors(model).items()}
 
 
-def _checkpoint_tensors(model) -> dict:
-    """``name -> meta tensor`` (shape and dtype) of the tensors a checkpoint of ``model`` stores."""
+def _checkpoint_tensors(model, prefix: str = "") -> dict:
+    """``name -> meta tensor`` (shape and dtype) of the tensors a checkpoint of ``model`` stores; with ``prefix``, of
+    a checkpoint saved without that leading prefix (:meth:`Spellings.unprefixed`)."""
     from transformers.core_model_loading import revert_weight_conversion
 
     unique = {n for n, _ in model.named_parameters()}
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - unique
-    state = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    state = {k.removeprefix(prefix): v for k, v in model.state_dict().items() if k not in aliases}
     return revert_weight_conversion(model, state)
 
 
@@ -168,17 +169,13 @@ class Spellings(dict):
         the prefix taken off, whose reversed renames anchored at the start of a name (``^embed``) then apply.  Each
         spelling is paired with the name it stands for: the name with the prefix, or the name transformers loads
         into the same parameter."""
-        from transformers.core_model_loading import revert_weight_conversion
-        unique = {n for n, _ in self._model.named_parameters()}
-        aliases = {n for n, _ in self._model.named_parameters(remove_duplicate=False)} - unique
-        state = {k.removeprefix(prefix): v for k, v in self._model.state_dict().items() if k not in aliases}
         names, by_key = set(self._names), {}
         for n in self._names:
             key, pattern = self._rename(n)
             if pattern is None:
                 by_key[key] = n
         out = {}
-        for b in revert_weight_conversion(self._model, state):
+        for b in _checkpoint_tensors(self._model, prefix):
             key, pattern = self._rename(b)
             n = prefix + b if prefix + b in names else (by_key.get(key) if pattern is None else None)
             if n is not None and n != b:

@@ -15,10 +15,9 @@ import numpy as np
 
 from ..errors import FormatError
 from ..records import TensorInfo
+from .safetensors import TORCH_TO_ST
 from .source import SourceBase
 
-_TORCH_TO_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
-                "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
 
 class TorchTensors(SourceBase):
@@ -37,7 +36,7 @@ class TorchTensors(SourceBase):
         for name, t in state.items():
             if not isinstance(t, torch.Tensor):
                 continue
-            dt = _TORCH_TO_ST.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
+            dt = TORCH_TO_ST.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
             self.tensors[name] = TensorInfo(name, dt, tuple(t.shape), path, 0, t.numel() * t.element_size())
 
     @property

@@ -42,7 +42,11 @@ _NUMPY_NATIVE = {
     "F16": np.float16, "I32": np.int32, "U32": np.uint32, "F32": np.float32,
     "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
 }
-_ML_DTYPES = {"F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu"}
+# the float8 dtypes, named as ml_dtypes and torch name them
+ML_DTYPES = {"F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu"}
+# torch dtype name -> safetensors dtype, for the dtypes both have plainly (pickles, the GGUF -> HF probe's integers)
+TORCH_TO_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+               "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
 
 def dtype_nbytes(dtype: str, numel: int) -> int:
@@ -201,9 +205,9 @@ def decode(buf: bytes | memoryview | np.ndarray, info: TensorInfo) -> np.ndarray
     elif dt == "BF16":
         # one pass, one allocation: uint16 -> uint32 widened and shifted straight into the result
         arr = np.left_shift(raw.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
-    elif dt in _ML_DTYPES:
+    elif dt in ML_DTYPES:
         import ml_dtypes
-        arr = raw.view(getattr(ml_dtypes, _ML_DTYPES[dt])).astype(np.float32)
+        arr = raw.view(getattr(ml_dtypes, ML_DTYPES[dt])).astype(np.float32)
     else:
         raise FormatError(f"reading dtype {dt} as numbers is not supported (the header is valid; statistics need F4/F6 support)",
                           path=info.file, tensor=info.name)

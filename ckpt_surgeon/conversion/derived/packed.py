@@ -48,7 +48,6 @@ class Form:
 # scale uint8 [rows, cols/32], one E8M0 exponent per 32-element group); the dtypes are those of DeepSeek-V4's release
 # (int8 codes, float8_e8m0fnu exponents), which transformers' FP8 integration reads
 FORMS = (Form("MXFP4", 4, "I8", "scale", "F8_E8M0"),)
-TORCH_DTYPES = {"I8": "int8", "U8": "uint8", "F8_E8M0": "float8_e8m0fnu"}
 
 
 def packed_parts(form: Form, name: str, shape: tuple, block: int) -> dict | None:

@@ -125,8 +125,9 @@ class _Feed:
 
 
 def _torch_name(stored: str) -> str:
-    from .packed import TORCH_DTYPES
-    return TORCH_DTYPES[stored]
+    """The torch dtype name of safetensors dtype ``stored``."""
+    from ...formats.safetensors import ML_DTYPES, TORCH_TO_ST
+    return {**{v: k for k, v in TORCH_TO_ST.items()}, **ML_DTYPES}[stored]
 
 
 def _run_pass(gguf, base, cls, folder: Path, feed: _Feed, on_tensor, on_identity, on_raw, built: list | None = None):
@@ -383,6 +384,17 @@ def _unmapped(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
+def _own(failed: str | None, shapes: dict) -> str | None:
+    """The HF name llama.cpp's message names: ``failed`` itself, or it without the ``.weight`` / ``.bias`` the class
+    appended; None when it is not one of ours."""
+    return next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
+
+
+def _numbers_any(name: str) -> re.Pattern:
+    """``name``'s pattern with its numbers any (every layer's, every expert's), each number a group."""
+    return re.compile(re.sub(r"\d+", r"(\\d+)", re.escape(name)))
+
+
 class _Respeller:
     """The HF names to spell otherwise after the class could not map ``failed`` (llama.cpp's message names our name,
     or it with the ``.weight`` / ``.bias`` the class appends): that name's other spelling, one the class's own tensor
@@ -397,7 +409,7 @@ class _Respeller:
         self.tried: set = set()     # spellings :meth:`other` gave
 
     def __call__(self, failed: str | None, shapes: dict) -> dict[str, str]:
-        own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
+        own = _own(failed, shapes)
         if own is None or own in self.done:
             return {}
         if self._among is None and self.built:      # the class's own tensor map (TextModel's ``tensor_map``)
@@ -426,14 +438,14 @@ class _Respeller:
         alike (:meth:`~ckpt_surgeon.conversion.model_check.Spellings.alternatives`), not tried before, and the same
         change on every name of its pattern (its numbers any: every layer's), where transformers reads that alike
         too."""
-        own = next((n for n in (failed, failed.rsplit(".", 1)[0]) if n in shapes), None) if failed else None
+        own = _own(failed, shapes)
         for alt in self.spellings.alternatives(own) if own else ():
             if alt in self.tried or alt in shapes:
                 continue
             fixes = {own: alt}
             digits = re.findall(r"\d+", own)
             if re.findall(r"\d+", alt) == digits:
-                pattern = re.compile(re.sub(r"\d+", r"(\\d+)", re.escape(own)))
+                pattern = _numbers_any(own)
                 parts = re.split(r"\d+", alt)
                 for n in shapes:
                     m = pattern.fullmatch(n)
@@ -467,7 +479,7 @@ def _pack(gguf, held: str, want: str, feed: _Feed) -> bool:
     as the class asks, in the first release form (:data:`.packed.FORMS`) that stores them: ``feed``'s shapes and
     ``packed`` changed in place.  False when none does (or they are given so already)."""
     from .packed import FORMS, packed_parts
-    pattern = re.compile(re.sub(r"\d+", r"\\d+", re.escape(held)))
+    pattern = _numbers_any(held)
     names = [n for n in feed.shapes if pattern.fullmatch(n)]
     cut = len(held) - len(want)
     if any(n in feed.packed for n in names) or not names:
@@ -552,9 +564,6 @@ def _ignore(*_args) -> None:
     return None
 
 
-_SAFETENSORS = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
-
-
 def _float_passes(gguf, base, cls, folder: Path, feed: _Feed, learn: _Learner) -> None:
     """The index-digit passes (as many as the largest tensor needs), the merge, the random pass and the coverage."""
     biggest = max(feed.numel(k) for k in range(1, len(feed.names) + 1))
@@ -590,7 +599,8 @@ def run(req: dict) -> dict:
     raw = dict(nib.maps) if nib is not None and not learn.refusal else {}
     arrays.update({f"raw{i}": rows for i, rows in enumerate(raw.values())})
     np.savez(req["maps"], **arrays)
-    stored = {**{n: _SAFETENSORS[d] for n, d in feed.integers.items()}, **{n: p[0] for n, p in feed.packed.items()}}
+    from ...formats.safetensors import TORCH_TO_ST
+    stored = {**{n: TORCH_TO_ST[d] for n, d in feed.integers.items()}, **{n: p[0] for n, p in feed.packed.items()}}
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
             "gguf_arch": writer.arch, "refusal": learn.refusal,
             "hf": [[n, list(feed.shapes[n]), stored.get(n)] for n in feed.names],
