@@ -434,6 +434,27 @@ def test_more_pipeline_ranks_than_layers_exit_2_on_every_rank(tiny, ids_file):
     assert outs[0][0] == "" and all(o == ("", "") for o in outs[1:])
 
 
+def test_a_refusal_exits_2_on_every_rank_however_late_the_others_leave(tiny, ids_file):
+    """The race a loaded machine made by chance (ranks 1 and 2 exited 1, silently): rank 0, which hosts the
+    store, reached the refusal and left while the others were still on their way out; their fault watch saw
+    the store gone and interrupted them.  Here ranks 1 and 2 are made late on purpose (5 s after reaching the
+    refusal, tests/dist_delay.py, several heartbeats and the watch's store timeout): every rank still exits 2,
+    because the decision is gathered and settled before anyone unwinds, and rank 0 waits for the others."""
+    port = _port()
+    args = ["verify", str(tiny("qwen2")), str(tiny("qwen2")), "--corpus-ids", str(ids_file), "--ctx", str(CTX),
+            "--device", "cpu", "--dist-mode", "pipeline"]
+    delay = str(Path(__file__).with_name("dist_delay.py"))
+    procs = [subprocess.Popen([sys.executable, *(["-m", "ckpt_surgeon"] if r == 0 else [delay]), *args],
+                              env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), CKPT_SURGEON_TEST_DELAY="after-plan-refusal:5"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2, 2], outs
+    errors = _errors(outs[0][1])
+    assert len(errors) == 1 and "it would use 2 ranks" in errors[0], outs[0][1]
+    assert all(o == ("", "") for o in outs[1:])
+
+
 # --- bfloat16 -------------------------------------------------------------------------------------
 
 BF16_CASES = [("qwen2", "pipeline"), ("deepseek_v2", "pipeline"), ("qwen2", "data")]

@@ -173,11 +173,18 @@ class Session:
                                 f"{self.env.master_addr}:{self.env.master_port} stopped answering")
                 self._on_fault()
 
+    def settle(self) -> None:
+        """This rank knows how the run ends (a refusal every rank reached, or rank 0's end message): from
+        here on, nothing another rank does (rank 0 leaving first, its store going with it) may interrupt the
+        main thread and turn its exit code into another one.  Should the main thread not come back within
+        :data:`GRACE_S` after a fault is seen, the watch still ends the process (exit 2)."""
+        self._own_fault = True
+
     def _on_fault(self) -> None:
         if self.fault_seen.is_set() or self._finished:
             return
         self.fault_seen.set()
-        if not self._own_fault:      # this rank's main thread is unwinding its own error already
+        if not self._own_fault:      # this rank's main thread is unwinding its own error, or is settled
             import _thread
             _thread.interrupt_main()
         deadline = time.monotonic() + GRACE_S
@@ -213,16 +220,37 @@ class Session:
         """This rank's process is about to end.  Rank 0 says so on the store once its line is printed; the
         other ranks wait for that (at most ``wait_s``, or until the store, which rank 0 hosts, is gone): a
         launcher that sees a rank end with an error stops the rest, and rank 0, slower to reach the same
-        refusal (a rank that failed first), must not be stopped before it has said why."""
+        refusal (a rank that failed first), must not be stopped before it has said why.
+
+        Without torchrun's agent, rank 0 hosts the store, and its exit takes the store away: a rank still on
+        its way out would see "the store stopped answering" and end with another code than the run's.  So
+        rank 0 then waits (at most ``wait_s``) until every other rank has said it is leaving, except one the
+        posted fault names (killed: it will never say so)."""
         if self.rank == 0:
             self.mark("ended")
+            if not self.env.agent_store:
+                self._wait_for_others("left", wait_s)
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
                 if self.store.check(["ended/0"]):
-                    return
+                    break
             except Exception:        # noqa: BLE001 - rank 0 and its store are gone: nothing to wait for
+                return
+            time.sleep(0.05)
+        self.mark("left")
+
+    def _wait_for_others(self, key: str, wait_s: float) -> None:
+        import re
+        fault = self.posted_fault() or ""
+        gone = {int(m.group(1))} if (m := re.match(r"rank (\d+): stopped without a word", fault)) else set()
+        waiting = [f"{key}/{r}" for r in range(1, self.world) if r not in gone]
+        deadline = time.monotonic() + wait_s
+        while waiting and time.monotonic() < deadline:
+            try:
+                waiting = [k for k in waiting if not self.store.check([k])]
+            except Exception:        # noqa: BLE001 - our own store: nothing more to learn from it
                 return
             time.sleep(0.05)
 

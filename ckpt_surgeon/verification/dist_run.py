@@ -114,6 +114,7 @@ def worker_loop(sess, work: str) -> int:
                 time.sleep(0.05)
             job = broadcast(None)
             if job["mode"] == "end":
+                sess.settle()            # rank 0 has said how the run ends: nothing may change this rank's code
                 return int(job["code"])
             if job["mode"] == "pipeline":
                 from .dist_pipeline import pipeline_worker
@@ -134,11 +135,25 @@ def plan_run(sess, *, inputs, models, dtype: str, ctx: int, memory_budget, devic
     from .dist_plan import compare_fingerprints, fingerprint, plan_distributed
     problem = compare_fingerprints(all_gather(fingerprint(inputs)))
     if problem:
+        sess.settle()
         raise CkptError(problem)
     avail = all_gather(budget(device, torch, memory_budget))
-    return plan_distributed(models, dtype=dtype, world=sess.world,
-                            available=None if any(a is None for a in avail) else min(avail), positions=ctx,
-                            hidden_rows=ctx, forced=mode, one_at_a_time=one_at_a_time)
+    plan, own = None, None
+    try:
+        plan = plan_distributed(models, dtype=dtype, world=sess.world,
+                                available=None if any(a is None for a in avail) else min(avail), positions=ctx,
+                                hidden_rows=ctx, forced=mode, one_at_a_time=one_at_a_time)
+    except CkptError as e:
+        own = e
+    # The same inputs give every rank the same plan or the same refusal; the gather makes that so by
+    # construction (rank 0's answer stands), and a rank that refuses is settled before it unwinds: its exit
+    # code (2) follows from the refusal, never from how soon rank 0 leaves.
+    problems = all_gather(None if own is None else str(own))
+    first = next((p for p in problems if p is not None), None)
+    if first is not None:
+        sess.settle()
+        raise own if own is not None and str(own) == first else CkptError(first)
+    return plan
 
 
 # --------------------------------------------------------------------------- data-parallel
