@@ -53,11 +53,18 @@ class Checkpoint:
     warnings: list = field(default_factory=list)
     file_summary: dict = field(default_factory=dict)   # GGUF: general.name, architecture, context length ... (inspect's file_metadata)
     as_stored: bool = False                  # no quantization view (:func:`open_stored`)
+    side_files: object = field(default=None, repr=False)   # tokenizer / template files beside the weights
 
     quantization: Quantization | None = field(default=None, init=False)   # set when config.json declares one
 
     def __post_init__(self):
         self.warnings = [*self.reader.warnings, *self.warnings]
+        if self.side_files is None and self.naming == "hf" and not self.format.startswith("hub"):
+            folder = Path(self.source) if os.path.isdir(self.source) else \
+                (Path(self.config_path).parent if self.config_path else None)
+            if folder is not None:
+                from .formats.side_files import FolderFiles
+                self.side_files = FolderFiles(folder)
         if self.as_stored:
             return
         if self.naming == "hf" and config_method(self.config) is None:
@@ -367,7 +374,7 @@ def open_hub_checkpoint(repo_id: str, *, revision: str | None = None, file: str 
     if h.format == "hub-gguf":
         return _gguf_checkpoint(h.source, h.format, h.reader, h.summary)
     return Checkpoint(h.source, h.format, h.config, h.config_path, h.reader, warnings=list(h.warnings),
-                      file_summary=h.summary)
+                      file_summary=h.summary, side_files=h.side_files)
 
 
 def _open_hub(repo_id: str, opts: _Options) -> Checkpoint:

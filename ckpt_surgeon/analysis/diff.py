@@ -114,7 +114,8 @@ class DiffReport:
     format_a: str
     format_b: str
     naming: str                       # hf | gguf: the names the rows use
-    verdict: str                      # identical | changed | finetune | reencoded | quantized | unrelated
+    # identical | tokenizer_differs (identical weights) | changed | finetune | reencoded | quantized | unrelated
+    verdict: str
     verdict_line: str
     tensors: tuple
     layers: tuple
@@ -124,6 +125,7 @@ class DiffReport:
     requests: int = 0
     notes: tuple = ()
     warnings: tuple = ()
+    tokenizer: object = None          # TokenizerDiff: the tokenizers and chat templates compared
 
     @property
     def identical(self) -> bool:
@@ -138,6 +140,7 @@ class DiffReport:
                 "verdict_line": self.verdict_line, "counts": dict(self.counts),
                 "tensors": [t.to_dict() for t in self.tensors], "layers": [lr.to_dict() for lr in self.layers],
                 "bytes_read_a": self.bytes_read_a, "bytes_read_b": self.bytes_read_b, "requests": self.requests,
+                "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
                 "notes": list(self.notes), "warnings": list(self.warnings)}
 
     def rows(self, *, changed_only: bool = False) -> list[dict]:
@@ -165,6 +168,8 @@ class DiffReport:
         counts = ", ".join(f"{v} {k}" for k, v in self.counts.items() if v)
         items = [("A", f"{self.source_a} ({self.format_a})"), ("B", f"{self.source_b} ({self.format_b})"),
                  ("verdict", self.verdict_line), ("tensors", counts or "none")]
+        if self.tokenizer is not None:
+            items += self.tokenizer.summary_items()
         changed_layers = [lr for lr in self.layers if any(lr.counts.get(s) for s in STATUSES if s != "identical")]
         # Each layer named as "layer N": a bare "0" here read as "no layer differs" (issue 24).
         items.append(("layers that differ",
@@ -571,6 +576,12 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
             verdict, line = qv
     counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
     notes = []
+    tok = _tokenizers(a, b)
+    if not tok.same:
+        # the weights' verdict never stands alone for two files whose tokenizers differ
+        verdict, line = ("tokenizer_differs", "identical weights") if verdict == "identical" else (verdict, line)
+        line = f"{line}; {tok.line}"
+    notes += list(tok.notes)
     if mixed:
         g = a if a.naming == "gguf" else b
         notes.append(f"GGUF names of {g.source} mapped to HF names; GGUF -> HF transforms (Q/K un-permute, "
@@ -583,7 +594,13 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
                       naming="hf" if mixed or a.naming != "gguf" else "gguf", verdict=verdict, verdict_line=line,
                       tensors=tuple(rows), layers=_layers(rows), counts=counts, bytes_read_a=a.bytes_read,
                       bytes_read_b=b.bytes_read, requests=a.requests + b.requests, notes=tuple(notes),
-                      warnings=tuple(a.warnings) + tuple(b.warnings))
+                      warnings=tuple(a.warnings) + tuple(b.warnings), tokenizer=tok)
+
+
+def _tokenizers(a: Checkpoint, b: Checkpoint):
+    """The two tokenizers compared (:mod:`.tokenizer.compare`)."""
+    from .tokenizer import compare_tokenizers, read_tokenizer
+    return compare_tokenizers(read_tokenizer(a), read_tokenizer(b))
 
 
 def _sort_key(name: str):

@@ -20,6 +20,8 @@ import numpy as np
 from ..arch.resolve import ModelLayout
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import ConfigError
+from .findings import Finding
+from .tokenizer.checks import TOKENIZER_CHECKS
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -43,20 +45,6 @@ TREND_RATIO = 1.5
 
 # Rows read per step by the --scan pass (bounded memory on large tensors).
 SCAN_CHUNK_BYTES = 16 << 20
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    severity: str            # error | warning | info
-    file: str | None
-    tensor: str | None
-    message: str
-    fix: str
-
-    def to_dict(self) -> dict:
-        return {"check": self.check, "severity": self.severity, "file": self.file, "tensor": self.tensor,
-                "message": self.message, "fix": self.fix}
 
 
 @dataclass(frozen=True)
@@ -112,6 +100,7 @@ class _Ctx:
     progress: object = None
     skipped: list = field(default_factory=list)   # (check, reason) for checks not run on this source
     cached: list = field(default_factory=list)    # (check, how) for checks answered from a cache
+    memo: dict = field(default_factory=dict)      # what several checks share (the tokenizer view)
 
     @property
     def remote(self) -> bool:
@@ -690,6 +679,7 @@ CHECKS: tuple[Check, ...] = (
           "without RoPE, the key bias is near zero relative to the query bias"),
     Check("kv-cache-risk", "warning", check_kv_cache_risk,
           "no layer whose key bias makes a q8_0 / q4_0 K cache much worse than the model's median layer"),
+    *(Check(cid, sev, fn, text) for cid, sev, fn, text in TOKENIZER_CHECKS),
     Check("nonfinite", "error", check_nonfinite_zero, "--scan: no NaN/Inf values", scan_only=True),
     Check("all-zero", "warning", check_nonfinite_zero, "--scan: no all-zero tensor", scan_only=True),
 )

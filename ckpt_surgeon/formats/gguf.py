@@ -140,7 +140,9 @@ class StringArray(Sequence):
         return self._data[s:s + int(self._lens[i])]
 
     def tolist(self) -> list[str]:
-        return list(self)
+        data = self._data
+        return [data[s:s + ln].decode("utf-8", "surrogateescape")
+                for s, ln in zip(self._starts.tolist(), self._lens.tolist())]
 
     def __eq__(self, other) -> bool:
         if isinstance(other, StringArray):

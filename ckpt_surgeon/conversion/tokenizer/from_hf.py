@@ -88,16 +88,16 @@ def check_name_for_llamacpp(name: str, vocab: GGUFVocab, path: str | None) -> No
 
 
 def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
-             effective_json: str | None | bool = False) -> GGUFVocab:
+             effective_json: str | dict | None | bool = False) -> GGUFVocab:
     """Build the GGUF vocabulary for a model with ``n_vocab`` embedding rows from an HF folder.
 
     ``effective_json``: :func:`effective_tokenizer_json` of the folder when the caller has it
     already (computed in another process, so that this one never imports transformers);
-    ``False``: computed here."""
+    ``False``: computed here; None or tokenizer.json already parsed (a dict): the file as written."""
     folder = Path(folder)
     tj_path, tj, tcfg = vocab_sources(folder, effective_json)
     model = tj.get("model") or {}
-    if tj_path.name == "tokenizer.json":
+    if tj_path.name == "tokenizer.json" and not (effective_json is None or isinstance(effective_json, dict)):
         # transformers may rebuild another model kind as BPE (Qwen2Tokenizer makes a BPE without
         # merges from a WordLevel vocab): the kind written in the file decides what it is
         _check_kind((read_folder_json(tj_path).get("model") or {}).get("type"), tj_path)

@@ -14,8 +14,10 @@ def read_folder_json(p: Path) -> dict:
     return read_json(p, error=ConfigError)
 
 
-def vocab_sources(folder: Path, effective_json: str | None | bool) -> tuple[Path, dict, dict]:
-    """tokenizer.json's path, its effective content and tokenizer_config.json (``{}`` when absent)."""
+def vocab_sources(folder: Path, effective_json: str | dict | None | bool) -> tuple[Path, dict, dict]:
+    """tokenizer.json's path, its effective content and tokenizer_config.json (``{}`` when absent).
+    ``effective_json``: the content as text (transformers' effective tokenizer), or tokenizer.json itself
+    already parsed (a dict), None to read the file, False to compute the effective one here."""
     tj_path = folder / "tokenizer.json"
     if not tj_path.is_file() and isinstance(effective_json, str) and (folder / "tokenizer.model").is_file():
         # no tokenizer.json, but transformers built the tokenizer from tokenizer.model (InternLM2's
@@ -26,7 +28,8 @@ def vocab_sources(folder: Path, effective_json: str | None | bool) -> tuple[Path
                           path=str(folder), hint="save the tokenizer with AutoTokenizer.save_pretrained(folder) first")
     if effective_json is False:
         effective_json = effective_tokenizer_json(folder)
-    tj = json.loads(effective_json) if effective_json else read_folder_json(tj_path)
+    tj = effective_json if isinstance(effective_json, dict) else \
+        (json.loads(effective_json) if effective_json else read_folder_json(tj_path))
     tcfg = read_folder_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     return tj_path, tj, tcfg
 

@@ -65,7 +65,11 @@ class GGUFVocab:
 # special token kind -> GGUF key suffix (gguf-py constants.py Keys.Tokenizer)
 SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
                 "pad": "padding_token_id", "sep": "seperator_token_id", "cls": "cls_token_id",
-                "mask": "mask_token_id", "eot": "eot_token_id"}
+                "mask": "mask_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
+                "fim_pre": "fim_pre_token_id", "fim_suf": "fim_suf_token_id", "fim_mid": "fim_mid_token_id",
+                "fim_pad": "fim_pad_token_id", "fim_rep": "fim_rep_token_id", "fim_sep": "fim_sep_token_id"}
+# older spellings llama.cpp still reads (after the fim_* keys, so they win where both are set)
+DEPRECATED_SPECIAL_KEYS = {"fim_pre": "prefix_token_id", "fim_suf": "suffix_token_id", "fim_mid": "middle_token_id"}
 _ITEMS = {str: "strings", int: "integers", float: "numbers"}
 _FLAG, _TEXT = Bounds("bool"), Bounds("str")
 
@@ -79,6 +83,8 @@ def _array(meta: dict, key: str, item: type, path: str | None) -> list | None:
         return None
     if isinstance(v, (str, bytes)):
         v = [v]
+    elif item is str and type(v).__name__ == "StringArray":
+        return v.tolist()                  # the GGUF reader's lazy string array: every item is a str
     elif hasattr(v, "tolist"):
         v = list(v.tolist())
     elif isinstance(v, (list, tuple)):
@@ -108,7 +114,7 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
         raise FormatError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens", path=path)
     merges = _array(meta, "tokenizer.ggml.merges", str, path)
     specials = {}
-    for typ, key in SPECIAL_KEYS.items():
+    for typ, key in [*SPECIAL_KEYS.items(), *DEPRECATED_SPECIAL_KEYS.items()]:
         v = gguf_value(meta, f"tokenizer.ggml.{key}", TOKEN_ID, path=path)
         if v is not None:
             if v >= len(tokens):

@@ -132,6 +132,21 @@ def _estimate_header(names: list[str]) -> int:
     return 8 + _HEADER_FIXED_OVERHEAD + sum(len(n.encode()) + _HEADER_ENTRY_OVERHEAD for n in names)
 
 
+def _fetch_whole(client: HubClient, cache: RepoCache, filename: str) -> bytes:
+    """One small file of the repo, whole (at most MAX_SMALL_FILE bytes), through the range cache."""
+    store = cache.store(client.sha, filename)
+    if not (isinstance(store.meta.get("size"), int) and store.covered(0, store.meta["size"])):
+        client.fetch_many([(filename, 0, MAX_SMALL_FILE + 1, store)], "tokenizer", whole_ok=True)
+    size = store.meta.get("size")
+    data = store.get(0, size) if isinstance(size, int) else None
+    if data is None:
+        raise HubError("was not fully received", path=client.label(filename))
+    if len(data) > MAX_SMALL_FILE:
+        raise HubError(f"is larger than {MAX_SMALL_FILE >> 20} MB, which no tokenizer file is",
+                       path=client.label(filename))
+    return data
+
+
 def _read_small(client: HubClient, cache: RepoCache, wanted: dict[str, str]) -> dict[str, dict]:
     """Fetch small JSON files ({filename: "config" | "index"}) in one parallel batch and parse them."""
     stores = {f: cache.store(client.sha, f) for f in wanted}
@@ -250,6 +265,7 @@ class HubOpened:
     warnings: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
     local: Path | None = None
+    side_files: object = None                # hub-safetensors: the tokenizer files beside the weights (RemoteFiles)
 
 
 def open_hub(repo_id: str, *, revision: str | None = None, file: str | None = None,
@@ -328,8 +344,12 @@ def _open_hub_safetensors(client: HubClient, cache: RepoCache, kind: str, chosen
     if wm is not None:
         warnings = st.check_weight_map(reader.tensors, {client.label(f): names for f, names in shards.items()},
                                        wm, client.label(chosen[0]), same_file=str.__eq__)
+    from ..side_files import RemoteFiles
+    side = RemoteFiles(client.label(base) if base else client.source, files,
+                       lambda name: _fetch_whole(client, cache, name), base)
     return HubOpened(client.source, "hub-safetensors", reader, config,
-                     client.label(cfg_name) if config is not None else None, warnings, _hub_summary(client))
+                     client.label(cfg_name) if config is not None else None, warnings, _hub_summary(client),
+                     side_files=side)
 
 
 def hf_cache_target(client: HubClient, revision: str, file: str | None) -> tuple[Path, Path] | None:

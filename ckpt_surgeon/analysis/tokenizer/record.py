@@ -1,0 +1,308 @@
+"""One tokenizer record, read from every format: what a checkpoint's tokenizer and chat template are.
+
+* **GGUF**: the ``tokenizer.ggml.*`` keys, ``tokenizer.chat_template`` and its named variants
+  ``tokenizer.chat_template.<name>`` (the names listed in ``tokenizer.chat_templates``).
+* **HF** (a folder, or a Hub repo whose files are fetched whole by HTTP): ``tokenizer.json``,
+  ``tokenizer_config.json``, ``special_tokens_map.json``, the chat template (``chat_template.jinja`` and
+  ``additional_chat_templates/*.jinja``, which transformers prefers, else ``tokenizer_config.json``'s, else
+  ``chat_template.json``), and the eos / bos / pad of ``config.json`` and ``generation_config.json``.
+
+Both are put in llama.cpp's terms, so a GGUF and an HF folder compare token for token: an HF
+vocabulary is read as llama.cpp's converter would write it (:func:`..conversion.tokenizer.hf_vocab`,
+the converter this project checks byte for byte against ``convert_hf_to_gguf.py``); a kind that
+converter does not write (WordPiece, Unigram) is read as it stands.  llama.cpp's own view of special
+ids, end-of-generation tokens and add-BOS flags comes from :func:`llama_specials` (its load rules).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from ...conversion.tokenizer.llama_specials import LlamaSpecials, llama_specials
+from ...conversion.tokenizer.vocab import CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab
+from ...errors import CkptError
+
+TYPE_NAMES = {NORMAL: "normal", UNKNOWN: "unknown", CONTROL: "control", USER_DEFINED: "user-defined",
+              UNUSED: "unused", 6: "byte"}
+# tokenizer.json model kinds -> llama.cpp vocabulary names (llama-vocab.cpp's LLAMA_VOCAB_TYPE_*)
+_HF_KINDS = {"WordPiece": "bert", "Unigram": "t5"}
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    """A checkpoint's tokenizer and chat template(s), in llama.cpp's terms (see the module text)."""
+
+    source: str
+    format: str                                  # gguf | hf
+    kind: str | None                             # llama.cpp vocabulary: gpt2 | llama | bert | t5 | ...
+    hf_kind: str | None                          # tokenizer.json model type (HF sources)
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]                 # gguf-py TokenType: 1 normal, 3 control, 4 user-defined ...
+    merges: tuple[str, ...] | None
+    scores: tuple[float, ...] | None
+    pre: str | None                              # tokenizer.ggml.pre (HF: the name llama.cpp's converter writes)
+    normalizer: dict | None = None               # HF: tokenizer.json's normalizer
+    pre_tokenizer: dict | None = None            # HF: tokenizer.json's pre_tokenizer
+    special_ids: dict = field(default_factory=dict)    # kind -> id, as the files name them
+    special_texts: dict = field(default_factory=dict)  # HF: kind -> token text (tokenizer_config, special_tokens_map)
+    llama: LlamaSpecials | None = None           # llama.cpp's special ids, EOG set and add flags
+    generation_eos: tuple[int, ...] | None = None    # HF: generation_config.json's (else config.json's) eos ids
+    add_bos: bool | None = None                  # as stated (GGUF keys; HF: as the converter reads them)
+    add_eos: bool | None = None
+    add_sep: bool | None = None
+    add_space_prefix: bool | None = None
+    templates: dict = field(default_factory=dict)     # name ("default" first) -> template text
+    template_sources: dict = field(default_factory=dict)   # name -> where it was read
+    files: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    side: object = field(default=None, repr=False, compare=False)   # HF: the files, for effective_pre()
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def eog(self) -> tuple[int, ...]:
+        return self.llama.eog if self.llama is not None else ()
+
+    @property
+    def template(self) -> str | None:
+        return self.templates.get("default")
+
+    def text(self, tid: int | None) -> str | None:
+        return self.tokens[tid] if tid is not None and 0 <= tid < len(self.tokens) else None
+
+    def is_special(self, tid: int) -> bool:
+        return 0 <= tid < len(self.token_types) and self.token_types[tid] in (CONTROL, USER_DEFINED, UNKNOWN)
+
+    def specials_by_text(self) -> dict[str, int]:
+        """Special (control / user-defined) token text -> id."""
+        return {t: i for i, (t, ty) in enumerate(zip(self.tokens, self.token_types)) if ty in (CONTROL, USER_DEFINED)}
+
+    def summary(self) -> dict:
+        """The short section ``inspect`` shows."""
+        from .templates import template_family
+        ll = self.llama
+        ids = dict(ll.ids) if ll is not None else dict(self.special_ids)
+        return {"kind": self.kind or self.hf_kind, "size": self.size,
+                "pre_tokenizer": self.pre if self.pre is not None else ("default (not set)" if self.kind == "gpt2"
+                                                                        else None),
+                "specials": {k: f"{i} {self.text(i)!r}" for k, i in ids.items()},
+                "eog": [f"{i} {self.text(i)!r}" for i in self.eog],
+                "add_bos": ll.add_bos if ll is not None else self.add_bos,
+                "templates": list(self.templates), "template_family": template_family(self.template)}
+
+    def effective_pre(self) -> str | None:
+        """HF: llama.cpp's name for the split transformers really runs for these files (some tokenizer classes
+        rebuild the file's pre-tokenizer in code: ``Qwen2Tokenizer`` splits with Qwen2's regex whatever
+        tokenizer.json says), which is what llama.cpp's converter hashes.  The first answer costs a transformers
+        load; it is kept in the transformers-answer cache (:mod:`...conversion.answer_cache`).  GGUF: :attr:`pre`."""
+        if self.format != "hf" or self.side is None or self.kind != "gpt2":
+            return self.pre
+        from ...conversion import answer_cache
+        from ...conversion.tokenizer import effective_tokenizer_json, pre_name_for_json
+        with self.side.as_folder() as folder:
+            cfg = _json(self.side, "config.json") if "config.json" in self.side.names() else {}
+            path = answer_cache.answer_path("effective-pre", cfg.get("model_type"), answer_cache.folder_inputs(folder))
+            got = answer_cache.load(path)
+            if got is not None:
+                return got.get("pre")
+            ej = effective_tokenizer_json(folder)
+        pre = pre_name_for_json(json.loads(ej)) if ej else self.pre
+        answer_cache.store(path, {"pre": pre})
+        return pre
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "side"}
+        d["llama"] = asdict(self.llama) if self.llama is not None else None
+        d["vocab"] = [{"id": i, "text": t, "type": TYPE_NAMES.get(ty, str(ty))}
+                      for i, (t, ty) in enumerate(zip(self.tokens, self.token_types))]
+        del d["tokens"], d["token_types"]
+        d["summary"] = self.summary()
+        return d
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def named_templates(meta: dict) -> dict[str, str]:
+    """``tokenizer.chat_template`` as "default", then every ``tokenizer.chat_template.<name>``."""
+    out: dict[str, str] = {}
+    if isinstance(meta.get("tokenizer.chat_template"), str):
+        out["default"] = meta["tokenizer.chat_template"]
+    prefix = "tokenizer.chat_template."
+    for k in sorted(meta):
+        if k.startswith(prefix) and isinstance(meta[k], str):
+            out[k[len(prefix):]] = meta[k]
+    return out
+
+
+def from_gguf_metadata(meta: dict, source: str) -> TokenizerRecord | None:
+    """The record of a GGUF's metadata (None when it holds no tokenizer)."""
+    from ...conversion.tokenizer.vocab import vocab_from_metadata
+    v = vocab_from_metadata(meta, source)
+    if v is None:
+        return None
+    return _from_vocab(v, source, "gguf", templates=named_templates(meta),
+                       template_sources={n: ("tokenizer.chat_template" + ("" if n == "default" else f".{n}"))
+                                         for n in named_templates(meta)}, files=(source,))
+
+
+def _from_vocab(v: GGUFVocab, source: str, fmt: str, **kw) -> TokenizerRecord:
+    return TokenizerRecord(source, fmt, v.model, kw.pop("hf_kind", None), v.tokens, v.token_types, v.merges,
+                           v.scores, v.pre, special_ids=dict(v.special_ids), llama=llama_specials(v),
+                           add_bos=v.add_bos, add_eos=v.add_eos, add_sep=v.add_sep,
+                           add_space_prefix=v.add_space_prefix, **kw)
+
+
+# --------------------------------------------------------------------------- HF
+
+
+def _json(files, name: str) -> dict:
+    from ...formats.safe_input import loads_json
+    raw = files.read(name)
+    if raw is None:
+        return {}
+    obj = loads_json(raw, path=files.path(name), error=CkptError)
+    return obj if isinstance(obj, dict) else {}
+
+
+def hf_templates(files) -> tuple[dict[str, str], dict[str, str]]:
+    """The chat templates transformers loads for these files, and where each came from: the ``.jinja`` files
+    take priority over tokenizer_config.json (transformers' ``from_pretrained``), chat_template.json last."""
+    out: dict[str, str] = {}
+    where: dict[str, str] = {}
+    names = files.names()
+    if "chat_template.jinja" in names:
+        out["default"], where["default"] = files.read("chat_template.jinja").decode("utf-8", "replace"), \
+            "chat_template.jinja"
+    for n in names:
+        if n.startswith("additional_chat_templates/"):
+            key = n.split("/", 1)[1].removesuffix(".jinja")
+            out[key], where[key] = files.read(n).decode("utf-8", "replace"), n
+    if not out:
+        for src in ("tokenizer_config.json", "chat_template.json"):
+            ct = _json(files, src).get("chat_template") if src in names else None
+            if isinstance(ct, str):
+                out["default"], where["default"] = ct, src
+            elif isinstance(ct, list):
+                for t in ct:
+                    if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str):
+                        out[t["name"]], where[t["name"]] = t["template"], src
+            elif isinstance(ct, dict):
+                for k, t in ct.items():
+                    if isinstance(t, str):
+                        out[str(k)], where[str(k)] = t, src
+            if out:
+                break
+    if "default" in out:
+        out = {"default": out["default"], **{k: t for k, t in out.items() if k != "default"}}
+    return out, where
+
+
+def _eos_ids(files) -> tuple[int, ...] | None:
+    for name in ("generation_config.json", "config.json"):
+        v = _json(files, name).get("eos_token_id") if name in files.names() else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (v,)
+        if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return tuple(v)
+    return None
+
+
+def _hf_special_texts(files) -> dict[str, str]:
+    from ...conversion.tokenizer.specials import HF_SPECIAL_NAMES, token_content
+    out = {}
+    for src in ("tokenizer_config.json", "special_tokens_map.json"):      # the map wins, as in transformers
+        cfg = _json(files, src) if src in files.names() else {}
+        for typ in HF_SPECIAL_NAMES:
+            c = token_content(cfg.get(f"{typ}_token"))
+            if c is not None:
+                out[typ] = c
+    return out
+
+
+def _native_vocab(tj: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Tokens by id as tokenizer.json has them (holes: empty text, type unused); added tokens are control
+    (special) or user-defined (not special), as llama.cpp's converter types them."""
+    model = tj.get("model") or {}
+    vocab = model.get("vocab") or {}
+    pairs = [(t, i) for t, i in vocab.items()] if isinstance(vocab, dict) else \
+        [(e[0], i) for i, e in enumerate(vocab) if isinstance(e, (list, tuple)) and e]
+    by_id = {i: t for t, i in pairs if isinstance(i, int)}
+    kinds = {}
+    for a in tj.get("added_tokens") or []:
+        if isinstance(a, dict) and isinstance(a.get("id"), int) and isinstance(a.get("content"), str):
+            by_id[a["id"]] = a["content"]
+            kinds[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
+    n = max(by_id) + 1 if by_id else 0
+    tokens = tuple(by_id.get(i, "") for i in range(n))
+    types = tuple(kinds.get(i, NORMAL if i in by_id else UNUSED) for i in range(n))
+    return tokens, types
+
+
+def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRecord | None:
+    """The record of an HF tokenizer (``files``: :mod:`..formats.side_files`); None without tokenizer.json."""
+    from ...conversion.tokenizer import hf_vocab
+    names = files.names()
+    if "tokenizer.json" not in names:
+        return None
+    tj = _json(files, "tokenizer.json")
+    model = tj.get("model") or {}
+    hf_kind = model.get("type") if isinstance(model.get("type"), str) else None
+    tokens, types = _native_vocab(tj)
+    templates, where = hf_templates(files)
+    common = dict(hf_kind=hf_kind, normalizer=tj.get("normalizer"), pre_tokenizer=tj.get("pre_tokenizer"),
+                  special_texts=_hf_special_texts(files), generation_eos=_eos_ids(files), templates=templates,
+                  template_sources=where, files=tuple(files.path(n) for n in names))
+    notes = []
+    try:
+        with files.as_folder() as folder:
+            v = hf_vocab(folder, len(tokens), config, effective_json=tj)
+    except CkptError as e:
+        notes.append(f"not in llama.cpp's terms: {e.detail}")
+        v = None
+    if v is not None:
+        return _from_vocab(v, source, "hf", notes=tuple(notes), side=files, **common)
+    kind = "gpt2" if hf_kind == "BPE" and not model.get("byte_fallback") else \
+        ("llama" if hf_kind == "BPE" else _HF_KINDS.get(hf_kind))
+    merges = model.get("merges")
+    merges = tuple(m if isinstance(m, str) else " ".join(m) for m in merges) if isinstance(merges, list) else None
+    scores = tuple(float(e[1]) for e in model["vocab"]) if hf_kind == "Unigram" and isinstance(model.get("vocab"),
+                                                                                                   list) else None
+    gv = GGUFVocab(model=kind or "none", pre=None, tokens=tokens, token_types=types, scores=scores, merges=merges,
+                   special_ids=_ids_of(common["special_texts"], tokens))
+    return TokenizerRecord(source, "hf", kind, hf_kind, tokens, types, merges, scores, None,
+                           special_ids=dict(gv.special_ids), llama=llama_specials(gv) if kind else None,
+                           notes=tuple(notes), side=files, **{k: v for k, v in common.items() if k != "hf_kind"})
+
+
+def _ids_of(texts: dict, tokens) -> dict:
+    index = {t: i for i, t in enumerate(tokens)}
+    return {k: index[t] for k, t in texts.items() if t in index}
+
+
+# --------------------------------------------------------------------------- any checkpoint
+
+
+def read_tokenizer(ck) -> TokenizerRecord | None:
+    """The tokenizer record of an open :class:`~ckpt_surgeon.checkpoint.Checkpoint` (None: it has none)."""
+    if ck.naming == "gguf":
+        return from_gguf_metadata(ck.metadata, ck.source)
+    if ck.side_files is None:
+        return None
+    return from_hf_files(ck.side_files, ck.source, ck.config)
+
+
+def tokenizer(source, **open_kwargs) -> TokenizerRecord | None:
+    """Python API: the tokenizer record of ``source`` (a path, a Hub id or an open Checkpoint)."""
+    from ...checkpoint import Checkpoint, open_checkpoint
+    if isinstance(source, Checkpoint):
+        return read_tokenizer(source)
+    with open_checkpoint(source, **open_kwargs) as ck:
+        return read_tokenizer(ck)
+
+
+def dumps(rec: TokenizerRecord) -> str:
+    return json.dumps(rec.to_dict(), ensure_ascii=False)

@@ -1,0 +1,209 @@
+"""The other half of a model (issue 48): tokenizer and chat template, read from every format, compared by
+``diff`` and checked by ``lint``.
+
+Planted defects: each one changes exactly one thing in a copy of the tiny Qwen2 fixture (ChatML specials,
+its chat template) or in our GGUF of it, and is compared with the untouched other side, across formats
+(HF copy against the GGUF, GGUF copy against the HF folder).  ``diff`` must exit 1 and name the part;
+the defects visible in one file are also ``lint`` findings.  The untouched pair shows no difference
+(the false-alarm side), as do the real SmolLM2 GGUF and its conversion.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli_util import _run as run_cli
+from ckpt_surgeon.analysis.diff import diff
+from ckpt_surgeon.analysis.lint import lint
+from ckpt_surgeon.analysis.tokenizer import compare_tokenizers, tokenizer
+from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
+from gguf_util import rewrite_gguf
+
+
+@pytest.fixture(scope="module")
+def pair(tiny, tmp_path_factory) -> tuple[Path, Path]:
+    """(the tiny Qwen2 HF folder, our GGUF of it)."""
+    src = tiny("qwen2")
+    return src, hf_to_gguf(src, tmp_path_factory.mktemp("tokpair") / "q.gguf", dtype="f32", name="tiny")
+
+
+def _edit_json(path: Path, fn) -> None:
+    obj = json.loads(path.read_text(encoding="utf-8"))
+    fn(obj)
+    path.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
+
+
+def _swap_ids(d: Path) -> None:
+    def swap(tj):
+        v = tj["model"]["vocab"]
+        a, b = (next(t for t, i in v.items() if i == k) for k in (300, 301))
+        v[a], v[b] = 301, 300
+    _edit_json(d / "tokenizer.json", swap)
+
+
+def _template(d: Path, fn) -> None:
+    p = d / "chat_template.jinja"
+    p.write_text(fn(p.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def _special_off(d: Path) -> None:
+    def off(tj):
+        next(a for a in tj["added_tokens"] if a["content"] == "<|im_end|>")["special"] = False
+    _edit_json(d / "tokenizer.json", off)
+
+
+def _eos(d: Path, text: str, tid: int) -> None:
+    _edit_json(d / "tokenizer_config.json", lambda c: c.__setitem__("eos_token", text))
+    _edit_json(d / "generation_config.json", lambda c: c.__setitem__("eos_token_id", tid))
+
+
+def _ordinary_eos(d: Path) -> None:
+    tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    text, tid = next((t, i) for t, i in tj["model"]["vocab"].items() if i == 200)
+    _eos(d, text, tid)
+
+
+def _double_bos(d: Path) -> None:
+    _edit_json(d / "tokenizer_config.json", lambda c: c.__setitem__("add_bos_token", True))
+    _template(d, lambda t: "{{ bos_token }}" + t)
+
+
+# name -> (how the HF copy is changed, diff parts it must name, lint check ids it must raise)
+HF_DEFECTS = {
+    "two-ids-swapped": (_swap_ids, {"vocab"}, set()),
+    "im_start-renamed": (lambda d: _template(d, lambda t: t.replace("<|im_start|>", "<|im_begin|>")),
+                         {"chat_template"}, {"template-tokens"}),
+    "eos-changed": (lambda d: _eos(d, "<|endoftext|>", 0), {"special_ids"}, {"end-of-turn"}),
+    "eos-an-ordinary-token": (_ordinary_eos, {"special_ids", "eog"}, {"special-ids", "end-of-turn"}),
+    "add-bos-on": (lambda d: _edit_json(d / "tokenizer_config.json", lambda c: c.__setitem__("add_bos_token", True)),
+                   {"add_flags"}, set()),
+    "bos-twice": (_double_bos, {"add_flags", "chat_template"}, {"double-bos"}),
+    "merge-dropped": (lambda d: _edit_json(d / "tokenizer.json", lambda tj: tj["model"]["merges"].pop(10)),
+                      {"merges"}, set()),
+    "template-removed": (lambda d: (d / "chat_template.jinja").unlink(), {"chat_template"}, {"missing-template"}),
+    "template-unparsable": (lambda d: _template(d, lambda t: t + "{% if %}"), {"chat_template"}, {"template-parse"}),
+    "im_end-not-special": (_special_off, {"token_types"}, set()),
+}
+
+def _renamed_token(path: Path):
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(path) as ck:
+        toks = list(ck.metadata["tokenizer.ggml.tokens"])
+    toks[250] = toks[250] + "x"
+    return {"tokenizer.ggml.tokens": (toks, None)}
+
+
+# name -> (rewrite kwargs of tests/gguf_util.rewrite_gguf, or a function of the file giving set_kv), parts, lint
+GGUF_DEFECTS = {
+    "gguf-template-removed": ({"drop": ("tokenizer.chat_template",)}, {"chat_template"}, {"missing-template"}),
+    "gguf-pre-removed": ({"drop": ("tokenizer.ggml.pre",)}, {"pre_tokenizer"}, {"pre-tokenizer"}),
+    "gguf-other-pre": ({"set_kv": {"tokenizer.ggml.pre": ("gpt-2", None)}}, {"pre_tokenizer"}, set()),
+    "gguf-unknown-pre": ({"set_kv": {"tokenizer.ggml.pre": ("not-a-tokenizer", None)}}, {"pre_tokenizer"},
+                         {"pre-tokenizer"}),
+    "gguf-eos-changed": ({"set_kv": {"tokenizer.ggml.eos_token_id": (0, None)}}, {"special_ids"}, set()),
+    "gguf-eos-removed": ({"drop": ("tokenizer.ggml.eos_token_id",)}, {"special_ids", "eog"}, {"special-ids"}),
+    "gguf-add-bos-on": ({"set_kv": {"tokenizer.ggml.add_bos_token": (True, None)}}, {"add_flags"}, set()),
+    "gguf-token-renamed": (_renamed_token, {"vocab"}, set()),
+}
+
+
+def _hf_copy(src: Path, dst: Path, fn) -> Path:
+    shutil.copytree(src, dst)
+    fn(dst)
+    return dst
+
+
+def _gguf_copy(g: Path, dst: Path, how) -> Path:
+    """A rewritten copy; ``set_kv`` values are (value, type): the type is the file's own for a key it has."""
+    return rewrite_gguf(g, dst, **({"set_kv": how(g)} if callable(how) else how))
+
+
+def test_the_untouched_pair_shows_no_tokenizer_difference(pair):
+    src, g = pair
+    d = compare_tokenizers(tokenizer(src), tokenizer(g))
+    assert d.same, d.to_dict()
+    rep = diff(src, g)
+    assert rep.tokenizer.same and "tokenizer" not in rep.verdict_line
+    assert not [f for f in lint(g).findings if f.check in _TOKENIZER_IDS]
+    assert not [f for f in lint(src).findings if f.check in _TOKENIZER_IDS]
+
+
+_TOKENIZER_IDS = {"template-parse", "template-tokens", "double-bos", "end-of-turn", "special-ids", "pre-tokenizer",
+                  "missing-template", "template-sources"}
+
+
+@pytest.mark.parametrize("name", list(HF_DEFECTS))
+def test_a_planted_hf_defect_is_named_by_diff_and_lint(name, pair, tmp_path):
+    src, g = pair
+    fn, parts, checks = HF_DEFECTS[name]
+    bad = _hf_copy(src, tmp_path / name, fn)
+    rep = diff(g, bad)
+    assert not rep.identical and set(rep.tokenizer.differs) == parts, rep.tokenizer.to_dict()
+    assert rep.tokenizer.line in rep.verdict_line
+    found = {f.check for f in lint(bad).findings if f.check in _TOKENIZER_IDS}
+    assert found == checks, [f.message for f in lint(bad).findings]
+
+
+@pytest.mark.parametrize("name", list(GGUF_DEFECTS))
+def test_a_planted_gguf_defect_is_named_by_diff_and_lint(name, pair, tmp_path):
+    src, g = pair
+    how, parts, checks = GGUF_DEFECTS[name]
+    bad = _gguf_copy(g, tmp_path / f"{name}.gguf", how)
+    rep = diff(src, bad)
+    assert not rep.identical and set(rep.tokenizer.differs) == parts, rep.tokenizer.to_dict()
+    found = {f.check for f in lint(bad).findings if f.check in _TOKENIZER_IDS}
+    assert found == checks, [f.message for f in lint(bad).findings]
+
+
+def test_diff_cli_names_the_tokenizer_and_exits_1(pair, tmp_path):
+    """Identical weights, one template token renamed: the verdict says so, exit 1; the JSON keys are stable."""
+    src, _ = pair
+    bad = _hf_copy(src, tmp_path / "bad", HF_DEFECTS["im_start-renamed"][0])
+    r = run_cli("diff", str(src), str(bad))
+    assert r.exit_code == 1
+    assert "identical weights; tokenizer differs: chat template" in r.output
+    assert "+...essage in messages %}{{ '<|im_begin|>' + message" in r.output     # the changed span, with context
+    r = run_cli("diff", str(src), str(bad), "--format", "json")
+    got = json.loads(r.stdout)
+    assert got["verdict"] == "tokenizer_differs" and got["tokenizer"]["differs"] == ["chat_template"]
+    assert set(got["tokenizer"]) >= {"same", "differs", "line", "vocab", "special_ids", "eog", "chat_template",
+                                     "pre_tokenizer", "notes"}
+    assert "<|im_begin|>" in got["tokenizer"]["chat_template"]["diff"]
+    same = json.loads(run_cli("diff", str(src), str(src), "--format", "json").stdout)
+    assert same["verdict"] == "identical" and same["tokenizer"]["same"] is True
+
+
+def test_the_real_smollm2_gguf_and_its_conversion_agree(smollm_gguf, tmp_path):
+    """The real SmolLM2 GGUF (llama.cpp's converter wrote it) against our HF conversion of it, and back."""
+    hf = gguf_to_hf(smollm_gguf, tmp_path / "hf")
+    a, b = tokenizer(smollm_gguf), tokenizer(hf)
+    d = compare_tokenizers(a, b)
+    assert d.same, d.to_dict()
+    assert a.eog == (0, 2, 4) and a.llama.ids["eos"] == 2          # llama.cpp's own answer (test_tokenizer_specials)
+    assert not [f for f in lint(hf).findings if f.check in _TOKENIZER_IDS]
+    assert not [f for f in lint(smollm_gguf).findings if f.check in _TOKENIZER_IDS]
+
+
+def test_minilm_has_no_tokenizer_finding(minilm_dir):
+    rec = tokenizer(minilm_dir)
+    assert rec.kind == "bert" and rec.size == 30522 and not rec.templates
+    assert not [f for f in lint(minilm_dir).findings if f.check in _TOKENIZER_IDS]
+
+
+def test_named_templates_are_read_from_both_formats(pair, tmp_path):
+    """transformers' additional_chat_templates/*.jinja and the GGUF's tokenizer.chat_template.<name>."""
+    src, g = pair
+    hf = _hf_copy(src, tmp_path / "named", lambda d: ((d / "additional_chat_templates").mkdir(),
+                                                      (d / "additional_chat_templates" / "tool_use.jinja")
+                                                      .write_text("{{ messages[0]['content'] }}")))
+    assert list(tokenizer(hf).templates) == ["default", "tool_use"]
+    rep = diff(g, hf)
+    assert "named_templates" in rep.tokenizer.differs
+    import gguf
+    named = rewrite_gguf(g, tmp_path / "named.gguf", set_kv={
+        "tokenizer.chat_template.tool_use": ("{{ messages[0]['content'] }}", gguf.GGUFValueType.STRING)})
+    assert list(tokenizer(named).templates) == ["default", "tool_use"]
+    assert compare_tokenizers(tokenizer(named), tokenizer(hf)).same
