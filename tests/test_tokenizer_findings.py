@@ -21,6 +21,7 @@ from ckpt_surgeon.analysis.lint import lint
 from ckpt_surgeon.analysis.tokenizer import compare_tokenizers, tokenizer
 from ckpt_surgeon.conversion import gguf_to_hf, hf_to_gguf
 from gguf_util import rewrite_gguf
+from hubenv import hub  # noqa: F401  (the local Hub fixture)
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +208,31 @@ def test_named_templates_are_read_from_both_formats(pair, tmp_path):
         "tokenizer.chat_template.tool_use": ("{{ messages[0]['content'] }}", gguf.GGUFValueType.STRING)})
     assert list(tokenizer(named).templates) == ["default", "tool_use"]
     assert compare_tokenizers(tokenizer(named), tokenizer(hf)).same
+
+
+def test_inspect_shows_a_short_tokenizer_section_and_json_has_the_record(pair, smollm_gguf):
+    src, g = pair
+    r = run_cli("inspect", str(smollm_gguf))
+    assert r.exit_code == 0, r.output
+    assert "gpt2, 49,152 tokens, pre-tokenizer smollm" in r.output
+    assert "eos 2 '<|im_end|>'" in r.output and "0 '<|endoftext|>', 2 '<|im_end|>', 4 '<reponame>'" in r.output
+    assert "default (llama.cpp renders it as its built-in 'chatml')" in r.output
+    rec = json.loads(run_cli("inspect", str(g), "--format", "json").stdout)["tokenizer"]
+    assert rec["format"] == "gguf" and rec["kind"] == "gpt2" and rec["pre"] == "qwen2"
+    assert rec["vocab"][2] == {"id": 2, "text": "<|im_end|>", "type": "control"}
+    assert rec["templates"]["default"] == (src / "chat_template.jinja").read_text()
+    hf = json.loads(run_cli("inspect", str(src), "--format", "json").stdout)["tokenizer"]
+    assert hf["format"] == "hf" and hf["template_sources"] == {"default": "chat_template.jinja"}
+    assert hf["generation_eos"] == [2] and hf["summary"]["template_family"] == "chatml"
+
+
+def test_a_hub_repo_tokenizer_is_read_by_http_as_the_local_folder(hub, pair):
+    """Hub repos: the tokenizer files are fetched (whole, through the range cache) from the local Hub server."""
+    src, g = pair
+    hub.add_repo("owner/tiny", src)
+    remote, local = tokenizer("owner/tiny"), tokenizer(src)
+    assert remote.format == "hf" and remote.tokens == local.tokens and remote.templates == local.templates
+    assert remote.special_ids == local.special_ids and remote.generation_eos == local.generation_eos
+    assert compare_tokenizers(remote, tokenizer(g)).same
+    rep = json.loads(run_cli("inspect", "owner/tiny", "--format", "json").stdout)
+    assert rep["tokenizer"] is None and "not read from the Hub by inspect" in rep["tokenizer_note"]

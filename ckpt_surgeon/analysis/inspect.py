@@ -146,6 +146,8 @@ class InspectReport(LayoutSummary):
     quantization: object = None     # QuantSummary (analysis/quant.py) of a quantized checkpoint, else None
     towers: tuple = ()            # TowerReport per attention stack, the main (top-level ``layers``) one first
     missing_config: str | None = None   # where config.json was looked for, when an HF source has none
+    tokenizer: object = None        # TokenizerRecord (analysis/tokenizer): the tokenizer and chat template(s)
+    tokenizer_note: str | None = None   # why there is no tokenizer section
 
     @property
     def complete(self) -> bool:
@@ -184,6 +186,8 @@ class InspectReport(LayoutSummary):
             "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
             "quantization": self.quantization.to_dict() if self.quantization is not None else None,
             "towers": [t.to_dict() for t in self.towers],
+            "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
+            "tokenizer_note": self.tokenizer_note,
         }
 
     def to_frame(self):
@@ -277,8 +281,25 @@ class InspectReport(LayoutSummary):
                                     + (", every stack)" if len(self.towers) > 1 else ")")),
             ("bytes read", f"{self.bytes_read:,}" + (f" in {self.requests} request(s)" if self.requests else "")),
         ] + [(f"tower {t.name}", t.summary()) for t in self.towers[1:]] + self._file_summary() + \
+            self._tokenizer_summary() + \
             self._redundancy_summary() + (
             self.memory.summary_items() if self.memory is not None else [])
+
+    def _tokenizer_summary(self) -> list[tuple[str, str]]:
+        if self.tokenizer is None:
+            return [("tokenizer", self.tokenizer_note)] if self.tokenizer_note else []
+        t = self.tokenizer.summary()
+        fam = t["template_family"]
+        templates = "none" if not t["templates"] else ", ".join(t["templates"]) + (
+            f" (llama.cpp renders it as its built-in '{fam}')" if fam and fam != "unrecognised" and
+            not fam.startswith("unknown") else
+            " (no llama.cpp built-in renders it: llama.cpp needs --jinja)" if fam == "unrecognised" else "")
+        return [("tokenizer", f"{t['kind']}, {t['size']:,} tokens" + (
+                    f", pre-tokenizer {t['pre_tokenizer']}" if t["pre_tokenizer"] else "")),
+                ("special tokens", ", ".join(f"{k} {v}" for k, v in t["specials"].items()) or "none"),
+                ("end of generation", ", ".join(t["eog"]) or "none"),
+                ("adds BOS", "yes" if t["add_bos"] else "no"),
+                ("chat templates", templates)]
 
     def _key_bias_summary(self) -> list[tuple[str, str]]:
         """With towers: the key-bias tensors of every stack, so that a count over the whole model's attention
@@ -435,7 +456,22 @@ def inspect_checkpoint(ck: Checkpoint, memory=None) -> InspectReport:
         bytes_read=ck.bytes_read, requests=ck.requests, num_tensors=len(ck.stored_tensors),
         memory=mem, facts=tuple(layout.facts()), derivation=layout.derivation(),
         quantization=quant_summary(ck, params),
-        towers=tuple(towers), missing_config=ck.missing_config)
+        towers=tuple(towers), missing_config=ck.missing_config, **_tokenizer_fields(ck))
+
+
+def _tokenizer_fields(ck: Checkpoint) -> dict:
+    """The tokenizer section: read from a local folder's files or a GGUF's header (already read); a Hub folder's
+    tokenizer files are not fetched by inspect (headers only: ``diff`` and ``tokenizer()`` read them)."""
+    if ck.format == "hub-safetensors":
+        return {"tokenizer_note": "not read from the Hub by inspect (headers only); ckpt-surgeon diff and the "
+                                  "Python API's ckpt_surgeon.tokenizer() read it"}
+    from ..errors import CkptError
+    from .tokenizer import read_tokenizer
+    try:
+        rec = read_tokenizer(ck)
+    except CkptError as e:
+        return {"tokenizer_note": f"unreadable: {e}"}
+    return {"tokenizer": rec} if rec is not None else {"tokenizer_note": "none in this source"}
 
 
 def _attention_free(mem) -> bool:
