@@ -383,8 +383,23 @@ def spm_gemma2(tiny, out: Path) -> Path:
     return out
 
 
-# name -> builder: variants whose tokenizer is rebuilt (so the vocabulary size changes too).
-TOKENIZER_VARIANTS = {"gemma2_spm": spm_gemma2}
+def named_templates_qwen2(tiny, out: Path) -> Path:
+    """tiny qwen2 with a named chat template beside its default (transformers' additional_chat_templates/)."""
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(tiny("qwen2"), tmp)
+        (tmp / "additional_chat_templates").mkdir()
+        (tmp / "additional_chat_templates" / "tool_use.jinja").write_text(
+            "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' (tools)\n' + m['content'] + '<|im_end|>\n' }}"
+            "{% endfor %}", encoding="utf-8")
+        tmp.rename(out)
+    return out
+
+
+# name -> builder: variants whose tokenizer is rebuilt (so the vocabulary size changes too), or whose tokenizer
+# files are changed
+TOKENIZER_VARIANTS = {"gemma2_spm": spm_gemma2, "qwen2_named_templates": named_templates_qwen2}
 
 
 def hf_tensor_bytes(folder: Path) -> dict:

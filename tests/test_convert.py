@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from convert_variants import (LLAMACPP_FAMILIES, MULTILINGUAL, STRAYS, build_variant, gguf_metadata, hf_tensor_bytes,
                               read_json, spm_llama, with_dtype)
 
+from ckpt_surgeon.analysis.tokenizer import compare_tokenizers, tokenizer
 from ckpt_surgeon.conversion import gguf_to_hf, gguf_to_hf_report, hf_to_gguf
 from ckpt_surgeon.conversion import names as N
 from ckpt_surgeon.errors import (CkptError, ConfigError, OutputExistsError, RefusedError, UnsupportedError)
@@ -127,6 +128,10 @@ def test_hf_gguf_hf_round_trip_is_bit_exact(family, dtype, family_dir, tmp_path)
     src = family_dir(family, dtype)
     g = hf_to_gguf(src, tmp_path / "m.gguf", dtype=DTYPES[dtype], name="tiny")
     out = gguf_to_hf(g, tmp_path / "back", dtype=dtype)
+    if dtype == "float32":          # issue 48: the tokenizer and chat template come back too, in either format
+        for x, y in ((src, g), (src, out)):
+            d = compare_tokenizers(tokenizer(x), tokenizer(y))
+            assert d.same, (family, str(y), d.to_dict())
     a, b = hf_tensor_bytes(src), hf_tensor_bytes(out)
     assert sorted(a) == sorted(b)
     for name in a:
@@ -254,6 +259,10 @@ def test_ours_gguf_to_hf_to_gguf_is_bit_exact(family, qtype, family_dir, tmp_pat
     hf1 = gguf_to_hf(g0, tmp_path / "hf1")
     g1 = hf_to_gguf(hf1, tmp_path / "g1.gguf", dtype="f32", name="tiny")
     hf2 = gguf_to_hf(g1, tmp_path / "hf2")
+    if qtype == "f32":              # issue 48: the tokenizer too
+        for x, y in ((g0, hf1), (g0, g1)):
+            d = compare_tokenizers(tokenizer(x), tokenizer(y))
+            assert d.same, (family, str(y), d.to_dict())
     a, b = hf_tensor_bytes(hf1), hf_tensor_bytes(hf2)
     assert sorted(a) == sorted(b)
     assert any(".experts.3." in n for n in a) == (family in MOE_ROUND_TRIP_FAMILIES)

@@ -28,6 +28,7 @@ from convert_variants import build_variant, gguf_metadata
 from llamacpp_src import llamacpp_source
 
 from ckpt_surgeon import tiny_cache
+from ckpt_surgeon.analysis.tokenizer import compare_tokenizers, tokenizer
 from ckpt_surgeon.checkpoint import open_checkpoint
 from ckpt_surgeon.conversion import hf_to_gguf
 from fixtures.build_fixtures import fixture_base
@@ -51,7 +52,7 @@ FAMILIES = ("qwen2", "qwen2_long", "qwen2_yarn", "llama", "llama_bias", "llama3_
             "qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "starcoder2", "olmo2", "granite", "phi", "cohere",
             "stablelm", "bloom", "gemma2_spm", "falcon_nobias", "falcon_11b", "falcon_mha", "phimoe_hub", "deepseek_v2",
             "phi3_longrope", "phimoe_longrope", "deepseek_v2_yarn", "gemma3_linear",
-            "phi4mini_longrope")
+            "phi4mini_longrope", "qwen2_named_templates")
 
 # Metadata the reference writes that we do not match, and why (nothing else may differ):
 EXEMPT = {
@@ -163,6 +164,23 @@ def test_hf_to_gguf_is_identical_to_llama_cpp_converter(family, family_src, tmp_
         ref = ref_dir / f"{outtype}.gguf"
         ours = hf_to_gguf(src, tmp_path / f"{outtype}.gguf", dtype=outtype, name="tiny")
         assert_matches_reference(ours, ref, family, outtype)
+        if outtype == "f32":
+            # the tokenizer record (issue 48): the folder, llama.cpp's file of it and ours read as one tokenizer
+            d = compare_tokenizers(tokenizer(src), tokenizer(ours))
+            assert d.same, (family, d.to_dict())
+            for side in (src, ours):
+                d = compare_tokenizers(tokenizer(side), tokenizer(ref))
+                assert set(d.differs) == TOKENIZER_DIFFERS.get(family, set()), (family, d.to_dict())
+
+
+# Where the folder's tokenizer (as transformers runs it) and llama.cpp's file of it really differ, and why.
+TOKENIZER_DIFFERS = {
+    # the fixture's GemmaTokenizer adds no BOS (add_bos_token false, no BOS in tokenizer.json's template), and
+    # Gemma2Model.set_vocab writes no tokenizer.ggml.add_bos_token for its SentencePiece vocabulary, so llama.cpp
+    # adds one to its file (its default for 'llama' vocabularies); ours writes add_bos_token = false, as
+    # transformers runs the folder.  The diff names it (real Gemma 2 folders add BOS, so there they agree).
+    "gemma2_spm": {"add_flags"},
+}
 
 
 def assert_matches_reference(ours: Path, ref: Path, family: str, outtype: str) -> None:

@@ -236,3 +236,25 @@ def test_a_hub_repo_tokenizer_is_read_by_http_as_the_local_folder(hub, pair):
     assert compare_tokenizers(remote, tokenizer(g)).same
     rep = json.loads(run_cli("inspect", "owner/tiny", "--format", "json").stdout)
     assert rep["tokenizer"] is None and "not read from the Hub by inspect" in rep["tokenizer_note"]
+
+
+def test_convert_keeps_named_templates_both_ways(pair, tmp_path):
+    """HF with additional_chat_templates/ -> GGUF (tokenizer.chat_template.<name> + tokenizer.chat_templates, as
+    gguf-py writes them) -> HF (chat_template.jinja + additional_chat_templates/, which transformers reads)."""
+    src, _ = pair
+    hf = _hf_copy(src, tmp_path / "named", lambda d: ((d / "additional_chat_templates").mkdir(),
+                                                      (d / "additional_chat_templates" / "tool_use.jinja")
+                                                      .write_text("{{ messages[0]['content'] }}")))
+    g = hf_to_gguf(hf, tmp_path / "named.gguf", dtype="f32", name="tiny")
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    with open_checkpoint(g) as ck:
+        assert ck.metadata["tokenizer.chat_template.tool_use"] == "{{ messages[0]['content'] }}"
+        assert list(ck.metadata["tokenizer.chat_templates"]) == ["tool_use"]
+    back = gguf_to_hf(g, tmp_path / "back")
+    assert (back / "additional_chat_templates" / "tool_use.jinja").read_text() == "{{ messages[0]['content'] }}"
+    for x, y in ((hf, g), (g, back), (hf, back)):
+        d = compare_tokenizers(tokenizer(x), tokenizer(y))
+        assert d.same, (x, y, d.to_dict())
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(back)
+    assert set(tok.chat_template) == {"default", "tool_use"}

@@ -581,6 +581,8 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
         # the weights' verdict never stands alone for two files whose tokenizers differ
         verdict, line = ("tokenizer_differs", "identical weights") if verdict == "identical" else (verdict, line)
         line = f"{line}; {tok.line}"
+    elif not tok.compared:
+        line = f"{line}; {tok.line}"
     notes += list(tok.notes)
     if mixed:
         g = a if a.naming == "gguf" else b

@@ -471,6 +471,8 @@ def _tokenizer_fields(ck: Checkpoint) -> dict:
         rec = read_tokenizer(ck)
     except CkptError as e:
         return {"tokenizer_note": f"unreadable: {e}"}
+    if rec is not None and rec.unread:
+        return {"tokenizer_note": f"not read: {rec.unread}"}
     return {"tokenizer": rec} if rec is not None else {"tokenizer_note": "none in this source"}
 
 

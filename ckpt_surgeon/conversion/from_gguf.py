@@ -397,6 +397,8 @@ def _add_tokenizer_files(w, tok_files) -> None:
     w.add_file("tokenizer_config.json", _json(tok_files.tokenizer_config))
     if tok_files.special_ids:
         w.add_file("generation_config.json", _json(dict(tok_files.special_ids)))
+    for rel, text in tok_files.extra_files.items():
+        w.add_file(rel, text)
 
 
 def gguf_to_hf_report(gguf_path, out_dir, dtype: str = "float32", force: bool = False, *,
@@ -655,4 +657,7 @@ def write_hf_tokenizer(ck, config: dict, out: Path) -> bool:
     (out / "tokenizer_config.json").write_text(_json(tok_files.tokenizer_config), encoding="utf-8")
     if tok_files.special_ids:
         (out / "generation_config.json").write_text(_json(dict(tok_files.special_ids)), encoding="utf-8")
+    for rel, text in tok_files.extra_files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text, encoding="utf-8")
     return True

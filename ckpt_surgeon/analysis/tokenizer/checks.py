@@ -33,6 +33,9 @@ def view(ctx) -> TokenizerView:
     memo = ctx.memo
     if "tokenizer" not in memo:
         rec = read_tokenizer(ctx.ck)
+        if rec is not None and rec.unread:
+            ctx.skipped.append(("tokenizer checks", f"not read: {rec.unread}"))
+            rec = None
         where = None
         if rec is not None:
             where = ctx.ck.source if rec.format == "gguf" else (rec.files[0] if rec.files else ctx.file)

@@ -38,13 +38,14 @@ class TokenizerDiff:
     line: str                           # "tokenizer differs: 2 token ids, chat template" | "tokenizer identical"
     details: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    compared: bool = True               # False: one side's tokenizer could not be read (``line`` says why)
 
     @property
     def same(self) -> bool:
         return not self.differs
 
     def to_dict(self) -> dict:
-        return {"same": self.same, "differs": list(self.differs), "line": self.line,
+        return {"same": self.same, "compared": self.compared, "differs": list(self.differs), "line": self.line,
                 **{p: self.details.get(p) for p in PARTS}, "notes": list(self.notes)}
 
     def summary_items(self) -> list[tuple[str, str]]:
@@ -56,9 +57,14 @@ class TokenizerDiff:
         return items
 
 
+def _pad_texts(i: int) -> tuple[str, ...]:
+    # llama.cpp's converter pads with [PAD{i}] (a bert vocabulary spells it ▁[PAD{i}]: it is not a control token)
+    return (f"[PAD{i}]", f"▁[PAD{i}]", "")
+
+
 def _unpadded(rec: TokenizerRecord) -> tuple[tuple, tuple]:
     toks, types = list(rec.tokens), list(rec.token_types)
-    while toks and types[-1] == UNUSED and toks[-1] in (f"[PAD{len(toks) - 1}]", ""):
+    while toks and types[-1] == UNUSED and toks[-1] in _pad_texts(len(toks) - 1):
         toks.pop()
         types.pop()
     return tuple(toks), tuple(types)
@@ -74,7 +80,7 @@ def _hf_spelling(rec: TokenizerRecord, toks: tuple, types: tuple) -> tuple:
 
 
 def _hole(t: str, ty: int, i: int) -> bool:
-    return ty == UNUSED and t in (f"[PAD{i}]", "")
+    return ty == UNUSED and t in _pad_texts(i)
 
 
 def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | None]:
@@ -228,9 +234,26 @@ def _templates(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dic
 
 
 def compare_tokenizers(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerDiff:
-    """What differs between the tokenizers ``a`` and ``b`` (either may be None: no tokenizer)."""
+    """What differs between the tokenizers ``a`` and ``b`` (either may be None: no tokenizer).  An HF side is
+    the tokenizer transformers builds from its files: read as the files are written first, and, where that
+    differs from the other side, as transformers builds it (:attr:`TokenizerRecord.effective`)."""
+    d = _compare(a, b)
+    if d.same or a is None or b is None or "hf" not in (a.format, b.format):
+        return d
+    ea, eb = a.effective, b.effective
+    if ea is a and eb is b:
+        return d
+    return _compare(ea, eb)
+
+
+def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerDiff:
     if a is None and b is None:
         return TokenizerDiff((), "no tokenizer on either side")
+    unread = [(n, r.unread) for n, r in (("A", a), ("B", b)) if r is not None and r.unread]
+    if unread:
+        why = "; ".join(f"{n}: {u}" for n, u in unread)
+        return TokenizerDiff((), f"tokenizer not compared ({why})", notes=(f"tokenizer not compared: {why}",),
+                             compared=False)
     if a is None or b is None:
         side = "A" if a is None else "B"
         return TokenizerDiff(("presence",), f"tokenizer differs: {side} has none",
@@ -241,8 +264,8 @@ def compare_tokenizers(a: TokenizerRecord | None, b: TokenizerRecord | None) -> 
                      "text": f"A {a.kind or a.hf_kind}, B {b.kind or b.hf_kind}"}
     d["vocab"], d["token_types"] = _vocab(a, b)
     d["merges"] = _seq("merges", a.merges, b.merges)
-    if a.scores is not None and b.scores is not None:
-        d["scores"] = _seq("scores", a.scores, b.scores)
+    if a.scores is not None and b.scores is not None:       # of the tokens, not of padding rows
+        d["scores"] = _seq("scores", a.scores[:len(_unpadded(a)[0])], b.scores[:len(_unpadded(b)[0])])
     d["pre_tokenizer"] = _pre(a, b)
     notes = []
     if a.format == b.format == "hf" and a.normalizer != b.normalizer:

@@ -15,6 +15,7 @@ ids, end-of-generation tokens and add-BOS flags comes from :func:`llama_specials
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -56,6 +57,7 @@ class TokenizerRecord:
     files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     side: object = field(default=None, repr=False, compare=False)   # HF: the files, for effective_pre()
+    unread: str | None = None                    # why the tokenizer the files describe was not read (then empty)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -113,6 +115,26 @@ class TokenizerRecord:
         answer_cache.store(path, {"pre": pre})
         return pre
 
+    @functools.cached_property
+    def effective(self) -> "TokenizerRecord":
+        """HF: the record of the tokenizer transformers really builds from these files (its class may set the
+        split, the BOS template or the scores in code), read as llama.cpp's converter reads it: what the GGUF
+        of this folder holds.  Costs a transformers load; ``compare_tokenizers`` asks for it only where the
+        files as written differ from the other side.  Other formats, or no transformers answer: ``self``."""
+        if self.format != "hf" or self.side is None:
+            return self
+        from ...conversion.tokenizer import hf_vocab
+        try:
+            with self.side.as_folder() as folder:
+                cfg = _json(self.side, "config.json") if "config.json" in self.side.names() else None
+                v = hf_vocab(folder, len(self.tokens), cfg, effective_json=False)
+        except CkptError:
+            return self
+        keep = {k: getattr(self, k) for k in ("hf_kind", "normalizer", "pre_tokenizer", "special_texts",
+                                               "generation_eos", "templates", "template_sources", "files",
+                                               "notes", "side")}
+        return _from_vocab(v, self.source, "hf", **keep)
+
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "side"}
         d["llama"] = asdict(self.llama) if self.llama is not None else None
@@ -141,17 +163,21 @@ def named_templates(meta: dict) -> dict[str, str]:
 def from_gguf_metadata(meta: dict, source: str) -> TokenizerRecord | None:
     """The record of a GGUF's metadata (None when it holds no tokenizer)."""
     from ...conversion.tokenizer.vocab import vocab_from_metadata
-    v = vocab_from_metadata(meta, source)
+    v = vocab_from_metadata(meta, source, strict=False)
     if v is None:
         return None
-    return _from_vocab(v, source, "gguf", templates=named_templates(meta),
+    keys = {k.removeprefix("tokenizer.ggml."): meta[k] for k in meta
+            if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")}
+    return _from_vocab(v, source, "gguf", keys=keys, templates=named_templates(meta),
                        template_sources={n: ("tokenizer.chat_template" + ("" if n == "default" else f".{n}"))
                                          for n in named_templates(meta)}, files=(source,))
 
 
-def _from_vocab(v: GGUFVocab, source: str, fmt: str, **kw) -> TokenizerRecord:
+def _from_vocab(v: GGUFVocab, source: str, fmt: str, keys: dict | None = None, **kw) -> TokenizerRecord:
+    ll = llama_specials(v, keys)
+    kw["notes"] = tuple(kw.get("notes", ())) + tuple(n for n in ll.notes if "outside" in n)
     return TokenizerRecord(source, fmt, v.model, kw.pop("hf_kind", None), v.tokens, v.token_types, v.merges,
-                           v.scores, v.pre, special_ids=dict(v.special_ids), llama=llama_specials(v),
+                           v.scores, v.pre, special_ids=dict(v.special_ids), llama=ll,
                            add_bos=v.add_bos, add_eos=v.add_eos, add_sep=v.add_sep,
                            add_space_prefix=v.add_space_prefix, **kw)
 
@@ -246,8 +272,19 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
     """The record of an HF tokenizer (``files``: :mod:`..formats.side_files`); None without tokenizer.json."""
     from ...conversion.tokenizer import hf_vocab
     names = files.names()
-    if "tokenizer.json" not in names:
-        return None
+    tcfg = _json(files, "tokenizer_config.json") if "tokenizer_config.json" in names else {}
+    unread = None
+    if "AutoTokenizer" in (tcfg.get("auto_map") or {}):
+        unread = "its tokenizer is a tokenizer module of the model's own (auto_map), which is not run"
+    elif "tokenizer.json" not in names:
+        others = [n for n in ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt") if n in names]
+        if not others:
+            return None
+        unread = f"no tokenizer.json beside {', '.join(others)}: only tokenizer.json is read"
+    if unread:
+        return TokenizerRecord(source, "hf", None, None, (), (), None, None, None,
+                               templates=hf_templates(files)[0], files=tuple(files.path(n) for n in names),
+                               unread=unread)
     tj = _json(files, "tokenizer.json")
     model = tj.get("model") or {}
     hf_kind = model.get("type") if isinstance(model.get("type"), str) else None
@@ -271,10 +308,20 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
     merges = tuple(m if isinstance(m, str) else " ".join(m) for m in merges) if isinstance(merges, list) else None
     scores = tuple(float(e[1]) for e in model["vocab"]) if hf_kind == "Unigram" and isinstance(model.get("vocab"),
                                                                                                    list) else None
+    # the special ids and add flags llama.cpp's converter writes for it (gguf-py SpecialVocab: bos is the cls token
+    # and eos the sep token where none is named; add_bos / add_eos from the post-processor's template)
+    from ...conversion.tokenizer.specials import adds_bos_eos
+    texts = dict(common["special_texts"])
+    if "bos" not in texts and "cls" in texts:
+        texts["bos"] = texts["cls"]
+    if "eos" not in texts and "sep" in texts:
+        texts["eos"] = texts["sep"]
+    add_bos, add_eos = adds_bos_eos(tj, tcfg, texts.get("bos"), texts.get("eos"))
     gv = GGUFVocab(model=kind or "none", pre=None, tokens=tokens, token_types=types, scores=scores, merges=merges,
-                   special_ids=_ids_of(common["special_texts"], tokens))
+                   special_ids=_ids_of(texts, tokens), add_bos=add_bos, add_eos=add_eos)
     return TokenizerRecord(source, "hf", kind, hf_kind, tokens, types, merges, scores, None,
                            special_ids=dict(gv.special_ids), llama=llama_specials(gv) if kind else None,
+                           add_bos=add_bos, add_eos=add_eos,
                            notes=tuple(notes), side=files, **{k: v for k, v in common.items() if k != "hf_kind"})
 
 

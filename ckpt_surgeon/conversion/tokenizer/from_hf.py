@@ -11,7 +11,7 @@ from pathlib import Path
 from ...arch.families import LLAMACPP_NAME_TOKENS
 from ...errors import ConfigError, FormatError, UnsupportedError
 from .bpe import gpt2_pre_name, merge_strings
-from .hf_files import read_chat_template, read_folder_json, vocab_sources
+from .hf_files import read_chat_template, read_folder_json, read_named_templates, vocab_sources
 from .specials import HF_SPECIAL_NAMES, adds_bos_eos, adds_sep, special_token_ids, token_content
 from .spm import spm_adds_prefix, spm_scores
 from .vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab
@@ -142,4 +142,5 @@ def hf_vocab(folder: str | Path, n_vocab: int, config: dict | None = None, *,
                      merges=tuple(merges) if (merges and not spm) else None,
                      special_ids=ids, add_bos=add_bos, add_eos=add_eos, add_sep=add_sep,
                      add_space_prefix=add_space_prefix,
-                     chat_template=read_chat_template(folder, tcfg))
+                     chat_template=read_chat_template(folder, tcfg),
+                     named_templates=read_named_templates(folder, tcfg))

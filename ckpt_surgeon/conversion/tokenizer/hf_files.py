@@ -47,13 +47,38 @@ def effective_tokenizer_json(folder: str | Path) -> str | None:
         from transformers import AutoTokenizer
         from ...quiet import quiet_transformers
         with quiet_transformers():
-            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            # never the folder's own code (transformers would ask on a terminal): a tokenizer module of the model's
+            # own is refused here, and the file as written is read
+            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         backend = getattr(tok, "backend_tokenizer", None)
         if backend is not None:
             return backend.to_str()
     except Exception:  # noqa: BLE001 - fall back to the file as written
         pass
     return None
+
+
+def _template_name(name: str) -> str:
+    """A template name as gguf-py writes it into a key (``GGUFWriter.add_chat_template``: only letters, digits, _)."""
+    import string
+    return "".join(c if c in string.ascii_letters + string.digits else "_" for c in name)
+
+
+def read_named_templates(folder: Path, tcfg: dict) -> dict[str, str]:
+    """The named (not default) chat templates llama.cpp's converter carries (gguf-py ``SpecialVocab``):
+    tokenizer_config.json's list of ``{name, template}``, else, beside chat_template.jinja,
+    ``additional_chat_templates/*.jinja``."""
+    ct = tcfg.get("chat_template")
+    out: dict[str, str] = {}
+    if isinstance(ct, list):
+        for t in ct:
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str):
+                out[t["name"]] = t["template"]
+    elif ct is None and (folder / "chat_template.jinja").is_file() and (folder / "additional_chat_templates").is_dir():
+        from ...formats.safe_input import MAX_JSON_FILE, read_regular
+        for p in sorted((folder / "additional_chat_templates").glob("*.jinja")):
+            out[p.stem] = read_regular(p, max_bytes=MAX_JSON_FILE, error=ConfigError).decode("utf-8", "replace")
+    return {_template_name(n): t for n, t in out.items() if n != "default" and _template_name(n)}
 
 
 def read_chat_template(folder: Path, tcfg: dict) -> str | None:
@@ -70,5 +95,5 @@ def read_chat_template(folder: Path, tcfg: dict) -> str | None:
         ct = read_folder_json(folder / "chat_template.json").get("chat_template")
     if isinstance(ct, list):  # named templates: llama.cpp's tokenizer.chat_template is the default one
         named = {t.get("name"): t.get("template") for t in ct if isinstance(t, dict) and isinstance(t.get("name"), str)}
-        ct = named.get("default") or next(iter(named.values()), None)
+        ct = named.get("default")     # none named "default": gguf-py's add_chat_template writes no default either
     return ct if isinstance(ct, str) else None

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import UnsupportedError
 from .bpe import byte_level_bpe, raw_bpe, rebuild_pre
@@ -29,8 +29,9 @@ class HFTokenizerFiles:
 
     tokenizer_json: str
     tokenizer_config: dict
-    special_ids: dict
+    special_ids: dict                  # generation_config.json's content
     warnings: tuple[str, ...] = ()
+    extra_files: dict = field(default_factory=dict)   # relative path -> text (chat templates as .jinja files)
 
 
 def _rebuild_model(v: GGUFVocab, tokens: list[str], types: list[int], pre, path: str | None):
@@ -116,7 +117,17 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
             tcfg[f"{typ}_token"] = names[typ]
     if model_max_length:
         tcfg["model_max_length"] = int(model_max_length)
-    if v.chat_template:
+    extra = {}
+    if v.named_templates:
+        # transformers reads named templates only as files (additional_chat_templates/<name>.jinja, the default
+        # in chat_template.jinja beside them): they replace any template in tokenizer_config.json
+        if v.chat_template:
+            extra["chat_template.jinja"] = v.chat_template
+        extra.update({f"additional_chat_templates/{k}.jinja": t for k, t in v.named_templates.items()})
+    elif v.chat_template:
         tcfg["chat_template"] = v.chat_template
+    # generation_config.json: the file's eos alone.  llama.cpp also stops at every token of its EOG set
+    # (llama_specials), but the GGUF does not say which of them the source's generation_config listed; the
+    # HF -> GGUF -> HF round trip must give the source's file back.
     ids = {f"{typ}_token_id": i for typ, i in v.special_ids.items() if typ in ("bos", "eos", "pad") and i < n}
-    return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings))
+    return HFTokenizerFiles(tok.to_str(pretty=True), tcfg, ids, tuple(warnings), extra)

@@ -34,6 +34,7 @@ class GGUFVocab:
     lowercase: bool | None = None                # tokenizer.ggml.normalizer.lowercase (bert)
     remove_extra_whitespaces: bool | None = None  # t5 (UGM)
     precompiled_charsmap: bytes | None = None     # t5 (UGM): SentencePiece's normalisation table
+    named_templates: dict = field(default_factory=dict)   # tokenizer.chat_template.<name> -> text (not the default)
 
     def key_values(self) -> list[tuple[str, object, str]]:
         """(key, value, kind) with kind one of str | u32 | bool | str[] | i32[] | f32[]."""
@@ -61,6 +62,10 @@ class GGUFVocab:
             kv.append(("tokenizer.ggml.normalizer.lowercase", bool(self.lowercase), "bool"))
         if self.chat_template:
             kv.append(("tokenizer.chat_template", self.chat_template, "str"))
+        if self.named_templates:
+            # gguf-py's GGUFWriter.add_chat_template: one key per named template, and their names
+            kv += [(f"tokenizer.chat_template.{n}", t, "str") for n, t in self.named_templates.items()]
+            kv.append(("tokenizer.chat_templates", list(self.named_templates), "str[]"))
         return kv
 # special token kind -> GGUF key suffix (gguf-py constants.py Keys.Tokenizer)
 SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
@@ -98,8 +103,9 @@ def _array(meta: dict, key: str, item: type, path: str | None) -> list | None:
     return v
 
 
-def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None:
-    """Typed view of a GGUF's ``tokenizer.*`` metadata (None when it has no tokenizer)."""
+def vocab_from_metadata(meta: dict, path: str | None = None, *, strict: bool = True) -> GGUFVocab | None:
+    """Typed view of a GGUF's ``tokenizer.*`` metadata (None when it has no tokenizer).  ``strict=False``: a special
+    id outside the vocabulary is left out, as llama.cpp ignores it (with a warning), instead of refused."""
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         return None
@@ -117,6 +123,8 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
     for typ, key in [*SPECIAL_KEYS.items(), *DEPRECATED_SPECIAL_KEYS.items()]:
         v = gguf_value(meta, f"tokenizer.ggml.{key}", TOKEN_ID, path=path)
         if v is not None:
+            if v >= len(tokens) and not strict:
+                continue
             if v >= len(tokens):
                 raise FormatError(f"tokenizer.ggml.{key} = {v} is outside the {len(tokens)}-token vocabulary", path=path)
             specials[typ] = v
@@ -135,7 +143,13 @@ def vocab_from_metadata(meta: dict, path: str | None = None) -> GGUFVocab | None
         add_space_prefix=flag("tokenizer.ggml.add_space_prefix"), chat_template=text("tokenizer.chat_template"),
         lowercase=flag("tokenizer.ggml.normalizer.lowercase"),
         remove_extra_whitespaces=flag("tokenizer.ggml.remove_extra_whitespaces"),
-        precompiled_charsmap=_charsmap(meta, path))
+        precompiled_charsmap=_charsmap(meta, path), named_templates=_named_templates(meta, path))
+
+
+def _named_templates(meta: dict, path: str | None) -> dict:
+    """``tokenizer.chat_template.<name>`` values (the default template is ``tokenizer.chat_template``)."""
+    prefix = "tokenizer.chat_template."
+    return {k[len(prefix):]: gguf_value(meta, k, _TEXT, path=path) for k in sorted(meta) if k.startswith(prefix)}
 
 
 def _charsmap(meta: dict, path: str | None) -> bytes | None:
