@@ -50,10 +50,14 @@ def _template(d: Path, fn) -> None:
     p.write_text(fn(p.read_text(encoding="utf-8")), encoding="utf-8")
 
 
-def _special_off(d: Path) -> None:
-    def off(tj):
-        next(a for a in tj["added_tokens"] if a["content"] == "<|im_end|>")["special"] = False
-    _edit_json(d / "tokenizer.json", off)
+def _made_special(d: Path) -> None:
+    """An ordinary token of the vocabulary added again as a special token (transformers and llama.cpp's converter
+    then treat it as control text: never split, skipped when decoding)."""
+    def add(tj):
+        text = next(t for t, i in tj["model"]["vocab"].items() if i == 250)
+        tj["added_tokens"].append({"id": 250, "content": text, "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": True})
+    _edit_json(d / "tokenizer.json", add)
 
 
 def _eos(d: Path, text: str, tid: int) -> None:
@@ -78,7 +82,8 @@ HF_DEFECTS = {
     "im_start-renamed": (lambda d: _template(d, lambda t: t.replace("<|im_start|>", "<|im_begin|>")),
                          {"chat_template"}, {"template-tokens"}),
     "eos-changed": (lambda d: _eos(d, "<|endoftext|>", 0), {"special_ids"}, {"end-of-turn"}),
-    "eos-an-ordinary-token": (_ordinary_eos, {"special_ids", "eog"}, {"special-ids", "end-of-turn"}),
+    # transformers makes a token it is told is eos a special one: the token's type differs from the GGUF's too
+    "eos-an-ordinary-token": (_ordinary_eos, {"token_types", "special_ids", "eog"}, {"special-ids", "end-of-turn"}),
     "add-bos-on": (lambda d: _edit_json(d / "tokenizer_config.json", lambda c: c.__setitem__("add_bos_token", True)),
                    {"add_flags"}, set()),
     "bos-twice": (_double_bos, {"add_flags", "chat_template"}, {"double-bos"}),
@@ -86,7 +91,7 @@ HF_DEFECTS = {
                       {"merges"}, set()),
     "template-removed": (lambda d: (d / "chat_template.jinja").unlink(), {"chat_template"}, {"missing-template"}),
     "template-unparsable": (lambda d: _template(d, lambda t: t + "{% if %}"), {"chat_template"}, {"template-parse"}),
-    "im_end-not-special": (_special_off, {"token_types"}, set()),
+    "ordinary-token-made-special": (_made_special, {"token_types"}, set()),
 }
 
 def _renamed_token(path: Path):
