@@ -104,6 +104,7 @@ class Session:
                                 world_size=env.world, timeout=self.timeout)
         self.fault_seen = threading.Event()
         self._stop = threading.Event()
+        self._ending = threading.Lock()   # the watch's last word and the main thread's close exclude each other
         self._main = threading.main_thread()
         self._finished = False
         self._own_fault = False
@@ -192,10 +193,13 @@ class Session:
             if self._finished:
                 return
             time.sleep(0.1)
-        if self.rank == 0:           # the main thread did not come back: say why, end here
-            import sys
-            print(f"error: {self.posted_fault() or 'a rank failed'}", file=sys.__stderr__, flush=True)
-        os._exit(2)
+        with self._ending:           # not while the main thread closes (it then says the line itself)
+            if self._finished:
+                return
+            if self.rank == 0:       # the main thread did not come back: say why, end here
+                import sys
+                print(f"error: {self.posted_fault() or 'a rank failed'}", file=sys.__stderr__, flush=True)
+            os._exit(2)
 
     def _on_sigterm(self, signum, frame):
         self.mark("stopped")
@@ -257,7 +261,8 @@ class Session:
     def close(self, *, ok: bool) -> None:
         """Leave the group (after a clean run the others are told this rank is done)."""
         import torch.distributed as dist
-        self._finished = True
+        with self._ending:           # from here the main thread says the run's line: the watch never does
+            self._finished = True
         self.mark("done" if ok else "stopped")
         self._stop.set()
         if self._old_term is not None:
