@@ -108,6 +108,50 @@ def test_no_commit_hash_branch_name_or_history_in_docs():
     assert not found, "\n".join(found)
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores kept), spaces to
+    hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    out, seen = set(), {}
+    fence = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        if not fence and (m := re.match(r"^#+ (.*)$", line)):
+            slug = _slug(m.group(1))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+        out.update(re.findall(r'<a id="([^"]+)"', line))
+    return out
+
+
+def test_slug_follows_github():
+    assert _slug("`--kv-cache TYPES`") == "--kv-cache-types"
+    assert _slug("tokenizers: from llama.cpp's regexes") == "tokenizers-from-llamacpps-regexes"
+    assert _slug("Split output, memory, progress") == "split-output-memory-progress"
+
+
+def test_every_relative_link_and_anchor_exists():
+    bad = []
+    for path in ALL_DOCS:
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                bad.append(f"{path.relative_to(REPO)}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{path.relative_to(REPO)}: {target}: no such heading")
+    assert not bad, "\n".join(bad)
+
+
 # ------------------------------------------------------------------------------------------ generated pages
 
 def test_commands_md_is_generated_from_the_click_tree():
@@ -325,7 +369,9 @@ def docs_session(tmp_path_factory, smollm_gguf, minilm_dir):
     root = tmp_path_factory.mktemp("docs")
     work = root / "work"
     work.mkdir()
+    from llamacpp_src import llamacpp_source
     env = {"SMOL": str(smollm_gguf), "MINILM": str(minilm_dir), "COLUMNS": WIDTH, "LINES": "50",
+           "CKPT_SURGEON_LLAMACPP_SRC": str(llamacpp_source()),     # convert --list-architectures, offline
            "XDG_CACHE_HOME": str(root / "cache"),           # demo's folder, the derived and answer caches
            "CKPT_SURGEON_CACHE_DIR": str(root / "cache" / "derived"),
            "HF_HUB_OFFLINE": "1", "CKPT_SURGEON_PROGRESS": "0"}
@@ -362,3 +408,16 @@ def test_documented_command_prints_what_the_docs_show(shown, docs_session):
     missing = missing_lines(shown.expected, output)
     assert not missing, f"{shown.doc}:{shown.line}: not printed by `{shown.command}`:\n" + \
         "\n".join(missing) + "\n--- it printed:\n" + output
+    if shown.command == "ckpt-surgeon demo":
+        _demo_did_everything(output)
+
+
+def _demo_did_everything(output: str):
+    """The README's first command is the whole demo (the suite's only run of it): the refusals carry the
+    analyzer's reasons, and every verify step passes."""
+    assert "ckpt-surgeon inspect" in output and "Found q/k/v biases in 2 of 2 layers" in output
+    assert "-> exit 2, refused: the key bias is not exactly removable in qwen2" in output
+    assert "-> exit 2, refused: cannot fold the value bias" in output
+    assert output.count("verify: PASS") == 3 and "MISMATCH" not in output
+    where = Path(output.split("Demo finished; files are in ", 1)[1].split()[0])
+    assert (where / "qwen2-tiny" / "model.safetensors").is_file(), where
