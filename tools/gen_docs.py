@@ -63,26 +63,58 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def options_table(path: str, cmd) -> str:
-    """The region for one command: its usage line and one row per option, as ``--help`` shows them."""
+SHARED_MIN = 3      # an option with the same name and help on at least this many commands is "shared"
+SHARED = "*"        # the region of the shared options' table
+
+
+def _records(path: str, cmd) -> list[tuple[str, str]]:
+    """(option as --help names it, its help) for every visible option of ``cmd``."""
     import click
     ctx = _context(path, cmd)
-    usage = " ".join(["ckpt-surgeon", path, *cmd.collect_usage_pieces(ctx)]).replace("  ", " ")
-    rows = ["| option | what |", "|---|---|"]
+    out = []
     for p in cmd.get_params(ctx):
-        if not isinstance(p, click.Option):
-            continue
-        rec = p.get_help_record(ctx)
-        if rec is None:         # hidden
-            continue
-        rows.append(f"| `{_cell(rec[0])}` | {_cell(rec[1])} |")
+        if isinstance(p, click.Option):
+            rec = p.get_help_record(ctx)
+            if rec is not None:         # hidden
+                out.append((_cell(rec[0]), _cell(rec[1])))
+    return out
+
+
+def shared_records() -> list[tuple[str, str]]:
+    """The options several commands share word for word (name, metavar and help): documented once."""
+    from collections import Counter
+    counts = Counter(r for path, cmd in command_paths() for r in set(_records(path, cmd)))
+    order = [r for path, cmd in command_paths() for r in _records(path, cmd)]
+    return list(dict.fromkeys(r for r in order if counts[r] >= SHARED_MIN))
+
+
+def _table(records) -> list[str]:
+    return ["| option | what |", "|---|---|"] + [f"| `{opt}` | {help_} |" for opt, help_ in records]
+
+
+def options_table(path: str, cmd, shared=None) -> str:
+    """The region for one command: its usage line and one row per option, as ``--help`` shows them; the
+    shared options in one row pointing at their own table."""
+    shared = shared_records() if shared is None else shared
+    if path == SHARED:
+        return "\n".join(_table(shared)) + "\n"
+    ctx = _context(path, cmd)
+    usage = " ".join(["ckpt-surgeon", path, *cmd.collect_usage_pieces(ctx)]).replace("  ", " ")
+    records = _records(path, cmd)
+    own = [r for r in records if r not in shared]
+    common = [r for r in records if r in shared]
+    rows = _table(own)
+    if common:
+        rows.append("| shared | " + ", ".join(f"`{opt}`" for opt, _ in common)
+                    + " ([options every command shares](#options-every-command-shares)) |")
     return f"Usage: `{usage}`\n\n" + "\n".join(rows) + "\n"
 
 
 def commands_md(text: str) -> str:
     """``text`` (docs/commands.md) with every region rewritten; raises ValueError naming a command
     that has no region, or a region whose command does not exist."""
-    paths = dict(command_paths())
+    paths = {**dict(command_paths()), SHARED: None}
+    shared = shared_records()
     seen = set()
 
     def repl(m):
@@ -90,7 +122,7 @@ def commands_md(text: str) -> str:
         if path not in paths:
             raise ValueError(f"docs/commands.md has options of {path!r}, which is not a command")
         seen.add(path)
-        return _BEGIN.format(path) + "\n" + options_table(path, paths[path]) + _END
+        return _BEGIN.format(path) + "\n" + options_table(path, paths[path], shared) + _END
     out = _REGION.sub(repl, text)
     missing = [p for p in paths if p not in seen]
     if missing:
@@ -132,7 +164,7 @@ def _rst(text: str) -> str:
 
 def _returned_class(doc: str):
     """The class a ``Returns:`` section names (its first role), imported; None without one."""
-    m = re.search(r"^Returns:?\s*\n?\s*(.*)$", doc, re.M)
+    m = re.search(r"^Returns:\s*$", doc, re.M)
     if not m:
         return None
     role = _ROLE.search(doc, m.start())
