@@ -141,6 +141,9 @@ def _rst(text: str) -> str:
     double backticks to single ones, ``Example::`` blocks to fenced Python."""
     text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
     text = text.replace("``", "`")
+    text = re.sub(r"^Returns:\n((?:    .*\n?)+)",
+                  lambda m: "**Returns** " + " ".join(x.strip() for x in m.group(1).splitlines()) + "\n", text,
+                  flags=re.M)
     out, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         line = lines[i]
@@ -160,6 +163,26 @@ def _rst(text: str) -> str:
         out.append(line)
         i += 1
     return "\n".join(out).strip() + "\n"
+
+
+def _signature(name: str, fn) -> str:
+    """``name(params)`` with annotations as written (they are strings under ``from __future__ import
+    annotations``) and defaults as Python writes them."""
+    parts, star = [], False
+    for p in _inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        text = ("**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else "") + p.name
+        if p.annotation is not p.empty:
+            text += f": {p.annotation if isinstance(p.annotation, str) else _inspect.formatannotation(p.annotation)}"
+        if p.default is not p.empty:
+            text += (" = " if p.annotation is not p.empty else "=") + repr(p.default)
+        star = star or p.kind is p.VAR_POSITIONAL
+        parts.append(text)
+    ret = _inspect.signature(fn).return_annotation
+    arrow = "" if ret is _inspect.Signature.empty else f" -> {ret if isinstance(ret, str) else ret.__name__}"
+    return f"{name}({', '.join(parts)}){arrow}"
 
 
 def _returned_class(doc: str):
@@ -198,10 +221,9 @@ def api_md() -> str:
         if name.startswith("_"):
             continue
         fn = getattr(ckpt_surgeon, name)
-        sig = str(_inspect.signature(fn)).replace("'", "")
         doc = _inspect.getdoc(fn) or ""
         parts.append(f"## `ckpt_surgeon.{name}`\n")
-        parts.append(f"```python\n{name}{sig}\n```\n")
+        parts.append(f"```python\n{_signature(name, fn)}\n```\n")
         parts.append(_rst(doc))
         cls = _returned_class(doc)
         if cls is not None:
