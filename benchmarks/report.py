@@ -52,7 +52,8 @@ def _zoo_gguf_to_hf(data: dict) -> dict:
     run = data["_run"]
     counts = Counter(v["status"] for k, v in data.items() if not k.startswith("_"))
     trips = counts.pop("round trip", 0)
-    return {"what": "GGUF -> HF with --config on the derived path: every zoo type whose forward conversion is identical",
+    return {"what": "GGUF -> HF with --config on the derived path: every zoo type whose forward conversion "
+                    "is identical",
             "ours": f"{trips} round trips bit-exact on every tensor; "
                     + ", ".join(f"{k}: {n}" for k, n in sorted(counts.items())),
             "anchor": "the original folder's tensors (float32 values; packed forms byte for byte)",
