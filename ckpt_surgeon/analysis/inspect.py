@@ -2,7 +2,7 @@
 
 Reads headers plus the bias vectors only (a few hundred KB for a 7B model), in
 float64.  Returns an :class:`InspectReport` whose ``to_dict()`` is the JSON
-contract documented in the README (extend it, never rename keys).
+contract documented in docs/inspect.md (extend it, never rename keys).
 """
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def _kv_cache(source, kv_cache, *, context, per_head, measure, prompts_file, dev
     """``--kv-cache TYPES [--measure] [--plot DIR]``: the table, and the before/after-equalizing PNGs.
 
     The plots compose analysis with surgery (the "after" is kv-equalize's own choice of scales), so they
-    are put together here, above both: ``surgery.kv_effect`` (docs/analyze.md#kv-cache-plots)."""
+    are put together here, above both: ``surgery.kv_effect`` (docs/architecture.md, "analyze: the KV-cache model")."""
     from ..analysis.api import analyze
     if bad:
         raise click.UsageError("--kv-cache is a report of its own: drop --distance-profile and --by-bias")

@@ -1,6 +1,6 @@
 """``kv-equalize``: rescale q/k rotary pairs (and value dims) so a quantized KV cache hurts less, exactly.
 
-The transform (docs/surgery.md has the argument; :func:`ckpt_surgeon.surgery.ops.scale_axis` the
+The transform (docs/architecture.md has the argument; :func:`ckpt_surgeon.surgery.ops.scale_axis` the
 identities):
 
 * rotary pair j of every query head in a kv group times ``alpha_j``, the same pair of the kv head's
