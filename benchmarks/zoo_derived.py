@@ -63,8 +63,9 @@ def _meta() -> dict:
     import transformers
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
+    from benchmarks.machine import command, load_note, machine     # what benchmarks/report.py reads
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "transformers": transformers.__version__}
+            "transformers": transformers.__version__, "machine": machine(load_note()), "command": command()}
 
 
 def classify(entries: dict) -> str:

@@ -59,7 +59,13 @@ def main(argv):
     os.environ.setdefault("CKPT_SURGEON_LLAMACPP_SRC", str(llamacpp_source()))
     derived = {r.model_type for r in architecture_table() if r.engine == "derived" and r.model_type}
     work = Path(tempfile.mkdtemp(prefix="zoo-g2h-"))
-    results = {}
+    import datetime
+
+    import transformers
+    from benchmarks.machine import command, load_note, machine     # what benchmarks/report.py reads
+    results = {"_run": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                        "transformers": transformers.__version__, "machine": machine(load_note()),
+                        "command": command()}}
     for mt in argv or sorted(derived):
         try:
             folder = folder_for(mt, work / "src")
@@ -73,8 +79,9 @@ def main(argv):
         if out_json:
             Path(out_json).write_text(json.dumps(results, indent=1))
     counts = {}
-    for r in results.values():
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    for k, r in results.items():
+        if not k.startswith("_"):
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
     print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
 

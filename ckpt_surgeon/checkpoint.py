@@ -429,8 +429,23 @@ def is_hub_source(source: str) -> bool:
 def open_checkpoint(source: str | os.PathLike, *, allow_pickle: bool = False, revision: str | None = None,
                     file: str | None = None, allow_full_download: bool = False,
                     progress: bool | None = None) -> Checkpoint:
-    """Open any supported source.  Reads headers (and config) only.  ``progress``: bars on stderr
-    for Hub fetches (None: only when stderr is a terminal; see :mod:`ckpt_surgeon.progress`)."""
+    """Open any supported source, reading headers (and config) only; tensors are read on demand.
+
+    ``source``: an HF folder, a ``.safetensors`` or ``.gguf`` file (any part of a split set), or a Hub repo id
+    (``revision``, ``file``, ``allow_full_download``: as the CLI's options).  ``allow_pickle``: read
+    ``pytorch_model.bin`` through ``torch.load(weights_only=True)``.  ``progress``: bars on stderr for Hub
+    fetches (None: only when stderr is a terminal).
+
+    Returns:
+        :class:`~ckpt_surgeon.checkpoint.Checkpoint`
+
+    Example::
+
+        from ckpt_surgeon import open_checkpoint
+        with open_checkpoint("model.gguf") as ck:
+            ck.config["num_hidden_layers"], ck.format
+            w = ck.read("blk.0.attn_q.weight")        # float32 numpy array, dequantized
+    """
     s = os.fspath(source)
     p = Path(s)
     opts = _Options(allow_pickle, revision, file, allow_full_download, progress)

@@ -36,8 +36,9 @@ if _WORKERS > 1:
 # `--dist loadfile` each file runs on one worker, in this order, then the rest in collection order,
 # so a long file never starts last while the other worker has nothing left to do.
 LONGEST_FIRST = ("test_zoo_towers.py", "test_zoo.py", "test_convert_derived.py", "test_towers.py", "test_quantize.py",
-                 "test_verify_distributed.py", "test_verify.py", "test_llamacpp_converter.py", "test_llamacpp.py",
-                 "test_verify_corpus.py", "test_convert.py", "test_convert_smollm.py", "test_tokenizer_table.py")
+                 "test_verify_distributed.py", "test_verify.py", "test_docs.py", "test_llamacpp_converter.py",
+                 "test_llamacpp.py", "test_verify_corpus.py", "test_convert.py", "test_convert_smollm.py",
+                 "test_tokenizer_table.py")
 if str(_REPO) not in sys.path:  # so `import fixtures` works whatever the rootdir/import mode
     sys.path.insert(0, str(_REPO))
 

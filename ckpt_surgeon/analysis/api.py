@@ -21,27 +21,26 @@ def analyze(source, context: int | None = None, epsilon: float = DEFAULT_EPSILON
             distance_profile: bool = False, deltas=None, rope_theta: float | None = None,
             rope_scaling: str | dict | None = None, skip_first: int = 4, kv_cache=None, per_head: bool = False,
             attn_rot: bool | None = None, **open_kwargs):
-    """Python API twin of ``ckpt-surgeon analyze``.
+    """Which attention biases are really redundant: the twin of ``ckpt-surgeon analyze`` (docs/analyze.md).
 
-    ``source``: folder, .safetensors, .gguf, Hub repo id or an open Checkpoint.  Static analysis
-    always; ``measure=True`` also runs the model with transformers on ``prompts`` (default:
-    :func:`ckpt_surgeon.analysis.prompts.default_prompts`) and attaches a
-    :class:`~ckpt_surgeon.analysis.measure.MeasuredReport` as ``report.measured``.
+    ``source``: folder, .safetensors, .gguf, Hub repo id or an open Checkpoint; ``context`` / ``epsilon``: the
+    window and angle of near-redundant rotary pairs.  ``measure=True`` also runs the model with transformers on
+    ``prompts`` (default: the built-in set) and attaches ``report.measured``.  ``distance_profile=True``: what
+    the q/k biases do with distance (``report.distance_profile``; ``deltas``, and ``rope_theta`` /
+    ``rope_scaling`` such as ``"yarn:4"`` for a what-if; measured with ``measure``, ``skip_first`` tokens left
+    out).  ``kv_cache`` (``"q4_0,q8_0"``): the quantized-KV-cache prediction instead, a KvCacheReport (per kv
+    head with ``per_head``; measured through ggml's kernels with ``measure``, ``max_tokens`` each; ``attn_rot``:
+    model llama.cpp's Hadamard rotation, None: as llama.cpp would here).  The static part imports no torch.
 
-    ``distance_profile=True``: the distance profile (:mod:`.distance_profile`) as
-    ``report.distance_profile`` (its rows become the report's rows); ``deltas`` (``"log:N"``, a
-    comma list or an array), ``rope_theta`` / ``rope_scaling`` (``"yarn:4"`` or a dict) for a
-    what-if beside it.  With ``measure`` the profile is measured (:mod:`.distance_measure`,
-    ``skip_first`` tokens per prompt left out) instead of the key-bias removal.
+    Returns:
+        :class:`~ckpt_surgeon.analysis.redundancy_report.AnalysisReport` (with ``kv_cache``: a KvCacheReport)
 
-    ``kv_cache`` (``"q4_0,q8_0"`` or a list): the static quantized-KV-cache prediction instead
-    (:mod:`.kv_cache`), returned as a :class:`~ckpt_surgeon.analysis.kv_cache.KvCacheReport` (rows per
-    kv head with ``per_head``); it reads only what the prediction needs and is not combined with the
-    distance profile.  With ``measure`` the real Q, K, V of a float32 forward pass go through ggml's
-    kernels too (:func:`.kv_measure.measure_kv_cache` on ``prompts``, ``max_tokens`` each, default
-    256), attached as ``report.measured``; the static part never imports torch.  ``attn_rot``: model (and
-    measure) llama.cpp's Hadamard rotation before a quantized cache where it applies it (None: as llama.cpp
-    would in this environment, ``LLAMA_ATTN_ROT_DISABLE``; :mod:`.kv_rot`).
+    Example::
+
+        import ckpt_surgeon
+        rep = ckpt_surgeon.analyze("all-MiniLM-L6-v2")
+        rep.layers[0].k_class, rep.layers[0].bound, rep.to_frame()
+        kv = ckpt_surgeon.analyze("Qwen2.5-7B", kv_cache="q4_0,q8_0")     # kv.at_risk("q4_0")
     """
     if kv_cache is not None:
         return _kv_cache(source, kv_cache, context=context, per_head=per_head, measure=measure,

@@ -1,6 +1,6 @@
 """What consumes each bias, and how much of it that consumer provably ignores (numpy only).
 
-Three identities decide it (docs/analyze.md "Who consumes a bias"):
+Three identities decide it (docs/architecture.md "analyze: who consumes a bias"):
 
 * **softmax** (``q·k``): a key-bias term ``q_m·b_k`` constant over the keys is ignored; the key
   analyzer (:mod:`.redundancy`) gives the exact share per layer (all of it without rotary).

@@ -611,8 +611,22 @@ def _sort_key(name: str):
 
 
 def diff(a, b, *, max_bytes: int | None = None, full: bool = False, progress=None, **open_kwargs) -> DiffReport:
-    """Python API twin of ``ckpt-surgeon diff A B``: ``a`` / ``b`` are paths, repo ids or open
-    :class:`Checkpoint` objects.  Returns a :class:`DiffReport` (``.to_frame()``, ``.to_dict()``)."""
+    """Which tensors differ between ``a`` and ``b``, by how much, with a verdict: the twin of
+    ``ckpt-surgeon diff A B`` (docs/diff.md).
+
+    ``a`` / ``b``: paths, Hub repo ids or open :class:`Checkpoint` objects, of any formats.  ``max_bytes``:
+    for Hub sources, the tensor bytes that may be fetched (smallest tensors first; 0 = headers only);
+    ``full``: fetch everything.  ``progress``: called with the bytes read after each step.
+
+    Returns:
+        :class:`~ckpt_surgeon.analysis.diff.DiffReport`
+
+    Example::
+
+        import ckpt_surgeon
+        r = ckpt_surgeon.diff("all-MiniLM-L6-v2", "minilm-folded")
+        r.verdict, r.counts, [t.name for t in r.changed()]
+    """
     if isinstance(a, Checkpoint) and isinstance(b, Checkpoint):
         return diff_checkpoints(a, b, max_bytes=max_bytes, full=full, progress=progress)
     with _opened(a, open_kwargs) as ca, _opened(b, open_kwargs) as cb:

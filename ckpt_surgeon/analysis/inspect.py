@@ -2,7 +2,7 @@
 
 Reads headers plus the bias vectors only (a few hundred KB for a 7B model), in
 float64.  Returns an :class:`InspectReport` whose ``to_dict()`` is the JSON
-contract documented in the README (extend it, never rename keys).
+contract documented in docs/inspect.md (extend it, never rename keys).
 """
 from __future__ import annotations
 
@@ -502,8 +502,23 @@ def _stack_reports(ck: Checkpoint, layout: ModelLayout, missing: list, warnings:
 
 
 def inspect(source, memory=None, **open_kwargs) -> InspectReport:
-    """Python API twin of ``ckpt-surgeon inspect``.  ``source``: path, .safetensors, .gguf or repo id;
-    ``memory``: a :class:`.memory.MemoryOptions` for the memory figures (context, batch, cache types, devices)."""
+    """What a checkpoint holds, from its headers: the twin of ``ckpt-surgeon inspect`` (docs/inspect.md).
+
+    ``source``: an HF folder, a ``.safetensors`` or ``.gguf`` file, a Hub repo id or an open
+    :class:`~ckpt_surgeon.checkpoint.Checkpoint`; ``open_kwargs`` as :func:`open_checkpoint` takes them.
+    ``memory``: a :class:`~ckpt_surgeon.analysis.memory.MemoryOptions` (context, batch, cache types, devices)
+    for the memory figures; default 1,000 tokens at f16 and q8_0.  Reads headers and bias vectors only.
+
+    Returns:
+        :class:`~ckpt_surgeon.analysis.inspect.InspectReport`
+
+    Example::
+
+        import ckpt_surgeon
+        rep = ckpt_surgeon.inspect("SmolLM2-135M-Instruct.Q4_1.gguf")
+        rep.num_layers, rep.head_dim, rep.layers_with_qkv_bias
+        rep.to_dict()["memory"]["kv_cache_bytes"]      # {"f16": ..., "q8_0": ...}
+    """
     if isinstance(source, Checkpoint):
         return inspect_checkpoint(source, memory)
     with open_checkpoint(source, **open_kwargs) as ck:

@@ -8,7 +8,7 @@ in, and the content falls below one step.  Q is quantized too, to the K type's `
 (ggml-cpu ``type_traits_cpu``: q8_0 for q4_0/q5_0/iq4_nl/q8_0, q8_1 for q4_1/q5_1), in the same
 blocks.  vLLM's fp8 e4m3 cache has one scale per tensor (``amax / 448``); Q stays unquantized.
 
-The model (documented in docs/analyze.md, numpy only, no torch; every number comes from weights and
+The model (documented in docs/architecture.md, numpy only, no torch; every number comes from weights and
 biases):
 
 * content: the attention input is modelled as unit variance per feature after the pre-attention

@@ -49,6 +49,8 @@ SCAN_CHUNK_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class LintReport:
+    """``lint``'s findings (each with its check, severity, file, tensor, message and fix) and what ran."""
+
     source: str
     format: str
     findings: tuple
@@ -742,7 +744,20 @@ def lint_checkpoint(ck: Checkpoint, *, scan: bool = False, progress=None) -> Lin
 
 
 def lint(source, *, scan: bool = False, progress=None, **open_kwargs) -> LintReport:
-    """Python API twin of ``ckpt-surgeon lint SOURCE``."""
+    """The silent failures of one checkpoint: the twin of ``ckpt-surgeon lint SOURCE`` (docs/lint.md).
+
+    ``source``: any source :func:`open_checkpoint` takes, or an open Checkpoint.  ``scan``: also stream every
+    tensor once (NaN/Inf, all-zero tensors); ``progress``: called with the bytes read.
+
+    Returns:
+        :class:`~ckpt_surgeon.analysis.lint.LintReport`
+
+    Example::
+
+        import ckpt_surgeon
+        r = ckpt_surgeon.lint("model.Q4_K_M.gguf", scan=True)
+        r.passed, [(f.check, f.severity, f.fix) for f in r.findings]
+    """
     if isinstance(source, Checkpoint):
         return lint_checkpoint(source, scan=scan, progress=progress)
     with open_checkpoint(source, **open_kwargs) as ck:

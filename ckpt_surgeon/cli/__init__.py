@@ -68,11 +68,17 @@ class SurgeonGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     """Look inside LLM checkpoints and operate on them safely.
 
-    SOURCE arguments accept a Hugging Face folder (config.json + safetensors
-    shards), a single .safetensors file, a .gguf file (any part of a split
-    GGUF opens all its parts), or a Hub repo id (owner/name; not for convert,
-    which reads a local copy).  Exit codes: 0 success, 1 verification
-    mismatch, 2 bad input.  --debug may also follow the command's name.
+    SOURCE is a Hugging Face folder, a .safetensors or .gguf file (any part of a split GGUF), a quantized
+    HF checkpoint, or a Hub repo id (owner/name; convert reads a local copy).  Exit codes: 0 success, 1 a
+    finding (a mismatch, a lint error, a difference), 2 bad input.  --debug may also follow the command.
+
+    \b
+    Examples:
+      ckpt-surgeon demo
+      ckpt-surgeon inspect Qwen/Qwen2.5-7B
+      ckpt-surgeon analyze ./all-MiniLM-L6-v2 --measure
+
+    Docs: README.md, docs/commands.md.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug

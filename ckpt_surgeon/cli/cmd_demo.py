@@ -10,11 +10,18 @@ from .paths import WriteInto
 @click.option("--workdir", type=WriteInto(), default=None,
               help="Folder for the demo model and outputs (default: a new folder under ~/.cache/ckpt-surgeon).")
 def command(workdir):
-    """Run the main job end to end on a small built-in Qwen2-architecture model.
+    """Run the main job end to end on small built-in models, explaining each step.
 
-    Builds a tiny random model with non-zero q/k/v biases (no download), then
-    inspects it and runs the other capabilities on it, explaining each step.
-    Needs torch and transformers (installed with ckpt-surgeon).
+    Builds a tiny Qwen2-architecture model with non-zero q/k/v biases (and a tiny GPT-2) without a download,
+    then runs inspect, analyze, the refused and the approximate fold-bias, an exact GPT-2 fold and an
+    HF -> GGUF -> HF round trip, each followed by verify.  Needs torch and transformers (installed with it).
+
+    \b
+    Examples:
+      ckpt-surgeon demo
+      ckpt-surgeon demo --workdir ./demo
+
+    Docs: README.md.
     """
     from ..demo import run_demo
     from .render import to_table

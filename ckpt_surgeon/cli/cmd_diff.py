@@ -32,34 +32,27 @@ class _TableView:
 @click.argument("a")
 @click.argument("b")
 @click.option("--max-bytes", type=click.IntRange(min=0), default=None,
-              help="Hub sources: bytes of tensor data that may be fetched (smallest tensors first; 0 = headers "
-                   "only). Default: headers plus the biases and norms (1-D tensors).")
+              help="Hub sources: tensor bytes that may be fetched (smallest first; 0 = headers only).  Default: "
+                   "headers and the 1-D tensors.")
 @click.option("--full", is_flag=True, help="Hub sources: read every tensor (local sources are always read in full).")
 @source_options
 @output_options
 def command(a, b, max_bytes, full, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output,
             force):
-    """Compare checkpoints A and B tensor by tensor.
+    """Compare checkpoints A and B tensor by tensor, and say what the difference looks like.
 
-    A and B are any sources (HF folder, .safetensors, .gguf, Hub repo id), mixed freely.
-    A GGUF compared with a non-GGUF source has its names mapped to HF names and its
-    tensors un-permuted / transposed back as the GGUF -> HF converter does, so a GGUF is
-    compared with the model it was converted from.
+    A and B are any sources, mixed freely (a GGUF against its HF folder is compared under HF names, its
+    tensors un-permuted as the converter does).  Stored bytes are compared first, so identical tensors are
+    never decoded; differing ones get max |Δ|, ‖B − A‖/‖A‖ and the cosine.  The verdict: identical, same
+    weights re-encoded, N tensors changed, a fine-tune, or unrelated.  Exit 0 identical, 1 different.
 
-    Each tensor is identical, changed, dtype_changed, shape_changed, only_in_a, only_in_b
-    or not_compared (left out by the Hub byte budget).  Bytes are compared in streamed
-    chunks first: identical bytes are never decoded.  Differing tensors get max |Δ|, the
-    relative Frobenius norm ‖B − A‖/‖A‖ and the cosine (float64).  A per-layer summary
-    and a one-line verdict follow: identical, same weights re-encoded (another dtype or
-    quantization), same architecture with N tensors changed, looks like a fine-tune
-    (most tensors changed by a small relative amount) or unrelated.
+    \b
+    Examples:
+      ckpt-surgeon diff ./base ./base-folded
+      ckpt-surgeon diff ./Qwen2.5-0.5B qwen.q8_0.gguf
+      ckpt-surgeon diff owner/base owner/finetune --max-bytes 0
 
-    Hub sources are read by HTTP range: by default headers plus the 1-D tensors (biases,
-    norms); --max-bytes N allows N bytes of tensor data, --full reads everything.
-
-    --format table shows only what differs; json / csv / markdown list every tensor.
-
-    Exit codes: 0 identical, 1 the checkpoints differ, 2 bad input.
+    Docs: docs/diff.md.
     """
     from ..analysis.diff import diff_checkpoints
     from ..checkpoint import open_checkpoint

@@ -10,19 +10,19 @@ from .render import FORMATS, check_report_path, emit, epsilon_option, open_kwarg
 def surgery_output_options(fn):
     """Options shared by the surgery commands (-o is the checkpoint written, not the report)."""
     fn = click.option("--report", "report_path", type=WritePath(dir_okay=False), default=None,
-                      help="Also write the report (in --format) to FILE, atomically; an existing FILE is "
-                           "refused unless --force.")(fn)
+                      help="Also write the report (in --format) to FILE, atomically; an existing FILE needs "
+                           "--force.")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-                      help="Report format on stdout: a human table, JSON (stable contract), CSV or Markdown.")(fn)
+                      help="Report format (json is the stable contract).")(fn)
     fn = click.option("--dry-run", is_flag=True, help="Plan and report only; write nothing.")(fn)
     fn = click.option("--check", type=click.Choice(["auto", "full", "sampled"]), default="auto", show_default=True,
-                      help="Reread check after writing: every byte of copied tensors (full), three 64 KiB windows "
-                           "per tensor (sampled), or full up to 1 GiB of output (auto).")(fn)
-    fn = click.option("--force", is_flag=True, help="Replace OUT (and the --report FILE) if it exists (never the "
-                                                    "source).")(fn)
+                      help="Reread after writing: every copied byte (full), three 64 KiB windows per tensor "
+                           "(sampled), or full up to 1 GiB (auto).")(fn)
+    fn = click.option("--force", is_flag=True, help="Replace an existing output, atomically (an input is never "
+                                                    "replaced).")(fn)
     fn = click.option("-o", "--output", "--out", "out", required=True, type=WritePath(),
-                      help="Output: a folder (sharded like the source), a .safetensors file, or a .gguf file for GGUF "
-                           "sources.  -o/--output is what every command writes (--out: the older spelling, kept).")(fn)
+                      help="Write the model to OUT: a folder (sharded like the source), a .safetensors file, or a "
+                           ".gguf for a GGUF source (--out: the older spelling).")(fn)
     return fn
 
 
@@ -42,54 +42,49 @@ def run_plan(ckpt, plan, out, *, force, check, dry_run, fmt, report_path, title,
 
 @click.command("fold-bias")
 @click.argument("source")
-@click.option("--k", "k", is_flag=True, help="Remove the redundant part of every key bias: all of it without rotary "
-              "embeddings (absolute/learned/ALiBi), the pass-through dims under partial rotary. Refused for full RoPE "
-              "(unless --approximate) and for q/k-norm models.")
-@click.option("--v", "v", is_flag=True, help="Fold the value bias into the output-projection bias "
-              "(b_o' = b_o + W_o b_v, exact: attention rows sum to 1). Refused where the architecture has no output bias (Qwen2).")
-@click.option("--approximate", is_flag=True, help="Full/partial RoPE: also remove rotary frequency pairs whose summed "
-              "static bound on the attention-logit change stays <= --max-logit-change.")
+@click.option("--k", "k", is_flag=True, help="Remove the exactly redundant part of every key bias (all of it without "
+                                             "rotary embeddings); full RoPE is refused unless --approximate.")
+@click.option("--v", "v", is_flag=True, help="Fold the value bias into the output-projection bias (b_o' = b_o + W_o "
+                                             "b_v, exact); refused without an output bias (Qwen2).")
+@click.option("--approximate", is_flag=True, help="Under RoPE: also remove rotary pairs whose summed bound on the "
+                                                  "attention-logit change stays <= --max-logit-change.")
 @click.option("--max-logit-change", type=float, default=None, metavar="X",
-              help="With --approximate: budget per layer and kv head, in attention-logit units (after the 1/sqrt(d) scale).")
+              help="With --approximate: the budget per layer and kv head, in attention-logit units (after 1/sqrt(d)).")
 @click.option("--context", type=int, default=None, metavar="L",
-              help="With --approximate: context window the bound assumes (default: the config's max positions).")
+              help="Context window L (positions) that the rotary analysis and its bounds assume (default: the "
+                   "config's max positions).")
 @epsilon_option("With --approximate: ")
 @click.option("--pairs", type=click.Choice(["near", "any"]), default="near", show_default=True,
-              help="With --approximate: consider only near-redundant pairs, or any pair that fits the budget.")
-@click.option("--center", is_flag=True, help="Subtract the mean component from every residual-writing bias "
-              "(attention output, MLP output, a pre-norm model's embedding-norm bias such as BLOOM's): exact when every reader of the residual stream is a LayerNorm "
-              "(GPT-2, BERT, BLOOM, GPT-NeoX, Falcon, Phi-2, StarCoder2). Refused, naming the reader, otherwise "
-              "(RMSNorm models, unknown architectures).")
-@click.option("--center-weights", is_flag=True, help="--center, and also subtract the column means of every "
-              "residual-writing weight (attention/MLP output, position and token-type embeddings, the token "
-              "embedding unless tied to the head): TransformerLens' center_writing_weights, on any checkpoint.")
-@click.option("--delete", is_flag=True, help="Drop the folded biases instead of zeroing them, where the architecture "
-              "has a config switch for them (e.g. attention_bias) and every bias it controls becomes zero; the switch is set to false.")
+              help="With --approximate: only near-redundant pairs, or any pair that fits the budget.")
+@click.option("--center", is_flag=True, help="Subtract the mean of every residual-writing bias: exact when every "
+                                             "reader of the residual stream is a LayerNorm; refused otherwise.")
+@click.option("--center-weights", is_flag=True, help="--center, and the column means of every residual-writing weight "
+                                                     "too (TransformerLens' center_writing_weights).")
+@click.option("--delete", is_flag=True, help="Drop the folded biases instead of zeroing them, where a config switch "
+                                             "covers them all (set to false).")
 @click.option("--tower", default=None, metavar="NAME",
-              help="A file with several attention stacks (vision / audio towers, see inspect's 'tower' rows): fold only "
-                   "this one ('text' for the main stack; 'vision' / 'audio' in an mmproj GGUF). Without it, --k/--v fold every stack where the fold is exact "
-                   "and name the others in a note.")
+              help="Fold only this attention stack ('text' for the main one; see inspect's tower rows); default: "
+                   "every stack where the fold is exact.")
 @surgery_output_options
 @source_options
 def command(source, k, v, approximate, max_logit_change, context, epsilon, pairs, center, center_weights, delete, tower,
             out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file, allow_full_download, progress):
-    """Remove redundant attention biases from SOURCE and write OUT.
+    """Remove the attention biases of SOURCE that do not change the model, and write OUT.
 
-    The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a
-    constant over the keys) and in the unrotated dims under partial rotary. The value bias
-    folds exactly into the output bias. In LayerNorm models the mean component of every
-    residual-writing bias (and weight column) is invisible to every reader: --center
-    removes it. Folded biases are zeroed, not deleted (stock loaders
-    expect the tensors), unless --delete. Untouched tensors are copied byte for byte; changed
-    ones are computed in float64 and cast once to their dtype. OUT is written atomically
-    (temp dir beside it, renamed at the end) and never overwritten without --force.
+    The key bias is exactly redundant without rotary embeddings (softmax ignores q·b_k, a constant over the
+    keys) and in the unrotated dims under partial rotary; under full RoPE only rotary pairs within a bound go
+    (--approximate).  The value bias folds exactly into the output bias; in LayerNorm models --center removes
+    the mean of residual-writing biases.  Folded biases are zeroed (--delete drops them).  OUT is written
+    atomically, untouched tensors byte for byte; anything not removable is refused with the analyzer's numbers.
 
     \b
     Examples:
       ckpt-surgeon fold-bias ./gpt2 -o ./gpt2-folded --k --v
-      ckpt-surgeon fold-bias ./Qwen2.5-7B -o ./q --k --approximate --max-logit-change 0.01
+      ckpt-surgeon fold-bias ./Qwen2.5-7B -o ./q --k --approximate --max-logit-change 0.01 --context 32768
       ckpt-surgeon fold-bias model.gguf -o folded.gguf --k
       ckpt-surgeon fold-bias ./all-MiniLM-L6-v2 -o ./centered --center-weights
+
+    Docs: docs/fold-bias.md.
     """
     from ..checkpoint import open_checkpoint
     from ..surgery.fold import plan_fold_bias

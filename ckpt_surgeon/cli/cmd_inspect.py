@@ -11,46 +11,37 @@ from .render import check_report_path, emit, open_kwargs, output_options, source
 @source_options
 @output_options
 @click.option("--allow-truncated", is_flag=True,
-              help="Exit 0 for a GGUF truncated in its tensor data (only the structure is wanted); by default it is "
-                   "exit code 2.  A truncated safetensors file is refused either way (one line, exit code 2).")
+              help="Exit 0 for a GGUF truncated in its tensor data (its structure only).  A truncated safetensors "
+                   "file is refused either way.")
 @click.option("--context", type=click.IntRange(1, 1 << 40), default=1000, show_default=True,
-              help="Memory figures: tokens per sequence the KV cache holds.  Beyond the model's max positions "
-                   "is a note, not an error.")
+              help="Memory figures: tokens per sequence the KV cache holds (beyond the model's max positions: a "
+                   "note).")
 @click.option("--batch", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
-              help="Memory figures: sequences held at once (KV cache and recurrent state scale with it).")
+              help="Memory figures: sequences held at once.")
 @click.option("--cache-type", "cache_type", default=None, metavar="TYPE",
-              help="Memory figures: KV-cache type of K and V: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
-                   "q5_1 (llama.cpp's) or fp8 (e4m3: 1 byte + a per-tensor scale).  Default: f16 and q8_0 "
-                   "side by side.")
-@click.option("--cache-type-k", default=None, metavar="TYPE", help="K only (overrides --cache-type for K).")
-@click.option("--cache-type-v", default=None, metavar="TYPE", help="V only (overrides --cache-type for V).")
+              help="Memory figures: the K and V cache type: llama.cpp's f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, "
+                   "q5_0, q5_1, or fp8.  Default: f16 and q8_0.")
+@click.option("--cache-type-k", default=None, metavar="TYPE", help="Memory figures: the K cache type alone (overrides "
+                                                                   "--cache-type).")
+@click.option("--cache-type-v", default=None, metavar="TYPE", help="Memory figures: the V cache type alone (overrides "
+                                                                   "--cache-type).")
 @click.option("--devices", type=click.IntRange(1, 1 << 16), default=1, show_default=True,
-              help="Memory figures: weights + KV per device of an N-way tensor-parallel split.")
+              help="Memory figures: weights and KV cache per device of an N-way tensor-parallel split.")
 def command(source, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force,
             allow_truncated, **memory):
-    """Summarise SOURCE and its per-layer attention q/k/v biases.
+    """Summarise SOURCE from its headers: architecture, heads, position encoding, norms, fused layout, the
+    q/k/v biases of every layer (and attention stack), and the memory weights and KV cache need.
 
-    Reads headers and the bias vectors only (no model is instantiated).  Shows
-    architecture, heads / kv heads / head_dim, position encoding, norm
-    placement, q/k-norm, parameter count, dtype mix, and per layer which of the
-    q/k/v biases exist (separately or inside a fused qkv) with their L2 norm and
-    max |x|.  --format json gives the stable contract documented in the README.
+    Reads headers and bias vectors only (no model, no torch); a Hub repo by HTTP range.  Any part of a split
+    GGUF opens the whole set; a truncated GGUF shows its structure, then exits 2 naming what is missing.
 
-    Memory (summary, JSON "memory"): weight bytes per dtype; KV cache for --context tokens
-    x --batch sequences at f16 and q8_0 or --cache-type(-k/-v) (sliding layers: at most the
-    window; MLA: the latent; linear-attention / Mamba / short-conv: a fixed f32 state per
-    sequence); --devices N: weights + KV per device of an N-way tensor-parallel split.
+    \b
+    Examples:
+      ckpt-surgeon inspect ./Qwen2.5-7B
+      ckpt-surgeon inspect Qwen/Qwen2.5-7B --format json -o report.json
+      ckpt-surgeon inspect model.gguf --context 32768 --batch 4 --cache-type q8_0 --devices 2
 
-    Split GGUFs (llama.cpp gguf-split: name-00001-of-00003.gguf ...): any part
-    opens the whole set (the other parts are found beside it by name, or in the
-    same Hub repo); a missing or inconsistent part is an error (exit code 2).
-
-    Truncated GGUF files: the structure is still shown (the JSON lists every
-    tensor past the end under "missing"), then exit code 2 names the missing
-    bytes and tensors; --allow-truncated exits 0 instead.  A safetensors file
-    whose data is shorter than its header promises is refused, as the
-    safetensors library refuses it (one line naming the missing bytes and the
-    first tensor cut, exit code 2, with or without --allow-truncated).
+    Docs: docs/inspect.md.
     """
     from ..analysis.inspect import inspect
     from ..errors import TruncatedError

@@ -13,26 +13,21 @@ from .render import byte_progress, check_report_path, emit, open_kwargs, output_
 @source_options
 @output_options
 def command(source, scan, allow_pickle, revision, hub_file, allow_full_download, progress, fmt, output, force):
-    """Check SOURCE for the silent failures that load fine and produce garbage.
+    """Check SOURCE for the silent failures: files that load without an error and compute garbage.
 
-    Checks (docs/lint.md has the full list): every tensor loads into the class config.json
-    names and every weight of it is in the file (transformers' own key rules: a missing weight
-    is initialised at random, an extra tensor dropped); config.json present; a GGUF's tensor
-    data laid out as ggml's loader requires; config / GGUF metadata against tensor shapes;
-    head_dim (config head_dim, GGUF attention.key_length) against the q/k rows; q/k/v biases
-    dropped in some layers or contradicting the config's attention-bias switch; a RoPE GGUF
-    without rope.freq_base (llama.cpp silently uses 10000); Q rows paired as the wrong rotary
-    layout (llama-arch GGUF: interleaved; HF: rotate_half); tie_word_embeddings against lm_head;
-    vocab size against the embedding rows; special-token ids outside the vocabulary; mixed
-    weight dtypes; a key bias far from zero in a model without RoPE.  --scan adds NaN/Inf and
-    all-zero tensors.
+    Tensors that do not load into the class config.json names, config against shapes, head_dim, q/k/v biases
+    dropped or against the config's switch, a wrong rotary layout of Q/K rows, a RoPE GGUF without
+    rope.freq_base, tied embeddings, vocabulary and special-token ids, mixed dtypes, quantization scales, key
+    biases that hurt a quantized KV cache; --scan adds NaN/Inf and all-zero tensors.  Each finding names the
+    file, the tensor and the fix.  Exit 0 no error finding, 1 an error finding, 2 unreadable input.
 
-    Each finding has a severity (error / warning / info), the file, the tensor and the fix.
-    Hub repos are read by range; checks that need whole weight matrices are listed as
-    skipped there.
+    \b
+    Examples:
+      ckpt-surgeon lint model.Q4_K_M.gguf
+      ckpt-surgeon lint ./merged --scan
+      ckpt-surgeon lint owner/name --format json -o lint.json
 
-    Exit codes: 0 no error finding (warnings allowed), 1 at least one error finding, 2 the
-    source cannot be read.
+    Docs: docs/lint.md.
     """
     from ..analysis.lint import lint_checkpoint
     from ..checkpoint import open_checkpoint

@@ -6,20 +6,23 @@ import click
 from .cmd_fold_bias import run_plan, surgery_output_options
 from .render import check_report_path, open_kwargs, source_options
 
-_LAYOUT_HELP = ("Fused layout: concat ([Q; K; V] rows: Phi-3 qkv_proj, GGUF attn_qkv), per_head ([h, 3, d]: "
-                "GPT-NeoX, BLOOM), grouped ([kv, q_per_kv + 2, d]: Falcon new decoder), conv1d (GPT-2 c_attn "
-                "[in, 3*out]). Default: what the architecture uses (or what an earlier ckpt-surgeon run recorded).")
+_LAYOUT_HELP = ("Fused layout: concat ([Q; K; V] rows), per_head ([h, 3, d]), grouped ([kv, q_per_kv + 2, d]) or "
+                "conv1d (GPT-2).  Default: the architecture's own.")
 
 
 @click.group("qkv")
 def command():
-    """Fuse separate q/k/v projections into one tensor, or split a fused one.
+    """Fuse separate q/k/v projections into one tensor, or split a fused one, bit for bit.
 
-    Both directions move stored bit patterns (whole rows; no number is converted), so
-    `qkv split` then `qkv fuse` gives back the input bit for bit. Weights and biases, GQA.
-    Quantized checkpoints: codes and scales move output for output where the scheme keeps one
-    scale per output (MLX, bitsandbytes int8, compressed-tensors per-channel, GPTQ, AWQ); other
-    schemes are refused, naming the scheme (docs/quantization.md).
+    Both directions move stored bit patterns (whole rows), so split then fuse gives the input back; weights and
+    biases, GQA, GGUF files and quantized checkpoints whose scheme keeps one scale per output.
+
+    \b
+    Examples:
+      ckpt-surgeon qkv split ./Phi-3-mini -o ./phi3-as-llama
+      ckpt-surgeon qkv fuse model.gguf -o fused.gguf
+
+    Docs: docs/qkv.md.
     """
 
 
@@ -27,22 +30,23 @@ def command():
 @click.argument("source")
 @click.option("--layout", type=click.Choice(["concat", "per_head", "grouped", "conv1d"]), default=None, help=_LAYOUT_HELP)
 @click.option("--to", "to", default=None, metavar="ARCH",
-              help="Architecture to write: the registry's declared rewrite (Phi-3 -> llama, or mistral when a sliding "
-                   "window is set) by default; 'same' keeps the source architecture and config.")
+              help="Architecture to write: the registry's rewrite (Phi-3 -> llama, or mistral with a sliding window); "
+                   "'same' keeps the source's.")
 @surgery_output_options
 @source_options
 def split(source, layout, to, out, force, check, dry_run, fmt, report_path, allow_pickle, revision, hub_file,
           allow_full_download, progress):
     """Split each layer's fused qkv projection of SOURCE into q/k/v and write OUT.
 
-    Phi-3 is written as a LlamaForCausalLM (MistralForCausalLM when its config sets a sliding
-    window): qkv_proj -> q_proj/k_proj/v_proj, gate_up_proj -> gate_proj/up_proj, config
-    model_type/architectures rewritten, rope settings kept; transformers loads it with the
-    same logits.
+    A Phi-3 is written as a LlamaForCausalLM (MistralForCausalLM with a sliding window) that transformers
+    loads with the same logits; other fused families split beside the fused module's place.
 
     \b
-    Example:
+    Examples:
       ckpt-surgeon qkv split ./Phi-3-mini -o ./phi3-as-llama
+      ckpt-surgeon qkv split fused.gguf -o split.gguf
+
+    Docs: docs/qkv.md.
     """
     from ..checkpoint import open_checkpoint
     from ..surgery.qkv import plan_qkv_split

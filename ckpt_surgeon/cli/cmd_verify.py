@@ -41,176 +41,124 @@ def _max_memory(specs) -> dict | None:
 @click.argument("reference")
 @click.argument("candidate", required=False)
 @click.option("--prompts", "prompts_file", type=ReadPath(dir_okay=False), default=None,
-              help="Prompts to run: a JSON list of strings, or one prompt per line. Default: a built-in set of 8 "
-                   "(English, code, digits, Chinese, a chat turn, emoji, a repetition).")
+              help="Prompts: a JSON list of strings, or one prompt per line (default: the built-in set).")
 @click.option("--token-ids", "token_ids_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
-              help="Feed these token ids instead of prompts: a JSON list of ids (one prompt) or a list of such "
-                   "lists. Needs no tokenizer at all (models that have none, weights-only checkpoints).")
+              help="Feed these token ids instead of prompts (a JSON list of ids, or of id lists): no tokenizer "
+                   "needed.")
 @click.option("--tokenizer", "tokenizer", type=ReadPathOrId(), default=None, metavar="PATH_OR_ID",
-              help="Tokenize the prompts with this tokenizer instead of the REFERENCE's files: a folder, a "
-                   "tokenizer.json file or a Hub id (anything AutoTokenizer takes). For weights-only checkpoints.")
+              help="Tokenize the prompts with this (a folder, tokenizer.json or Hub id) instead of REFERENCE's own "
+                   "tokenizer.")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
-              help="Greedy tokens generated per prompt by causal LMs (do_sample=False, the reference's stop tokens "
-                   "for both); 0 skips generation.")
+              help="Greedy tokens generated per prompt by causal LMs; 0 skips generation.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where both models run; auto = CUDA when torch.cuda.is_available().")
+              help="Where both models run (auto: CUDA when available).")
 @click.option("--device-map", type=click.Choice(["auto"]), default=None,
-              help="Spread each model over several GPUs and CPU RAM with accelerate (models larger than one GPU); "
-                   "the models are then loaded one after the other. Overrides --device. Models larger than the "
-                   "machine's RAM: --stream.")
+              help="Spread each model over every GPU and CPU RAM with accelerate (one model at a time); overrides "
+                   "--device.")
 @click.option("--max-memory", "max_memory", multiple=True, metavar="DEVICE=SIZE",
-              help="With --device-map auto: accelerate's limit for one device, e.g. --max-memory 0=20GiB "
-                   "--max-memory cpu=60GiB (repeatable; passed through).")
+              help="With --device-map auto: accelerate's limit for one device, e.g. 0=20GiB or cpu=60GiB "
+                   "(repeatable).")
 @click.option("--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True,
-              help="Compute dtype both models are loaded in (--stream and the torchrun pipeline: float32, float64 or "
-                   "bfloat16; bfloat16 streams the layers in bf16 and applies the head in float32).")
+              help="The compute dtype of both models (--stream and torchrun pipelines: float32, float64 or bfloat16).")
 @click.option("--sequential", is_flag=True,
-              help="Load the models one after the other, comparing against the reference's saved float32 outputs "
-                   "(automatic when both do not fit in free RAM/VRAM at once).")
+              help="Load the models one after the other, against the reference's saved outputs (automatic when both "
+                   "do not fit).")
 @click.option("--stream", is_flag=True,
-              help="Run both models one decoder layer at a time (transformers' own layer classes; weights read "
-                   "per layer, GGUF dequantized per tensor): memory is one layer plus the activations, not a model. "
-                   "Reports the per-layer divergence too (as --localize); no greedy generation. Automatic when one "
-                   "model does not fit in free memory; a run that would not fit even so is refused.")
+              help="Run both models one decoder layer at a time (memory: one layer; per-layer divergence; no greedy); "
+                   "automatic when needed.")
 @click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
-              help="Plan the run as if only SIZE (e.g. 8GiB) were free: parallel, sequential or streamed is chosen "
-                   "to fit it. Default: the free RAM (VRAM with --device cuda).")
+              help="Plan the run as if only SIZE (e.g. 8GiB) were free (default: the free RAM, or VRAM with --device "
+                   "cuda).")
 @click.option("--thresholds", "thresholds_dtype", type=click.Choice(_THRESHOLD_ROWS), default=None,
-              help="Judge by this dtype's default thresholds. Default: the coarsest of --dtype and the two "
-                   "checkpoints' storage dtypes (a bf16 copy of an fp32 model is judged by the bf16 row).")
+              help="Judge by this dtype's default row (default: the coarsest of --dtype and both storage dtypes).")
 @click.option("--max-logit-diff", type=float, default=None,
-              help="Fail when max |Δlogit| / logit scale exceeds this (scale = the reference's largest |logit|; "
-                   "for encoders the last hidden state). Defaults: float32 1e-4, float16 1.5e-2, bfloat16 0.1.")
+              help="Fail when max |Δlogit| / the reference's largest |logit| exceeds X (rows: float32 1e-4, float16 "
+                   "1.5e-2, bfloat16 0.1).")
 @click.option("--max-kl", type=float, default=None,
-              help="Fail when the largest per-position KL(ref||cand) (nats, float64) exceeds this. Defaults: "
-                   "float32 1e-6, float16 5e-3, bfloat16 0.15.")
+              help="Fail when the largest per-position KL(ref‖cand) exceeds X nats (rows: 1e-6, 5e-3, 0.15).")
 @click.option("--min-top1", type=float, default=None,
-              help="Fail when the fraction of positions with the same arg-max token is below this. Defaults: "
-                   "float32 0.99, float16 0.95, bfloat16 0.9.")
+              help="Fail when the share of positions with the same arg-max is below X (rows: 0.99, 0.95, 0.9).")
 @click.option("--require-greedy/--no-require-greedy", default=None,
-              help="Fail when greedy continuations differ. Default: required for float32, reported only for "
-                   "float16/bfloat16 (a near-tie flips them legitimately).")
+              help="Fail when greedy continuations differ (default: only for the float32 row).")
 @click.option("--tmp-dir", type=ScratchDir(), default=None,
-              help="Directory for temporary files: GGUF inputs converted to HF folders and quantized HF checkpoints "
-                   "dequantized into dense ones (float32: ~4 bytes per parameter) and, in sequential mode, the reference's saved outputs. Default: the system temp "
-                   "dir ($TMPDIR). Removed at the end.")
+              help="Folder for temporary files (GGUF inputs converted, saved reference outputs); default: $TMPDIR; "
+                   "emptied at the end.")
 @click.option("--revision", default=None, metavar="REV",
-              help="Hub revision (branch, tag or commit) of REFERENCE when it is a Hub id. Default: the repo's "
-                   "default branch.")
+              help="Hub revision (branch, tag or commit) of REFERENCE when it is a Hub id.")
 @click.option("--candidate-revision", default=None, metavar="REV",
-              help="Hub revision of CANDIDATE when it is a Hub id (compare two revisions of one repo: "
-                   "verify ID ID --candidate-revision REV).")
+              help="Hub revision of CANDIDATE when it is a Hub id (compare two revisions of one repo).")
 @click.option("--localize", is_flag=True,
-              help="Also find where the models diverge: hooks on every decoder layer's output and its attention / "
-                   "MLP sub-outputs, per layer max and relative |Δ hidden|, the first layer over --localize-threshold "
-                   "(a second pass over the prompts; with --sequential only per-layer outputs are saved).")
+              help="Also find where the models diverge: per layer, attention and MLP, the first point over "
+                   "--localize-threshold.")
 @click.option("--localize-threshold", type=float, default=None,
-              help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
-                   "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
+              help="Relative |Δ hidden| that counts as diverged (defaults: float32 1e-4, float16 1e-2, bfloat16 "
+                   "5e-2).")
 @click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
-              help="Fidelity mode: score CANDIDATE against REFERENCE over this UTF-8 text, tokenized with the "
-                   "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top.")
+              help="Fidelity mode: score CANDIDATE over this UTF-8 text as llama-perplexity --kl-divergence does (KL, "
+                   "PPL ratio, Δp, same top).")
 @click.option("--corpus-ids", "corpus_ids", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode over token ids instead of text (a JSON list of ids).")
 @click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True,
-              help="Fidelity mode: tokens per chunk; the corpus is cut into len // ctx chunks (at least 2 × ctx tokens "
-                   "needed), each run from an empty context, BOS replacing its first token when the tokenizer adds one.")
+              help="Fidelity mode: tokens per chunk (the corpus needs at least 2 × ctx tokens).")
 @click.option("--score", type=click.Choice(["half", "all"]), default="half", show_default=True,
-              help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2 (each predicting the "
-                   "next token), all = 0 … ctx−2.")
+              help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2, all = 0 … ctx−2.")
 @click.option("--save-reference", "save_reference", type=WritePath(dir_okay=False), default=None, metavar="FILE",
-              help="Fidelity mode: also save the reference run to FILE (atomically; replaced only with --force) so that "
-                   "later runs skip it with --reference FILE.")
+              help="Fidelity mode: also save the reference run to FILE, for later runs' --reference FILE.")
 @click.option("--reference-format", type=click.Choice(["ckpt-surgeon", "llama.cpp"]), default="ckpt-surgeon",
               show_default=True,
-              help="Format --save-reference writes: ckpt-surgeon (safetensors with the raw float32 logits: statistics "
-                   "identical to a live run) or llama.cpp (its --kl-divergence-base uint16 file, ~1e-4 nats floor).")
+              help="What --save-reference writes: ckpt-surgeon (raw float32 logits) or llama.cpp (its "
+                   "--kl-divergence-base file).")
 @click.option("--reference", "reference_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: a saved reference (ours, or llama-perplexity's --kl-divergence-base file) replaces "
-                   "the reference run. Then REFERENCE may be left out (verify --reference FILE CANDIDATE ...).")
+                   "the reference run.")
 @click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,
-              help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python), the runtime people "
-                   "deploy with, instead of converting it for transformers.")
+              help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python) instead of "
+                   "transformers.")
 @click.option("--kv-cache", default="f16", show_default=True, metavar="TYPE",
-              help="llama.cpp's cache type for K and V of every side run in llama.cpp (--runtime llama.cpp): f32, f16, "
-                   "bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1. f16 is llama.cpp's default and rounds K and V: f32 "
-                   "for exactness checks.")
+              help="llama.cpp's K and V cache type for every side run there (f16 by default; f32 for exactness "
+                   "checks).")
 @click.option("--cache-type-k", "cache_type_k", default=None, metavar="TYPE",
-              help="The candidate's K cache type in llama.cpp (llama.cpp's names, as --kv-cache); the reference keeps "
-                   "--kv-cache. Implies --runtime llama.cpp; CANDIDATE may be left out (the REFERENCE .gguf again). "
-                   "A quantized cache is a fidelity run, not an exactness run.")
+              help="The candidate's K cache type in llama.cpp (implies --runtime llama.cpp; CANDIDATE may be left "
+                   "out): a fidelity run.")
 @click.option("--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
-              help="The candidate's V cache type in llama.cpp (a quantized V needs flash attention: see --flash-attn).")
+              help="The candidate's V cache type in llama.cpp (a quantized V needs flash attention: --flash-attn).")
 @click.option("--cache-sweep", "cache_sweep", default=None, metavar="K[/V],...",
-              help="Run the candidate .gguf in llama.cpp under each of these caches (K/V, or one type for both: "
-                   "q8_0,q4_0/f16,q4_0) against one reference run (the same model with --kv-cache, or REFERENCE, or "
-                   "--reference FILE) and report one table row per cache: mean KLD, Δp, RMS Δp, same top (± SE), "
-                   "PPL ratio. Gates are judged only when given.")
+              help="Run the candidate .gguf under each of these caches (K/V, or one type: q8_0,q4_0/f16) against one "
+                   "reference run: a row each.")
 @click.option("--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
-              help="llama.cpp's flash attention for every side run in llama.cpp; auto = on when a V cache is "
-                   "quantized (llama.cpp refuses a quantized V without it), else off.")
+              help="llama.cpp's flash attention (auto: on when a V cache is quantized, which needs it).")
 @click.option("--max-mean-kl", type=float, default=None,
-              help="Fidelity gate: fail when the mean KL(ref‖cand) over the corpus exceeds this. Default: the "
-                   "thresholds row's --max-kl.")
+              help="Fidelity gate: fail when the mean KL(ref‖cand) exceeds X (default: the row's --max-kl).")
 @click.option("--max-p99-kl", type=float, default=None,
-              help="Fidelity gate: fail when the 99th percentile of per-token KL exceeds this. Default: the row's --max-kl.")
+              help="Fidelity gate: fail when the 99th percentile of per-token KL exceeds X (default: the row's "
+                   "--max-kl).")
 @click.option("--min-same-top", type=float, default=None,
-              help="Fidelity gate: fail when the fraction of tokens with the same arg-max is below this. Default: the "
-                   "row's --min-top1.")
+              help="Fidelity gate: fail when the share of tokens with the same arg-max is below X (default: the row's "
+                   "--min-top1).")
 @click.option("--max-ln-ppl-ratio", type=float, default=None,
-              help="Fidelity gate, one-sided: fail when ln(PPL(cand)/PPL(ref)) exceeds this (a better candidate never "
-                   "fails). Default: not judged.")
+              help="Fidelity gate, one-sided: fail when ln(PPL(cand)/PPL(ref)) exceeds X (default: not judged).")
 @dist_mode_option
 @progress_option
 @output_options
 def command(reference, candidate, fmt, output, force, **given):
-    """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
+    """Run REFERENCE and CANDIDATE on the same inputs and say whether they agree.
 
-    Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
-    AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
-    compared on the last hidden state; a vision/audio-language model with its own class, on the
-    text path and on each vision / audio tower run alone on seeded inputs; an encoder-decoder such as
-    Whisper or BART with its own class, on the decoder's logits for the prompt's ids, its encoder reading
-    the same ids or seeded audio features, a speech encoder also run alone). Each is a local Hugging Face folder (config.json +
-    safetensors), a single .safetensors file with config.json beside it, a .gguf file
-    (converted to a temporary folder by ckpt-surgeon's own converter), a quantized HF
-    checkpoint (GPTQ, AWQ, compressed-tensors, FP8, bitsandbytes, MLX ...: run as the
-    unquantized model from its weights dequantized by ckpt-surgeon, activations not
-    quantized; a note says so), or a Hub repo id
-    (owner/name; --revision / --candidate-revision pick a branch, tag or commit): the files
-    the model needs are downloaded with huggingface_hub into the normal Hugging Face cache
-    (HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE honoured; reused by later runs), then loaded
-    from there.
+    Exactness mode: both run with transformers on the same prompts (any source: folders, GGUF, quantized
+    checkpoints, Hub ids), compared on max |Δlogit|, KL, top-1 and greedy continuations, judged by the
+    coarsest dtype's row; --localize names the first layer that diverges; models larger than memory run
+    layer by layer.  Fidelity mode (--corpus): llama-perplexity's KL-divergence statistics, in transformers
+    or llama.cpp (--runtime llama.cpp), with quantized KV caches (--cache-type-k, --cache-sweep); under
+    torchrun, over GPUs and machines.  Exit 0 agree, 1 mismatch (the report first), 2 bad input.
 
-    Prompts are tokenized with the REFERENCE's tokenizer, or with --tokenizer PATH_OR_ID (for
-    weights-only checkpoints); a model that ships a tokenizer encoding any prompt to different
-    ids is an error. --token-ids FILE feeds ids directly and needs no tokenizer at all. Models load with
-    local_files_only=True and eager attention (SDPA may pick different fused kernels per shape,
-    eager makes identical weights give identical CPU logits), under torch.no_grad with fixed
-    seeds.
+    \b
+    Examples:
+      ckpt-surgeon verify ./gpt2 ./gpt2-folded
+      ckpt-surgeon verify ./model ./model.q8_0.gguf --corpus wiki.test.raw --runtime llama.cpp
+      ckpt-surgeon verify model.gguf --corpus wiki.test.raw --cache-sweep q8_0/f16,q4_0/f16
+      torchrun --nproc-per-node 8 -m ckpt_surgeon verify ref/ cand/ --corpus wiki.txt -o report.json
 
-    Reported: max |Δlogit| (absolute and relative to the reference's logit scale), mean and
-    max KL(ref||cand) from float64 log-softmax, top-1 agreement over all positions, and per
-    prompt whether the greedy continuations are identical (first differing token).
-
-    Memory: both models at once when they fit, else one after the other, else layer by layer
-    (--stream); a run that would exceed the free memory even streamed is refused in one line
-    saying what it needs, never started.
-
-    Fidelity mode (--corpus FILE or --corpus-ids FILE): the corpus is cut into --ctx chunks and
-    scored as llama-perplexity --kl-divergence scores it; reported in llama.cpp's three blocks
-    (PPL of both, ln PPL ratio ± paired SE and correlation; KL mean ± SE, max and percentiles;
-    Δp percentiles, RMS Δp, same top ± SE), all in float64 over the full vocabulary.
-    --format markdown gives the blocks as a table for model cards. Gates: --max-mean-kl,
-    --max-p99-kl, --min-same-top, --max-ln-ppl-ratio. --save-reference / --reference compute
-    the reference once (also in llama.cpp's --kl-divergence-base format, both ways);
-    --runtime llama.cpp judges a GGUF in llama.cpp itself; --cache-type-k / --cache-type-v give the
-    candidate a quantized KV cache there (a fidelity run, not an exactness run) and --cache-sweep
-    q8_0/f16,q4_0/f16 scores one GGUF under several caches in one table. See docs/verify.md.
-
-    Exit codes: 0 agree within the thresholds, 1 mismatch (the report is printed first, then
-    one line naming the failed criteria), 2 bad input.
+    Docs: docs/verify.md.
     """
     params = {"reference": reference, "candidate": candidate, "fmt": fmt, "output": output, "force": force, **given}
     if distributed(command.callback, params, _size):      # launched by torchrun (cli/verify_dist.py)

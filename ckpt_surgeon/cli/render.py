@@ -24,15 +24,12 @@ FORMATS = ("table", "json", "csv", "markdown")
 def output_options(fn):
     """``--format``, ``--output`` and ``--force`` for any command that renders a report."""
     fn = click.option("--force", is_flag=True,
-                      help="Replace --output FILE if it exists (atomically). Without it an existing file is an "
-                           "error, checked before any work, as for surgery outputs.")(fn)
+                      help="Replace an existing output, atomically (an input is never replaced).")(fn)
     fn = click.option("--output", "-o", "output", type=WritePath(dir_okay=False), default=None,
-                      help="Write the report to FILE (atomically) instead of stdout; an existing FILE is "
-                           "refused unless --force.  (-o/--output names what a command writes: this report "
-                           "here; the model for convert, fold-bias and qkv.)")(fn)
+                      help="Write the report to FILE (atomically) instead of stdout; an existing FILE needs "
+                           "--force.")(fn)
     fn = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-                      help="Report format: a human table, JSON (the stable contract), or CSV / Markdown of the table's "
-                           "rows (per layer, per finding, per tensor: what the command reports).")(fn)
+                      help="Report format (json is the stable contract).")(fn)
     return fn
 
 
@@ -199,11 +196,13 @@ def source_options(fn):
     """Options every command that opens a SOURCE shares (with ``--progress/--no-progress``)."""
     fn = progress_option(fn)
     fn = click.option("--allow-full-download", is_flag=True,
-                      help="Hub sources: allow downloading whole files when the server ignores HTTP Range.")(fn)
-    fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (e.g. one GGUF in a GGUF repo; any part of a split GGUF selects all its parts).")(fn)
+                      help="Hub sources: download whole files when the server ignores HTTP Range.")(fn)
+    fn = click.option("--file", "hub_file", default=None, help="Hub sources: which file to use (one GGUF of a GGUF "
+                                                               "repo; any part of a split GGUF selects them all).")(fn)
     fn = click.option("--revision", default=None, help="Hub sources: branch, tag or commit sha.")(fn)
     fn = click.option("--allow-pickle", is_flag=True,
-                      help="Load pickle checkpoints (pytorch_model.bin) with torch.load(weights_only=True). Off by default: pickles can run code.")(fn)
+                      help="Read pickle checkpoints (pytorch_model.bin) with torch.load(weights_only=True); off by "
+                           "default: pickles can run code.")(fn)
     return fn
 
 

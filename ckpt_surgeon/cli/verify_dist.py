@@ -28,10 +28,8 @@ def _remember(ctx, param, value):
 dist_mode_option = click.option(
     "--dist-mode", type=click.Choice(["auto", "data", "pipeline"]), default=None, expose_value=False,
     callback=_remember,
-    help="Under torchrun: data = every rank holds both models and runs every N-th corpus chunk; pipeline = each "
-         "rank holds a block of decoder layers of both models (the last rank fewer: it holds the heads), chunks pass "
-         "rank to rank; auto (default) = data when both models fit one rank, else pipeline. Prompt mode in data mode "
-         "runs on rank 0 alone (the report says so). Also CKPT_SURGEON_DIST_MODE. See docs/verify.md.")
+    help="Under torchrun: data (both models on every rank, chunks spread) or pipeline (layers spread); auto: data "
+         "when both fit (also CKPT_SURGEON_DIST_MODE).")
 
 
 def distributed(callback, params: dict, parse_size) -> bool:

@@ -92,28 +92,27 @@ def convert(source, out, dtype: str | None = None, force: bool = False, *, name:
             progress: bool | None = False, isolate: bool = False, imatrix=None, allow_requantize: bool = False,
             split_max_size=None, split_max_tensors=None, engine: str = "auto", mmproj: bool = False,
             config=None, no_tensor_first_split: bool = False, trust_remote_code: bool = False):
-    """Convert in the direction the source implies -> :class:`~ckpt_surgeon.conversion.report.ConvertReport`.
+    """Convert in the direction the source implies: the twin of ``ckpt-surgeon convert`` (docs/convert.md).
 
-    A ``.gguf`` source (recognised by its magic bytes) becomes an HF folder at ``out``;
-    an HF folder / ``.safetensors`` becomes the GGUF file ``out``.  ``progress``: a bar over
-    the bytes written on stderr (None: only when stderr is a terminal).  ``isolate`` (HF -> GGUF):
-    ask transformers about the folder in a short-lived child process, so that this process never
-    holds transformers, the tokenizer and the model classes (the CLI's choice; see
-    :func:`~.to_gguf.hf_to_gguf_report`).  A ``.gguf`` source with a ``.gguf`` output is quantized
-    (GGUF -> GGUF, ``dtype`` one of llama.cpp's file types: :mod:`.requantize`).  ``imatrix``: an
-    importance matrix file (llama-imatrix's GGUF or legacy .dat) for a quantized ``dtype``;
-    ``allow_requantize``: let an already-quantized GGUF tensor change type.  A quantized HF
-    folder (GPTQ, AWQ, FP8, bitsandbytes, MLX ...) with an ``out`` not ending in ``.gguf`` becomes
-    the dense HF folder of the same model, every floating tensor in ``dtype`` (default float32):
-    :func:`~.dense.quantized_to_dense_report`.
+    A GGUF ``source`` (by its magic bytes) becomes the HF folder ``out``; an HF folder or ``.safetensors``
+    becomes the GGUF file ``out`` (``dtype`` f16 | bf16 | f32 | q8_0, or a llama.cpp file type such as
+    q4_k_m, with the importance matrix ``imatrix``); a GGUF with a ``.gguf`` ``out`` is quantized as
+    llama-quantize does (``allow_requantize``); a quantized HF folder with a folder ``out`` becomes its dense
+    folder.  ``split_max_size`` (``"4G"``) / ``split_max_tensors`` / ``no_tensor_first_split``: llama.cpp's
+    split set (an HF output: its shard size).  ``engine`` (auto | native | llama.cpp), ``mmproj`` and
+    ``trust_remote_code``: the path derived from llama.cpp's converter; ``config``: the original config.json
+    for GGUF -> HF of such an architecture.  ``progress``: a bar on stderr (None: when stderr is a terminal);
+    ``isolate``: ask transformers in a short-lived child process, as the CLI does.
 
-    ``split_max_size`` (``"4G"``, bytes) / ``split_max_tensors``: a GGUF output becomes llama.cpp's
-    split set (:mod:`.split_output`); an HF folder output takes ``split_max_size`` as its shard size.
-    ``no_tensor_first_split``: the set's first part holds the metadata only (llama.cpp's option of that name).
-    ``engine``: the HF -> GGUF path (auto | native | llama.cpp: :mod:`.derived`); ``mmproj``: the projector file.
-    ``trust_remote_code``: llama.cpp's class may run Python shipped with the model (refused without it).
-    ``config`` (GGUF -> HF): the original config.json (or its folder); a GGUF whose architecture the native
-    registry lacks converts back through llama.cpp's inverted class with it (:mod:`.derived.to_hf`)."""
+    Returns:
+        :class:`~ckpt_surgeon.conversion.report.ConvertReport`
+
+    Example::
+
+        import ckpt_surgeon
+        rep = ckpt_surgeon.convert("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-hf")
+        rep.direction, rep.n_tensors, rep.config["num_hidden_layers"]
+    """
     from ..errors import UnsupportedError
     _check_local(source)
     source = _gguf_in_folder(Path(os.fspath(source))) or source

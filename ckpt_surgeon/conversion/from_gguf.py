@@ -598,10 +598,16 @@ def _json(obj) -> str:
 
 
 def gguf_to_hf(gguf_path, out_dir, dtype: str = "float32", force: bool = False) -> Path:
-    """Convert a GGUF file to an HF folder (config.json, safetensors, tokenizer files).
+    """Convert a GGUF file to an HF folder (config.json, safetensors, tokenizer files) transformers loads.
 
-    ``dtype``: ``float32`` | ``float16`` | ``bfloat16`` for every tensor.  Returns ``Path(out_dir)``.
-    Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad input; nothing is written then.
+    ``dtype``: ``float32`` | ``float16`` | ``bfloat16`` for every tensor.  Returns ``Path(out_dir)``;
+    :func:`ckpt_surgeon.convert` returns the full report instead.  Raises
+    :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad input; nothing is written then.
+
+    Example::
+
+        from ckpt_surgeon import gguf_to_hf
+        out = gguf_to_hf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-hf", dtype="bfloat16")
     """
     return Path(gguf_to_hf_report(gguf_path, out_dir, dtype=dtype, force=force).output)
 

@@ -17,7 +17,7 @@ that rules out a later write landing on it (every written range disjoint, each t
 covering exactly its data range as parsed back).  Without ``readback`` it rereads the whole file
 (in parallel too).  Rereading 15 GB after writing it is not the same check made later: on a
 machine whose page cache cannot hold source and output, it reads the output back from the disk,
-which on the 7B shape cost ~9 s of a ~30 s f16 conversion (docs/convert.md).
+which on the 7B shape cost ~9 s of a ~30 s f16 conversion (docs/architecture.md).
 """
 from __future__ import annotations
 

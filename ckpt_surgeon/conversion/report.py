@@ -21,6 +21,8 @@ class TensorRecord:
 
 @dataclass(frozen=True)
 class ConvertReport:
+    """What ``convert`` wrote: the direction, the engine, every tensor's source, target and transform."""
+
     direction: str                      # hf->gguf | gguf->hf | gguf->gguf | quantized->dense
     source: str
     output: str

@@ -200,7 +200,7 @@ def requantized_warning(again: dict) -> str:
     return (f"requantized source: {n} tensor(s) were already quantized and are rounded again ({pairs}); both "
             "roundings stay in the output, so it is further from the original float model than the same type made "
             "from it (llama-quantize --allow-requantize writes these same bytes).  Expect 'verify SOURCE OUT' to "
-            "fail its default thresholds for a 4-5-bit target (docs/convert.md has measured figures); quantize "
+            "fail its default thresholds for a 4-5-bit target (docs/benchmarks.md has measured figures); quantize "
             "from the float model where you have it, or compare with explicit --max-kl / --min-top1")
 
 

@@ -638,8 +638,13 @@ def hf_to_gguf(src, out_path, dtype: str = "f16", force: bool = False, *, name: 
     each tensor's type then chosen by llama.cpp's mixture rules and quantized by its kernels, with
     the importance matrix file ``imatrix`` if given.
     ``name``: ``general.name`` (default: the folder's name).
-    Returns the output path.  Raises :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad
-    input; nothing is written then.
+    Returns the output path (:func:`ckpt_surgeon.convert` returns the full report).  Raises
+    :class:`~ckpt_surgeon.errors.CkptError` subclasses on bad input; nothing is written then.
+
+    Example::
+
+        from ckpt_surgeon import hf_to_gguf
+        hf_to_gguf("Qwen2.5-0.5B", "qwen.q4_k_m.gguf", dtype="q4_k_m")     # = llama-quantize's bytes
     """
     return Path(hf_to_gguf_report(src, out_path, dtype=dtype, force=force, name=name, imatrix=imatrix).output)
 

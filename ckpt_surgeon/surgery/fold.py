@@ -568,10 +568,25 @@ def fold_bias(source, out, *, k: bool = False, v: bool = False, approximate: boo
               epsilon: float | None = None, pairs: str = "near", center: bool = False, center_weights: bool = False,
               force: bool = False, check: str = "auto", source_hash: str = "auto", tower: str | None = None,
               **open_kw):
-    """Plan and write ``fold-bias`` (see the module docstring); returns a :class:`SurgeryResult`.
+    """Remove the attention biases that do not change the model: the twin of ``ckpt-surgeon fold-bias``
+    (docs/fold-bias.md).  Refuses, with the analyzer's numbers, what is not removable.
 
-    ``source``: HF folder, single .safetensors or .gguf (any source :func:`open_checkpoint` takes);
-    ``out``: a folder, a ``.safetensors`` file or, for GGUF sources, a ``.gguf`` file.
+    ``source``: an HF folder, a ``.safetensors`` or ``.gguf`` file (any source :func:`open_checkpoint` takes);
+    ``out``: a folder, a ``.safetensors`` file or, for a GGUF source, a ``.gguf`` file.  ``k``: the key bias
+    where it is exact; with ``approximate`` and ``max_logit_change`` also rotary pairs under that bound at
+    ``context`` (``epsilon``, ``pairs``: near | any).  ``v``: fold the value bias into the output bias.
+    ``center`` / ``center_weights``: subtract mean components read only by LayerNorms.  ``delete``: drop
+    folded biases where a config switch allows.  ``tower``: one attention stack only.  ``force``, ``check``,
+    ``source_hash``: the writer's (docs/bad-input.md).
+
+    Returns:
+        :class:`~ckpt_surgeon.surgery.plan.SurgeryResult`
+
+    Example::
+
+        import ckpt_surgeon
+        res = ckpt_surgeon.fold_bias("all-MiniLM-L6-v2", "minilm-folded", k=True, v=True)
+        res.plan.layers[0].k_removed, res.write.bytes_written, res.to_dict()["tensors_changed"]
     """
     from ..checkpoint import open_checkpoint
     from .plan import plan_while_copying

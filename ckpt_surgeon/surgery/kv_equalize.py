@@ -1,6 +1,6 @@
 """``kv-equalize``: rescale q/k rotary pairs (and value dims) so a quantized KV cache hurts less, exactly.
 
-The transform (docs/surgery.md has the argument; :func:`ckpt_surgeon.surgery.ops.scale_axis` the
+The transform (docs/architecture.md has the argument; :func:`ckpt_surgeon.surgery.ops.scale_axis` the
 identities):
 
 * rotary pair j of every query head in a kv group times ``alpha_j``, the same pair of the kv head's
@@ -458,7 +458,8 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
                 prompts=None, max_tokens: int = 256, rows: int = 64, device: str = "cpu", attn_rot: bool | None = None,
                 turn: bool = True, scales: str | None = None, min_gain: float = MIN_GAIN,
                 **open_kw) -> KvEqualizeReport:
-    """Python twin of ``ckpt-surgeon kv-equalize SRC -o OUT --cache-type-k T [--cache-type-v T] [--calibrate]``.
+    """Rescale and turn q/k rotary pairs (and value dims) so that a quantized KV cache hurts less, every
+    attention logit unchanged: the twin of ``ckpt-surgeon kv-equalize`` (docs/kv-equalize.md).
 
     ``calibrate``: run the model (transformers) on ``prompts`` (default: the analysis prompt set), each cut
     to ``max_tokens``, keep ``rows`` query rows per prompt, and choose alpha on the measured attention error
@@ -466,14 +467,21 @@ def kv_equalize(source, out, *, cache_type_k="q4_0", cache_type_v=None, context:
     when it Hadamard-rotates them for a quantized cache (head_dim a multiple of 64; False: plain blocks; None:
     as llama.cpp would in this environment, ``LLAMA_ATTN_ROT_DISABLE``); ``turn``: also turn the
     bias-dominated rotary pairs of q and k (:mod:`ckpt_surgeon.surgery.kv_turn`; static choice only);
-    ``scales``: ``"pow2"`` (powers of two, the default of the static choice: the rescaled weights are exact in
-    their own dtype and are computed on their bits) or ``"continuous"`` (any positive scale, float64 then one
-    rounding; the default with ``calibrate``).
-    ``min_gain``: a layer whose predicted K (V) error falls by less than this fraction keeps its weights
-    (:mod:`ckpt_surgeon.surgery.kv_guard`; 0: every layer takes the optimizer's choice; static choice only).
+    ``scales``: ``"pow2"`` (the default of the static choice: exact in the weights' own dtype, computed on their
+    bits) or ``"continuous"`` (float64 then one rounding; the default with ``calibrate``).  ``min_gain``: a layer
+    whose predicted K (V) error falls by less than this fraction keeps its weights (:mod:`.kv_guard`; 0: off).
 
     Streams through the atomic writer (input untouched, untouched tensors byte-identical, reread check);
     ``out``: a folder or ``.safetensors`` (HF sources), a ``.gguf`` file (GGUF sources).
+
+    Returns:
+        :class:`~ckpt_surgeon.surgery.kv_equalize.KvEqualizeReport`
+
+    Example::
+
+        import ckpt_surgeon
+        rep = ckpt_surgeon.kv_equalize("Qwen2.5-7B", "qwen-eq", cache_type_k="q4_0", cache_type_v="q8_0")
+        rep.layers[0].k_before, rep.layers[0].k_after, rep.improvement("k")
     """
     from ..checkpoint import open_checkpoint
     from .plan import plan_while_copying

@@ -460,7 +460,20 @@ def _fuse_notes(ckpt, fam, lay_, roles: dict, fused_layout: str) -> list[str]:
 
 def qkv_split(source, out, *, layout: str | None = None, to: str | None = None, force: bool = False,
               check: str = "auto", source_hash: str = "auto", **open_kw):
-    """Plan and write ``qkv split`` (see the module docstring); returns a SurgeryResult."""
+    """Split fused q/k/v projections into separate ones, bit for bit: the twin of ``ckpt-surgeon qkv split``
+    (docs/qkv.md).
+
+    ``layout``: the fused layout (concat | per_head | grouped | conv1d; default the architecture's own or the
+    one an earlier run recorded); ``to``: ``same`` keeps a Phi-3 a Phi-3 (default: written as Llama).
+
+    Returns:
+        :class:`~ckpt_surgeon.surgery.plan.SurgeryResult`
+
+    Example::
+
+        import ckpt_surgeon
+        ckpt_surgeon.qkv_split("Phi-3-mini", "phi3-llama")          # a LlamaForCausalLM, the same logits
+    """
     from ..checkpoint import open_checkpoint
     from .plan import execute
 
@@ -471,7 +484,18 @@ def qkv_split(source, out, *, layout: str | None = None, to: str | None = None, 
 
 def qkv_fuse(source, out, *, layout: str | None = None, force: bool = False, check: str = "auto",
              source_hash: str = "auto", **open_kw):
-    """Plan and write ``qkv fuse`` (see the module docstring); returns a SurgeryResult."""
+    """Fuse separate q/k/v projections into one tensor, bit for bit: the twin of ``ckpt-surgeon qkv fuse``
+    (docs/qkv.md).  ``layout``: concat | per_head | grouped | conv1d (default: the architecture's own).
+
+    Returns:
+        :class:`~ckpt_surgeon.surgery.plan.SurgeryResult`
+
+    Example::
+
+        import ckpt_surgeon
+        res = ckpt_surgeon.qkv_fuse("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-fused.gguf")
+        ckpt_surgeon.qkv_split("smollm2-fused.gguf", "smollm2-split.gguf")   # the original tensors again
+    """
     from ..checkpoint import open_checkpoint
     from .plan import execute
 

@@ -46,7 +46,9 @@ DEVICE_MAPS = ("auto",)
 
 def verify(reference: str | os.PathLike, candidate: str | os.PathLike, options: VerifyOptions | None = None,
            **kwargs) -> VerifyReport:
-    """Compare ``candidate`` with ``reference`` by running both with transformers.
+    """Compare ``candidate`` with ``reference`` by running both with transformers: the twin of
+    ``ckpt-surgeon verify`` in exactness mode (docs/verify.md; corpus mode is
+    :func:`~ckpt_surgeon.verification.corpus.verify_corpus`).
 
     What to do is one :class:`~.options.VerifyOptions` record (``options``), or the keyword
     arguments below, each applied to the part of the record that has it (both may be given: the
@@ -83,8 +85,17 @@ def verify(reference: str | os.PathLike, candidate: str | os.PathLike, options: 
     |Δ hidden| that counts as diverged (default per dtype; it also re-judges a streamed run's
     per-layer divergence).
 
-    Returns a :class:`VerifyReport` (``.passed`` is the verdict), with ``localize`` a
-    :class:`~.localize.LocalizedVerify`; raises CkptError for bad input.
+    Raises CkptError for bad input.
+
+    Returns:
+        :class:`~ckpt_surgeon.verification.report.VerifyReport` (``.passed`` is the verdict); with ``localize``
+        a :class:`~ckpt_surgeon.verification.localize.LocalizedVerify`
+
+    Example::
+
+        import ckpt_surgeon
+        r = ckpt_surgeon.verify("all-MiniLM-L6-v2", "minilm-folded", device="cpu")
+        r.passed, r.failures, r.metrics.max_rel_diff, r.to_dict()["mode"]
     """
     opts = VerifyOptions.build(options, **kwargs)
     report = compare(reference, candidate, opts)

@@ -1,7 +1,7 @@
 """Records ``verify`` returns: per-prompt results, aggregate metrics, the verdict.
 
-``VerifyReport.to_dict()`` is the JSON contract (``--format json``); keys are documented in the
-README (extend, never rename).  ``rows()`` gives one flat row per prompt for table/csv/markdown,
+``VerifyReport.to_dict()`` is the JSON contract (``--format json``); keys are documented in
+docs/verify.md (extend, never rename).  ``rows()`` gives one flat row per prompt for table/csv/markdown,
 ``summary_items()`` the key/value lines above the table.
 """
 from __future__ import annotations

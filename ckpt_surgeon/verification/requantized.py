@@ -41,6 +41,7 @@ def requantized_note(reference, candidate) -> str | None:
         return None
     return (f"{NOTE_PREFIX} the reference is itself quantized ({_mix(ref)}) and the candidate ({_mix(cand)}) "
             "re-rounds weights already rounded once, so the thresholds (made for a float reference) measure the "
-            "second rounding alone, which can fail a 4-5-bit candidate by itself (docs/verify.md: a 135M model, Q4_1 -> "
-            "q4_k_m: mean KL 0.08, top-1 84 %, llama-quantize's own bytes).  To judge the quantization, verify it "
-            "against the float model the reference came from; to accept this loss, pass --max-kl / --min-top1")
+            "second rounding alone, which can fail a 4-5-bit candidate by itself (docs/benchmarks.md: a 135M model, "
+            "Q4_1 -> q4_k_m: mean KL 0.08, top-1 84 %, llama-quantize's own bytes).  To judge the quantization, "
+            "verify it against the float model the reference came from; to accept this loss, pass --max-kl / "
+            "--min-top1")

@@ -60,7 +60,7 @@ class Thresholds:
         return s
 
 
-# Calibration (measured with this tool, CPU, transformers 5.23; figures in docs/verify.md):
+# Calibration (measured with this tool, CPU, transformers 5.23; figures in docs/architecture.md):
 # SmolLM2-135M-Instruct (30 layers, logit scale 38) against a copy whose every weight carries
 # float32-sized noise (relative 1e-7, what an exact fold or conversion leaves) gives, by
 # compute dtype:   float32  2.3e-6 of scale, max KL 6.5e-11, top-1 1.0, greedy 8/8

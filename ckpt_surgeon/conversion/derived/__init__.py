@@ -7,7 +7,7 @@
 - :func:`engine_for`: which path ``convert`` takes for a folder.
 
 The converter comes from the installed llama-cpp-python's sdist, fetched and cached on first use
-(:mod:`.source`).  docs/convert.md ("Derived architectures") gives the reasoning.
+(:mod:`.source`).  docs/architecture.md ("convert derived architectures") gives the reasoning.
 """
 from __future__ import annotations
 

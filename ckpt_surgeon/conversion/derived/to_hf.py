@@ -12,7 +12,7 @@ time, and maps forward to itself), and the folder is written atomically with
 the given config.json and the tokenizer files rebuilt from ``tokenizer.ggml.*``.  A tensor the class takes in a
 release's own form (integers; DeepSeek-V4's FP4 experts, whose bits it moves into ggml blocks: :mod:`.packed`) is
 gathered and written in that form, its dtype its own, not ``--dtype``.
-docs/convert.md ("GGUF -> HF on the derived path") gives the reasoning and the zoo sweep.
+docs/architecture.md ("convert: GGUF -> HF of a derived architecture") gives the reasoning.
 """
 from __future__ import annotations
 
