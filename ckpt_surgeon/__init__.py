@@ -9,7 +9,7 @@ from .version import __version__
 
 __all__ = ["analyze", "convert", "fold_bias", "gguf_to_hf", "hf_to_gguf", "inspect", "open_checkpoint", "qkv_fuse",
            "qkv_split", "verify", "__version__"]
-__all__ += ["diff", "lint", "kv_equalize"]
+__all__ += ["diff", "lint", "kv_equalize", "tokenizer"]
 
 from ._lazy import lazy_exports
 
@@ -29,4 +29,5 @@ __getattr__, __dir__ = lazy_exports(globals(), {
     "diff": ".analysis.diff",                # ckpt-surgeon diff
     "lint": ".analysis.lint",                # ckpt-surgeon lint
     "kv_equalize": ".surgery.kv_equalize",   # ckpt-surgeon kv-equalize
+    "tokenizer": ".analysis.tokenizer.record",   # inspect's tokenizer section, diff's tokenizer comparison
 })

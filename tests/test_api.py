@@ -18,6 +18,7 @@ IMPLEMENTED_IN = {
     "qkv_fuse": "ckpt_surgeon.surgery.qkv", "qkv_split": "ckpt_surgeon.surgery.qkv",
     "diff": "ckpt_surgeon.analysis.diff", "lint": "ckpt_surgeon.analysis.lint",
     "kv_equalize": "ckpt_surgeon.surgery.kv_equalize",
+    "tokenizer": "ckpt_surgeon.analysis.tokenizer.record",
 }
 
 

@@ -343,7 +343,21 @@ def read_tokenizer(ck) -> TokenizerRecord | None:
 
 
 def tokenizer(source, **open_kwargs) -> TokenizerRecord | None:
-    """Python API: the tokenizer record of ``source`` (a path, a Hub id or an open Checkpoint)."""
+    """The tokenizer and chat template(s) of ``source``, in llama.cpp's terms: the record ``inspect`` shows in
+    short and ``diff`` compares (docs/lint.md, "Is this GGUF the same model?").
+
+    ``source``: an HF folder, a GGUF file, a Hub repo id (its tokenizer files fetched by HTTP) or an open
+    :class:`~ckpt_surgeon.checkpoint.Checkpoint`.  None when the source carries no tokenizer.
+
+    Returns:
+        :class:`~ckpt_surgeon.analysis.tokenizer.record.TokenizerRecord` (``.summary()``, ``.to_dict()``)
+
+    Example::
+
+        import ckpt_surgeon
+        t = ckpt_surgeon.tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf")
+        t.kind, t.size, t.pre, t.llama.ids["eos"], t.eog, list(t.templates)
+    """
     from ...checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
         return read_tokenizer(source)
