@@ -88,6 +88,8 @@ def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | 
     tb, yb = _unpadded(b)
     if a.kind == "bert" or b.kind == "bert":
         ta, tb = _hf_spelling(a, ta, ya), _hf_spelling(b, tb, yb)
+    if ta == tb and ya == yb:          # the common case, at C speed
+        return None, None
     n = max(len(ta), len(tb))
     text_diff, type_diff = [], []
     for i in range(n):

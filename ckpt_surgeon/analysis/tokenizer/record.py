@@ -249,6 +249,14 @@ def _hf_special_texts(files) -> dict[str, str]:
     return out
 
 
+def _size(tj: dict) -> int:
+    """The number of ids tokenizer.json spans (its largest id + 1)."""
+    vocab = (tj.get("model") or {}).get("vocab") or {}
+    ids = [i for i in (vocab.values() if isinstance(vocab, dict) else range(len(vocab))) if isinstance(i, int)]
+    ids += [a["id"] for a in tj.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)]
+    return max(ids) + 1 if ids else 0
+
+
 def _native_vocab(tj: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Tokens by id as tokenizer.json has them (holes: empty text, type unused); added tokens are control
     (special) or user-defined (not special), as llama.cpp's converter types them."""
@@ -288,7 +296,7 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
     tj = _json(files, "tokenizer.json")
     model = tj.get("model") or {}
     hf_kind = model.get("type") if isinstance(model.get("type"), str) else None
-    tokens, types = _native_vocab(tj)
+    n_tokens = _size(tj)
     templates, where = hf_templates(files)
     common = dict(hf_kind=hf_kind, normalizer=tj.get("normalizer"), pre_tokenizer=tj.get("pre_tokenizer"),
                   special_texts=_hf_special_texts(files), generation_eos=_eos_ids(files), templates=templates,
@@ -296,12 +304,13 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
     notes = []
     try:
         with files.as_folder() as folder:
-            v = hf_vocab(folder, len(tokens), config, effective_json=tj)
+            v = hf_vocab(folder, n_tokens, config, effective_json=tj)
     except CkptError as e:
         notes.append(f"not in llama.cpp's terms: {e.detail}")
         v = None
     if v is not None:
         return _from_vocab(v, source, "hf", notes=tuple(notes), side=files, **common)
+    tokens, types = _native_vocab(tj)
     kind = "gpt2" if hf_kind == "BPE" and not model.get("byte_fallback") else \
         ("llama" if hf_kind == "BPE" else _HF_KINDS.get(hf_kind))
     merges = model.get("merges")
@@ -358,9 +367,16 @@ def tokenizer(source, **open_kwargs) -> TokenizerRecord | None:
         t = ckpt_surgeon.tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf")
         t.kind, t.size, t.pre, t.llama.ids["eos"], t.eog, list(t.templates)
     """
+    import os
+
     from ...checkpoint import Checkpoint, open_checkpoint
     if isinstance(source, Checkpoint):
         return read_tokenizer(source)
+    if os.path.isdir(source):               # a folder: its tokenizer files, whether or not weights sit beside them
+        from ...formats.side_files import FolderFiles
+        files = FolderFiles(source)
+        cfg = _json(files, "config.json") if "config.json" in files.names() else None
+        return from_hf_files(files, str(source), cfg)
     with open_checkpoint(source, **open_kwargs) as ck:
         return read_tokenizer(ck)
 

@@ -155,11 +155,15 @@ def llama_specials(v: GGUFVocab, keys: dict | None = None) -> LlamaSpecials:
                          flags["add_sep"], tuple(found), tuple(notes))
 
 
+_TEXTS = frozenset(EOG_TEXTS) | frozenset(t for texts in AUTO_SPECIALS.values() for t in texts) | \
+    frozenset(t for pair in _END_DROPPED_BY for t in pair) | frozenset(_S_DROPPED_BY)
+
+
 def _first_ids(tokens) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        out.setdefault(t, i)      # llama.cpp's token_to_id keeps the last duplicate; no real file has one
-    return out
+    """id of each text the rules look for that the vocabulary holds (the first, where a text repeats: llama.cpp's
+    token_to_id keeps one; no real file repeats one of these)."""
+    tokens = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    return {t: tokens.index(t) for t in _TEXTS.intersection(tokens)}
 
 
 def _eog(v: GGUFVocab, ids: dict, by_text: dict) -> tuple[int, ...]:
