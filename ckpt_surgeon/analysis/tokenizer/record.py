@@ -58,6 +58,7 @@ class TokenizerRecord:
     notes: tuple[str, ...] = ()
     side: object = field(default=None, repr=False, compare=False)   # HF: the files, for effective_pre()
     unread: str | None = None                    # why the tokenizer the files describe was not read (then empty)
+    scores_from_merges: bool = False             # HF 'llama' without tokenizer.model: scores made from merge ranks
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -132,7 +133,7 @@ class TokenizerRecord:
             return self
         keep = {k: getattr(self, k) for k in ("hf_kind", "normalizer", "pre_tokenizer", "special_texts",
                                                "generation_eos", "templates", "template_sources", "files",
-                                               "notes", "side")}
+                                               "notes", "side", "scores_from_merges")}
         return _from_vocab(v, self.source, "hf", **keep)
 
     def to_dict(self) -> dict:
@@ -309,7 +310,8 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
         notes.append(f"not in llama.cpp's terms: {e.detail}")
         v = None
     if v is not None:
-        return _from_vocab(v, source, "hf", notes=tuple(notes), side=files, **common)
+        return _from_vocab(v, source, "hf", notes=tuple(notes), side=files,
+                           scores_from_merges=v.model == "llama" and "tokenizer.model" not in names, **common)
     tokens, types = _native_vocab(tj)
     kind = "gpt2" if hf_kind == "BPE" and not model.get("byte_fallback") else \
         ("llama" if hf_kind == "BPE" else _HF_KINDS.get(hf_kind))
