@@ -115,3 +115,102 @@ def test_modelopt_unsupported_algorithm_refused(tmp_path):
     bad = _rewrite(QUANT / "modelopt_fp8", tmp_path / "a", config={"quantization_config": qc})
     line = _one_line_exit_2(["inspect", str(bad)])
     assert "'W4A8_AWQ' is not read" in line and "(modelopt)" in line
+
+
+# ------------------------------------------------------------------------------------ GGUF
+
+def _stored(folder, name):
+    with open_checkpoint(folder) as ck:
+        return ck.read_stored(name)
+
+
+@pytest.mark.parametrize("scheme", ["ct_mxfp4a16", "ct_mixed", "ct_nvfp4a16", "modelopt_mixed"])
+def test_gguf_keeps_fp4_blocks_bit_for_bit(scheme, tmp_path):
+    """Every FP4 weight is written in ggml's own FP4 type, its codes and block scales moved, not recomputed:
+    the GGUF tensor decodes to E2M1[code] x block scale of the stored tensors exactly.  NVFP4's per-tensor
+    scale goes beside it (``.scale``: compressed-tensors' 1 / weight_global_scale in float32, ModelOpt's
+    weight_scale_2), as llama.cpp's converter writes it; blocks x scale is the producer's decompression
+    within its rounding (compressed-tensors rounds to bfloat16: half an ulp, up to 2^-8 of the value at the
+    bottom of a binade, plus float32 roundings; ModelOpt multiplies in float32 in another order: a few float32 ulps).  MXFP4 (no
+    per-tensor scale) equals the producer's values exactly.  Everything else as the producer dequantizes it."""
+    from ckpt_surgeon.conversion import hf_to_gguf
+    from ckpt_surgeon.formats.quant.dequant import E2M1_VALUES
+    from ckpt_surgeon.formats.quant.kernels import fp4_codes
+    from test_quant_convert import _gguf_name
+    out = hf_to_gguf(QUANT / scheme, tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    oracle = _oracle(scheme)
+    kept = 0
+    with open_checkpoint(QUANT / scheme) as src, open_checkpoint(out) as g:
+        for name, want in oracle.items():
+            t = src.quantization.tensors[name]
+            gname = _gguf_name(name)
+            got = g.read(gname)
+            if t.scheme not in ("ct-nvfp4", "ct-mxfp4", "modelopt-nvfp4"):
+                assert g.tensors[gname].dtype == "F32"
+                np.testing.assert_array_equal(got, want, err_msg=name)
+                continue
+            kept += 1
+            assert g.tensors[gname].dtype == ("MXFP4" if t.scheme == "ct-mxfp4" else "NVFP4"), name
+            vals = E2M1_VALUES[fp4_codes(src.read_stored(t.member("weight_packed") or t.member("weight")))]
+            s = src.read_stored(t.member("weight_scale"))
+            s = np.ldexp(np.float32(1), s.astype(np.int32) - 127) if t.scheme == "ct-mxfp4" else s.astype(np.float32)
+            blocks = (vals.reshape(s.shape[0], s.shape[1], -1) * s[:, :, None]).reshape(vals.shape)
+            np.testing.assert_array_equal(got, blocks, err_msg=name)
+            if t.scheme == "ct-mxfp4":
+                np.testing.assert_array_equal(got, want, err_msg=name)
+                continue
+            scale = g.read(gname.replace(".weight", ".scale"))
+            if t.scheme == "ct-nvfp4":
+                assert scale[0] == np.float32(1) / src.read_stored(t.member("weight_global_scale")).reshape(-1)[0]
+                rtol = 2.0 ** -8 + 2.0 ** -21
+            else:
+                assert scale[0] == src.read_stored(t.member("weight_scale_2")).reshape(-1)[0]
+                rtol = 2.0 ** -21
+            np.testing.assert_allclose(got * scale[0], want, rtol=rtol, atol=0, err_msg=name)
+    assert kept
+
+
+def test_mxfp4_gguf_runs_in_llama_cpp_like_transformers(tmp_path):
+    """The MXFP4 GGUF (a conversion llama.cpp's converter refuses) loads in llama.cpp and computes what
+    transformers computes on the producer's decompression (our dense folder: element-exact).  Bound:
+    ggml's MXFP4 dot product quantizes each activation row to Q8_0 (ggml-cpu's vec_dot_type for MXFP4),
+    as a q8_0 file's does: the q8_0 bound of tests/test_llamacpp.py, 5e-2 (observed 5.6e-3); a wrong block
+    or a lost scale is at >= 1."""
+    from test_llamacpp import _hf_logits, _llama_logits, _rel
+
+    from ckpt_surgeon import runtime
+    from ckpt_surgeon.conversion import hf_to_gguf
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 420, 48)]
+    g = hf_to_gguf(QUANT / "ct_mxfp4a16", tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    dense = runtime.quantized_to_folder(QUANT / "ct_mxfp4a16", tmp_path / "dense")
+    a, b = _llama_logits(g, ids, 512), _hf_logits(dense, ids)
+    assert _rel(a, b) < 5e-2 and (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
+
+
+def test_nvfp4_gguf_in_this_llama_cpp_gives_non_finite_logits(tmp_path):
+    """What llama-cpp-python 0.3.36's runtime does with an NVFP4 file, llama.cpp's converter's own included
+    (ours is byte-identical to it: test_quant_convert.py): it loads, its NVFP4 blocks decode as ours
+    (libggml's to_float), and its logits are NaN / Inf on these weights: the per-tensor ``.scale``
+    (~3.8e-5 here) is evidently not applied, the unscaled products overflow.  Asserted so that a
+    llama.cpp that runs them makes this fail and the check move to a logit comparison.  The mixed
+    folder's GGUF holds NVFP4 gate/up weights: the same."""
+    from test_llamacpp import _llama_logits
+
+    from ckpt_surgeon.conversion import hf_to_gguf
+    from ckpt_surgeon.formats.quant import ggml_quant
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 420, 32)]
+    g = hf_to_gguf(QUANT / "ct_nvfp4a16", tmp_path / "f32.gguf", dtype="f32", name="tiny")
+    with open_checkpoint(g) as ck:
+        name = "blk.0.ffn_up.weight"
+        n = int(np.prod(ck.tensors[name].shape))
+        lib = ggml_quant.dequantize(np.frombuffer(ck.read_raw(name), np.uint8), "NVFP4", n)
+        np.testing.assert_array_equal(lib, ck.read(name).reshape(-1))
+    assert not np.isfinite(_llama_logits(g, ids, 512)).all()
+
+
+def test_kquant_of_kept_fp4_refused(tmp_path):
+    """A llama.cpp quantized file type would quantize the kept FP4 blocks again (llama-quantize refuses
+    requantizing MXFP4 too): one line naming the tensor, exit 2, nothing written."""
+    line = _one_line_exit_2(["convert", str(QUANT / "ct_mxfp4a16"), "-o", str(tmp_path / "q.gguf"), "--dtype", "q4_k_m"])
+    assert "is stored MXFP4, kept MXFP4" in line and "q4_k_m" in line and "model.layers.0." in line
+    assert not (tmp_path / "q.gguf").exists()
