@@ -214,3 +214,33 @@ def test_kquant_of_kept_fp4_refused(tmp_path):
     line = _one_line_exit_2(["convert", str(QUANT / "ct_mxfp4a16"), "-o", str(tmp_path / "q.gguf"), "--dtype", "q4_k_m"])
     assert "is stored MXFP4, kept MXFP4" in line and "q4_k_m" in line and "model.layers.0." in line
     assert not (tmp_path / "q.gguf").exists()
+
+
+def test_fp8_ue8m0_byte_scales_read_as_transformers_reads_them(tmp_path):
+    """DeepSeek-style block FP8 whose ``weight_scale_inv`` holds UE8M0 exponents as uint8 bytes (``scale_fmt:
+    "ue8m0"``): 2**(e - 127), multiplied, as transformers' FineGrainedFP8 loader (dequantize=True) gives them;
+    the same bytes without ``scale_fmt`` are refused in one line (read as numbers they would be 448/amax-like
+    and divide: a silent wrong answer)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+    src = tmp_path / "ue8m0"
+    shutil.copytree(QUANT / "fp8_block_deepseek", src)
+    t = load_file(str(src / "model.safetensors"))
+    for k in [k for k in t if k.endswith("weight_scale_inv")]:
+        t[k] = (torch.round(torch.log2(t[k].float())).to(torch.int32) + 127).to(torch.uint8)
+    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"]["scale_fmt"] = "ue8m0"
+    (src / "config.json").write_text(json.dumps(cfg))
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                                 quantization_config=FineGrainedFP8Config(dequantize=True))
+    with open_checkpoint(src) as ck:
+        for name in ck.quantization.tensors:
+            want = model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy()
+            np.testing.assert_array_equal(ck.read(name), want, err_msg=name)
+    del cfg["quantization_config"]["scale_fmt"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    line = _one_line_exit_2(["inspect", str(src)])
+    assert "weight_scale_inv" in line and "scale_fmt" in line and "(fp8)" in line

@@ -153,7 +153,7 @@ def test_unsupported_quant_method_refused_in_one_line(tmp_path):
 # ------------------------------------------------------------------------------------ verify
 
 
-@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek"])
+@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek", "ct_mixed", "modelopt_nvfp4"])
 def test_verify_in_memory_and_streamed_agree(scheme):
     """verify runs a quantized candidate both ways (a temporary dense folder loaded whole, or its
     layers streamed through the reader): the same model, so the same numbers (float32 noise)."""

@@ -111,13 +111,15 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     DeepSeek-V2-Lite) for deepseek_v2, longrope for phi3 and phimoe (Phi-3-128k,
     Phi-3.5, Phi-4-mini: the report says where llama.cpp runs it differently); other scaled RoPEs
     are refused by name.  Quantized GGUF tensors are dequantized, and so are quantized HF
-    checkpoints (GPTQ, AWQ, auto-round, compressed-tensors, FP8, bitsandbytes, MLX, MXFP4: each weight
-    as its producer dequantizes it; docs/quantization.md); llama-arch Q/K rows are
+    checkpoints (GPTQ, AWQ, auto-round, compressed-tensors, ModelOpt, FP8, bitsandbytes, MLX, MXFP4: each
+    weight as its producer dequantizes it; docs/quantization.md), except FP4 weights (compressed-tensors
+    and ModelOpt NVFP4, compressed-tensors MXFP4), kept NVFP4 / MXFP4 with their blocks moved bit for bit
+    as llama.cpp's converter keeps NVFP4; llama-arch Q/K rows are
     (un)permuted between HF's rotate-half and llama.cpp's interleaved rotary pairs; GPT-2
     Conv1D weights are transposed.  The tensor set is checked against the model transformers
     builds from the config: a missing or unexpected tensor is an error, and nothing is written.
 
-    A quantized HF folder (GPTQ, AWQ, auto-round, compressed-tensors, FP8, bitsandbytes, MLX, MXFP4)
+    A quantized HF folder (GPTQ, AWQ, auto-round, compressed-tensors, ModelOpt, FP8, bitsandbytes, MLX, MXFP4)
     with a folder OUT becomes the dense HF folder of the same model: each quantized weight as
     its producer dequantizes it, rounded once to --dtype (float32 by default), config.json
     without its quantization keys, tokenizer and other side files copied; transformers loads

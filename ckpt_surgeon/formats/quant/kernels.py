@@ -150,6 +150,8 @@ def dq_scaled(qt: QuantTensor, get: Get, role: str) -> np.ndarray:
     or ``q / s`` for an fp8 reciprocal scale."""
     q = get("weight")
     s = get(role)
+    if qt.param("ue8m0"):           # E8M0 exponents stored as bytes (fp8 scale_fmt "ue8m0")
+        s = _e8m0(s)
     shape = q.shape
     if qt.param("fp8_reading") == "divide":
         # w = q / s: the reciprocal of gptqmodel's 448/amax, formed once per block
@@ -260,11 +262,28 @@ def fp4_codes(packed: np.ndarray) -> np.ndarray:
     return out.reshape(*p.shape[:-1], -1)
 
 
-def _per_group(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``values[o, g*G + j] * scale[o, g]`` in float32 (G = in / groups)."""
-    out_, in_ = values.shape
+# rows of an FP4 weight decoded at a time: about this many values, so the temporaries (codes, one float32
+# product) stay a few MB whatever the tensor (a 7B model's MLP weight is 68 M values)
+_FP4_CHUNK = 1 << 20
+
+
+def _fp4_dense(packed: np.ndarray, scale: np.ndarray, bf16: bool) -> np.ndarray:
+    """E2M1 codes (two a byte) times a per-group float32 ``scale`` ``[out, groups]``, float32 ``[out, in]``,
+    each product rounded to bfloat16 when ``bf16``; decoded a few rows at a time into the one output."""
+    from .dequant import E2M1_VALUES
+    out_, half = packed.shape
+    n_in = half * 2
     g = scale.shape[1]
-    return (values.reshape(out_, g, in_ // g) * scale.astype(np.float32)[:, :, None]).reshape(out_, in_)
+    w = np.empty((out_, n_in), np.float32)
+    step = max(1, _FP4_CHUNK // max(n_in, 1))
+    for a in range(0, out_, step):
+        b = min(a + step, out_)
+        rows = w[a:b]
+        np.take(E2M1_VALUES, fp4_codes(packed[a:b]), out=rows)
+        rows.reshape(b - a, g, n_in // g)[...] *= scale[a:b, :, None]
+        if bf16:
+            rows[...] = round_to(rows, "BF16")
+    return w
 
 
 def dq_ct_nvfp4(qt: QuantTensor, get: Get) -> np.ndarray:
@@ -272,10 +291,8 @@ def dq_ct_nvfp4(qt: QuantTensor, get: Get) -> np.ndarray:
     divided by the global scale in float32 (``scale / global_scale``: a bfloat16 scale over a float32
     ``[1]`` tensor promotes to float32), the E2M1 value times it in float32, rounded to bfloat16
     (``unpack_fp4_from_uint8`` returns bfloat16 and ``dequantize`` returns that dtype)."""
-    from .dequant import E2M1_VALUES
-    vals = E2M1_VALUES[fp4_codes(get("weight_packed"))]
     scale = get("weight_scale").astype(np.float32) / get("weight_global_scale").astype(np.float32).reshape(())
-    return round_to(_per_group(vals, scale), "BF16")
+    return _fp4_dense(get("weight_packed"), scale, bf16=True)
 
 
 def _e8m0(s: np.ndarray) -> np.ndarray:
@@ -288,10 +305,15 @@ def dq_ct_mxfp4(qt: QuantTensor, get: Get) -> np.ndarray:
     """compressed-tensors ``mxfp4-pack-quantized`` (``MXFP4PackedCompressor``): E2M1 value times
     ``2**(e - 127)`` (``decompress_mx_scale``), computed in bfloat16 there, exact (a power of two times
     a 2-bit mantissa) but for the subnormal / infinite ends, rounded to bfloat16 here as there."""
-    from .dequant import E2M1_VALUES
-    vals = E2M1_VALUES[fp4_codes(get("weight_packed"))]
     with np.errstate(over="ignore", invalid="ignore"):
-        return round_to(_per_group(vals, _e8m0(get("weight_scale"))), "BF16")
+        return _fp4_dense(get("weight_packed"), _e8m0(get("weight_scale")), bf16=True)
+
+
+def _per_group(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``values[o, g*G + j] * scale[o, g]`` in float32 (G = in / groups)."""
+    out_, in_ = values.shape
+    g = scale.shape[1]
+    return (values.reshape(out_, g, in_ // g) * scale.astype(np.float32)[:, :, None]).reshape(out_, in_)
 
 
 def dq_ct_mxfp8(qt: QuantTensor, get: Get) -> np.ndarray:
@@ -304,10 +326,8 @@ def dq_ct_mxfp8(qt: QuantTensor, get: Get) -> np.ndarray:
 def dq_modelopt_nvfp4(qt: QuantTensor, get: Get) -> np.ndarray:
     """ModelOpt NVFP4 (``NVFP4QTensor.dequantize``): ``per_block_scale = weight_scale.float() *
     weight_scale_2`` (float32), then the E2M1 value times it (float32)."""
-    from .dequant import E2M1_VALUES
-    vals = E2M1_VALUES[fp4_codes(get("weight"))]
     scale = get("weight_scale").astype(np.float32) * get("weight_scale_2").astype(np.float32).reshape(())
-    return _per_group(vals, scale)
+    return _fp4_dense(get("weight"), scale, bf16=False)
 
 
 def dq_modelopt_fp8(qt: QuantTensor, get: Get) -> np.ndarray:

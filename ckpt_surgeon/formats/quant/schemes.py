@@ -602,7 +602,15 @@ def _fp8(tensors, q, path):
         if not ok:
             raise _err(f"weight_scale_inv {list(sc)} does not fit weight {list(shp)} with weight_block_size "
                        f"{list(block)}", path, f"{mod}.weight_scale_inv", s.key)
-        out[wname] = QuantTensor(wname, mod, s.key, members, shp, 8, 0, blk)
+        params = ()
+        if tensors[f"{mod}.weight_scale_inv"].dtype == "U8":
+            # UE8M0 scales stored as bytes (scale_fmt "ue8m0"): transformers' FineGrainedFP8 loader views them as
+            # float8_e8m0fnu, 2**(e - 127); bytes without that declaration have no meaning to read
+            if q.get("scale_fmt") != "ue8m0":
+                raise _err("is uint8 but quantization_config has no scale_fmt: \"ue8m0\": its meaning cannot be "
+                           "established", path, f"{mod}.weight_scale_inv", s.key)
+            params = (("ue8m0", True),)
+        out[wname] = QuantTensor(wname, mod, s.key, members, shp, 8, 0, blk, params=params)
     return out, "e4m3" if not q.get("fmt") else str(q.get("fmt"))
 
 
