@@ -157,6 +157,8 @@ class Checkpoint:
             info = self.tensors[name]
             if not 0 <= start <= stop <= info.shape[0]:
                 raise ValueError(f"rows {start}:{stop} outside 0:{info.shape[0]} of tensor '{name}'")
+            if self.reader.rows_readable(name):
+                return self.reader.dequantize_rows(name, start, stop)
             return self.reader.dequantize(name)[start:stop]
         sub = self._rows(name, start, stop)
         return self.reader.read_bytes(sub) if raw else self.reader.read(sub)

@@ -109,7 +109,8 @@ def _source_ranges(ck, p, hp: dict) -> list[tuple[int, int, int, int]]:
     shape = _src_shape(ck, p)
     if getattr(p, "kept", ""):          # FP4 blocks repacked from the stored codes, row range by row range
         return _row_ranges(p, shape, hp)
-    if q is not None and getattr(p, "data", None) is None and p.src in q.tensors:
+    if q is not None and getattr(p, "data", None) is None and p.src in q.tensors \
+            and not ck.reader.rows_readable(p.src):    # (FP4 / MX weights dequantize row range by row range)
         return [(0, shape[0] if shape else 1, 0, p.nbytes)]
     return _row_ranges(p, shape, hp)
 
