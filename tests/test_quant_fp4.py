@@ -190,8 +190,8 @@ def test_mxfp4_gguf_runs_in_llama_cpp_like_transformers(tmp_path):
 def test_nvfp4_gguf_in_this_llama_cpp_gives_non_finite_logits(tmp_path):
     """What llama-cpp-python 0.3.36's runtime does with an NVFP4 file, llama.cpp's converter's own included
     (ours is byte-identical to it: test_quant_convert.py): it loads, its NVFP4 blocks decode as ours
-    (libggml's to_float), and its logits are NaN / Inf on these weights: the per-tensor ``.scale``
-    (~3.8e-5 here) is evidently not applied, the unscaled products overflow.  Asserted so that a
+    (libggml's to_float), and its logits are NaN / Inf on these weights (with an F32 KV cache too, tried
+    while writing this: the fault is in that runtime's NVFP4 path, not in the file).  Asserted so that a
     llama.cpp that runs them makes this fail and the check move to a logit comparison.  The mixed
     folder's GGUF holds NVFP4 gate/up weights: the same."""
     from test_llamacpp import _llama_logits
