@@ -253,3 +253,29 @@ def test_fp8_ue8m0_byte_scales_read_as_transformers_reads_them(tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     line = _one_line_exit_2(["inspect", str(src)])
     assert "weight_scale_inv" in line and "scale_fmt" in line and "(fp8)" in line
+
+
+@pytest.mark.parametrize("spelling", ["qscale_weight", "scale"])
+def test_fp8_scale_spellings_read_as_transformers_reads_them(spelling, tmp_path):
+    """The block scale of an fp8 checkpoint under Mistral's name (``.qscale_weight``) or DeepSeek-V4-Flash's
+    (``.scale``): what transformers' FineGrainedFP8 loader renames to ``weight_scale_inv`` and dequantizes
+    (dequantize=True), element for element; the checkpoint also converts to the same dense folder."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+    src = tmp_path / spelling
+    shutil.copytree(QUANT / "fp8_block_deepseek", src)
+    t = load_file(str(src / "model.safetensors"))
+    t = {k.replace(".weight_scale_inv", f".{spelling}"): v for k, v in t.items()}
+    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
+                                                 quantization_config=FineGrainedFP8Config(dequantize=True))
+    oracle = _oracle("fp8_block_deepseek")
+    with open_checkpoint(src) as ck:
+        assert set(ck.quantization.tensors) == set(oracle)
+        assert all(n not in ck.tensors for n in t if n.endswith(f".{spelling}"))
+        for name, want in oracle.items():
+            got = ck.read(name)
+            np.testing.assert_array_equal(got, model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy())
+            np.testing.assert_array_equal(got, want, err_msg=name)

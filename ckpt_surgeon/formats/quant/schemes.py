@@ -585,6 +585,20 @@ def _check_scale(shp, sc, strategy, gs, block) -> tuple[bool, int, tuple]:
     return False, 0, ()
 
 
+# The names fp8 checkpoints give a Linear's block / tensor scale (``weight_scale_inv``'s meaning) and its static
+# activation scale, as transformers' FineGrainedFP8 loader renames them (quantizer_finegrained_fp8
+# ``update_weight_conversions``: ``.qscale_weight`` as Mistral's releases spell it, ``.scale`` as
+# DeepSeek-V4-Flash does; ``.qscale_act``, Mistral's activation scale, unused like ``activation_scale``).
+_FP8_SCALE_NAMES = ("weight_scale_inv", "qscale_weight", "scale")
+_FP8_ACT_NAMES = ("activation_scale", "input_scale", "qscale_act")
+
+
+def _fp8_members(tensors, mod: str, sname: str) -> tuple:
+    acts = [(r if r != "qscale_act" else "activation_scale", f"{mod}.{r}") for r in _FP8_ACT_NAMES
+            if f"{mod}.{r}" in tensors]
+    return (("weight", f"{mod}.weight"), ("weight_scale_inv", f"{mod}.{sname}"), *acts)
+
+
 def _fp8(tensors, q, path):
     bs = q.get("weight_block_size")
     block = tuple(_int(x, 0) for x in bs) if isinstance(bs, (list, tuple)) and len(bs) == 2 else ()
@@ -592,25 +606,34 @@ def _fp8(tensors, q, path):
         raise _err(f"weight_block_size {bs!r} is not two positive integers", path, None, "fp8")
     s = SCHEMES["fp8"]
     out = {}
-    for mod in _modules_of(tensors, "weight_scale_inv"):
-        members = _members(tensors, mod, s, path)
-        wname = f"{mod}.weight"
-        shp, sc = _shape(tensors, wname), _shape(tensors, f"{mod}.weight_scale_inv")
-        if not tensors[wname].dtype.startswith("F8"):
-            raise _err(f"weight is {tensors[wname].dtype}, not float8, beside weight_scale_inv", path, wname, s.key)
-        ok, _, blk = _check_scale(shp, sc, "block" if block else "tensor", 0, block)
-        if not ok:
-            raise _err(f"weight_scale_inv {list(sc)} does not fit weight {list(shp)} with weight_block_size "
-                       f"{list(block)}", path, f"{mod}.weight_scale_inv", s.key)
-        params = ()
-        if tensors[f"{mod}.weight_scale_inv"].dtype == "U8":
-            # UE8M0 scales stored as bytes (scale_fmt "ue8m0"): transformers' FineGrainedFP8 loader views them as
-            # float8_e8m0fnu, 2**(e - 127); bytes without that declaration have no meaning to read
-            if q.get("scale_fmt") != "ue8m0":
-                raise _err("is uint8 but quantization_config has no scale_fmt: \"ue8m0\": its meaning cannot be "
-                           "established", path, f"{mod}.weight_scale_inv", s.key)
-            params = (("ue8m0", True),)
-        out[wname] = QuantTensor(wname, mod, s.key, members, shp, 8, 0, blk, params=params)
+    for spelling in _FP8_SCALE_NAMES:
+        for mod in _modules_of(tensors, spelling):
+            wname, sname = f"{mod}.weight", f"{mod}.{spelling}"
+            if wname in out:
+                raise _err(f"has two scales ({out[wname].member('weight_scale_inv').rsplit('.', 1)[1]} and "
+                           f"{spelling})", path, wname, s.key)
+            if spelling == "scale" and (wname not in tensors or not tensors[wname].dtype.startswith("F8")):
+                continue        # a norm's own ``scale`` parameter, not an fp8 scale
+            if wname not in tensors:
+                raise _err(f"{spelling} without its weight: a quantized weight is never read without its codes", path,
+                           sname, s.key)
+            shp, sc = _shape(tensors, wname), _shape(tensors, sname)
+            if not tensors[wname].dtype.startswith("F8"):
+                raise _err(f"weight is {tensors[wname].dtype}, not float8, beside {spelling}", path, wname, s.key)
+            ok, _, blk = _check_scale(shp, sc, "block" if block else "tensor", 0, block)
+            if not ok:
+                raise _err(f"{spelling} {list(sc)} does not fit weight {list(shp)} with weight_block_size "
+                           f"{list(block)}", path, sname, s.key)
+            params = ()
+            if tensors[sname].dtype == "U8":
+                # UE8M0 scales stored as bytes (scale_fmt "ue8m0"): transformers' FineGrainedFP8 loader views them
+                # as float8_e8m0fnu, 2**(e - 127); bytes without that declaration have no meaning to read
+                if q.get("scale_fmt") != "ue8m0":
+                    raise _err("is uint8 but quantization_config has no scale_fmt: \"ue8m0\": its meaning cannot be "
+                               "established", path, sname, s.key)
+                params = (("ue8m0", True),)
+            out[wname] = QuantTensor(wname, mod, s.key, _fp8_members(tensors, mod, spelling), shp, 8, 0, blk,
+                                     params=params)
     return out, "e4m3" if not q.get("fmt") else str(q.get("fmt"))
 
 
@@ -822,7 +845,7 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
 
 # Stored names only a quantized Linear has (its packed weight or a companion of it).
 _QUANT_TELLS = (".qweight", ".qzeros", ".weight_packed", ".weight_scale_inv", ".SCB", ".weight.absmax",
-                ".weight.quant_map", ".weight_global_scale", ".weight_scale_2")
+                ".weight.quant_map", ".weight_global_scale", ".weight_scale_2", ".qscale_weight")
 
 
 def undeclared(config: dict | None, tensors) -> str | None:
