@@ -125,14 +125,16 @@ def _stored(folder, name):
 
 
 @pytest.mark.parametrize("scheme", ["ct_mxfp4a16", "ct_mixed", "ct_nvfp4a16", "modelopt_mixed"])
-def test_gguf_keeps_fp4_blocks_bit_for_bit(scheme, tmp_path):
+def test_gguf_keeps_quantized_blocks_bit_for_bit(scheme, tmp_path):
     """Every FP4 weight is written in ggml's own FP4 type, its codes and block scales moved, not recomputed:
     the GGUF tensor decodes to E2M1[code] x block scale of the stored tensors exactly.  NVFP4's per-tensor
     scale goes beside it (``.scale``: compressed-tensors' 1 / weight_global_scale in float32, ModelOpt's
     weight_scale_2), as llama.cpp's converter writes it; blocks x scale is the producer's decompression
     within its rounding (compressed-tensors rounds to bfloat16: half an ulp, up to 2^-8 of the value at the
-    bottom of a binade, plus float32 roundings; ModelOpt multiplies in float32 in another order: a few float32 ulps).  MXFP4 (no
-    per-tensor scale) equals the producer's values exactly.  Everything else as the producer dequantizes it."""
+    bottom of a binade, plus float32 roundings; ModelOpt multiplies in float32 in another order: a few
+    float32 ulps).  MXFP4 (no per-tensor scale) equals the producer's values exactly.  The mixed folder's
+    int4 group is kept Q4_0 (its symmetric codes and bf16 group scales are Q4_0 blocks exactly), its FP8
+    group dequantized: both the producer's values."""
     from ckpt_surgeon.conversion import hf_to_gguf
     from ckpt_surgeon.formats.quant.dequant import E2M1_VALUES
     from ckpt_surgeon.formats.quant.kernels import fp4_codes
@@ -146,7 +148,8 @@ def test_gguf_keeps_fp4_blocks_bit_for_bit(scheme, tmp_path):
             gname = _gguf_name(name)
             got = g.read(gname)
             if t.scheme not in ("ct-nvfp4", "ct-mxfp4", "modelopt-nvfp4"):
-                assert g.tensors[gname].dtype == "F32"
+                # int4 of a mixed checkpoint kept Q4_0 (f16 scales hold its bf16 ones exactly), FP8 dequantized
+                assert g.tensors[gname].dtype == ("Q4_0" if t.scheme == "ct-pack" else "F32"), name
                 np.testing.assert_array_equal(got, want, err_msg=name)
                 continue
             kept += 1
@@ -192,9 +195,9 @@ def test_nvfp4_gguf_in_this_llama_cpp_is_wrong(scheme, tmp_path):
     """What llama-cpp-python 0.3.36's runtime does with an NVFP4 file, llama.cpp's converter's own included
     (ours is byte-identical to it: test_quant_convert.py): it loads, its NVFP4 blocks decode as ours
     (libggml's to_float), and its logits are NaN / Inf on the all-NVFP4 model and far from transformers'
-    (relative error > 0.5, the q8_0 bound being 5e-2) on the mixed one, whose other weights are float32
-    equal to the producer's (test_gguf_keeps_fp4_blocks_bit_for_bit); with an F32 KV cache too, tried while
-    writing this: the fault is in that runtime's NVFP4 path, not in the file.  Asserted so that a llama.cpp
+    (relative error > 0.5, the q8_0 bound being 5e-2) on the mixed one, whose other weights (F32, Q4_0)
+    equal the producer's (test_gguf_keeps_quantized_blocks_bit_for_bit); with an F32 KV cache too, tried
+    while writing this: the fault is in that runtime's NVFP4 path, not in the file.  Asserted so that a llama.cpp
     that runs them makes this fail and the check move to test_mxfp4_gguf_runs_in_llama_cpp_like_transformers'
     comparison."""
     from test_llamacpp import _hf_logits, _llama_logits, _rel
@@ -221,7 +224,7 @@ def test_kquant_of_kept_fp4_refused(tmp_path):
     """A llama.cpp quantized file type would quantize the kept FP4 blocks again (llama-quantize refuses
     requantizing MXFP4 too): one line naming the tensor, exit 2, nothing written."""
     line = _one_line_exit_2(["convert", str(QUANT / "ct_mxfp4a16"), "-o", str(tmp_path / "q.gguf"), "--dtype", "q4_k_m"])
-    assert "is stored MXFP4, kept MXFP4" in line and "q4_k_m" in line and "model.layers.0." in line
+    assert "is stored quantized, kept MXFP4" in line and "q4_k_m" in line and "model.layers.0." in line
     assert not (tmp_path / "q.gguf").exists()
 
 

@@ -114,7 +114,8 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     checkpoints (GPTQ, AWQ, auto-round, compressed-tensors, ModelOpt, FP8, bitsandbytes, MLX, MXFP4: each
     weight as its producer dequantizes it; docs/quantization.md), except FP4 weights (compressed-tensors
     and ModelOpt NVFP4, compressed-tensors MXFP4), kept NVFP4 / MXFP4 with their blocks moved bit for bit
-    as llama.cpp's converter keeps NVFP4; llama-arch Q/K rows are
+    as llama.cpp's converter keeps NVFP4, and a mixed-precision checkpoint's symmetric int4 groups, kept
+    Q4_0 (the same values); llama-arch Q/K rows are
     (un)permuted between HF's rotate-half and llama.cpp's interleaved rotary pairs; GPT-2
     Conv1D weights are transposed.  The tensor set is checked against the model transformers
     builds from the config: a missing or unexpected tensor is an error, and nothing is written.

@@ -33,10 +33,10 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import safetensors as st
-from ..formats.quant.fp4_blocks import repack_rows
+from ..formats.quant.block_repack import q4_0_rows, repack_rows
 from ..formats.quant.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.write.shard_io import pwrite_all
-from . import fp4_keep
+from . import kept_blocks
 from .transforms import lookup
 
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "verify_written", "CHUNK_ELEMS"]
@@ -151,7 +151,7 @@ def _read(ck, p, a: int, b: int):
     if getattr(p, "data", None) is not None:
         return np.frombuffer(p.data, np.float32).reshape(p.shape)[a:b], None
     if getattr(p, "kept", ""):
-        return fp4_keep.read_rows(ck, p.src, a, b), None
+        return kept_blocks.read_rows(ck, p.src, a, b), None
     info = ck.tensors[p.src]
     rows = info.shape[0] if info.shape else 1
     if ck.format == "safetensors" and info.dtype in _RAW_DTYPES and not info.quantized:   # a quantized weight: its values
@@ -167,7 +167,7 @@ def _read(ck, p, a: int, b: int):
 def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str], readback: bool) -> Chunk:
     p = job.p
     if getattr(p, "kept", ""):
-        data = repack_rows(p.kept, *job.src)
+        data = q4_0_rows(*job.src) if p.kept == "Q4_0" else repack_rows(p.kept, *job.src)
         job.src = None
         return _write(job, fd, data, labels, readback)
     rec = lookup(p.transform)

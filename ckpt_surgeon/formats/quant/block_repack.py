@@ -1,4 +1,4 @@
-"""FP4 weights moved into ggml's FP4 block types bit for bit (no value is dequantized and requantized).
+"""Quantized weights moved into ggml block types bit for bit (no value is dequantized and requantized).
 
 The sources (compressed-tensors ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``, ModelOpt NVFP4) store a
 row of ``n`` E2M1 codes as ``n/2`` bytes, byte ``k`` holding element ``2k`` in its low nibble and ``2k + 1``
@@ -15,6 +15,12 @@ gguf-py's dequantization, ``tests/test_dequant.py``):
 
 The 4-bit codes index the same E2M1 table on both sides (ggml's ``kvalues_mxfp4`` are the E2M1 values
 doubled, its scales halved), so each element keeps its code and each group its scale byte.
+
+Symmetric int4 (compressed-tensors ``pack-quantized`` without a zero point: ``w = (q - 8) * s``, eight codes a
+little-endian int32 word, low nibble first) is ggml's ``block_q4_0`` exactly (32 values, 18 bytes: the f16
+scale ``d``, then 16 bytes whose byte ``j`` holds code ``j`` in its low nibble and ``j + 16`` in its high one;
+``x = d * (q - 8)``) when the group is a multiple of 32 and every scale is an f16 value: each block of 32
+takes its group's scale, each element its code.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import numpy as np
 
 from .ggml_types import ggml_type
 
-__all__ = ["KEPT", "repack_rows"]
+__all__ = ["KEPT", "repack_rows", "q4_0_rows", "f16_exact"]
 
 # scheme key -> the ggml type its weights are kept in
 KEPT = {"ct-nvfp4": "NVFP4", "modelopt-nvfp4": "NVFP4", "ct-mxfp4": "MXFP4"}
@@ -68,3 +74,27 @@ def repack_rows(ggml: str, packed: np.ndarray, scale_bytes: np.ndarray) -> np.nd
         out[:, :, 4:] = _pack(codes.reshape(rows, nb, 4, 16), 8).reshape(rows, nb, 32)
         return out.reshape(rows, nb * 36)
     raise ValueError(f"{ggml} is not an FP4 block type")
+
+
+def f16_exact(scale: np.ndarray) -> bool:
+    """Whether every (float32) scale is a finite float16 value (a Q4_0 block's ``d`` holds it exactly)."""
+    s = np.asarray(scale, np.float32)
+    with np.errstate(over="ignore"):
+        h = s.astype(np.float16)
+    return bool(np.all(np.isfinite(h)) and np.array_equal(h.astype(np.float32), s))
+
+
+def q4_0_rows(packed: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
+    """Rows of symmetric int4 codes (int32 ``[rows, n/8]``, low nibble first) and their float32 group scales
+    ``[rows, n/group]`` (f16 values: :func:`f16_exact`) -> the rows of ``block_q4_0``, uint8 ``[rows, n/32*18]``."""
+    from .kernels import unpack_last
+    codes = unpack_last(packed, 4)                                   # [rows, n], 0..15 (offset 8)
+    rows, n = codes.shape
+    if n % 32 or group % 32:
+        raise ValueError(f"rows of {n} values in groups of {group} are not whole Q4_0 blocks (32)")
+    nb = n // 32
+    d = np.repeat(np.asarray(scale, np.float32), group // 32, axis=1)[:, :nb].astype("<f2")
+    out = np.empty((rows, nb, 18), np.uint8)
+    out[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
+    out[:, :, 2:] = _pack(codes.reshape(rows, nb, 32), 16)
+    return out.reshape(rows, nb * 18)
