@@ -164,17 +164,23 @@ def _run_cmd(cmd: list[str], pythonpath: str = str(ROOT)) -> dict:
 def _hf_source(shape: str, folder: Path, llamacpp: Path) -> Path:
     """The Qwen2-shaped checkpoint with llama.cpp's qwen2 vocabulary as tokenizer.json."""
     from benchmarks.make_qwen25_shape import make_qwen25_shape
+
+    src = make_qwen25_shape(folder, shape=shape, quiet=False)
+    qwen2_tokenizer(src, llamacpp)
+    return src
+
+
+def qwen2_tokenizer(src: Path, llamacpp: Path) -> None:
+    """llama.cpp's qwen2 vocabulary (``models/ggml-vocab-qwen2.gguf``) as ``src``'s tokenizer.json."""
     from ckpt_surgeon.conversion.tokenizer import hf_tokenizer_files, vocab_from_metadata
     from ckpt_surgeon.formats.gguf import read_header
 
-    src = make_qwen25_shape(folder, shape=shape, quiet=False)
     if not (src / "tokenizer.json").is_file():
         vocab_file = llamacpp / "models" / "ggml-vocab-qwen2.gguf"
         files = hf_tokenizer_files(vocab_from_metadata(read_header(vocab_file).metadata, str(vocab_file)),
                                    path=str(vocab_file))
         (src / "tokenizer_config.json").write_text(json.dumps(files.tokenizer_config, indent=2))
         (src / "tokenizer.json").write_text(files.tokenizer_json)
-    return src
 
 
 def _tensor_digests(path: Path) -> dict:

@@ -28,7 +28,7 @@ from .formats import safetensors as st
 from .formats.hub.ranges import open_hub
 from .formats.magic import file_kind
 from .formats.pickle import open_pickle
-from .formats.quant.schemes import Quantization, config_method, detect, undeclared
+from .formats.quant.schemes import Quantization, config_method, detect, modelopt_quant_config, undeclared
 from .formats.quant.quantized import QuantizedSource
 from .formats.safe_input import check_regular, read_json
 from .formats.source import ShardSet, TensorSource
@@ -164,6 +164,8 @@ class Checkpoint:
             info = self.tensors[name]
             if not 0 <= start <= stop <= info.shape[0]:
                 raise ValueError(f"rows {start}:{stop} outside 0:{info.shape[0]} of tensor '{name}'")
+            if self.reader.rows_readable(name):
+                return self.reader.dequantize_rows(name, start, stop)
             return self.reader.dequantize(name)[start:stop]
         sub = self._rows(name, start, stop)
         return self.reader.read_bytes(sub) if raw else self.reader.read(sub)
@@ -245,7 +247,15 @@ def _load_config(folder: Path) -> tuple[dict | None, str | None]:
     p = folder / "config.json"
     if not os.path.lexists(p):
         return None, None
-    return read_json(p, error=ConfigError), str(p)
+    config = read_json(p, error=ConfigError)
+    hq = folder / "hf_quant_config.json"
+    if isinstance(config, dict) and "quantization_config" not in config and os.path.isfile(hq):
+        # ModelOpt releases whose config.json names no quantization: hf_quant_config.json says it
+        # (llama.cpp's converter reads it the same way, ModelBase.prepare_tensors)
+        q = modelopt_quant_config(read_json(hq, error=ConfigError))
+        if q is not None:
+            config = {**config, "quantization_config": q}
+    return config, str(p)
 
 
 def _safe_member(folder: Path, rel: str, index_path: str, tensor: str) -> Path:

@@ -596,18 +596,19 @@ def test_unknown_value_type(base, tmp_path):
 def test_unknown_ggml_type_is_reported_per_tensor(base, tmp_path):
     _, blob, off = base
     name = "blk.0.ffn_up.weight"
-    p = _write(tmp_path, _patch(blob, off["tensor_type"][name], "<I", 99))
+    # 77: no ggml type, and outside ik_llama.cpp's ids (those are refused: tests/test_gguf_ik_llama.py)
+    p = _write(tmp_path, _patch(blob, off["tensor_type"][name], "<I", 77))
     with open_checkpoint(p) as ck:
         info = ck.tensors[name]
-        assert info.dtype == "UNKNOWN_99" and not info.missing
-        assert ck.warnings == [f"tensor '{name}' has unknown ggml type id 99: it is listed, but its size and values are unknown"]
+        assert info.dtype == "UNKNOWN_77" and not info.missing
+        assert ck.warnings == [f"tensor '{name}' has unknown ggml type id 77: it is listed, but its size and values are unknown"]
         with pytest.raises(FormatError) as e:
             ck.read(name)
-        assert str(e.value) == f"{p}: tensor '{name}': has unknown ggml type id 99; its data cannot be read"
+        assert str(e.value) == f"{p}: tensor '{name}': has unknown ggml type id 77; its data cannot be read"
         assert ck.read("blk.0.attn_q.bias").shape == (64,)
     r = inspect(p)                                  # not fatal to inspect: the biases are readable
-    assert r.tensor_types[name] == "UNKNOWN_99" and r.layers_with_qkv_bias == 2
-    assert any("unknown ggml type id 99" in w for w in r.warnings)
+    assert r.tensor_types[name] == "UNKNOWN_77" and r.layers_with_qkv_bias == 2
+    assert any("unknown ggml type id 77" in w for w in r.warnings)
 
 
 def test_misaligned_and_overlapping_offsets(base, tmp_path):

@@ -31,6 +31,12 @@ LLAMACPP = {
     "bnb_nf4": "Quant method is not yet supported: 'bitsandbytes'",
     "bnb_int8": "Quant method is not yet supported: 'bitsandbytes'",
     "mlx_4bit": "Can not map tensor", "mlx_8bit": "Can not map tensor",
+    # issue 49: NVFP4 kept NVFP4 (blocks moved, .scale / .input_scale beside), ModelOpt FP8 dequantized
+    "ct_nvfp4a16": "same", "ct_nvfp4": "same", "modelopt_nvfp4": "same", "modelopt_fp8": "same",
+    "modelopt_mixed": "same",
+    "ct_mxfp4a16": "Quant format 'mxfp4-pack-quantized' for method 'compressed-tensors' is not yet supported",
+    "ct_mxfp8a16": "Quant format 'mxfp8-quantized' for method 'compressed-tensors' is not yet supported",
+    "ct_mixed": "Can't handle multiple config groups for compressed-tensors yet",
 }
 
 
@@ -66,7 +72,15 @@ def test_convert_equals_producer_where_llama_cpp_cannot(scheme, tmp_path):
     ours = hf_to_gguf(QUANT / scheme, tmp_path / "f32.gguf", dtype="f32", name="tiny")
     with open_checkpoint(ours) as g:
         for name, want in _oracle(scheme).items():
-            np.testing.assert_array_equal(g.read(_logical_gguf(name)), want, err_msg=name)
+            gname = _logical_gguf(name)
+            sname = gname.replace(".weight", ".scale")
+            if sname in g.tensors:
+                # an NVFP4 weight kept NVFP4 (blocks bit for bit: tests/test_quant_fp4.py), its per-tensor scale
+                # beside it: within compressed-tensors' bfloat16 rounding (half an ulp, <= 2^-8 relative)
+                np.testing.assert_allclose(g.read(gname) * g.read(sname)[0], want, rtol=2.0 ** -8 + 2.0 ** -21,
+                                           atol=0, err_msg=name)
+            else:
+                np.testing.assert_array_equal(g.read(gname), want, err_msg=name)
     expect = LLAMACPP[scheme]
     (tmp_path / "ref").mkdir()
     r = _run_reference(QUANT / scheme, tmp_path / "ref", ("f32", "f16") if expect == "inf" else ("f32",))

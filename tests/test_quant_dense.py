@@ -43,6 +43,7 @@ def test_dense_folder_equals_the_producer_and_loads(scheme, tmp_path):
     for f in SIDE:
         if (src / f).is_file():
             assert (out / f).read_bytes() == (src / f).read_bytes(), f
+    assert not (out / "hf_quant_config.json").exists()      # ModelOpt's: it would declare the quantization again
     got = _read_all(out)
     oracle = _oracle(scheme)
     with open_checkpoint(src) as ck:

@@ -104,6 +104,22 @@ SCHEMES: dict[str, dict] = {
     "autoawq_gemm": dict(cfg={"quant_method": "awq", "bits": 4, "group_size": 128,
                               "zero_point": True, "version": "gemm"},
                          elem=None, rel=0.25, awq_rescale=True),
+    # FP4 (E2M1: 1 mantissa bit, 0.5 .. 6 times the block scale, steps up to a third of the value):
+    # 4-bit RTN's 0.15 (observed 0.094-0.096 NVFP4 per 16 with an FP8 scale, 0.112-0.113 MXFP4 per 32
+    # with a power-of-two scale); MXFP8 / ModelOpt FP8: FP8's 0.04 (observed 0.026-0.027)
+    **{n: dict(cfg={"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"},
+               weights={"type": "float", "num_bits": 4, "strategy": "tensor_group", "group_size": 16},
+               elem=None, rel=0.15) for n in ("ct_nvfp4a16", "ct_nvfp4")},
+    "ct_mxfp4a16": dict(cfg={"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"},
+                        weights={"type": "float", "num_bits": 4, "strategy": "group", "group_size": 32},
+                        elem=None, rel=0.15),
+    "ct_mxfp8a16": dict(cfg={"quant_method": "compressed-tensors", "format": "mxfp8-quantized"},
+                        weights={"type": "float", "num_bits": 8, "strategy": "group", "group_size": 32},
+                        elem=None, rel=0.04),
+    "ct_mixed": dict(cfg={"quant_method": "compressed-tensors", "format": "mixed-precision"}, elem=None, rel=0.15),
+    "modelopt_nvfp4": dict(cfg={"quant_method": "modelopt", "quant_algo": "NVFP4"}, elem=None, rel=0.15),
+    "modelopt_fp8": dict(cfg={"quant_method": "modelopt", "quant_algo": "FP8"}, elem=None, rel=0.04),
+    "modelopt_mixed": dict(cfg={"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}, elem=None, rel=0.15),
 }
 
 # --- a numpy-only safetensors reader (numpy has no bfloat16) ---------------------------------

@@ -29,7 +29,10 @@ MAX_TOKENS = 64
 # config.json declares it: compressed-tensors input_activations, fp8 activation_scheme, LLM.int8.
 ACTIVATIONS = {"ct_fp8_dynamic": "float 8-bit, dynamic per token", "ct_fp8_block": "float 8-bit, dynamic per group of 128",
                "ct_w8a8_int": "int 8-bit, dynamic per token", "fp8_block_deepseek": "float8, dynamic per token",
-               "bnb_int8": "LLM.int8"}
+               "bnb_int8": "LLM.int8",
+               "ct_nvfp4": "float 4-bit, dynamic per group of 16 under a static global scale (input_global_scale)",
+               "ct_mixed": "float 8-bit, dynamic per token", "modelopt_nvfp4": "float 4-bit, static per group of 16",
+               "modelopt_fp8": "float 8-bit, static per tensor", "modelopt_mixed": "float 8-bit, static per tensor"}
 
 
 def test_every_fixture_has_a_weight_error_bound():
@@ -150,7 +153,7 @@ def test_unsupported_quant_method_refused_in_one_line(tmp_path):
 # ------------------------------------------------------------------------------------ verify
 
 
-@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek"])
+@pytest.mark.parametrize("scheme", ["mlx_4bit", "fp8_block_deepseek", "ct_mixed", "modelopt_nvfp4"])
 def test_verify_in_memory_and_streamed_agree(scheme):
     """verify runs a quantized candidate both ways (a temporary dense folder loaded whole, or its
     layers streamed through the reader): the same model, so the same numbers (float32 noise)."""
@@ -199,17 +202,11 @@ def _ids():
     return torch.randint(3, 420, (1, 64), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("scheme", ["ct_fp8_dynamic", "ct_fp8_block", "ct_w8a8_int", "ct_w4a16_gptq"])
-def test_compressed_tensors_runtime_equals_ours(scheme, tmp_path):
-    """transformers + compressed-tensors on a CPU decompress the weights into plain Linears and,
-    for W8A8 / FP8 schemes, fake-quantize each Linear's input on the fly.  With that activation
-    quantization switched off (compressed-tensors' own ``disable_quantization``), its logits equal
-    ours bit for bit (same weights: its decompressor is the oracle; same modules and ops).  With
-    it on, they differ: that difference is what our report says the measurement excludes."""
+def _runtime_equals_ours(scheme, dtype, tmp_path):
     from compressed_tensors.quantization.lifecycle.helpers import disable_quantization
     ids = _ids()
-    nat = _native(QUANT / scheme, "float32")
-    ours = _logits(_ours(scheme, "float32", tmp_path), ids)
+    nat = _native(QUANT / scheme, dtype)
+    ours = _logits(_ours(scheme, dtype, tmp_path), ids)
     with_acts = _logits(nat, ids)
     nat.apply(disable_quantization)
     np.testing.assert_array_equal(_logits(nat, ids), ours)
@@ -217,6 +214,26 @@ def test_compressed_tensors_runtime_equals_ours(scheme, tmp_path):
         assert np.abs(with_acts - ours).max() > 1e-3          # activation quantization is real, and left out
     else:
         np.testing.assert_array_equal(with_acts, ours)       # W4A16: weight-only, nothing left out
+
+
+@pytest.mark.parametrize("scheme", ["ct_fp8_dynamic", "ct_fp8_block", "ct_w8a8_int", "ct_w4a16_gptq"])
+def test_compressed_tensors_runtime_equals_ours(scheme, tmp_path):
+    """transformers + compressed-tensors on a CPU decompress the weights into plain Linears and,
+    for W8A8 / FP8 schemes, fake-quantize each Linear's input on the fly.  With that activation
+    quantization switched off (compressed-tensors' own ``disable_quantization``), its logits equal
+    ours bit for bit (same weights: its decompressor is the oracle; same modules and ops).  With
+    it on, they differ: that difference is what our report says the measurement excludes."""
+    _runtime_equals_ours(scheme, "float32", tmp_path)
+
+
+@pytest.mark.parametrize("scheme", ["ct_nvfp4a16", "ct_nvfp4", "ct_mxfp4a16", "ct_mxfp8a16", "ct_mixed"])
+def test_compressed_tensors_fp4_runtime_equals_ours(scheme, tmp_path):
+    """The FP4 / MX formats (and the mixed groups holding one): compressed-tensors decompresses them
+    into bfloat16 weights whatever the model's dtype (a float32 model then fails on a bf16 weight), so
+    both run in bfloat16; our bfloat16 folder holds the same values (the logical weights are
+    bfloat16 values, docs/quantization.md): the logits are equal bit for bit with its activation
+    quantization switched off, and differ with it on (NVFP4 W4A4, the mixed folder's FP8 attention)."""
+    _runtime_equals_ours(scheme, "bfloat16", tmp_path)
 
 
 def test_compressed_tensors_asymmetric_pack_not_loadable_by_transformers():

@@ -605,7 +605,9 @@ def check_quantization(ctx: _Ctx) -> list[Finding]:
         ctx.skipped.append(("quantization", "scales, g_idx and zero points are not read from the Hub (run lint on a "
                                             "downloaded copy); the ignore list was checked"))
         return out
-    scale_roles = ("scales", "weight_scale", "weight_scale_inv", "SCB", "weight.absmax", "weight.nested_absmax")
+    # (MX E8M0 exponents are uint8, a power of two each, never zero: not read here)
+    scale_roles = ("scales", "weight_scale", "weight_scale_inv", "SCB", "weight.absmax", "weight.nested_absmax",
+                   "weight_global_scale", "weight_scale_2", "input_global_scale", "input_scale")
     for t in q.tensors.values():
         for role, name in t.members:
             info = ctx.ck.stored_tensors[name]
@@ -675,7 +677,8 @@ CHECKS: tuple[Check, ...] = (
     Check("special-tokens", "error", check_special_tokens, "special-token ids lie inside the vocabulary"),
     Check("dtype-mix", "warning", check_dtype_mix, "2-D weights share one dtype (GGUF: info only)"),
     Check("quantization", "error", check_quantization,
-          "quantized weights: scales finite and non-zero, g_idx within the groups, zero points as the config says, "
+          "quantized weights: scales (FP4 global / second-level scales included) finite and non-zero, g_idx within "
+          "the groups, zero points as the config says, "
           "no quantized module in the ignore list"),
     Check("key-bias-nonrotary", "warning", check_key_bias_nonrotary,
           "without RoPE, the key bias is near zero relative to the query bias"),

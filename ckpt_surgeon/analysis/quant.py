@@ -28,6 +28,7 @@ class QuantSummary:
     stored_bytes: dict              # stored dtype -> bytes (packed codes and scales included)
     producer: str | None = None
     config_key: str = "quantization_config"
+    groups: tuple = ()              # QuantGroup per config group / per-layer algorithm / scheme
 
     @property
     def share(self) -> float:
@@ -44,7 +45,8 @@ class QuantSummary:
                 "quantized_tensors": self.quantized_tensors, "quantized_parameters": self.quantized_parameters,
                 "quantized_share": self.share, "unquantized_modules": list(self.unquantized_modules),
                 "dense_linears": list(self.dense_linears), "stored_bytes": dict(self.stored_bytes),
-                "producer": self.producer, "config_key": self.config_key}
+                "producer": self.producer, "config_key": self.config_key,
+                "groups": [g.to_dict() for g in self.groups]}
 
     def summary_items(self) -> list[tuple[str, str]]:
         gs = ", ".join("per row" if g < 0 else "per channel / tensor / block" if g == 0 else str(g)
@@ -52,12 +54,49 @@ class QuantSummary:
         sym = "" if self.symmetric is None else ", symmetric" if self.symmetric else ", zero point"
         unq = ", ".join(self.unquantized_modules) or "-"
         dense = f"; stored dense: {_short(self.dense_linears)}" if self.dense_linears else ""
-        return [
+        items = [
             ("quantization", f"{self.method} ({self.format}), {'/'.join(map(str, self.bits))}-bit, group size {gs}"
                              f"{sym}; {self.quantized_tensors} weights, {self.share:.1%} of parameters quantized"
                              + (f"; by {self.producer}" if self.producer else "")),
-            ("unquantized modules", unq + dense),
         ]
+        if len(self.groups) > 1:
+            items.append(("quantization groups", "; ".join(g.label() for g in self.groups)))
+        return items + [("unquantized modules", unq + dense)]
+
+
+@dataclass(frozen=True)
+class QuantGroup:
+    """The modules one config group (compressed-tensors ``config_groups``), one ModelOpt per-layer
+    ``quant_algo`` or, elsewhere, one scheme quantizes."""
+
+    name: str                       # config group name, ModelOpt algorithm, or the scheme key
+    scheme: str
+    format: str | None
+    bits: int
+    group_size: int
+    weights: int
+    example: str                    # the first module, for the reader
+
+    def label(self) -> str:
+        per = "per channel / tensor" if self.group_size <= 0 else f"per {self.group_size}"
+        fmt = f" {self.format}" if self.format and self.format != self.name else ""
+        return f"{self.name} ({self.scheme}{fmt}, {self.bits}-bit {per}): {self.weights} weights, e.g. {self.example}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "scheme": self.scheme, "format": self.format, "bits": self.bits,
+                "group_size": self.group_size, "weights": self.weights, "example": self.example}
+
+
+def quant_groups(q) -> tuple:
+    """The quantized weights by the config group / per-layer algorithm that gave them their scheme."""
+    by: dict = {}
+    for t in q.tensors.values():
+        p = dict(t.params)
+        key = (str(p.get("group") or p.get("algo") or t.scheme), t.scheme, p.get("format") or p.get("algo"), t.bits,
+               t.group_size)
+        by.setdefault(key, []).append(t.module)
+    return tuple(QuantGroup(n, sch, fmt, bits, gs, len(mods), sorted(mods)[0])
+                 for (n, sch, fmt, bits, gs), mods in sorted(by.items(), key=lambda kv: sorted(kv[1])[0]))
 
 
 def _short(names, n: int = 4) -> str:
@@ -77,7 +116,7 @@ def quant_summary(ck: Checkpoint, parameters: int) -> QuantSummary | None:
     for info in ck.stored_tensors.values():
         stored[info.dtype] = stored.get(info.dtype, 0) + info.nbytes
     return QuantSummary(q.method, q.format, q.bits, q.group_sizes, q.symmetric, q.schemes, len(q.tensors), qparams,
-                        parameters, q.unquantized, dense, stored, q.producer, q.config_key)
+                        parameters, q.unquantized, dense, stored, q.producer, q.config_key, quant_groups(q))
 
 
 def ignored_but_quantized(ck: Checkpoint) -> list[tuple[str, str]]:

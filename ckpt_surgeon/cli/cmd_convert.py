@@ -78,8 +78,8 @@ def command(source, out, dtype, imatrix, allow_requantize, force, name, split_ma
     The direction follows SOURCE: a GGUF (by its magic bytes; any part of a split set) becomes an HF folder
     transformers loads offline; an HF folder becomes the GGUF file OUT (at a llama.cpp file type such as
     q4_k_m: llama-quantize's bytes, in one pass); a GGUF with a .gguf OUT is quantized; a quantized HF folder
-    (GPTQ, AWQ, auto-round, compressed-tensors, FP8, bitsandbytes, MLX, MXFP4) with a folder OUT becomes its
-    dense folder.  Every output is checked against the model transformers builds and written atomically;
+    (GPTQ, AWQ, auto-round, compressed-tensors, ModelOpt, FP8, bitsandbytes, MLX, MXFP4) with a folder OUT
+    becomes its dense folder; to GGUF, NVFP4 / MXFP4 weights are kept in their blocks, bit for bit.  Every output is checked against the model transformers builds and written atomically;
     SOURCE is local (hf download owner/name --local-dir DIR first).
 
     \b

@@ -84,6 +84,7 @@ def quantized_to_dense(source, out: str | os.PathLike) -> Path:
                 else:
                     w.copy(name)
             w.set_config(dense_config(ck.config))
+            w.leave_out("hf_quant_config.json")     # (quantized_to_dense_report says why)
             w.record("dequantize", {"method": ck.quantization.method})
     return Path(out)
 
@@ -129,6 +130,9 @@ def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: boo
         with CheckpointWriter(out, source=ck, force=force, copy_untouched=False, progress=progress,
                               max_shard_bytes=max_shard_bytes) as w:
             records = [_dense_tensor(w, ck, name, info, target, run.label) for name, info in ck.tensors.items()]
+            # ModelOpt's hf_quant_config.json declares the quantization too (llama.cpp's converter and this
+            # reader take it when config.json has none): not beside the dense weights
+            w.leave_out("hf_quant_config.json")
             config = _dense_config(ck.config, dtype)
             w.set_config(config)
             w.record("dequantize", {"method": q.method, "format": q.format, "dtype": dtype})
@@ -145,12 +149,26 @@ def quantized_to_dense_report(source, out, dtype: str = "float32", *, force: boo
                          f"copied ({', '.join(tok)})" if tok else None, tuple(records), warnings, config)
 
 
+_SLAB = 1 << 22        # values per slab of a weight dequantized row range by row range (16 MB as float32)
+
+
+def _row_slabs(ck, name: str):
+    rows, cols = ck.tensors[name].shape
+    step = max(1, _SLAB // max(cols, 1))
+    for a in range(0, rows, step):
+        yield ck.read_rows(name, a, min(a + step, rows))
+
+
 def _dense_tensor(w, ck, name: str, info, target: str, label: str):
     """Declare one output tensor: a quantized weight dequantized to ``target``, another floating
     tensor cast to it (raw bytes when it is stored so), anything else copied -> its TensorRecord."""
     from .report import TensorRecord
     stored = ck.stored_tensors.get(name)
     src_dtype = label if info.quantized else info.dtype
+    if info.quantized and ck.reader.rows_readable(name):
+        # FP4 / MX: a slab of rows at a time, never the whole float32 tensor (7B-shaped MLP weights are 68 M values)
+        w.put(name, (lambda n=name: _row_slabs(ck, n)), dtype=target, shape=tuple(info.shape))
+        return TensorRecord(name, name, "dequantize", src_dtype, target, tuple(info.shape))
     if info.quantized or (info.dtype in _FLOATS and info.dtype != target):
         w.put(name, (lambda n=name: ck.read(n)), dtype=target, shape=tuple(info.shape))
         return TensorRecord(name, name, "dequantize" if info.quantized else "cast", src_dtype, target, tuple(info.shape))

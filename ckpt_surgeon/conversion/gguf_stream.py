@@ -33,8 +33,10 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import safetensors as st
+from ..formats.quant.block_repack import q4_0_rows, repack_rows
 from ..formats.quant.quantize import bf16_bits_to_f16, encode_rows
 from ..formats.write.shard_io import pwrite_all
+from . import kept_blocks
 from .transforms import lookup
 
 __all__ = ["Chunk", "write_tensor_data", "verify_chunks", "verify_written", "CHUNK_ELEMS"]
@@ -105,7 +107,10 @@ def _source_ranges(ck, p, hp: dict) -> list[tuple[int, int, int, int]]:
     tensor as float32; time: one dequantization, not one per chunk)."""
     q = getattr(ck, "quantization", None)
     shape = _src_shape(ck, p)
-    if q is not None and getattr(p, "data", None) is None and p.src in q.tensors:
+    if getattr(p, "kept", ""):          # FP4 blocks repacked from the stored codes, row range by row range
+        return _row_ranges(p, shape, hp)
+    if q is not None and getattr(p, "data", None) is None and p.src in q.tensors \
+            and not ck.reader.rows_readable(p.src):    # (FP4 / MX weights dequantize row range by row range)
         return [(0, shape[0] if shape else 1, 0, p.nbytes)]
     return _row_ranges(p, shape, hp)
 
@@ -145,6 +150,8 @@ def _read(ck, p, a: int, b: int):
     (decoded by the worker), else the decoded values (a tensor made by the converter: its own)."""
     if getattr(p, "data", None) is not None:
         return np.frombuffer(p.data, np.float32).reshape(p.shape)[a:b], None
+    if getattr(p, "kept", ""):
+        return kept_blocks.read_rows(ck, p.src, a, b), None
     info = ck.tensors[p.src]
     rows = info.shape[0] if info.shape else 1
     if ck.format == "safetensors" and info.dtype in _RAW_DTYPES and not info.quantized:   # a quantized weight: its values
@@ -159,6 +166,10 @@ def _read(ck, p, a: int, b: int):
 
 def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, str], readback: bool) -> Chunk:
     p = job.p
+    if getattr(p, "kept", ""):
+        data = q4_0_rows(*job.src) if p.kept == "Q4_0" else repack_rows(p.kept, *job.src)
+        job.src = None
+        return _write(job, fd, data, labels, readback)
     rec = lookup(p.transform)
     bits = job.info is not None and job.info.dtype == "BF16" and p.ggml_type == "F16" and rec.moves_only
     if bits:            # move the stored bfloat16 bits, convert them at the end (bf16_bits_to_f16)
@@ -175,6 +186,11 @@ def _run(job: _Job, fd: int, hp: dict, transform: Callable, labels: tuple[str, s
         data = bf16_bits_to_f16(arr) if bits else encode_rows(arr, p.ggml_type, getattr(p, "imatrix", None),
                                                               job.first)
     del arr
+    return _write(job, fd, data, labels, readback)
+
+
+def _write(job: _Job, fd: int, data: np.ndarray, labels: tuple[str, str], readback: bool) -> Chunk:
+    p = job.p
     if data.nbytes != job.nbytes:  # a bug here would corrupt every following offset
         raise FormatError(f"encoded {data.nbytes} bytes, planned {job.nbytes}", path=labels[1], tensor=p.dst)
     mv = memoryview(data).cast("B")

@@ -37,7 +37,7 @@ from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from ..formats.hub import hf_cache
 from ..progress import phase
-from . import output_path
+from . import kept_blocks, output_path
 from . import names as N
 from .gguf_stream import verify_written, write_tensor_data
 from .quant_plan import QUANT_ONLY, file_type_name
@@ -61,6 +61,7 @@ class _Planned:
     stacked: tuple = ()     # expert rows: the HF tensors stacked (in expert order) into this one
     data: bytes | None = None  # a tensor made here, not read (llama3 rope factors: rope_freqs.weight)
     imatrix: object = None       # float32 importance weights (ne0 x experts) for llama.cpp's quantizer
+    kept: str = ""               # an FP4 weight kept in this ggml type, its blocks moved bit for bit (kept_blocks)
 
 
 def _targets(names: N.NameMap, absent: list, tnames: list, arch: str, path: str) -> list:
@@ -443,6 +444,14 @@ def _plan_tensors(ck, got: dict, spec: N.ArchSpec, dtype: str, src: Path, warnin
                                 "of 32; stored F16 instead of Q8_0")
             continue
         gt = _weight_type(dtype, shape, tnames[0], dst, warnings)
+        kept = None if rule.experts else kept_blocks.kept_type(ck, tnames[0], rule.transform, shape)
+        if kept:
+            plan.append(_Planned(tnames[0], dst, rule.transform, shape, kept, GT.nbytes(kept, shape), info.dtype,
+                                 kept=kept))
+            for sname, value in kept_blocks.scale_tensors(ck, tnames[0], dst):
+                plan.append(_Planned(f"{tnames[0]} ({sname.rsplit('.', 1)[1]})", sname, "none", (1,), "F32", 4, "F32",
+                                     data=value.tobytes()))
+            continue
         label = rule.hf.replace("{L}", dst.split(".")[1]).replace("{E}", f"{{0..{len(tnames) - 1}}}") \
             if rule.experts else tnames[0]
         plan.append(_Planned(label, dst, rule.transform, shape, gt, GT.nbytes(gt, shape), info.dtype,
@@ -476,6 +485,7 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
             + _plan_tensors(ck, got, spec, base, src, warnings, hp))
     if dtype in QUANT_ONLY:
         from .quant_plan import quantize_plan
+        kept_blocks.refuse_requantizing(plan, dtype, str(src))
         plan = quantize_plan(plan, dtype, spec.gguf_arch, hp, imatrix, warnings, str(src))
     vocab = _vocab(folder, emb[0], cfg, facts, spec)
     # general.name: llama.cpp keys some tokenizer quirks on it (llama-vocab.cpp: a name containing
@@ -485,6 +495,13 @@ def plan_hf_to_gguf(ck, src: Path, dtype: str, *, name: str | None = None, out: 
     check_name_for_llamacpp(name, vocab, ck.config_path)
     kvs = gguf_kvs(spec, hp, dtype, name, vocab)
     kvs += _rope_scaling_kvs(cfg, spec, ck.config_path) + longrope_kvs
+    ftype = kept_blocks.file_type(plan, dtype)
+    if ftype is not None:
+        kvs = [gw.KV(k.key, k.vtype, ftype) if k.key == "general.file_type" else k for k in kvs]
+    a4 = kept_blocks.prec_a4_names(ck, plan)
+    if a4:      # after the hyper-parameters and the vocabulary, where llama.cpp's prepare_metadata adds them
+        kvs += [gw.KV("general.tensor_extra.name", gw.VT.ARRAY, a4, gw.VT.STRING),
+                gw.KV("general.tensor_extra.prec_a4", gw.VT.ARRAY, [False] * len(a4), gw.VT.BOOL)]
     return GGUFPlan(spec, cfg, hp, vocab, tuple(plan), tuple(kvs), tuple(warnings))
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, SourceNotFoundError, TruncatedError
+from ..errors import FormatError, SourceNotFoundError, TruncatedError, UnsupportedError
 from ..records import TensorInfo
 from .quant import dequant as dq
 from .quant import ggml_types as GT
@@ -420,6 +420,10 @@ def _tensor_records(infos: list, path: str, file_size: int, data_start: int,
             raise FormatError(f"data offset {offset} is not a multiple of the alignment {alignment}", path=path, tensor=name)
         t = GT.GGML_TYPES.get(type_id)
         start = data_start + offset
+        ik = GT.ik_llama_type(type_id) if t is None else None
+        if ik is not None:
+            raise UnsupportedError(f"is stored as {ik} (ggml type id {type_id}), a type only ik_llama.cpp defines: "
+                                   "this file is for ik_llama.cpp, not llama.cpp / ggml", path=path, tensor=name)
         if t is None:
             dtype, end, quant = f"UNKNOWN_{type_id}", start, False
             warnings.append(f"tensor '{name}' has unknown ggml type id {type_id}: it is listed, but its size and "

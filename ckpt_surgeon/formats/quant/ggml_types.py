@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GGMLType", "GGML_TYPES", "TYPES_BY_NAME", "ggml_type", "known", "block_size", "nbytes"]
+__all__ = ["GGMLType", "GGML_TYPES", "TYPES_BY_NAME", "ggml_type", "known", "block_size", "nbytes", "ik_llama_type"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,30 @@ def nbytes(t: int | str, shape) -> int:
     for d in shape:
         n *= int(d)
     return ggml_type(t).nbytes(n)
+
+
+# Types only ik_llama.cpp (the fork) defines: its ggml.h ``enum ggml_type`` (read at commit b50efcc of
+# ikawrakow/ik_llama.cpp), as data.  Its own quantizations (IQ2_K ... IQ6_K, the IQ*_KS family, Q6_0, the
+# ternary IQ*_BN) and its row-interleaved repacks (``_R4`` / ``_R8`` / ``_R16``) live at ids llama.cpp's ggml
+# never used: 98-99, 133-199 and 200-399.  Later ik_llama.cpp types (the *_KT trellis family ...) fall in
+# the same ranges and are named by id.
+_IK_LLAMA = {
+    98: "Q8_0_X4", 99: "Q8_1_X4", 133: "Q6_0", 134: "IQ1_BN", 135: "IQ2_BN", 136: "Q8_K64", 137: "IQ2_K",
+    138: "IQ3_K", 139: "IQ4_K", 140: "IQ5_K", 141: "IQ6_K", 142: "IQ2_TN", 143: "IQ1_TN", 144: "IQ4_KS",
+    145: "IQ2_KS", 146: "IQ4_KSS", 147: "Q8_K16", 148: "Q8_K32", 149: "Q8_KR8", 150: "Q8_K128", 151: "Q8_KV",
+    202: "Q4_0_R8", 206: "Q5_0_R4", 208: "Q8_0_R8", 210: "Q2_K_R4", 211: "Q3_K_R4", 212: "Q4_K_R4",
+    213: "Q5_K_R4", 214: "Q6_K_R4", 216: "IQ2_XXS_R4", 217: "IQ2_XS_R4", 218: "IQ3_XXS_R4", 219: "IQ1_S_R4",
+    220: "IQ4_NL_R4", 221: "IQ3_S_R4", 222: "IQ2_S_R4", 223: "IQ4_XS_R8", 229: "IQ1_M_R4", 230: "BF16_R16",
+    233: "Q6_0_R4", 335: "IQ2_BN_R4", 337: "IQ2_K_R4", 338: "IQ3_K_R4", 339: "IQ4_K_R4", 340: "IQ5_K_R4",
+    344: "IQ4_KS_R4", 398: "Q8_KV_R8", 399: "Q8_K_R8",
+}
+
+
+def ik_llama_type(tid: int) -> str | None:
+    """The name of an ik_llama.cpp-only type id (``type id N`` for one of its ranges not named above), or
+    None for an id outside them."""
+    if tid in GGML_TYPES:
+        return None
+    if tid in _IK_LLAMA:
+        return _IK_LLAMA[tid]
+    return f"type id {tid}" if 98 <= tid <= 99 or 133 <= tid <= 399 else None

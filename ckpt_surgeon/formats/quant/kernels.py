@@ -150,6 +150,8 @@ def dq_scaled(qt: QuantTensor, get: Get, role: str) -> np.ndarray:
     or ``q / s`` for an fp8 reciprocal scale."""
     q = get("weight")
     s = get(role)
+    if qt.param("ue8m0"):           # E8M0 exponents stored as bytes (fp8 scale_fmt "ue8m0")
+        s = _e8m0(s)
     shape = q.shape
     if qt.param("fp8_reading") == "divide":
         # w = q / s: the reciprocal of gptqmodel's 448/amax, formed once per block
@@ -250,7 +252,97 @@ def dq_mxfp4(qt: QuantTensor, get: Get) -> np.ndarray:
     return vals.reshape(e, rows, g * 32).transpose(0, 2, 1)
 
 
+def fp4_codes(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[out, in/2]`` -> E2M1 codes uint8 ``[out, in]``: byte k holds element 2k in its low nibble
+    and 2k + 1 in its high one (compressed-tensors ``pack_fp4_to_uint8``, ModelOpt ``NVFP4QTensor``)."""
+    p = np.ascontiguousarray(packed, np.uint8)
+    out = np.empty(p.shape[:-1] + (p.shape[-1], 2), np.uint8)
+    np.bitwise_and(p, 15, out=out[..., 0])
+    np.right_shift(p, 4, out=out[..., 1])
+    return out.reshape(*p.shape[:-1], -1)
+
+
+# rows of an FP4 weight decoded at a time: about this many values, so the temporaries (codes, one float32
+# product) stay a few MB whatever the tensor (a 7B model's MLP weight is 68 M values)
+_FP4_CHUNK = 1 << 20
+
+
+def _fp4_dense(packed: np.ndarray, scale: np.ndarray, bf16: bool) -> np.ndarray:
+    """E2M1 codes (two a byte) times a per-group float32 ``scale`` ``[out, groups]``, float32 ``[out, in]``,
+    each product rounded to bfloat16 when ``bf16``; decoded a few rows at a time into the one output."""
+    from .dequant import E2M1_VALUES
+    out_, half = packed.shape
+    n_in = half * 2
+    g = scale.shape[1]
+    w = np.empty((out_, n_in), np.float32)
+    step = max(1, _FP4_CHUNK // max(n_in, 1))
+    for a in range(0, out_, step):
+        b = min(a + step, out_)
+        rows = w[a:b]
+        np.take(E2M1_VALUES, fp4_codes(packed[a:b]), out=rows)
+        rows.reshape(b - a, g, n_in // g)[...] *= scale[a:b, :, None]
+        if bf16:
+            rows[...] = round_to(rows, "BF16")
+    return w
+
+
+def dq_ct_nvfp4(qt: QuantTensor, get: Get) -> np.ndarray:
+    """compressed-tensors ``nvfp4-pack-quantized`` (``NVFP4PackedCompressor.decompress``): the block scale
+    divided by the global scale in float32 (``scale / global_scale``: a bfloat16 scale over a float32
+    ``[1]`` tensor promotes to float32), the E2M1 value times it in float32, rounded to bfloat16
+    (``unpack_fp4_from_uint8`` returns bfloat16 and ``dequantize`` returns that dtype)."""
+    scale = get("weight_scale").astype(np.float32) / get("weight_global_scale").astype(np.float32).reshape(())
+    return _fp4_dense(get("weight_packed"), scale, bf16=True)
+
+
+def _e8m0(s: np.ndarray) -> np.ndarray:
+    """E8M0 exponents (uint8) -> ``2**(s - 127)`` as float32 (exact; 255 -> inf as ``2.0 ** 128``)."""
+    with np.errstate(over="ignore"):
+        return np.ldexp(np.float32(1), s.astype(np.int32) - 127).astype(np.float32)
+
+
+def dq_ct_mxfp4(qt: QuantTensor, get: Get) -> np.ndarray:
+    """compressed-tensors ``mxfp4-pack-quantized`` (``MXFP4PackedCompressor``): E2M1 value times
+    ``2**(e - 127)`` (``decompress_mx_scale``), computed in bfloat16 there, exact (a power of two times
+    a 2-bit mantissa) but for the subnormal / infinite ends, rounded to bfloat16 here as there."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _fp4_dense(get("weight_packed"), _e8m0(get("weight_scale")), bf16=True)
+
+
+def _per_group(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``values[o, g*G + j] * scale[o, g]`` in float32 (G = in / groups)."""
+    out_, in_ = values.shape
+    g = scale.shape[1]
+    return (values.reshape(out_, g, in_ // g) * scale.astype(np.float32)[:, :, None]).reshape(out_, in_)
+
+
+def dq_ct_mxfp8(qt: QuantTensor, get: Get) -> np.ndarray:
+    """compressed-tensors ``mxfp8-quantized`` (``MXFP8QuantizationCompressor``): float8 code times
+    ``2**(e - 127)`` per 32 values, in bfloat16 there (exact), rounded to bfloat16 here as there."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return round_to(_per_group(get("weight").astype(np.float32), _e8m0(get("weight_scale"))), "BF16")
+
+
+def dq_modelopt_nvfp4(qt: QuantTensor, get: Get) -> np.ndarray:
+    """ModelOpt NVFP4 (``NVFP4QTensor.dequantize``): ``per_block_scale = weight_scale.float() *
+    weight_scale_2`` (float32), then the E2M1 value times it (float32)."""
+    scale = get("weight_scale").astype(np.float32) * get("weight_scale_2").astype(np.float32).reshape(())
+    return _fp4_dense(get("weight"), scale, bf16=False)
+
+
+def dq_modelopt_fp8(qt: QuantTensor, get: Get) -> np.ndarray:
+    """ModelOpt FP8 (``FP8QTensor.dequantize``): ``q.float() * weight_scale`` (per tensor or per row)."""
+    q = get("weight").astype(np.float32)
+    s = get("weight_scale").astype(np.float32)
+    return q * (s.reshape(()) if s.size == 1 else s.reshape(-1, 1))
+
+
 KERNELS: dict[str, Callable[[QuantTensor, Get], np.ndarray]] = {
+    "ct-nvfp4": dq_ct_nvfp4,
+    "ct-mxfp4": dq_ct_mxfp4,
+    "ct-mxfp8": dq_ct_mxfp8,
+    "modelopt-nvfp4": dq_modelopt_nvfp4,
+    "modelopt-fp8": dq_modelopt_fp8,
     "gptq": dq_gptq,
     "awq": dq_awq,
     "ct-pack": dq_ct_pack,

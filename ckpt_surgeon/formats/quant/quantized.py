@@ -90,6 +90,8 @@ class QuantizedSource(SourceBase):
     def fp8_reading(self, t: QuantTensor) -> QuantTensor:
         """An ``fp8`` weight with the meaning of its ``weight_scale_inv`` established from the values
         (read when the weight is, so opening a large remote checkpoint reads no scales)."""
+        if t.param("ue8m0"):        # powers of two by construction, multiplied (transformers' FineGrainedFP8)
+            return replace(t, params=(*t.params, ("fp8_reading", "multiply")))
         s = self._get(t.member("weight_scale_inv"))
         reading = fp8_scale_reading(s)
         if reading is None:
@@ -143,6 +145,29 @@ class QuantizedSource(SourceBase):
         self._cache = (name, w)
         return w
 
+    def rows_readable(self, name: str) -> bool:
+        """Whether rows of logical weight ``name`` dequantize from the same rows of its stored members
+        (:data:`ROW_SCHEMES`: every member either one row per output row or one value per tensor)."""
+        t = self.quantization.tensors.get(name)
+        return t is not None and t.scheme in ROW_SCHEMES
+
+    def dequantize_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of logical weight ``name`` as float32, reading only those rows of its row
+        members (a converter streams a large FP4 weight this way, never holding it whole)."""
+        t = self.quantization.tensors[name]
+        rows = set(SCHEMES[t.scheme].row_members)
+
+        def get(role: str) -> np.ndarray:
+            info = self.stored.tensors[t.member(role)]
+            if role not in rows:
+                return self._get(t.member(role))
+            per_row = info.nbytes // info.shape[0]
+            return self.stored.read(replace(info, shape=(stop - start,) + tuple(info.shape[1:]),
+                                            start=info.start + start * per_row, end=info.start + stop * per_row))
+
+        w = dequantize(replace(t, shape=(stop - start,) + tuple(t.shape[1:])), get)
+        return np.ascontiguousarray(w, dtype=np.float32)
+
     def read(self, info: TensorInfo) -> np.ndarray:
         if info.quantized and info.name in self.quantization.tensors:
             full = self.tensors[info.name]
@@ -177,6 +202,11 @@ class QuantizedSource(SourceBase):
 
     def close(self) -> None:
         self.stored.close()
+
+
+# Schemes whose rows dequantize from the same rows of their members alone (codes and block scales one row per
+# output row, the rest one value per tensor): the FP4 / MX formats.
+ROW_SCHEMES = ("ct-nvfp4", "ct-mxfp4", "ct-mxfp8", "modelopt-nvfp4")
 
 
 def _weight_role(t: QuantTensor) -> str:

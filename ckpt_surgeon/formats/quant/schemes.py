@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...errors import FormatError, UnsupportedError
 from ...records import TensorInfo
@@ -91,6 +91,27 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
            ("input_scale", "weight_zero_point", "weight_g_idx", "output_scale"),
            "int8 codes", "w = (q - zp) * weight_scale (tensor / channel / group / block)",
            row_members=("weight", "weight_scale", "weight_zero_point"), shared_members=("input_scale", "output_scale")),
+    Scheme("ct-nvfp4", "compressed-tensors", "weight_packed", ("U8",), ("weight_scale", "weight_global_scale"),
+           ("input_global_scale",),
+           "uint8, two E2M1 codes per byte (low nibble the even element), an F8_E4M3 scale per 16 values",
+           "w = bf16(E2M1[code] * (weight_scale / weight_global_scale)): float32 quotient and product, rounded "
+           "to bfloat16 as compressed-tensors returns it",
+           row_members=("weight_packed", "weight_scale"), shared_members=("weight_global_scale", "input_global_scale")),
+    Scheme("ct-mxfp4", "compressed-tensors", "weight_packed", ("U8",), ("weight_scale",), ("input_global_scale",),
+           "uint8, two E2M1 codes per byte (low nibble the even element), an E8M0 scale per 32 values",
+           "w = E2M1[code] * 2**(weight_scale - 127) (exact; bfloat16 as compressed-tensors returns it)",
+           row_members=("weight_packed", "weight_scale"), shared_members=("input_global_scale",)),
+    Scheme("ct-mxfp8", "compressed-tensors", "weight", ("F8_E4M3",), ("weight_scale",), (),
+           "float8 codes, an E8M0 scale per 32 values",
+           "w = q * 2**(weight_scale - 127) (exact; bfloat16 as compressed-tensors returns it)",
+           row_members=("weight", "weight_scale")),
+    Scheme("modelopt-nvfp4", "modelopt", "weight", ("U8",), ("weight_scale", "weight_scale_2"), ("input_scale",),
+           "uint8, two E2M1 codes per byte (low nibble the even element), an F8_E4M3 scale per 16 values",
+           "w = E2M1[code] * (weight_scale * weight_scale_2) (float32, ModelOpt's NVFP4QTensor.dequantize)",
+           row_members=("weight", "weight_scale"), shared_members=("weight_scale_2", "input_scale")),
+    Scheme("modelopt-fp8", "modelopt", "weight", ("F8_E4M3",), ("weight_scale",), ("input_scale",),
+           "float8 codes", "w = q * weight_scale (per tensor; float32, ModelOpt's FP8QTensor.dequantize)",
+           shared_members=("weight_scale", "input_scale")),
     Scheme("fp8", "fp8", "weight", ("F8_E4M3", "F8_E5M2"), ("weight_scale_inv",),
            ("activation_scale", "input_scale"),
            "float8 codes", "w = q * s (s = amax/448, DeepSeek) or q / s (s = 448/amax, gptqmodel), per block"),
@@ -111,7 +132,8 @@ SCHEMES: dict[str, Scheme] = {s.key: s for s in (
            row_members=("weight", "scales", "biases")),
 )}
 
-SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "bitsandbytes", "mlx", "mxfp4")
+SUPPORTED_METHODS = ("awq", "gptq", "auto-round", "fp8", "compressed-tensors", "modelopt", "bitsandbytes", "mlx",
+                     "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -184,16 +206,17 @@ def activation_quantization(config: dict | None) -> str | None:
     if q is None:
         return None
     method = str(q.get("quant_method")).lower()
-    if method == "compressed-tensors":
-        groups = q.get("config_groups") if isinstance(q.get("config_groups"), dict) else {}
+    groups = q.get("config_groups") if isinstance(q.get("config_groups"), dict) else {}
+    if method == "compressed-tensors" or (method == "modelopt" and groups):
+        # ModelOpt's export writes config_groups too (static input scales: input_scale)
         acts = [g.get("input_activations") for g in groups.values() if isinstance(g, dict)]
-        acts = [a for a in acts if isinstance(a, dict)]
-        if not acts:
-            return None
-        a = acts[0]
-        how = "dynamic" if a.get("dynamic") else "static"
-        gs = f" of {a['group_size']}" if a.get("strategy") == "group" and a.get("group_size") else ""
-        return f"{a.get('type', 'int')} {a.get('num_bits', 8)}-bit, {how} per {a.get('strategy', 'tensor')}{gs}"
+        words = list(dict.fromkeys(_act_words(a) for a in acts if isinstance(a, dict)))
+        return "; ".join(words) or None
+    if method == "modelopt":
+        algos = [str(q.get("quant_algo"))] + [str(v.get("quant_algo")) for v in (q.get("quantized_layers") or {}).values()
+                                              if isinstance(v, dict)]
+        words = list(dict.fromkeys(_MODELOPT_ACTS[a] for a in algos if a in _MODELOPT_ACTS))
+        return "; ".join(words) or None
     if method == "fp8":
         scheme = q.get("activation_scheme")
         if scheme in ("dynamic", "static"):
@@ -203,6 +226,23 @@ def activation_quantization(config: dict | None) -> str | None:
         return (f"LLM.int8: int8 per row, outlier columns above {q.get('llm_int8_threshold', 6.0)} kept in "
                 "float16")
     return None
+
+
+def _act_words(a: dict) -> str:
+    """One compressed-tensors ``input_activations`` entry in words.  ``dynamic: local`` (NVFP4 W4A4):
+    the per-group scales are computed at runtime under the static global scale ``input_global_scale``."""
+    dyn = a.get("dynamic")
+    gs = a.get("group_size")
+    strategy = a.get("strategy") or ("group" if gs else "tensor")
+    per = f"group of {gs}" if gs and strategy in ("group", "tensor_group") else strategy
+    how = ("dynamic" if dyn is True else "static" if dyn != "local" else "dynamic")
+    tail = " under a static global scale (input_global_scale)" if dyn == "local" else ""
+    return f"{a.get('type', 'int')} {a.get('num_bits', 8)}-bit, {how} per {per}{tail}"
+
+
+# ModelOpt's activation quantization per quant_algo, when config.json has no config_groups
+# (hf_quant_config.json only): static per-tensor input_scale
+_MODELOPT_ACTS = {"NVFP4": "float 4-bit, static per group of 16", "FP8": "float 8-bit, static per tensor"}
 
 
 def _modules_of(tensors, suffix: str) -> list[str]:
@@ -234,7 +274,8 @@ def _int(v, default):
 
 def _unquantized_list(q: dict) -> tuple:
     out = []
-    for key in ("ignore", "modules_to_not_convert", "llm_int8_skip_modules", "modules_in_block_to_quantize_not"):
+    for key in ("ignore", "modules_to_not_convert", "llm_int8_skip_modules", "modules_in_block_to_quantize_not",
+                "exclude_modules"):
         v = q.get(key)
         if isinstance(v, (list, tuple)):
             out += [str(x) for x in v]
@@ -317,74 +358,209 @@ def _auto_round(tensors, q, path):
     raise _err(f"packing_format {pf!r} is not read", path, None, "auto-round", UnsupportedError)
 
 
-def _ct_group(q: dict, path) -> dict:
+def _ct_groups(q: dict, path) -> dict:
+    """compressed-tensors' ``config_groups`` that quantize weights: name -> group (a dict with
+    ``weights``, ``targets``, maybe its own ``format``)."""
     groups = q.get("config_groups") or {}
     if not isinstance(groups, dict):
         groups = {}
-    ws = [g.get("weights") for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
-    if not ws:
+    out = {str(k): g for k, g in groups.items() if isinstance(g, dict) and isinstance(g.get("weights"), dict)}
+    if not out:
         raise _err("compressed-tensors config has no config_groups with weights", path, None, "compressed-tensors",
                    UnsupportedError)
-    if len({json.dumps(w, sort_keys=True) for w in ws}) > 1:
-        raise _err(f"{len(ws)} different weight config groups: only one is read", path, None, "compressed-tensors",
-                   UnsupportedError)
-    return ws[0]
+    return out
 
 
-def _compressed_tensors(tensors, q, path):
-    fmt = str(q.get("format", ""))
-    w = _ct_group(q, path)
-    fmt = str(w.get("format") or fmt)  # a group may name its own format (compressed-tensors >= 0.10)
+def _ct_symmetric(q: dict, path) -> bool | None:
+    """The weights' ``symmetric`` when every group agrees, else None."""
+    vals = {bool(g["weights"].get("symmetric", True)) for g in _ct_groups(q, path).values()}
+    return vals.pop() if len(vals) == 1 else None
+
+
+# A target naming a module class rather than a module: compressed-tensors matches it against the module's
+# torch class (compressed_tensors.utils.match._match_class); a checkpoint holds no classes, and a module
+# stored quantized is a Linear, so "Linear" claims every quantized module.
+_CLASS_TARGETS = ("Linear",)
+
+
+# Fused modules as vLLM names them (its models' ``packed_modules_mapping``), which compressed-tensors'
+# ``match_name(name, target, fused)`` matches through their shards: a group targeting q/k/v by name or
+# pattern targets the fused qkv_proj that ``qkv fuse`` writes.
+_FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def ct_target_matches(target: str, module: str) -> bool:
+    """Whether a compressed-tensors ``targets`` entry names ``module``: ``re:`` patterns by
+    ``re.match`` and plain names exactly (compressed_tensors.utils.match.match_name; a fused module
+    through any of its shards, as vLLM matches it), ``Linear`` any quantized module."""
+    if target in _CLASS_TARGETS:
+        return True
+    head, _, last = module.rpartition(".")
+    if last in _FUSED_SHARDS:
+        return any(ct_target_matches(target, f"{head}.{sh}" if head else sh) for sh in _FUSED_SHARDS[last])
+    if target.startswith("re:"):
+        return re.match(target[3:], module) is not None
+    return target == module
+
+
+def _ct_group_of(groups: dict, mod: str, path, tensor: str):
+    """The one config group that targets ``mod`` (None when none does).  A module two groups claim is
+    refused: which scheme applies would be a guess.  (An ``ignore`` entry naming a module stored
+    quantized is lint's finding: the tensors say how it is stored.)"""
+    hits = [g for g, grp in groups.items()
+            if any(ct_target_matches(str(t), mod) for t in (grp.get("targets") or ()))]
+    if len(hits) > 1:
+        raise _err(f"config groups {', '.join(repr(h) for h in hits)} both target module {mod}: which scheme "
+                   "applies is ambiguous", path, tensor, "compressed-tensors")
+    return hits[0] if hits else None
+
+
+def _ct_pack(tensors, mod, w, path) -> QuantTensor:
+    s = SCHEMES["ct-pack"]
     bits = _int(w.get("num_bits"), 8)
     strategy = str(w.get("strategy", "tensor"))
     gs = _int(w.get("group_size"), 0) or 0
+    if bits not in (2, 4, 8):
+        raise _err(f"num_bits = {bits}: only 2, 4 and 8-bit packing is read", path, f"{mod}.weight_packed", s.key,
+                   UnsupportedError)
+    pf = 32 // bits
+    members = _members(tensors, mod, s, path)
+    name = f"{mod}.weight_packed"
+    wp, sc = _shape(tensors, name), _shape(tensors, f"{mod}.weight_scale")
+    if tensors[f"{mod}.weight_shape"].numel != 2:
+        raise _err("weight_shape does not hold 2 values", path, f"{mod}.weight_shape", s.key)
+    n_out = wp[0] if len(wp) == 2 else -1
+    n_in_max = wp[1] * pf if len(wp) == 2 else -1
+    g = gs if strategy == "group" and gs > 0 else -1
+    # the logical shape is in weight_shape (read later); here the packed width must hold it
+    if len(wp) != 2 or len(sc) != 2 or sc[0] != n_out or (g > 0 and not (n_in_max - pf < sc[1] * g <= n_in_max + g - 1)):
+        raise _err(f"packed shape contradicts bits x group size: weight_packed {list(wp)} at {bits} bits "
+                   f"holds up to [{n_out}, {n_in_max}], weight_scale is {list(sc)} for group size {g}",
+                   path, name, s.key)
+    return QuantTensor(f"{mod}.weight", mod, s.key, members, (n_out, n_in_max), bits, g,
+                       params=(("symmetric", bool(w.get("symmetric", True))),))
+
+
+def _ct_scaled(tensors, mod, w, path) -> QuantTensor | None:
+    """float-quantized / int-quantized / naive-quantized: codes times a scale; None for a weight stored
+    dense beside a scale."""
+    strategy = str(w.get("strategy", "tensor"))
+    gs = _int(w.get("group_size"), 0) or 0
     block = tuple(_int(x, 0) for x in (w.get("block_structure") or ()))
+    wname = f"{mod}.weight"
+    if wname not in tensors:
+        raise _err("weight_scale without its weight", path, f"{mod}.weight_scale", "compressed-tensors")
+    dt = tensors[wname].dtype
+    key = "ct-float" if dt.startswith("F8") else "ct-int" if dt == "I8" else None
+    if key is None:
+        return None    # an unquantized weight with a scale (a dense module in a mixed checkpoint)
+    s = SCHEMES[key]
+    members = _members(tensors, mod, s, path)
+    shp = _shape(tensors, wname)
+    sc = _shape(tensors, f"{mod}.weight_scale")
+    scale_ok, g, blk = _check_scale(shp, sc, strategy, gs, block)
+    if not scale_ok:
+        raise _err(f"weight_scale {list(sc)} does not fit weight {list(shp)} for strategy {strategy}"
+                   + (f" block {list(block)}" if block else f" group size {gs}" if gs else ""), path,
+                   f"{mod}.weight_scale", s.key)
+    return QuantTensor(wname, mod, key, members, shp, 8, g, blk, params=(("strategy", strategy),))
+
+
+def fp4_logical(tensors, mod: str, key: str, weight: str, group: int, scale_dtypes: tuple, path) -> QuantTensor:
+    """An FP4 (E2M1) weight: ``weight`` uint8 ``[out, in/2]`` (two codes a byte) and ``weight_scale``
+    ``[out, in/group]`` of one of ``scale_dtypes`` (F8_E4M3 for NVFP4, E8M0 as U8 for MXFP4); the
+    logical shape ``[out, in]``.  A scale of another shape or dtype is refused, naming both."""
+    s = SCHEMES[key]
+    members = _members(tensors, mod, s, path)
+    name, sname = f"{mod}.{weight}", f"{mod}.weight_scale"
+    wp, sc = _shape(tensors, name), _shape(tensors, sname)
+    if tensors[name].dtype != "U8":
+        raise _err(f"is {tensors[name].dtype}, not uint8 (two E2M1 codes a byte)", path, name, s.key)
+    if len(wp) != 2:
+        raise _err(f"packed FP4 weight {list(wp)} is not 2-D", path, name, s.key)
+    n_out, n_in = wp[0], wp[1] * 2
+    if sc != (n_out, _cdiv(n_in, group)) or n_in % group:
+        raise _err(f"FP4 scale shape wrong: weight_scale {list(sc)}, the weight [{n_out}, {n_in}] in groups of "
+                   f"{group} needs [{n_out}, {_cdiv(n_in, group)}]", path, sname, s.key)
+    if tensors[sname].dtype not in scale_dtypes:
+        raise _err(f"is {tensors[sname].dtype}, not {' / '.join(scale_dtypes)}", path, sname, s.key)
+    for r in ("weight_global_scale", "weight_scale_2", "input_global_scale", "input_scale"):
+        m = dict(members).get(r)
+        if m and tensors[m].numel != 1:
+            raise _err(f"holds {tensors[m].numel} values, a per-tensor scale holds one", path, m, s.key)
+    return QuantTensor(f"{mod}.weight", mod, key, members, (n_out, n_in), 4, group)
+
+
+def _ct_nvfp4(tensors, mod, w, path) -> QuantTensor:
+    return fp4_logical(tensors, mod, "ct-nvfp4", "weight_packed", _int(w.get("group_size"), 16) or 16,
+                       ("F8_E4M3",), path)
+
+
+def _ct_mxfp4(tensors, mod, w, path) -> QuantTensor:
+    return fp4_logical(tensors, mod, "ct-mxfp4", "weight_packed", _int(w.get("group_size"), 32) or 32, ("U8",), path)
+
+
+def _ct_mxfp8(tensors, mod, w, path) -> QuantTensor | None:
+    s = SCHEMES["ct-mxfp8"]
+    wname, sname = f"{mod}.weight", f"{mod}.weight_scale"
+    if wname not in tensors:
+        raise _err("weight_scale without its weight", path, sname, s.key)
+    if not tensors[wname].dtype.startswith("F8"):
+        return None
+    members = _members(tensors, mod, s, path)
+    gs = _int(w.get("group_size"), 32) or 32
+    shp, sc = _shape(tensors, wname), _shape(tensors, sname)
+    if len(shp) != 2 or sc != (shp[0], _cdiv(shp[1], gs)) or tensors[sname].dtype != "U8":
+        raise _err(f"weight_scale {tensors[sname].dtype} {list(sc)} is not one E8M0 (uint8) exponent per {gs} values "
+                   f"of weight {list(shp)}", path, sname, s.key)
+    return QuantTensor(wname, mod, s.key, members, shp, 8, gs)
+
+
+# compressed-tensors format -> (the stored member that marks a module of it, its reader)
+_CT_FORMATS = {
+    "pack-quantized": ("weight_packed", _ct_pack),
+    "float-quantized": ("weight_scale", _ct_scaled),
+    "int-quantized": ("weight_scale", _ct_scaled),
+    "naive-quantized": ("weight_scale", _ct_scaled),
+    "nvfp4-pack-quantized": ("weight_packed", _ct_nvfp4),
+    "mxfp4-pack-quantized": ("weight_packed", _ct_mxfp4),
+    "mxfp8-quantized": ("weight_scale", _ct_mxfp8),
+}
+
+
+def _compressed_tensors(tensors, q, path):
+    """Each Linear takes the scheme of the config group that targets it (``targets``: names, ``re:``
+    patterns, ``Linear``), in that group's ``format`` (or the checkpoint's); ``ignore`` leaves modules
+    dense.  Several groups with different formats (``format: mixed-precision``) are read group by group."""
+    top = str(q.get("format", ""))
+    groups = _ct_groups(q, path)
+    fmts = {g: str(grp.get("format") or top) for g, grp in groups.items()}  # a group may name its own format
+    for g, f in fmts.items():
+        if f not in _CT_FORMATS:
+            raise _err(f"compressed-tensors format {f!r} is not read ({', '.join(_CT_FORMATS)} are)", path, None,
+                       "compressed-tensors", UnsupportedError)
+    marks = sorted({m for m, _ in _CT_FORMATS.values()})
+    mods = sorted({mod for m in marks for mod in _modules_of(tensors, m)})
     out = {}
-    if fmt == "pack-quantized":
-        s = SCHEMES["ct-pack"]
-        if bits not in (2, 4, 8):
-            raise _err(f"num_bits = {bits}: only 2, 4 and 8-bit packing is read", path, None, s.key, UnsupportedError)
-        pf = 32 // bits
-        for mod in _modules_of(tensors, "weight_packed"):
-            members = _members(tensors, mod, s, path)
-            name = f"{mod}.weight_packed"
-            wp, sc = _shape(tensors, name), _shape(tensors, f"{mod}.weight_scale")
-            if tensors[f"{mod}.weight_shape"].numel != 2:
-                raise _err("weight_shape does not hold 2 values", path, f"{mod}.weight_shape", s.key)
-            n_out = wp[0] if len(wp) == 2 else -1
-            n_in_max = wp[1] * pf if len(wp) == 2 else -1
-            g = gs if strategy == "group" and gs > 0 else -1
-            # the logical shape is in weight_shape (read later); here the packed width must hold it
-            if len(wp) != 2 or len(sc) != 2 or sc[0] != n_out or (g > 0 and not (n_in_max - pf < sc[1] * g <= n_in_max + g - 1)):
-                raise _err(f"packed shape contradicts bits x group size: weight_packed {list(wp)} at {bits} bits "
-                           f"holds up to [{n_out}, {n_in_max}], weight_scale is {list(sc)} for group size {g}",
-                           path, name, s.key)
-            out[f"{mod}.weight"] = QuantTensor(f"{mod}.weight", mod, s.key, members, (n_out, n_in_max), bits, g,
-                                               params=(("symmetric", bool(w.get("symmetric", True))),))
-        return out, fmt
-    if fmt in ("float-quantized", "int-quantized", "naive-quantized"):
-        for mod in _modules_of(tensors, "weight_scale"):
-            wname = f"{mod}.weight"
-            if wname not in tensors:
-                raise _err("weight_scale without its weight", path, f"{mod}.weight_scale", "compressed-tensors")
-            dt = tensors[wname].dtype
-            key = "ct-float" if dt.startswith("F8") else "ct-int" if dt == "I8" else None
-            if key is None:
-                continue    # an unquantized weight with a scale (a dense module in a mixed checkpoint)
-            s = SCHEMES[key]
-            members = _members(tensors, mod, s, path)
-            shp = _shape(tensors, wname)
-            sc = _shape(tensors, f"{mod}.weight_scale")
-            scale_ok, g, blk = _check_scale(shp, sc, strategy, gs, block)
-            if not scale_ok:
-                raise _err(f"weight_scale {list(sc)} does not fit weight {list(shp)} for strategy {strategy}"
-                           + (f" block {list(block)}" if block else f" group size {gs}" if gs else ""), path,
-                           f"{mod}.weight_scale", s.key)
-            out[wname] = QuantTensor(wname, mod, key, members, shp, 8, g, blk,
-                                     params=(("strategy", strategy),))
-        return out, fmt
-    raise _err(f"compressed-tensors format {fmt!r} is not read (pack-quantized, float-quantized, int-quantized, "
-               "naive-quantized are)", path, None, "compressed-tensors", UnsupportedError)
+    for mod in mods:
+        mark = next(m for m in marks if f"{mod}.{m}" in tensors)
+        g = _ct_group_of(groups, mod, path, f"{mod}.{mark}")
+        if g is None:
+            if mark == "weight_packed" or tensors.get(f"{mod}.weight") is not None and \
+                    tensors[f"{mod}.weight"].dtype.startswith(("F8", "I8")):
+                raise _err("is stored quantized but no config group targets it", path,
+                           f"{mod}.{mark}", "compressed-tensors")
+            continue
+        want, read = _CT_FORMATS[fmts[g]]
+        if f"{mod}.{want}" not in tensors:
+            raise _err(f"config group {g!r} ({fmts[g]}) targets it, but {want} is not stored", path,
+                       f"{mod}.{mark}", "compressed-tensors")
+        qt = read(tensors, mod, groups[g]["weights"], path)
+        if qt is not None:
+            out[qt.logical] = replace(qt, params=(*qt.params, ("group", g), ("format", fmts[g])))
+    used = sorted({dict(t.params)["format"] for t in out.values()})
+    fmt = used[0] if len(used) == 1 else f"{top or 'mixed-precision'}: {', '.join(used)}"
+    return out, fmt
 
 
 def _check_scale(shp, sc, strategy, gs, block) -> tuple[bool, int, tuple]:
@@ -409,6 +585,20 @@ def _check_scale(shp, sc, strategy, gs, block) -> tuple[bool, int, tuple]:
     return False, 0, ()
 
 
+# The names fp8 checkpoints give a Linear's block / tensor scale (``weight_scale_inv``'s meaning) and its static
+# activation scale, as transformers' FineGrainedFP8 loader renames them (quantizer_finegrained_fp8
+# ``update_weight_conversions``: ``.qscale_weight`` as Mistral's releases spell it, ``.scale`` as
+# DeepSeek-V4-Flash does; ``.qscale_act``, Mistral's activation scale, unused like ``activation_scale``).
+_FP8_SCALE_NAMES = ("weight_scale_inv", "qscale_weight", "scale")
+_FP8_ACT_NAMES = ("activation_scale", "input_scale", "qscale_act")
+
+
+def _fp8_members(tensors, mod: str, sname: str) -> tuple:
+    acts = [(r if r != "qscale_act" else "activation_scale", f"{mod}.{r}") for r in _FP8_ACT_NAMES
+            if f"{mod}.{r}" in tensors]
+    return (("weight", f"{mod}.weight"), ("weight_scale_inv", f"{mod}.{sname}"), *acts)
+
+
 def _fp8(tensors, q, path):
     bs = q.get("weight_block_size")
     block = tuple(_int(x, 0) for x in bs) if isinstance(bs, (list, tuple)) and len(bs) == 2 else ()
@@ -416,18 +606,91 @@ def _fp8(tensors, q, path):
         raise _err(f"weight_block_size {bs!r} is not two positive integers", path, None, "fp8")
     s = SCHEMES["fp8"]
     out = {}
-    for mod in _modules_of(tensors, "weight_scale_inv"):
-        members = _members(tensors, mod, s, path)
-        wname = f"{mod}.weight"
-        shp, sc = _shape(tensors, wname), _shape(tensors, f"{mod}.weight_scale_inv")
-        if not tensors[wname].dtype.startswith("F8"):
-            raise _err(f"weight is {tensors[wname].dtype}, not float8, beside weight_scale_inv", path, wname, s.key)
-        ok, _, blk = _check_scale(shp, sc, "block" if block else "tensor", 0, block)
-        if not ok:
-            raise _err(f"weight_scale_inv {list(sc)} does not fit weight {list(shp)} with weight_block_size "
-                       f"{list(block)}", path, f"{mod}.weight_scale_inv", s.key)
-        out[wname] = QuantTensor(wname, mod, s.key, members, shp, 8, 0, blk)
+    for spelling in _FP8_SCALE_NAMES:
+        for mod in _modules_of(tensors, spelling):
+            wname, sname = f"{mod}.weight", f"{mod}.{spelling}"
+            if wname in out:
+                raise _err(f"has two scales ({out[wname].member('weight_scale_inv').rsplit('.', 1)[1]} and "
+                           f"{spelling})", path, wname, s.key)
+            if spelling == "scale" and (wname not in tensors or not tensors[wname].dtype.startswith("F8")):
+                continue        # a norm's own ``scale`` parameter, not an fp8 scale
+            if wname not in tensors:
+                raise _err(f"{spelling} without its weight: a quantized weight is never read without its codes", path,
+                           sname, s.key)
+            shp, sc = _shape(tensors, wname), _shape(tensors, sname)
+            if not tensors[wname].dtype.startswith("F8"):
+                raise _err(f"weight is {tensors[wname].dtype}, not float8, beside {spelling}", path, wname, s.key)
+            ok, _, blk = _check_scale(shp, sc, "block" if block else "tensor", 0, block)
+            if not ok:
+                raise _err(f"{spelling} {list(sc)} does not fit weight {list(shp)} with weight_block_size "
+                           f"{list(block)}", path, sname, s.key)
+            params = ()
+            if tensors[sname].dtype == "U8":
+                # UE8M0 scales stored as bytes (scale_fmt "ue8m0"): transformers' FineGrainedFP8 loader views them
+                # as float8_e8m0fnu, 2**(e - 127); bytes without that declaration have no meaning to read
+                if q.get("scale_fmt") != "ue8m0":
+                    raise _err("is uint8 but quantization_config has no scale_fmt: \"ue8m0\": its meaning cannot be "
+                               "established", path, sname, s.key)
+                params = (("ue8m0", True),)
+            out[wname] = QuantTensor(wname, mod, s.key, _fp8_members(tensors, mod, spelling), shp, 8, 0, blk,
+                                     params=params)
     return out, "e4m3" if not q.get("fmt") else str(q.get("fmt"))
+
+
+# ModelOpt's quant_algo -> the scheme its tensors are stored in (modelopt.torch.export: NVFP4 and
+# W4A16_NVFP4 write NVFP4QTensor's packing, FP8 a float8 weight and a per-tensor scale).
+_MODELOPT_ALGOS = {"NVFP4": "modelopt-nvfp4", "W4A16_NVFP4": "modelopt-nvfp4", "FP8": "modelopt-fp8"}
+
+
+def modelopt_quant_config(hf_quant: dict) -> dict | None:
+    """The ``quantization_config`` a ModelOpt ``hf_quant_config.json`` stands for (releases whose
+    config.json has none): its ``quantization`` section with ``quant_method: modelopt``."""
+    prod = hf_quant.get("producer") if isinstance(hf_quant, dict) else None
+    sect = hf_quant.get("quantization") if isinstance(hf_quant, dict) else None
+    if not isinstance(sect, dict) or not isinstance(prod, dict) or str(prod.get("name", "")).lower() != "modelopt":
+        return None
+    return {**sect, "quant_method": "modelopt", "producer": prod}
+
+
+def _modelopt(tensors, q, path):
+    """ModelOpt (``quant_method: modelopt``): ``quant_algo`` for the checkpoint, or per module in
+    ``quantized_layers`` (``MIXED_PRECISION``); NVFP4 / W4A16_NVFP4: ``weight`` uint8 codes,
+    ``weight_scale`` F8_E4M3 per 16, ``weight_scale_2`` F32 per tensor (multiplied); FP8: ``weight``
+    float8, ``weight_scale`` F32 per tensor; ``input_scale`` when activations are quantized."""
+    algo = str(q.get("quant_algo") or "")
+    layers = q.get("quantized_layers") if isinstance(q.get("quantized_layers"), dict) else {}
+    gs0 = _int(q.get("group_size"), 16) or 16
+    out = {}
+    for mod in _modules_of(tensors, "weight_scale"):
+        wname = f"{mod}.weight"
+        if wname not in tensors:
+            raise _err("weight_scale without its weight", path, f"{mod}.weight_scale", "modelopt")
+        entry = layers.get(mod) if isinstance(layers.get(mod), dict) else None
+        a = str(entry.get("quant_algo")) if entry else algo
+        key = _MODELOPT_ALGOS.get(a)
+        if key is None:
+            why = ("MIXED_PRECISION without a quantized_layers entry for this module" if a == "MIXED_PRECISION"
+                   else f"quant_algo {a!r} is not read ({', '.join(_MODELOPT_ALGOS)} are)")
+            raise _err(why, path, wname, "modelopt", UnsupportedError)
+        dt = tensors[wname].dtype
+        if key == "modelopt-nvfp4":
+            if dt != "U8":
+                raise _err(f"quant_algo {a} stores uint8 codes, this weight is {dt}", path, wname, key)
+            gs = _int(entry.get("group_size"), gs0) if entry else gs0
+            qt = fp4_logical(tensors, mod, key, "weight", gs, ("F8_E4M3",), path)
+        else:
+            if not dt.startswith("F8"):
+                raise _err(f"quant_algo {a} stores float8 codes, this weight is {dt}", path, wname, key)
+            members = _members(tensors, mod, SCHEMES[key], path)
+            shp, sc = _shape(tensors, wname), _shape(tensors, f"{mod}.weight_scale")
+            ok, _, _ = _check_scale(shp, sc, "channel", 0, ())
+            if not ok:
+                raise _err(f"weight_scale {list(sc)} is neither one scale per tensor nor one per row of weight "
+                           f"{list(shp)}", path, f"{mod}.weight_scale", key)
+            qt = QuantTensor(wname, mod, key, members, shp, 8, 0)
+        out[wname] = replace(qt, params=(*qt.params, ("algo", a)))
+    used = sorted({dict(t.params)["algo"] for t in out.values()})
+    return out, (used[0] if len(used) == 1 and algo != "MIXED_PRECISION" else f"{algo}: {', '.join(used)}")
 
 
 def _bnb(tensors, q, path):
@@ -511,11 +774,14 @@ def _mxfp4(tensors, q, path):
 
 _DETECTORS = {
     "gptq": _gptq, "awq": _awq, "auto-round": _auto_round, "compressed-tensors": _compressed_tensors,
-    "fp8": _fp8, "bitsandbytes": _bnb, "mlx": _mlx, "mxfp4": _mxfp4,
+    "fp8": _fp8, "bitsandbytes": _bnb, "mlx": _mlx, "mxfp4": _mxfp4, "modelopt": _modelopt,
 }
 
 
 def _producer(q: dict) -> str | None:
+    prod = q.get("producer")
+    if isinstance(prod, dict) and prod.get("name"):     # ModelOpt: {"name": "modelopt", "version": ...}
+        return " ".join(str(prod[k]) for k in ("name", "version") if prod.get(k))
     for k in ("quantizer", "packing_format", "autoround_version", "_load_in_4bit", "provider"):
         v = q.get(k)
         if isinstance(v, list) and v:
@@ -565,7 +831,7 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
     sym = q.get("sym", q.get("symmetric"))
     if method == "compressed-tensors":
         try:
-            sym = _ct_group(q, path).get("symmetric")
+            sym = _ct_symmetric(q, path)
         except FormatError:
             sym = None
     elif method == "awq":
@@ -579,7 +845,7 @@ def detect(config: dict | None, tensors: dict[str, TensorInfo], path: str | None
 
 # Stored names only a quantized Linear has (its packed weight or a companion of it).
 _QUANT_TELLS = (".qweight", ".qzeros", ".weight_packed", ".weight_scale_inv", ".SCB", ".weight.absmax",
-                ".weight.quant_map")
+                ".weight.quant_map", ".weight_global_scale", ".weight_scale_2", ".qscale_weight")
 
 
 def undeclared(config: dict | None, tensors) -> str | None:

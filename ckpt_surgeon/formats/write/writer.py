@@ -195,6 +195,7 @@ class CheckpointWriter:
         self._dropped: set[str] = set()
         self._config: dict | None = None
         self._files: dict[str, bytes] = {}
+        self._left_out: set[str] = set()        # source side files not copied (leave_out)
         self._ops: list[dict] = []
         self._committed = False
         self._tmp: Path | None = None
@@ -262,6 +263,11 @@ class CheckpointWriter:
         if rel.is_absolute() or ".." in rel.parts:
             raise CkptError(f"side file {relpath!r} must be a relative path inside the output")
         self._files[rel.as_posix()] = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+    def leave_out(self, relpath: str) -> None:
+        """Do not copy the source's side file ``relpath`` (one that would contradict the output: a quantizer's
+        config beside a dense folder)."""
+        self._left_out.add(Path(relpath).as_posix())
 
     def record(self, op: str, params: dict | None = None) -> None:
         """Note an operation (and its parameters) in every shard's ``__metadata__['ckpt_surgeon']``."""
@@ -660,7 +666,8 @@ class CheckpointWriter:
             return [], []
         weight_files = {os.path.realpath(f) for f in (self.source.files if self.source is not None else ())}
         plan, skipped = side_file_plan(src_dir, weight_files,
-                                       lambda rel: rel in self._files or (rel == "config.json" and self._config is not None))
+                                       lambda rel: rel in self._files or rel in self._left_out
+                                       or (rel == "config.json" and self._config is not None))
         for p, rel in plan:
             dst = self._tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
