@@ -600,8 +600,14 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
 
 
 def _tokenizers(a: Checkpoint, b: Checkpoint):
-    """The two tokenizers compared (:mod:`.tokenizer.compare`)."""
-    from .tokenizer import compare_tokenizers, read_tokenizer
+    """The two tokenizers compared (:mod:`.tokenizer.compare`); two HF sides whose tokenizer files are the same
+    bytes hold the same tokenizer, and are not parsed (a fine-tune against its base, a surgery's output)."""
+    from .tokenizer import TokenizerDiff, compare_tokenizers, read_tokenizer
+    fa, fb = a.side_files, b.side_files
+    if fa is not None and fb is not None and a.naming == b.naming == "hf":
+        names = fa.names()
+        if names and names == fb.names() and all(fa.read(n) == fb.read(n) for n in names):
+            return TokenizerDiff((), "tokenizer identical (the same files)")
     return compare_tokenizers(read_tokenizer(a), read_tokenizer(b))
 
 
