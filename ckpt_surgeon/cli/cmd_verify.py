@@ -107,6 +107,12 @@ def _max_memory(specs) -> dict | None:
 @click.option("--localize-threshold", type=float, default=None,
               help="Relative |Δ hidden| (‖cand − ref‖/‖ref‖) that counts as diverged. Defaults: "
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
+@click.option("--tokenizer-check/--no-tokenizer-check", "tokenizer_check", default=True, show_default=True,
+              help="When both sides carry their own tokenizer (HF tokenizer files, a GGUF's tokenizer.ggml.*), also "
+                   "encode built-in texts with each side's own tokenizer (llama.cpp's for a GGUF) and render built-in "
+                   "conversations with each side's chat template (jinja and llama.cpp's built-in renderer): any "
+                   "difference fails the run. --no-tokenizer-check skips it (and feeds both models the reference's "
+                   "ids even when the candidate's tokenizer encodes the prompts otherwise).")
 @click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: score CANDIDATE against REFERENCE over this UTF-8 text, tokenized with the "
                    "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top.")
@@ -255,7 +261,7 @@ def _exactness(reference, candidate, g: dict, output, force):
     opts = VerifyOptions(feed, placement, criteria, sequential=g["sequential"] or None, device_map=g["device_map"],
                          max_memory=_max_memory(g["max_memory"]), revision=g["revision"],
                          candidate_revision=g["candidate_revision"], localize=g["localize"],
-                         localize_threshold=g["localize_threshold"])
+                         localize_threshold=g["localize_threshold"], tokenizer_check=g["tokenizer_check"])
     return verify(reference, candidate, opts), "ckpt-surgeon verify", candidate
 
 
