@@ -178,10 +178,11 @@ def _report(job: _Job, ref, cand, kind, results, thr, *, mode, max_new_tokens, l
         towers=tuple(towers), tokenizer=job.tokenizer)
 
 
-def _own_judged(job: _Job) -> bool:
-    """Whether the candidate's own tokenizer is judged by the tokenizer section (or deliberately not:
-    --no-tokenizer-check), so that the prompts need not encode the same on both sides to be run."""
-    return job.tokenizer.ran or not job.o.tokenizer_check
+def _own_judged(job: _Job) -> str | None:
+    """Why the prompts need not encode the same with the candidate's own tokenizer to be run (the tokenizer
+    section judges it, or was switched off), or None: they must."""
+    from .tokenizer_check import own_judged
+    return own_judged(job.o, job.tokenizer)
 
 
 def _prepare_pair(job: _Job):

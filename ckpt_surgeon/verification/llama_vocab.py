@@ -60,7 +60,9 @@ def run_jobs(jobs: list[dict], *, tmp_dir: str | os.PathLike | None = None) -> l
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-llama-vocab-", dir=tmp_dir) as tmp:
         req = Path(tmp) / "request.json"
         req.write_text(json.dumps({"jobs": jobs}), encoding="utf-8")
-        env = dict(os.environ)
+        # GGML_NO_BACKTRACE: ggml_abort prints its message and aborts, without attaching gdb for a backtrace
+        # (ggml_print_backtrace in ggml/src/ggml.c), so the message is the last line of stderr
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         try:
@@ -97,8 +99,14 @@ def _signal_name(n: int) -> str:
 
 
 def _last_line(err: str) -> str:
-    lines = [ln.strip() for ln in err.splitlines() if ln.strip() and set(ln.strip()) - set("*: ")]
-    return lines[-1] if lines else ""
+    """The child's last meaningful stderr line; ggml_abort's ``/build/path/file.cpp:123: message`` with
+    the file's name only."""
+    import re
+    lines = [ln.strip() for ln in err.splitlines() if any(ch.isalnum() for ch in ln)]
+    if not lines:
+        return ""
+    m = re.match(r"^(\S+?):(\d+): (.*)$", lines[-1])
+    return f"{os.path.basename(m.group(1))}:{m.group(2)}: {m.group(3)}" if m else lines[-1]
 
 
 # --- the child side --------------------------------------------------------------------------------

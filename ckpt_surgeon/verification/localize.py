@@ -170,13 +170,13 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
              tmp_dir: str | os.PathLike | None = None, token_ids: list[list[int]] | None = None,
              tokenizer: str | os.PathLike | None = None, progress: bool | None = False,
              revision: str | None = None, candidate_revision: str | None = None,
-             own_judged: bool = False) -> LocalizeReport:
+             own_judged: str | None = None) -> LocalizeReport:
     """Run both models with hooks on every decoder layer and name the first layer whose hidden
     state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``).
     ``device``: ``auto`` | ``cpu`` | ``cuda`` (:func:`ckpt_surgeon.runtime.resolve_device`).
     ``token_ids`` / ``tokenizer`` / ``progress`` / ``revision`` / ``candidate_revision``: as for
-    :func:`~ckpt_surgeon.verification.core.verify`; ``own_judged``: the candidate's own tokenizer is
-    judged elsewhere (verify's tokenizer section), both models are fed the reference's ids."""
+    :func:`~ckpt_surgeon.verification.core.verify`; ``own_judged``: why the candidate's own tokenizer
+    need not encode the prompts alike (:func:`.tokens.tokenize_pair`)."""
     import torch
 
     from .loading import free_memory
@@ -326,9 +326,10 @@ def localized(report, reference, candidate, o):
         report = dataclasses.replace(report, localize=rethreshold(report.localize, o.localize_threshold))
     if not o.localize or report.localize is not None:      # a streamed run has measured every layer already
         return report
+    from .tokenizer_check import own_judged
     where = localize(reference, candidate, prompts=o.feed.prompts, device="cuda" if report.device == "cuda" else "cpu",
                      dtype=o.placement.dtype, sequential=report.mode == "sequential", threshold=o.localize_threshold,
                      tmp_dir=o.placement.tmp_dir, token_ids=o.feed.token_ids, tokenizer=o.feed.tokenizer,
                      progress=o.placement.progress, revision=o.revision, candidate_revision=o.candidate_revision,
-                     own_judged=not o.tokenizer_check or getattr(report.tokenizer, "ran", False))
+                     own_judged=own_judged(o, report.tokenizer))
     return LocalizedVerify(report, where)

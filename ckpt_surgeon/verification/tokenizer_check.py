@@ -39,7 +39,7 @@ from .tokenizer_report import JSON_KEYS, RenderDifference, TokenizerCheck, ids_t
 from .tokenizer_sides import Side, encode_hf, load_side, render_jinja, resolve, takes_tools
 from .tokenizer_texts import CONVERSATIONS, TEXTS, special_texts
 
-__all__ = ["check_tokenizers", "section", "TokenizerCheck", "skipped", "JSON_KEYS", "MODES"]
+__all__ = ["check_tokenizers", "section", "own_judged", "TokenizerCheck", "skipped", "JSON_KEYS", "MODES"]
 
 MODES = ((False, True), (True, True))      # (add_special, parse_special): special tokens added or not
 _MAX_SPECIALS = 32                         # special-token texts per pair (Gemma and Llama 3 reserve hundreds)
@@ -52,6 +52,14 @@ def section(reference, candidate, o) -> TokenizerCheck:
         return skipped("switched off (--no-tokenizer-check)")
     return check_tokenizers(reference, candidate, revision=o.revision, candidate_revision=o.candidate_revision,
                             progress=o.placement.progress, tmp_dir=o.placement.tmp_dir)
+
+
+def own_judged(o, check: TokenizerCheck | None) -> str | None:
+    """Why verify need not insist that the candidate's own tokenizer encodes the prompts as the
+    reference's does (:func:`.tokens.tokenize_pair`), or None when it must."""
+    if not o.tokenizer_check:
+        return "--no-tokenizer-check"
+    return "the tokenizer section reports tokenizer differences" if check is not None and check.ran else None
 
 
 def check_tokenizers(reference: str | os.PathLike, candidate: str | os.PathLike, *, revision: str | None = None,
@@ -184,8 +192,10 @@ class _Check:
                 continue
             if owner is not None:
                 owner.llama = answer
-                if answer.get("warnings"):
-                    self.notes.append(f"{owner.role}: llama.cpp warns: {' / '.join(answer['warnings'])}")
+                warns = answer.get("warnings") or []
+                if warns:
+                    more = f" / … ({len(warns) - 3} more)" if len(warns) > 3 else ""
+                    self.notes.append(f"{owner.role}: llama.cpp warns: {' / '.join(warns[:3])}{more}")
             self.c_renders.update(answer.get("renders") or {})
         return ok
 
