@@ -231,6 +231,16 @@ def test_named_templates_and_tool_calls(smollm_gguf, smol_hf, tmp_path):
     assert r.jinja == (2 * tools, 2 * tools)
 
 
+def test_a_template_llama_cpp_does_not_recognise_is_a_note(smollm_gguf, smol_hf, tmp_path):
+    """llama_chat_apply_template returns -1 for a template of no family it knows (src/llama-chat.cpp):
+    the same on both sides is a note (llama.cpp then chats only with --jinja), not a finding."""
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    gguf = vocab_gguf(smollm_gguf, tmp_path / "p.gguf", set_kv={"tokenizer.chat_template": plain})
+    r = check_tokenizers(gguf, _hf_copy(smol_hf, tmp_path / "hf", cfg=lambda c: c.update(chat_template=plain)))
+    assert r.findings == () and r.jinja == (6, 6) and r.llama_cpp == (6, 6)
+    assert any("recognises the chat template on neither side" in n and "--jinja" in n for n in r.notes), r.notes
+
+
 # --- the GGUF side's tokenizer is llama.cpp's: its own test vectors -----------------------------------
 
 def test_llama_cpp_side_gives_llama_cpps_test_vectors():

@@ -114,8 +114,8 @@ class _Check:
             return                                 # a finding says llama.cpp failed on a GGUF's vocabulary
         self._parity(texts)
         self.jinja = self._compare("jinja", cases, jinja["reference"], jinja["candidate"])
-        self._compare_builtin(names, plain, dict(zip([(n, c.name, a) for n, c, a in cases], jinja[self.ref.role])),
-                              dict(zip([(n, c.name, a) for n, c, a in cases], jinja[self.cand.role])))
+        keys = [(n, conv.name, agp) for n, conv, agp in cases]
+        self._compare_builtin(names, plain, {role: dict(zip(keys, renders)) for role, renders in jinja.items()})
         self._eos()
 
     def record(self, elapsed: float) -> TokenizerCheck:
@@ -231,7 +231,7 @@ class _Check:
                                  f"(first: {diffs[0].describe()})")
         return len(cases), len(cases) - len(diffs)
 
-    def _compare_builtin(self, names, plain, jinja_ref: dict, jinja_cand: dict) -> None:
+    def _compare_builtin(self, names, plain, jinja: dict) -> None:
         """llama.cpp's built-in renderer on both sides' templates, compared; on a GGUF side also
         against the template's own rendering, and a template it recognises on neither side (notes)."""
         if self.c_renders is None:
@@ -251,12 +251,12 @@ class _Check:
                     "without --jinja llama.cpp refuses to chat with it ('this custom template is not supported, try "
                     "using --jinja'); --jinja is the default of llama-server and llama-cli")
         self.llama_cpp = self._compare("llama.cpp", cases, a, b)
-        for s, own_jinja in ((self.ref, jinja_ref), (self.cand, jinja_cand)):
+        for s, builtin in ((self.ref, a), (self.cand, b)):
             if s.kind != "gguf":
                 continue
-            diffs = [_difference(case, "llama.cpp", own_jinja[(case[0], case[1].name, case[2])], r)
-                     for case, r in zip(cases, a if s is self.ref else b)
-                     if r is not None and r != own_jinja[(case[0], case[1].name, case[2])]]
+            own = [jinja[s.role][(n, conv.name, agp)] for n, conv, agp in cases]
+            diffs = [_difference(case, "llama.cpp", j, r) for case, j, r in zip(cases, own, builtin)
+                     if r is not None and r != j]
             if diffs:
                 d = diffs[0]
                 self.notes.append(

@@ -118,7 +118,8 @@ class TokenizerCheck:
         which = ", ".join(ref) if ref == cand else \
             f"reference {', '.join(ref) or 'none'}, candidate {', '.join(cand) or 'none'}"
         items.append(("chat template", f"{which}: " + ("; ".join(parts) or "not rendered")))
-        items += [(f"  differs ({d.renderer})", d.describe()) for d in self.differences[:3]]
+        firsts = {d.renderer: d for d in reversed(self.differences)}        # the first difference per renderer
+        items += [(f"  differs ({r})", firsts[r].describe()) for r in ("jinja", "llama.cpp") if r in firsts]
         return items
 
 
