@@ -97,7 +97,8 @@ def main(argv=None) -> int:
                    verify_runs_with=[round(x, 2) for x in with_s], verify_runs_without=[round(x, 2) for x in without])
     print(json.dumps(out, indent=2))
     print(f"target < {TARGET_S} s: in verify {out['section_in_verify_s']} s "
-          f"({out['section_in_verify_s'] / TARGET_S:.2f} of the target), cold process {out['section_cold_process_s']} s")
+          f"({out['section_in_verify_s'] / TARGET_S:.2f} of the target), "
+          f"cold process {out['section_cold_process_s']} s")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     return 0

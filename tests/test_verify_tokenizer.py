@@ -99,6 +99,18 @@ def test_hf_against_hf_and_skipped_sides(smol_hf, tiny, tmp_path):
     assert set(s.to_dict()) == set(JSON_KEYS)
 
 
+def test_a_normalizer_llama_cpp_does_not_apply_is_a_note(tiny, tmp_path):
+    """Qwen2's tokenizer NFC-normalizes; llama.cpp applies no normalizer to a BPE vocabulary: the GGUF our
+    convert writes encodes decomposed characters as transformers would without NFC, for every GGUF of
+    this tokenizer.  Those encodings are a note, proven by encoding without the normalizer."""
+    from ckpt_surgeon.conversion import hf_to_gguf
+    src = tiny("qwen2")
+    r = check_tokenizers(hf_to_gguf(src, tmp_path / "q.gguf", dtype="f32"), src)
+    assert r.findings == () and r.normalizer_only == 2 and r.identical == r.encodings - 2
+    assert any("differ only by the candidate's NFC normalizer, which llama.cpp does not apply" in n and
+               "'ﬁ ligature, Å vs A\u030a, e\u0301'" in n for n in r.notes), r.notes
+
+
 # --- planted defects on the HF side ---------------------------------------------------------------------
 
 def _swap_ids(t):
@@ -110,9 +122,10 @@ def _bos_added(t):
     # transformers adds what tokenizer.json's post-processor says (add_bos_token in tokenizer_config.json
     # alone does not change this tokenizer's output in transformers 5)
     bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
-    t["post_processor"] = {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                           "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}
+    a, b = {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}
+    t["post_processor"] = {"type": "TemplateProcessing", "single": [bos, a], "pair": [bos, a, b],
+                           "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
+                                                               "tokens": ["<|im_start|>"]}}}
 
 
 def _llama3_pre(t):

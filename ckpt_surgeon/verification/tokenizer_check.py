@@ -36,7 +36,7 @@ import time
 from ..errors import ConfigError
 from .metrics import first_difference
 from .tokenizer_report import JSON_KEYS, RenderDifference, TokenizerCheck, ids_text, skipped
-from .tokenizer_sides import Side, encode_hf, load_side, render_jinja, resolve, takes_tools
+from .tokenizer_sides import Side, Unnormalized, encode_hf, load_side, render_jinja, resolve, takes_tools
 from .tokenizer_texts import CONVERSATIONS, TEXTS, special_texts
 
 __all__ = ["check_tokenizers", "section", "own_judged", "TokenizerCheck", "skipped", "JSON_KEYS", "MODES"]
@@ -92,7 +92,7 @@ class _Check:
         self.findings: list[str] = []
         self.notes: list[str] = []
         self.differences: list[RenderDifference] = []
-        self.encodings = self.identical = 0
+        self.encodings = self.identical = self.normalizer_only = 0
         self.first: dict | None = None
         self.jinja = (0, 0)
         self.llama_cpp: tuple | None = None
@@ -122,7 +122,7 @@ class _Check:
         return TokenizerCheck(
             status="checked", findings=tuple(self.findings), notes=tuple(dict.fromkeys(self.notes)),
             encoders=(self.ref.encoder, self.cand.encoder), encodings=self.encodings, identical=self.identical,
-            first_difference=self.first,
+            normalizer_only=self.normalizer_only, first_difference=self.first,
             template_names=(tuple(sorted(self.ref.templates)), tuple(sorted(self.cand.templates))),
             jinja=self.jinja, llama_cpp=self.llama_cpp, differences=tuple(self.differences),
             eos=tuple((s.eos_id, s.eos) for s in self.sides), elapsed_s=elapsed)
@@ -200,8 +200,14 @@ class _Check:
         return ok
 
     def _parity(self, texts) -> None:
+        """Every text, with special tokens added and without, by both sides.  Where a GGUF meets an HF
+        side, a difference that is exactly the HF tokenizer's normalizer, which llama.cpp does not apply
+        (:class:`~.tokenizer_sides.Unnormalized`), is a note: the same for every GGUF of that tokenizer."""
         a, b = (s.llama["ids"] if s.kind == "gguf" else encode_hf(s, texts, MODES) for s in self.sides)
-        differ = 0
+        kinds = {s.kind for s in self.sides}
+        hf = next((s for s in self.sides if s.kind == "hf"), None)
+        norm = Unnormalized.of(hf) if kinds == {"gguf", "hf"} else None
+        differ, explained = [], []
         for t, ra, rb in zip(texts, a, b):
             for (add, _), x, y in zip(MODES, ra, rb):
                 self.encodings += 1
@@ -209,14 +215,21 @@ class _Check:
                 if j is None:
                     self.identical += 1
                     continue
-                differ += 1
-                if self.first is None:
-                    self.first = {"text": t, "add_special": add, "position": j, "reference_ids": list(x),
-                                  "candidate_ids": list(y)}
+                hf_ids, other = (x, y) if hf is self.ref else (y, x)
+                case = {"text": t, "add_special": add, "position": j, "reference_ids": list(x),
+                        "candidate_ids": list(y)}
+                (explained if norm is not None and norm.explains(t, add, hf_ids, other) else differ).append(case)
+        self.normalizer_only = len(explained)
+        if explained:
+            d = explained[0]
+            self.notes.append(
+                f"tokenizer: {len(explained)} of {self.encodings} encodings differ only by the {hf.role}'s {norm.name} "
+                f"normalizer, which llama.cpp does not apply (the same for every GGUF of this tokenizer; first: "
+                f"{d['text'][:40]!r}, from token {d['position']})")
         if differ:
-            d = self.first
+            d = self.first = differ[0]
             self.findings.append(
-                f"tokenizer: {differ} of {self.encodings} encodings differ (first: {d['text'][:40]!r} "
+                f"tokenizer: {len(differ)} of {self.encodings} encodings differ (first: {d['text'][:40]!r} "
                 f"{'with' if d['add_special'] else 'without'} special tokens added, from token {d['position']}: "
                 f"reference {ids_text(d['reference_ids'])}, candidate {ids_text(d['candidate_ids'])})")
 

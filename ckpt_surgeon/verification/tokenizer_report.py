@@ -17,8 +17,9 @@ JSON_KEYS: dict[str, str] = {
     "findings": "one sentence per difference found; each is also in the report's failures",
     "notes": "how it was checked, what llama.cpp warned, what its built-in renderer does on its own",
     "encoders": "per side (reference, candidate): the tokenizer that encoded, transformers | llama.cpp",
-    "parity": "encodings (texts × special tokens added or not), identical, share, first_difference (text, "
-              "add_special, position, reference_ids, candidate_ids) or null",
+    "parity": "encodings (texts × special tokens added or not), identical, share, normalizer_only (differing only "
+              "by an HF normalizer llama.cpp does not apply: a note), first_difference (text, add_special, position, "
+              "reference_ids, candidate_ids) or null",
     "templates": "reference / candidate: template names (default = the unnamed one); jinja / llama.cpp: renders "
                  "compared and identical (llama.cpp null when not run); differences: template, conversation, "
                  "add_generation_prompt, renderer, position, reference and candidate excerpts",
@@ -64,6 +65,7 @@ class TokenizerCheck:
     encoders: tuple = (None, None)            # (reference, candidate): transformers | llama.cpp
     encodings: int = 0
     identical: int = 0
+    normalizer_only: int = 0                  # differ only by an HF normalizer llama.cpp does not apply
     first_difference: dict | None = None
     template_names: tuple = ((), ())
     jinja: tuple = (0, 0)
@@ -89,7 +91,7 @@ class TokenizerCheck:
             "encoders": {"reference": self.encoders[0], "candidate": self.encoders[1]},
             "parity": {"encodings": self.encodings, "identical": self.identical,
                        "share": self.identical / self.encodings if self.encodings else None,
-                       "first_difference": self.first_difference},
+                       "normalizer_only": self.normalizer_only, "first_difference": self.first_difference},
             "templates": {"reference": list(ref), "candidate": list(cand), "jinja": count(self.jinja),
                           "llama.cpp": count(self.llama_cpp), "differences": [d.to_dict() for d in self.differences]},
             "specials": {side: {"eos_id": i, "eos": t} for side, (i, t) in zip(("reference", "candidate"), self.eos)},
@@ -101,8 +103,9 @@ class TokenizerCheck:
         if not self.ran:
             return [("tokenizer", f"not checked: {self.reason}")]
         enc = f"reference by {self.encoders[0]}, candidate by {self.encoders[1]}"
-        items = [("tokenizer", f"{self.identical} of {self.encodings} encodings identical ({enc})" if self.encodings
-                  else f"not compared ({enc}): see the verdict")]
+        norm = f", {self.normalizer_only} more differ only by a normalizer (note)" if self.normalizer_only else ""
+        items = [("tokenizer", f"{self.identical} of {self.encodings} encodings identical{norm} ({enc})"
+                  if self.encodings else f"not compared ({enc}): see the verdict")]
         if self.first_difference is not None:
             d = self.first_difference
             items.append(("  first difference", f"{d['text'][:40]!r} ({'with' if d['add_special'] else 'without'} "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .tokenizer_texts import TOOLS
 
-__all__ = ["Side", "resolve", "load_side", "render_jinja", "encode_hf", "takes_tools"]
+__all__ = ["Side", "resolve", "load_side", "render_jinja", "encode_hf", "Unnormalized", "takes_tools"]
 
 _LLAMA_CONTROL = 3       # llama_token_type LLAMA_TOKEN_TYPE_CONTROL (llama.h), as gguf-py's TokenType.CONTROL
 
@@ -146,3 +146,31 @@ def encode_hf(side: Side, texts, modes) -> list[list[list[int]]]:
     with quiet_transformers():
         return [[list(side.tok(t, add_special_tokens=add)["input_ids"]) for add, _ in modes] for t in texts]
 
+
+
+class Unnormalized:
+    """An HF side's tokenizer without its normalizer (tokenizers' ``Tokenizer`` rebuilt from the fast
+    tokenizer's JSON, ``normalizer`` removed), or ``None`` from :meth:`of` where the tokenizer has no
+    normalizer to remove.  llama.cpp applies no normalizer to a BPE vocabulary (src/llama-vocab.cpp
+    normalizes only WPM input, to NFD), so an NFC-normalizing HF tokenizer (Qwen2's) and its GGUF part
+    ways exactly on text that NFC changes: :meth:`explains` tells such a difference from any other."""
+
+    def __init__(self, side: Side, with_norm, without):
+        self.side, self._with, self._without = side, with_norm, without
+        self.name = type(with_norm.normalizer).__name__
+
+    @classmethod
+    def of(cls, side: Side):
+        backend = getattr(side.tok, "backend_tokenizer", None)
+        if backend is None or backend.normalizer is None:
+            return None
+        from tokenizers import Tokenizer
+        with_norm, without = Tokenizer.from_str(backend.to_str()), Tokenizer.from_str(backend.to_str())
+        without.normalizer = None
+        return cls(side, with_norm, without)
+
+    def explains(self, text: str, add_special: bool, hf_ids, other_ids) -> bool:
+        """Whether ``other_ids`` are exactly what this tokenizer gives ``text`` without its normalizer,
+        while with it, it gives ``hf_ids`` (what transformers gave: the rebuilt tokenizer is that one)."""
+        return (list(self._with.encode(text, add_special_tokens=add_special).ids) == list(hf_ids)
+                and list(self._without.encode(text, add_special_tokens=add_special).ids) == list(other_ids))
