@@ -107,6 +107,11 @@ def test_a_normalizer_llama_cpp_does_not_apply_is_a_note(tiny, tmp_path):
     src = tiny("qwen2")
     r = check_tokenizers(hf_to_gguf(src, tmp_path / "q.gguf", dtype="f32"), src)
     assert r.findings == () and r.normalizer_only == 2 and r.identical == r.encodings - 2
+    # a split set given by a later part: part 1 holds the tokenizer, and llama.cpp is given part 1
+    from ckpt_surgeon import convert
+    parts = convert(src, tmp_path / "s.gguf", dtype="f32", split_max_tensors=10).files
+    s = check_tokenizers(parts[1], src)
+    assert len(parts) > 2 and s.ran and s.findings == () and s.normalizer_only == 2
     assert any("differ only by the candidate's NFC normalizer, which llama.cpp does not apply" in n and
                "'ﬁ ligature, Å vs A\u030a, e\u0301'" in n for n in r.notes), r.notes
 

@@ -88,8 +88,14 @@ def _load_hf(side: Side) -> None:
 
 
 def _load_gguf(side: Side) -> str | None:
-    from ..formats.gguf import read_header
-    md = read_header(side.path).metadata
+    from ..formats.gguf import read_header, split_part_names
+    header = read_header(side.path)
+    parts = split_part_names(Path(side.path).name, header)
+    if parts and Path(side.path).name != parts[0]:
+        # a later part of a split set: part 1 holds the metadata, and llama.cpp is given part 1 (llama_split_prefix)
+        side.path = str(Path(side.path).with_name(parts[0]))
+        header = read_header(side.path)
+    md = header.metadata
     tokens = md.get("tokenizer.ggml.tokens")
     if md.get("tokenizer.ggml.model") in (None, "none") or not tokens:
         return f"the {side.role} GGUF has no tokenizer (no tokenizer.ggml.model / tokenizer.ggml.tokens)"
