@@ -34,6 +34,14 @@ def test_amx_build_is_refused_unless_allowed(monkeypatch):
     assert B.build_problem(NATIVE_AMX, SAPPHIRE) is None
 
 
+def test_no_matmul_needs_no_amx_check(monkeypatch):
+    """A vocabulary-only model (verify's tokenizer section) never reaches the AMX matmul kernels; an
+    instruction the CPU lacks is still refused."""
+    monkeypatch.delenv("CKPT_SURGEON_ALLOW_AMX", raising=False)
+    assert B.build_problem(NATIVE_AMX, SAPPHIRE, matmul=False) is None
+    assert "which this CPU lacks" in B.build_problem(NATIVE_AMX, EPYC, matmul=False)
+
+
 def test_no_cpuinfo_checks_amx_only(monkeypatch):
     monkeypatch.delenv("CKPT_SURGEON_ALLOW_AMX", raising=False)
     assert B.build_problem(PORTABLE, "") is None

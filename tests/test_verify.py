@@ -360,9 +360,10 @@ def test_truncated_candidate(qwen2, tmp_path):
     _one_line_exit_2(_run("verify", qwen2, bad), "model.safetensors")
 
 
-def test_tokenizer_that_changes_ids_is_an_error(qwen2, tmp_path):
+def test_tokenizer_that_changes_ids_is_a_finding(qwen2, tmp_path):
     # Same weights, but the candidate's tokenizer.json numbers the ordinary tokens in reverse
-    # (special tokens keep their ids): every prompt encodes to other ids.
+    # (special tokens keep their ids): every prompt encodes to other ids.  The tokenizer section
+    # (issue 48) reports it and fails the run (exit 1) while both models, fed the reference's ids, agree.
     other = tmp_path / "other_tok"
     shutil.copytree(qwen2, other)
     tok = json.loads((qwen2 / "tokenizer.json").read_text(encoding="utf-8"))
@@ -373,10 +374,16 @@ def test_tokenizer_that_changes_ids_is_an_error(qwen2, tmp_path):
     for t, i in zip(plain, reversed(ids)):
         vocab[t] = i
     (other / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
-    with pytest.raises(ConfigError, match="differently from the reference's"):
-        verify(qwen2, other, prompts=FEW, max_new_tokens=0)
-    _one_line_exit_2(_run("verify", qwen2, other), str(other), "tokenizer encodes prompt 0",
-                     "give the candidate the reference's tokenizer files")
+    r = verify(qwen2, other, prompts=FEW, max_new_tokens=0)
+    assert not r.passed and r.metrics.max_abs_diff == 0
+    assert len(r.failures) == 1 and r.failures[0].startswith("tokenizer: ")
+    assert any(n.startswith(f"{other}: tokenizer encodes prompt 0 ") and n.endswith(
+        "both models are fed the reference's ids (the tokenizer section reports tokenizer differences)")
+        for n in r.notes), r.notes
+    res = _run("verify", qwen2, other, "--max-new-tokens", "0")
+    assert res.exit_code == 1 and res.stderr.startswith(f"error: {other}: mismatch: tokenizer: "), res.output
+    off = verify(qwen2, other, prompts=FEW, max_new_tokens=0, tokenizer_check=False)
+    assert off.passed and any(n.endswith("(--no-tokenizer-check)") for n in off.notes)
 
 
 def test_kind_mismatch_and_bad_options(qwen2, tiny):

@@ -93,6 +93,9 @@ def _max_memory(specs) -> dict | None:
 @click.option("--localize-threshold", type=float, default=None,
               help="Relative |Δ hidden| that counts as diverged (defaults: float32 1e-4, float16 1e-2, bfloat16 "
                    "5e-2).")
+@click.option("--tokenizer-check/--no-tokenizer-check", "tokenizer_check", default=True, show_default=True,
+              help="When both sides carry a tokenizer, also compare them (llama.cpp's for a GGUF) and their chat "
+                   "templates; a difference fails the run. --no-tokenizer-check skips it.")
 @click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: score CANDIDATE over this UTF-8 text as llama-perplexity --kl-divergence does (KL, "
                    "PPL ratio, Δp, same top).")
@@ -203,7 +206,7 @@ def _exactness(reference, candidate, g: dict, output, force):
     opts = VerifyOptions(feed, placement, criteria, sequential=g["sequential"] or None, device_map=g["device_map"],
                          max_memory=_max_memory(g["max_memory"]), revision=g["revision"],
                          candidate_revision=g["candidate_revision"], localize=g["localize"],
-                         localize_threshold=g["localize_threshold"])
+                         localize_threshold=g["localize_threshold"], tokenizer_check=g["tokenizer_check"])
     return verify(reference, candidate, opts), "ckpt-surgeon verify", candidate
 
 

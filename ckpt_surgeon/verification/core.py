@@ -119,6 +119,7 @@ class _Job:
     notes: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
+    tokenizer: object = None         # the tokenizer section's TokenizerCheck (.tokenizer_check)
 
 
 def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: VerifyOptions) -> VerifyReport:
@@ -137,6 +138,8 @@ def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: Verif
                            dtype=pl.dtype, device=dev, device_map=o.device_map, sequential=o.sequential,
                            stream=pl.stream, available=budget(dev, job.torch, pl.memory_budget),
                            positions=positions_bound(prompts, token_ids))
+        from .tokenizer_check import section      # issue 48: each side's own tokenizer and chat template
+        job.tokenizer = section(reference, candidate, o)
         if plan.mode == "stream":
             return _verify_stream(job, plan)
         return _verify_loaded(job, plan)
@@ -148,7 +151,8 @@ def _verify_loaded(job: _Job, plan: MemoryPlan) -> VerifyReport:
     ref, cand, kind = _prepare_pair(job)
     thr = _pick_thresholds(o.criteria, dtype, ref, cand, notes)
     max_new = o.feed.max_new_tokens
-    tok, encodings = tokenize_pair(ref, cand, job.prompts, job.token_ids, o.feed.tokenizer, kind, max_new, notes)
+    tok, encodings = tokenize_pair(ref, cand, job.prompts, job.token_ids, o.feed.tokenizer, kind, max_new, notes,
+                                   own_judged=_own_judged(job))
     gen_config = _generation_config(ref, tok, max_new) if kind.generates and max_new else None
 
     run = dict(kind=kind, encodings=encodings, gen_config=gen_config, device=job.dev, device_map=o.device_map,
@@ -172,16 +176,24 @@ def _report(job: _Job, ref, cand, kind, results, thr, *, mode, max_new_tokens, l
             towers=()) -> VerifyReport:
     """Aggregate the per-prompt results, judge them and build the report."""
     metrics = aggregate(results, kind)
-    failures = tuple(judge(metrics, thr, kind, results)) + tuple(tower_failures(towers))
+    failures = tuple(judge(metrics, thr, kind, results)) + tuple(tower_failures(towers)) + job.tokenizer.findings
     device_map = job.o.device_map if mode != "stream" else None
     return VerifyReport(
         reference=os.fspath(job.reference), candidate=os.fspath(job.candidate), kind=kind.name, output=kind.output,
         architectures=(ref.architecture, cand.architecture), storage_dtypes=(ref.storage_dtype, cand.storage_dtype),
         device=("device_map=auto" if device_map else job.dev), dtype=job.o.placement.dtype, mode=mode,
         max_new_tokens=max_new_tokens, thresholds=thr, metrics=metrics, prompts=tuple(results), passed=not failures,
-        failures=failures, notes=tuple(dict.fromkeys(job.notes)), warnings=tuple(job.warnings),
+        failures=failures, notes=tuple(dict.fromkeys(job.notes + list(job.tokenizer.notes))),
+        warnings=tuple(job.warnings),
         elapsed_s=time.perf_counter() - job.t0, environment=environment(job.dev, job.torch), localize=localize,
-        towers=tuple(towers))
+        towers=tuple(towers), tokenizer=job.tokenizer)
+
+
+def _own_judged(job: _Job) -> str | None:
+    """Why the prompts need not encode the same with the candidate's own tokenizer to be run (the tokenizer
+    section judges it, or was switched off), or None: they must."""
+    from .tokenizer_check import own_judged
+    return own_judged(job.o, job.tokenizer)
 
 
 def _prepare_pair(job: _Job):
@@ -358,7 +370,8 @@ def _stream_compare(job: _Job, plan: MemoryPlan, ref_src, cand_src):
             notes.append(f"{pm.given}: {src.dequantized.note()} (streamed tensor by tensor as the unquantized "
                          "architecture)")
     thr = _pick_thresholds(job.o.criteria, dtype, ref, cand, notes)
-    tok, encodings = tokenize_pair(ref, cand, prompts, job.token_ids, job.o.feed.tokenizer, kind, 0, notes)
+    tok, encodings = tokenize_pair(ref, cand, prompts, job.token_ids, job.o.feed.tokenizer, kind, 0, notes,
+                                   own_judged=_own_judged(job))
     notes.append(f"stream: {plan.why}")
     if kind.generates:
         notes.append("greedy continuations not compared: a layer-streamed run computes one forward pass; "

@@ -44,11 +44,12 @@ def cpu_flags(cpuinfo: str) -> set[str] | None:
     return set(m.group(1).split()) if m else None
 
 
-def build_problem(system_info: str | None = None, cpuinfo: str | None = None) -> str | None:
+def build_problem(system_info: str | None = None, cpuinfo: str | None = None, *, matmul: bool = True) -> str | None:
     """One line saying why this llama.cpp build would crash here, or None when it is safe.
 
     Both inputs default to this machine's (llama-cpp-python's system info, ``/proc/cpuinfo``);
-    passing them checks another machine's description."""
+    passing them checks another machine's description.  ``matmul=False``: for a caller that runs
+    no matrix multiplication (a vocabulary-only model), where the AMX kernels are never reached."""
     if system_info is None:
         import llama_cpp
         system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
@@ -62,7 +63,7 @@ def build_problem(system_info: str | None = None, cpuinfo: str | None = None) ->
         if lacking:
             return (f"llama.cpp (llama-cpp-python) was compiled for {', '.join(lacking)}, which this CPU lacks, "
                     f"and would crash; rebuild it for this machine: {_REBUILD}")
-    if "AMX_INT8" in built and os.environ.get("CKPT_SURGEON_ALLOW_AMX", "") not in ("1", "true", "yes"):
+    if matmul and "AMX_INT8" in built and os.environ.get("CKPT_SURGEON_ALLOW_AMX", "") not in ("1", "true", "yes"):
         return ("llama.cpp (llama-cpp-python) was compiled with ggml's AMX kernels, which segfault in "
                 f"ggml_backend_amx_mul_mat on some machines; rebuild it portable: {_REBUILD} "
                 "(or set CKPT_SURGEON_ALLOW_AMX=1 where AMX is known to work)")

@@ -169,12 +169,14 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
              dtype: str = "float32", sequential: bool = False, threshold: float | None = None,
              tmp_dir: str | os.PathLike | None = None, token_ids: list[list[int]] | None = None,
              tokenizer: str | os.PathLike | None = None, progress: bool | None = False,
-             revision: str | None = None, candidate_revision: str | None = None) -> LocalizeReport:
+             revision: str | None = None, candidate_revision: str | None = None,
+             own_judged: str | None = None) -> LocalizeReport:
     """Run both models with hooks on every decoder layer and name the first layer whose hidden
     state differs by more than ``threshold`` (relative Frobenius; default per ``dtype``).
     ``device``: ``auto`` | ``cpu`` | ``cuda`` (:func:`ckpt_surgeon.runtime.resolve_device`).
     ``token_ids`` / ``tokenizer`` / ``progress`` / ``revision`` / ``candidate_revision``: as for
-    :func:`~ckpt_surgeon.verification.core.verify`."""
+    :func:`~ckpt_surgeon.verification.core.verify`; ``own_judged``: why the candidate's own tokenizer
+    need not encode the prompts alike (:func:`.tokens.tokenize_pair`)."""
     import torch
 
     from .loading import free_memory
@@ -195,7 +197,8 @@ def localize(reference, candidate, *, prompts: list[str] | None = None, device: 
         ref = prepare(reference, work, role="reference", dtype=dtype, progress=progress, revision=revision)
         cand = prepare(candidate, work, role="candidate", dtype=dtype, progress=progress,
                        revision=candidate_revision)
-        _, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [])
+        _, encodings = tokenize_pair(ref, cand, prompts, token_ids, tokenizer, ref.kind, 0, [],
+                                     own_judged=own_judged)
         run = dict(encodings=encodings, load=dict(dtype=dtype, device=device, device_map=None, warnings=warnings,
                                                   progress=progress), device=device, torch=torch)
         compare = _compare_sequential if sequential else _compare_parallel
@@ -323,8 +326,10 @@ def localized(report, reference, candidate, o):
         report = dataclasses.replace(report, localize=rethreshold(report.localize, o.localize_threshold))
     if not o.localize or report.localize is not None:      # a streamed run has measured every layer already
         return report
+    from .tokenizer_check import own_judged
     where = localize(reference, candidate, prompts=o.feed.prompts, device="cuda" if report.device == "cuda" else "cpu",
                      dtype=o.placement.dtype, sequential=report.mode == "sequential", threshold=o.localize_threshold,
                      tmp_dir=o.placement.tmp_dir, token_ids=o.feed.token_ids, tokenizer=o.feed.tokenizer,
-                     progress=o.placement.progress, revision=o.revision, candidate_revision=o.candidate_revision)
+                     progress=o.placement.progress, revision=o.revision, candidate_revision=o.candidate_revision,
+                     own_judged=own_judged(o, report.tokenizer))
     return LocalizedVerify(report, where)

@@ -101,6 +101,7 @@ class VerifyOptions:
     candidate_revision: str | None = None
     localize: bool = False                   # also find where the models diverge
     localize_threshold: float | None = None  # relative |Δ hidden| that counts as diverged
+    tokenizer_check: bool = True             # the tokenizer / chat-template section (.tokenizer_check)
 
     @classmethod
     def build(cls, options: VerifyOptions | None = None, **kwargs) -> VerifyOptions:

@@ -14,6 +14,8 @@ from .kinds import ModelKind
 from .metrics import OutputComparison
 from .requantized import NOTE_PREFIX as REQUANTIZED
 from .thresholds import Thresholds
+from .tokenizer_report import JSON_KEYS as _TOKENIZER_KEYS
+from .tokenizer_report import skipped as _tokenizer_skipped
 
 
 # The JSON contract, key by key ("a.b" = key b inside object a; "prompts[].x" = key x of every
@@ -72,6 +74,7 @@ JSON_KEYS: dict[str, str] = {
     "warnings": "loading findings (e.g. checkpoint tensors the model does not use)",
     "elapsed_s": "wall time of the whole run",
     "environment": "torch / transformers / python versions, CPU threads, GPU name",
+    **{f"tokenizer.{k}": v for k, v in _TOKENIZER_KEYS.items()},     # the tokenizer section (issue 48)
 }
 
 
@@ -204,6 +207,7 @@ class VerifyReport:
     environment: dict = field(default_factory=dict)
     localize: object = None                  # LocalizeReport: per-layer divergence (stream mode computes it)
     towers: tuple = ()                       # TowerResult per vision / audio tower of a multimodal model
+    tokenizer: object = None                 # TokenizerCheck: each side's own tokenizer and chat template
 
     def to_dict(self) -> dict:
         d = self._dict()
@@ -227,6 +231,7 @@ class VerifyReport:
             "prompts": [p.to_dict() for p in self.prompts],
             "notes": list(self.notes), "warnings": list(self.warnings),
             "elapsed_s": round(self.elapsed_s, 3), "environment": dict(self.environment),
+            "tokenizer": (self.tokenizer or _tokenizer_skipped("not run")).to_dict(),
         }
 
     def rows(self) -> list[dict]:
@@ -276,6 +281,8 @@ class VerifyReport:
             items.append((f"tower {t.name}", f"{t.kind}, {t.note}" if t.passed is None else
                           f"{t.kind}, run alone as {t.module} ({t.inputs}): max |Δ| {t.max_abs_diff:.4g} (scale "
                           f"{t.scale:.4g}, relative {t.max_rel_diff:.3g}) {'ok' if t.passed else 'FAILS'}"))
+        if self.tokenizer is not None:
+            items += self.tokenizer.summary_items()
         items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures) + (
             " (the reference is itself quantized: see the 'requantized' note)"
             if any(n.startswith(REQUANTIZED) for n in self.notes) else "")))

@@ -32,9 +32,12 @@ def check_tokenizer_source(tokenizer) -> None:
 
 
 def tokenize_pair(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, tokenizer, kind, max_new_tokens,
-                  notes):
+                  notes, *, own_judged: str | None = None):
     """Ids per prompt -> (tokenizer or None, ids).  The tokenizer is ``tokenizer`` when given, else
-    the reference's; every model that ships its own tokenizer must encode each prompt the same.
+    the reference's; every model that ships its own tokenizer must encode each prompt the same,
+    except the candidate when ``own_judged`` says why not (verify's tokenizer section compares both
+    sides' own tokenizers and reports a difference, or was switched off): both models are then fed
+    the reference's ids, and a note says so.
     With ``token_ids`` the ids are taken as given (checked against the vocabulary size)."""
     tok = None
     if tokenizer is not None:
@@ -61,7 +64,13 @@ def tokenize_pair(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, t
             notes.append(f"prompts tokenized with {used}")
         for pm in ((ref, cand) if given else (cand,)):
             if pm.has_tokenizer:
-                _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full, given=given)
+                try:
+                    _same_ids(load_tokenizer(pm.folder, path=pm.given), pm, prompts, full, given=given)
+                except ConfigError as e:
+                    if not own_judged or given:
+                        raise
+                    notes.append(f"{pm.given}: {e.detail.split('; ')[0]}: both models are fed the reference's ids "
+                                 f"({own_judged})")
             else:
                 notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with {used}")
     limit = max_positions(ref.config, tok)
