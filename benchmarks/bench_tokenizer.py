@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from benchmarks.bench_gguf import best  # noqa: E402
 
 
 def _hf_folder(gguf: Path, out: Path) -> Path:
@@ -39,15 +40,6 @@ def _hf_folder(gguf: Path, out: Path) -> Path:
     (out / "tokenizer_config.json").write_text(json.dumps(files.tokenizer_config), encoding="utf-8")
     (out / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
     return out
-
-
-def _best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def _llama_cpp_load(gguf: Path) -> None:
@@ -84,7 +76,7 @@ def main() -> int:
         import llama_cpp
         llama_cpp.llama_backend_init()
         _llama_cpp_load(gguf)                      # the library loaded once before timing
-        anchor = _best(lambda: _llama_cpp_load(gguf), args.repeat)
+        anchor = best(lambda: _llama_cpp_load(gguf), args.repeat)
         rows = []
         # HF vs HF: the two folders' tokenizer_config.json differ (model_max_length), so both are parsed:
         # diff skips parsing two folders whose tokenizer files are the same bytes
@@ -93,7 +85,7 @@ def main() -> int:
         for name, a, b in (("GGUF vs GGUF", gguf, g2), ("GGUF vs HF folder", gguf, hf), ("HF vs HF", hf, hf2)):
             d = compare_tokenizers(tokenizer(a), tokenizer(b))
             assert d.same, (name, d.to_dict())
-            s = _best(lambda: compare_tokenizers(tokenizer(a), tokenizer(b)), args.repeat)
+            s = best(lambda: compare_tokenizers(tokenizer(a), tokenizer(b)), args.repeat)
             rows.append((name, s))
             print(f"{name:18s} {s:6.2f} s   llama.cpp vocab load {anchor:5.2f} s   ratio {s / anchor:5.2f}x")
     print(f"vocabulary {size:,} tokens; first transformers answer for the HF split ({first}): {first_s:.2f} s, "

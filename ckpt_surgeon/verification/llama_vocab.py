@@ -152,21 +152,9 @@ def _tokenize(llama_cpp, vocab, text: str, add_special: bool, parse_special: boo
 
 
 def _render(llama_cpp, template: bytes, messages, add_ass: bool) -> str | None:
-    """``llama_chat_apply_template``: the rendered chat, or None where llama.cpp does not recognise
-    the template (it returns -1: ``llm_chat_detect_template`` found no known family)."""
-    import ctypes
-    chat = (llama_cpp.llama_chat_message * len(messages))(
-        *[llama_cpp.llama_chat_message(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages])
-    size = 2 * sum(len(r.encode()) + len(c.encode()) for r, c in messages) + 256
-    for _ in range(2):
-        buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), add_ass, buf, size)
-        if n < 0:
-            return None
-        if n <= size:
-            return buf.raw[:n].decode("utf-8", errors="replace")
-        size = n + 1        # the first call said how much it needs
-    raise RuntimeError("llama_chat_apply_template kept asking for a larger buffer")
+    """``llama_chat_apply_template`` (None where llama.cpp recognises no family in the template)."""
+    from ..analysis.tokenizer.templates import apply_chat_template
+    return apply_chat_template(llama_cpp, template, messages, add_ass)
 
 
 def _specials(llama_cpp, vocab) -> dict:

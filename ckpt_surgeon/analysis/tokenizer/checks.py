@@ -69,6 +69,12 @@ def _template_file(v: TokenizerView, name: str) -> str | None:
     return v.where
 
 
+def _llama_view(ctx) -> TokenizerView | None:
+    """The view, where the record has llama.cpp's resolution of its special ids (else None: nothing to check)."""
+    v = view(ctx)
+    return v if v.rec is not None and v.rec.llama is not None else None
+
+
 def _f(check, severity, file, message, fix):
     return Finding(check, severity, file, None, message, fix)
 
@@ -108,10 +114,10 @@ def check_template_tokens(ctx) -> list:
 
 def check_double_bos(ctx) -> list:
     """BOS added by the tokenizer and printed by the template: the prompt starts with two."""
-    v = view(ctx)
-    rec = v.rec
-    if rec is None or rec.llama is None:
+    v = _llama_view(ctx)
+    if v is None:
         return []
+    rec = v.rec
     bos = rec.llama.ids.get("bos")
     add = rec.llama.add_bos
     if bos is None or not add:
@@ -162,10 +168,10 @@ def check_end_of_turn(ctx) -> list:
 
 def check_special_ids(ctx) -> list:
     """bos / eos / eot ids that point at ordinary tokens."""
-    v = view(ctx)
-    rec = v.rec
-    if rec is None or rec.llama is None:
+    v = _llama_view(ctx)
+    if v is None:
         return []
+    rec = v.rec
     out = []
     for kind in ("bos", "eos", "eot"):
         tid = rec.llama.ids.get(kind)

@@ -53,26 +53,33 @@ def _llama_cpp():
     return llama_cpp
 
 
-def llama_render(template: str, messages: list[dict], add_assistant: bool) -> str | None:
-    """llama.cpp's built-in rendering of ``messages`` with ``template`` (a template text or a built-in
-    name); None when llama.cpp recognises no built-in for it (or llama-cpp-python is not installed)."""
+def apply_chat_template(llama_cpp, template: bytes, messages, add_assistant: bool) -> str | None:
+    """``llama_chat_apply_template`` of the bindings ``llama_cpp`` on ``messages`` ((role, content) pairs): the
+    rendered chat, or None where llama.cpp recognises no family in the template (it returns -1:
+    ``llm_chat_detect_template`` found none).  Used here and by verify's llama.cpp child."""
     import ctypes
-    ll = _llama_cpp()
-    if ll is None:
-        return None
-    keep = [(m["role"].encode(), str(m.get("content") or "").encode()) for m in messages]
-    arr = (ll.llama_chat_message * len(keep))(*[ll.llama_chat_message(r, c) for r, c in keep])
-    tmpl = template.encode()
-    size = 4096 + 2 * sum(len(c) for _, c in keep)
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages])
+    size = 2 * sum(len(r.encode()) + len(c.encode()) for r, c in messages) + 256
     for _ in range(2):
         buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(tmpl, arr, len(keep), add_assistant, buf, size)
+        n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), add_assistant, buf, size)
         if n < 0:
             return None
         if n <= size:
-            return buf.raw[:n].decode("utf-8", "replace")
-        size = n + 1
-    return None
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        size = n + 1        # the first call said how much it needs
+    raise RuntimeError("llama_chat_apply_template kept asking for a larger buffer")
+
+
+def llama_render(template: str, messages: list[dict], add_assistant: bool) -> str | None:
+    """llama.cpp's built-in rendering of ``messages`` with ``template`` (a template text or a built-in
+    name); None when llama.cpp recognises no built-in for it (or llama-cpp-python is not installed)."""
+    ll = _llama_cpp()
+    if ll is None:
+        return None
+    pairs = [(m["role"], str(m.get("content") or "")) for m in messages]
+    return apply_chat_template(ll, template.encode(), pairs, add_assistant)
 
 
 @functools.lru_cache(maxsize=1)
