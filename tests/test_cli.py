@@ -67,13 +67,23 @@ def test_usage_error_exit_code_is_2():
     assert res.returncode == 2 and "Missing argument 'SOURCE'" in res.stderr
 
 
-def test_demo_runs(tmp_path):
-    res = CliRunner().invoke(cli, ["demo", "--workdir", str(tmp_path / "demo")])
+def test_demo_runs(tmp_path, monkeypatch):
+    # the default work folder: one fixed folder under the user cache, named at the start and the end (issue 50
+    # item 10: every run used to leave a new demo-* folder)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    res = CliRunner().invoke(cli, ["demo"])
     assert res.exit_code == 0, res.output
+    work = tmp_path / "ckpt-surgeon" / "demo"
+    assert [p.name for p in (tmp_path / "ckpt-surgeon").iterdir() if p.name.startswith("demo")] == ["demo"]
+    assert f"Work folder: {work} (every demo run reuses it" in res.output and f"files are in {work}" in res.output
     assert "ckpt-surgeon inspect" in res.output
     assert "Found q/k/v biases in 2 of 2 layers" in res.output
-    assert (tmp_path / "demo" / "qwen2-tiny" / "model.safetensors").is_file()
-    # the refusals carry the analyzer's reasons, and every verify step passes
+    assert (work / "qwen2-tiny" / "model.safetensors").is_file()
+    # the refusals carry the analyzer's reasons, and every verify step passes; the refusal's window (the model's
+    # 32,768, not the analysis' 4096) is explained before it (issue 50 item 9)
     assert "-> exit 2, refused: the key bias is not exactly removable in qwen2" in res.output
+    refuse = res.output.split("[4/7]")[1]
+    assert refuse.index("(max_position_embeddings: 32,768 positions), not the 4096-token") < refuse.index(
+        "over 32768 positions")
     assert "-> exit 2, refused: cannot fold the value bias" in res.output
     assert res.output.count("verify: PASS") == 3 and "MISMATCH" not in res.output

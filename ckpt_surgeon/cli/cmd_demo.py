@@ -8,7 +8,8 @@ from .paths import WriteInto
 
 @click.command("demo")
 @click.option("--workdir", type=WriteInto(), default=None,
-              help="Folder for the demo model and outputs (default: a new folder under ~/.cache/ckpt-surgeon).")
+              help="Folder for the demo model and outputs (default: ~/.cache/ckpt-surgeon/demo, $XDG_CACHE_HOME "
+                   "honoured, reused and overwritten by every run).")
 def command(workdir):
     """Run the main job end to end on a small built-in Qwen2-architecture model.
 
