@@ -112,6 +112,7 @@ def test_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_file, f
     assert a["passed"] == b["passed"]
     note = next(n for n in b["notes"] if n.startswith("distributed over"))
     assert f"over {ranks} ranks (gloo): " + ("data-parallel" if mode == "data" else "pipeline") in note
+    assert mode != "data" or f"chunks dealt round-robin over the {ranks} ranks (rank r ran chunks r, r + {ranks}," in note
     assert a["notes"] == [n for n in b["notes"] if n != note]
 
 

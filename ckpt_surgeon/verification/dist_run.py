@@ -65,7 +65,8 @@ class Driver:
 
     def note(self) -> str:
         p = self.plan
-        how = ("data-parallel: every rank ran every %d-th chunk with both models loaded" % p.world
+        how = (f"data-parallel: chunks dealt round-robin over the {p.world} ranks (rank r ran chunks r, r + {p.world}, "
+               "...) with both models loaded"
                if p.mode == "data" else "pipeline over decoder layers, blocks " + ", ".join(
                    f"{a}-{b - 1}" for a, b in p.blocks))
         return f"distributed over {p.world} ranks ({self.sess.backend}): {how} ({p.why})"
