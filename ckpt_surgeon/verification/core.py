@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import CkptError, ConfigError, UnsupportedError
 from ..progress import progress_enabled
 from ..runtime import quiet_transformers, resolve_device
-from .loading import TORCH_DTYPES, PreparedModel, free_memory, load_model, prepare
+from .loading import TORCH_DTYPES, PreparedModel, check_inputs, free_memory, load_model, prepare
 from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
                      positions_bound)
 from .metrics import common_width, compare_outputs, first_difference
@@ -116,10 +116,12 @@ def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: Verif
     t0 = time.perf_counter()
     feed, pl = o.feed, o.placement
     check_tokenizer_source(feed.tokenizer)          # before torch is even imported
-    dev, prompts, token_ids = _check_arguments(pl.dtype, pl.device, o.device_map, feed.max_new_tokens, feed.prompts,
-                                               feed.token_ids)
+    prompts, token_ids = _check_arguments(pl.dtype, pl.device, o.device_map, feed.max_new_tokens, feed.prompts,
+                                          feed.token_ids)
     check_memory_arguments(pl.stream, pl.dtype, o.device_map, pl.memory_budget, o.max_memory)
     o.criteria.check()          # the threshold overrides now, not after minutes of conversion and loading
+    check_inputs((reference, o.revision), (candidate, o.candidate_revision))    # both, before any work
+    dev = resolve_device(pl.device)          # imports torch
     job = _Job(reference, candidate, o, dev, prompts, token_ids, t0=t0)
     with scratch(pl.tmp_dir, "ckpt-surgeon-verify-") as (job.work, job.torch):
         plan = plan_memory(model_sizes(reference, o.revision), model_sizes(candidate, o.candidate_revision),
@@ -215,10 +217,12 @@ def _schedule(ref, cand, run: dict, load: dict, work: Path, plan, notes: list[st
 
 
 def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
-    """Everything checkable before a file is opened -> (device, prompts, token_ids)."""
+    """Everything checkable before a file is opened (torch not imported) -> (prompts, token_ids)."""
+    from ..runtime import DEVICES
     if dtype not in TORCH_DTYPES:
         raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-    dev = resolve_device(device)
+    if device not in DEVICES:
+        raise CkptError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device_map not in (None, *DEVICE_MAPS):
         raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -234,7 +238,7 @@ def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_i
     prompts = default_prompts() if prompts is None else [p for p in prompts]
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise CkptError("prompts must be a non-empty list of non-empty strings")
-    return dev, prompts, token_ids
+    return prompts, token_ids
 
 
 def _comparable_kind(ref: PreparedModel, cand: PreparedModel):

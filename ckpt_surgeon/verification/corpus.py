@@ -291,6 +291,8 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
     check_tokenizer_source(o.tokenizer)
     _check_options(o, reference)
     o.gates.check()        # bad gate values fail before any model loads
+    from .loading import check_inputs
+    check_inputs((reference, None), (candidate, None))      # both models' headers, before either is prepared
     dev = resolve_device(pl.device)
     notes: list[str] = []
     warnings: list[str] = []
