@@ -60,6 +60,14 @@ def pytest_configure(config):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    if not hasattr(config, "workerinput"):
+        # llama.cpp's sources (the llama-cpp-python sdist, kept in the fixture cache): downloaded once, here,
+        # before any worker starts, when a selected file needs them; offline with an empty cache the run stops
+        # with one line saying what to run (tests/llamacpp_src.py), not with every such test failing
+        from llamacpp_src import prefetch
+        missing = prefetch(config.args)
+        if missing:
+            pytest.exit(missing, returncode=2)
 
 
 def _package_dir(module: str, pip_name: str) -> Path:
