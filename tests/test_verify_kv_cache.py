@@ -62,9 +62,23 @@ def test_quantized_k_cache_in_llama_cpp(kv):
                           "candidate": {"type_k": "q4_0", "type_v": "f16"}, "flash_attn": False, "quantized": True}
     assert any("a fidelity run, not an exactness run" in n for n in hot4.notes)
     assert "not an exactness run" in dict(hot4.summary_items())["run"]
-    # a quantized cache is judged by the quantized (bfloat16) row unless gates are given
+    # a quantized cache is judged only by the gates given, as the cache sweep judges its rows (issue 50 item 6: the
+    # single run failed the bfloat16 row's "same top < 0.9" while the sweep of the same data said "measurement
+    # only"); --thresholds ROW asks for a row's defaults, in both modes alike
     default = _run(kv, "hot", cache_type_k="q4_0")
-    assert default.gates.dtype == "quantized" and not default.passed
+    assert default.gates.measurement_only and default.passed and not default.failures
+    assert dict(default.summary_items())["gates"].startswith("none given: measurement only")
+    assert dict(default.summary_items())["verdict"] == "measured (no gate given)"
+    assert default.to_dict()["gates"]["dtype"] == "given"
+    one = _run(kv, "hot", cache_type_k="q4_0", min_same_top=0.99)
+    assert one.gates.describe().startswith("as given: ") and not one.passed
+    row = _run(kv, "hot", cache_type_k="q4_0", thresholds="bfloat16")
+    assert row.gates.dtype == "bfloat16" and not row.passed
+    for gates in ({}, {"min_same_top": 0.99}, {"thresholds": "bfloat16"}):
+        swept = verify_cache_sweep(kv["hot"], cache_sweep="q4_0/f16", corpus=kv["corpus"], ctx=CTX, device="cpu",
+                                   **gates)
+        single = _run(kv, "hot", cache_type_k="q4_0", **gates)
+        assert swept.passed == single.passed and swept.rows_[0].failures == single.failures, gates
 
 
 def test_statistics_are_llama_cpps_own_logits(kv):

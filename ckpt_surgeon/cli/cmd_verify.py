@@ -138,21 +138,22 @@ def _max_memory(specs) -> dict | None:
 @click.option("--cache-type-k", "cache_type_k", default=None, metavar="TYPE",
               help="The candidate's K cache type in llama.cpp (llama.cpp's names, as --kv-cache); the reference keeps "
                    "--kv-cache. Implies --runtime llama.cpp; CANDIDATE may be left out (the REFERENCE .gguf again). "
-                   "A quantized cache is a fidelity run, not an exactness run.")
+                   "A quantized cache is a fidelity run, not an exactness run: judged only by the gates given (none: "
+                   "a measurement, exit 0; --thresholds ROW: that row's defaults), as --cache-sweep judges its rows.")
 @click.option("--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
               help="The candidate's V cache type in llama.cpp (a quantized V needs flash attention: see --flash-attn).")
 @click.option("--cache-sweep", "cache_sweep", default=None, metavar="K[/V],...",
               help="Run the candidate .gguf in llama.cpp under each of these caches (K/V, or one type for both: "
                    "q8_0,q4_0/f16,q4_0) against one reference run (the same model with --kv-cache, or REFERENCE, or "
                    "--reference FILE) and report one table row per cache: mean KLD, Δp, RMS Δp, same top (± SE), "
-                   "PPL ratio. Gates are judged only when given.")
+                   "PPL ratio. Gates are judged only when given (or --thresholds ROW), as for --cache-type-k.")
 @click.option("--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
               help="llama.cpp's flash attention for every side run in llama.cpp; auto = on when a V cache is "
                    "quantized (llama.cpp refuses a quantized V without it), else off.")
 @click.option("--max-mean-kl", type=float, default=None,
               help="Fidelity gate: fail when the mean KL(ref‖cand) over the corpus exceeds this. Default: the "
-                   "thresholds row's --max-kl.")
+                   "thresholds row's --max-kl (a quantized KV cache: not judged unless given).")
 @click.option("--max-p99-kl", type=float, default=None,
               help="Fidelity gate: fail when the 99th percentile of per-token KL exceeds this. Default: the row's --max-kl.")
 @click.option("--min-same-top", type=float, default=None,

@@ -192,7 +192,7 @@ def pair_in_memory(ref: Single, cand: Single, sequences, *, rows: slice):
 
 
 # the report (gates, JSON contract, record) lives in .corpus_report; re-exported here
-from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for  # noqa: E402,F401
+from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for, given_gates  # noqa: E402,F401
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -408,17 +408,21 @@ def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, b
 
 
 def _gates(sides, llama: LlamaRun, given: GateLimits, dtype, notes) -> Gates:
-    """Default gates from the coarsest precision in play; a quantized weight or KV cache makes it
-    the quantized row (a fidelity run, not an exactness run)."""
+    """Default gates from the coarsest precision in play (a quantized weight: the quantized row).  A
+    quantized KV cache is a fidelity run, not an exactness run: only the gates given are judged (none
+    given: measurement only), as a cache sweep judges its rows; --thresholds ROW asks for a row's defaults."""
     cache_q = llama.quantized() and any(s.runtime == "llama.cpp" for s in sides.models())
     thresholds = given.thresholds
-    row = thresholds or coarsest(dtype, *sides.storage_dtypes(), *(("quantized",) if cache_q else ()))
-    gates = gates_for(row, **given.limits())
     if cache_q:
+        gates = gates_for(thresholds, **given.limits()) if thresholds else given_gates(given.limits())
         notes.append("quantized KV cache: a fidelity run, not an exactness run (the cache rounds K / V to a few "
-                     "bits; no exact model can match it)" + ("" if thresholds else "; default gates from the "
-                     "bfloat16 row: pass explicit gates (--max-mean-kl, --min-same-top, ...) for your tolerance"))
-    elif row == "quantized":
+                     "bits; no exact model can match it): " + (f"judged by the {thresholds} row's gates" if thresholds
+                     else "only the gates given are judged, as --cache-sweep judges its rows" +
+                     ("" if given_gates(given.limits()).overridden else " (none given: measurement only)")))
+        return gates
+    row = thresholds or coarsest(dtype, *sides.storage_dtypes())
+    gates = gates_for(row, **given.limits())
+    if row == "quantized":
         notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
                      "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
     return gates
