@@ -186,3 +186,41 @@ def test_cache_options_need_a_gguf_candidate(kv):
     res = _cli(kv["hot_hf"], kv["hot_hf"], "--corpus", kv["corpus"], "--ctx", CTX, "--cache-type-k", "q8_0")
     _one_line(res, f"{kv['hot_hf']}: --cache-type-k / --cache-type-v set llama.cpp's cache; the candidate must be a "
                    ".gguf file run in llama.cpp")
+
+
+def test_a_head_size_the_block_does_not_divide_is_refused_before_any_run(tiny, kv, tmp_path):
+    """Issue 50 item 5: on the demo's model (head_dim 16) a cache sweep ran for minutes and printed identical rows of
+    0.000000.  llama.cpp's own rule (llama_init_from_model, src/llama-context.cpp): a K (V) cache type's block must
+    divide the K (V) head size.  Checked here against llama.cpp itself: with flash attention it refuses the
+    context, and without it a q8_0 and a q4_0 K cache give bit-identical logits (the type does not act).  verify
+    refuses such a cache before any run; the head_dim 64 models of this file run."""
+    from ckpt_surgeon.conversion import hf_to_gguf
+    from ckpt_surgeon.errors import ConfigError
+    from ckpt_surgeon.verification.corpus import open_llama
+    from ckpt_surgeon.verification.kv_types import CacheTypes
+    g = hf_to_gguf(tiny("qwen2"), tmp_path / "h16.gguf", dtype="f32")
+    with pytest.raises(ConfigError, match="Failed to create llama_context"):      # its log: "... does not divide"
+        open_llama(str(g), ctx=32, kv_cache=CacheTypes("q4_0", "f16"), flash_attn=True)
+    for model, cache in ((g, CacheTypes("f16", "f16")), (kv["hot"], CacheTypes("q4_0", "f16"))):
+        open_llama(str(model), ctx=32, kv_cache=cache, flash_attn=True).close()      # the same call, the rule met
+    ids = list(range(3, 35))
+    logits = {}
+    for t in ("q8_0", "q4_0"):
+        llm = open_llama(str(g), ctx=32, kv_cache=CacheTypes(t, "f16"))
+        llm.eval(ids)
+        logits[t] = np.array(llm.scores[:len(ids)])
+        llm.close()
+    assert np.array_equal(logits["q8_0"], logits["q4_0"])
+    for args, t, side in ((("--cache-sweep", "f16,q4_0/f16"), "q4_0", "K"), (("--cache-type-k", "q8_0"), "q8_0", "K"),
+                          (("--cache-type-v", "q8_0"), "q8_0", "V")):
+        res = _cli(g, "--corpus", kv["corpus"], "--ctx", CTX, *args)
+        _one_line(res, f"a {t} {side} cache quantizes blocks of 32 values along each head, and this model's {side} "
+                       "head size is 16: llama.cpp refuses that cache with flash attention")
+    # the same rule, said by analyze --kv-cache and kv-equalize (a prediction llama.cpp cannot show); not on head 64
+    from ckpt_surgeon import kv_equalize
+    from ckpt_surgeon.analysis.kv_cache import analyze_kv_cache
+    assert any(n.startswith("warning: a q4_0 K cache quantizes blocks of 32") for n in
+               kv_equalize(str(tiny("qwen2")), "unused", cache_type_k="q4_0", dry_run=True).plan.notes)
+    assert any("this model cannot show a KV-cache effect" in n
+               for n in analyze_kv_cache(str(tiny("qwen2")), "q8_0").notes)
+    assert not any("cannot show" in n for n in analyze_kv_cache(str(kv["hot_hf"]), "q4_0,q8_0").notes)

@@ -31,7 +31,8 @@ from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedErr
 from ..progress import steps
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
 from .metrics import common_width
-from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
+from .kv_types import (CACHE_TYPES, CacheTypes, cache_types, check_cache_fits, ggml_id, gguf_head_sizes,
+                       use_flash_attn)
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
 from .options import CorpusOptions, GateLimits
@@ -293,6 +294,9 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
     o.gates.check()        # bad gate values fail before any model loads
     from .loading import check_inputs
     check_inputs((reference, None), (candidate, None))      # both models' headers, before either is prepared
+    for given, caches in ((reference, (llama.reference,)), (candidate, llama.candidates)):
+        if given is not None and o.llama.runtime == "llama.cpp" and os.fspath(given).endswith(".gguf"):
+            _check_caches(os.fspath(given), caches)     # a cache that cannot act on the model: before any run
     dev = resolve_device(pl.device)
     notes: list[str] = []
     warnings: list[str] = []
@@ -485,6 +489,12 @@ def _check_options(o: CorpusOptions, reference) -> None:
                                   if x and os.path.exists(os.fspath(x))], saved.replace)
         if os.path.isdir(dest):
             raise CkptError("--save-reference is a folder", path=dest)
+
+
+def _check_caches(given: str, caches) -> None:
+    from ..checkpoint import open_checkpoint
+    with open_checkpoint(given) as ck:
+        check_cache_fits(caches, gguf_head_sizes(ck.metadata, given), given)
 
 
 class _Side:
