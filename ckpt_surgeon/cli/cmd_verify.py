@@ -109,12 +109,16 @@ def _max_memory(specs) -> dict | None:
                    "float32 1e-4, float16 1e-2, bfloat16 5e-2.")
 @click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: score CANDIDATE against REFERENCE over this UTF-8 text, tokenized with the "
-                   "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top.")
+                   "reference's tokenizer, as llama-perplexity --kl-divergence does: KL, PPL ratio, Δp, same top. "
+                   "'builtin': the corpus shipped with ckpt-surgeon (128 KB of its own docs, offline; ./builtin for "
+                   "a file of that name); wikitext-2's wiki.test.raw for figures comparable with llama.cpp's.")
 @click.option("--corpus-ids", "corpus_ids", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode over token ids instead of text (a JSON list of ids).")
 @click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True,
               help="Fidelity mode: tokens per chunk; the corpus is cut into len // ctx chunks (at least 2 × ctx tokens "
                    "needed), each run from an empty context, BOS replacing its first token when the tokenizer adds one.")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Fidelity mode: score at most the first N chunks (llama-perplexity's --chunks). Default: all.")
 @click.option("--score", type=click.Choice(["half", "all"]), default="half", show_default=True,
               help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2 (each predicting the "
                    "next token), all = 0 … ctx−2.")
@@ -242,9 +246,9 @@ def _exactness(reference, candidate, g: dict, output, force):
     if candidate is None:
         raise click.UsageError("Missing argument 'CANDIDATE'.")
     if (g["save_reference"] or g["reference_file"] or g["runtime"] != "transformers" or g["cache_sweep"]
-            or g["cache_type_k"] or g["cache_type_v"]):
-        raise click.UsageError("--save-reference, --reference, --runtime and the cache options need --corpus FILE or "
-                               "--corpus-ids FILE")
+            or g["cache_type_k"] or g["cache_type_v"] or g["chunks"]):
+        raise click.UsageError("--save-reference, --reference, --runtime, --chunks and the cache options need "
+                               "--corpus FILE or --corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
     if g["prompts_file"] and g["token_ids_file"]:
         raise click.UsageError("give --prompts or --token-ids, not both")
@@ -291,7 +295,8 @@ def _corpus_options(g: dict, force: bool, *, budget: bool = True):
     """The fidelity options as one :class:`~ckpt_surgeon.verification.options.CorpusOptions`."""
     from ..verification.options import CorpusOptions, GateLimits, LlamaOptions, SavedReference
     return CorpusOptions(
-        corpus=g["corpus"], corpus_ids=g["corpus_ids"], ctx=g["ctx"], score=g["score"], tokenizer=g["tokenizer"],
+        corpus=g["corpus"], corpus_ids=g["corpus_ids"], ctx=g["ctx"], score=g["score"], chunks=g["chunks"],
+        tokenizer=g["tokenizer"],
         placement=_placement(g, budget=budget),
         gates=GateLimits(g["thresholds_dtype"], g["max_mean_kl"], g["max_p99_kl"], g["min_same_top"],
                          g["max_ln_ppl_ratio"]),

@@ -164,7 +164,7 @@ class CacheSweepReport:
 
 
 # What a sweep takes of :class:`.options.CorpusOptions` (the rest is fixed: every row runs in llama.cpp).
-SWEEP_KEYWORDS = ("corpus", "corpus_ids", "ctx", "score", "tokenizer", "device", "dtype", "kv_cache", "flash_attn",
+SWEEP_KEYWORDS = ("corpus", "corpus_ids", "ctx", "score", "chunks", "tokenizer", "device", "dtype", "kv_cache", "flash_attn",
                   "reference_file", "max_mean_kl", "max_p99_kl", "min_same_top", "max_ln_ppl_ratio", "thresholds",
                   "progress", "tmp_dir")
 

@@ -74,15 +74,17 @@ def read_corpus_ids(path: str | os.PathLike) -> list[int]:
     return [t for ids in load_token_ids(path) for t in ids]
 
 
-def cut(path: str, raw: bytes, ids: list[int], *, ctx: int, bos: int | None, from_ids: bool) -> Corpus:
-    """Chunks as ``llama-perplexity`` makes them: ``len(ids) // ctx`` whole chunks; fewer than
-    ``2·ctx`` tokens is refused (its rule: one chunk would score ctx/2 tokens of a single window)."""
+def cut(path: str, raw: bytes, ids: list[int], *, ctx: int, bos: int | None, from_ids: bool,
+        chunks: int | None = None) -> Corpus:
+    """Chunks as ``llama-perplexity`` makes them: ``len(ids) // ctx`` whole chunks, at most ``chunks`` of them
+    (its ``--chunks N``: ``n_chunk = min(n_chunks, n_chunk_max)``, the first ones); fewer than ``2·ctx`` tokens
+    is refused (its rule: one chunk would score ctx/2 tokens of a single window)."""
     if ctx < 4:
         raise CkptError(f"--ctx {ctx} is too small; a chunk needs at least 4 positions")
     if len(ids) < 2 * ctx:
         raise CkptError(f"corpus has {len(ids)} tokens; --ctx {ctx} needs at least {2 * ctx} (2 × ctx, as "
                         "llama-perplexity)", path=path, hint="use a longer corpus or a smaller --ctx")
-    n = len(ids) // ctx
+    n = len(ids) // ctx if chunks is None else min(chunks, len(ids) // ctx)
     tokens = np.asarray(ids[:n * ctx], dtype=np.int64).reshape(n, ctx)
     return Corpus(path, hashlib.sha256(raw).hexdigest(), tokens, bos, len(ids), from_ids)
 
@@ -287,7 +289,9 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
     from .session import environment, scratch
     from .tokens import check_tokenizer_source
 
+    from ..data import corpus_file
     t0 = time.perf_counter()
+    o = replace(o, corpus=corpus_file(o.corpus))          # "builtin": the corpus shipped in ckpt_surgeon/data
     pl, saved = o.placement, o.saved
     check_tokenizer_source(o.tokenizer)
     _check_options(o, reference)
@@ -329,7 +333,7 @@ def _run(sides, o: CorpusOptions, llama: LlamaRun, sweep: bool, stream: bool, de
     rows = slice(first, first + nrows)
     reader = ReferenceReader(saved.reference_file) if saved.reference_file is not None else None
     tok = _tokenizer(sides, o.tokenizer, reader, o.corpus_ids is not None)
-    corp = _read_corpus(o.corpus, o.corpus_ids, tok, o.ctx, notes)
+    corp = _read_corpus(o.corpus, o.corpus_ids, tok, o.ctx, notes, o.chunks)
     _check_vocabularies(sides, tok, corp, notes)
     if reader is not None:
         _check_reference_file(reader.info, corp, o.ctx, o.score, tok)
@@ -469,6 +473,8 @@ def _check_options(o: CorpusOptions, reference) -> None:
         raise CkptError("give --corpus FILE or --corpus-ids FILE (one of them)")
     if not isinstance(o.ctx, int) or o.ctx < 4:
         raise CkptError(f"--ctx must be an integer >= 4, got {o.ctx!r}")
+    if o.chunks is not None and (not isinstance(o.chunks, int) or isinstance(o.chunks, bool) or o.chunks < 1):
+        raise CkptError(f"--chunks must be an integer >= 1, got {o.chunks!r}")
     if o.score not in SCORES:
         raise CkptError(f"unknown --score {o.score!r}; choose half (llama.cpp's) or all")
     if o.llama.runtime not in RUNTIMES:
@@ -675,7 +681,16 @@ def _tokenizer(sides: _Sides, tokenizer, reader, ids_given: bool) -> Tokenizer |
                       path=who, hint="pass --tokenizer PATH_OR_ID or --corpus-ids FILE")
 
 
-def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list) -> Corpus:
+def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list, chunks: int | None = None
+                 ) -> Corpus:
+    corp = _read_whole(corpus, corpus_ids, tok, ctx, notes, chunks)
+    if chunks is not None and corp.tokens.shape[0] < corp.total_tokens // ctx:
+        notes.append(f"--chunks {chunks}: the first {corp.tokens.shape[0]} of {corp.total_tokens // ctx} chunks "
+                     "scored (llama-perplexity's --chunks)")
+    return corp
+
+
+def _read_whole(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list, chunks: int | None) -> Corpus:
     from ..analysis.prompts import read_text_file
     from ..formats.safe_input import read_regular
     if corpus_ids is not None:
@@ -687,12 +702,12 @@ def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: lis
                                                       else "; no BOS replacement (no tokenizer that adds one)"))
         if tok is not None and ids and max(ids) >= len(tok):
             raise ConfigError(f"holds id {max(ids)}, beyond the tokenizer's {len(tok)} tokens", path=path)
-        return cut(path, raw, ids, ctx=ctx, bos=bos, from_ids=True)
+        return cut(path, raw, ids, ctx=ctx, bos=bos, from_ids=True, chunks=chunks)
     path = os.fspath(corpus)
     text = read_text_file(Path(path), "corpus")
     ids = tok.encode(text)
     notes.append(f"corpus tokenized with {tok.name}")
-    return cut(path, text.encode("utf-8"), ids, ctx=ctx, bos=tok.bos, from_ids=False)
+    return cut(path, text.encode("utf-8"), ids, ctx=ctx, bos=tok.bos, from_ids=False, chunks=chunks)
 
 
 def _check_vocabularies(sides: _Sides, tok: Tokenizer | None, corp: Corpus, notes: list) -> None:

@@ -141,6 +141,7 @@ class CorpusOptions:
     corpus_ids: PathLike | None = None
     ctx: int = 512
     score: str = "half"
+    chunks: int | None = None               # at most this many chunks, the first (llama-perplexity's --chunks)
     tokenizer: PathLike | None = None
     placement: Placement = field(default_factory=Placement)
     gates: GateLimits = field(default_factory=GateLimits)
