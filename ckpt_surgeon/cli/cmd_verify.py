@@ -132,9 +132,11 @@ def _max_memory(specs) -> dict | None:
 @click.option("--reference", "reference_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: a saved reference (ours, or llama-perplexity's --kl-divergence-base file) replaces "
                    "the reference run. Then REFERENCE may be left out (verify --reference FILE CANDIDATE ...).")
-@click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,
-              help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python), the runtime people "
-                   "deploy with, instead of converting it for transformers.")
+@click.option("--runtime", type=click.Choice(["auto", "transformers", "llama.cpp"]), default="auto", show_default=True,
+              help="Where the models run. Prompt mode: auto runs a pair of .gguf files in llama.cpp (llama-cpp-python, "
+                   "the runtime people deploy with; K/V cached in f32) when it is installed and no transformers-only "
+                   "option is given, anything else in transformers (a .gguf converted for it). Fidelity mode: auto = "
+                   "transformers; llama.cpp runs every .gguf side in llama.cpp.")
 @click.option("--kv-cache", default="f16", show_default=True, metavar="TYPE",
               help="llama.cpp's cache type for K and V of every side run in llama.cpp (--runtime llama.cpp): f32, f16, "
                    "bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1. f16 is llama.cpp's default and rounds K and V: f32 "
@@ -172,7 +174,9 @@ def _max_memory(specs) -> dict | None:
 def command(reference, candidate, fmt, output, force, **given):
     """Run REFERENCE and CANDIDATE on the same prompts and say whether they agree.
 
-    Both are loaded with transformers (causal LMs with AutoModelForCausalLM, masked LMs with
+    A pair of .gguf files runs in llama.cpp (llama-cpp-python) by default (--runtime auto; a note says when
+    it stays in transformers, and why). Otherwise both are loaded with transformers (causal LMs with
+    AutoModelForCausalLM, masked LMs with
     AutoModelForMaskedLM, bare encoders such as BERT / sentence-transformers with AutoModel,
     compared on the last hidden state; a vision/audio-language model with its own class, on the
     text path and on each vision / audio tower run alone on seeded inputs; an encoder-decoder such as
@@ -245,10 +249,10 @@ def _exactness(reference, candidate, g: dict, output, force):
 
     if candidate is None:
         raise click.UsageError("Missing argument 'CANDIDATE'.")
-    if (g["save_reference"] or g["reference_file"] or g["runtime"] != "transformers" or g["cache_sweep"]
-            or g["cache_type_k"] or g["cache_type_v"] or g["chunks"]):
-        raise click.UsageError("--save-reference, --reference, --runtime, --chunks and the cache options need "
-                               "--corpus FILE or --corpus-ids FILE")
+    if (g["save_reference"] or g["reference_file"] or g["cache_sweep"] or g["cache_type_k"] or g["cache_type_v"]
+            or g["chunks"]):
+        raise click.UsageError("--save-reference, --reference, --chunks and the cache options need --corpus FILE or "
+                               "--corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
     if g["prompts_file"] and g["token_ids_file"]:
         raise click.UsageError("give --prompts or --token-ids, not both")
@@ -260,7 +264,7 @@ def _exactness(reference, candidate, g: dict, output, force):
     opts = VerifyOptions(feed, placement, criteria, sequential=g["sequential"] or None, device_map=g["device_map"],
                          max_memory=_max_memory(g["max_memory"]), revision=g["revision"],
                          candidate_revision=g["candidate_revision"], localize=g["localize"],
-                         localize_threshold=g["localize_threshold"])
+                         localize_threshold=g["localize_threshold"], runtime=g["runtime"])
     return verify(reference, candidate, opts), "ckpt-surgeon verify", candidate
 
 
@@ -300,5 +304,6 @@ def _corpus_options(g: dict, force: bool, *, budget: bool = True):
         placement=_placement(g, budget=budget),
         gates=GateLimits(g["thresholds_dtype"], g["max_mean_kl"], g["max_p99_kl"], g["min_same_top"],
                          g["max_ln_ppl_ratio"]),
-        llama=LlamaOptions(g["runtime"], g["kv_cache"], g["cache_type_k"], g["cache_type_v"], g["flash_attn"]),
+        llama=LlamaOptions("transformers" if g["runtime"] == "auto" else g["runtime"], g["kv_cache"], g["cache_type_k"],
+                           g["cache_type_v"], g["flash_attn"]),
         saved=SavedReference(g["reference_file"], g["save_reference"], g["reference_format"], replace=force))

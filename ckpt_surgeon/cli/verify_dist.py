@@ -49,8 +49,10 @@ def distributed(callback, params: dict, parse_size) -> bool:
         os.close(quiet)
         sys.stdout = sys.stderr = open(os.devnull, "w")
     for key, flag in _SINGLE_ONLY:
-        if params.get(key) and params.get(key) != "transformers":
+        if params.get(key) and params.get(key) not in ("transformers", "auto"):
             raise click.UsageError(f"{flag} runs in one process; launch verify without torchrun for it")
+    if params.get("runtime") == "auto":        # the ranks share transformers' work; llama.cpp runs in one process
+        params = {**params, "runtime": "transformers"}
     from ..runtime import resolve_device
     dev = resolve_device(params.get("device") or "auto")
     mode = _MODE.get("value") or os.environ.get("CKPT_SURGEON_DIST_MODE") or "auto"

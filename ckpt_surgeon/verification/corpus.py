@@ -173,10 +173,14 @@ def open_llama(path: str, *, ctx: int, kv_cache: str | CacheTypes = "f16", flash
     problem = build_problem()
     if problem:  # a crash (SIGILL / SIGSEGV) cannot be caught once the decode starts
         raise UnsupportedError(problem, path=path)
+    from ..formats.quant.dequant import default_threads
     cache = kv_cache if isinstance(kv_cache, CacheTypes) else CacheTypes(kv_cache, kv_cache)
     kw = dict(model_path=path, verbose=False)
     if not vocab_only:
-        kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
+        # threads: the idle cores only; ggml's workers spin while they wait for each other, so a thread more than
+        # the free cores costs a scheduler slice per op on a busy machine (issue 50 item 7)
+        threads = default_threads()
+        kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=threads, n_threads_batch=threads,
                   type_k=ggml_id(cache.k), type_v=ggml_id(cache.v), flash_attn=bool(flash_attn))
     log = io.StringIO()
     try:
@@ -314,7 +318,7 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
             stats, corp, gates, ref_file_info = _run(sides, o, llama, sweep, stream, dev, work, notes, warnings)
         finally:
             sides.close()
-    env = environment(dev, torch)
+        env = environment(dev, torch)         # the threads the run had
     on_llama = tuple(s.role for s in sides.models() if s.runtime == "llama.cpp")
     if on_llama:
         import llama_cpp

@@ -101,6 +101,7 @@ class VerifyOptions:
     candidate_revision: str | None = None
     localize: bool = False                   # also find where the models diverge
     localize_threshold: float | None = None  # relative |Δ hidden| that counts as diverged
+    runtime: str = "auto"                    # auto: a GGUF pair in llama.cpp (.llama_prompts.choose) | transformers
 
     @classmethod
     def build(cls, options: VerifyOptions | None = None, **kwargs) -> VerifyOptions:
