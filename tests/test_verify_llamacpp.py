@@ -145,3 +145,23 @@ def test_threads_follow_the_idle_cores(pair, monkeypatch):
         assert verify(ref, ref, prompts=FEW[:1], max_new_tokens=1).environment["threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_work_that_just_started_counts_as_load():
+    """The 1-minute load average lags behind work that has just started (two busy loops started 5 s before a verify
+    left it at 0.2: 2 threads, 37.5 s of CPU spinning where 1 thread spends 10.4 s); the tasks runnable this instant
+    count too, this process's own threads left out."""
+    import os
+
+    from ckpt_surgeon.formats.quant import dequant
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        dequant._RUNNING[:] = [0.0, 0]            # no cached reading
+        assert dequant._running_others() >= 2     # a busy loop is runnable in every reading
+        cpus = len(os.sched_getaffinity(0))
+        assert dequant.default_threads() <= max(1, cpus - 2)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        dequant._RUNNING[:] = [0.0, 0]
