@@ -28,7 +28,7 @@ def scratch(tmp_dir, prefix: str):
 @contextlib.contextmanager
 def idle_core_threads(torch):
     """torch's intra-op threads cut to the idle cores for the run (``default_threads``: ``CKPT_SURGEON_THREADS``,
-    else the usable CPUs minus the 1-minute load), restored afterwards; a caller's ``OMP_NUM_THREADS`` is kept.
+    else the usable CPUs minus the load), restored afterwards; a caller's ``OMP_NUM_THREADS`` is kept.
     Why: torch's OpenMP workers spin while they wait for each other, so on a busy machine every op with a thread
     more than the free cores waits out a scheduler slice (measured on the 2-core machine at load 4-6: the tour's
     GGUF pair 264 s with 2 threads, 84 s with 1; issue 50 item 7)."""
