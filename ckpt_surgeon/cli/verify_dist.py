@@ -31,7 +31,8 @@ dist_mode_option = click.option(
     help="Under torchrun: data = every rank holds both models and runs every N-th corpus chunk; pipeline = each "
          "rank holds a block of decoder layers of both models (the last rank fewer: it holds the heads), chunks pass "
          "rank to rank; auto (default) = data when both models fit one rank, else pipeline. Prompt mode in data mode "
-         "runs on rank 0 alone (the report says so). Also CKPT_SURGEON_DIST_MODE. See docs/verify.md.")
+         "deals the prompts over the ranks the same way (greedy generation included). Also CKPT_SURGEON_DIST_MODE. "
+         "See docs/verify.md.")
 
 
 def distributed(callback, params: dict, parse_size) -> bool:

@@ -203,12 +203,18 @@ def _pick_thresholds(criteria: Criteria, dtype: str, ref, cand, notes: list[str]
 
 
 def _schedule(ref, cand, run: dict, load: dict, work: Path, plan, notes: list[str]):
-    """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs)."""
+    """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs).  Under
+    torchrun in data mode the prompts are dealt over the ranks (:func:`.dist_hook.prompts_hook`): this process runs
+    its share as planned and the others' outputs come in between, in prompt order."""
     notes.append(f"{plan.mode}: {plan.why}")
-    from .dist_hook import alone_note      # under torchrun: these prompts run on rank 0 alone
-    alone_note(notes)
+    from .dist_hook import prompts_hook
     schedule = _run_parallel if plan.mode == "parallel" else _run_sequential
-    return plan.mode, schedule(ref, cand, run, load, work)
+    spread = prompts_hook(ref.given, cand.given, run, load["dtype"], notes)
+    if spread is None:
+        return plan.mode, schedule(ref, cand, run, load, work)
+    spread.start()          # the other ranks load and run their share meanwhile
+    own = schedule(ref, cand, {**run, "encodings": [run["encodings"][i] for i in spread.mine]}, load, work)
+    return plan.mode, spread.merge(own)
 
 
 def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
