@@ -110,11 +110,8 @@ class Checkpoint:
         names = [n for n, t in self.tensors.items() if t.missing]
         if not names and not self.missing_bytes:
             return
-        raise TruncatedError(
-            f"file is truncated: {self.missing_bytes:,} bytes missing; {len(names)} tensor(s) lie past the end of "
-            f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
-            path=(self.tensors[names[0]].file if names else None) or self.source, missing_bytes=self.missing_bytes,
-            tensors=tuple(names), hint=hint)
+        raise TruncatedError.cut_short(self.missing_bytes, names,
+                                       (self.tensors[names[0]].file if names else None) or self.source, hint)
 
     @property
     def bytes_read(self) -> int:

@@ -19,7 +19,6 @@ lines through ``ctx.say`` and tables through ``ctx.table``, both given by the ca
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -84,6 +83,12 @@ def _step_analyze(ctx: DemoContext) -> None:
 def _step_refuse(ctx: DemoContext) -> None:
     from . import fold_bias
     from .errors import RefusedError, UnsupportedError
+    import json
+    window = json.loads((ctx.model / "config.json").read_text()).get("max_position_embeddings")
+    # issue 50 item 9: the refusal's figures are over the model's window, not the 4096 above; say why
+    ctx.say(f"An exact fold must hold at every position the model can see, so fold-bias judges it over the "
+            f"model's whole window (max_position_embeddings: {window:,} positions), not the {DEMO_CONTEXT}-token "
+            "deployment of the analysis above; --approximate --context (step 5) is the deployment's question.")
     for flag, kw in (("--k", {"k": True}), ("--v", {"v": True})):
         ctx.say(f"$ ckpt-surgeon fold-bias {ctx.model} -o {ctx.workdir / 'refused'} {flag}")
         try:
@@ -153,16 +158,21 @@ STEPS: tuple[tuple[str, Callable[[DemoContext], None]], ...] = (
 )
 
 
+def default_workdir() -> Path:
+    """The one folder every demo run reuses (issue 50 item 10: each run used to leave a new ``demo-*`` folder):
+    ``<xdg cache>/ckpt-surgeon/demo``; the models are rebuilt and the outputs replaced in it."""
+    from .userdirs import xdg_cache
+    return xdg_cache() / "ckpt-surgeon" / "demo"
+
+
 def run_demo(workdir: str | os.PathLike | None = None, say: Callable[[str], None] = lambda s: None,
              table: Callable[[object], str] = summary_text) -> DemoContext:
     """Run every demo step; returns the context with per-step results.  ``say`` takes each line,
     ``table`` turns a report into the text ``say`` is given for it."""
-    if workdir is None:
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckpt-surgeon"
-        base.mkdir(parents=True, exist_ok=True)
-        workdir = tempfile.mkdtemp(prefix="demo-", dir=base)
-    ctx = DemoContext(workdir=Path(workdir), say=say, table=table)
+    ctx = DemoContext(workdir=Path(workdir) if workdir is not None else default_workdir(), say=say, table=table)
     ctx.workdir.mkdir(parents=True, exist_ok=True)
+    say(f"Work folder: {ctx.workdir}" + (" (every demo run reuses it; --workdir DIR for another)"
+                                         if workdir is None else ""))
     for i, (name, fn) in enumerate(STEPS, 1):
         say(f"\n[{i}/{len(STEPS)}] {name}")
         fn(ctx)

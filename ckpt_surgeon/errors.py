@@ -52,6 +52,15 @@ class TruncatedError(FormatError):
         self.tensors = tuple(tensors)
         super().__init__(message, **kw)
 
+    @classmethod
+    def cut_short(cls, missing_bytes: int, names, path, hint: str | None = None) -> TruncatedError:
+        """The one line every command gives for a file cut short: the bytes missing and the tensors that
+        lie past its end (the first four named)."""
+        names = tuple(names)
+        return cls(f"file is truncated: {missing_bytes:,} bytes missing; {len(names)} tensor(s) lie past the end of "
+                   f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
+                   path=path, missing_bytes=missing_bytes, tensors=names, hint=hint)
+
 
 class PickleRefusedError(CkptError):
     """A pickle checkpoint was found and --allow-pickle was not given."""

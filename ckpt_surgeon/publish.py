@@ -288,7 +288,8 @@ def refuse_onto_inputs(out: str | os.PathLike, sources, *, into: bool = False) -
         what = "overwrite the input"
     elif any(_inside(real, f) for f in folders):
         f = min(f for f in folders if _inside(real, f))
-        what = (f"overwrite a file of the input folder {f}" if os.path.lexists(real) else
+        kind = "folder" if os.path.isdir(real) else "file"       # M/1_Pooling is a folder (issue 50 item 9)
+        what = (f"overwrite a {kind} of the input folder {f}" if os.path.lexists(real) else
                 f"be written inside the input folder {f}")
     elif not into and any(_inside(f, real) for f in files | folders):
         what = f"replace a folder holding the input {min(f for f in files | folders if _inside(f, real))}"

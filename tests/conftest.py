@@ -33,6 +33,12 @@ if _WORKERS > 1:
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
+# Progress on a stderr that is not a terminal (every CliRunner and subprocess here): a step still running after
+# CKPT_SURGEON_PROGRESS_AFTER seconds is said in plain lines (ckpt_surgeon/progress.py).  On a loaded machine any step
+# may pass 10 s, so the suite moves that point out of reach and the tests of those lines set it themselves: no test's
+# stderr depends on the machine's speed.
+os.environ.setdefault("CKPT_SURGEON_PROGRESS_AFTER", "1e9")
+
 # The files that take minutes on a clean clone (measured 2026-11-27, 2 cores), started first: under
 # `--dist loadfile` each file runs on one worker, in this order, then the rest in collection order,
 # so a long file never starts last while the other worker has nothing left to do.
@@ -62,6 +68,14 @@ def pytest_configure(config):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    if not hasattr(config, "workerinput"):
+        # llama.cpp's sources (the llama-cpp-python sdist, kept in the fixture cache): downloaded once, here,
+        # before any worker starts, when a selected file needs them; offline with an empty cache the run stops
+        # with one line saying what to run (tests/llamacpp_src.py), not with every such test failing
+        from llamacpp_src import prefetch
+        missing = prefetch(config.args)
+        if missing:
+            pytest.exit(missing, returncode=2)
 
 
 def _package_dir(module: str, pip_name: str) -> Path:

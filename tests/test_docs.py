@@ -419,5 +419,12 @@ def _demo_did_everything(output: str):
     assert "-> exit 2, refused: the key bias is not exactly removable in qwen2" in output
     assert "-> exit 2, refused: cannot fold the value bias" in output
     assert output.count("verify: PASS") == 3 and "MISMATCH" not in output
-    where = Path(output.split("Demo finished; files are in ", 1)[1].split()[0])
+    # the refusal's window (the model's 32,768 positions, not the analysis' 4096) is explained before it
+    refuse = output.split("[4/7]")[1]
+    assert refuse.index("(max_position_embeddings: 32,768 positions), not the 4096-token") < refuse.index(
+        "over 32768 positions")
+    # one work folder under the user cache, reused by every run and named at the start and the end
+    where = Path(output.split("files are in ", 1)[1].split()[0])
+    assert where.name == "demo" and where.parent.name == "ckpt-surgeon", where
+    assert f"Work folder: {where} (every demo run reuses it" in output
     assert (where / "qwen2-tiny" / "model.safetensors").is_file(), where

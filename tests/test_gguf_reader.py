@@ -839,4 +839,8 @@ def test_every_command_refuses_a_truncated_gguf_alike(base, tmp_path):
         assert "tensor(s) lie past the end of the file (blk.1.attn_q" in lines[0], (argv, lines[0])
         ran.append(" ".join(prefix))
     assert {"inspect", "analyze", "lint", "convert", "verify", "diff", "fold-bias", "qkv split", "qkv fuse"} <= set(ran)
+    # GGUF -> GGUF convert (the requantizer) gives the same line (issue 50 item 9: "is truncated (N bytes missing)")
+    res = CliRunner().invoke(cli, ["convert", p, "-o", str(tmp_path / "out-q8.gguf"), "--dtype", "q8_0"])
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: {p}: file is truncated: "), res.output
+    assert len(res.stderr.strip().splitlines()) == 1 and "lie past the end of the file (blk.1.attn_q" in res.stderr
     assert not [q for q in tmp_path.iterdir() if q.name.startswith("out")]      # nothing written

@@ -588,6 +588,8 @@ def test_stale_temps_of_every_writer_are_swept(tmp_path):
 
 # --------------------------------------------------------------------------- fuzzing
 
+# A warning is a failure too (issue 50 item 11: a hostile FLOAT64 hyper-parameter overflowed numpy's float32 cast)
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("target,iterations", [("safetensors", 3000), ("gguf", 3000), ("index", 1000),
                                                ("config", 1000), ("gguf-split", 1000), ("gguf-hparams", 3000),
                                                ("config-hparams", 3000)])
@@ -604,6 +606,20 @@ def test_fuzz_every_failure_is_typed(tmp_path, target, iterations):
     assert res["over_time"] == 0 and res["hung"] == 0, res["failures"]
     # the mutations reach both outcomes: a fuzzer that only ever fails (or never does) tests nothing
     assert res["ok"] > 0 and res["typed"] > iterations // 10, res
+
+
+def test_float_beyond_float32_range_is_kept_without_a_cast_overflow():
+    """A GGUF hyper-parameter stored as FLOAT64 beyond float32's range (1e300, -1e39) is kept as it is
+    by f32_decimal's own range check: no float32 holds it, and numpy's cast never sees it."""
+    import warnings
+
+    import numpy as np
+
+    from ckpt_surgeon.arch.gguf_config import f32_decimal
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f32_decimal(1e300) == 1e300 and f32_decimal(-1e39) == -1e39
+        assert f32_decimal(float(np.float32(1e-5))) == 1e-05
 
 
 def test_fuzz_mutators_produce_the_audit_cases():

@@ -161,6 +161,18 @@ def test_the_reported_data_loss_is_refused(tiny, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_of_the_input_folder_is_called_a_folder(tiny, tmp_path):
+    """Issue 50 item 9: ``-o M/1_Pooling`` (a sub-folder of the input folder) was called "a file of the input
+    folder"; a file there still is one."""
+    m = tmp_path / "M"
+    shutil.copytree(tiny("qwen2"), m)
+    (m / "1_Pooling").mkdir()
+    res = _run("fold-bias", m, "-o", m / "1_Pooling", "--center", "--force")
+    _one_line_exit_2(res, f"the output would overwrite a folder of the input folder {m}")
+    res = _run("inspect", m, "-o", m / "config.json", "--force")
+    _one_line_exit_2(res, f"the output would overwrite a file of the input folder {m}")
+
+
 @pytest.fixture
 def unwritable(tmp_path):
     """A folder that refuses new files even to root: chmod 555, and chattr +i where the mode is not

@@ -78,3 +78,58 @@ def test_analyze_measure_phases_of_the_profile_and_the_kv_cache(tiny, tmp_path):
     assert "loading kv with transformers" in err and "Q, K, V through the cache types" in err, err
     _, quiet = _json_and_err(_run("analyze", kv, "--kv-cache", "q8_0", "--measure", "--format", "json"))
     assert "loading" not in quiet and "Q, K, V" not in quiet, quiet
+
+
+def test_a_non_terminal_stderr_hears_of_long_steps_in_plain_lines(capsys, monkeypatch):
+    """Issue 50 item 7: on a stderr that is not a terminal the default drew nothing, so a 7-minute verify printed
+    nothing at all.  Now a step still running after CKPT_SURGEON_PROGRESS_AFTER seconds (10 by default) is said in
+    plain lines, no bar; 0 says every step at once (what this test uses: no timing in it), a step that ends sooner
+    says nothing, and --no-progress / CKPT_SURGEON_PROGRESS=0 silence the lines too."""
+    from ckpt_surgeon.progress import counter, phase, progress_mode, steps
+    monkeypatch.delenv("CKPT_SURGEON_PROGRESS", raising=False)
+    assert progress_mode(None) == "lines" and progress_mode(True) == "bars" and progress_mode(False) == "off"
+    monkeypatch.setenv("CKPT_SURGEON_PROGRESS_AFTER", "0")
+    with phase(None, "loading x"):
+        pass
+    assert list(steps(None, [1, 2, 3], desc="layers", unit="layer")) == [1, 2, 3]
+    with counter(None, total=4, desc="tokens", unit="tok") as c:
+        c.tick(3)
+        c.tick()
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and "\r" not in err and "|" not in err, err          # lines, not bars
+    assert lines[0] == "loading x ..." and lines[1].startswith("loading x: ") and lines[1].endswith(" s")
+    assert "layers: 1/3 layer (" in err and lines[-1].startswith("tokens: 4/4 tok (") and lines[-1].endswith(", done")
+    monkeypatch.setenv("CKPT_SURGEON_PROGRESS_AFTER", "1e9")                 # a short step: nothing said
+    with phase(None, "loading y"):
+        pass
+    with counter(None, total=2, desc="tokens") as c:
+        c.tick(2)
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setenv("CKPT_SURGEON_PROGRESS_AFTER", "0")
+    for silenced in (lambda: phase(False, "z"), lambda: counter(None, total=1, desc="z")):
+        monkeypatch.setenv("CKPT_SURGEON_PROGRESS", "0")
+        with silenced():
+            pass
+    assert capsys.readouterr() == ("", "")
+
+
+def test_verify_says_its_steps_and_tokens_on_a_pipe(tiny, tmp_path, monkeypatch):
+    """Both runtimes of verify on a pipe: the GGUF converted for transformers and the prompt tokens counted (the
+    per-prompt bar sat at 0/8 for a minute: the count is now of tokens, the greedy ones included), and a GGUF pair in
+    llama.cpp; stdout stays the JSON report."""
+    from ckpt_surgeon.conversion import hf_to_gguf
+    monkeypatch.delenv("CKPT_SURGEON_PROGRESS", raising=False)
+    monkeypatch.setenv("CKPT_SURGEON_PROGRESS_AFTER", "0")
+    src = tiny("qwen2")
+    gguf = hf_to_gguf(src, tmp_path / "m.gguf", dtype="f32")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The capital of France is\nhello")
+    doc, err = _json_and_err(_run("verify", gguf, src, "--prompts", prompts, "--max-new-tokens", "3",
+                                  "--format", "json"))
+    assert doc["passed"] and "\r" not in err
+    assert "reference: converting m.gguf to a temporary HF folder (float32) ..." in err.splitlines(), err
+    assert "both models: prompt tokens: 16/16 tok (" in err, err          # 2 models x 2 prompts x (1 + 3)
+    doc, err = _json_and_err(_run("verify", gguf, gguf, "--prompts", prompts, "--max-new-tokens", "3",
+                                  "--format", "json"))
+    assert doc["mode"] == "llama.cpp" and "llama.cpp: prompt tokens, both models: 16/16 tok (" in err, err

@@ -237,7 +237,7 @@ _ALLOWED = {
 }
 # Fixture catalogue: ids of tiny test/demo checkpoints (with their transformers config classes),
 # built by name and never consulted by analysis, surgery or conversion.
-_FIXTURE_FILES = {"tiny.py", "demo.py"}
+_FIXTURE_FILES = {"tiny.py", "demo.py", "tiny_kv.py", "demo_kv.py"}
 _REGISTRY_FILES = {"arch/families.py"}
 
 

@@ -407,7 +407,8 @@ def test_gguf_input(smollm_gguf, tmp_path):
 
     work = tmp_path / "scratch"
     work.mkdir()
-    res = _run("verify", smollm_gguf, smollm_gguf, "--tmp-dir", work, "--max-new-tokens", 4, "--format", "json")
+    res = _run("verify", smollm_gguf, smollm_gguf, "--tmp-dir", work, "--max-new-tokens", 4, "--format", "json",
+               "--runtime", "transformers")      # (a GGUF pair runs in llama.cpp by default: test_verify_llamacpp.py)
     assert res.exit_code == 0, res.output
     r = json.loads(res.stdout)
     assert r["passed"] and r["metrics"]["max_abs_diff"] == 0.0

@@ -482,6 +482,33 @@ def test_corpus_ids_score_like_the_text(pair, tmp_path):
     assert ids_rep.corpus.bos == text_rep.corpus.bos is not None
 
 
+def test_chunks_scores_the_first_n_chunks_as_llama_perplexity(pair, tmp_path):
+    """Issue 50 item 4: --chunks N (llama-perplexity's: n_chunk = min(N, n_tokens / ctx), the first ones) gives the
+    statistics of a corpus that holds only those chunks; the report says how many of how many."""
+    ref, cand, corpus = pair
+    loose = dict(ctx=CTX, device="cpu", max_mean_kl=1, max_p99_kl=1, min_same_top=0)
+    full = verify_corpus(ref, cand, corpus=corpus, **loose)
+    three = verify_corpus(ref, cand, corpus=corpus, chunks=3, **loose)
+    assert full.corpus.tokens.shape[0] > 3 and np.array_equal(three.corpus.tokens, full.corpus.tokens[:3])
+    assert f"--chunks 3: the first 3 of {full.corpus.tokens.shape[0]} chunks scored (llama-perplexity's --chunks)" \
+        in three.notes
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([int(t) for t in full.corpus.tokens[:3].reshape(-1)]))
+    alone = verify_corpus(ref, cand, corpus_ids=ids, **loose)
+    assert alone.to_dict()["corpus"]["kl"] == three.to_dict()["corpus"]["kl"] and three.stats.n == alone.stats.n
+    more = verify_corpus(ref, cand, corpus=corpus, chunks=10 ** 6, **loose)     # more than there are: all
+    assert more.to_dict()["corpus"]["kl"] == full.to_dict()["corpus"]["kl"]
+    # the corpus shipped for offline use: --corpus builtin
+    from ckpt_surgeon.data import CORPUS
+    shipped = verify_corpus(ref, cand, corpus="builtin", chunks=2, **loose)
+    assert shipped.corpus.path == str(CORPUS) and shipped.corpus.tokens.shape[0] == 2
+    assert shipped.corpus.total_tokens > 100 * CTX         # 128 KB of text: room for the recipe's chunks
+    res = CliRunner().invoke(cli, ["verify", str(ref), str(cand), "--chunks", "2"])
+    assert res.exit_code == 2 and "--chunks and the cache options need --corpus FILE" in res.output
+    res = CliRunner().invoke(cli, ["verify", str(ref), str(cand), "--corpus", str(corpus), "--chunks", "0"])
+    assert res.exit_code == 2 and "--chunks" in res.output
+
+
 def test_json_keys_are_the_documented_contract(pair):
     from ckpt_surgeon.verification.corpus import JSON_KEYS
     ref, cand, corpus = pair

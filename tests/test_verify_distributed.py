@@ -112,6 +112,7 @@ def test_corpus_statistics_equal_one_process(tiny, tmp_path_factory, ids_file, f
     assert a["passed"] == b["passed"]
     note = next(n for n in b["notes"] if n.startswith("distributed over"))
     assert f"over {ranks} ranks (gloo): " + ("data-parallel" if mode == "data" else "pipeline") in note
+    assert mode != "data" or f"chunks dealt round-robin over the {ranks} ranks (rank r ran chunks r, r + {ranks}," in note
     assert a["notes"] == [n for n in b["notes"] if n != note]
 
 
@@ -337,26 +338,33 @@ def test_a_killed_pipeline_rank_ends_every_rank_with_one_line(tiny, tmp_path_fac
     assert list(out.iterdir()) == []
 
 
-def test_prompt_mode_data_runs_on_rank_0_alone_and_says_so(tiny, tmp_path_factory, ids_file):
-    """Prompt mode with --dist-mode data: rank 0 runs the prompts with both models in memory, greedy
-    generation compared, as one process does; the report is the one-process report plus one note
-    saying the prompts were not split."""
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_prompt_mode_data_deals_the_prompts_over_the_ranks(tiny, tmp_path_factory, tmp_path, ranks):
+    """Issue 50 item 12: prompt mode with --dist-mode data deals the prompts over the ranks as corpus mode deals
+    chunks (rank r runs prompts r, r + N, ...: both models loaded on each, greedy generation included), rank 0
+    compares them in prompt order: the report is the one-process report (metrics, every prompt's numbers and
+    continuations, the verdict), plus one note saying how the prompts were dealt.  5 prompts: 3 ranks get 2, 2, 1."""
     ref, cand = _models(tiny, tmp_path_factory, "qwen2")
-    args = [ref, cand, "--token-ids", ids_file, "--device", "cpu", "--format", "json"]
-    dist = _torchrun(2, [*args, "--dist-mode", "data"])
+    rng = np.random.default_rng(1)
+    ids = tmp_path / "prompts.json"
+    ids.write_text(json.dumps([[int(x) for x in rng.integers(3, 400, size=n)] for n in (9, 5, 12, 7, 3)]))
+    args = [ref, cand, "--token-ids", ids, "--max-new-tokens", "6", "--device", "cpu", "--format", "json"]
+    dist = _by_hand(ranks, [*args, "--dist-mode", "data"])
     one = _single(args)
     assert dist.returncode == one.returncode == 1, dist.stderr[-3000:]
     a, b = json.loads(one.stdout), json.loads(dist.stdout)
-    assert b["mode"] == a["mode"] != "stream"
+    assert b["mode"] == a["mode"] != "stream" and len(b["prompts"]) == 5
     assert all(p["reference_continuation"] for p in b["prompts"])    # greedy generation compared, as one process
-    for k in ("metrics", "prompts", "failures"):
+    for k in ("metrics", "prompts", "failures", "passed", "thresholds"):
         _close(a[k], b[k], k)
-    alone = [n for n in b["notes"] if n.startswith("distributed over 2 ranks (gloo), data mode: prompt mode ran on "
-                                                   "rank 0 alone")]
+    dealt = [n for n in b["notes"] if n.startswith(f"distributed over {ranks} ranks (gloo), data mode: prompts dealt "
+                                                   f"round-robin over the {ranks} ranks (rank r ran prompts r, r + "
+                                                   f"{ranks}, ...)")]
 
     def free(notes):                 # the plan's note names the free memory of the moment
         return [re.sub(r"[0-9.]+ GiB free", "_ GiB free", n) for n in notes]
-    assert len(alone) == 1 and free(a["notes"]) == free(n for n in b["notes"] if n not in alone)
+    assert len(dealt) == 1 and free(a["notes"]) == free(n for n in b["notes"] if n not in dealt)
+    assert not [n for n in b["notes"] if "rank 0 alone" in n]
 
 
 def test_layer_blocks_count_the_head_on_the_last_rank():

@@ -265,3 +265,48 @@ def test_loaded_and_streamed_inputs_are_validated_alike(tiny, tmp_path):
         assert want in lines[0] and want in lines[1], lines
         if want != "no config.json: ":          # the two verbs are said in their own words there
             assert lines[0] == lines[1]
+
+
+_BEFORE_ANY_WORK = r"""
+import sys
+from ckpt_surgeon import verify
+from ckpt_surgeon.errors import CkptError
+from ckpt_surgeon.verification.corpus import verify_corpus
+ref, bad, corpus = sys.argv[1:4]
+for run in (lambda: verify(ref, bad), lambda: verify_corpus(ref, bad, corpus=corpus, ctx=8)):
+    try:
+        run()
+    except CkptError as e:
+        print(e)
+    else:
+        raise SystemExit("not refused")
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("bad", ["magic", "truncated", "no-weights"])
+def test_a_bad_candidate_is_refused_before_the_reference_is_prepared(tiny, tmp_path, bad):
+    """Issue 50 item 8: ``verify GOOD BAD`` converted the good reference (a 538 MB folder, 7-9 s) before refusing
+    the candidate.  Both inputs' headers are checked first, in both modes: the refusal is the one line every
+    command gives, and neither torch nor transformers was even imported (nothing loaded, converted or run)."""
+    import subprocess
+    from ckpt_surgeon.conversion import hf_to_gguf
+    ref = hf_to_gguf(tiny("qwen2"), tmp_path / "ref.gguf", dtype="f32")
+    cand = tmp_path / ("bad" if bad == "no-weights" else "bad.gguf")
+    if bad == "magic":
+        cand.write_text("hello")
+    elif bad == "truncated":
+        cand.write_bytes(ref.read_bytes()[:-4096])
+    else:
+        cand.mkdir()
+        shutil.copy(tiny("qwen2") / "config.json", cand)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text " * 50)
+    r = subprocess.run([sys.executable, "-c", _BEFORE_ANY_WORK, str(ref), str(cand), str(corpus)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    first, second, loaded = r.stdout.strip().splitlines()
+    assert first == second and first.startswith(f"{cand}: "), r.stdout
+    assert {"magic": "not a GGUF file", "truncated": "file is truncated",
+            "no-weights": "no model.safetensors"}[bad] in first
+    assert loaded == "[]", r.stdout

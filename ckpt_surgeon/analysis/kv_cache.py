@@ -614,6 +614,18 @@ def layer_error(st: KvLayerStats, geom: KvGeometry, cache_type: str, kind: str) 
     return float(np.sqrt(np.mean(e ** 2)))
 
 
+def llama_cache_warnings(layout, types_k, types_v=()) -> list[str]:
+    """``warning: ...`` notes for the llama.cpp cache types that cannot act on this model (a block that does not
+    divide the head size, :func:`.kv_rot.head_block_problem`): the prediction stands, llama.cpp cannot show it."""
+    out = []
+    for types, side in ((types_k, "K"), (types_v, "V")):
+        for t in types:
+            why = R.head_block_problem(t, (layout.head_dim,), side) if layout.head_dim else None
+            if why:
+                out.append(f"warning: {why}; verify --cache-type-k/-v and --cache-sweep refuse it")
+    return out
+
+
 def check_blocks(layout, types, src) -> None:
     for t in types:
         b = CACHE_TYPES[t].block
@@ -787,6 +799,7 @@ def kv_cache_report(ckpt, cache_types, *, context: int | None = None, per_head: 
         heads += predict_layer(st, geom, types)
     notes = ["predicted from weights and biases only (no forward pass): content modelled as unit-variance "
              "features after the pre-attention norm (--measure: the real Q, K, V beside it)"]
+    notes += llama_cache_warnings(layout, types, types if values else ())
     if sampled:
         notes.append("W_q is large: the content moments of one query head per kv group stand for the group "
                      f"(every head's own bias is used); a large W_o's column norms come from {O_SAMPLE_ROWS} of "

@@ -16,6 +16,12 @@ llama-cpp-python 0.3.36 (the project's runtime):
 * ``LLAMA_ATTN_ROT_DISABLE`` (read with ``atoi``: a non-zero integer) turns both off.
 
 ``ggml_gen_hadamard`` builds ``H[0,0] = 1/sqrt(n)`` and doubles it as ``[[H, H], [H, -H]]``.
+
+Besides the rotation, one condition decides whether a quantized cache can act on a model at all
+(:func:`head_block_problem`): ``llama_init_from_model`` (``src/llama-context.cpp``) refuses a K (V)
+cache type whose block size does not divide ``n_embd_head_k`` (``n_embd_head_v``) of every layer when
+flash attention is on; with it off nothing checks it, and the cache type does not act on the logits as
+asked (measured on a head_dim 16 model: q8_0 and q4_0 K caches give bit-identical logits).
 """
 from __future__ import annotations
 
@@ -62,6 +68,30 @@ def rot_size(head_dim: int, cache_type: str, side: str = "k", enabled: bool = Tr
     while head_dim % (2 * n) == 0:
         n *= 2
     return n
+
+
+def block_size(cache_type: str) -> int | None:
+    """Values per block of a quantized llama.cpp cache type (gguf-py's ``GGML_QUANT_SIZES``), None for a float
+    type or a type llama.cpp does not cache in."""
+    if cache_type not in QUANTIZED:
+        return None
+    import gguf
+    return int(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[cache_type.upper()]][0])
+
+
+def head_block_problem(cache_type: str, head_sizes, side: str = "K") -> str | None:
+    """Why this model cannot show a ``cache_type`` ``side`` cache's effect in llama.cpp, or None when it can:
+    the type's block must divide every layer's ``side`` head size (``head_sizes``), the condition
+    ``llama_init_from_model`` enforces with flash attention (see the module docstring)."""
+    block = block_size(cache_type)
+    bad = sorted({int(d) for d in head_sizes if block and int(d) % block})
+    if not bad:
+        return None
+    return (f"a {cache_type} {side} cache quantizes blocks of {block} values along each head, and this model's "
+            f"{side} head size is {bad[0]}: llama.cpp refuses that cache with flash attention (llama-context.cpp: "
+            f"the block size must divide n_embd_head_{side.lower()}) and without it the cache type does not act on "
+            "the logits as asked, so this model cannot show a KV-cache effect (a head size that is a multiple of "
+            f"{block} can)")
 
 
 def hadamard(n: int) -> np.ndarray:

@@ -157,6 +157,9 @@ GGUF_BOUNDS: dict[str, Bounds] = {
     "attention.q_lora_rank": COUNT,
     "attention.key_length_mla": COUNT,
     "attention.value_length_mla": COUNT,
+    # sliding-window layers' own head sizes (llama-model.cpp: n_embd_head_k_swa, default the full layers')
+    "attention.key_length_swa": COUNT,
+    "attention.value_length_swa": COUNT,
     "expert_shared_count": Bounds("int", 0, MAX_WIDTH),
     "expert_weights_scale": POSITIVE,
     "expert_weights_norm": Bounds("bool"),

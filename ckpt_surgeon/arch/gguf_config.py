@@ -166,12 +166,16 @@ def config_from_gguf(metadata: dict, tensors: dict | None = None, *, path: str |
     return cfg
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def f32_decimal(v) -> float:
     """A GGUF FLOAT32 value as the shortest decimal that reads back as the same float32: 1e-05, not
     its exact float64 widening 9.999999747378752e-06 (issue 36: a converted config.json held the
     latter).  Writing it to a GGUF again gives the same bits; a value no float32 holds is kept."""
     f = float(v)
-    if not math.isfinite(f) or float(np.float32(f)) != f:
+    # beyond float32's range no float32 holds it: kept, and never cast (numpy would overflow to inf)
+    if not math.isfinite(f) or abs(f) > _F32_MAX or float(np.float32(f)) != f:
         return f
     return float(np.format_float_positional(np.float32(f), unique=True, trim="0"))
 

@@ -51,12 +51,8 @@ def command(source, allow_pickle, revision, hub_file, allow_full_download, progr
     report = inspect(source, memory, **open_kwargs(allow_pickle, revision, hub_file, allow_full_download, progress))
     emit(report, fmt, output, title="ckpt-surgeon inspect", force=force)
     if report.missing and not allow_truncated:
-        names = [t for t, _ in report.missing]
-        raise TruncatedError(
-            f"file is truncated: {report.missing_bytes:,} bytes missing; {len(names)} tensor(s) lie past the end of "
-            f"the file ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})",
-            path=report.source, missing_bytes=report.missing_bytes, tensors=tuple(names),
-            hint="--allow-truncated exits 0 with the structure only")
+        raise TruncatedError.cut_short(report.missing_bytes, [t for t, _ in report.missing], report.source,
+                                       "--allow-truncated exits 0 with the structure only")
 
 
 def _memory_options(context, batch, cache_type, cache_type_k, cache_type_v, devices):

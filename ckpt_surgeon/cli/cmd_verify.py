@@ -98,11 +98,13 @@ def _max_memory(specs) -> dict | None:
                    "templates; a difference fails the run. --no-tokenizer-check skips it.")
 @click.option("--corpus", "corpus", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: score CANDIDATE over this UTF-8 text as llama-perplexity --kl-divergence does (KL, "
-                   "PPL ratio, Δp, same top).")
+                   "PPL ratio, Δp, same top); 'builtin': the corpus shipped with ckpt-surgeon (offline).")
 @click.option("--corpus-ids", "corpus_ids", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode over token ids instead of text (a JSON list of ids).")
 @click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True,
               help="Fidelity mode: tokens per chunk (the corpus needs at least 2 × ctx tokens).")
+@click.option("--chunks", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Fidelity mode: score at most the first N chunks (llama-perplexity's --chunks).")
 @click.option("--score", type=click.Choice(["half", "all"]), default="half", show_default=True,
               help="Fidelity mode: positions scored per chunk: half = llama.cpp's ctx/2 … ctx−2, all = 0 … ctx−2.")
 @click.option("--save-reference", "save_reference", type=WritePath(dir_okay=False), default=None, metavar="FILE",
@@ -114,25 +116,26 @@ def _max_memory(specs) -> dict | None:
 @click.option("--reference", "reference_file", type=ReadPath(dir_okay=False), default=None, metavar="FILE",
               help="Fidelity mode: a saved reference (ours, or llama-perplexity's --kl-divergence-base file) replaces "
                    "the reference run.")
-@click.option("--runtime", type=click.Choice(["transformers", "llama.cpp"]), default="transformers", show_default=True,
-              help="Fidelity mode: llama.cpp runs every .gguf side in llama.cpp (llama-cpp-python) instead of "
-                   "transformers.")
+@click.option("--runtime", type=click.Choice(["auto", "transformers", "llama.cpp"]), default="auto", show_default=True,
+              help="Where the models run: auto runs a pair of .gguf files in llama.cpp in prompt mode, else "
+                   "transformers; llama.cpp runs every .gguf side there in fidelity mode.")
 @click.option("--kv-cache", default="f16", show_default=True, metavar="TYPE",
               help="llama.cpp's K and V cache type for every side run there (f16 by default; f32 for exactness "
                    "checks).")
 @click.option("--cache-type-k", "cache_type_k", default=None, metavar="TYPE",
               help="The candidate's K cache type in llama.cpp (implies --runtime llama.cpp; CANDIDATE may be left "
-                   "out): a fidelity run.")
+                   "out): a fidelity run, judged only by the gates given.")
 @click.option("--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
               help="The candidate's V cache type in llama.cpp (a quantized V needs flash attention: --flash-attn).")
 @click.option("--cache-sweep", "cache_sweep", default=None, metavar="K[/V],...",
               help="Run the candidate .gguf under each of these caches (K/V, or one type: q8_0,q4_0/f16) against one "
-                   "reference run: a row each.")
+                   "reference run: a row each, judged only by the gates given.")
 @click.option("--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
               help="llama.cpp's flash attention (auto: on when a V cache is quantized, which needs it).")
 @click.option("--max-mean-kl", type=float, default=None,
-              help="Fidelity gate: fail when the mean KL(ref‖cand) exceeds X (default: the row's --max-kl).")
+              help="Fidelity gate: fail when the mean KL(ref‖cand) exceeds X (default: the row's --max-kl; a quantized "
+                   "KV cache: not judged unless given).")
 @click.option("--max-p99-kl", type=float, default=None,
               help="Fidelity gate: fail when the 99th percentile of per-token KL exceeds X (default: the row's "
                    "--max-kl).")
@@ -147,12 +150,14 @@ def _max_memory(specs) -> dict | None:
 def command(reference, candidate, fmt, output, force, **given):
     """Run REFERENCE and CANDIDATE on the same inputs and say whether they agree.
 
-    Exactness mode: both run with transformers on the same prompts (any source: folders, GGUF, quantized
-    checkpoints, Hub ids), compared on max |Δlogit|, KL, top-1 and greedy continuations, judged by the
-    coarsest dtype's row; --localize names the first layer that diverges; models larger than memory run
-    layer by layer.  Fidelity mode (--corpus): llama-perplexity's KL-divergence statistics, in transformers
-    or llama.cpp (--runtime llama.cpp), with quantized KV caches (--cache-type-k, --cache-sweep); under
-    torchrun, over GPUs and machines.  Exit 0 agree, 1 mismatch (the report first), 2 bad input.
+    Exactness mode: both run on the same prompts (any source: folders, GGUF, quantized checkpoints, Hub
+    ids), in llama.cpp for a pair of .gguf files (--runtime auto), else in transformers, compared on max
+    |Δlogit|, KL, top-1 and greedy continuations, judged by the coarsest dtype's row; when both carry a
+    tokenizer, their tokenizers and chat templates too; --localize names the first layer that diverges;
+    models larger than memory run layer by layer.  Fidelity mode (--corpus): llama-perplexity's
+    KL-divergence statistics, in transformers or llama.cpp (--runtime llama.cpp), with quantized KV caches
+    (--cache-type-k, --cache-sweep); under torchrun, over GPUs and machines.  Exit 0 agree, 1 mismatch
+    (the report first), 2 bad input.
 
     \b
     Examples:
@@ -191,9 +196,9 @@ def _exactness(reference, candidate, g: dict, output, force):
 
     if candidate is None:
         raise click.UsageError("Missing argument 'CANDIDATE'.")
-    if (g["save_reference"] or g["reference_file"] or g["runtime"] != "transformers" or g["cache_sweep"]
-            or g["cache_type_k"] or g["cache_type_v"]):
-        raise click.UsageError("--save-reference, --reference, --runtime and the cache options need --corpus FILE or "
+    if (g["save_reference"] or g["reference_file"] or g["cache_sweep"] or g["cache_type_k"] or g["cache_type_v"]
+            or g["chunks"]):
+        raise click.UsageError("--save-reference, --reference, --chunks and the cache options need --corpus FILE or "
                                "--corpus-ids FILE")
     check_report_path(output, force, (reference, candidate))
     if g["prompts_file"] and g["token_ids_file"]:
@@ -206,7 +211,8 @@ def _exactness(reference, candidate, g: dict, output, force):
     opts = VerifyOptions(feed, placement, criteria, sequential=g["sequential"] or None, device_map=g["device_map"],
                          max_memory=_max_memory(g["max_memory"]), revision=g["revision"],
                          candidate_revision=g["candidate_revision"], localize=g["localize"],
-                         localize_threshold=g["localize_threshold"], tokenizer_check=g["tokenizer_check"])
+                         localize_threshold=g["localize_threshold"], tokenizer_check=g["tokenizer_check"],
+                         runtime=g["runtime"])
     return verify(reference, candidate, opts), "ckpt-surgeon verify", candidate
 
 
@@ -241,9 +247,11 @@ def _corpus_options(g: dict, force: bool, *, budget: bool = True):
     """The fidelity options as one :class:`~ckpt_surgeon.verification.options.CorpusOptions`."""
     from ..verification.options import CorpusOptions, GateLimits, LlamaOptions, SavedReference
     return CorpusOptions(
-        corpus=g["corpus"], corpus_ids=g["corpus_ids"], ctx=g["ctx"], score=g["score"], tokenizer=g["tokenizer"],
+        corpus=g["corpus"], corpus_ids=g["corpus_ids"], ctx=g["ctx"], score=g["score"], chunks=g["chunks"],
+        tokenizer=g["tokenizer"],
         placement=_placement(g, budget=budget),
         gates=GateLimits(g["thresholds_dtype"], g["max_mean_kl"], g["max_p99_kl"], g["min_same_top"],
                          g["max_ln_ppl_ratio"]),
-        llama=LlamaOptions(g["runtime"], g["kv_cache"], g["cache_type_k"], g["cache_type_v"], g["flash_attn"]),
+        llama=LlamaOptions("transformers" if g["runtime"] == "auto" else g["runtime"], g["kv_cache"], g["cache_type_k"],
+                           g["cache_type_v"], g["flash_attn"]),
         saved=SavedReference(g["reference_file"], g["save_reference"], g["reference_format"], replace=force))

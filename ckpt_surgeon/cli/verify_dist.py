@@ -28,8 +28,8 @@ def _remember(ctx, param, value):
 dist_mode_option = click.option(
     "--dist-mode", type=click.Choice(["auto", "data", "pipeline"]), default=None, expose_value=False,
     callback=_remember,
-    help="Under torchrun: data (both models on every rank, chunks spread) or pipeline (layers spread); auto: data "
-         "when both fit (also CKPT_SURGEON_DIST_MODE).")
+    help="Under torchrun: data (both models on every rank; corpus chunks, or prompts, dealt over the ranks) or "
+         "pipeline (layers spread); auto: data when both fit (also CKPT_SURGEON_DIST_MODE).")
 
 
 def distributed(callback, params: dict, parse_size) -> bool:
@@ -47,8 +47,10 @@ def distributed(callback, params: dict, parse_size) -> bool:
         os.close(quiet)
         sys.stdout = sys.stderr = open(os.devnull, "w")
     for key, flag in _SINGLE_ONLY:
-        if params.get(key) and params.get(key) != "transformers":
+        if params.get(key) and params.get(key) not in ("transformers", "auto"):
             raise click.UsageError(f"{flag} runs in one process; launch verify without torchrun for it")
+    if params.get("runtime") == "auto":        # the ranks share transformers' work; llama.cpp runs in one process
+        params = {**params, "runtime": "transformers"}
     from ..runtime import resolve_device
     dev = resolve_device(params.get("device") or "auto")
     mode = _MODE.get("value") or os.environ.get("CKPT_SURGEON_DIST_MODE") or "auto"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
+from ..errors import FormatError, TruncatedError, UnsupportedError
 from ..formats.quant import ggml_types as GT
 from ..formats.write import gguf as gw
 from . import output_path
@@ -184,8 +184,8 @@ def _open_source(src: Path):
     from ..formats.gguf import open_gguf
     g = open_gguf(src)
     try:
-        if g.missing_bytes:
-            raise FormatError(f"is truncated ({g.missing_bytes:,} bytes missing)", path=str(src))
+        if g.missing_bytes:        # the line every other command gives (issue 50 item 9)
+            raise TruncatedError.cut_short(g.missing_bytes, [n for n, t in g.tensors.items() if t.missing], src)
         return g.header, dict(g.tensors), list(g.paths)
     finally:
         g.close()

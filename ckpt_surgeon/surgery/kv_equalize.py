@@ -331,6 +331,7 @@ def plan_kv_equalize(ckpt, *, cache_type_k="q4_0", cache_type_v=None, context: i
     finally:
         ahead.close()
     notes = _notes(calibration, how := _how(calibration), types_k, types_v, pow2, kept * (min_gain > 0), min_gain)
+    notes += KC.llama_cache_warnings(layout, types_k, types_v)      # issue 50 item 5: a cache llama.cpp cannot show
     params = {"cache_type_k": list(types_k), "cache_type_v": list(types_v), "context": context,
               "pair_layout": geom.pair_layout, "scales": how, "scale_values": "pow2" if pow2 else "continuous",
               "attn_rot": geom.attn_rot, "min_gain": min_gain,

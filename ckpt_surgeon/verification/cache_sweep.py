@@ -10,7 +10,9 @@ runs once, its logits kept in a temporary file, and each row runs the candidate 
 
 A quantized cache is a fidelity run, not an exactness run: no model can match float logits
 through a 4- or 8-bit cache, so the rows are measurements.  Gates are judged only when given
-(``--max-mean-kl`` ...); then a row over one fails the run (exit 1).
+(``--max-mean-kl`` ...), or from a row's defaults when ``--thresholds ROW`` asks; then a row over one
+fails the run (exit 1).  A single ``--cache-type-k`` / ``--cache-type-v`` run takes the same stand
+(:func:`.corpus._gates`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from ..records import finite_or_none as _num
 from .corpus import Corpus, LlamaRun, needs_llama, run_corpus
-from .corpus_report import Gates
+from .corpus_report import MEASUREMENT_ONLY, Gates, gates_for, given_gates
 from .fidelity import FidelityStats
 from .kv_types import CacheTypes, cache_types, parse_sweep, use_flash_attn
 from .options import CorpusOptions, SavedReference
@@ -154,23 +156,23 @@ class CacheSweepReport:
                  ("flash attention", "on" if self.flash_attn else "off"),
                  ("kind", FIDELITY_NOTE)]
         if self.gates is None:
-            items.append(("gates", "none given: measurement only (--max-mean-kl, --min-same-top, ... judge each row)"))
+            items.append(("gates", MEASUREMENT_ONLY))
         else:
+            items.append(("gates", self.gates.describe()))
             items.append(("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)))
         return items
 
 
 # What a sweep takes of :class:`.options.CorpusOptions` (the rest is fixed: every row runs in llama.cpp).
-SWEEP_KEYWORDS = ("corpus", "corpus_ids", "ctx", "score", "tokenizer", "device", "dtype", "kv_cache", "flash_attn",
-                  "reference_file", "max_mean_kl", "max_p99_kl", "min_same_top", "max_ln_ppl_ratio", "progress",
-                  "tmp_dir")
+SWEEP_KEYWORDS = ("corpus", "corpus_ids", "ctx", "score", "chunks", "tokenizer", "device", "dtype", "kv_cache", "flash_attn",
+                  "reference_file", "max_mean_kl", "max_p99_kl", "min_same_top", "max_ln_ppl_ratio", "thresholds",
+                  "progress", "tmp_dir")
 
 
 def sweep_options(o: CorpusOptions) -> CorpusOptions:
     """``o`` as a sweep runs it: llama.cpp for every GGUF side, no per-side cache types, nothing
-    saved, not streamed, no memory budget, gates only as given (no thresholds row)."""
+    saved, not streamed, no memory budget; gates as given (a thresholds row only when named)."""
     return replace(o, placement=replace(o.placement, stream=False, memory_budget=None),
-                   gates=replace(o.gates, thresholds=None),
                    llama=replace(o.llama, runtime="llama.cpp", cache_type_k=None, cache_type_v=None),
                    saved=SavedReference(reference_file=o.saved.reference_file))
 
@@ -182,9 +184,9 @@ def verify_cache_sweep(reference, candidate=None, *, cache_sweep, options: Corpu
     for both; see :func:`.kv_types.parse_sweep`) against ``reference`` run once (a GGUF in
     llama.cpp with ``kv_cache`` for K and V, default f16; an HF model in transformers) or against
     ``reference_file``.  ``flash_attn``: auto (on for every run when a row quantizes V), on, off.
-    Gates are judged only when given.  The options: a :class:`~.options.CorpusOptions` record
-    (``options``; what a sweep does not take is ignored, :func:`sweep_options`) or the keyword
-    arguments of :data:`SWEEP_KEYWORDS`.  Raises CkptError (one line) for bad input."""
+    Gates are judged only when given (``thresholds``: a row's defaults for those not given).  The
+    options: a :class:`~.options.CorpusOptions` record (``options``; what a sweep does not take is
+    ignored, :func:`sweep_options`) or the keyword arguments of :data:`SWEEP_KEYWORDS`.  Raises CkptError (one line) for bad input."""
     unknown = next((k for k in kwargs if k not in SWEEP_KEYWORDS), None)
     if unknown is not None:
         raise TypeError(f"verify_cache_sweep() got an unexpected keyword argument {unknown!r}")
@@ -195,9 +197,8 @@ def verify_cache_sweep(reference, candidate=None, *, cache_sweep, options: Corpu
     needs_llama("llama.cpp", candidate, "--cache-sweep")
     llama = LlamaRun(ref_cache, rows, use_flash_attn(o.llama.flash_attn, (ref_cache,) + rows))
     out = run_corpus(reference, candidate, o, llama=llama, sweep=True)
-    gate_args = o.gates.limits()
-    given = {k: v for k, v in gate_args.items() if v is not None}
-    gates = Gates("explicit", **{k: given.get(k) for k in gate_args}, overridden=tuple(given)) if given else None
+    gates = gates_for(o.gates.thresholds, **o.gates.limits()) if o.gates.thresholds else given_gates(o.gates.limits())
+    gates = None if gates.measurement_only else gates
     swept = tuple(SweepRow(c, st, gates.judge(st) if gates else ()) for c, st in zip(rows, out.stats))
     notes = [FIDELITY_NOTE] + [n for n in out.notes if not n.startswith("quantized KV cache:")]
     if llama.flash_attn:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, UnsupportedError
-from ..progress import progress_enabled
 from ..runtime import quiet_transformers, resolve_device
-from .loading import TORCH_DTYPES, PreparedModel, free_memory, load_model, prepare
+from .loading import TORCH_DTYPES, PreparedModel, check_inputs, free_memory, load_model, prepare
 from .memory import (MemoryPlan, ModelSizes, budget, check_memory_arguments, model_sizes, plan_memory,  # noqa: F401
                      positions_bound)
 from .metrics import common_width, compare_outputs, first_difference
 from .options import Criteria, VerifyOptions
 from .prompts import default_prompts
 from .report import PromptResult, VerifyReport, aggregate, judge
-from .session import environment, scratch
-from .thresholds import coarsest, thresholds_for
+from .session import check_tmp_dir, environment, scratch
 from .tokens import check_tokenizer_source, tokenize_pair
 from .towers import compare_towers, tower_arrays, tower_failures, tower_targets
 
@@ -128,11 +125,19 @@ def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: Verif
     t0 = time.perf_counter()
     feed, pl = o.feed, o.placement
     check_tokenizer_source(feed.tokenizer)          # before torch is even imported
-    dev, prompts, token_ids = _check_arguments(pl.dtype, pl.device, o.device_map, feed.max_new_tokens, feed.prompts,
-                                               feed.token_ids)
+    prompts, token_ids = _check_arguments(pl.dtype, pl.device, o.device_map, feed.max_new_tokens, feed.prompts,
+                                          feed.token_ids)
     check_memory_arguments(pl.stream, pl.dtype, o.device_map, pl.memory_budget, o.max_memory)
     o.criteria.check()          # the threshold overrides now, not after minutes of conversion and loading
+    check_inputs((reference, o.revision), (candidate, o.candidate_revision))    # both, before any work
+    from .llama_prompts import choose, compare_llama
+    runtime, why = choose(reference, candidate, o)      # a GGUF pair: llama.cpp, unless transformers is asked for
+    if runtime == "llama.cpp":
+        check_tmp_dir(pl.tmp_dir)
+        return compare_llama(reference, candidate, o, prompts, token_ids, t0, [])
+    dev = resolve_device(pl.device)          # imports torch
     job = _Job(reference, candidate, o, dev, prompts, token_ids, t0=t0)
+    job.notes += [why] if why else []
     with scratch(pl.tmp_dir, "ckpt-surgeon-verify-") as (job.work, job.torch):
         plan = plan_memory(model_sizes(reference, o.revision), model_sizes(candidate, o.candidate_revision),
                            dtype=pl.dtype, device=dev, device_map=o.device_map, sequential=o.sequential,
@@ -215,33 +220,33 @@ def _prepare_pair(job: _Job):
 
 
 def _pick_thresholds(criteria: Criteria, dtype: str, ref, cand, notes: list[str]):
-    """The thresholds to judge by: the named row, else the coarsest of ``dtype`` and both storage dtypes."""
-    thr_dtype = criteria.thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
-    thr = thresholds_for(thr_dtype, **criteria.overrides())
-    if thr_dtype == "quantized":
-        notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
-                     "pass explicit thresholds for a quantized candidate")
-    from .requantized import requantized_note
-    requant = requantized_note(ref.given, cand.given)     # issue 36 item 19: the verdict points at it
-    if requant:
-        notes.append(requant)
-    return thr
+    """The thresholds to judge by (:func:`.requantized.pick_thresholds`)."""
+    from .requantized import pick_thresholds
+    return pick_thresholds(criteria, dtype, ref, cand, notes)
 
 
 def _schedule(ref, cand, run: dict, load: dict, work: Path, plan, notes: list[str]):
-    """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs)."""
+    """Start the planned parallel or sequential mode: (mode, the reference/candidate output pairs).  Under
+    torchrun in data mode the prompts are dealt over the ranks (:func:`.dist_hook.prompts_hook`): this process runs
+    its share as planned and the others' outputs come in between, in prompt order."""
     notes.append(f"{plan.mode}: {plan.why}")
-    from .dist_hook import alone_note      # under torchrun: these prompts run on rank 0 alone
-    alone_note(notes)
+    from .dist_hook import prompts_hook
     schedule = _run_parallel if plan.mode == "parallel" else _run_sequential
-    return plan.mode, schedule(ref, cand, run, load, work)
+    spread = prompts_hook(ref.given, cand.given, run, load["dtype"], notes)
+    if spread is None:
+        return plan.mode, schedule(ref, cand, run, load, work)
+    spread.start()          # the other ranks load and run their share meanwhile
+    own = schedule(ref, cand, {**run, "encodings": [run["encodings"][i] for i in spread.mine]}, load, work)
+    return plan.mode, spread.merge(own)
 
 
 def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_ids):
-    """Everything checkable before a file is opened -> (device, prompts, token_ids)."""
+    """Everything checkable before a file is opened (torch not imported) -> (prompts, token_ids)."""
+    from ..runtime import DEVICES
     if dtype not in TORCH_DTYPES:
         raise CkptError(f"unknown dtype {dtype!r}; choose one of {', '.join(TORCH_DTYPES)}")
-    dev = resolve_device(device)
+    if device not in DEVICES:
+        raise CkptError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device_map not in (None, *DEVICE_MAPS):
         raise CkptError(f"unknown device map {device_map!r}; only 'auto' is supported")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -257,7 +262,7 @@ def _check_arguments(dtype, device, device_map, max_new_tokens, prompts, token_i
     prompts = default_prompts() if prompts is None else [p for p in prompts]
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise CkptError("prompts must be a non-empty list of non-empty strings")
-    return dev, prompts, token_ids
+    return prompts, token_ids
 
 
 def _comparable_kind(ref: PreparedModel, cand: PreparedModel):
@@ -274,7 +279,9 @@ def _run_parallel(ref: PreparedModel, cand: PreparedModel, run: dict, load: dict
     cand_model = load_model(cand, **load)
     _tower_run(ref_model, "reference", run)
     _tower_run(cand_model, "candidate", run)
-    return zip(_outputs(ref_model, "both models", **run), _outputs(cand_model, "candidate", **{**run, "progress": False}))
+    tally = _tally(run, 2, "both models")       # one count for the pair, ticked by both
+    return _closing(zip(_outputs(ref_model, "reference", tally=tally, **run),
+                        _outputs(cand_model, "candidate", tally=tally, **run)), tally)
 
 
 def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: dict, work: Path):
@@ -284,16 +291,36 @@ def _run_sequential(ref: PreparedModel, cand: PreparedModel, run: dict, load: di
     saved.mkdir()
     ref_model = load_model(ref, **load)
     ref_conts = []
-    for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", **run)):
+    tally = _tally(run, 1, "reference")
+    for i, (arr, cont) in enumerate(_outputs(ref_model, "reference", tally=tally, **run)):
         np.save(saved / f"{i}.npy", arr)
         ref_conts.append(cont)
+    tally.close()
     _tower_run(ref_model, "reference", run)
     del ref_model
     free_memory(run["torch"])
     cand_model = load_model(cand, **load)
     _tower_run(cand_model, "candidate", run)
-    return (((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
-            for i, out in enumerate(_outputs(cand_model, "candidate", **run)))
+    tally = _tally(run, 1, "candidate")
+    return _closing((((np.load(saved / f"{i}.npy", mmap_mode="r"), ref_conts[i]), out)
+                     for i, out in enumerate(_outputs(cand_model, "candidate", tally=tally, **run))), tally)
+
+
+def _tally(run: dict, models: int, desc: str):
+    """The progress count of ``models`` model(s) over the prompts: one step per prompt's forward pass and one per
+    greedy token (issue 50 item 7: a per-prompt bar sat at 0/8 for a minute)."""
+    from ..progress import Tally
+    per = 1 + (run["gen_config"].max_new_tokens if run["gen_config"] is not None else 0)
+    return Tally(run["progress"], total=models * per * len(run["encodings"]), desc=f"{desc}: prompt tokens",
+                 unit="tok")
+
+
+def _closing(pairs, tally):
+    """``pairs`` as they come, the tally closed once they are all out."""
+    try:
+        yield from pairs
+    finally:
+        tally.close()
 
 
 def _tower_run(model, side: str, run: dict) -> None:
@@ -408,29 +435,48 @@ def _seq2seq_inputs(model, x, seed: int, notes: list, memo: dict, torch) -> dict
 
 
 def _outputs(model, side: str, *, kind, encodings, gen_config, device, device_map, progress, seed, torch, towers=(),
-             tower_out=None, notes=None):
-    """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt."""
+             tower_out=None, notes=None, tally=None):
+    """Yield ``(output [T, D] float32 numpy, greedy continuation ids)`` per prompt; ``tally`` (a
+    :class:`~ckpt_surgeon.progress.Tally`) is ticked once per forward pass and once per greedy token."""
     notes = [] if notes is None else notes
     memo: dict = {}      # an encoder-decoder's encoder feed, chosen once for this model
-    from tqdm.auto import tqdm
 
     # No context managers in here: in parallel mode two of these generators are interleaved, and
     # a grad-mode or logging context entered in one would be restored out of order by the other.
     # verify() holds torch.no_grad() and the quiet logging around the whole run instead.
     in_dev = model.device if device_map else device
-    for ids in tqdm(encodings, desc=side, unit="prompt", file=sys.stderr, leave=False,
-                    disable=not progress_enabled(progress)):
+    for ids in encodings:
         torch.manual_seed(seed)   # nothing here samples; fixed so that any stray randomness repeats
         x = torch.tensor([ids], dtype=torch.long, device=in_dev)
         mask = torch.ones_like(x)
         inputs = _seq2seq_inputs(model, x, seed, notes, memo, torch) if kind.name == "seq2seq" else dict(input_ids=x, attention_mask=mask)
         out = getattr(model(**inputs), kind.output)[0]
         arr = out.float().cpu().numpy()
+        if tally is not None:
+            tally.tick()
         cont = ()
         if gen_config is not None:
-            g = model.generate(input_ids=x, attention_mask=mask, generation_config=gen_config)
+            g = model.generate(input_ids=x, attention_mask=mask, generation_config=gen_config,
+                               streamer=_TokenTicks(tally) if tally is not None else None)
             cont = tuple(int(t) for t in g[0, len(ids):].tolist())
+            if tally is not None:
+                tally.tick(gen_config.max_new_tokens - len(cont))     # stopped early: the rest at once
         yield arr, cont
+
+
+class _TokenTicks:
+    """A transformers generation streamer that ticks a tally per new token (its first ``put`` is the prompt)."""
+
+    def __init__(self, tally):
+        self.tally, self.prompt_seen = tally, False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:
+            self.tally.tick(int(value.numel()))
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
 
 
 def _compare_all(pairs, prompts, encodings, tok, kind, generated: bool, notes) -> list[PromptResult]:

@@ -31,7 +31,8 @@ from ..errors import CkptError, ConfigError, SourceNotFoundError, UnsupportedErr
 from ..progress import steps
 from .fidelity import LLAMACPP_MIN_TOKENS, FidelityAccumulator, FidelityStats
 from .metrics import common_width
-from .kv_types import CACHE_TYPES, CacheTypes, cache_types, ggml_id, use_flash_attn
+from .kv_types import (CACHE_TYPES, CacheTypes, cache_types, check_cache_fits, ggml_id, gguf_head_sizes,
+                       use_flash_attn)
 from .reference_file import (FORMATS as REFERENCE_FORMATS, LLAMACPP_KL_FLOOR, ReferenceReader, ReferenceWriter,
                              scored_rows)
 from .options import CorpusOptions, GateLimits
@@ -73,15 +74,17 @@ def read_corpus_ids(path: str | os.PathLike) -> list[int]:
     return [t for ids in load_token_ids(path) for t in ids]
 
 
-def cut(path: str, raw: bytes, ids: list[int], *, ctx: int, bos: int | None, from_ids: bool) -> Corpus:
-    """Chunks as ``llama-perplexity`` makes them: ``len(ids) // ctx`` whole chunks; fewer than
-    ``2·ctx`` tokens is refused (its rule: one chunk would score ctx/2 tokens of a single window)."""
+def cut(path: str, raw: bytes, ids: list[int], *, ctx: int, bos: int | None, from_ids: bool,
+        chunks: int | None = None) -> Corpus:
+    """Chunks as ``llama-perplexity`` makes them: ``len(ids) // ctx`` whole chunks, at most ``chunks`` of them
+    (its ``--chunks N``: ``n_chunk = min(n_chunks, n_chunk_max)``, the first ones); fewer than ``2·ctx`` tokens
+    is refused (its rule: one chunk would score ctx/2 tokens of a single window)."""
     if ctx < 4:
         raise CkptError(f"--ctx {ctx} is too small; a chunk needs at least 4 positions")
     if len(ids) < 2 * ctx:
         raise CkptError(f"corpus has {len(ids)} tokens; --ctx {ctx} needs at least {2 * ctx} (2 × ctx, as "
                         "llama-perplexity)", path=path, hint="use a longer corpus or a smaller --ctx")
-    n = len(ids) // ctx
+    n = len(ids) // ctx if chunks is None else min(chunks, len(ids) // ctx)
     tokens = np.asarray(ids[:n * ctx], dtype=np.int64).reshape(n, ctx)
     return Corpus(path, hashlib.sha256(raw).hexdigest(), tokens, bos, len(ids), from_ids)
 
@@ -170,10 +173,14 @@ def open_llama(path: str, *, ctx: int, kv_cache: str | CacheTypes = "f16", flash
     problem = build_problem()
     if problem:  # a crash (SIGILL / SIGSEGV) cannot be caught once the decode starts
         raise UnsupportedError(problem, path=path)
+    from ..formats.quant.dequant import default_threads
     cache = kv_cache if isinstance(kv_cache, CacheTypes) else CacheTypes(kv_cache, kv_cache)
     kw = dict(model_path=path, verbose=False)
     if not vocab_only:
-        kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count() or 1,
+        # threads: the idle cores only; ggml's workers spin while they wait for each other, so a thread more than
+        # the free cores costs a scheduler slice per op on a busy machine (issue 50 item 7)
+        threads = default_threads()
+        kw.update(logits_all=True, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, n_threads=threads, n_threads_batch=threads,
                   type_k=ggml_id(cache.k), type_v=ggml_id(cache.v), flash_attn=bool(flash_attn))
     log = io.StringIO()
     try:
@@ -192,7 +199,7 @@ def pair_in_memory(ref: Single, cand: Single, sequences, *, rows: slice):
 
 
 # the report (gates, JSON contract, record) lives in .corpus_report; re-exported here
-from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for  # noqa: E402,F401
+from .corpus_report import JSON_KEYS, CorpusReport, Gates, gates_for, given_gates  # noqa: E402,F401
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -286,11 +293,18 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
     from .session import environment, scratch
     from .tokens import check_tokenizer_source
 
+    from ..data import corpus_file
     t0 = time.perf_counter()
+    o = replace(o, corpus=corpus_file(o.corpus))          # "builtin": the corpus shipped in ckpt_surgeon/data
     pl, saved = o.placement, o.saved
     check_tokenizer_source(o.tokenizer)
     _check_options(o, reference)
     o.gates.check()        # bad gate values fail before any model loads
+    from .loading import check_inputs
+    check_inputs((reference, None), (candidate, None))      # both models' headers, before either is prepared
+    for given, caches in ((reference, (llama.reference,)), (candidate, llama.candidates)):
+        if given is not None and o.llama.runtime == "llama.cpp" and os.fspath(given).endswith(".gguf"):
+            _check_caches(os.fspath(given), caches)     # a cache that cannot act on the model: before any run
     dev = resolve_device(pl.device)
     notes: list[str] = []
     warnings: list[str] = []
@@ -304,7 +318,7 @@ def run_corpus(reference, candidate, o: CorpusOptions, *, llama: LlamaRun, sweep
             stats, corp, gates, ref_file_info = _run(sides, o, llama, sweep, stream, dev, work, notes, warnings)
         finally:
             sides.close()
-    env = environment(dev, torch)
+        env = environment(dev, torch)         # the threads the run had
     on_llama = tuple(s.role for s in sides.models() if s.runtime == "llama.cpp")
     if on_llama:
         import llama_cpp
@@ -323,7 +337,7 @@ def _run(sides, o: CorpusOptions, llama: LlamaRun, sweep: bool, stream: bool, de
     rows = slice(first, first + nrows)
     reader = ReferenceReader(saved.reference_file) if saved.reference_file is not None else None
     tok = _tokenizer(sides, o.tokenizer, reader, o.corpus_ids is not None)
-    corp = _read_corpus(o.corpus, o.corpus_ids, tok, o.ctx, notes)
+    corp = _read_corpus(o.corpus, o.corpus_ids, tok, o.ctx, notes, o.chunks)
     _check_vocabularies(sides, tok, corp, notes)
     if reader is not None:
         _check_reference_file(reader.info, corp, o.ctx, o.score, tok)
@@ -406,17 +420,21 @@ def _score_against(reader, side, corp, rows: slice, tok, dev, warnings, notes, b
 
 
 def _gates(sides, llama: LlamaRun, given: GateLimits, dtype, notes) -> Gates:
-    """Default gates from the coarsest precision in play; a quantized weight or KV cache makes it
-    the quantized row (a fidelity run, not an exactness run)."""
+    """Default gates from the coarsest precision in play (a quantized weight: the quantized row).  A
+    quantized KV cache is a fidelity run, not an exactness run: only the gates given are judged (none
+    given: measurement only), as a cache sweep judges its rows; --thresholds ROW asks for a row's defaults."""
     cache_q = llama.quantized() and any(s.runtime == "llama.cpp" for s in sides.models())
     thresholds = given.thresholds
-    row = thresholds or coarsest(dtype, *sides.storage_dtypes(), *(("quantized",) if cache_q else ()))
-    gates = gates_for(row, **given.limits())
     if cache_q:
+        gates = gates_for(thresholds, **given.limits()) if thresholds else given_gates(given.limits())
         notes.append("quantized KV cache: a fidelity run, not an exactness run (the cache rounds K / V to a few "
-                     "bits; no exact model can match it)" + ("" if thresholds else "; default gates from the "
-                     "bfloat16 row: pass explicit gates (--max-mean-kl, --min-same-top, ...) for your tolerance"))
-    elif row == "quantized":
+                     "bits; no exact model can match it): " + (f"judged by the {thresholds} row's gates" if thresholds
+                     else "only the gates given are judged, as --cache-sweep judges its rows" +
+                     ("" if given_gates(given.limits()).overridden else " (none given: measurement only)")))
+        return gates
+    row = thresholds or coarsest(dtype, *sides.storage_dtypes())
+    gates = gates_for(row, **given.limits())
+    if row == "quantized":
         notes.append("quantized weights: default gates from the bfloat16 row; pass explicit gates "
                      "(--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio) for a quantized candidate")
     return gates
@@ -459,6 +477,8 @@ def _check_options(o: CorpusOptions, reference) -> None:
         raise CkptError("give --corpus FILE or --corpus-ids FILE (one of them)")
     if not isinstance(o.ctx, int) or o.ctx < 4:
         raise CkptError(f"--ctx must be an integer >= 4, got {o.ctx!r}")
+    if o.chunks is not None and (not isinstance(o.chunks, int) or isinstance(o.chunks, bool) or o.chunks < 1):
+        raise CkptError(f"--chunks must be an integer >= 1, got {o.chunks!r}")
     if o.score not in SCORES:
         raise CkptError(f"unknown --score {o.score!r}; choose half (llama.cpp's) or all")
     if o.llama.runtime not in RUNTIMES:
@@ -479,6 +499,12 @@ def _check_options(o: CorpusOptions, reference) -> None:
                                   if x and os.path.exists(os.fspath(x))], saved.replace)
         if os.path.isdir(dest):
             raise CkptError("--save-reference is a folder", path=dest)
+
+
+def _check_caches(given: str, caches) -> None:
+    from ..checkpoint import open_checkpoint
+    with open_checkpoint(given) as ck:
+        check_cache_fits(caches, gguf_head_sizes(ck.metadata, given), given)
 
 
 class _Side:
@@ -659,7 +685,16 @@ def _tokenizer(sides: _Sides, tokenizer, reader, ids_given: bool) -> Tokenizer |
                       path=who, hint="pass --tokenizer PATH_OR_ID or --corpus-ids FILE")
 
 
-def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list) -> Corpus:
+def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list, chunks: int | None = None
+                 ) -> Corpus:
+    corp = _read_whole(corpus, corpus_ids, tok, ctx, notes, chunks)
+    if chunks is not None and corp.tokens.shape[0] < corp.total_tokens // ctx:
+        notes.append(f"--chunks {chunks}: the first {corp.tokens.shape[0]} of {corp.total_tokens // ctx} chunks "
+                     "scored (llama-perplexity's --chunks)")
+    return corp
+
+
+def _read_whole(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: list, chunks: int | None) -> Corpus:
     from ..analysis.prompts import read_text_file
     from ..formats.safe_input import read_regular
     if corpus_ids is not None:
@@ -671,12 +706,12 @@ def _read_corpus(corpus, corpus_ids, tok: Tokenizer | None, ctx: int, notes: lis
                                                       else "; no BOS replacement (no tokenizer that adds one)"))
         if tok is not None and ids and max(ids) >= len(tok):
             raise ConfigError(f"holds id {max(ids)}, beyond the tokenizer's {len(tok)} tokens", path=path)
-        return cut(path, raw, ids, ctx=ctx, bos=bos, from_ids=True)
+        return cut(path, raw, ids, ctx=ctx, bos=bos, from_ids=True, chunks=chunks)
     path = os.fspath(corpus)
     text = read_text_file(Path(path), "corpus")
     ids = tok.encode(text)
     notes.append(f"corpus tokenized with {tok.name}")
-    return cut(path, text.encode("utf-8"), ids, ctx=ctx, bos=tok.bos, from_ids=False)
+    return cut(path, text.encode("utf-8"), ids, ctx=ctx, bos=tok.bos, from_ids=False, chunks=chunks)
 
 
 def _check_vocabularies(sides: _Sides, tok: Tokenizer | None, corp: Corpus, notes: list) -> None:

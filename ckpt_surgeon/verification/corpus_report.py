@@ -11,6 +11,11 @@ from .thresholds import thresholds_for
 
 # --- the report ----------------------------------------------------------------------------------
 
+# A quantized KV cache is judged only by the gates given, in a --cache-type-k/-v run as in a --cache-sweep
+# (issue 50 item 6: the one judged by the exactness rows, the other not, on the same data)
+GIVEN_ONLY = "given"
+MEASUREMENT_ONLY = "none given: measurement only (--max-mean-kl, --max-p99-kl, --min-same-top, --max-ln-ppl-ratio judge)"
+
 @dataclass(frozen=True)
 class Gates:
     """Fidelity criteria; None = not judged (said in the report)."""
@@ -27,13 +32,20 @@ class Gates:
                 "min_same_top": self.min_same_top, "max_ln_ppl_ratio": self.max_ln_ppl_ratio,
                 "overridden": list(self.overridden)}
 
+    @property
+    def measurement_only(self) -> bool:
+        """No gate at all (a quantized KV cache with none given): the run measures, it does not judge."""
+        return self.dtype == GIVEN_ONLY and not self.overridden
+
     def describe(self) -> str:
+        if self.measurement_only:
+            return MEASUREMENT_ONLY
         parts = [f"mean KL <= {self.max_mean_kl:g}" if self.max_mean_kl is not None else "mean KL not gated",
                  f"p99 KL <= {self.max_p99_kl:g}" if self.max_p99_kl is not None else "p99 KL not gated",
                  f"same top >= {self.min_same_top:g}" if self.min_same_top is not None else "same top not gated",
                  f"ln(PPL(cand)/PPL(ref)) <= {self.max_ln_ppl_ratio:g}" if self.max_ln_ppl_ratio is not None
                  else "ln PPL ratio not gated (--max-ln-ppl-ratio)"]
-        s = f"{self.dtype} defaults: " + ", ".join(parts)
+        s = ("as given: " if self.dtype == GIVEN_ONLY else f"{self.dtype} defaults: ") + ", ".join(parts)
         return s + (f" (overridden: {', '.join(self.overridden)})" if self.overridden else "")
 
     def judge(self, st: FidelityStats) -> tuple[str, ...]:
@@ -49,6 +61,11 @@ class Gates:
             out.append(f"ln(PPL(cand)/PPL(ref)) = {st.ln_ratio:.3g} ± {st.ln_ratio_se:.2g} > "
                        f"{self.max_ln_ppl_ratio:g} (the candidate is worse)")
         return tuple(out)
+
+
+def given_gates(limits: dict) -> Gates:
+    """Only the gates given (None: not judged): how a quantized KV cache is judged without --thresholds."""
+    return Gates(GIVEN_ONLY, **limits, overridden=tuple(k for k, v in limits.items() if v is not None))
 
 
 def gates_for(row: str, *, max_mean_kl=None, max_p99_kl=None, min_same_top=None, max_ln_ppl_ratio=None) -> Gates:
@@ -85,7 +102,8 @@ JSON_KEYS: dict[str, str] = {
     "dtype": "compute dtype of the transformers side(s)",
     "passed": "the verdict",
     "failures": "one sentence per failed gate",
-    "gates.dtype": "the exactness row the defaults came from",
+    "gates.dtype": "the exactness row the defaults came from, or \"given\": only the gates given are judged (a "
+                   "quantized KV cache without --thresholds; none given: measurement only)",
     "gates.max_mean_kl": "bound on corpus.kl.mean",
     "gates.max_p99_kl": "bound on corpus.kl.p99",
     "gates.min_same_top": "lower bound on corpus.same_top.p",
@@ -190,5 +208,6 @@ class CorpusReport:
                   ("same top", f"{100 * st.same_top:.3f} ± {100 * st.same_top_se:.3f} %"),
                   ("PPL cand / ref", f"{st.ppl_cand:.6g} / {st.ppl_ref:.6g}, ln ratio {st.ln_ratio:.4g} ± {st.ln_ratio_se:.2g}"),
                   ("gates", self.gates.describe()),
-                  ("verdict", "PASS" if self.passed else "FAIL: " + "; ".join(self.failures))]
+                  ("verdict", "measured (no gate given)" if self.gates.measurement_only else
+                   "PASS" if self.passed else "FAIL: " + "; ".join(self.failures))]
         return items

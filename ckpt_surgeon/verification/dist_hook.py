@@ -54,6 +54,27 @@ def single_hook(given, role: str, sequences, *, rows, dtype: str, device: str):
     return ((i, out) for i, out in d.run([given], [role], sequences, rows, dtype, device))
 
 
+# prompt mode's kinds whose outputs are one array per prompt and model (and greedy ids): dealt over the ranks
+SPREAD_KINDS = ("causal-lm", "masked-lm", "encoder")
+
+
+def prompts_hook(reference, candidate, run: dict, dtype: str, notes: list):
+    """Prompt mode with both models loaded whole, under torchrun in data mode: the prompts dealt over the ranks as
+    corpus chunks are (rank r runs prompts r, r + world, ...), returned as an object with ``.mine`` (the prompts
+    this process runs), ``.start()`` (the others begin) and ``.merge(own)`` (every prompt's output pair, in prompt
+    order, ``own`` this process's);
+    None when this is no distributed run, or the run keeps the prompts on rank 0 (a model with towers or an
+    encoder-decoder: said in ``notes``)."""
+    d = _ACTIVE
+    if d is None:
+        return None
+    if d.plan.mode != "data" or run["kind"].name not in SPREAD_KINDS or run["towers"]:
+        alone_note(notes)
+        return None
+    notes.append(d.prompts_note())
+    return d.prompts(reference, candidate, run, dtype)
+
+
 def alone_note(notes: list) -> None:
     """Prompt mode with both models loaded whole (data mode, or a run rank 0 plans on its own): the
     prompts run on rank 0 alone, and the report says so (its numbers are the one-process run's)."""

@@ -10,6 +10,8 @@ an iterator that is fed by every rank:
   the other ranks send their chunks' scored logits to rank 0, which yields them in chunk order.
   The statistics are then accumulated on rank 0 over every token in the single-process order, so
   the report is the single-process report (percentiles over all tokens, sums in the same order).
+  Prompt mode deals its prompts the same way (:class:`PromptSpread`, :func:`prompts_worker`): each rank runs its
+  prompts through both models, forward pass and greedy generation, and rank 0 compares them in prompt order.
 - *pipeline* mode: :mod:`.dist_pipeline`.
 
 Each such request is one *job*, broadcast by rank 0; the other ranks loop on jobs until rank 0
@@ -55,6 +57,43 @@ class DistOutputs:
         return self.layers.report()
 
 
+class PromptSpread:
+    """What :func:`.dist_hook.prompts_hook` returns on rank 0: the prompts it runs itself, and the merge of its
+    outputs with the other ranks' in prompt order."""
+
+    def __init__(self, driver, job: dict):
+        self.driver, self.job = driver, job
+        n, world = len(job["sequences"]), driver.sess.world
+        self.mine = list(range(0, n, world))
+
+    def start(self) -> None:
+        """Send the job: the other ranks start their share."""
+        self.driver._announce(self.job)
+
+    def merge(self, own):
+        """``((ref_out, ref_cont), (cand_out, cand_cont))`` per prompt, in order: ``own`` (this rank's share, as the
+        one-process schedule yields them) and the others' received (after :meth:`start`)."""
+        sess = self.driver.sess
+        for i in range(len(self.job["sequences"])):
+            owner = i % sess.world
+            yield next(own) if owner == 0 else _received(recv_arrays(sess, owner, 4))
+
+
+def _received(arrays):
+    r_out, c_out, r_cont, c_cont = arrays
+    return (r_out, _ids(r_cont)), (c_out, _ids(c_cont))
+
+
+def _sent_ids(cont):
+    """Greedy ids as an int64 array led by their count (never empty: an empty message is not sent)."""
+    import numpy as np
+    return np.asarray([len(cont), *cont], dtype=np.int64)
+
+
+def _ids(arr) -> tuple:
+    return tuple(int(t) for t in arr[1:1 + int(arr[0])])
+
+
 class Driver:
     """Rank 0's side: turns each request into a job every rank runs."""
 
@@ -65,15 +104,32 @@ class Driver:
 
     def note(self) -> str:
         p = self.plan
-        how = ("data-parallel: every rank ran every %d-th chunk with both models loaded" % p.world
+        how = (f"data-parallel: chunks dealt round-robin over the {p.world} ranks (rank r ran chunks r, r + {p.world}, "
+               "...) with both models loaded"
                if p.mode == "data" else "pipeline over decoder layers, blocks " + ", ".join(
                    f"{a}-{b - 1}" for a, b in p.blocks))
         return f"distributed over {p.world} ranks ({self.sess.backend}): {how} ({p.why})"
 
     def alone_note(self) -> str:
         return (f"distributed over {self.plan.world} ranks ({self.sess.backend}), {self.plan.mode} mode: prompt mode "
-                "ran on rank 0 alone, the other ranks loaded nothing (a few prompts with greedy generation are "
-                "not split; corpus chunks are, and --dist-mode pipeline sends prompts through the layer pipeline)")
+                "ran on rank 0 alone, the other ranks loaded nothing (a model with vision / audio towers or an "
+                "encoder-decoder is not split; other models' prompts are, and --dist-mode pipeline sends prompts "
+                "through the layer pipeline)")
+
+    def prompts_note(self) -> str:
+        w = self.plan.world
+        return (f"distributed over {w} ranks ({self.sess.backend}), data mode: prompts dealt round-robin over the {w} "
+                f"ranks (rank r ran prompts r, r + {w}, ...) with both models loaded, greedy generation included; the "
+                f"outputs compared on rank 0 in prompt order, as one process compares them ({self.plan.why})")
+
+    def prompts(self, reference, candidate, run: dict, dtype: str) -> PromptSpread:
+        """Prompt mode's job (mode ``prompts``): every rank runs its share of the prompts with both models."""
+        job = dict(mode="prompts", paths=[str(reference), str(candidate)], roles=["reference", "candidate"],
+                   sequences=[list(map(int, s)) for s in run["encodings"]], kind=run["kind"].name,
+                   gen_config=run["gen_config"], seed=run["seed"], dtype=dtype,
+                   device=run["device"], index=self.jobs)
+        self.jobs += 1
+        return PromptSpread(self, job)
 
     def run(self, paths, roles, sequences, rows, dtype, device) -> DistOutputs:
         seqs = [list(map(int, s)) for s in sequences]
@@ -119,6 +175,8 @@ def worker_loop(sess, work: str) -> int:
             if job["mode"] == "pipeline":
                 from .dist_pipeline import pipeline_worker
                 pipeline_worker(sess, job)
+            elif job["mode"] == "prompts":
+                prompts_worker(sess, job, work)
             else:
                 data_worker(sess, job, work)
 
@@ -201,5 +259,36 @@ def data_worker(sess, job: dict, work: str) -> None:
     pending: list = []
     for n, (_, arrays) in enumerate(_own_outputs(sess, job, work), start=1):
         send_arrays(sess, 0, arrays, pending)
+        sess.mark("chunks", f"{job['index']}:{n}")
+    drain(pending)
+
+
+# --------------------------------------------------------------------------- prompt mode, data-parallel
+
+
+def prompts_worker(sess, job: dict, work: str) -> None:
+    """A rank after 0: its prompts ``rank, rank + world, ...`` through both models loaded whole, run by the code
+    the one-process schedule runs (:func:`.core._outputs`: the forward pass, then greedy generation with the
+    reference's settings), each prompt's two outputs and two continuations sent to rank 0."""
+    from pathlib import Path
+
+    import torch
+
+    from .core import _outputs
+    from .kinds import KINDS
+    from .loading import load_model, prepare
+    mine = list(range(sess.rank, len(job["sequences"]), sess.world))
+    if not mine:
+        return
+    sub = Path(work) / f"job{job['index']}-rank{sess.rank}"
+    sub.mkdir(parents=True, exist_ok=True)
+    models = [load_model(prepare(p, sub, role=r, dtype=job["dtype"]), dtype=job["dtype"], device=job["device"],
+                         device_map=None, warnings=[]) for p, r in zip(job["paths"], job["roles"])]
+    run = dict(kind=KINDS[job["kind"]], encodings=[job["sequences"][i] for i in mine], gen_config=job["gen_config"],
+               device=job["device"], device_map=None, progress=False, seed=job["seed"], torch=torch)
+    pending: list = []
+    for n, ((r_out, r_cont), (c_out, c_cont)) in enumerate(zip(*(_outputs(m, r, **run) for m, r in
+                                                                  zip(models, job["roles"]))), start=1):
+        send_arrays(sess, 0, [r_out, c_out, _sent_ids(r_cont), _sent_ids(c_cont)], pending)
         sess.mark("chunks", f"{job['index']}:{n}")
     drain(pending)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CkptError
+from ..errors import CkptError, UnsupportedError
 
 # llama.cpp's list, in its --help order (common/arg.cpp kv_cache_types)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -108,3 +108,36 @@ def use_flash_attn(flash_attn: str | bool | None, caches) -> bool:
         raise CkptError(f"a quantized V cache ({needs[0].label}) needs flash attention in llama.cpp (it stores V "
                         "transposed without it); drop --flash-attn off")
     return mode == "on" or (mode == "auto" and bool(needs))
+
+
+def gguf_head_sizes(metadata: dict, path: str | None = None) -> tuple[set, set]:
+    """(K head sizes, V head sizes) of a GGUF as llama.cpp reads them (``llama_model::load_hparams``):
+    ``{arch}.attention.key_length`` / ``value_length``, else ``embedding_length / head_count`` (the first
+    layer's count), and the sliding-window layers' ``key_length_swa`` / ``value_length_swa`` where given."""
+    from ..arch.checked import gguf_hparam
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return set(), set()
+    heads = gguf_hparam(metadata, arch, "attention.head_count", path=path, per_layer=True, zero_means_none=True)
+    heads = heads[0] if isinstance(heads, list) else heads
+    embd = gguf_hparam(metadata, arch, "embedding_length", path=path)
+    default = embd // heads if heads and embd else None
+    out = []
+    for full, swa in (("attention.key_length", "attention.key_length_swa"),
+                      ("attention.value_length", "attention.value_length_swa")):
+        size = gguf_hparam(metadata, arch, full, path=path)
+        size = default if size is None else size
+        sizes = {size, gguf_hparam(metadata, arch, swa, path=path) or size} - {None}
+        out.append(sizes)
+    return out[0], out[1]
+
+
+def check_cache_fits(caches, head_sizes: tuple[set, set], path: str | None = None) -> None:
+    """One line (UnsupportedError), before any run, when one of ``caches`` cannot act on this model in llama.cpp:
+    a quantized K or V type whose block does not divide the head size (issue 50 item 5: a cache sweep of a
+    head_dim 16 model ran for minutes and printed identical rows of 0.000000)."""
+    from ..analysis.kv_rot import head_block_problem
+    for c in caches:
+        why = head_block_problem(c.k, head_sizes[0], "K") or head_block_problem(c.v, head_sizes[1], "V")
+        if why:
+            raise UnsupportedError(f"{c.label}: {why}", path=path)

@@ -133,6 +133,22 @@ def open_input(given: str, *, revision: str | None, progress: bool | None, verb:
     return p, ck, precision, n_params
 
 
+def check_inputs(*inputs, verb: str = "loads") -> None:
+    """Every local input of a run, given as ``(source, revision)`` (None: absent), validated from its
+    headers as :func:`open_input` validates it, before any of them is converted, dequantized or loaded
+    (issue 50 item 8: a good reference was converted into a 538 MB folder before the bad candidate was
+    refused).  A Hub repo id is checked once downloaded, where it is opened."""
+    from ..checkpoint import is_hub_source
+    for source, revision in inputs:
+        if source is None:
+            continue
+        given = os.fspath(source)
+        if not Path(given).exists() and is_hub_source(given):
+            continue
+        _, ck, _, _ = open_input(given, revision=revision, progress=False, verb=verb)
+        ck.close()
+
+
 def open_validated(p: Path, given: str):
     """``(Checkpoint, storage precision, weight parameter count)`` of a local input, validated as every
     command validates it (headers, not truncated, config and tensors agreeing: layer count, widths,

@@ -102,6 +102,7 @@ class VerifyOptions:
     localize: bool = False                   # also find where the models diverge
     localize_threshold: float | None = None  # relative |Δ hidden| that counts as diverged
     tokenizer_check: bool = True             # the tokenizer / chat-template section (.tokenizer_check)
+    runtime: str = "auto"                    # auto: a GGUF pair in llama.cpp (.llama_prompts.choose) | transformers
 
     @classmethod
     def build(cls, options: VerifyOptions | None = None, **kwargs) -> VerifyOptions:
@@ -142,6 +143,7 @@ class CorpusOptions:
     corpus_ids: PathLike | None = None
     ctx: int = 512
     score: str = "half"
+    chunks: int | None = None               # at most this many chunks, the first (llama-perplexity's --chunks)
     tokenizer: PathLike | None = None
     placement: Placement = field(default_factory=Placement)
     gates: GateLimits = field(default_factory=GateLimits)

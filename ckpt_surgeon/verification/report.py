@@ -33,7 +33,8 @@ JSON_KEYS: dict[str, str] = {
     "device": "cpu | cuda | device_map=auto",
     "dtype": "compute dtype both models ran in",
     "mode": "parallel (both loaded) | sequential (one after the other, reference outputs saved as float32) | "
-            "stream (layer by layer; the report then also has a localize object)",
+            "stream (layer by layer; the report then also has a localize object) | llama.cpp (a pair of GGUF files "
+            "run in llama.cpp, both loaded)",
     "max_new_tokens": "greedy tokens generated per prompt (null for models that do not generate)",
     "passed": "the verdict",
     "failures": "one sentence per failed criterion (empty when passed)",
@@ -73,7 +74,8 @@ JSON_KEYS: dict[str, str] = {
     "notes": "how the run was done (mode and why, conversions, truncations)",
     "warnings": "loading findings (e.g. checkpoint tensors the model does not use)",
     "elapsed_s": "wall time of the whole run",
-    "environment": "torch / transformers / python versions, CPU threads, GPU name",
+    "environment": "torch / transformers / python versions, CPU threads, GPU name (a llama.cpp run: "
+                   "llama_cpp_python / python versions, threads)",
     **{f"tokenizer.{k}": v for k, v in _TOKENIZER_KEYS.items()},     # the tokenizer section (issue 48)
 }
 

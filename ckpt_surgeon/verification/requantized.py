@@ -41,7 +41,21 @@ def requantized_note(reference, candidate) -> str | None:
         return None
     return (f"{NOTE_PREFIX} the reference is itself quantized ({_mix(ref)}) and the candidate ({_mix(cand)}) "
             "re-rounds weights already rounded once, so the thresholds (made for a float reference) measure the "
-            "second rounding alone, which can fail a 4-5-bit candidate by itself (docs/benchmarks.md: a 135M model, "
-            "Q4_1 -> q4_k_m: mean KL 0.08, top-1 84 %, llama-quantize's own bytes).  To judge the quantization, "
-            "verify it against the float model the reference came from; to accept this loss, pass --max-kl / "
-            "--min-top1")
+            "second rounding alone, which can fail a 4-5-bit candidate by itself (docs/benchmarks.md: a 135M model, Q4_1 -> "
+            "q4_k_m: mean KL 0.08, top-1 84 %, llama-quantize's own bytes).  To judge the quantization, verify it "
+            "against the float model the reference came from; to accept this loss, pass --max-kl / --min-top1")
+
+
+def pick_thresholds(criteria, dtype: str, ref, cand, notes: list[str]):
+    """The thresholds to judge by: the named row, else the coarsest of ``dtype`` and both storage dtypes
+    (``ref`` / ``cand``: ``.given`` and ``.storage_dtype``), with the notes a quantized or requantized pair gets."""
+    from .thresholds import coarsest, thresholds_for
+    thr_dtype = criteria.thresholds or coarsest(dtype, ref.storage_dtype, cand.storage_dtype)
+    thr = thresholds_for(thr_dtype, **criteria.overrides())
+    if thr_dtype == "quantized":
+        notes.append("quantized weights: judged by the bfloat16 row; quantization error usually exceeds it, "
+                     "pass explicit thresholds for a quantized candidate")
+    requant = requantized_note(ref.given, cand.given)     # issue 36 item 19: the verdict points at it
+    if requant:
+        notes.append(requant)
+    return thr

@@ -18,12 +18,33 @@ def scratch(tmp_dir, prefix: str):
     """``(work folder, torch)`` for the run: a temporary folder in ``tmp_dir`` (an existing folder;
     default: the system temp dir) removed at the end, under ``torch.no_grad``, quiet transformers
     logging and :func:`ieee_float32`."""
-    if tmp_dir is not None and not os.path.isdir(tmp_dir):
-        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
+    check_tmp_dir(tmp_dir)
     import torch
     with tempfile.TemporaryDirectory(prefix=prefix, dir=tmp_dir) as work_s, \
-            torch.no_grad(), quiet_transformers(), ieee_float32(torch):
+            torch.no_grad(), quiet_transformers(), ieee_float32(torch), idle_core_threads(torch):
         yield Path(work_s), torch
+
+
+@contextlib.contextmanager
+def idle_core_threads(torch):
+    """torch's intra-op threads cut to the idle cores for the run (``default_threads``: ``CKPT_SURGEON_THREADS``,
+    else the usable CPUs minus the load), restored afterwards; a caller's ``OMP_NUM_THREADS`` is kept.
+    Why: torch's OpenMP workers spin while they wait for each other, so on a busy machine every op with a thread
+    more than the free cores waits out a scheduler slice (measured on the 2-core machine at load 4-6: the tour's
+    GGUF pair 264 s with 2 threads, 84 s with 1; issue 50 item 7)."""
+    from ..formats.quant.dequant import default_threads
+    before = torch.get_num_threads()
+    n = before if os.environ.get("OMP_NUM_THREADS") else min(before, default_threads())
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_tmp_dir(tmp_dir) -> None:
+    if tmp_dir is not None and not os.path.isdir(tmp_dir):
+        raise SourceNotFoundError("--tmp-dir is not an existing directory", path=str(tmp_dir))
 
 
 @contextlib.contextmanager

@@ -42,7 +42,6 @@ dequantizes it; activations are not quantized (the report says so).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CkptError, ConfigError, UnsupportedError
-from ..progress import progress_enabled
+from ..progress import bar as progress_bar
 from .loading import float64_kwargs
 from .localize import DEFAULT_THRESHOLDS, DiffAccumulator, LocalizeReport, PointDiff, hook_points, judged
 from .localize import rethreshold  # noqa: F401  (its home before issue 35; re-exported)
@@ -656,8 +655,6 @@ class StreamedPair:
                     s.close()
 
     def _stream(self, models, work):
-        from tqdm.auto import tqdm
-
         for m in models:
             m.load_rest()
         hidden, calls_by_len = self._embed(models, work)
@@ -671,8 +668,7 @@ class StreamedPair:
                   if parts or part == "output"]
         accs = {k: DiffAccumulator() for k, *_ in points}
         n_layers = len(models[0].layers)
-        bar = tqdm(total=n_layers, desc="layers", unit="layer", file=sys.stderr, leave=False,
-                   disable=not progress_enabled(self.progress))
+        bar = progress_bar(self.progress, total=n_layers, desc="layers", unit="layer")
         for i in range(n_layers):
             self._layer(i, models, hidden, calls_by_len, parts, accs)
             bar.update(1)

@@ -73,12 +73,16 @@ def tokenize_pair(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, t
                                  f"({own_judged})")
             else:
                 notes.append(f"{pm.given} has no tokenizer files; prompts are tokenized with {used}")
-    limit = max_positions(ref.config, tok)
-    if limit is not None and kind.generates:
-        limit -= max_new_tokens
+    return tok, cut_to_context(full, max_positions(ref.config, tok), max_new_tokens if kind.generates else 0, notes)
+
+
+def cut_to_context(full, positions: int | None, max_new_tokens: int, notes: list) -> list:
+    """Each prompt's ids cut to the model's ``positions`` less the greedy tokens (said in ``notes``); an empty
+    prompt, or no room left for one, is an error."""
+    limit = positions - max_new_tokens if positions is not None else None
     if limit is not None and limit < 1:
         raise CkptError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
-                        f"{limit + max_new_tokens} positions")
+                        f"{positions} positions")
     out = []
     for i, ids in enumerate(full):
         if not ids:
@@ -87,7 +91,7 @@ def tokenize_pair(ref: PreparedModel, cand: PreparedModel, prompts, token_ids, t
             notes.append(f"prompt {i} truncated from {len(ids)} to {limit} tokens (model context)")
             ids = ids[:limit]
         out.append(ids)
-    return tok, out
+    return out
 
 
 def _same_ids(other_tok, pm: PreparedModel, prompts, full, *, given: bool) -> None:

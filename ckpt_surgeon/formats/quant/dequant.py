@@ -37,6 +37,7 @@ torch inside the function so that reading a GGUF (``inspect``) never imports tor
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -554,9 +555,13 @@ _POOL: ThreadPoolExecutor | None = None
 def default_threads() -> int:
     """Worker threads: ``CKPT_SURGEON_THREADS``, else the *idle* CPUs this process may run on.
 
-    Idle = usable CPUs minus the 1-minute load average (at least 1).  Measured on the 2-core
-    machine this was tuned on: while other processes keep the cores busy a second worker only
-    adds GIL hand-offs (5-10 % slower), so it is used only when a core is actually free.
+    Idle = usable CPUs minus what keeps them busy (at least 1): the 1-minute load average, or the
+    processes runnable right now besides this one (``/proc/loadavg``'s fourth field), whichever is
+    larger: the average lags a minute behind work that has just started (measured: two busy loops
+    started 5 s before a verify left the average at 0.2, so it took 2 threads and spent 37.5 s of
+    CPU spinning where 1 thread spends 10.4 s).  Measured on the 2-core machine this was tuned on:
+    while other processes keep the cores busy a second worker only adds GIL hand-offs (5-10 %
+    slower), so it is used only when a core is actually free.
     """
     env = os.environ.get("CKPT_SURGEON_THREADS")
     if env and env.isdigit() and int(env) > 0:
@@ -569,7 +574,41 @@ def default_threads() -> int:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):
         busy = 0.0
-    return max(1, min(cpus, int(cpus - busy + 0.5)))
+    return max(1, min(cpus, int(cpus - max(busy, _running_others()) + 0.5)))
+
+
+_RUNNING: list = [0.0, 0]          # (when, count) of the last reading: asked per tensor, read at most once a second
+
+
+def _running_others() -> int:
+    """Tasks runnable this instant besides this process's own (``/proc/loadavg``'s ``running/total`` less this
+    process's threads in state R), 0 where the files are not there: the least of 5 readings 2 ms apart, so that a
+    kernel thread passing by is not counted as load (a busy loop is in every reading)."""
+    now = time.monotonic()
+    if now - _RUNNING[0] < 1.0:
+        return _RUNNING[1]
+    counts = []
+    for _ in range(5):
+        try:
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+            counts.append(running - _own_running())
+        except (OSError, IndexError, ValueError):
+            return 0
+        time.sleep(0.002)
+    _RUNNING[:] = [now, max(0, min(counts))]
+    return _RUNNING[1]
+
+
+def _own_running() -> int:
+    own = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                own += f.read().rpartition(")")[2].split()[0] == "R"
+        except OSError:          # a thread that just ended
+            pass
+    return max(1, own)
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
