@@ -280,3 +280,33 @@ def test_the_real_gemma3_gguf_has_no_finding_and_its_tokenizer_comes_back(gemma3
     d = compare_tokenizers(rec, tokenizer(tmp_path))
     assert d.same, d.to_dict()
     assert any("unk token" in n for n in d.notes)
+
+
+# Where a llama.cpp test vocabulary and its HF conversion really differ, and why (each checked by name below).
+VOCAB_ROUND_TRIP_DIFFERS = {
+    # ggml-vocab-bert-bge.gguf was written by an older llama.cpp converter, without an eos key; converting its HF
+    # files today, llama.cpp's converter (gguf-py's SpecialVocab) writes the sep token as eos, which is then EOG
+    "bert-bge": {"special_ids", "eog"},
+    # an HF tokenizer of llama.cpp's raw-UTF-8 'gemma4' kind is read in llama.cpp's terms as our HF -> GGUF
+    # converter would write it, which knows only 'gpt2' and 'llama' vocabularies (docs/tokenizers.md)
+    "gemma-4": {"kind", "merges", "scores", "pre_tokenizer"},
+}
+
+
+def test_llamacpps_test_vocabularies_come_back_through_hf_files(tmp_path):
+    """Every ggml-vocab-*.gguf llama.cpp ships, converted to HF tokenizer files and read back, is the same tokenizer:
+    DeepSeek's non-ASCII control tokens keep their ids, Phi-3's turn tokens strip the whitespace after them as
+    llama.cpp does, padding rows are padding, scores made from merge ranks order the merges as the GGUF's do."""
+    from ckpt_surgeon.checkpoint import open_checkpoint
+    from ckpt_surgeon.conversion.from_gguf import write_hf_tokenizer
+    from llamacpp_src import llamacpp_source
+    files = sorted((llamacpp_source() / "models").glob("ggml-vocab-*.gguf"))
+    assert len(files) >= 18
+    for g in files:
+        name = g.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
+        out = tmp_path / name
+        out.mkdir()
+        with open_checkpoint(g) as ck:
+            assert write_hf_tokenizer(ck, {}, out)
+        d = compare_tokenizers(tokenizer(g), tokenizer(out))
+        assert set(d.differs) == VOCAB_ROUND_TRIP_DIFFERS.get(name, set()), (name, d.to_dict())

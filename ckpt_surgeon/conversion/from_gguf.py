@@ -386,7 +386,11 @@ def _tokenizer_files(meta: dict, config: dict, tokenizer: bool, src: Path, warni
     vocab = vocab_from_metadata(meta, str(src)) if tokenizer else None
     if vocab is not None:
         tok_files = hf_tokenizer_files(vocab, model_max_length=config.get("max_position_embeddings")
-                                       or config.get("n_positions"), path=str(src))
+                                       or config.get("n_positions"), path=str(src),
+                                       model_name=meta.get("general.name") if isinstance(meta.get("general.name"), str)
+                                       else None,
+                                       arch=meta.get("general.architecture")
+                                       if isinstance(meta.get("general.architecture"), str) else None)
         warnings.extend(tok_files.warnings)
     return vocab, tok_files
 

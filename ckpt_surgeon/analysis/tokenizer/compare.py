@@ -14,6 +14,7 @@ converter pads it) are not tokens and are not compared.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 
 from ...conversion.tokenizer.vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED
@@ -57,14 +58,20 @@ class TokenizerDiff:
         return items
 
 
-def _pad_texts(i: int) -> tuple[str, ...]:
-    # llama.cpp's converter pads with [PAD{i}] (a bert vocabulary spells it ▁[PAD{i}]: it is not a control token)
-    return (f"[PAD{i}]", f"▁[PAD{i}]", "")
+# llama.cpp's converters pad a vocabulary to the embedding's rows with [PAD{i}] (a bert vocabulary spells it
+# ▁[PAD{i}]: it is not a control token; some converters number them from another offset)
+_PAD = re.compile(r"▁?\[PAD\d+\]")
+
+
+def _is_pad(t: str) -> bool:
+    return t == "" or _PAD.fullmatch(t) is not None
 
 
 def _unpadded(rec: TokenizerRecord) -> tuple[tuple, tuple]:
+    """The tokens without the trailing padding rows: [PAD{i}] at id i (or an empty hole), whatever their type
+    (llama.cpp's converters type them unused, or unknown as its Phi-3 conversion did)."""
     toks, types = list(rec.tokens), list(rec.token_types)
-    while toks and types[-1] == UNUSED and toks[-1] in _pad_texts(len(toks) - 1):
+    while toks and _is_pad(toks[-1]) and types[-1] in (UNUSED, UNKNOWN, NORMAL):
         toks.pop()
         types.pop()
     return tuple(toks), tuple(types)
@@ -80,7 +87,7 @@ def _hf_spelling(rec: TokenizerRecord, toks: tuple, types: tuple) -> tuple:
 
 
 def _hole(t: str, ty: int, i: int) -> bool:
-    return ty == UNUSED and t in _pad_texts(i)
+    return ty in (UNUSED, UNKNOWN, NORMAL) and _is_pad(t)
 
 
 def _unk_typing(a: TokenizerRecord, b: TokenizerRecord, ya: tuple, yb: tuple) -> tuple[tuple, tuple, str | None]:
@@ -97,14 +104,16 @@ def _unk_typing(a: TokenizerRecord, b: TokenizerRecord, ya: tuple, yb: tuple) ->
     return ya, yb, None
 
 
-def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | None]:
+def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | None, list[str]]:
+    """(token texts that differ, token types that differ, notes)."""
     ta, ya = _unpadded(a)
     tb, yb = _unpadded(b)
-    ya, yb, _ = _unk_typing(a, b, ya, yb)
+    ya, yb, unk = _unk_typing(a, b, ya, yb)
+    notes = [unk] if unk else []
     if a.kind == "bert" or b.kind == "bert":
         ta, tb = _hf_spelling(a, ta, ya), _hf_spelling(b, tb, yb)
     if ta == tb and ya == yb:          # the common case, at C speed
-        return None, None
+        return None, None, notes
     n = max(len(ta), len(tb))
     text_diff, type_diff = [], []
     for i in range(n):
@@ -114,7 +123,7 @@ def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | 
             continue
         if xa is None or xb is None or xa[0] != xb[0]:
             text_diff.append(i)
-        elif xa[1] != xb[1]:
+        elif xa[1] != xb[1] and not (_hole(*xa, i) and _hole(*xb, i)):
             type_diff.append(i)
     vocab = None
     if text_diff:
@@ -124,6 +133,14 @@ def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | 
         vocab = {"count": len(text_diff), "size_a": len(ta), "size_b": len(tb), "first": first,
                  "text": f"{len(text_diff):,} ids differ{sizes}; first: " +
                          ", ".join(f"{f['id']}: {f['a']!r} vs {f['b']!r}" for f in first)}
+    both = {i for i in set((a.llama.ids if a.llama else {}).values()) & set((b.llama.ids if b.llama else {}).values())}
+    named = [i for i in type_diff if i in both and {ya[i], yb[i]} <= {NORMAL, CONTROL}]
+    if named:       # a special id typed normal in a GGUF: transformers makes every token it names special
+        type_diff = [i for i in type_diff if i not in named]
+        notes.append(f"{', '.join(f'{i} {ta[i]!r}' for i in named[:3])}: a special id on both sides, typed "
+                      f"{'normal' if ya[named[0]] == NORMAL else 'control'} in A and "
+                      f"{'normal' if yb[named[0]] == NORMAL else 'control'} in B (transformers makes every token a "
+                      "tokenizer names special; llama.cpp keeps a GGUF's type)")
     types = None
     if type_diff:
         from .record import TYPE_NAMES
@@ -132,7 +149,7 @@ def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | 
         types = {"count": len(type_diff), "first": first,
                  "text": f"{len(type_diff):,} ids typed differently; first: " +
                          ", ".join(f"{f['id']} {f['token']!r}: {f['a']} vs {f['b']}" for f in first)}
-    return vocab, types
+    return vocab, types, notes
 
 
 def _seq(name: str, a, b) -> dict | None:
@@ -147,12 +164,23 @@ def _seq(name: str, a, b) -> dict | None:
                     ", ".join(f"{f['index']}: {f['a']!r} vs {f['b']!r}" for f in first[:3])}
 
 
-def _merge_order(rec: TokenizerRecord, n: int) -> list[int]:
-    """The order in which a SentencePiece-style vocabulary's scores rank the tokens merges can make (ordinary
-    tokens of 2+ characters): llama.cpp's tokenizer takes the highest score first, ties by id."""
-    sc, toks, types = rec.scores, rec.tokens, rec.token_types
-    ids = [i for i in range(n) if types[i] == NORMAL and len(toks[i]) > 1]
+def _merge_order(rec: TokenizerRecord, ids: list[int]) -> list[int]:
+    """``ids`` in the order a SentencePiece-style vocabulary's scores rank them: llama.cpp's tokenizer takes the
+    highest score first, ties by id."""
+    sc = rec.scores
     return sorted(ids, key=lambda i: (-sc[i], i))
+
+
+def _mergeable(a: TokenizerRecord, b: TokenizerRecord, n: int) -> list[int]:
+    """Ordinary tokens of 2+ characters that a merge makes: where scores are merge ranks (score = -rank), the ones
+    scored above the floor given to a token no merge makes (its score orders nothing)."""
+    toks, types = a.tokens, a.token_types
+    ids = [i for i in range(n) if types[i] == NORMAL and len(toks[i]) > 1 and not _hole(toks[i], types[i], i)]
+    for r in (a, b):
+        if r.scores_from_merges and r.scores:
+            floor = min(r.scores[i] for i in ids) if ids else 0.0
+            ids = [i for i in ids if r.scores[i] > floor]
+    return ids
 
 
 def _scores(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
@@ -162,7 +190,8 @@ def _scores(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
     na, nb = len(_unpadded(a)[0]), len(_unpadded(b)[0])
     if not (a.scores_from_merges or b.scores_from_merges):
         return _seq("scores", a.scores[:na], b.scores[:nb])
-    oa, ob = _merge_order(a, min(na, nb)), _merge_order(b, min(na, nb))
+    ids = _mergeable(a, b, min(na, nb))
+    oa, ob = _merge_order(a, ids), _merge_order(b, ids)
     if oa == ob:
         return None
     first = next(k for k in range(min(len(oa), len(ob))) if oa[k] != ob[k]) if oa[:len(ob)] != ob[:len(oa)] \
@@ -304,8 +333,7 @@ def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerD
     if (a.kind or a.hf_kind) != (b.kind or b.hf_kind):
         d["kind"] = {"a": a.kind or a.hf_kind, "b": b.kind or b.hf_kind,
                      "text": f"A {a.kind or a.hf_kind}, B {b.kind or b.hf_kind}"}
-    d["vocab"], d["token_types"] = _vocab(a, b)
-    unk_note = _unk_typing(a, b, _unpadded(a)[1], _unpadded(b)[1])[2]
+    d["vocab"], d["token_types"], vocab_notes = _vocab(a, b)
     d["merges"] = _seq("merges", a.merges, b.merges)
     if a.scores is not None and b.scores is not None:       # of the tokens, not of padding rows
         d["scores"] = _scores(a, b)
@@ -323,8 +351,7 @@ def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerD
     d["add_flags"] = _flags(a, b)
     d["chat_template"], d["named_templates"] = _templates(a, b)
     d = {k: v for k, v in d.items() if v is not None}
-    if unk_note:
-        notes.append(unk_note)
+    notes += vocab_notes
     differs = tuple(p for p in PARTS if p in d)
     if not differs:
         return TokenizerDiff((), "tokenizer identical", d, tuple(notes))

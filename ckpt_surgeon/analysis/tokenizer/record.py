@@ -272,6 +272,11 @@ def _native_vocab(tj: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
             by_id[a["id"]] = a["content"]
             kinds[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
     n = max(by_id) + 1 if by_id else 0
+    # the model's unknown token, where it is not an added special one: llama.cpp's converters type it unknown
+    unk = model.get("unk_id") if isinstance(model.get("unk_id"), int) else \
+        next((i for t, i in pairs if t == model.get("unk_token")), None)
+    if unk is not None and unk in by_id and unk not in kinds:
+        kinds[unk] = UNKNOWN
     tokens = tuple(by_id.get(i, "") for i in range(n))
     types = tuple(kinds.get(i, NORMAL if i in by_id else UNUSED) for i in range(n))
     return tokens, types

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...errors import FormatError, UnsupportedError
 from .pretokenizers import PRE_TOKENIZERS, PreTokenizer, pre_by_name, pre_name_for_json
-from .vocab import CONTROL, GGUFVocab
+from .vocab import GGUFVocab
 
 
 _SPACE_IN_MERGE = chr(ord(" ") + 256)      # U+0120
@@ -103,16 +103,14 @@ def byte_level_bpe(v: GGUFVocab, tokens: list[str], types: list[int], pre, path:
     """A byte-level BPE tokenizer (``gpt2``) from the GGUF vocabulary."""
     from tokenizers import Tokenizer, decoders, models
 
-    spelling = bytes_to_unicode()
-    alphabet = set(spelling.values())
-    # Control tokens are stored as raw text; the BPE vocabulary wants them byte-level spelled
-    # (transformers integrations/gguf byte_level_tokenizer does the same).  Normal tokens
-    # outside the byte alphabet (command-r's raw "\u200d") are ones llama.cpp's BPE never
-    # produces, and user-defined ones (mpt's runs of spaces) llama.cpp matches in the raw
-    # text before BPE: both keep their stored spelling, so they cannot shadow the byte-level
-    # token with the same bytes.
-    vocab_tokens = [t if set(t) <= alphabet or ty != CONTROL else "".join(spelling[b] for b in t.encode("utf-8"))
-                    for t, ty in zip(tokens, types)]
+    # Every token keeps its stored spelling.  Control tokens are matched as added (special) tokens
+    # before BPE, by their raw text, and an added token takes the id the vocabulary gives its
+    # content: re-spelled in the byte alphabet, a non-ASCII control token (DeepSeek's
+    # <｜begin▁of▁sentence｜>) would be added at a new id past the vocabulary.  Normal tokens outside
+    # the byte alphabet (command-r's raw "\u200d") are ones llama.cpp's BPE never produces, and
+    # user-defined ones (mpt's runs of spaces) llama.cpp matches in the raw text before BPE: they
+    # cannot shadow the byte-level token with the same bytes.
+    vocab_tokens = list(tokens)
     vocab = {t: i for i, t in enumerate(vocab_tokens)}
     if len(vocab) != len(vocab_tokens):
         vocab = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .pretokenizers import pre_by_name
-from .vocab import BYTE, CONTROL, UNUSED, USER_DEFINED, GGUFVocab
+from .vocab import BYTE, CONTROL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab
 
 # step 1: tokenizer.ggml.model -> default special ids (None: LLAMA_TOKEN_NULL) and add flags
 _NULL_IDS = {"bos": None, "eos": None, "unk": None, "sep": None, "pad": None, "mask": None}
@@ -176,6 +176,38 @@ def _eog(v: GGUFVocab, ids: dict, by_text: dict) -> tuple[int, ...]:
     if "</s>" in texts and any(t in texts for t in _S_DROPPED_BY):
         eog.discard(texts["</s>"])
     return tuple(sorted(eog))
+
+
+# llama.cpp's token attributes by model name (llama_vocab::impl::load, "set attributes by model/tokenizer/
+# architecture name"): (where the needle is looked for, needles, token text or "*special*", LSTRIP / RSTRIP,
+# on or off), in its order; the first matching block applies.
+STRIP_RULES: tuple = (
+    ((("pre", ("jina-v2-de", "jina-v2-es", "jina-v2-code")), ("arch", ("nomic-bert-moe", "jina-bert-v3"))),
+     (("<mask>", "lstrip", True),)),
+    ((("name", ("phi-3", "phi3")),),
+     (("*special*", "rstrip", True), ("</s>", "rstrip", True), ("<unk>", "rstrip", False), ("<s>", "rstrip", False),
+      ("<|endoftext|>", "rstrip", False))),
+    ((("name", ("modern-bert",)),), (("[MASK]", "lstrip", True),)),
+)
+
+
+def strip_attributes(v: GGUFVocab, name: str | None, arch: str | None) -> dict[int, dict]:
+    """id -> {"lstrip": bool, "rstrip": bool}: the whitespace llama.cpp strips beside a special token, set by
+    model name (``general.name``, lowercased), pre-tokenizer or architecture (the :data:`STRIP_RULES` block that
+    matches first).  Only tokens it sets an attribute on are in the answer."""
+    where = {"name": (name or "").lower(), "pre": v.pre or "", "arch": arch or ""}
+    for conditions, settings in STRIP_RULES:
+        if not any(any(n in where[k] for n in needles) for k, needles in conditions):
+            continue
+        out: dict[int, dict] = {}
+        index = {t: i for i, t in enumerate(v.tokens) if t in {s[0] for s in settings}}
+        for text, attr, on in settings:
+            ids = [i for i, ty in enumerate(v.token_types) if ty in (CONTROL, USER_DEFINED, UNKNOWN)] \
+                if text == "*special*" else ([index[text]] if text in index else [])
+            for i in ids:
+                out.setdefault(i, {"lstrip": False, "rstrip": False})[attr] = on
+        return out
+    return {}
 
 
 def is_special_type(t: int) -> bool:

@@ -76,9 +76,27 @@ def _set_post_processor(tok, v: GGUFVocab, tokens: list[str], names: dict[str, s
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
 
 
-def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, path: str | None = None) -> HFTokenizerFiles:
-    """Rebuild ``tokenizer.json`` + ``tokenizer_config.json`` from a GGUF vocabulary."""
+def _template_files(v: GGUFVocab, tcfg: dict) -> dict:
+    """The chat templates: in tokenizer_config.json (``tcfg``, changed in place), or, with named ones, as the
+    files transformers reads named templates from (additional_chat_templates/<name>.jinja, the default in
+    chat_template.jinja beside them: they replace any template in tokenizer_config.json)."""
+    if not v.named_templates:
+        if v.chat_template:
+            tcfg["chat_template"] = v.chat_template
+        return {}
+    extra = {"chat_template.jinja": v.chat_template} if v.chat_template else {}
+    extra.update({f"additional_chat_templates/{k}.jinja": t for k, t in v.named_templates.items()})
+    return extra
+
+
+def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, path: str | None = None,
+                       model_name: str | None = None, arch: str | None = None) -> HFTokenizerFiles:
+    """Rebuild ``tokenizer.json`` + ``tokenizer_config.json`` from a GGUF vocabulary.  ``model_name`` /
+    ``arch``: the file's ``general.name`` / ``general.architecture``, on which llama.cpp strips whitespace
+    beside some special tokens (Phi-3's turn tokens: :func:`.llama_specials.strip_attributes`)."""
     from tokenizers import AddedToken
+
+    from .llama_specials import strip_attributes
 
     warnings = []
     n = _kept_ids(v)
@@ -87,8 +105,11 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
     pre = rebuild_pre(v, warnings)
     tok = _rebuild_model(v, tokens, types, pre, path)
 
-    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    strip = strip_attributes(v, model_name, arch)
+    specials = [AddedToken(t, special=True, normalized=False, **strip.get(i, {}))
+                for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False, **strip.get(i, {}))
+            for i, (t, ty) in enumerate(zip(tokens, types)) if ty == USER_DEFINED]
     if specials:
         tok.add_special_tokens(specials)
     if user:
@@ -117,15 +138,7 @@ def hf_tokenizer_files(v: GGUFVocab, *, model_max_length: int | None = None, pat
             tcfg[f"{typ}_token"] = names[typ]
     if model_max_length:
         tcfg["model_max_length"] = int(model_max_length)
-    extra = {}
-    if v.named_templates:
-        # transformers reads named templates only as files (additional_chat_templates/<name>.jinja, the default
-        # in chat_template.jinja beside them): they replace any template in tokenizer_config.json
-        if v.chat_template:
-            extra["chat_template.jinja"] = v.chat_template
-        extra.update({f"additional_chat_templates/{k}.jinja": t for k, t in v.named_templates.items()})
-    elif v.chat_template:
-        tcfg["chat_template"] = v.chat_template
+    extra = _template_files(v, tcfg)
     # generation_config.json: the file's eos alone.  llama.cpp also stops at every token of its EOG set
     # (llama_specials), but the GGUF does not say which of them the source's generation_config listed; the
     # HF -> GGUF -> HF round trip must give the source's file back.
