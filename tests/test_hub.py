@@ -30,8 +30,10 @@ from hubenv import hub  # noqa: E402,F401  (the local Hub fixture)
 from hubserver import HubServer  # noqa: E402
 
 TOKEN = "hf_SENTINELtokenNeverPrintMe0123456789"
-# Keys that differ by design between a hub inspect and a local one: where it came from and what it cost.
-SOURCE_KEYS = {"source", "format", "bytes_read", "requests", "file_metadata"}
+# Keys that differ by design between a hub inspect and a local one: where it came from and what it cost, and the
+# tokenizer section, which inspect reads from a local folder's files but does not fetch from a Hub folder (headers
+# only; diff and ckpt_surgeon.tokenizer() read it: test_tokenizer_findings.py).
+SOURCE_KEYS = {"source", "format", "bytes_read", "requests", "file_metadata", "tokenizer", "tokenizer_note"}
 
 
 def _same_report(a: dict, b: dict) -> None:

@@ -234,6 +234,13 @@ _ALLOWED = {
     "conversion/tokenizer/from_hf.py": {"gpt2", "llama"},
     "conversion/tokenizer/pretokenizers.py": {"qwen2"},
     "conversion/tokenizer/to_hf.py": {"gpt2", "llama", "bert"},
+    # the same vocabulary kinds, in llama.cpp's load rules (defaults per tokenizer.ggml.model) and its
+    # by-name token attributes ("phi3" is a needle llama.cpp looks for in general.name), mirrored as data
+    "conversion/tokenizer/llama_specials.py": {"gpt2", "llama", "bert", "phi3"},
+    # the tokenizer record and its comparison / checks: tokenizer.ggml.model values, not families
+    "analysis/tokenizer/record.py": {"gpt2", "llama", "bert"},
+    "analysis/tokenizer/compare.py": {"gpt2", "llama", "bert"},
+    "analysis/tokenizer/checks.py": {"gpt2"},
 }
 # Fixture catalogue: ids of tiny test/demo checkpoints (with their transformers config classes),
 # built by name and never consulted by analysis, surgery or conversion.

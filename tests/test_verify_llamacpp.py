@@ -114,12 +114,16 @@ def test_runtime_choice_and_refusals(pair, tmp_path):
 
 
 def test_the_llama_path_imports_no_torch(pair):
+    """torch never; transformers only for the tokenizer section (its jinja renderer of the GGUFs' chat templates,
+    no torch behind it), so not at all with the section switched off."""
     ref, cand, _, _ = pair
     code = ("import sys; from ckpt_surgeon import verify; r = verify(sys.argv[1], sys.argv[2], prompts=['a b c'], "
-            "max_new_tokens=2); print(r.mode, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code, str(ref), str(cand)], capture_output=True, text=True,
-                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0 and r.stdout.split() == ["llama.cpp", "[]"], (r.stdout, r.stderr[-2000:])
+            "max_new_tokens=2, tokenizer_check=sys.argv[3] == 'on'); "
+            "print(r.mode, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    for section, heavy in (("on", "['transformers']"), ("off", "[]")):
+        r = subprocess.run([sys.executable, "-c", code, str(ref), str(cand), section], capture_output=True, text=True,
+                           env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+        assert r.returncode == 0 and r.stdout.split() == ["llama.cpp", heavy], (r.stdout, r.stderr[-2000:])
 
 
 def test_threads_follow_the_idle_cores(pair, monkeypatch):

@@ -54,9 +54,13 @@ def command_paths():
 
 
 def _context(path: str, cmd):
+    """The context ``--help`` runs ``cmd`` in: under the root group's, whose settings it inherits (``-h, --help``;
+    click caches a command's help option, so a context without them would document whatever ran first)."""
     import click
-    ctx = click.Context(cmd, info_name=("ckpt-surgeon " + path).strip())
-    return ctx
+
+    from ckpt_surgeon.cli import cli
+    root = click.Context(cli, info_name="ckpt-surgeon", **cli.context_settings)
+    return click.Context(cmd, info_name=("ckpt-surgeon " + path).strip(), parent=root)
 
 
 def _cell(text: str) -> str:

@@ -186,7 +186,10 @@ class InspectReport(LayoutSummary):
             "facts": list(self.facts), "derivation": self.derivation, "missing_config": self.missing_config,
             "quantization": self.quantization.to_dict() if self.quantization is not None else None,
             "towers": [t.to_dict() for t in self.towers],
-            "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
+            # the record without where it was read (the report's own source): the same model reads alike from
+            # any copy of it (a split set's parts, a Hub repo and its local copy)
+            "tokenizer": {k: v for k, v in self.tokenizer.to_dict().items() if k not in ("source", "files")}
+            if self.tokenizer is not None else None,
             "tokenizer_note": self.tokenizer_note,
         }
 

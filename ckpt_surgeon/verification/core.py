@@ -134,7 +134,9 @@ def compare(reference: str | os.PathLike, candidate: str | os.PathLike, o: Verif
     runtime, why = choose(reference, candidate, o)      # a GGUF pair: llama.cpp, unless transformers is asked for
     if runtime == "llama.cpp":
         check_tmp_dir(pl.tmp_dir)
-        return compare_llama(reference, candidate, o, prompts, token_ids, t0, [])
+        from .tokenizer_check import section      # issue 48: each side's own tokenizer and chat template
+        return compare_llama(reference, candidate, o, prompts, token_ids, t0, [],
+                             tokenizer=section(reference, candidate, o))
     dev = resolve_device(pl.device)          # imports torch
     job = _Job(reference, candidate, o, dev, prompts, token_ids, t0=t0)
     job.notes += [why] if why else []

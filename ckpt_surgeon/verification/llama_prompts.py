@@ -120,8 +120,10 @@ def _tokenize(llm, prompts) -> list[list[int]]:
     return [[int(t) for t in llm.tokenize(p.encode("utf-8"), add_bos=True, special=True)] for p in prompts]
 
 
-def _prompt_ids(ref: _Side, cand: _Side, prompts, token_ids, max_new: int, notes: list) -> list[list[int]]:
-    """The ids per prompt: given, or the reference vocabulary's; the candidate's vocabulary must agree, and every
+def _prompt_ids(ref: _Side, cand: _Side, prompts, token_ids, max_new: int, notes: list,
+                judged: str | None = None) -> list[list[int]]:
+    """The ids per prompt: given, or the reference vocabulary's; the candidate's vocabulary must agree (unless
+    ``judged`` says why not: the tokenizer section reports it, and both are fed the reference's ids), and every
     prompt fits the reference's context with its greedy tokens."""
     rv, cv = ref.vocab(), cand.vocab()
     try:
@@ -135,8 +137,14 @@ def _prompt_ids(ref: _Side, cand: _Side, prompts, token_ids, max_new: int, notes
             notes.append("prompts given as token ids; no tokenizer was used to encode them")
         else:
             ids = _tokenize(rv, prompts)
+            same = True
             for i, (a, b) in enumerate(zip(ids, _tokenize(cv, prompts))):
                 j = first_difference(a, b)
+                if j is not None and judged:
+                    notes.append(f"{cand.given}: its vocabulary encodes prompt {i} otherwise (token {j}): both models "
+                                 f"are fed the reference's ids ({judged})")
+                    same = False
+                    break
                 if j is not None:
                     raise ConfigError(
                         f"tokenizer encodes prompt {i} ({prompts[i][:30]!r}) differently from the reference's (token "
@@ -144,7 +152,7 @@ def _prompt_ids(ref: _Side, cand: _Side, prompts, token_ids, max_new: int, notes
                         f"{a[j] if j < len(a) else 'end'}); the outputs would not be comparable", path=cand.given,
                         hint="give the candidate the reference's vocabulary")
             notes.append("prompts tokenized by the reference's own vocabulary in llama.cpp (BOS as it adds it, "
-                         "special tokens parsed); the candidate's gives the same ids")
+                         "special tokens parsed)" + ("; the candidate's gives the same ids" if same else ""))
     finally:
         rv.close()
         cv.close()
@@ -172,8 +180,12 @@ def _greedy(llm, ids, max_new: int, is_eog, tick) -> tuple[np.ndarray, tuple]:
     return logits, tuple(cont)
 
 
-def compare_llama(reference, candidate, o, prompts, token_ids, t0: float, notes: list) -> VerifyReport:
-    """Both GGUFs of the pair in llama.cpp, compared prompt by prompt as the transformers path compares them."""
+def compare_llama(reference, candidate, o, prompts, token_ids, t0: float, notes: list, *,
+                  tokenizer=None) -> VerifyReport:
+    """Both GGUFs of the pair in llama.cpp, compared prompt by prompt as the transformers path compares them.
+    ``tokenizer``: the tokenizer section's record (:mod:`.tokenizer_check`): its findings fail the run, and a
+    candidate vocabulary that encodes the prompts otherwise is then judged there (both fed the reference's ids)."""
+    from .tokenizer_check import own_judged
     import llama_cpp
 
     from ..progress import counter
@@ -184,7 +196,7 @@ def compare_llama(reference, candidate, o, prompts, token_ids, t0: float, notes:
     ref, cand = _Side(os.fspath(reference), "reference"), _Side(os.fspath(candidate), "candidate")
     max_new = o.feed.max_new_tokens
     thr = pick_thresholds(o.criteria, "float32", _Stored(ref), _Stored(cand), notes)
-    ids = _prompt_ids(ref, cand, prompts, token_ids, max_new, notes)
+    ids = _prompt_ids(ref, cand, prompts, token_ids, max_new, notes, own_judged(o, tokenizer))
     n_ctx = max(len(t) for t in ids) + max_new + 1
     results = []
     try:
@@ -216,15 +228,17 @@ def compare_llama(reference, candidate, o, prompts, token_ids, t0: float, notes:
                  "the weights' own types (a quantized weight's dot products take activations rounded to 8 bits), the "
                  "logits in float32 (--runtime transformers: both converted and run in transformers instead)")
     metrics = aggregate(results, kind)
-    failures = tuple(judge(metrics, thr, kind, results))
+    failures = tuple(judge(metrics, thr, kind, results)) + (tokenizer.findings if tokenizer is not None else ())
+    notes += list(tokenizer.notes) if tokenizer is not None else []
     env = {"llama_cpp_python": llama_cpp.__version__, "python": sys.version.split()[0],
            "threads": default_threads()}
+    extra = {"tokenizer": tokenizer} if tokenizer is not None else {}
     return VerifyReport(
         reference=os.fspath(reference), candidate=os.fspath(candidate), kind=kind.name, output=kind.output,
         architectures=(ref.architecture, cand.architecture), storage_dtypes=(ref.storage, cand.storage),
         device="cpu", dtype="float32", mode="llama.cpp", max_new_tokens=max_new, thresholds=thr, metrics=metrics,
         prompts=tuple(results), passed=not failures, failures=failures, notes=tuple(dict.fromkeys(notes)),
-        warnings=(), elapsed_s=time.perf_counter() - t0, environment=env)
+        warnings=(), elapsed_s=time.perf_counter() - t0, environment=env, **extra)
 
 
 class _Stored:
