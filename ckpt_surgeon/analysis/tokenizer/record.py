@@ -187,12 +187,28 @@ def _from_vocab(v: GGUFVocab, source: str, fmt: str, keys: dict | None = None, *
 
 
 def _json(files, name: str) -> dict:
-    from ...formats.safe_input import loads_json
     raw = files.read(name)
     if raw is None:
         return {}
-    obj = loads_json(raw, path=files.path(name), error=CkptError)
+    obj = _parsed(raw, files.path(name))
     return obj if isinstance(obj, dict) else {}
+
+
+_PARSED: dict = {}          # sha256 of a file's bytes -> its parsed JSON (the last few): diff reads two folders
+_PARSED_KEEP = 4            # that often share a tokenizer.json of ~10 MB; parsing it twice is most of the cost
+
+
+def _parsed(raw: bytes, path: str):
+    """``raw`` parsed with the JSON limits of every input, once per content (the objects are read, never changed)."""
+    import hashlib
+
+    from ...formats.safe_input import loads_json
+    key = hashlib.sha256(raw).digest()
+    if key not in _PARSED:
+        _PARSED[key] = loads_json(raw, path=path, error=CkptError)
+        while len(_PARSED) > _PARSED_KEEP:
+            _PARSED.pop(next(iter(_PARSED)))
+    return _PARSED[key]
 
 
 def hf_templates(files) -> tuple[dict[str, str], dict[str, str]]:
