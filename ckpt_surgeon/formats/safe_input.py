@@ -17,6 +17,8 @@ all of them, here in one place:
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -33,6 +35,7 @@ MAX_JSON_FILE = 256 << 20         # config / index / tokenizer files (Gemma 3's 
 # A JSON string (with escapes), matched without backtracking (possessive quantifiers, Python 3.11).
 _JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_DIGITS_AS_ZERO = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))    # every digit "0", every other byte " "
 _LONG_DIGITS = re.compile(rb"[0-9]{%d,}" % (MAX_INT_DIGITS + 1))
 _KIND = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
@@ -142,8 +145,8 @@ def json_depth(raw: bytes) -> int:
 
 def _long_integer(raw: bytes) -> int:
     """Digits of the longest run of over :data:`MAX_INT_DIGITS` digits outside strings (0: none)."""
-    if _LONG_DIGITS.search(raw) is None:          # the common case: one C-speed scan
-        return 0
+    if b"0" * (MAX_INT_DIGITS + 1) not in raw.translate(_DIGITS_AS_ZERO):   # the common case: two C-speed
+        return 0                                                             # passes (10x the regex's speed)
     runs = _LONG_DIGITS.findall(_JSON_STRING.sub(b"", raw))
     return max((len(r) for r in runs), default=0)
 
@@ -167,7 +170,8 @@ def loads_json(data: bytes | str, *, path: str | os.PathLike | None = None, erro
         raise error(_say(what, f"holds a number of {digits:,} digits (at most {MAX_INT_DIGITS} are accepted)"),
                     path=path)
     try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        with paused_gc():
+            obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except _Refused as e:
         if duplicates_tensor and e.key is not None:
             raise error(_say(what, "names this tensor twice"), path=path, tensor=e.key) from None
@@ -185,6 +189,21 @@ def loads_json(data: bytes | str, *, path: str | os.PathLike | None = None, erro
             raise error(_say(what, f"holds the string {bad[:60]!a} with a lone surrogate (\\u escape of half a "
                                    "UTF-16 pair), which is not valid Unicode"), path=path)
     return obj
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic garbage collector paused: parsing a 10 MB tokenizer.json, or building a 150k-token record,
+    makes millions of containers, and every collection that triggers walks all live objects (a second parsed
+    file doubled the time); what these make holds no cycles, and a cycle made meanwhile waits for the next
+    collection.  Nests (the collector is enabled again only by the outermost)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _lone_surrogate(obj) -> str | None:

@@ -119,7 +119,7 @@ def _vocab(a: TokenizerRecord, b: TokenizerRecord) -> tuple[dict | None, dict | 
     for i in range(n):
         xa = (ta[i], ya[i]) if i < len(ta) else None
         xb = (tb[i], yb[i]) if i < len(tb) else None
-        if xa is not None and xb is not None and _hole(*xa, i) and _hole(*xb, i):
+        if xa == xb or (xa is not None and xb is not None and _hole(*xa, i) and _hole(*xb, i)):
             continue
         if xa is None or xb is None or xa[0] != xb[0]:
             text_diff.append(i)
@@ -308,6 +308,12 @@ def compare_tokenizers(a: TokenizerRecord | None, b: TokenizerRecord | None) -> 
     """What differs between the tokenizers ``a`` and ``b`` (either may be None: no tokenizer).  An HF side is
     the tokenizer transformers builds from its files: read as the files are written first, and, where that
     differs from the other side, as transformers builds it (:attr:`TokenizerRecord.effective`)."""
+    from ...formats.safe_input import paused_gc
+    with paused_gc():
+        return _compare_effective(a, b)
+
+
+def _compare_effective(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerDiff:
     d = _compare(a, b)
     if d.same or a is None or b is None or "hf" not in (a.format, b.format):
         return d

@@ -99,22 +99,41 @@ class TokenizerRecord:
     def effective_pre(self) -> str | None:
         """HF: llama.cpp's name for the split transformers really runs for these files (some tokenizer classes
         rebuild the file's pre-tokenizer in code: ``Qwen2Tokenizer`` splits with Qwen2's regex whatever
-        tokenizer.json says), which is what llama.cpp's converter hashes.  The first answer costs a transformers
-        load; it is kept in the transformers-answer cache (:mod:`...conversion.answer_cache`).  GGUF: :attr:`pre`."""
+        tokenizer.json says), which is what llama.cpp's converter hashes (:meth:`effective_json`).  GGUF: :attr:`pre`."""
         if self.format != "hf" or self.side is None or self.kind != "gpt2":
             return self.pre
+        from ...conversion.tokenizer import pre_name_for_json
+        ej = self.effective_json()
+        return pre_name_for_json(ej) if ej is not None else self.pre
+
+    def effective_json(self) -> dict | None:
+        """HF: tokenizer.json as the tokenizer transformers builds from these files writes it (its class may set
+        the split, the normalizer or the BOS template in code); None: no tokenizer.json, or transformers cannot
+        load it.  The first answer costs a transformers load; what it changes of the file (the top-level parts,
+        and the parts of ``model``, that differ) is kept in the transformers-answer cache
+        (:mod:`...conversion.answer_cache`), so later runs parse the file and apply that."""
+        if self.format != "hf" or self.side is None or "tokenizer.json" not in self.side.names():
+            return None
         from ...conversion import answer_cache
-        from ...conversion.tokenizer import effective_tokenizer_json, pre_name_for_json
+        from ...conversion.tokenizer import effective_tokenizer_json
+        tj = _json(self.side, "tokenizer.json")
         with self.side.as_folder() as folder:
             cfg = _json(self.side, "config.json") if "config.json" in self.side.names() else {}
-            path = answer_cache.answer_path("effective-pre", cfg.get("model_type"), answer_cache.folder_inputs(folder))
+            path = answer_cache.answer_path("effective-tokenizer", cfg.get("model_type"),
+                                            answer_cache.folder_inputs(folder))
             got = answer_cache.load(path)
-            if got is not None:
-                return got.get("pre")
-            ej = effective_tokenizer_json(folder)
-        pre = pre_name_for_json(json.loads(ej)) if ej else self.pre
-        answer_cache.store(path, {"pre": pre})
-        return pre
+            if got is None:
+                ej = effective_tokenizer_json(folder)
+                got = {"none": True} if ej is None else _json_patch(tj, json.loads(ej))
+                answer_cache.store(path, got)
+        if got.get("none"):
+            return None
+        out = {k: v for k, v in tj.items() if k not in got["drop"]}
+        out.update(got["set"])
+        model = {k: v for k, v in (tj.get("model") or {}).items() if k not in got["model_drop"]}
+        model.update(got["model_set"])
+        out["model"] = model
+        return out
 
     @functools.cached_property
     def effective(self) -> "TokenizerRecord":
@@ -125,10 +144,18 @@ class TokenizerRecord:
         if self.format != "hf" or self.side is None:
             return self
         from ...conversion.tokenizer import hf_vocab
+        ej = self.effective_json()
+        if ej is None:
+            return self
+        kind = (_json(self.side, "tokenizer.json").get("model") or {}).get("type")
+        if (ej.get("model") or {}).get("type") != kind:
+            # transformers may rebuild another model kind as BPE (Qwen2Tokenizer makes a BPE without merges
+            # from a WordLevel vocab): the kind written in the file decides what it is
+            return self
         try:
             with self.side.as_folder() as folder:
                 cfg = _json(self.side, "config.json") if "config.json" in self.side.names() else None
-                v = hf_vocab(folder, len(self.tokens), cfg, effective_json=False)
+                v = hf_vocab(folder, len(self.tokens), cfg, effective_json=ej)
         except CkptError:
             return self
         keep = {k: getattr(self, k) for k in ("hf_kind", "normalizer", "pre_tokenizer", "special_texts",
@@ -209,6 +236,30 @@ def _parsed(raw: bytes, path: str):
         while len(_PARSED) > _PARSED_KEEP:
             _PARSED.pop(next(iter(_PARSED)))
     return _PARSED[key]
+
+
+def _json_patch(file: dict, effective: dict) -> dict:
+    """What ``effective`` changes of ``file`` (two tokenizer.json objects): the top-level parts, and the parts of
+    ``model``, set or dropped; merges compared as "a b" strings (transformers may write them as pairs)."""
+    from ...conversion.tokenizer.bpe import merge_strings
+
+    def changes(a: dict, b: dict, skip=()):
+        return ({k: v for k, v in b.items() if k not in skip and a.get(k, _ABSENT) != v},
+                sorted(k for k in a if k not in skip and k not in b))
+    top_set, top_drop = changes(file, effective, skip=("model",))
+    fm, em = file.get("model") or {}, effective.get("model") or {}
+    model_set, model_drop = changes(fm, em, skip=("merges",))
+    if "merges" in fm or "merges" in em:
+        try:
+            same = merge_strings(fm.get("merges") or [], "") == merge_strings(em.get("merges") or [], "")
+        except CkptError:
+            same = False
+        if not same:
+            model_set["merges"] = em.get("merges") or []
+    return {"set": top_set, "drop": top_drop, "model_set": model_set, "model_drop": model_drop}
+
+
+_ABSENT = object()
 
 
 def hf_templates(files) -> tuple[dict[str, str], dict[str, str]]:
@@ -367,11 +418,14 @@ def _ids_of(texts: dict, tokens) -> dict:
 
 def read_tokenizer(ck) -> TokenizerRecord | None:
     """The tokenizer record of an open :class:`~ckpt_surgeon.checkpoint.Checkpoint` (None: it has none)."""
+    from ...formats.safe_input import paused_gc
     if ck.naming == "gguf":
-        return from_gguf_metadata(ck.metadata, ck.source)
+        with paused_gc():
+            return from_gguf_metadata(ck.metadata, ck.source)
     if ck.side_files is None:
         return None
-    return from_hf_files(ck.side_files, ck.source, ck.config)
+    with paused_gc():
+        return from_hf_files(ck.side_files, ck.source, ck.config)
 
 
 def tokenizer(source, **open_kwargs) -> TokenizerRecord | None:
