@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,3 +283,65 @@ def test_fp8_scale_spellings_read_as_transformers_reads_them(spelling, tmp_path)
             got = ck.read(name)
             np.testing.assert_array_equal(got, model.get_submodule(name.removesuffix(".weight")).weight.detach().numpy())
             np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def _autofp8_folder(dst) -> tuple:
+    """An AutoFP8 checkpoint of the base fixture (neuralmagic's ``*-FP8`` releases), laid out as AutoFP8's own
+    ``quantize.py`` writes it (AutoFP8 needs a GPU to calibrate, so the layout is built here from its code):
+    ``per_tensor_quantize`` (scale 448/amax, codes ``(w * scale).clamp`` cast to float8_e4m3fn, the stored
+    ``weight_scale`` its float32 reciprocal), ``FP8StaticLinear``'s ``input_scale``, and
+    ``save_quantized_model``'s ``quantization_config`` (``quant_method: fp8``, ``activation_scheme``,
+    ``ignored_layers``).  Returns the folder and the weights AutoFP8's ``fp8_gemm`` multiplies, in float32:
+    ``B.to(out_dtype) * B_scale.to(out_dtype)``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(QUANT / "base", dst)
+    t = load_file(str(dst / "model.safetensors"))
+    finfo = torch.finfo(torch.float8_e4m3fn)
+    want = {}
+    for k in [k for k in t if k.endswith("_proj.weight")]:
+        w = t[k].float()
+        scale = finfo.max / w.abs().max().clamp(min=1e-12)
+        t[k] = (w * scale).clamp(min=finfo.min, max=finfo.max).to(torch.float8_e4m3fn)
+        t[k.removesuffix("weight") + "weight_scale"] = s = scale.float().reciprocal()
+        t[k.removesuffix("weight") + "input_scale"] = torch.tensor(0.0123, dtype=torch.float32)
+        want[k] = (t[k].to(torch.float32) * s.to(torch.float32)).numpy()
+    save_file(t, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst, want
+
+
+def test_fp8_autofp8_weight_scale_read_as_autofp8_reads_it(tmp_path):
+    """AutoFP8's spelling of an fp8 checkpoint (``weight_scale``, one amax/448 per tensor, and ``input_scale``):
+    read as AutoFP8 multiplies it (element for element, float32), never guessed from the values as
+    ``weight_scale_inv`` is; it inspects, lints clean, diffs against its base as "same model, quantized",
+    converts to the same dense weights; a scale of the wrong shape is one line, exit 2."""
+    src, want = _autofp8_folder(tmp_path / "autofp8")
+    with open_checkpoint(src) as ck:
+        q = ck.quantization
+        assert set(q.tensors) == set(want) and q.method == "fp8"
+        for name, w in want.items():
+            assert dict(q.tensors[name].members)["weight_scale_inv"].endswith(".weight_scale"), name
+            np.testing.assert_array_equal(ck.read(name), w, err_msg=name)
+    res = CliRunner().invoke(cli, ["inspect", str(src)])
+    assert res.exit_code == 0 and "fp8 (e4m3)" in res.output, res.output
+    assert _lint(src) == []
+    res = CliRunner().invoke(cli, ["diff", str(QUANT / "base"), str(src), "--format", "json"])
+    assert res.exit_code == 1 and json.loads(res.output)["verdict"] == "quantized", res.output
+    dense = tmp_path / "dense"
+    res = CliRunner().invoke(cli, ["convert", str(src), "-o", str(dense), "--dtype", "f32"])
+    assert res.exit_code == 0, res.output
+    with open_checkpoint(dense) as ck:
+        assert ck.quantization is None
+        for name, w in want.items():
+            np.testing.assert_array_equal(ck.read(name), w, err_msg=name)
+    from safetensors.torch import load_file, save_file
+    bad = Path(shutil.copytree(src, tmp_path / "bad"))
+    t = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight_scale"
+    t[name] = t[name].reshape(1).repeat(2)          # two scales for a weight of 128 rows: neither form
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    line = _one_line_exit_2(["inspect", str(bad)])
+    assert "weight_scale [2]" in line and "q_proj" in line and "(fp8)" in line

@@ -90,6 +90,8 @@ class QuantizedSource(SourceBase):
     def fp8_reading(self, t: QuantTensor) -> QuantTensor:
         """An ``fp8`` weight with the meaning of its ``weight_scale_inv`` established from the values
         (read when the weight is, so opening a large remote checkpoint reads no scales)."""
+        if t.param("fp8_reading"):  # fixed by its spelling (AutoFP8's weight_scale: amax/448, multiplied)
+            return t
         if t.param("ue8m0"):        # powers of two by construction, multiplied (transformers' FineGrainedFP8)
             return replace(t, params=(*t.params, ("fp8_reading", "multiply")))
         s = self._get(t.member("weight_scale_inv"))

@@ -27,7 +27,7 @@ The layouts are the producers' own (read, not copied):
   block).
 * ``fp8`` (DeepSeek-V3 ``weight_scale_inv``, amax/448 per 128x128 block: ``w = q * s``;
   gptqmodel writes the reciprocal 448/amax under the same name: ``w = q / s``, decided per
-  tensor by :func:`fp8_scale_reading`).
+  tensor by :func:`fp8_scale_reading`; AutoFP8 writes ``weight_scale``, amax/448 per tensor: ``w = q * s``).
 * bitsandbytes: 4-bit ``weight`` uint8 ``[n/2, 1]`` (two codes per byte, high nibble first),
   ``weight.absmax`` per ``blocksize`` elements (itself 8-bit quantized with ``nested_absmax`` /
   ``nested_quant_map`` under double quantization), ``weight.quant_map`` (16 code values),
@@ -588,8 +588,11 @@ def _check_scale(shp, sc, strategy, gs, block) -> tuple[bool, int, tuple]:
 # The names fp8 checkpoints give a Linear's block / tensor scale (``weight_scale_inv``'s meaning) and its static
 # activation scale, as transformers' FineGrainedFP8 loader renames them (quantizer_finegrained_fp8
 # ``update_weight_conversions``: ``.qscale_weight`` as Mistral's releases spell it, ``.scale`` as
-# DeepSeek-V4-Flash does; ``.qscale_act``, Mistral's activation scale, unused like ``activation_scale``).
-_FP8_SCALE_NAMES = ("weight_scale_inv", "qscale_weight", "scale")
+# DeepSeek-V4-Flash does; ``.qscale_act``, Mistral's activation scale, unused like ``activation_scale``), and
+# AutoFP8's ``weight_scale`` (neuralmagic's ``*-FP8`` releases of 2024: ``quant_method: fp8`` with
+# ``activation_scheme`` and ``ignored_layers``, one amax/448 scale per tensor, which its ``FP8StaticLinear`` /
+# ``FP8DynamicLinear`` and vLLM's ``Fp8LinearMethod`` multiply: ``weight.to(dtype) * weight_scale``).
+_FP8_SCALE_NAMES = ("weight_scale_inv", "qscale_weight", "scale", "weight_scale")
 _FP8_ACT_NAMES = ("activation_scale", "input_scale", "qscale_act")
 
 
@@ -624,7 +627,7 @@ def _fp8(tensors, q, path):
             if not ok:
                 raise _err(f"{spelling} {list(sc)} does not fit weight {list(shp)} with weight_block_size "
                            f"{list(block)}", path, sname, s.key)
-            params = ()
+            params = (("fp8_reading", "multiply"),) if spelling == "weight_scale" else ()   # AutoFP8: amax/448
             if tensors[sname].dtype == "U8":
                 # UE8M0 scales stored as bytes (scale_fmt "ue8m0"): transformers' FineGrainedFP8 loader views them
                 # as float8_e8m0fnu, 2**(e - 127); bytes without that declaration have no meaning to read
