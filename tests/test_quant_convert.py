@@ -33,7 +33,7 @@ LLAMACPP = {
     "mlx_4bit": "Can not map tensor", "mlx_8bit": "Can not map tensor",
     # issue 49: NVFP4 kept NVFP4 (blocks moved, .scale / .input_scale beside), ModelOpt FP8 dequantized
     "ct_nvfp4a16": "same", "ct_nvfp4": "same", "modelopt_nvfp4": "same", "modelopt_fp8": "same",
-    "modelopt_mixed": "same",
+    "modelopt_mixed": "same", "modelopt_fp8_pc_pt": "same",
     "ct_mxfp4a16": "Quant format 'mxfp4-pack-quantized' for method 'compressed-tensors' is not yet supported",
     "ct_mxfp8a16": "Quant format 'mxfp8-quantized' for method 'compressed-tensors' is not yet supported",
     "ct_mixed": "Can't handle multiple config groups for compressed-tensors yet",

@@ -119,6 +119,8 @@ SCHEMES: dict[str, dict] = {
     "ct_mixed": dict(cfg={"quant_method": "compressed-tensors", "format": "mixed-precision"}, elem=None, rel=0.15),
     "modelopt_nvfp4": dict(cfg={"quant_method": "modelopt", "quant_algo": "NVFP4"}, elem=None, rel=0.15),
     "modelopt_fp8": dict(cfg={"quant_method": "modelopt", "quant_algo": "FP8"}, elem=None, rel=0.04),
+    "modelopt_fp8_pc_pt": dict(cfg={"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}, elem=None,
+                               rel=0.04),
     "modelopt_mixed": dict(cfg={"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}, elem=None, rel=0.15),
 }
 

@@ -32,7 +32,8 @@ ACTIVATIONS = {"ct_fp8_dynamic": "float 8-bit, dynamic per token", "ct_fp8_block
                "bnb_int8": "LLM.int8",
                "ct_nvfp4": "float 4-bit, dynamic per group of 16 under a static global scale (input_global_scale)",
                "ct_mixed": "float 8-bit, dynamic per token", "modelopt_nvfp4": "float 4-bit, static per group of 16",
-               "modelopt_fp8": "float 8-bit, static per tensor", "modelopt_mixed": "float 8-bit, static per tensor"}
+               "modelopt_fp8": "float 8-bit, static per tensor", "modelopt_mixed": "float 8-bit, static per tensor",
+               "modelopt_fp8_pc_pt": "float 8-bit, dynamic per token"}
 
 
 def test_every_fixture_has_a_weight_error_bound():

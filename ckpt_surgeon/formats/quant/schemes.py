@@ -241,8 +241,10 @@ def _act_words(a: dict) -> str:
 
 
 # ModelOpt's activation quantization per quant_algo, when config.json has no config_groups
-# (hf_quant_config.json only): static per-tensor input_scale
-_MODELOPT_ACTS = {"NVFP4": "float 4-bit, static per group of 16", "FP8": "float 8-bit, static per tensor"}
+# (hf_quant_config.json only): static per-tensor input_scale; FP8_PER_CHANNEL_PER_TOKEN quantizes them per token at
+# run time (no input_scale is written)
+_MODELOPT_ACTS = {"NVFP4": "float 4-bit, static per group of 16", "FP8": "float 8-bit, static per tensor",
+                  "FP8_PER_CHANNEL_PER_TOKEN": "float 8-bit, dynamic per token"}
 
 
 def _modules_of(tensors, suffix: str) -> list[str]:
@@ -641,8 +643,11 @@ def _fp8(tensors, q, path):
 
 
 # ModelOpt's quant_algo -> the scheme its tensors are stored in (modelopt.torch.export: NVFP4 and
-# W4A16_NVFP4 write NVFP4QTensor's packing, FP8 a float8 weight and a per-tensor scale).
-_MODELOPT_ALGOS = {"NVFP4": "modelopt-nvfp4", "W4A16_NVFP4": "modelopt-nvfp4", "FP8": "modelopt-fp8"}
+# W4A16_NVFP4 write NVFP4QTensor's packing, FP8 a float8 weight and a per-tensor scale,
+# FP8_PER_CHANNEL_PER_TOKEN one scale per output row: ``to_quantized_weight`` divides by ``scale[:, None]``).
+# Not read: its fp8_pb_wo export (a 4-D weight_scale no ModelOpt reader takes back), AWQ and W4A8 algos.
+_MODELOPT_ALGOS = {"NVFP4": "modelopt-nvfp4", "W4A16_NVFP4": "modelopt-nvfp4", "FP8": "modelopt-fp8",
+                   "FP8_PER_CHANNEL_PER_TOKEN": "modelopt-fp8"}
 
 
 def modelopt_quant_config(hf_quant: dict) -> dict | None:
