@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from dataclasses import asdict, dataclass, field
 
 from ...conversion.tokenizer.llama_specials import LlamaSpecials, llama_specials
@@ -57,6 +58,8 @@ class TokenizerRecord:
     files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     side: object = field(default=None, repr=False, compare=False)   # HF: the files, for effective_pre()
+    parsed: object = field(default=None, repr=False, compare=False)  # HF: tokenizer.json parsed (a _Parsed), kept
+    #                                                                   while the record lives
     unread: str | None = None                    # why the tokenizer the files describe was not read (then empty)
     scores_from_merges: bool = False             # HF 'llama' without tokenizer.model: scores made from merge ranks
 
@@ -116,7 +119,7 @@ class TokenizerRecord:
             return None
         from ...conversion import answer_cache
         from ...conversion.tokenizer import effective_tokenizer_json
-        tj = _json(self.side, "tokenizer.json")
+        tj = self._tokenizer_json()
         with self.side.as_folder() as folder:
             cfg = _json(self.side, "config.json") if "config.json" in self.side.names() else {}
             path = answer_cache.answer_path("effective-tokenizer", cfg.get("model_type"),
@@ -132,8 +135,14 @@ class TokenizerRecord:
         out.update(got["set"])
         model = {k: v for k, v in (tj.get("model") or {}).items() if k not in got["model_drop"]}
         model.update(got["model_set"])
+        held = self.parsed if isinstance(self.parsed, _Parsed) else None
+        if "merges" not in got["model_set"] and held is not None and held.merges is not None:
+            model["merges"] = held.merges       # the file's, made "a b" strings once (merge_strings) for any record
         out["model"] = model
         return out
+
+    def _tokenizer_json(self) -> dict:
+        return self.parsed.obj if isinstance(self.parsed, _Parsed) else _json(self.side, "tokenizer.json")
 
     @functools.cached_property
     def effective(self) -> "TokenizerRecord":
@@ -147,7 +156,7 @@ class TokenizerRecord:
         ej = self.effective_json()
         if ej is None:
             return self
-        kind = (_json(self.side, "tokenizer.json").get("model") or {}).get("type")
+        kind = (self._tokenizer_json().get("model") or {}).get("type")
         if (ej.get("model") or {}).get("type") != kind:
             # transformers may rebuild another model kind as BPE (Qwen2Tokenizer makes a BPE without merges
             # from a WordLevel vocab): the kind written in the file decides what it is
@@ -160,11 +169,11 @@ class TokenizerRecord:
             return self
         keep = {k: getattr(self, k) for k in ("hf_kind", "normalizer", "pre_tokenizer", "special_texts",
                                                "generation_eos", "templates", "template_sources", "files",
-                                               "notes", "side", "scores_from_merges")}
+                                               "notes", "side", "parsed", "scores_from_merges")}
         return _from_vocab(v, self.source, "hf", **keep)
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "side"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("side", "parsed")}
         d["llama"] = asdict(self.llama) if self.llama is not None else None
         d["vocab"] = [{"id": i, "text": t, "type": TYPE_NAMES.get(ty, str(ty))}
                       for i, (t, ty) in enumerate(zip(self.tokens, self.token_types))]
@@ -217,25 +226,46 @@ def _json(files, name: str) -> dict:
     raw = files.read(name)
     if raw is None:
         return {}
-    obj = _parsed(raw, files.path(name))
+    obj = _parsed_file(files, name, raw)
     return obj if isinstance(obj, dict) else {}
 
 
-_PARSED: dict = {}          # sha256 of a file's bytes -> its parsed JSON (the last few): diff reads two folders
-_PARSED_KEEP = 4            # that often share a tokenizer.json of ~10 MB; parsing it twice is most of the cost
+def _parsed_file(files, name: str, raw: bytes):
+    """A side file's JSON: tokenizer.json through the shared parse (:class:`_Parsed`), the small ones directly."""
+    from ...formats.safe_input import loads_json
+    if name == "tokenizer.json":
+        return _parsed(raw, files.path(name)).obj
+    return loads_json(raw, path=files.path(name), error=CkptError)
 
 
-def _parsed(raw: bytes, path: str):
-    """``raw`` parsed with the JSON limits of every input, once per content (the objects are read, never changed)."""
+class _Parsed:
+    """A tokenizer.json parsed, held by the records read from it: diff reads two folders that often share one
+    (~10 MB, most of the cost), so a second read of the same bytes finds it while the first record lives, and the
+    parse is freed with the records (a weak-valued cache: nothing kept after them)."""
+    __slots__ = ("obj", "merges", "__weakref__")
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.merges = None      # model.merges as llama.cpp's "a b" strings, once a record has made them
+
+    def __deepcopy__(self, memo):       # dataclasses.asdict copies fields: the parse is shared, never copied
+        return self
+
+
+_PARSED: "weakref.WeakValueDictionary[bytes, _Parsed]" = weakref.WeakValueDictionary()   # sha256 -> parse
+
+
+def _parsed(raw: bytes, path: str) -> _Parsed:
+    """``raw`` parsed with the JSON limits of every input, once per content while a record holds it."""
     import hashlib
 
     from ...formats.safe_input import loads_json
     key = hashlib.sha256(raw).digest()
-    if key not in _PARSED:
-        _PARSED[key] = loads_json(raw, path=path, error=CkptError)
-        while len(_PARSED) > _PARSED_KEEP:
-            _PARSED.pop(next(iter(_PARSED)))
-    return _PARSED[key]
+    held = _PARSED.get(key)
+    if held is None:
+        held = _Parsed(loads_json(raw, path=path, error=CkptError))
+        _PARSED[key] = held
+    return held
 
 
 def _json_patch(file: dict, effective: dict) -> dict:
@@ -349,6 +379,12 @@ def _native_vocab(tj: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tokens, types
 
 
+def _held_tokenizer_json(files) -> _Parsed:
+    raw = files.read("tokenizer.json")
+    held = _parsed(raw, files.path("tokenizer.json")) if raw is not None else None
+    return held if held is not None and isinstance(held.obj, dict) else _Parsed({})
+
+
 def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRecord | None:
     """The record of an HF tokenizer (``files``: :mod:`..formats.side_files`); None without tokenizer.json."""
     from ...conversion.tokenizer import hf_vocab
@@ -366,7 +402,8 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
         return TokenizerRecord(source, "hf", None, None, (), (), None, None, None,
                                templates=hf_templates(files)[0], files=tuple(files.path(n) for n in names),
                                unread=unread)
-    tj = _json(files, "tokenizer.json")
+    held = _held_tokenizer_json(files)
+    tj = held.obj
     model = tj.get("model") or {}
     hf_kind = model.get("type") if isinstance(model.get("type"), str) else None
     n_tokens = _size(tj)
@@ -382,7 +419,8 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
         notes.append(f"not in llama.cpp's terms: {e.detail}")
         v = None
     if v is not None:
-        return _from_vocab(v, source, "hf", notes=tuple(notes), side=files,
+        held.merges = v.merges if v.merges is not None else held.merges
+        return _from_vocab(v, source, "hf", notes=tuple(notes), side=files, parsed=held,
                            scores_from_merges=v.model == "llama" and "tokenizer.model" not in names, **common)
     tokens, types = _native_vocab(tj)
     kind = "gpt2" if hf_kind == "BPE" and not model.get("byte_fallback") else \
@@ -405,7 +443,8 @@ def from_hf_files(files, source: str, config: dict | None = None) -> TokenizerRe
     return TokenizerRecord(source, "hf", kind, hf_kind, tokens, types, merges, scores, None,
                            special_ids=dict(gv.special_ids), llama=llama_specials(gv) if kind else None,
                            add_bos=add_bos, add_eos=add_eos,
-                           notes=tuple(notes), side=files, **{k: v for k, v in common.items() if k != "hf_kind"})
+                           notes=tuple(notes), side=files, parsed=held,
+                           **{k: v for k, v in common.items() if k != "hf_kind"})
 
 
 def _ids_of(texts: dict, tokens) -> dict:

@@ -17,25 +17,15 @@ from .vocab import GGUFVocab
 _SPACE_IN_MERGE = chr(ord(" ") + 256)      # U+0120
 
 
-# the last lists converted (list, its length, its strings): the tokenizer record reads one parsed tokenizer.json's
-# merges twice (the file as written, then transformers' view of it, which shares the list), and ``diff`` reads
-# two; parsed JSON is never changed in place, and a list of another length is converted anew
-_LAST: list = []
-_KEEP = 4
-
-
 def merge_strings(merges: list, path: str) -> list[str]:
     """tokenizer.json's merges (``"a b"`` strings or ``[a, b]`` pairs) as ``"a b"`` strings."""
-    for m, n, out in _LAST:
-        if m is merges and n == len(merges):
-            return list(out)
-    out = _merge_strings(merges, path)
-    _LAST[:] = [(merges, len(merges), out)] + _LAST[:_KEEP - 1]
-    return list(out)
+    return _merge_strings(merges, path)
 
 
 def _merge_strings(merges: list, path: str) -> list[str]:
-    try:            # the common case, pairs of strings without a space: one pass at comprehension speed
+    try:            # the common cases at comprehension speed: strings already (tokenizers < 0.20 writes them, and a
+        if all(type(m) is str for m in merges):         # record passes its own), or pairs without a space in them
+            return list(merges)
         if all(type(m) is list and len(m) == 2 and type(m[0]) is str and type(m[1]) is str for m in merges):
             out = [f"{a} {b}" for a, b in merges]
             if all(o.count(" ") == 1 for o in out):
