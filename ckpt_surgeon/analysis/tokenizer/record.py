@@ -142,7 +142,7 @@ class TokenizerRecord:
         return out
 
     def _tokenizer_json(self) -> dict:
-        return self.parsed.obj if isinstance(self.parsed, _Parsed) else _json(self.side, "tokenizer.json")
+        return (self.parsed if isinstance(self.parsed, _Parsed) else _held_tokenizer_json(self.side)).obj
 
     @functools.cached_property
     def effective(self) -> "TokenizerRecord":
@@ -226,16 +226,9 @@ def _json(files, name: str) -> dict:
     raw = files.read(name)
     if raw is None:
         return {}
-    obj = _parsed_file(files, name, raw)
-    return obj if isinstance(obj, dict) else {}
-
-
-def _parsed_file(files, name: str, raw: bytes):
-    """A side file's JSON: tokenizer.json through the shared parse (:class:`_Parsed`), the small ones directly."""
     from ...formats.safe_input import loads_json
-    if name == "tokenizer.json":
-        return _parsed(raw, files.path(name)).obj
-    return loads_json(raw, path=files.path(name), error=CkptError)
+    obj = loads_json(raw, path=files.path(name), error=CkptError)
+    return obj if isinstance(obj, dict) else {}
 
 
 class _Parsed:
@@ -380,6 +373,7 @@ def _native_vocab(tj: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 
 def _held_tokenizer_json(files) -> _Parsed:
+    """tokenizer.json through the shared parse (:class:`_Parsed`); an empty one when absent or not an object."""
     raw = files.read("tokenizer.json")
     held = _parsed(raw, files.path("tokenizer.json")) if raw is not None else None
     return held if held is not None and isinstance(held.obj, dict) else _Parsed({})

@@ -19,10 +19,6 @@ _SPACE_IN_MERGE = chr(ord(" ") + 256)      # U+0120
 
 def merge_strings(merges: list, path: str) -> list[str]:
     """tokenizer.json's merges (``"a b"`` strings or ``[a, b]`` pairs) as ``"a b"`` strings."""
-    return _merge_strings(merges, path)
-
-
-def _merge_strings(merges: list, path: str) -> list[str]:
     try:            # the common cases at comprehension speed: strings already (tokenizers < 0.20 writes them, and a
         if all(type(m) is str for m in merges):         # record passes its own), or pairs without a space in them
             return list(merges)
