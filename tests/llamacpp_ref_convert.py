@@ -1,7 +1,8 @@
 """Run llama.cpp's ``convert_hf_to_gguf.py`` (from the sdist, with its own gguf-py) several times
 in one process: ``python llamacpp_ref_convert.py LLAMA_CPP_DIR MODEL_DIR OUT_DIR PRE OUTTYPE...``
 writes ``OUT_DIR/<outtype>.gguf`` per outtype (importing torch and the converter once).  An outtype
-``mmproj-<type>`` runs the converter with ``--mmproj`` (a VLM's vision / audio projector file, CLIP arch).
+``mmproj-<type>`` runs the converter with ``--mmproj`` (a VLM's vision / audio projector file, CLIP arch);
+``vocab`` with ``--vocab-only`` (the tokenizer's metadata, no tensor: ``vocab.gguf``).
 
 One change to the converter, and why: it names a BPE pre-tokenizer (``tokenizer.ggml.pre``) by
 hashing the ids a *known* Hub tokenizer gives a fixed text (``TextModel.get_vocab_base_pre``);
@@ -29,9 +30,10 @@ def main() -> None:
     script = os.path.join(root, "convert_hf_to_gguf.py")
     ns = runpy.run_path(script, run_name="llamacpp_convert_hf_to_gguf")
     for outtype in outtypes:
-        mmproj = outtype.startswith("mmproj-")
+        mmproj, vocab = outtype.startswith("mmproj-"), outtype == "vocab"
         sys.argv = [script, model, "--outfile", os.path.join(out, f"{outtype}.gguf"),
-                    "--outtype", outtype.removeprefix("mmproj-"), *(["--mmproj"] if mmproj else [])]
+                    "--outtype", "f32" if vocab else outtype.removeprefix("mmproj-"),
+                    *(["--mmproj"] if mmproj else []), *(["--vocab-only"] if vocab else [])]
         ns["main"]()
 
 

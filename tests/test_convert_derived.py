@@ -72,24 +72,73 @@ def test_derived_file_is_llama_cpp_converters_byte_for_byte(model_type, outtype,
     report = convert(src, tmp_path / "ours.gguf", outtype)
     assert report.engine.startswith("derived: llama.cpp "), report.engine
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
-    if outtype == "f16":        # issue 48: the folder and llama.cpp's file of it hold one tokenizer, or differ as said
-        d = compare_tokenizers(tokenizer(src), tokenizer(ref))
-        assert set(d.differs) == TOKENIZER_DIFFERS.get(model_type, set()), d.to_dict()
+    if outtype == "f16":        # issue 48: the folder and llama.cpp's file of it hold one tokenizer
+        assert_one_tokenizer(src, ref, model_type)
 
 
-# Where llama.cpp's class writes another tokenizer than the folder's (as transformers runs it), on purpose, and why:
-# the diff names each (issue 48).  The tiny folders carry the tiny fixtures' tokenizer, not the real model's, so the
-# ids these classes hard-code or read from the config point elsewhere than on the real checkpoints.
-TOKENIZER_DIFFERS = {
+# Where llama.cpp's class writes another tokenizer than the folder's files name, on purpose, and why: diff reads the
+# folder as the class writes it (one tokenizer with its GGUF) and names the departure in a note (issue 48).  The tiny
+# folders carry the tiny fixtures' tokenizer, not the real model's, so the ids these classes hard-code or read from
+# the config point elsewhere than on the real checkpoints.
+CONVERTER_DEPARTS = {
     # HunYuanModel.set_vocab: "Fix EOS/EOT tokens that are incorrect in upstream configs": eos = config's
     # eod_token_id (3 in the tiny config, the token '!'), not the tokenizer's <|im_end|>
-    "hunyuan_v1_dense": {"special_ids", "eog"},
-    # Dots3Model.set_vocab: eot = <|endofassistant|>, which the folder's tokenizer has as an added token only
-    "dots3_note": {"special_ids", "eog"},
+    "hunyuan_v1_dense": ["special tokens: eos: files 2 '<|im_end|>', llama.cpp 3 '!'"],
+    # Dots3Model.set_vocab: eot = <|endofassistant|>, which the folder's tokenizer has as an added token only; read
+    # as ours would write the files, llama.cpp's load rules take <|endoftext|> for eot
+    "dots3_note": ["special tokens: eot: files 0 '<|endoftext|>', llama.cpp 420 '<|endofassistant|>'"],
     # BitnetModel: _set_vocab_sentencepiece writes no tokenizer.ggml.add_bos_token, so llama.cpp adds BOS (its
     # default for a 'llama' vocabulary); the folder's tokenizer adds none
-    "bitnet@1bitllm": {"add_flags"},
+    "bitnet@1bitllm": ["add-BOS/EOS flags: add_bos: files False, llama.cpp True"],
 }
+
+
+def assert_one_tokenizer(src: Path, gguf: Path, model_type: str) -> None:
+    """diff's tokenizer part: the folder and the GGUF llama.cpp's converter made of it are one tokenizer, with
+    the class's departures from the folder's files named as CONVERTER_DEPARTS says (none elsewhere)."""
+    d = compare_tokenizers(tokenizer(src), tokenizer(gguf))
+    assert d.same, d.to_dict()
+    departs = [n.split(" in ", 1)[1] for n in d.notes if "departs from the folder's files" in n]
+    assert departs == CONVERTER_DEPARTS.get(model_type, []), d.to_dict()
+
+
+# one family for each way llama.cpp's class writes a tokenizer other than the folder's files read as ours would write
+# them (the zoo sweep, benchmarks/zoo_tokenizer.py, before the class's view was taken): a BERT class writing a BPE
+# folder as WordPiece (camembert), Gemma's SentencePiece reading (ids, scores, an eot it names), Gemma 4's own
+# vocabulary kind, GLM's specials looked up by name, Ernie's add_prefix_space null written false, XLM-R's Unigram,
+# ModernBERT's and EuroBERT's special ids and flags
+VOCAB_CLASSES = ("camembert", "gemma", "gemma4", "glm4", "ernie4_5", "xlm-roberta", "modernbert", "eurobert")
+
+
+@pytest.mark.parametrize("model_type", VOCAB_CLASSES)
+def test_folder_reads_as_llama_cpps_class_writes_its_tokenizer(model_type, folder, tmp_path):
+    """diff of the folder against llama.cpp's own ``--vocab-only`` file of it: one tokenizer, because the HF side is
+    read as the class writes it (a note says so); read as ckpt-surgeon's own converter would write it, they differ,
+    so the class's reading is what this checks."""
+    from ckpt_surgeon.analysis.tokenizer.compare import _compare
+    from test_llamacpp_converter import _run_reference
+    src = folder(model_type)
+    r = _run_reference(src, tmp_path, ("vocab",))
+    assert r.returncode == 0, r.stderr[-1500:]
+    hf, ref = tokenizer(src), tokenizer(tmp_path / "vocab.gguf")
+    assert not _compare(hf, ref).same
+    d = compare_tokenizers(hf, ref)
+    assert d.same, d.to_dict()
+    assert any(n.startswith("HF side read as llama.cpp's ") for n in d.notes), d.notes
+
+
+def test_without_llama_cpps_class_the_folder_is_read_natively_and_said(folder, tmp_path, monkeypatch):
+    """No converter source: the folder is read as ckpt-surgeon's converter would write it, and the note says that
+    llama.cpp's class was not run (the differences then may be the class's, not the files')."""
+    from test_llamacpp_converter import _run_reference
+    src = folder("glm4")
+    gguf = tmp_path / "ref"
+    gguf.mkdir()
+    assert _run_reference(src, gguf, ("vocab",)).returncode == 0
+    monkeypatch.setenv("CKPT_SURGEON_LLAMACPP_SRC", str(tmp_path / "no-llama.cpp"))
+    d = compare_tokenizers(tokenizer(src), tokenizer(gguf / "vocab.gguf"))
+    assert d.differs == ("special_ids", "eog"), d.to_dict()
+    assert any("llama.cpp's converter class for Glm4ForCausalLM was not run" in n for n in d.notes), d.notes
 
 
 @pytest.mark.parametrize("model_type", HUB_FORM)
@@ -98,11 +147,11 @@ def test_hub_form_folder_is_llama_cpp_converters_file(model_type, folder, tmp_pa
     ref = _reference(src, f"derived-{model_type}") / "f16.gguf"
     convert(src, tmp_path / "ours.gguf", "f16", trust_remote_code=model_type in REMOTE_TOKENIZER)
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
-    d = compare_tokenizers(tokenizer(src), tokenizer(ref))       # issue 48
     if model_type in REMOTE_TOKENIZER:      # the folder's tokenizer is a Python module: not read, and said so
+        d = compare_tokenizers(tokenizer(src), tokenizer(ref))       # issue 48
         assert not d.compared and "tokenizer module of the model's own" in d.line, d.to_dict()
     else:
-        assert set(d.differs) == TOKENIZER_DIFFERS.get(model_type, set()), d.to_dict()
+        assert_one_tokenizer(src, ref, model_type)
 
 
 @pytest.mark.parametrize("model_type", FRONTIER)

@@ -229,7 +229,7 @@ def _pre(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
             "text": f"A {show(a, pa)}, B {show(b, pb)}: they split text differently"}
 
 
-def _specials(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
+def _specials(a: TokenizerRecord, b: TokenizerRecord, names=("A", "B")) -> dict | None:
     ia = dict(a.llama.ids) if a.llama else dict(a.special_ids)
     ib = dict(b.llama.ids) if b.llama else dict(b.special_ids)
     kinds = [k for k in dict.fromkeys([*ia, *ib]) if ia.get(k) != ib.get(k)]
@@ -239,7 +239,7 @@ def _specials(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
     def show(rec, ids, k):
         return "none" if ids.get(k) is None else f"{ids[k]} {rec.text(ids[k])!r}"
     return {"a": {k: ia.get(k) for k in kinds}, "b": {k: ib.get(k) for k in kinds}, "kinds": kinds,
-            "text": "; ".join(f"{k}: A {show(a, ia, k)}, B {show(b, ib, k)}" for k in kinds)}
+            "text": "; ".join(f"{k}: {names[0]} {show(a, ia, k)}, {names[1]} {show(b, ib, k)}" for k in kinds)}
 
 
 def _ids_set(name: str, a: TokenizerRecord, b: TokenizerRecord, xa, xb) -> dict | None:
@@ -252,7 +252,7 @@ def _ids_set(name: str, a: TokenizerRecord, b: TokenizerRecord, xa, xb) -> dict 
             "text": "; ".join(p for p in parts if p) or f"A {list(xa)}, B {list(xb)} (order)"}
 
 
-def _flags(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
+def _flags(a: TokenizerRecord, b: TokenizerRecord, names=("A", "B")) -> dict | None:
     def flags(r):
         ll = r.llama
         out = {"add_bos": ll.add_bos if ll else r.add_bos, "add_eos": ll.add_eos if ll else r.add_eos,
@@ -265,7 +265,7 @@ def _flags(a: TokenizerRecord, b: TokenizerRecord) -> dict | None:
     if not keys:
         return None
     return {"a": {k: fa[k] for k in keys}, "b": {k: fb[k] for k in keys},
-            "text": ", ".join(f"{k}: A {fa[k]}, B {fb[k]}" for k in keys)}
+            "text": ", ".join(f"{k}: {names[0]} {fa[k]}, {names[1]} {fb[k]}" for k in keys)}
 
 
 def template_diff(ta: str | None, tb: str | None, *, lines: int = TEMPLATE_DIFF_LINES, width: int = 160) -> str:
@@ -317,10 +317,35 @@ def _compare_effective(a: TokenizerRecord | None, b: TokenizerRecord | None) -> 
     d = _compare(a, b)
     if d.same or a is None or b is None or "hf" not in (a.format, b.format):
         return d
+    if {a.format, b.format} == {"hf", "gguf"}:
+        hf = a if a.format == "hf" else b
+        conv, why = hf.converter_view
+        if conv is not None:        # llama.cpp's own class decides this architecture's GGUF tokenizer
+            dc = _compare(conv, b) if hf is a else _compare(a, conv)
+            return _noted(dc, [n for n in conv.notes if n not in hf.notes] + _departures(hf, conv))
+        if why is not None:
+            d = _noted(d, [why])
     ea, eb = a.effective, b.effective
     if ea is a and eb is b:
         return d
-    return _compare(ea, eb)
+    return _noted(_compare(ea, eb), list(d.notes))
+
+
+def _noted(d: TokenizerDiff, notes: list[str]) -> TokenizerDiff:
+    from dataclasses import replace
+    return replace(d, notes=tuple(d.notes) + tuple(n for n in notes if n not in d.notes))
+
+
+def _departures(files: TokenizerRecord, conv: TokenizerRecord) -> list[str]:
+    """Where llama.cpp's converter class writes special ids or add flags other than the folder's files name
+    (HunYuan's eos from the config, an end-of-turn token it names): a note, so the choice is seen even when the
+    GGUF agrees with the class."""
+    out = []
+    names = ("files", "llama.cpp")
+    for part, got in (("special tokens", _specials(files, conv, names)), ("add-BOS/EOS flags", _flags(files, conv, names))):
+        if got is not None:
+            out.append(f"llama.cpp's converter departs from the folder's files in {part}: {got['text']}")
+    return out
 
 
 def _compare(a: TokenizerRecord | None, b: TokenizerRecord | None) -> TokenizerDiff:

@@ -172,6 +172,44 @@ class TokenizerRecord:
                                                "notes", "side", "parsed", "scores_from_merges")}
         return _from_vocab(v, self.source, "hf", **keep)
 
+    @functools.cached_property
+    def converter_view(self) -> tuple["TokenizerRecord | None", str | None]:
+        """HF, for an architecture that converts through llama.cpp's own converter class (not the native registry,
+        whose reading of the files is the one this project checks byte for byte against llama.cpp's converter):
+        ``(record, None)``, the record of the ``tokenizer.*`` key-values that class writes for these files (format
+        ``gguf``: it is that GGUF metadata, spelled as the file spells it; the HF extras kept beside: its own
+        ``set_vocab``: a vocabulary kind of its own, ids it fixes, flags it sets; :func:`...conversion.derived.run.
+        converter_tokenizer`); ``(None, why)`` where it could not run; ``(None, None)``: not such an architecture,
+        or not an HF record.  The first question about a folder costs the class's run in a child (seconds); the
+        answer is cached on disk."""
+        if self.format != "hf" or self.side is None or self.unread or "config.json" not in self.side.names():
+            return None, None
+        from ...conversion.names import by_model_type
+        cfg = _json(self.side, "config.json")
+        archs = cfg.get("architectures")
+        if by_model_type(cfg.get("model_type")) is not None or not (isinstance(archs, list) and archs):
+            return None, None
+        from dataclasses import replace
+
+        from ...conversion.derived.run import converter_tokenizer
+        try:
+            with self.side.as_folder() as folder:
+                got = converter_tokenizer(folder)
+        except CkptError as e:
+            return None, (f"llama.cpp's converter class for {archs[0]} was not run ({e.detail}): the HF side is read "
+                          "as ckpt-surgeon's native converter would write it, which may differ from llama.cpp's file")
+        rec = from_gguf_metadata(got["kv"], self.source)
+        if rec is None:
+            return None, f"llama.cpp's converter class for {archs[0]} writes no tokenizer for these files"
+        who = got["converter_class"].rsplit(".", 1)[-1]
+        notes = (f"HF side read as llama.cpp's {who} writes it (its architecture {archs[0]} converts through "
+                 "llama.cpp's class, whose set_vocab decides the GGUF's tokenizer)",
+                 *(f"llama.cpp's {who}: {w}" for w in got.get("warnings") or ()))
+        # format "gguf": it is the metadata of the GGUF the class would write (spelled so: a bert vocabulary's "▁")
+        return replace(rec, hf_kind=self.hf_kind, normalizer=self.normalizer,
+                       pre_tokenizer=self.pre_tokenizer, special_texts=self.special_texts,
+                       generation_eos=self.generation_eos, files=self.files, notes=self.notes + notes), None
+
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("side", "parsed")}
         d["llama"] = asdict(self.llama) if self.llama is not None else None

@@ -312,7 +312,7 @@ def _write_split(req: dict, writer, kvs: list, slots: list, encode, warnings: li
     return [str(f) for f in files]
 
 
-def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
+def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed, vocab_only: bool = False):
     import torch
     from conversion import base
     folder = Path(req["source"])
@@ -324,7 +324,12 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
     guard_remote_code(bool(req.get("trust_remote_code")), cls.__name__, folder)
     _ORIGINAL_QUANTIZE.append(gguf.quants.quantize)
     _hook_quantize(gguf)
-    reader = _hook_reader(base, folder)
+    if vocab_only:      # the tokenizer needs no tensor (set_vocab reads none; the ftype is given): none indexed,
+        #                 so a folder of side files only (a Hub repo's, fetched without its weights) plans too
+        base.ModelBase.index_tensors = lambda self, remote_hf_model_id=None: {}
+        reader = None
+    else:
+        reader = _hook_reader(base, folder)
     _hook_pre(base, warnings)
     _hook_sources(cls, sources)
     written = _hook_writer(gguf)
@@ -333,7 +338,10 @@ def _model(gguf, conversion, req: dict, warnings: list, sources: dict, feed):
         model = cls(folder, ftype, Path(req["output"]), model_name=req.get("name"))
         for inner in _inner_models(base, model, cls):      # a class that delegates (Mistral3Model.impl)
             _hook_sources(type(inner), sources)
-        model.write()       # the class's own write(): its writers only record that they were written
+        if vocab_only:      # convert_hf_to_gguf.py --vocab-only: set_gguf_parameters and set_vocab, no tensors
+            model.write_vocab()
+        else:
+            model.write()       # the class's own write(): its writers only record that they were written
     if len(written) != 1:
         raise NotImplementedError(f"{cls.__name__}.write() wrote {len(written)} GGUF files (LoRA adapters beside the "
                                   "model ...); the derived path writes one file")
@@ -481,8 +489,41 @@ def run(req: dict) -> dict:
                    if not k.key.startswith("tokenizer.ggml.") or k.key == "tokenizer.ggml.model"}}
 
 
+def _plain(k) -> object:
+    """A planned key-value's value as the file would hold it, in JSON's types: packed by its GGUF type as the
+    writer packs it (a BOOL the class gave as None is written false: Ernie's ``add_prefix_space: null``), a
+    string as our GGUF reader decodes one (UTF-8, invalid bytes kept)."""
+    from ...formats.write import gguf as gw
+
+    def one(v, vtype):
+        if vtype == gw.VT.STRING:
+            return bytes(v).decode("utf-8", "surrogateescape") if isinstance(v, (bytes, bytearray)) else str(v)
+        if vtype == gw.VT.BOOL:
+            return bool(v)
+        return np.asarray(v, dtype=gw._NUMPY[vtype]).item()
+    if k.vtype != gw.VT.ARRAY:
+        return one(k.value, k.vtype)
+    if k.item_type in (gw.VT.STRING, gw.VT.BOOL):
+        return [one(v, k.item_type) for v in k.value]
+    return np.asarray(k.value, dtype=gw._NUMPY[k.item_type]).tolist()
+
+
+def run_vocab(req: dict) -> dict:
+    """``convert_hf_to_gguf.py --vocab-only``'s metadata without a file: the class's ``write_vocab()`` runs
+    (its ``set_gguf_parameters`` and ``set_vocab``), and the ``tokenizer.*`` key-values it planned come back
+    with their values (the tokenizer llama.cpp's converter writes for the folder)."""
+    warnings: list[str] = []
+    gguf, conversion = _import_llamacpp(Path(req["llamacpp"]))
+    from .feed import Feed
+    arch_name, cls, writer, _ = _model(gguf, conversion, req, warnings, {}, Feed(None), vocab_only=True)
+    return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
+            "gguf_arch": writer.arch, "warnings": warnings,
+            "kv": {k.key: _plain(k) for k in _kvs(gguf, writer) if k.key.startswith("tokenizer.")}}
+
+
 def main(argv: list[str]) -> int:
-    return serve(argv, run)
+    req = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    return serve(argv, run_vocab if req.get("vocab_only") else run)
 
 
 def error_line(e: BaseException) -> str:

@@ -22,7 +22,7 @@ from ..report import ConvertReport, TensorRecord
 from .source import architecture_maps, converter_root, llamacpp_version
 from .spawn import run_module
 
-__all__ = ["derived_hf_to_gguf_report", "hf_architecture", "DERIVED_DTYPES"]
+__all__ = ["derived_hf_to_gguf_report", "hf_architecture", "DERIVED_DTYPES", "converter_tokenizer"]
 
 DERIVED_DTYPES = ("f32", "f16", "bf16", "q8_0")     # llama.cpp's converter's own outtypes
 
@@ -178,3 +178,31 @@ def _write_one(req: dict, out: Path, progress=None) -> dict:
         raise
     result["files"] = [str(out)]
     return result
+
+
+def converter_tokenizer(folder, *, trust_remote_code: bool = False) -> dict:
+    """The ``tokenizer.*`` key-values llama.cpp's converter class writes for the HF folder (what
+    ``convert_hf_to_gguf.py --vocab-only`` plans: the class's own ``set_vocab``, run in the child of
+    :mod:`.child`, no tensor read), with ``converter_class`` and ``warnings``.  The answer is kept in the
+    transformers-answer cache by the folder's config and tokenizer files and llama-cpp-python's version,
+    so only the first question about a folder pays for the child (seconds: torch, transformers and the
+    class imported).  Raises :class:`~ckpt_surgeon.errors.UnsupportedError` when the class cannot run."""
+    from .. import answer_cache
+    folder = Path(folder)
+    root = converter_root()
+    arch = _checked_arch(folder, root)
+    inputs = answer_cache.folder_inputs(folder)
+    path = answer_cache.answer_path("llamacpp-vocab", arch, {"files": inputs, "llama-cpp-python": llamacpp_version(),
+                                                             "trust_remote_code": bool(trust_remote_code)}) \
+        if inputs is not None else None
+    got = answer_cache.load(path)
+    if got is not None:
+        return got
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-vocab-") as tmp:
+        req = {"llamacpp": str(root), "source": str(folder), "dtype": "f32", "base_dtype": "f32", "name": None,
+               "output": str(Path(tmp) / "vocab.gguf"), "vocab_only": True,
+               "trust_remote_code": bool(trust_remote_code)}
+        result = _run_child(req, Path(tmp), progress=False)
+    got = {k: result[k] for k in ("converter_class", "gguf_arch", "warnings", "kv")}
+    answer_cache.store(path, got)
+    return got
