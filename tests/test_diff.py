@@ -209,7 +209,9 @@ def test_gguf_of_an_unmapped_arch_against_hf_is_one_clear_error(tiny, tmp_path):
     assert res.exit_code == 2
     assert res.output.strip() == (f"error: {g}: GGUF architecture 'bert' has no HF name mapping, so it cannot be "
                                   f"compared with an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); "
-                                  "compare it with another GGUF instead")
+                                  "compare it with another GGUF instead (`ckpt-surgeon convert HF_FOLDER -o HF.gguf` "
+                                  "writes the folder's GGUF (through llama.cpp's own converter class where the "
+                                  "registry has none), then diff the two files: weights and tokenizers)")
 
 
 # ------------------------------------------------------------------ Hub sources

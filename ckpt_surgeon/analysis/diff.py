@@ -210,7 +210,10 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
     if spec is None:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
                                f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
-                               "with another GGUF instead", path=ck.source)
+                               "with another GGUF instead", path=ck.source,
+                               hint="`ckpt-surgeon convert HF_FOLDER -o HF.gguf` writes the folder's GGUF (through "
+                                    "llama.cpp's own converter class where the registry has none), then diff the "
+                                    "two files: weights and tokenizers")
     hp = hparams_from_gguf(ck.metadata, arch, ck.source)
     # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
     table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))

@@ -198,7 +198,9 @@ def converter_tokenizer(folder, *, trust_remote_code: bool = False) -> dict:
     got = answer_cache.load(path)
     if got is not None:
         return got
-    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-vocab-") as tmp:
+    from ...progress import phase
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-vocab-") as tmp, \
+            phase(None, f"reading the tokenizer as llama.cpp's converter class for {arch} writes it (once a folder)"):
         req = {"llamacpp": str(root), "source": str(folder), "dtype": "f32", "base_dtype": "f32", "name": None,
                "output": str(Path(tmp) / "vocab.gguf"), "vocab_only": True,
                "trust_remote_code": bool(trust_remote_code)}
