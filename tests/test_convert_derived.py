@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from derived_util import REMOTE_TOKENIZER, converter_src, zoo_folder  # noqa: F401 -- converter_src: the module's autouse fixture
+from hubenv import hub  # noqa: F401  (the local Hub fixture)
 from test_llamacpp_converter import _reference
 from test_quantize import assert_same_tensors, llama_quantize
 
@@ -125,6 +126,18 @@ def test_folder_reads_as_llama_cpps_class_writes_its_tokenizer(model_type, folde
     d = compare_tokenizers(hf, ref)
     assert d.same, d.to_dict()
     assert any(n.startswith("HF side read as llama.cpp's ") for n in d.notes), d.notes
+
+
+def test_a_hub_repo_on_the_derived_path_reads_as_llama_cpps_class_writes_it(hub, folder, tmp_path):
+    """A Hub repo of such an architecture: its side files fetched over HTTP (no weights), the class's plan run on
+    them (no tensor indexed), the same one tokenizer as llama.cpp's own file of the folder."""
+    from test_llamacpp_converter import _run_reference
+    src = folder("glm4")
+    assert _run_reference(src, tmp_path, ("vocab",)).returncode == 0
+    hub.add_repo("owner/glm", src)
+    d = compare_tokenizers(tokenizer("owner/glm"), tokenizer(tmp_path / "vocab.gguf"))
+    assert d.same, d.to_dict()
+    assert any(n.startswith("HF side read as llama.cpp's Glm4Model") for n in d.notes), d.notes
 
 
 def test_without_llama_cpps_class_the_folder_is_read_natively_and_said(folder, tmp_path, monkeypatch):
