@@ -278,6 +278,48 @@ def _without_biases(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _f32_copy(src: Path, dst: Path, change=None) -> Path:
+    """The folder with its float64 tensors stored as float32 (``change``: name -> function of the array)."""
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(src, dst)
+    tensors = {n: a.astype(np.float32) if a.dtype == np.float64 else a
+               for n, a in load_file(dst / "model.safetensors").items()}
+    for n, f in (change or {}).items():
+        tensors[n] = f(tensors[n]).astype(tensors[n].dtype)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_diff_of_a_derived_gguf_against_its_folder_gathers_hf_tensors_back(folder, tmp_path):
+    """diff GGUF vs HF folder for an architecture the registry does not map: the GGUF's tensors gathered back by the
+    learned inverse of llama.cpp's class (GraniteMoE: one HF expert stack becomes two GGUF tensors), compared as
+    values.  An f32 file of an f32 folder is identical; one expert of one layer changed in the folder is named, and
+    only it; a Q8_0 file is the same weights re-encoded; the tokenizer is compared as the class writes it."""
+    from ckpt_surgeon.analysis.diff import diff
+    src = _f32_copy(folder("granitemoe"), tmp_path / "f32")
+    convert(src, tmp_path / "m.f32.gguf", "f32")
+    r = diff(tmp_path / "m.f32.gguf", src)
+    assert r.verdict == "identical" and r.counts["identical"] == len(r.tensors) > 0, r.verdict_line
+    assert r.tokenizer.same and any("gathered back to HF tensors" in n for n in r.notes), r.notes
+    stack = "model.layers.1.block_sparse_moe.input_linear.weight"
+
+    def bump(a):
+        a = a.copy()
+        a[2] *= 1.5
+        return a
+    changed = _f32_copy(folder("granitemoe"), tmp_path / "changed", {stack: bump})
+    r = diff(tmp_path / "m.f32.gguf", changed)
+    assert r.verdict == "changed" and [t.name for t in r.changed()] == [stack], r.verdict_line
+    convert(src, tmp_path / "m.q8_0.gguf", "q8_0")
+    r = diff(tmp_path / "m.q8_0.gguf", src)
+    assert r.verdict == "reencoded", r.verdict_line
+    # Q8_0: 8-bit codes with one scale per 32 values, |error| <= scale / 2: ~0.4 % of a row's largest value, so a few
+    # tenths of a percent of the Frobenius norm
+    assert max(t.rel_fro for t in r.tensors if t.rel_fro is not None) < 0.01
+    res = CliRunner().invoke(cli_main, ["diff", str(tmp_path / "m.f32.gguf"), str(changed)])
+    assert res.exit_code == 1 and "1 tensor(s) changed" in res.output, res.output
+
+
 @pytest.mark.parametrize("model_type", LOADS)
 def test_llama_cpp_runs_the_derived_file_as_transformers(model_type, folder, tmp_path):
     import llama_cpp

@@ -202,16 +202,29 @@ def test_cli_formats_and_exit_codes(tiny, tmp_path):
     assert p.stdout == ""
 
 
-def test_gguf_of_an_unmapped_arch_against_hf_is_one_clear_error(tiny, tmp_path):
-    # BERT: a GGUF architecture the registry reads but does not convert (no HF name mapping)
+WAY_ROUND = ("(`ckpt-surgeon convert HF_FOLDER -o HF.gguf` writes the folder's GGUF (through llama.cpp's own "
+             "converter class where the registry has none), then diff the two files: weights and tokenizers)")
+
+
+def test_gguf_of_an_unmapped_arch_against_hf_is_one_clear_error(tiny, tmp_path, monkeypatch):
+    # BERT: a GGUF architecture the registry reads but does not convert (no HF name mapping); without llama.cpp's
+    # converter source (its classes give the inverse: tests/test_convert_derived.py) the refusal names the way round
+    monkeypatch.setenv("CKPT_SURGEON_LLAMACPP_SRC", str(tmp_path / "no-llama.cpp"))
     g = write_gguf(tiny("bert"), tmp_path / "bert.gguf")
     res = CliRunner().invoke(cli, ["diff", str(tiny("bert")), str(g)])
     assert res.exit_code == 2
     assert res.output.strip() == (f"error: {g}: GGUF architecture 'bert' has no HF name mapping, so it cannot be "
                                   f"compared with an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); "
-                                  "compare it with another GGUF instead (`ckpt-surgeon convert HF_FOLDER -o HF.gguf` "
-                                  "writes the folder's GGUF (through llama.cpp's own converter class where the "
-                                  "registry has none), then diff the two files: weights and tokenizers)")
+                                  f"compare it with another GGUF instead {WAY_ROUND}")
+    # with it: llama.cpp's BertModel drops the pooler, so this GGUF cannot give the folder's tensors back; one line
+    from llamacpp_src import llamacpp_source
+    monkeypatch.setenv("CKPT_SURGEON_LLAMACPP_SRC", str(llamacpp_source()))
+    res = CliRunner().invoke(cli, ["diff", str(tiny("bert")), str(g)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith(f"error: {g}: GGUF architecture 'bert' has no HF name mapping, and llama.cpp's "
+                                 f"converter class run on {tiny('bert')}'s config does not give this file (not "
+                                 "invertible: HF tensor pooler.dense.bias: "), res.output
+    assert res.output.strip().endswith(WAY_ROUND), res.output
 
 
 # ------------------------------------------------------------------ Hub sources

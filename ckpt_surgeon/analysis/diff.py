@@ -36,6 +36,7 @@ import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -192,14 +193,17 @@ class _Side:
     shapes: dict                      # common name -> shape after the transform
     hp: dict = field(default_factory=dict)
     derived: tuple = ()               # GGUF tensors that carry a config setting, not weights (rope_freqs)
+    gather: object = None             # a GGUF on the derived path: its HF tensors by llama.cpp's class's learned
+    #                                   inverse (:func:`...conversion.derived.to_hf.learned_inverse`)
+    index: dict = field(default_factory=dict)   # HF name -> the gatherer's tensor number
 
     @property
     def remote(self) -> bool:
         return self.ck.format.startswith("hub")
 
 
-def _side(ck: Checkpoint, to_hf: bool) -> _Side:
-    """Name table of one side; ``to_hf``: a GGUF side is mapped to HF names (the other is HF)."""
+def _side(ck: Checkpoint, to_hf: bool, other: Checkpoint | None = None) -> _Side:
+    """Name table of one side; ``to_hf``: a GGUF side is mapped to HF names (``other``, the HF side)."""
     if not to_hf or ck.naming != "gguf":
         return _Side(ck, {n: (n, "none") for n in ck.tensors}, {n: tuple(i.shape) for n, i in ck.tensors.items()})
     from ..conversion import names as N
@@ -207,13 +211,13 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
     from ..conversion.transforms import lookup
     arch = ck.gguf_arch or ck.metadata.get("general.architecture")
     spec = N.by_gguf_arch(arch)
+    if spec is None and other is not None and isinstance(other.config, dict) and other.config.get("model_type") \
+            and _llamacpp_class(other.config):
+        return _derived_side(ck, other)
     if spec is None:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, so it cannot be compared with "
                                f"an HF source (mapped: {', '.join(a.gguf_arch for a in N.ARCHS)}); compare it "
-                               "with another GGUF instead", path=ck.source,
-                               hint="`ckpt-surgeon convert HF_FOLDER -o HF.gguf` writes the folder's GGUF (through "
-                                    "llama.cpp's own converter class where the registry has none), then diff the "
-                                    "two files: weights and tokenizers")
+                               "with another GGUF instead", path=ck.source, hint=_WAY_ROUND)
     hp = hparams_from_gguf(ck.metadata, arch, ck.source)
     # HF spellings as the converted model's config has them (Falcon: input_layernorm or ln_mlp)
     table = N.gguf_to_hf_names(spec, N.hf_config_case(spec, hp, ck.tensors))
@@ -230,6 +234,48 @@ def _side(ck: Checkpoint, to_hf: bool) -> _Side:
         names[hname] = (gname, transform)
         shapes[hname] = shape
     return _Side(ck, names, shapes, hp, tuple(derived))
+
+
+_WAY_ROUND = ("`ckpt-surgeon convert HF_FOLDER -o HF.gguf` writes the folder's GGUF (through llama.cpp's own "
+              "converter class where the registry has none), then diff the two files: weights and tokenizers")
+
+
+def _llamacpp_class(cfg: dict) -> bool:
+    """Whether llama.cpp's converter registers a text class for the HF config's ``architectures[0]`` (its sources
+    are then needed: without them the refusal stands, naming the way round)."""
+    from ..conversion.derived.source import architecture_maps, converter_root
+    from ..errors import CkptError
+    archs = cfg.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        return False
+    try:
+        return archs[0] in architecture_maps(converter_root())[0]
+    except CkptError:
+        return False
+
+
+def _derived_side(ck: Checkpoint, hf: Checkpoint) -> _Side:
+    """A GGUF of an architecture the registry does not map, against an HF checkpoint with a config: its HF tensors are
+    gathered back by the inverse of llama.cpp's converter class, learned by probing the class on that config (which
+    must give the file's metadata and tensor plan: else one line, not the config the file was made from)."""
+    from ..conversion.derived.to_hf import learned_inverse
+    from ..errors import CkptError
+    arch = ck.gguf_arch or ck.metadata.get("general.architecture")
+    try:
+        gather, result = learned_inverse(ck, hf.config, Path(ck.source))
+    except CkptError as e:
+        raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, and llama.cpp's converter class "
+                               f"run on {hf.source}'s config does not give this file ({e.detail}"
+                               + (f", tensor {e.tensor}" if e.tensor else "") + "), so they cannot be compared "
+                               "tensor by tensor; compare it with another GGUF instead", path=ck.source,
+                               hint=_WAY_ROUND) from e
+    first = gather.source_of()
+    names, shapes, index = {}, {}, {}
+    for k, (name, shape) in enumerate(gather.hf, 1):
+        names[name] = (first.get(name, ""), "derived")
+        shapes[name] = tuple(shape)
+        index[name] = k
+    return _Side(ck, names, shapes, {}, tuple(result["generated"]), gather, index)
 
 
 def _config_tensors(spec) -> tuple:
@@ -359,6 +405,21 @@ def _values_whole(sa: _Side, na: str, ta: str, sb: _Side, nb: str, tb: str, prog
     return acc
 
 
+def _values_gathered(name: str, sa: _Side, sb: _Side, progress) -> _Acc:
+    """One side a GGUF on the derived path: its HF tensor gathered back (with its group: a fused QKV's parts, a
+    layer's stacked experts), decoded; the other side's read whole; compared as values."""
+    def value(side: _Side) -> np.ndarray:
+        if side.gather is not None:
+            return side.gather.tensor(side.index[name])
+        return side.ck.read(side.names[name][0])
+    a, b = value(sa), value(sb)
+    if progress:
+        progress(a.nbytes + b.nbytes)
+    acc = _Acc()
+    acc.add(a, b)
+    return acc
+
+
 def _same_range(ia, ib) -> bool:
     try:
         return (ia.start, ia.end) == (ib.start, ib.end) and os.path.samefile(ia.file, ib.file)
@@ -394,7 +455,9 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
     same_dtype = ia.dtype == ib.dtype and _quant_kind(sa.ck, na, ia) == _quant_kind(sb.ck, nb, ib)
     if not read:
         return TensorDiff(status="not_compared" if same_dtype else "dtype_changed", method="budget", **base)
-    if (_quant_kind(sa.ck, na, ia) or _quant_kind(sb.ck, nb, ib)) and ta == tb == "none":
+    if "derived" in (ta, tb):
+        acc = _values_gathered(name, sa, sb, progress)
+    elif (_quant_kind(sa.ck, na, ia) or _quant_kind(sb.ck, nb, ib)) and ta == tb == "none":
         acc = _values_streamed(sa.ck, na, sb.ck, nb, progress)     # a quantized weight: its dequantized values
     elif same_dtype and ta == tb == "none":
         if _same_range(ia, ib):
@@ -407,7 +470,8 @@ def _compare(name: str, sa: _Side, sb: _Side, read: bool, progress, pool: Buffer
     else:
         acc = _values_whole(sa, na, ta, sb, nb, tb, progress)
     from ..conversion.transforms import lookup
-    inexact = not (lookup(ta).exact and lookup(tb).exact)        # norm_shift: one rounding
+    exact = {"derived": True}     # the learned inverse moves elements, it computes nothing
+    inexact = not all(exact.get(t) or (t not in exact and lookup(t).exact) for t in (ta, tb))   # norm_shift: one rounding
     equal = acc.equal or (inexact and acc.max_abs <= NORM_SHIFT_ROUNDING)
     status = "dtype_changed" if not same_dtype else ("identical" if equal else "changed")
     mx, rel, cos = acc.figures()
@@ -557,7 +621,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
         # about a checkpoint whose config contradicts its tensors would be a wrong verdict
         ck.layout()
     mixed = (a.naming == "gguf") != (b.naming == "gguf")
-    sa, sb = _side(a, mixed), _side(b, mixed)
+    sa, sb = _side(a, mixed, b), _side(b, mixed, a)
     common = [n for n in sa.names if n in sb.names]
     content = _content_set(common, sa, sb, max_bytes, full)
     remote_sides = [s for s in (sa, sb) if s.remote]
@@ -587,7 +651,16 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     elif not tok.compared:
         line = f"{line}; {tok.line}"
     notes += list(tok.notes)
-    if mixed:
+    gs = next((s for s in (sa, sb) if s.gather is not None), None)
+    if gs is not None:
+        hf = b if gs is sa else a
+        notes.append(f"{gs.ck.source}: an architecture the registry does not map; its tensors gathered back to HF "
+                     "tensors by the inverse of llama.cpp's converter class, learned by probing the class on "
+                     f"{hf.source}'s config (which gives the file's metadata and tensor plan), then compared as values")
+        if gs.derived:
+            notes.append(f"{', '.join(gs.derived)} of {gs.ck.source}: computed from the config by llama.cpp's class "
+                         "(it holds the values the config gives), not a weight: not compared")
+    elif mixed:
         g = a if a.naming == "gguf" else b
         notes.append(f"GGUF names of {g.source} mapped to HF names; GGUF -> HF transforms (Q/K un-permute, "
                      "Conv1D transpose, norm shift) applied before comparing values")

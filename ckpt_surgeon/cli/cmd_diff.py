@@ -42,7 +42,8 @@ def command(a, b, max_bytes, full, allow_pickle, revision, hub_file, allow_full_
     """Compare checkpoints A and B tensor by tensor, and say what the difference looks like.
 
     A and B are any sources, mixed freely (a GGUF against its HF folder is compared under HF names, its
-    tensors un-permuted as the converter does).  Stored bytes are compared first, so identical tensors are
+    tensors un-permuted as the converter does; for an architecture the registry does not map, gathered back
+    by the inverse of llama.cpp's converter class, learned on the folder's config).  Stored bytes are compared first, so identical tensors are
     never decoded; differing ones get max |Δ|, ‖B − A‖/‖A‖ and the cosine.  The verdict: identical, same
     weights re-encoded, N tensors changed, a fine-tune, or unrelated.  Exit 0 identical, 1 different.
 

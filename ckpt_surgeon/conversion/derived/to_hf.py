@@ -30,7 +30,7 @@ from ..report import ConvertReport, TensorRecord
 from .source import converter_root, llamacpp_version
 from .spawn import run_module
 
-__all__ = ["derived_gguf_to_hf_report", "gguf_needs_derived"]
+__all__ = ["derived_gguf_to_hf_report", "gguf_needs_derived", "learned_inverse"]
 
 _ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -322,13 +322,27 @@ def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, p
     return result.bytes_written
 
 
+def learned_inverse(ck, cfg: dict, src: Path, progress=None) -> tuple["_Gather", dict]:
+    """The open GGUF ``ck``'s HF tensors, as llama.cpp's converter class for its architecture would have taken them
+    from a folder with config ``cfg``: the class probed (its inverse learned), the file's metadata and tensor plan
+    checked against that config (else one line: not the config the file was made from), and the gatherer of HF
+    tensors by the learned map (``tensor(k)``, one group at a time) with the probe's report."""
+    from ...progress import phase
+    arch = ck.gguf_arch or ck.metadata.get("general.architecture")
+    with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp, \
+            phase(progress, f"probing llama.cpp's class for {arch} (its inverse, learned)"):
+        result, arrays = _probe(cfg, Path(tmp), ck, src)
+    _check_metadata(ck.metadata, result, src)
+    _check_tensors(ck, result, arrays, src)
+    return _Gather(ck, result, arrays, src), result
+
+
 def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "float32", force: bool = False, *,
                               progress: bool | None = False) -> ConvertReport:
     """GGUF (from llama.cpp's converter, or ours on the derived path) -> HF folder ``out_dir``,
     inverting llama.cpp's converter class for the file's architecture (see the module doc).
     ``config``: the original config.json (or its folder), required and checked against the file."""
     from ...checkpoint import open_checkpoint
-    from ...progress import phase
     t0 = time.perf_counter()
     src, out = Path(gguf_path), Path(out_dir)
     if dtype not in _ST_DTYPES:
@@ -343,12 +357,7 @@ def derived_gguf_to_hf_report(gguf_path, out_dir, config=None, dtype: str = "flo
                                    "convert back to; the model's HF folder converts to it (convert --mmproj)",
                                    path=str(src))
         cfg = _read_config(config, src, arch)
-        with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp, \
-                phase(progress, f"probing llama.cpp's class for {arch} (its inverse, learned)"):
-            result, arrays = _probe(cfg, Path(tmp), ck, src)
-        _check_metadata(meta, result, src)
-        _check_tensors(ck, result, arrays, src)
-        gather = _Gather(ck, result, arrays, src)
+        gather, result = learned_inverse(ck, cfg, src, progress)
         nbytes = _write(out, ck, gather, cfg, dtype, force, progress, src)
         types = {n: i.dtype for n, i in ck.tensors.items()}
     how = f"derived: inverse of llama.cpp {result['converter_class'].rsplit('.', 1)[-1]} (llama-cpp-python " \
