@@ -320,6 +320,22 @@ def test_diff_of_a_derived_gguf_against_its_folder_gathers_hf_tensors_back(folde
     assert res.exit_code == 1 and "1 tensor(s) changed" in res.output, res.output
 
 
+def test_diff_names_what_llama_cpps_class_drops(folder, tmp_path):
+    """BERT: llama.cpp's BertModel drops the pooler.  Against the folder, its GGUF has every other tensor (gathered
+    back, values equal) and the pooler is the folder's only, named in a note; not called a fine-tune."""
+    from ckpt_surgeon.analysis.diff import diff
+    src = folder("bert")
+    convert(src, tmp_path / "b.gguf", "f32")
+    r = diff(tmp_path / "b.gguf", src)
+    pooler = ["pooler.dense.bias", "pooler.dense.weight"]
+    assert [t.name for t in r.tensors if t.status == "only_in_b"] == pooler, r.verdict_line
+    # the folder's float64 values written as float32: each element within 2^-24 of itself, relatively
+    assert r.counts["changed"] == 0 and all(t.rel_fro < 2 ** -24 for t in r.tensors if t.rel_fro is not None)
+    assert r.verdict == "changed" and "2 only in B" in r.verdict_line and "re-encoded" in r.verdict_line, \
+        r.verdict_line
+    assert any(n.startswith(", ".join(pooler) + ": llama.cpp's converter class drops them") for n in r.notes), r.notes
+
+
 @pytest.mark.parametrize("model_type", LOADS)
 def test_llama_cpp_runs_the_derived_file_as_transformers(model_type, folder, tmp_path):
     import llama_cpp

@@ -196,6 +196,7 @@ class _Side:
     gather: object = None             # a GGUF on the derived path: its HF tensors by llama.cpp's class's learned
     #                                   inverse (:func:`...conversion.derived.to_hf.learned_inverse`)
     index: dict = field(default_factory=dict)   # HF name -> the gatherer's tensor number
+    dropped: tuple = ()               # HF tensors llama.cpp's class drops whole (in no GGUF tensor)
 
     @property
     def remote(self) -> bool:
@@ -262,7 +263,7 @@ def _derived_side(ck: Checkpoint, hf: Checkpoint) -> _Side:
     from ..errors import CkptError
     arch = ck.gguf_arch or ck.metadata.get("general.architecture")
     try:
-        gather, result = learned_inverse(ck, hf.config, Path(ck.source))
+        gather, result = learned_inverse(ck, hf.config, Path(ck.source), allow_dropped=True)
     except CkptError as e:
         raise UnsupportedError(f"GGUF architecture {arch!r} has no HF name mapping, and llama.cpp's converter class "
                                f"run on {hf.source}'s config does not give this file ({e.detail}"
@@ -271,11 +272,14 @@ def _derived_side(ck: Checkpoint, hf: Checkpoint) -> _Side:
                                hint=_WAY_ROUND) from e
     first = gather.source_of()
     names, shapes, index = {}, {}, {}
+    dropped = set(result.get("dropped") or ())
     for k, (name, shape) in enumerate(gather.hf, 1):
+        if name in dropped:         # in no GGUF tensor: the HF side's own (only_in_b), named in a note
+            continue
         names[name] = (first.get(name, ""), "derived")
         shapes[name] = tuple(shape)
         index[name] = k
-    return _Side(ck, names, shapes, {}, tuple(result["generated"]), gather, index)
+    return _Side(ck, names, shapes, {}, tuple(result["generated"]), gather, index, tuple(sorted(dropped)))
 
 
 def _config_tensors(spec) -> tuple:
@@ -564,6 +568,11 @@ def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
     if counts["changed"] == 0 and counts["dtype_changed"] and not structural:
         return "reencoded", (f"same weights re-encoded: {counts['dtype_changed']} tensor(s) in another dtype, median "
                              f"‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
+    if counts["changed"] == 0 and counts["dtype_changed"]:
+        # tensors present on one side only, the shared ones re-encoded: not "a fine-tune" (nothing was trained)
+        return "changed", (f"same architecture with {counts['only_in_a']} tensor(s) only in A, {counts['only_in_b']} "
+                           f"only in B, {counts['shape_changed']} with another shape; the {counts['dtype_changed']} "
+                           f"shared tensor(s) re-encoded, median ‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
     if compared and differing / len(compared) >= FINETUNE_MIN_CHANGED_SHARE and median_rel <= FINETUNE_MAX_REL:
         return "finetune", (f"looks like a fine-tune: {differing} of {len(compared)} compared tensors changed by a "
                             f"small amount (median ‖Δ‖/‖A‖ {median_rel:.3g}){unseen}")
@@ -651,12 +660,27 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
     elif not tok.compared:
         line = f"{line}; {tok.line}"
     notes += list(tok.notes)
+    notes += _naming_notes(a, b, sa, sb, mixed)
+    return DiffReport(source_a=a.source, source_b=b.source, format_a=a.format, format_b=b.format,
+                      naming="hf" if mixed or a.naming != "gguf" else "gguf", verdict=verdict, verdict_line=line,
+                      tensors=tuple(rows), layers=_layers(rows), counts=counts, bytes_read_a=a.bytes_read,
+                      bytes_read_b=b.bytes_read, requests=a.requests + b.requests, notes=tuple(notes),
+                      warnings=tuple(a.warnings) + tuple(b.warnings), tokenizer=tok)
+
+
+def _naming_notes(a: Checkpoint, b: Checkpoint, sa: _Side, sb: _Side, mixed: bool) -> list[str]:
+    """How a GGUF side's tensors were put under HF names (the registry's map and transforms, or llama.cpp's class's
+    learned inverse), and what of it was not compared."""
+    notes: list[str] = []
     gs = next((s for s in (sa, sb) if s.gather is not None), None)
     if gs is not None:
         hf = b if gs is sa else a
         notes.append(f"{gs.ck.source}: an architecture the registry does not map; its tensors gathered back to HF "
                      "tensors by the inverse of llama.cpp's converter class, learned by probing the class on "
                      f"{hf.source}'s config (which gives the file's metadata and tensor plan), then compared as values")
+        if gs.dropped:
+            notes.append(f"{', '.join(gs.dropped)}: llama.cpp's converter class drops them (no GGUF tensor holds "
+                         f"them), so they are {hf.source}'s only")
         if gs.derived:
             notes.append(f"{', '.join(gs.derived)} of {gs.ck.source}: computed from the config by llama.cpp's class "
                          "(it holds the values the config gives), not a weight: not compared")
@@ -668,11 +692,7 @@ def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, max_bytes: int | None = No
         if derived:
             notes.append(f"{', '.join(derived)} of {g.source}: the rope scaling llama.cpp stores as a tensor (the "
                          "HF side's config.json says it), not a weight: not compared")
-    return DiffReport(source_a=a.source, source_b=b.source, format_a=a.format, format_b=b.format,
-                      naming="hf" if mixed or a.naming != "gguf" else "gguf", verdict=verdict, verdict_line=line,
-                      tensors=tuple(rows), layers=_layers(rows), counts=counts, bytes_read_a=a.bytes_read,
-                      bytes_read_b=b.bytes_read, requests=a.requests + b.requests, notes=tuple(notes),
-                      warnings=tuple(a.warnings) + tuple(b.warnings), tokenizer=tok)
+    return notes
 
 
 def _tokenizers(a: Checkpoint, b: Checkpoint):

@@ -265,6 +265,8 @@ class _Learner:
         self.segs: dict[str, np.ndarray] = {}
         self.ident: dict[str, int] = {}     # outputs that are an HF tensor's values in its own order (casts only)
         self.refusal: str | None = None
+        self.allow_dropped = False      # an HF tensor no element of which reaches the file: listed, not refused
+        self.dropped: list[str] = []
         self.digit = 0      # the index digit the current pass carries
         self._last = (0, None)
 
@@ -355,6 +357,9 @@ class _Learner:
                 missing += max(0, a - reach)
                 reach = max(reach, b)
             missing += max(0, self.numel[k] - reach)
+            if missing == self.numel[k] and getattr(self, "allow_dropped", False):
+                self.dropped.append(name)   # the class drops it whole (BERT's pooler): diff says so; convert refuses
+                continue
             if missing:
                 self._refuse(f"HF tensor {name}: {missing} of {self.numel[k]} elements reach no GGUF tensor "
                              "(llama.cpp's converter drops or merges them), so the GGUF cannot give it back")
@@ -591,6 +596,7 @@ def run(req: dict) -> dict:
     sources: dict[str, str] = {}
     _hook_sources(cls, sources)         # once: each pass's outputs name the HF tensor they came from
     learn, model, writer = _first_pass(gguf, base, cls, folder, feed, sources, _Respeller(spellings))
+    learn.allow_dropped = bool(req.get("allow_dropped"))
     _float_passes(gguf, base, cls, folder, feed, learn)
     nib = _nibble_passes(gguf, base, cls, folder, feed, learn)
     model.set_gguf_parameters()
@@ -602,7 +608,7 @@ def run(req: dict) -> dict:
     from ...formats.safetensors import TORCH_TO_ST
     stored = {**{n: TORCH_TO_ST[d] for n, d in feed.integers.items()}, **{n: p[0] for n, p in feed.packed.items()}}
     return {"hf_architecture": arch_name, "converter_class": f"{cls.__module__}.{cls.__name__}",
-            "gguf_arch": writer.arch, "refusal": learn.refusal,
+            "gguf_arch": writer.arch, "refusal": learn.refusal, "dropped": list(learn.dropped),
             "hf": [[n, list(feed.shapes[n]), stored.get(n)] for n in feed.names],
             "per_block": {str(k): p for k, p in (nib.packed.items() if nib else ())},
             "mapped": [[t, list(learn.shape[t])] for t in learn.segs], "generated": list(learn.odd),

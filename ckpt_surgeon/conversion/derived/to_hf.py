@@ -63,7 +63,7 @@ def _read_config(config, src: Path, arch: str) -> dict:
     return cfg
 
 
-def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
+def _probe(cfg: dict, tmp: Path, ck, src: Path, allow_dropped: bool = False) -> tuple[dict, dict]:
     """Run :mod:`.probe_child` on ``cfg`` (beside it the tokenizer files rebuilt from the file, which
     some classes read while planning tensors) -> (its report, its map arrays)."""
     from ..from_gguf import write_hf_tokenizer
@@ -71,7 +71,7 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
     write_hf_tokenizer(ck, cfg, folder)
-    result = _probe_run(tmp, folder, src)
+    result = _probe_run(tmp, folder, src, allow_dropped=allow_dropped)
     if "error" in result and _nextn_layers(ck):
         # the class stopped, and the file holds a multi-token-prediction block, whose HF names transformers does not
         # know: the class's own no-MTP mode (convert_hf_to_gguf.py --no-mtp) says whether the rest inverts at all
@@ -91,10 +91,10 @@ def _probe(cfg: dict, tmp: Path, ck, src: Path) -> tuple[dict, dict]:
     return result, arrays
 
 
-def _probe_run(tmp: Path, folder: Path, src: Path, no_mtp: bool = False) -> dict:
+def _probe_run(tmp: Path, folder: Path, src: Path, no_mtp: bool = False, allow_dropped: bool = False) -> dict:
     """One run of :mod:`.probe_child` on ``folder`` (``no_mtp``: the class's ``no_mtp`` mode) -> its report."""
     req = {"folder": str(folder), "llamacpp": str(converter_root()), "maps": str(tmp / "maps.npz"),
-           "report": str(tmp / "report.json"), "no_mtp": no_mtp}
+           "report": str(tmp / "report.json"), "no_mtp": no_mtp, "allow_dropped": allow_dropped}
     (tmp / "request.json").write_text(json.dumps(req), encoding="utf-8")
     rep = Path(req["report"])
     rep.unlink(missing_ok=True)
@@ -322,16 +322,18 @@ def _write(out: Path, ck, gather: _Gather, cfg: dict, dtype: str, force: bool, p
     return result.bytes_written
 
 
-def learned_inverse(ck, cfg: dict, src: Path, progress=None) -> tuple["_Gather", dict]:
+def learned_inverse(ck, cfg: dict, src: Path, progress=None, *, allow_dropped: bool = False) -> tuple["_Gather", dict]:
     """The open GGUF ``ck``'s HF tensors, as llama.cpp's converter class for its architecture would have taken them
     from a folder with config ``cfg``: the class probed (its inverse learned), the file's metadata and tensor plan
     checked against that config (else one line: not the config the file was made from), and the gatherer of HF
-    tensors by the learned map (``tensor(k)``, one group at a time) with the probe's report."""
+    tensors by the learned map (``tensor(k)``, one group at a time) with the probe's report.  ``allow_dropped``: an HF
+    tensor the class drops whole (no element reaches the file: BERT's pooler) is listed in the report's ``dropped``
+    (it cannot be gathered), not refused."""
     from ...progress import phase
     arch = ck.gguf_arch or ck.metadata.get("general.architecture")
     with tempfile.TemporaryDirectory(prefix="ckpt-surgeon-g2h-") as tmp, \
             phase(progress, f"probing llama.cpp's class for {arch} (its inverse, learned)"):
-        result, arrays = _probe(cfg, Path(tmp), ck, src)
+        result, arrays = _probe(cfg, Path(tmp), ck, src, allow_dropped)
     _check_metadata(ck.metadata, result, src)
     _check_tensors(ck, result, arrays, src)
     return _Gather(ck, result, arrays, src), result
