@@ -114,6 +114,36 @@ def test_dtype_change_is_reported_with_figures(tiny, tmp_path):
     assert rep.verdict == "reencoded"
 
 
+def test_a_change_hidden_by_a_dtype_change_is_not_called_re_encoded(tiny, tmp_path):
+    """Values that moved by more than rounding between the two float types can move them are a change, whatever the
+    dtypes: a fine-tune saved in float16 against its float32 base is a fine-tune, not "the same weights re-encoded";
+    one tensor edited in a bfloat16 copy is named as changed, the others as re-encoded."""
+    src = tiny("llama")
+    with open_checkpoint(src) as ck:
+        names = [n for n, i in ck.tensors.items() if len(i.shape) == 2]
+        all_names = list(ck.tensors)
+    rng = np.random.default_rng(2)
+    # 1 % of each tensor's spread: 20x float16's rounding (2^-11 of each value), far below "unrelated"
+    tuned = _copy_with(src, tmp_path / "tuned16", {n: (lambda x: (x + 0.01 * np.std(x) * rng.standard_normal(x.shape))
+                                                       .astype(np.float16)) for n in names})
+    rep = diff(src, tuned)
+    assert rep.verdict == "finetune" and rep.counts["dtype_changed"] == len(names), rep.verdict_line
+    from ckpt_surgeon.analysis.diff import beyond_rounding
+    assert all(beyond_rounding(t) for t in rep.tensors if t.name in names)
+    import torch      # numpy has no bfloat16: the copy is cast by torch, as transformers saves one
+    from safetensors.torch import load_file, save_file
+    edited = names[3]
+    copy = _copy_with(src, tmp_path / "bf16", {})
+    data = {n: t.to(torch.bfloat16) for n, t in load_file(str(copy / "model.safetensors")).items()}
+    data[edited] = (data[edited].float() * 1.01).to(torch.bfloat16)     # 1 %: beyond bfloat16's 2^-8 = 0.39 %
+    save_file(data, str(copy / "model.safetensors"))
+    rep = diff(src, copy)
+    assert rep.verdict == "changed", rep.verdict_line
+    assert [t.name for t in rep.tensors if beyond_rounding(t)] == [edited], rep.verdict_line
+    assert rep.verdict_line == (f"same architecture with 1 tensor(s) changed (1 of them in another float type, by "
+                                f"more than its rounding); {len(all_names) - 1} other tensor(s) re-encoded")
+
+
 def test_finetune_and_unrelated_verdicts(tiny, tmp_path):
     src = tiny("llama")
     with open_checkpoint(src) as ck:

@@ -17,7 +17,9 @@ Per tensor pair:
 - a different dtype (F16 vs F32, Q4_K vs BF16 ...) or a GGUF transform: both sides are decoded
   (quantized GGUF tensors are dequantized only here, i.e. when the other side's bytes cannot be
   compared directly) and compared by value: ``dtype_changed`` with the same figures, or
-  ``identical`` / ``changed`` when the dtypes agree.
+  ``identical`` / ``changed`` when the dtypes agree.  Between two float types a ``dtype_changed`` tensor whose
+  values moved by more than the two types' rounding can move them (:func:`beyond_rounding`) counts as changed in
+  the verdict: a fine-tune saved in float16 is not "the same weights re-encoded".
 
 A quantized checkpoint (GPTQ, AWQ, MLX, bitsandbytes ... :mod:`ckpt_surgeon.formats.quant.quantized`) is
 compared through its logical names: each quantized Linear's dequantized weight against the other
@@ -62,6 +64,12 @@ RESCALED_MIN_COSINE = 0.8            # quantized with norms rescaled (AWQ): weig
 # A GGUF norm stored as 1 + w (Gemma: llama.cpp's converter adds the 1 in float32) gives back w
 # only up to the rounding of that addition: half an ulp of a value in [1, 4), at most 2**-22.
 NORM_SHIFT_ROUNDING = 2.0 ** -22
+# unit roundoff of the float types (IEEE binary64 / binary32 / binary16, bfloat16's 8-bit significand): a value
+# rounded to one moves by at most that share of itself, so a tensor re-encoded from A's float type to B's (or both
+# from a common source) moves by at most u_A + u_B of its Frobenius norm; binary16's subnormals move a tiny value
+# by up to 2^-25 whatever its size, so a tensor whose largest change is below that is within rounding too
+UNIT_ROUNDOFF = {"F64": 2.0 ** -53, "F32": 2.0 ** -24, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
+F16_SUBNORMAL_ROUNDING = 2.0 ** -25
 
 _LAYER = re.compile(r"(?:^|\.)(\d+)\.")
 
@@ -546,8 +554,20 @@ def _quantized_verdict(tensors: list[TensorDiff], quantized: set, label: str) ->
     return "quantized", line
 
 
+def beyond_rounding(t: TensorDiff) -> bool:
+    """A tensor stored as another float type whose values moved by more than rounding between the two types can
+    move them (:data:`UNIT_ROUNDOFF`): not a re-encoding of the same weights.  Quantized types: False (their error
+    depends on the data; the verdict says what it compared)."""
+    ua, ub = UNIT_ROUNDOFF.get(t.dtype_a), UNIT_ROUNDOFF.get(t.dtype_b)
+    if t.status != "dtype_changed" or ua is None or ub is None or t.rel_fro is None or t.max_abs is None:
+        return False
+    # 1 % above the bound: the figures are float64 sums of float32 differences (a few ulps of noise)
+    return t.rel_fro > 1.01 * (ua + ub) and t.max_abs > F16_SUBNORMAL_ROUNDING + NORM_SHIFT_ROUNDING
+
+
 def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
     counts = {s: sum(1 for t in tensors if t.status == s) for s in STATUSES}
+    moved = sum(1 for t in tensors if beyond_rounding(t))       # re-encoded, and changed beyond the types' rounding
     compared = [t for t in tensors if t.status in ("identical", "changed", "dtype_changed")]
     shared = counts["identical"] + counts["changed"] + counts["dtype_changed"] + counts["not_compared"]
     rels = sorted(t.rel_fro for t in compared if t.status != "identical" and t.rel_fro is not None)
@@ -565,18 +585,23 @@ def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
             return "identical", (f"identical as far as read: headers agree and {len(compared)} compared tensors "
                                  f"are identical{unseen}")
         return "identical", f"identical: {counts['identical']} tensors, same bytes or values"
-    if counts["changed"] == 0 and counts["dtype_changed"] and not structural:
+    value_changed, reenc = counts["changed"] + moved, counts["dtype_changed"] - moved
+    if not value_changed and not structural:
         return "reencoded", (f"same weights re-encoded: {counts['dtype_changed']} tensor(s) in another dtype, median "
                              f"‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
-    if counts["changed"] == 0 and counts["dtype_changed"]:
+    also = f"; {reenc} other tensor(s) re-encoded" if reenc and value_changed else ""
+    if not value_changed:
         # tensors present on one side only, the shared ones re-encoded: not "a fine-tune" (nothing was trained)
         return "changed", (f"same architecture with {counts['only_in_a']} tensor(s) only in A, {counts['only_in_b']} "
-                           f"only in B, {counts['shape_changed']} with another shape; the {counts['dtype_changed']} "
-                           f"shared tensor(s) re-encoded, median ‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
-    if compared and differing / len(compared) >= FINETUNE_MIN_CHANGED_SHARE and median_rel <= FINETUNE_MAX_REL:
-        return "finetune", (f"looks like a fine-tune: {differing} of {len(compared)} compared tensors changed by a "
-                            f"small amount (median ‖Δ‖/‖A‖ {median_rel:.3g}){unseen}")
-    parts = [f"{differing} tensor(s) changed"]
+                           f"only in B, {counts['shape_changed']} with another shape; the {reenc} shared tensor(s) "
+                           f"re-encoded, median ‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
+    vrels = sorted(t.rel_fro for t in compared if (t.status == "changed" or beyond_rounding(t)) and t.rel_fro is not None)
+    vmedian = vrels[len(vrels) // 2] if vrels else 0.0
+    if compared and value_changed / len(compared) >= FINETUNE_MIN_CHANGED_SHARE and vmedian <= FINETUNE_MAX_REL:
+        return "finetune", (f"looks like a fine-tune: {value_changed} of {len(compared)} compared tensors changed by "
+                            f"a small amount (median ‖Δ‖/‖A‖ {vmedian:.3g}){also}{unseen}")
+    parts = [f"{value_changed} tensor(s) changed" + (f" ({moved} of them in another float type, by more than its "
+                                                     "rounding)" if moved else "") + also]
     if structural:
         parts.append(f"{counts['only_in_a']} only in A, {counts['only_in_b']} only in B, "
                      f"{counts['shape_changed']} with another shape")
