@@ -175,19 +175,22 @@ class TokenizerRecord:
     @functools.cached_property
     def converter_view(self) -> tuple["TokenizerRecord | None", str | None]:
         """HF, for an architecture that converts through llama.cpp's own converter class (not the native registry,
-        whose reading of the files is the one this project checks byte for byte against llama.cpp's converter):
-        ``(record, None)``, the record of the ``tokenizer.*`` key-values that class writes for these files (format
-        ``gguf``: it is that GGUF metadata, spelled as the file spells it; the HF extras kept beside: its own
-        ``set_vocab``: a vocabulary kind of its own, ids it fixes, flags it sets; :func:`...conversion.derived.run.
-        converter_tokenizer`); ``(None, why)`` where it could not run; ``(None, None)``: not such an architecture,
-        or not an HF record.  The first question about a folder costs the class's run in a child (seconds); the
-        answer is cached on disk."""
+        whose reading of the files is the one this project checks byte for byte against llama.cpp's converter),
+        whose ``set_vocab`` may write a vocabulary kind of its own, fix ids, set flags:
+
+        * ``(record, None)``: the record of the ``tokenizer.*`` key-values that class writes for these files
+          (:func:`...conversion.derived.run.converter_tokenizer`), format ``gguf`` (it is that GGUF metadata,
+          spelled as the file spells it), this record's HF extras kept beside;
+        * ``(None, why)``: the class could not run;
+        * ``(None, None)``: not such an architecture, or not an HF record.
+
+        The first question about a folder costs the class's run in a child (seconds); the answer is cached on disk."""
         if self.format != "hf" or self.side is None or self.unread or "config.json" not in self.side.names():
             return None, None
-        from ...conversion.names import by_model_type
+        from ...conversion.derived.listing import engine_of_config
         cfg = _json(self.side, "config.json")
         archs = cfg.get("architectures")
-        if by_model_type(cfg.get("model_type")) is not None or not (isinstance(archs, list) and archs):
+        if engine_of_config(cfg) == "native" or not (isinstance(archs, list) and archs):
             return None, None
         from dataclasses import replace
 

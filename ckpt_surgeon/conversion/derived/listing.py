@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["ENGINES", "engine_for", "architecture_table", "ArchitectureRow"]
+__all__ = ["ENGINES", "engine_for", "engine_of_config", "architecture_table", "ArchitectureRow"]
 
 ENGINES = ("auto", "native", "llama.cpp")
 
@@ -21,7 +21,6 @@ def engine_for(folder: Path, engine: str = "auto") -> str:
     """``native`` or ``derived`` for the HF folder (``engine``: ``auto`` picks native when the
     registry has the model_type; ``native`` / ``llama.cpp`` force one)."""
     from ...formats.safe_input import read_json
-    from ..names import by_model_type
     if engine == "llama.cpp":
         return "derived"
     if engine == "native":
@@ -29,8 +28,13 @@ def engine_for(folder: Path, engine: str = "auto") -> str:
     cfg = folder / "config.json"
     if not cfg.is_file():
         return "native"               # the native path says what is missing
-    raw = read_json(cfg)
-    return "native" if by_model_type(raw.get("model_type")) is not None else "derived"
+    return engine_of_config(read_json(cfg))
+
+
+def engine_of_config(cfg: dict) -> str:
+    """``native`` when the registry has the config's ``model_type``, else ``derived`` (llama.cpp's class decides)."""
+    from ..names import by_model_type
+    return "native" if by_model_type(cfg.get("model_type")) is not None else "derived"
 
 
 @dataclass(frozen=True)
