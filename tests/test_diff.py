@@ -177,6 +177,10 @@ def test_gguf_against_its_hf_source_undoes_the_permutation(tiny, tmp_path):
     # Q8_0: one int8 per element with a per-32 scale of max|x|/127: relative error well under 1%
     assert w.status == "dtype_changed" and w.dtype_b == "Q8_0" and 0 < w.rel_fro < 0.01
     assert rep8.verdict == "reencoded", rep8.verdict_line
+    # a quantized type's error hides a smaller change: the verdict line says what it could not see
+    n8 = sum(1 for t in rep8.tensors if t.dtype_b == "Q8_0")
+    assert (f"; {n8} quantized tensor(s) compared within their quantization error only (a change smaller than that "
+            "would not show)") in rep8.verdict_line, rep8.verdict_line
     # two GGUFs: compared by GGUF names, quantized bytes compared without dequantizing
     same = diff(q8, write_gguf(src, tmp_path / "again-q8.gguf", qtype="Q8_0"))
     assert same.naming == "gguf" and same.verdict == "identical"

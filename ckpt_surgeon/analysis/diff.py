@@ -586,6 +586,11 @@ def _verdict(tensors: list[TensorDiff], n_union: int) -> tuple[str, str]:
                                  f"are identical{unseen}")
         return "identical", f"identical: {counts['identical']} tensors, same bytes or values"
     value_changed, reenc = counts["changed"] + moved, counts["dtype_changed"] - moved
+    # a quantized type's error depends on the data: a change smaller than it does not show, and the line says so
+    blurred = sum(1 for t in tensors if t.status == "dtype_changed" and t.rel_fro and not beyond_rounding(t)
+                  and not (t.dtype_a in UNIT_ROUNDOFF and t.dtype_b in UNIT_ROUNDOFF))
+    unseen += (f"; {blurred} quantized tensor(s) compared within their quantization error only (a change smaller "
+               "than that would not show)") if blurred else ""
     if not value_changed and not structural:
         return "reencoded", (f"same weights re-encoded: {counts['dtype_changed']} tensor(s) in another dtype, median "
                              f"‖Δ‖/‖A‖ {median_rel:.3g}{unseen}")
